@@ -1,0 +1,187 @@
+"""Small libcst helpers shared by the patches under patches/.
+
+Everything works on syntax trees, never on text: operands are compared by their shape
+(`key`), nodes are replaced by identity (`Module.deep_replace`), and new code is made of
+libcst nodes whose whitespace is copied from the neighbours so diffs stay minimal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+
+def code(node: cst.CSTNode, limit: int = 100) -> str:
+    """The source of `node` on one line, shortened: for 'found ...' in refusal messages."""
+    text = " ".join(cst.Module(body=[]).code_for_node(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def functions(module: cst.Module, name: str) -> list[cst.FunctionDef]:
+    """Every function or method called `name`, at any depth."""
+    return list(m.findall(module, m.FunctionDef(name=m.Name(name))))
+
+
+def key(node: cst.BaseExpression) -> str | None:
+    """A canonical spelling of a simple operand, ignoring whitespace, comments and parentheses.
+
+    `x`, `f()`, `a.b`, `get_platform().is_sm90`; None for anything else (an operand we do not
+    recognise is never silently treated as one we do).
+    """
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = key(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    if isinstance(node, cst.Call) and not node.args:
+        base = key(node.func)
+        return None if base is None else f"{base}()"
+    return None
+
+
+def or_operands(node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
+    """The operands of a flat `a or b or c` chain (any parenthesisation inside), else None."""
+    if not (isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or)):
+        return None
+    out: list[cst.BaseExpression] = []
+    for side in (node.left, node.right):
+        inner = or_operands(side)
+        out.extend(inner if inner is not None else [side])
+    return out
+
+
+def and_operands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The operands of an `a and b and c` chain, left to right (a single operand otherwise)."""
+    if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+        left = and_operands(node.left) if not node.left.lpar else [node.left]
+        return [*left, node.right]
+    return [node]
+
+
+def or_keys(node: cst.BaseExpression) -> list[str | None] | None:
+    ops = or_operands(node)
+    return None if ops is None else [key(op) for op in ops]
+
+
+def widen_or(node: cst.BooleanOperation, extra: cst.BaseExpression) -> cst.BooleanOperation:
+    """`(a or b)` -> `(a or b or extra)`, keeping the outer parentheses and their whitespace.
+
+    The new `or` copies the whitespace of the chain's last `or`, so a one-line chain stays
+    on one line and a chain broken over lines gets the new operand on a line of its own.
+    """
+    last_or = node.operator
+    inner = node.with_changes(lpar=(), rpar=())
+    return cst.BooleanOperation(
+        left=inner,
+        operator=last_or,
+        right=extra,
+        lpar=node.lpar,
+        rpar=node.rpar,
+    )
+
+
+def imported_names(module: cst.Module, from_module: str) -> list[str]:
+    """Names imported by `from <from_module> import ...` statements at module level."""
+    names: list[str] = []
+    for imp in _import_froms(module, from_module):
+        if isinstance(imp.names, cst.ImportStar):
+            names.append("*")
+            continue
+        for alias in imp.names:
+            names.append(alias.evaluated_alias or alias.evaluated_name)
+    return names
+
+
+def add_import_after(
+    module: cst.Module, from_module: str, name: str, after: str
+) -> cst.Module | None:
+    """Insert `name` right after `after` in the one `from <from_module> import (...)` holding it.
+
+    The new alias takes `after`'s comma (and so its line break and indent), and `after` gets
+    a plain comma followed by the same whitespace; in a one-name-per-line import the diff is
+    one added line. Returns None when no single such import exists: the caller refuses.
+    """
+    holders = [
+        imp
+        for imp in _import_froms(module, from_module)
+        if not isinstance(imp.names, cst.ImportStar)
+        and any(a.evaluated_name == after and a.asname is None for a in imp.names)
+    ]
+    if len(holders) != 1:
+        return None
+    imp = holders[0]
+    aliases = list(imp.names)
+    index = next(i for i, a in enumerate(aliases) if a.evaluated_name == after)
+    anchor = aliases[index]
+    new_alias = cst.ImportAlias(name=cst.Name(name), comma=anchor.comma)
+    if isinstance(anchor.comma, cst.Comma):
+        anchor_comma = anchor.comma
+    else:
+        # `after` was the last name without a trailing comma: give it one, single space.
+        anchor_comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        if imp.lpar is not None and _is_multiline(imp):
+            # Keep one name per line when the import is laid out that way.
+            prev_comma = aliases[index - 1].comma if index > 0 else None
+            if isinstance(prev_comma, cst.Comma):
+                anchor_comma = prev_comma
+    aliases[index] = anchor.with_changes(comma=anchor_comma)
+    aliases.insert(index + 1, new_alias)
+    return module.deep_replace(imp, imp.with_changes(names=aliases))  # type: ignore[return-value]
+
+
+def _is_multiline(imp: cst.ImportFrom) -> bool:
+    return "\n" in cst.Module(body=[]).code_for_node(imp)
+
+
+def _dotted(node: cst.BaseExpression | None) -> str:
+    if node is None:
+        return ""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return ""
+
+
+def _import_froms(module: cst.Module, from_module: str) -> list[cst.ImportFrom]:
+    out = []
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.ImportFrom) and not small.relative:
+                if _dotted(small.module) == from_module:
+                    out.append(small)
+    return out
+
+
+def module_assignments(module: cst.Module, target: str) -> list[cst.SimpleStatementLine]:
+    """Module-level statements `target = ...` (exactly one target)."""
+    out = []
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+            small = stmt.body[0]
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and m.matches(small.targets[0].target, m.Name(target))
+            ):
+                out.append(stmt)
+    return out
+
+
+def insert_after(
+    module: cst.Module, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement]
+) -> cst.Module:
+    """Insert statements right after a module-level statement."""
+    body = list(module.body)
+    index = next(i for i, s in enumerate(body) if s is anchor)
+    body[index + 1 : index + 1] = list(new)
+    return module.with_changes(body=body)
+
+
+def parse_statement(source: str, like: cst.Module) -> cst.BaseStatement:
+    """Parse one statement with the module's own newline and indentation conventions."""
+    return cst.parse_statement(source, config=like.config_for_parsing)

@@ -1,0 +1,30 @@
+"""Typed errors the engine raises and the CLI renders as one line plus what to do.
+
+Each maps to a documented exit code (README): a refusal or failed precondition leaves every
+file as it was (1), a usage error (2), a trial that crashed and was reverted (3), a bug (4).
+"""
+
+from __future__ import annotations
+
+
+class Sm120Error(Exception):
+    exit_code = 4
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class Refused(Sm120Error):
+    """A precondition failed or a patch refused; nothing was changed."""
+
+    exit_code = 1
+
+
+class UsageError(Sm120Error):
+    exit_code = 2
+
+
+class TrialCrashed(Sm120Error):
+    exit_code = 3

@@ -1,0 +1,210 @@
+"""Plan a profile on its targets without touching anything: outcomes per site and the unified diff.
+
+Each file is read once and parsed once; every patch of the profile that lives in it runs on
+that one parse, in profile order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion
+
+from sm120patch import catalog, targets
+from sm120patch.catalog import Profile, release_of
+from sm120patch.errors import Refused
+from sm120patch.targets import Target
+from sm120patch.transform import FileResult, Outcome, Patch, Status, transform_text
+
+
+@dataclass
+class TargetPlan:
+    target: Target
+    files: list[FileResult] = field(default_factory=list)
+
+    @property
+    def changed(self) -> list[FileResult]:
+        return [f for f in self.files if f.changed]
+
+
+@dataclass
+class Plan:
+    profile: Profile
+    targets: list[TargetPlan]
+    outcomes: list[Outcome]
+    outside_pins: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status is Status.REFUSED]
+
+    @property
+    def applies(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status is Status.APPLIED]
+
+    def diff(self) -> str:
+        return "".join(unified_diff(tp.target, f) for tp in self.targets for f in tp.changed)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "profile": self.profile.name,
+            "targets": [tp.target.to_dict() for tp in self.targets],
+            "outside_pins": self.outside_pins,
+            "outcomes": [o.to_dict() for o in self.outcomes],
+            "diff": self.diff(),
+        }
+
+
+def resolve_targets(profile: Profile, paths: Mapping[str, str | Path | None]) -> list[Target]:
+    return [targets.find(kind, paths.get(kind)) for kind in profile.targets]
+
+
+def check_pins(profile: Profile, found: list[Target]) -> list[str]:
+    """One line per target whose version is outside the profile's pins."""
+    problems = []
+    for target in found:
+        spec: SpecifierSet = profile.pins[target.kind]
+        try:
+            release_of(target.version)
+        except InvalidVersion:
+            problems.append(
+                f"{target.name} version '{target.version}' (from {target.version_source}) "
+                f"is not a PEP 440 version; profile {profile.name} is pinned to {spec}"
+            )
+            continue
+        if not profile.pinned(target.kind, target.version):
+            problems.append(
+                f"{target.name} {target.version} is outside the pins of profile "
+                f"{profile.name} ({target.kind} {spec})"
+            )
+    return problems
+
+
+def plan(
+    profile_name: str,
+    paths: Mapping[str, str | Path | None] | None = None,
+    *,
+    force: bool = False,
+    found: list[Target] | None = None,
+) -> Plan:
+    """Outcomes and diff of `profile_name` on the targets at `paths` (None: installed ones).
+
+    Raises Refused when a target is outside the profile's pins, unless `force`.
+    """
+    cat = catalog.load()
+    profile = cat.profile(profile_name)
+    found = found if found is not None else resolve_targets(profile, paths or {})
+    outside = check_pins(profile, found)
+    if outside and not force:
+        raise Refused("; ".join(outside), "use a pinned release, or --force to plan anyway")
+    plans = [plan_target(profile, cat.patches_of(profile), t) for t in found]
+    order = {pid: i for i, pid in enumerate(profile.patches)}
+    outcomes = sorted(
+        (o for tp in plans for f in tp.files for o in f.outcomes), key=lambda o: order[o.patch]
+    )
+    return Plan(profile, plans, outcomes, outside)
+
+
+def plan_target(profile: Profile, patches: list[Patch], target: Target) -> TargetPlan:
+    mine = [p for p in patches if p.target == target.kind]
+    texts: dict[str, str | None] = {}
+    problems: dict[str, str] = {}
+
+    def read(rel: str) -> str | None:
+        if rel not in texts:
+            texts[rel] = None
+            path = target.path_of(rel)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                problems[rel] = f"cannot read {path} ({exc.strerror})"
+                texts[rel] = ""
+                return ""
+            try:
+                # newline="" semantics: keep \r\n exactly as it is in the file.
+                texts[rel] = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                problems[rel] = f"{path} is not UTF-8 (byte {exc.start}); restore it first"
+                texts[rel] = ""
+        return texts[rel]
+
+    by_file: dict[str | None, list[Patch]] = {}
+    for patch in mine:
+        by_file.setdefault(patch.pick_file(read), []).append(patch)
+
+    result = TargetPlan(target)
+    for rel, group in by_file.items():
+        if rel is None:
+            names = ", ".join(group[0].files)
+            result.files.append(_missing(group, names))
+        elif rel in problems:
+            result.files.append(_unreadable(group, rel, problems[rel], texts[rel] or ""))
+        else:
+            result.files.append(transform_text(group, rel, texts[rel] or ""))
+    for file_result in result.files:
+        file_result.outcomes = [_judge(profile, target, o) for o in file_result.outcomes]
+    return result
+
+
+def _missing(group: list[Patch], names: str) -> FileResult:
+    res = FileResult(file="", before="", after="")
+    for p in group:
+        res.outcomes.append(Outcome(p.id, p.target, None, "<file>", Status.NOT_APPLICABLE,
+                                    f"none of its files exist ({names})"))
+    return res
+
+
+def _unreadable(group: list[Patch], rel: str, problem: str, text: str) -> FileResult:
+    res = FileResult(file=rel, before=text, after=text)
+    for p in group:
+        res.outcomes.append(Outcome(p.id, p.target, rel, "<file>", Status.REFUSED, problem))
+    return res
+
+
+def _judge(profile: Profile, target: Target, outcome: Outcome) -> Outcome:
+    """Apply what the profile and the patch know about this release to a raw outcome."""
+    from dataclasses import replace
+
+    cat = catalog.load()
+    patch = cat.patches[outcome.patch]
+    if outcome.status is Status.NOT_APPLICABLE and not profile.absent_ok(patch.id, target.version):
+        return replace(
+            outcome,
+            status=Status.REFUSED,
+            reason=f"{outcome.reason}, but profile {profile.name} expects this site in "
+            f"{target.name} {target.version}",
+        )
+    if outcome.status is Status.ALREADY_APPLIED and patch.upstream_in:
+        try:
+            if SpecifierSet(patch.upstream_in).contains(release_of(target.version), True):
+                return replace(
+                    outcome,
+                    status=Status.UPSTREAM,
+                    reason=f"{target.name} {target.version} already enables SM120 here",
+                )
+        except InvalidVersion:
+            pass
+    return outcome
+
+
+def unified_diff(target: Target, result: FileResult) -> str:
+    """A `git apply`-able diff of one file, paths relative to the target root."""
+    import difflib
+
+    rel = target.rel(result.file)
+    before = result.before.splitlines(keepends=True)
+    after = result.after.splitlines(keepends=True)
+    lines = []
+    for line in difflib.unified_diff(before, after, f"a/{rel}", f"b/{rel}"):
+        if not line.endswith("\n"):
+            # The file's last line has no newline: say so the way git does.
+            line += "\n\\ No newline at end of file\n"
+        lines.append(line)
+    if not lines:
+        return ""
+    return f"diff --git a/{rel} b/{rel}\n" + "".join(lines)

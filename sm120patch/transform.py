@@ -1,0 +1,184 @@
+"""Run patches on one source text and say what happened. No I/O here: text in, outcomes out.
+
+A patch's transform gets a parsed libcst module and returns a `Result`, in the style of
+`libcst.codemod`: success (`applied`, with the new module), a skip with a reason
+(`already-applied`, `upstream`, `not-applicable`) or a failure (`refused`). It never raises
+for an unexpected shape; the runner turns a crash inside a transform into a refusal too,
+because a wrong patch is worse than no patch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+
+class Status(str, Enum):
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already-applied"
+    UPSTREAM = "upstream"
+    NOT_APPLICABLE = "not-applicable"
+    REFUSED = "refused"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one transform says about one site."""
+
+    status: Status
+    site: str
+    reason: str
+    shape: str = ""
+    module: Any = None  # the new libcst.Module, only when status is APPLIED
+
+
+def applied(site: str, module: cst.Module, shape: str, reason: str = "") -> Result:
+    return Result(Status.APPLIED, site, reason or f"patched ({shape})", shape, module)
+
+
+def already_applied(site: str, shape: str) -> Result:
+    return Result(Status.ALREADY_APPLIED, site, f"SM120 change already present ({shape})", shape)
+
+
+def upstream(site: str, reason: str, shape: str = "") -> Result:
+    return Result(Status.UPSTREAM, site, reason, shape)
+
+
+def not_applicable(site: str, reason: str) -> Result:
+    return Result(Status.NOT_APPLICABLE, site, reason)
+
+
+def refused(site: str, expected: str, found: str) -> Result:
+    return Result(Status.REFUSED, site, f"expected {expected}; found {found}")
+
+
+Transform = Callable[["cst.Module"], Result]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One site, one transform. Declared by a module under patches/ as `PATCH = Patch(...)`."""
+
+    id: str
+    target: str  # "sglang" or "flashinfer"
+    title: str
+    why: str
+    # Candidate files relative to the directory holding the package, in order of preference;
+    # the first one whose text contains `marker` holds the site in that release.
+    files: tuple[str, ...]
+    marker: str
+    shapes: tuple[str, ...]
+    transform: Transform
+    upstream: str | None = None  # the upstream issue or PR this patch relates to
+    # Versions of the target whose own code already carries this exact change: there an
+    # `already-applied` reading means "upstream", not "ours".
+    upstream_in: str | None = None
+
+    def pick_file(self, read: Callable[[str], str | None]) -> str | None:
+        """The candidate file that holds this patch's site; `read` returns None for a missing file."""
+        first_existing = None
+        for rel in self.files:
+            text = read(rel)
+            if text is None:
+                continue
+            if self.marker in text:
+                return rel
+            first_existing = first_existing or rel
+        return first_existing
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One patch on one site of one target: what happened and why, in words a user can act on."""
+
+    patch: str
+    target: str
+    file: str | None
+    site: str
+    status: Status
+    reason: str
+    shape: str = ""
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {
+            "patch": self.patch,
+            "target": self.target,
+            "file": self.file,
+            "site": self.site,
+            "status": self.status.value,
+            "reason": self.reason,
+            "shape": self.shape,
+        }
+
+    def describe(self) -> str:
+        where = f"{self.file}::{self.site}" if self.file else self.site
+        return f"{self.patch}: {self.status.value} at {where}: {self.reason}"
+
+
+@dataclass
+class FileResult:
+    """All patches of a profile that touch one file, run in order on one parse."""
+
+    file: str
+    before: str
+    after: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    # The text after each applied patch, in order: the engine commits one patch at a time.
+    steps: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.after != self.before
+
+
+def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult:
+    """Parse `text` once and run each patch on it in order, chaining the applied changes."""
+    import libcst as cst
+
+    result = FileResult(file=file, before=text, after=text)
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        line = f"line {exc.raw_line}" if exc.raw_line else "unknown line"
+        for patch in patches:
+            result.outcomes.append(
+                Outcome(patch.id, patch.target, file, "<module>", Status.REFUSED,
+                        f"the file does not parse ({line}: {exc.message}); fix or restore it first")
+            )
+        return result
+
+    for patch in patches:
+        try:
+            res = patch.transform(module)
+        except Exception as exc:  # a patch bug must not half-apply anything
+            res = refused("<module>", "a shape this patch knows",
+                          f"an error inside the patch ({type(exc).__name__}: {exc})")
+        if res.status is Status.APPLIED:
+            new_text = res.module.code
+            problem = _compile_problem(new_text, file)
+            if problem:
+                res = refused(res.site, "the patched file to compile", problem)
+            else:
+                module = res.module
+                result.after = new_text
+                result.steps.append((patch.id, new_text))
+        result.outcomes.append(
+            Outcome(patch.id, patch.target, file, res.site, res.status, res.reason, res.shape)
+        )
+    return result
+
+
+def _compile_problem(text: str, file: str) -> str | None:
+    try:
+        compile(text, file, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"a syntax error at line {exc.lineno}: {exc.msg}"
+    return None

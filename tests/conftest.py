@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from sm120patch.transform import FileResult, Patch, transform_text
+
+
+def run(patch: Patch, source: str, file: str = "fixture.py") -> FileResult:
+    """Run one patch on a dedented fixture source, as the planner does (one parse)."""
+    return transform_text([patch], file, textwrap.dedent(source))
+
+
+@pytest.fixture
+def run_patch():
+    return run
