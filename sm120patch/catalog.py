@@ -95,7 +95,9 @@ def load() -> Catalog:
 def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
     data = tomllib.loads(text)
     if data.get("schema") != PROFILES_SCHEMA:
-        raise RuntimeError(f"profiles.toml: schema {data.get('schema')!r}, expected {PROFILES_SCHEMA}")
+        raise RuntimeError(
+            f"profiles.toml: schema {data.get('schema')!r}, expected {PROFILES_SCHEMA}"
+        )
     profiles: dict[str, Profile] = {}
     for name, raw in data.get("profiles", {}).items():
         ids = tuple(raw["patches"])
@@ -109,7 +111,9 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             raise RuntimeError(f"profiles.toml: profile {name}: {exc}") from None
         needed = {patches[pid].target for pid in ids}
         if needed - set(pins):
-            raise RuntimeError(f"profiles.toml: profile {name} lacks pins for {sorted(needed - set(pins))}")
+            raise RuntimeError(
+                f"profiles.toml: profile {name} lacks pins for {sorted(needed - set(pins))}"
+            )
         profiles[name] = Profile(
             name=name,
             title=raw.get("title", name),

@@ -154,8 +154,16 @@ def plan_target(profile: Profile, patches: list[Patch], target: Target) -> Targe
 def _missing(group: list[Patch], names: str) -> FileResult:
     res = FileResult(file="", before="", after="")
     for p in group:
-        res.outcomes.append(Outcome(p.id, p.target, None, "<file>", Status.NOT_APPLICABLE,
-                                    f"none of its files exist ({names})"))
+        res.outcomes.append(
+            Outcome(
+                p.id,
+                p.target,
+                None,
+                "<file>",
+                Status.NOT_APPLICABLE,
+                f"none of its files exist ({names})",
+            )
+        )
     return res
 
 

@@ -157,7 +157,7 @@ def _metadata_version(path: Path) -> str | None:
 
 
 def _assigned_version(path: Path) -> str | None:
-    """`__version__ = "x"` (or `version = "x"`) from a version file, read with ast, never imported."""
+    """`__version__ = "x"` (or `version = "x"`) from a version file, read with ast."""
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
@@ -170,7 +170,9 @@ def _assigned_version(path: Path) -> str | None:
     return None
 
 
-_DESCRIBE = re.compile(r"^v?(?P<tag>\d+(?:\.\d+)*(?:\.post\d+)?)(?:-(?P<n>\d+)-g(?P<sha>[0-9a-f]+))?$")
+_DESCRIBE = re.compile(
+    r"^v?(?P<tag>\d+(?:\.\d+)*(?:\.post\d+)?)(?:-(?P<n>\d+)-g(?P<sha>[0-9a-f]+))?$"
+)
 
 
 def version_from_describe(described: str) -> str | None:

@@ -83,7 +83,7 @@ class Patch:
     upstream_in: str | None = None
 
     def pick_file(self, read: Callable[[str], str | None]) -> str | None:
-        """The candidate file that holds this patch's site; `read` returns None for a missing file."""
+        """The candidate file holding this site; `read` returns None for a missing file."""
         first_existing = None
         for rel in self.files:
             text = read(rel)
@@ -150,8 +150,14 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
         line = f"line {exc.raw_line}" if exc.raw_line else "unknown line"
         for patch in patches:
             result.outcomes.append(
-                Outcome(patch.id, patch.target, file, "<module>", Status.REFUSED,
-                        f"the file does not parse ({line}: {exc.message}); fix or restore it first")
+                Outcome(
+                    patch.id,
+                    patch.target,
+                    file,
+                    "<module>",
+                    Status.REFUSED,
+                    f"the file does not parse ({line}: {exc.message}); fix or restore it first",
+                )
             )
         return result
 
@@ -159,8 +165,11 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
         try:
             res = patch.transform(module)
         except Exception as exc:  # a patch bug must not half-apply anything
-            res = refused("<module>", "a shape this patch knows",
-                          f"an error inside the patch ({type(exc).__name__}: {exc})")
+            res = refused(
+                "<module>",
+                "a shape this patch knows",
+                f"an error inside the patch ({type(exc).__name__}: {exc})",
+            )
         if res.status is Status.APPLIED:
             new_text = res.module.code
             problem = _compile_problem(new_text, file)

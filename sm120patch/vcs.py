@@ -1,19 +1,42 @@
 """Everything that touches git. The one place branches are made; the only module importing git.
 
-GitPython is imported lazily so commands that never touch git start fast.
+GitPython is imported lazily so commands that never touch git (`list`, `status`) start fast.
+Commits are made with `--no-verify` and without signing: user hooks must not reformat the
+files we just verified, and a signing prompt must never block an unattended run.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sm120patch.errors import Refused
+
+if TYPE_CHECKING:
+    import git
+
+FALLBACK_NAME = "sm120patch"
+FALLBACK_EMAIL = "sm120patch@localhost"
 
 
 def work_tree_of(path: Path) -> Path | None:
-    """The root of the git work tree that tracks `path`, or None (found without running git)."""
+    """The root of the git work tree holding `path`, or None (found without running git)."""
     for directory in (path, *path.parents):
         if (directory / ".git").exists():
             return directory
     return None
+
+
+def git_dir_of(root: Path) -> Path:
+    """The git directory of a work tree: `.git`, or where a `.git` file points (worktrees)."""
+    dot = root / ".git"
+    if dot.is_file():
+        text = dot.read_text(encoding="utf-8", errors="replace").strip()
+        if text.startswith("gitdir:"):
+            target = Path(text.split(":", 1)[1].strip())
+            return target if target.is_absolute() else (root / target).resolve()
+    return dot
 
 
 def describe_version(root: Path) -> str | None:
@@ -26,3 +49,145 @@ def describe_version(root: Path) -> str | None:
     except Exception:  # no tags, no git binary, odd repository: the caller reports "unknown"
         return None
     return version_from_describe(described)
+
+
+def is_tracked(root: Path, path: Path) -> bool:
+    import git
+
+    try:
+        git.Repo(root).git.ls_files("--error-unmatch", "--", str(path.relative_to(root)))
+    except git.GitCommandError:
+        return False
+    return True
+
+
+class Repo:
+    """The git side of one target."""
+
+    def __init__(self, root: Path) -> None:
+        import git
+
+        try:
+            self.repo: git.Repo = git.Repo(root)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise Refused(f"{root} is not a usable git repository") from None
+        if self.repo.bare:
+            raise Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")
+        self.root = root
+
+    # ---- reading -----------------------------------------------------------------------
+    def head(self) -> tuple[str | None, str]:
+        """(current branch or None when detached, HEAD commit)."""
+        import git
+
+        try:
+            sha = self.repo.head.commit.hexsha
+        except ValueError:
+            raise Refused(f"{self.root} has no commit yet", "commit the tree first") from None
+        try:
+            branch: str | None = self.repo.active_branch.name
+        except TypeError:  # detached HEAD
+            branch = None
+        except git.GitCommandError:
+            branch = None
+        return branch, sha
+
+    def check_ready(self, rels: list[str]) -> None:
+        """Refuse when the repository is mid-operation or a file we would touch is not clean."""
+        git_dir = Path(self.repo.git_dir)
+        for marker, what in (
+            ("MERGE_HEAD", "a merge"),
+            ("rebase-merge", "a rebase"),
+            ("rebase-apply", "a rebase or am"),
+            ("CHERRY_PICK_HEAD", "a cherry-pick"),
+            ("REVERT_HEAD", "a revert"),
+            ("BISECT_LOG", "a bisect"),
+        ):
+            if (git_dir / marker).exists():
+                raise Refused(
+                    f"{self.root} is in the middle of {what}",
+                    "finish or abort it, then run sm120patch again",
+                )
+        dirty = self.dirty(rels)
+        if dirty:
+            raise Refused(
+                f"{self.root}: uncommitted changes in files this profile touches: "
+                + ", ".join(dirty),
+                "commit or stash them (`git stash`), then run sm120patch again",
+            )
+
+    def dirty(self, rels: list[str]) -> list[str]:
+        if not rels:
+            return []
+        out = self.repo.git.status("--porcelain", "--untracked-files=all", "--", *rels)
+        return sorted({line[3:] for line in out.splitlines() if line.strip()})
+
+    def branch_exists(self, name: str) -> bool:
+        return name in [h.name for h in self.repo.heads]
+
+    def show(self, rev: str, rel: str) -> bytes | None:
+        import git
+
+        try:
+            data = self.repo.git.execute(
+                ["git", "show", f"{rev}:{rel}"],
+                stdout_as_string=False,
+                strip_newline_in_stdout=False,
+            )
+        except git.GitCommandError:
+            return None
+        return data  # type: ignore[return-value]
+
+    def diff_worktree(self, rels: list[str]) -> str:
+        return self.repo.git.diff("HEAD", "--", *rels)
+
+    # ---- writing -----------------------------------------------------------------------
+    def create_branch_here(self, name: str) -> None:
+        """Make `name` at HEAD and switch to it; uncommitted changes of other files stay."""
+        self.repo.git.checkout("-b", name)
+
+    def switch(self, branch: str | None, sha: str) -> None:
+        if branch:
+            self.repo.git.checkout(branch)
+        else:
+            self.repo.git.checkout("--detach", sha)
+
+    def discard(self, rels: list[str]) -> None:
+        """Reset files to HEAD (only ever called on files whose edits the user chose to drop)."""
+        if rels:
+            self.repo.git.checkout("HEAD", "--", *rels)
+
+    def delete_branch(self, name: str) -> None:
+        if self.branch_exists(name):
+            self.repo.git.branch("-D", name)
+
+    def commit(self, rels: list[str], message: str) -> str:
+        self.repo.git.add("--", *rels)
+        self.repo.git.execute(
+            [
+                "git",
+                "-c",
+                "commit.gpgsign=false",
+                "commit",
+                "--no-verify",
+                "-q",
+                "-m",
+                message,
+                "--",
+                *rels,
+            ],
+            env=self._identity_env(),
+        )
+        return self.repo.head.commit.hexsha
+
+    def _identity_env(self) -> dict[str, str]:
+        """The user's git identity when configured, else a clear fallback (never a prompt)."""
+        reader = self.repo.config_reader()
+        env: dict[str, str] = {}
+        name = reader.get_value("user", "name", default="") or os.environ.get("GIT_AUTHOR_NAME")
+        email = reader.get_value("user", "email", default="") or os.environ.get("GIT_AUTHOR_EMAIL")
+        if not name:
+            env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = FALLBACK_NAME
+        if not email:
+            env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = FALLBACK_EMAIL
+        return env

@@ -15,3 +15,9 @@ def run(patch: Patch, source: str, file: str = "fixture.py") -> FileResult:
 @pytest.fixture
 def run_patch():
     return run
+
+
+@pytest.fixture(autouse=True)
+def isolated_state(tmp_path_factory, monkeypatch):
+    """Installed targets keep state in the user's state dir: never the real one in tests."""
+    monkeypatch.setenv("SM120PATCH_STATE_DIR", str(tmp_path_factory.mktemp("state")))

@@ -1,0 +1,313 @@
+"""The command line: parse, call the library, render. Nothing else lives here.
+
+Exit codes (README): 0 success, 1 refused or precondition failed (nothing changed), 2 usage,
+3 a trial crashed and was reverted, 4 internal error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from sm120patch import __version__
+from sm120patch.errors import Sm120Error
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+target_options = [
+    click.option(
+        "--sglang",
+        "sglang",
+        metavar="PATH",
+        default=None,
+        help="SGLang checkout root, package parent or site-packages "
+        "(default: the one installed in this Python).",
+    ),
+    click.option(
+        "--flashinfer",
+        "flashinfer",
+        metavar="PATH",
+        default=None,
+        help="FlashInfer checkout root, package parent or site-packages "
+        "(default: the one installed in this Python).",
+    ),
+]
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def with_targets(fn: F) -> F:
+    for option in reversed(target_options):
+        fn = option(fn)
+    return fn
+
+
+def fail(error: Sm120Error) -> None:
+    click.echo(f"sm120patch: {error.message}", err=True)
+    if error.hint:
+        click.echo(f"  next: {error.hint}", err=True)
+    sys.exit(error.exit_code)
+
+
+def handled(fn: F) -> F:
+    """Typed errors become one line plus what to do; anything else is a bug (exit 4)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Sm120Error as exc:
+            fail(exc)
+        except KeyboardInterrupt:
+            click.echo("sm120patch: interrupted", err=True)
+            sys.exit(130)
+        except (click.exceptions.Exit, click.ClickException, SystemExit):
+            raise
+        except Exception as exc:
+            if os.environ.get("SM120PATCH_DEBUG"):
+                raise
+            click.echo(f"sm120patch: internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo(
+                "  next: rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
+                "`sm120patch status` shows the state of your trees",
+                err=True,
+            )
+            sys.exit(4)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def emit_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sm120patch")
+def main() -> None:
+    """Apply, review and revert the patches that enable SGLang and FlashInfer fast paths on
+    NVIDIA SM120 GPUs (RTX PRO 6000, RTX 5090)."""
+
+
+@main.command("list")
+@json_option
+@handled
+def list_cmd(as_json: bool) -> None:
+    """List the profiles and the patches they apply."""
+    from sm120patch import catalog
+
+    cat = catalog.load()
+    if as_json:
+        emit_json(
+            {
+                "profiles": [
+                    {
+                        "name": p.name,
+                        "title": p.title,
+                        "status": p.status,
+                        "patches": list(p.patches),
+                        "pins": {k: str(v) for k, v in p.pins.items()},
+                    }
+                    for p in cat.profiles.values()
+                ],
+                "patches": [
+                    {"id": p.id, "target": p.target, "title": p.title} for p in cat.patches.values()
+                ],
+            }
+        )
+        return
+    for p in cat.profiles.values():
+        pins = ", ".join(f"{k} {v}" for k, v in p.pins.items())
+        click.echo(f"{p.name:8} [{p.status}] {p.title}")
+        click.echo(f"{'':8} pins: {pins}")
+        for pid in p.patches:
+            click.echo(f"{'':8}   {pid:26} {cat.patches[pid].title}")
+
+
+@main.command("show")
+@click.argument("profile")
+@handled
+def show_cmd(profile: str) -> None:
+    """Show a profile: its patches, why each exists, the shapes each knows, its pins."""
+    from sm120patch import catalog
+
+    cat = catalog.load()
+    prof = cat.profile(profile)
+    click.echo(f"{prof.name} [{prof.status}]: {prof.title}")
+    for k, v in prof.pins.items():
+        click.echo(f"  pinned on {k} {v}")
+    if prof.known:
+        click.echo("  known: " + " ".join(prof.known.split()))
+    for patch in cat.patches_of(prof):
+        click.echo(f"\n{patch.id} ({patch.target}): {patch.title}")
+        click.echo("  why: " + patch.why)
+        if patch.upstream:
+            click.echo(f"  upstream: {patch.upstream}")
+        for shape in patch.shapes:
+            click.echo(f"  - {shape}")
+
+
+def render_outcomes(outcomes: list[Any]) -> None:
+    for o in outcomes:
+        where = f"{o.file}::{o.site}" if o.file else o.site
+        click.echo(f"  {o.status.value:16} {o.patch:26} {where}", err=True)
+        if o.status.value in ("refused", "upstream", "not-applicable"):
+            click.echo(f"  {'':16} {o.reason}", err=True)
+
+
+@main.command("apply")
+@click.argument("profile")
+@with_targets
+@click.option("--dry-run", is_flag=True, help="Print the unified diff and change nothing.")
+@click.option("--force", is_flag=True, help="Apply outside the profile's pinned versions.")
+@click.option(
+    "--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition (image builds, CI)."
+)
+@json_option
+@handled
+def apply_cmd(
+    profile: str,
+    sglang: str | None,
+    flashinfer: str | None,
+    dry_run: bool,
+    force: bool,
+    no_gpu_check: bool,
+    as_json: bool,
+) -> None:
+    """Apply PROFILE (moe, fusion, all) to SGLang and FlashInfer."""
+    paths = {"sglang": sglang, "flashinfer": flashinfer}
+    if dry_run:
+        from sm120patch import plan as planner
+        from sm120patch.engine import PlanRefused
+
+        plan = planner.plan(profile, paths, force=force)
+        if not no_gpu_check:
+            from sm120patch import gpu
+
+            found = gpu.probe()
+            if not found.has_sm120:
+                click.echo(
+                    f"warning: no SM120 GPU here ({found.summary()}); a real apply "
+                    "will refuse without --no-gpu-check",
+                    err=True,
+                )
+        if as_json:
+            emit_json(plan.to_dict())
+        else:
+            for tp in plan.targets:
+                t = tp.target
+                click.echo(f"# {t.name} {t.version} ({t.layout}) at {t.root}", err=True)
+            render_outcomes(plan.outcomes)
+            click.echo(plan.diff(), nl=False)
+        if plan.refused:
+            raise PlanRefused(plan)
+        return
+    from sm120patch import engine, gpu
+
+    report = engine.apply(
+        profile, paths, force=force, preconditions=None if no_gpu_check else gpu.require_sm120
+    )
+    if as_json:
+        emit_json(report.to_dict())
+        return
+    render_outcomes(report.outcomes)
+    for note in report.notes:
+        click.echo(note)
+    for t in report.targets:
+        where = f"on branch {t.branch}" if t.branch else "(pristine copies kept for revert)"
+        click.echo(
+            f"{t.target.name} {t.target.version} at {t.target.root}: "
+            f"{len(t.files)} file(s) patched {where}"
+        )
+    if report.action == "applied":
+        click.echo(
+            f"applied {profile}; restart the server to use it. "
+            f"Undo with `sm120patch revert {profile}`."
+        )
+
+
+@main.command("revert")
+@click.argument("profile", required=False)
+@click.option("--all", "all_", is_flag=True, help="Revert whatever sm120patch applied.")
+@with_targets
+@click.option("--force", is_flag=True, help="Discard your edits to patched files.")
+@click.option("--keep-branch", is_flag=True, help="Keep the sm120patch/<profile> branch.")
+@json_option
+@handled
+def revert_cmd(
+    profile: str | None,
+    all_: bool,
+    sglang: str | None,
+    flashinfer: str | None,
+    force: bool,
+    keep_branch: bool,
+    as_json: bool,
+) -> None:
+    """Revert PROFILE, or --all: every touched file back byte for byte."""
+    from sm120patch import engine
+    from sm120patch.errors import UsageError
+
+    if bool(profile) == all_:
+        raise UsageError("give exactly one of PROFILE or --all")
+    report = engine.revert(
+        None if all_ else profile,
+        {"sglang": sglang, "flashinfer": flashinfer},
+        force=force,
+        keep_branch=keep_branch,
+    )
+    if as_json:
+        emit_json(report.to_dict())
+        return
+    for t in report.targets:
+        kept = f"; branch {t.branch} kept" if t.branch else ""
+        click.echo(f"{t.target.name} at {t.target.root}: {len(t.files)} file(s) restored{kept}")
+
+
+@main.command("status")
+@with_targets
+@json_option
+@handled
+def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
+    """What sm120patch applied on each target, and the state of every touched file."""
+    from sm120patch import engine
+
+    found = engine.status({"sglang": sglang, "flashinfer": flashinfer})
+    if as_json:
+        emit_json({"targets": [s.to_dict() for s in found]})
+        return
+    if not found:
+        click.echo("no SGLang or FlashInfer found; pass --sglang / --flashinfer")
+    for s in found:
+        t = s.target
+        click.echo(f"{t.name} {t.version} ({t.layout}) at {t.root}")
+        if s.unfinished:
+            click.echo(f"  UNFINISHED {s.unfinished}: run `sm120patch recover`")
+        if s.profile is None:
+            click.echo("  nothing applied")
+            continue
+        branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
+        click.echo(f"  profile {s.profile}{branch}")
+        for f in s.files:
+            click.echo(f"    {f['state']:9} {f['path']}")
+        for trial in s.trials:
+            click.echo(f"  trial {trial.get('verdict')}: {trial.get('summary', '')}")
+
+
+@main.command("recover")
+@with_targets
+@json_option
+@handled
+def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
+    """Finish an interrupted apply (roll back) or revert (roll forward)."""
+    from sm120patch import engine
+
+    report = engine.recover({"sglang": sglang, "flashinfer": flashinfer})
+    if as_json:
+        emit_json(report.to_dict())
+        return
+    for note in report.notes:
+        click.echo(note)

@@ -1,0 +1,606 @@
+"""Apply, revert, recover, status: the engine's contract (DESIGN.md s3). Never prints, never exits.
+
+An apply is one transaction over every target of the profile:
+    plan -> preconditions -> journal (+ pristine copies) -> write (+ one commit per patch on a
+    git target) -> verify -> manifest -> close journal.
+Any failure before the journal is closed rolls every target back to its pristine bytes; a kill
+leaves the journal behind, and `recover` finishes the rollback. A revert is rolled forward by
+`recover` instead: both end states are exact, byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm120patch import __version__, catalog, state, vcs
+from sm120patch import plan as planner
+from sm120patch.errors import Refused
+from sm120patch.plan import Plan
+from sm120patch.state import TargetState, file_sha256, sha256
+from sm120patch.targets import Target
+from sm120patch.transform import Outcome, Status
+
+BRANCH_PREFIX = "sm120patch/"
+# Test hook for the kill-anywhere tests: the name of a step at which the process kills itself.
+KILL_ENV = "SM120PATCH_KILL_AT"
+
+
+class PlanRefused(Refused):
+    """The plan has refused sites; nothing was touched."""
+
+    def __init__(self, plan: Plan) -> None:
+        lines = [o.describe() for o in plan.refused]
+        super().__init__(
+            f"profile {plan.profile.name} refused at {len(lines)} site(s): " + "; ".join(lines),
+            "nothing was changed; see `sm120patch apply PROFILE --dry-run` for every site",
+        )
+        self.plan = plan
+
+
+@dataclass
+class TargetReport:
+    target: Target
+    branch: str | None = None
+    commits: list[str] = field(default_factory=list)
+    files: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.target.to_dict(),
+            "branch": self.branch,
+            "commits": self.commits,
+            "files": self.files,
+        }
+
+
+@dataclass
+class Report:
+    action: str  # "applied", "nothing-to-do", "reverted", "recovered"
+    profile: str | None
+    targets: list[TargetReport]
+    outcomes: list[Outcome] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "profile": self.profile,
+            "targets": [t.to_dict() for t in self.targets],
+            "outcomes": [o.to_dict() for o in self.outcomes],
+            "notes": self.notes,
+        }
+
+
+def _kill_point(step: str) -> None:
+    if os.environ.get(KILL_ENV) == step:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Ctx:
+    """One target during a run: its state and, for a git target, its repository."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.state = TargetState(state.state_dir_for(target.root, target.layout), target.root)
+        self.repo = vcs.Repo(target.root) if target.layout == "git" else None
+
+    def path(self, rel: str) -> Path:
+        return state.inside(self.target.root, rel)
+
+
+@contextmanager
+def _locked(ctxs: list[_Ctx]) -> Iterator[None]:
+    with ExitStack() as stack:
+        for ctx in ctxs:
+            stack.enter_context(ctx.state.locked())
+        yield
+
+
+def _refuse_unfinished(ctxs: list[_Ctx]) -> None:
+    for ctx in ctxs:
+        journal = ctx.state.journal()
+        if journal is not None:
+            raise Refused(
+                f"an interrupted sm120patch {journal.get('op', 'run')} left a journal on "
+                f"{ctx.target.root}",
+                "run `sm120patch recover` (with the same --sglang/--flashinfer) first",
+            )
+
+
+def _contexts(found: list[Target]) -> list[_Ctx]:
+    return [_Ctx(t) for t in found]
+
+
+# ---- apply -------------------------------------------------------------------------------
+
+
+def apply(
+    profile_name: str,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    preconditions: Callable[[], None] | None = None,
+) -> Report:
+    """Apply a profile to its targets as one transaction. Raises Refused with nothing changed."""
+    cat = catalog.load()
+    profile = cat.profile(profile_name)
+    found = planner.resolve_targets(profile, paths)
+    outside = planner.check_pins(profile, found)
+    if outside and not force:
+        raise Refused("; ".join(outside), "use a pinned release, or --force to apply anyway")
+    ctxs = _contexts(found)
+    with _locked(ctxs):
+        _refuse_unfinished(ctxs)
+        for ctx in ctxs:
+            manifest = ctx.state.manifest()
+            if manifest is not None:
+                other = manifest.get("profile")
+                if other == profile.name:
+                    return Report(
+                        "nothing-to-do",
+                        profile.name,
+                        [TargetReport(c.target) for c in ctxs],
+                        notes=[f"profile {other} is already applied on {ctx.target.root}"],
+                    )
+                raise Refused(
+                    f"profile {other} is applied on {ctx.target.root}",
+                    f"revert it first (`sm120patch revert {other}`), or apply `all`",
+                )
+        plan = planner.plan(profile.name, found=found, force=True)
+        if plan.refused:
+            raise PlanRefused(plan)
+        if not plan.applies:
+            return Report(
+                "nothing-to-do",
+                profile.name,
+                [TargetReport(c.target) for c in ctxs],
+                outcomes=plan.outcomes,
+                notes=["every site is already SM120-ready; nothing was changed"],
+            )
+        if preconditions is not None:
+            preconditions()
+        tplans = {tp.target.root: tp for tp in plan.targets}
+        work = [(ctx, tplans[ctx.target.root]) for ctx in ctxs if tplans[ctx.target.root].changed]
+        branch = BRANCH_PREFIX + profile.name
+        for ctx, tp in work:
+            for f in tp.changed:
+                ctx.path(tp.target.rel(f.file))  # refuses a link leaving the target
+            if ctx.repo is not None:
+                ctx.repo.check_ready([tp.target.rel(f.file) for f in tp.changed])
+                if ctx.repo.branch_exists(branch):
+                    raise Refused(
+                        f"{ctx.target.root}: branch {branch} already exists",
+                        f"delete it (`git branch -D {branch}`) or revert what is applied",
+                    )
+        journals = {
+            ctx.target.root: _start_apply(ctx, tp, profile.name, branch) for ctx, tp in work
+        }
+        reports: list[TargetReport] = []
+        try:
+            for ctx, tp in work:
+                reports.append(_write_target(ctx, tp, profile.name, branch, plan))
+            for ctx, tp in work:
+                _verify(ctx, tp, profile)
+            for (ctx, _), report in zip(work, reports, strict=True):
+                _kill_point("before-manifest")
+                _write_manifest(ctx, journals[ctx.target.root], report)
+                _kill_point("after-manifest")
+        except BaseException:
+            for ctx, _ in reversed(work):
+                _rollback_apply(ctx, journals[ctx.target.root])
+            raise
+        for ctx, _ in work:
+            ctx.state.close_journal()
+        return Report("applied", profile.name, reports, outcomes=plan.outcomes)
+
+
+def _start_apply(ctx: _Ctx, tp: planner.TargetPlan, profile: str, branch: str) -> dict[str, Any]:
+    files = []
+    for f in tp.changed:
+        rel = tp.target.rel(f.file)
+        path = ctx.path(rel)
+        data = path.read_bytes()
+        ctx.state.keep_copy("pristine", rel, data)
+        files.append(
+            {
+                "path": rel,
+                "module": f.file,
+                "before": sha256(data),
+                "after": sha256(f.after.encode("utf-8")),
+                "mode": path.stat().st_mode & 0o7777,
+            }
+        )
+    git: dict[str, Any] | None = None
+    if ctx.repo is not None:
+        orig_branch, head = ctx.repo.head()
+        git = {"branch": orig_branch, "head": head, "patch_branch": branch}
+    journal = {
+        "op": "apply",
+        "profile": profile,
+        "started": time.time(),
+        "pid": os.getpid(),
+        "tool_version": __version__,
+        "target": tp.target.to_dict(),
+        "files": files,
+        "git": git,
+    }
+    ctx.state.write_journal(journal)
+    _kill_point("after-journal")
+    return journal
+
+
+def _write_target(
+    ctx: _Ctx, tp: planner.TargetPlan, profile: str, branch: str, plan: Plan
+) -> TargetReport:
+    cat = catalog.load()
+    order = {pid: i for i, pid in enumerate(plan.profile.patches)}
+    steps = sorted(
+        ((pid, f, text) for f in tp.changed for pid, text in f.steps), key=lambda s: order[s[0]]
+    )
+    report = TargetReport(tp.target)
+    if ctx.repo is not None:
+        ctx.repo.create_branch_here(branch)
+        report.branch = branch
+        _kill_point("after-branch")
+    for pid, f, text in steps:
+        rel = tp.target.rel(f.file)
+        path = ctx.path(rel)
+        state.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
+        _drop_pycache(path)
+        _kill_point("after-write")
+        if ctx.repo is not None:
+            patch = cat.patches[pid]
+            message = (
+                f"sm120patch: {patch.title}\n\n{patch.why}\n\n"
+                f"Sm120patch-Patch: {pid}\n"
+                f"Sm120patch-Profile: {profile}\n"
+                f"Sm120patch-Version: {__version__}\n"
+            )
+            report.commits.append(ctx.repo.commit([rel], message))
+            _kill_point("after-commit")
+    for f in tp.changed:
+        rel = tp.target.rel(f.file)
+        ctx.state.keep_copy("patched", rel, f.after.encode("utf-8"))
+        report.files.append({"path": rel, "state": "patched"})
+    return report
+
+
+def _verify(ctx: _Ctx, tp: planner.TargetPlan, profile: catalog.Profile) -> None:
+    """The written text is exactly the planned one, compiles, and re-planning changes nothing."""
+    for f in tp.changed:
+        path = ctx.path(tp.target.rel(f.file))
+        data = path.read_bytes()
+        if data != f.after.encode("utf-8"):
+            raise Refused(
+                f"verify: {path} does not hold the planned text after writing",
+                "something else is writing this file; everything was rolled back",
+            )
+        compile(data, str(path), "exec", dont_inherit=True)
+    again = planner.plan_target(profile, catalog.load().patches_of(profile), tp.target)
+    leftover = [
+        o for f in again.files for o in f.outcomes if o.status in (Status.APPLIED, Status.REFUSED)
+    ]
+    if leftover:
+        raise Refused(
+            "verify: re-planning after the write is not a no-op: "
+            + "; ".join(o.describe() for o in leftover),
+            "this is a bug in a patch; everything was rolled back",
+        )
+
+
+def _write_manifest(ctx: _Ctx, journal: dict[str, Any], report: TargetReport) -> None:
+    git = journal["git"]
+    manifest = {
+        "profile": journal["profile"],
+        "patches": sorted({*catalog.load().profile(journal["profile"]).patches}),
+        "tool_version": __version__,
+        "applied_at": time.time(),
+        "target": journal["target"],
+        "files": journal["files"],
+        "git": None if git is None else {**git, "commits": report.commits},
+        "trials": [],
+    }
+    ctx.state.write_manifest(manifest)
+
+
+def _rollback_apply(ctx: _Ctx, journal: dict[str, Any]) -> None:
+    """Put every file of an unfinished apply back to its pristine bytes, and git where it was."""
+    files = journal.get("files", [])
+    git = journal.get("git")
+    rels = [f["path"] for f in files]
+    if ctx.repo is not None and git:
+        current, _ = ctx.repo.head()
+        if current == git["patch_branch"]:
+            ctx.repo.discard(rels)
+            ctx.repo.switch(git["branch"], git["head"])
+            _kill_point("during-switch")
+        ctx.repo.delete_branch(git["patch_branch"])
+    _restore_pristine(ctx, files)
+    manifest = ctx.state.manifest() if (ctx.state.dir / state.MANIFEST).exists() else None
+    if manifest is not None and manifest.get("applied_at", 0) >= journal.get("started", 0):
+        ctx.state.remove_manifest()
+    ctx.state.drop_copies()
+    ctx.state.close_journal()
+
+
+def _restore_pristine(ctx: _Ctx, files: list[dict[str, Any]]) -> None:
+    for f in files:
+        path = ctx.path(f["path"])
+        if file_sha256(path) == f["before"]:
+            continue
+        data = ctx.state.copy("pristine", f["path"])
+        if data is None or sha256(data) != f["before"]:
+            raise Refused(
+                f"the pristine copy of {path} is missing or damaged",
+                f"restore the file by hand (state in {ctx.state.dir})",
+            )
+        state.atomic_write(path, data, mode=f.get("mode"))
+        _drop_pycache(path)
+
+
+def _drop_pycache(path: Path) -> None:
+    """Stale bytecode of a module we rewrote must not outlive it."""
+    cache = path.parent / "__pycache__"
+    if cache.is_dir():
+        for pyc in cache.glob(f"{path.stem}.*.pyc"):
+            try:
+                pyc.unlink()
+            except FileNotFoundError:
+                pass
+
+
+# ---- revert ------------------------------------------------------------------------------
+
+
+def revert(
+    profile_name: str | None,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    keep_branch: bool = False,
+) -> Report:
+    """Revert `profile_name` (None: whatever is applied) on the targets at `paths`."""
+    kinds = _kinds_for(profile_name)
+    found = [
+        _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None) for kind in kinds
+    ]
+    ctxs = _contexts([t for t in found if t is not None])
+    reports: list[TargetReport] = []
+    with _locked(ctxs):
+        _refuse_unfinished(ctxs)
+        todo = []
+        for ctx in ctxs:
+            manifest = ctx.state.manifest()
+            if manifest is None:
+                continue
+            if profile_name is not None and manifest["profile"] != profile_name:
+                raise Refused(
+                    f"profile {manifest['profile']} is applied on {ctx.target.root}, "
+                    f"not {profile_name}",
+                    f"run `sm120patch revert {manifest['profile']}` or `revert --all`",
+                )
+            todo.append((ctx, manifest))
+        if not todo:
+            what = f"profile {profile_name}" if profile_name else "anything"
+            raise Refused(
+                f"sm120patch has not applied {what} on "
+                + ", ".join(str(c.target.root) for c in ctxs)
+                or "any target",
+                "see `sm120patch status`",
+            )
+        for ctx, manifest in todo:
+            _check_revertable(ctx, manifest, force)
+        for ctx, manifest in todo:
+            journal = {
+                "op": "revert",
+                "profile": manifest["profile"],
+                "started": time.time(),
+                "pid": os.getpid(),
+                "keep_branch": keep_branch,
+                "manifest": manifest,
+            }
+            ctx.state.write_journal(journal)
+            _kill_point("after-journal")
+            reports.append(_finish_revert(ctx, journal))
+    return Report("reverted", profile_name, reports)
+
+
+def _kinds_for(profile_name: str | None) -> tuple[str, ...]:
+    if profile_name is None:
+        return catalog.TARGETS
+    return catalog.load().profile(profile_name).targets
+
+
+def _find_quiet(kind: str, path: str | Path | None, *, required: bool) -> Target | None:
+    from sm120patch import targets
+
+    try:
+        return targets.find(kind, path)
+    except Refused:
+        if required:
+            raise
+        return None
+
+
+def _check_revertable(ctx: _Ctx, manifest: dict[str, Any], force: bool) -> None:
+    drifted = [
+        f
+        for f in manifest["files"]
+        if file_sha256(ctx.path(f["path"])) not in (f["after"], f["before"])
+    ]
+    git = manifest.get("git")
+    problems = []
+    if drifted:
+        problems.append(_drift_diff(ctx, drifted))
+    if ctx.repo is not None and git:
+        branch, head = ctx.repo.head()
+        commits = git.get("commits") or []
+        if branch != git["patch_branch"]:
+            raise Refused(
+                f"{ctx.target.root} is on {branch or 'a detached HEAD'}, not {git['patch_branch']}",
+                f"`git checkout {git['patch_branch']}`, then revert",
+            )
+        if commits and head != commits[-1]:
+            problems.append(f"{git['patch_branch']} has commits after sm120patch's ({head[:12]})")
+    if problems and not force:
+        raise Refused(
+            f"{ctx.target.root}: changed since the apply; refusing to throw that away:\n"
+            + "\n".join(problems),
+            "keep your edits elsewhere, or `revert --force` to discard them",
+        )
+
+
+def _drift_diff(ctx: _Ctx, drifted: list[dict[str, Any]]) -> str:
+    import difflib
+
+    out = []
+    for f in drifted:
+        ours = (ctx.state.copy("patched", f["path"]) or b"").decode("utf-8", "replace")
+        try:
+            now = ctx.path(f["path"]).read_bytes().decode("utf-8", "replace")
+        except FileNotFoundError:
+            now = ""
+        out.extend(
+            difflib.unified_diff(
+                ours.splitlines(True),
+                now.splitlines(True),
+                f"sm120patch/{f['path']}",
+                f"yours/{f['path']}",
+            )
+        )
+    return "".join(out).rstrip("\n")
+
+
+def _finish_revert(ctx: _Ctx, journal: dict[str, Any]) -> TargetReport:
+    """Idempotent: run again from the journal, it converges on the pristine tree."""
+    manifest = journal["manifest"]
+    files = manifest["files"]
+    git = manifest.get("git")
+    report = TargetReport(ctx.target)
+    if ctx.repo is not None and git:
+        current, _ = ctx.repo.head()
+        if current == git["patch_branch"]:
+            # Reset our files to the branch so the switch is clean (the user chose --force
+            # if they had edits there); other dirty files ride along untouched.
+            ctx.repo.discard([f["path"] for f in files])
+            ctx.repo.switch(git["branch"], git["head"])
+            _kill_point("during-switch")
+        if journal.get("keep_branch"):
+            report.branch = git["patch_branch"]
+        else:
+            ctx.repo.delete_branch(git["patch_branch"])
+    _restore_pristine(ctx, files)
+    for f in files:
+        _kill_point("after-write")
+        report.files.append({"path": f["path"], "state": "pristine"})
+    _kill_point("before-manifest")
+    ctx.state.remove_manifest()
+    _kill_point("after-manifest")
+    ctx.state.drop_copies()
+    ctx.state.close_journal()
+    return report
+
+
+# ---- recover -----------------------------------------------------------------------------
+
+
+def recover(paths: Mapping[str, str | Path | None]) -> Report:
+    """Finish what a killed run left: roll an apply back, roll a revert forward."""
+    found = [
+        _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
+        for kind in catalog.TARGETS
+    ]
+    ctxs = _contexts([t for t in found if t is not None])
+    reports = []
+    notes = []
+    with _locked(ctxs):
+        for ctx in ctxs:
+            journal = ctx.state.journal()
+            if journal is None:
+                continue
+            if journal.get("op") == "apply":
+                _rollback_apply(ctx, journal)
+                notes.append(
+                    f"{ctx.target.root}: rolled back the interrupted apply of "
+                    f"{journal.get('profile')}"
+                )
+            else:
+                _finish_revert(ctx, journal)
+                notes.append(
+                    f"{ctx.target.root}: finished the interrupted revert of "
+                    f"{journal.get('profile')}"
+                )
+            reports.append(TargetReport(ctx.target))
+    if not reports:
+        notes.append("nothing to recover")
+    return Report("recovered", None, reports, notes=notes)
+
+
+# ---- status ------------------------------------------------------------------------------
+
+
+@dataclass
+class TargetStatus:
+    target: Target
+    profile: str | None
+    branch: str | None
+    base: str | None
+    files: list[dict[str, str]]
+    unfinished: str | None
+    trials: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.target.to_dict(),
+            "profile": self.profile,
+            "branch": self.branch,
+            "base": self.base,
+            "files": self.files,
+            "unfinished": self.unfinished,
+            "trials": self.trials,
+        }
+
+
+def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
+    """What is applied where, from hashes only (no parsing, no git process)."""
+    out = []
+    for kind in catalog.TARGETS:
+        target = _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
+        if target is None:
+            continue
+        st = TargetState(state.state_dir_for(target.root, target.layout), target.root)
+        journal = st.journal()
+        manifest = st.manifest()
+        files = []
+        branch = base = profile = None
+        trials: list[dict[str, Any]] = []
+        if manifest is not None:
+            profile = manifest["profile"]
+            git = manifest.get("git")
+            if git:
+                branch, base = git["patch_branch"], git["head"]
+            trials = manifest.get("trials", [])
+            for f in manifest["files"]:
+                now = file_sha256(state.inside(target.root, f["path"]))
+                word = (
+                    "patched"
+                    if now == f["after"]
+                    else "pristine"
+                    if now == f["before"]
+                    else "drifted"
+                )
+                files.append({"path": f["path"], "state": word})
+        out.append(
+            TargetStatus(
+                target, profile, branch, base, files, journal.get("op") if journal else None, trials
+            )
+        )
+    return out

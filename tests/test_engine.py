@@ -1,0 +1,250 @@
+"""The engine's contract on fixture trees: apply, status, revert, recover, on git and installed
+layouts; every failure leaves both trees byte-identical (hashed before and after)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from trees import git, make_tree, tree_hash
+
+from sm120patch.cli import main
+
+LAYOUTS = ["git", "installed"]
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(params=LAYOUTS)
+def trees(request, tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", request.param)
+    fi = make_tree(tmp_path, "flashinfer", "0.6.1", request.param)
+    return request.param, sg, fi
+
+
+def targets(sg: Path, fi: Path) -> list[str]:
+    return ["--sglang", str(sg), "--flashinfer", str(fi)]
+
+
+def hashes(*roots: Path) -> list[str]:
+    return [tree_hash(r) for r in roots]
+
+
+def test_apply_status_revert_roundtrip(trees):
+    layout, sg, fi = trees
+    before = hashes(sg, fi)
+    code, out, err = cli("apply", "all", *targets(sg, fi), "--no-gpu-check")
+    assert code == 0, err
+    assert hashes(sg, fi) != before
+
+    code, out, _ = cli("status", *targets(sg, fi), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    states = {f["state"] for t in doc["targets"] for f in t["files"]}
+    assert states == {"patched"}
+    assert {t["profile"] for t in doc["targets"]} == {"all"}
+
+    if layout == "git":
+        assert git(sg, "rev-parse", "--abbrev-ref", "HEAD").strip() == "sm120patch/all"
+        log = git(sg, "log", "--format=%B%x00", "main..sm120patch/all").split("\0")
+        messages = [m for m in log if m.strip()]
+        assert len(messages) == 4  # sm120-flag, fusion-gate, fusion-autoenable, moe-backend
+        for message in messages:
+            assert "Sm120patch-Profile: all" in message
+            assert "Sm120patch-Version: " in message
+        patch_ids = {
+            line.split(": ")[1]
+            for m in messages
+            for line in m.splitlines()
+            if line.startswith("Sm120patch-Patch:")
+        }
+        assert patch_ids == {
+            "sglang.sm120-flag",
+            "sglang.fusion-gate",
+            "sglang.fusion-autoenable",
+            "sglang.moe-backend",
+        }
+
+    code, out, err = cli("revert", "--all", *targets(sg, fi))
+    assert code == 0, err
+    assert hashes(sg, fi) == before
+    if layout == "git":
+        assert "sm120patch/all" not in git(sg, "branch", "--list")
+
+
+def test_second_apply_is_a_noop(trees):
+    _, sg, fi = trees
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    after = hashes(sg, fi)
+    code, out, _ = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
+    assert code == 0
+    assert "already applied" in out
+    assert hashes(sg, fi) == after
+
+
+def test_dirty_touched_file_refuses_and_changes_nothing(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    (sg / "python/sglang/srt/server_args.py").write_text("# my edit\n", encoding="utf-8")
+    (sg / "notes.txt").write_text("untracked, unrelated\n")
+    before = tree_hash(sg)
+    code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
+    assert code == 1
+    assert "uncommitted changes" in err and "server_args.py" in err
+    assert tree_hash(sg) == before
+
+
+def test_other_dirty_files_stay_as_they_are(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    other = sg / "python/sglang/srt/layers/communicator.py"
+    other.write_text(other.read_text() + "# mine\n")
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    assert other.read_text().endswith("# mine\n")
+    assert cli("revert", "moe", "--sglang", str(sg))[0] == 0
+    assert other.read_text().endswith("# mine\n")
+    assert git(sg, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+
+
+def test_drift_refuses_revert_then_force_discards(trees):
+    _, sg, fi = trees
+    before = hashes(sg)
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    server_args = next(sg.rglob("server_args.py"))
+    server_args.write_text(server_args.read_text() + "# user edit after apply\n")
+    drifted = hashes(sg)
+    code, _, err = cli("revert", "moe", "--sglang", str(sg))
+    assert code == 1
+    assert "+# user edit after apply" in err
+    assert hashes(sg) == drifted
+    code, out, _ = cli("status", "--sglang", str(sg), "--json")
+    assert [f["state"] for f in json.loads(out)["targets"][0]["files"]] == ["drifted"]
+    code, _, err = cli("revert", "moe", "--sglang", str(sg), "--force")
+    assert code == 0, err
+    assert hashes(sg) == before
+
+
+def test_keep_branch(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    assert cli("revert", "moe", "--sglang", str(sg), "--keep-branch")[0] == 0
+    assert "sm120patch/moe" in git(sg, "branch", "--list")
+    assert git(sg, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+
+
+def test_failure_in_second_target_rolls_back_the_first(trees, mocker):
+    _, sg, fi = trees
+    before = hashes(sg, fi)
+    from sm120patch import state
+
+    real = state.atomic_write
+
+    def failing(path, data, mode=None):
+        if path.name == "comm.py":
+            raise OSError(28, "No space left on device")
+        return real(path, data, mode)
+
+    mocker.patch.object(state, "atomic_write", side_effect=failing)
+    code, _, err = cli("apply", "all", *targets(sg, fi), "--no-gpu-check")
+    assert code != 0
+    assert "Traceback" not in err
+    mocker.stopall()
+    assert hashes(sg, fi) == before
+    code, out, _ = cli("status", *targets(sg, fi), "--json")
+    assert all(t["profile"] is None and t["unfinished"] is None for t in json.loads(out)["targets"])
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "after-journal",
+        "after-branch",
+        "after-write",
+        "after-commit",
+        "before-manifest",
+        "after-manifest",
+    ],
+)
+def test_kill_during_apply_then_recover(trees, step):
+    layout, sg, fi = trees
+    if step == "after-branch" and layout != "git":
+        pytest.skip("no branch on an installed target")
+    before = hashes(sg, fi)
+    env = {**os.environ, "SM120PATCH_KILL_AT": step}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sm120patch", "apply", "all", *targets(sg, fi), "--no-gpu-check"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == -9, proc.stderr
+    code, _, err = cli("apply", "all", *targets(sg, fi), "--no-gpu-check")
+    assert code == 1 and "recover" in err
+    code, out, err = cli("recover", *targets(sg, fi))
+    assert code == 0, err
+    assert hashes(sg, fi) == before
+    # The tool works on from there.
+    assert cli("apply", "all", *targets(sg, fi), "--no-gpu-check")[0] == 0
+    assert cli("revert", "--all", *targets(sg, fi))[0] == 0
+    assert hashes(sg, fi) == before
+
+
+def test_lock_held_refuses(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    from sm120patch import state, targets
+
+    t = targets.find("sglang", sg)
+    st = state.TargetState(state.state_dir_for(t.root, t.layout), t.root)
+    before = tree_hash(sg)
+    with st.locked():
+        code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
+    assert code == 1
+    assert "another sm120patch run holds the lock on" in err
+    assert tree_hash(sg) == before
+
+
+def test_newer_manifest_schema_is_refused(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    state_dir = sg / ".git" / "sm120patch"
+    state_dir.mkdir()
+    (state_dir / "manifest.json").write_text(json.dumps({"schema": 99, "profile": "moe"}))
+    code, _, err = cli("status", "--sglang", str(sg))
+    assert code == 1
+    assert "schema 99" in err and "Traceback" not in err
+
+
+def test_corrupt_manifest_is_one_line(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    state_dir = sg / ".git" / "sm120patch"
+    state_dir.mkdir()
+    (state_dir / "manifest.json").write_text('{"schema": 1, "prof')
+    code, _, err = cli("revert", "--all", "--sglang", str(sg))
+    assert code == 1
+    assert "corrupt" in err and "Traceback" not in err
+
+
+def test_dry_run_diff_applies_with_git_apply(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
+    before = hashes(sg, fi)
+    code, out, err = cli("apply", "all", *targets(sg, fi), "--dry-run")
+    assert code == 0, err
+    assert hashes(sg, fi) == before
+    chunks = ["diff --git" + c for c in out.split("diff --git")[1:]]
+    assert chunks
+    for root in (sg, fi):
+        mine = [c for c in chunks if (root / c.split()[2][2:]).exists()]
+        assert mine
+        proc = subprocess.run(
+            ["git", "-C", str(root), "apply", "--check", "-"],
+            input="".join(mine),
+            text=True,
+            capture_output=True,
+        )
+        assert proc.returncode == 0, proc.stderr

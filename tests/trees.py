@@ -1,0 +1,159 @@
+"""Small fixture trees in the shapes of SGLang 0.5.8 and FlashInfer 0.6.1 (written by us, a few
+lines per site, never copies of upstream files), as git checkouts or installed packages."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+SGLANG_FILES = {
+    "sglang/__init__.py": "",
+    "sglang/srt/__init__.py": "",
+    "sglang/srt/layers/__init__.py": "",
+    "sglang/srt/layers/communicator.py": """\
+from sglang.srt.utils import (
+    is_cuda,
+    is_sm90_supported,
+    is_sm100_supported,
+)
+
+_is_cuda = is_cuda()
+_is_sm90_supported = _is_cuda and is_sm90_supported()
+_is_sm100_supported = _is_cuda and is_sm100_supported()
+
+
+def apply_flashinfer_allreduce_fusion(batch_size: int):
+    return (
+        (_is_sm90_supported or _is_sm100_supported)
+        and batch_size > 0
+    )
+""",
+    "sglang/srt/server_args.py": """\
+import logging
+
+from sglang.srt.utils import (
+    check_pkg_version_at_least,
+    is_sm90_supported,
+    is_sm100_supported,
+    is_sm120_supported,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ServerArgs:
+    def _handle_model_specific_adjustments(self):
+        model_arch = self.get_model_arch()
+        if model_arch in ["DeepseekV3ForCausalLM"]:
+            pass
+        elif model_arch in ["Glm4MoeForCausalLM"]:
+            if is_sm100_supported():
+                quantization_config = getattr(self.hf_config, "quantization_config", None)
+                quant_method = (
+                    quantization_config.get("quant_method")
+                    if quantization_config is not None
+                    else None
+                )
+                if self.quantization is None and quant_method is not None:
+                    self.quantization = quant_method
+                if (
+                    self.quantization == "modelopt_fp4"
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    if check_pkg_version_at_least("flashinfer-python", "0.6.2"):
+                        self.moe_runner_backend = "flashinfer_trtllm"
+                        logger.info(
+                            "Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM"
+                        )
+
+        if (
+            not self.enable_flashinfer_allreduce_fusion
+            and model_arch in ["DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"]
+            and (is_sm90_supported() or is_sm100_supported())
+            and not self.enable_dp_attention
+        ):
+            self.enable_flashinfer_allreduce_fusion = True
+""",
+}
+
+FLASHINFER_FILES = {
+    "flashinfer/__init__.py": "",
+    "flashinfer/jit/__init__.py": "",
+    "flashinfer/jit/comm.py": """\
+def gen_trtllm_comm_module():
+    nvcc_flags = current_compilation_context.get_nvcc_flags_list(
+        supported_major_versions=[9, 10]
+    )
+    return gen_jit_spec("trtllm_comm", [], extra_cuda_cflags=nvcc_flags)
+
+
+def gen_vllm_comm_module():
+    nvcc_flags = current_compilation_context.get_nvcc_flags_list(
+        supported_major_versions=[9, 10]
+    )
+    return gen_jit_spec("vllm_comm", [], extra_cuda_cflags=nvcc_flags)
+""",
+}
+
+DIST = {"sglang": "sglang", "flashinfer": "flashinfer_python"}
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def make_tree(base: Path, kind: str, version: str, layout: str) -> Path:
+    """A target: `layout` "git" gives a checkout root (SGLang under python/), "installed" a
+    site-packages directory with a dist-info recording `version`. Returns the path to pass."""
+    files = SGLANG_FILES if kind == "sglang" else FLASHINFER_FILES
+    root = base / f"{kind}-{layout}"
+    parent = root / "python" if (kind == "sglang" and layout == "git") else root
+    for rel, text in files.items():
+        path = parent / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if layout == "installed":
+        info = parent / f"{DIST[kind]}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {kind}\nVersion: {version}\n")
+    else:
+        (parent / kind / "version.py").write_text(f'__version__ = "{version}"\n')
+        git(root, "init", "-q", "-b", "main")
+        git(root, "config", "user.name", "Test User")
+        git(root, "config", "user.email", "test@example.com")
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", "base")
+    return root
+
+
+def tree_hash(root: Path) -> str:
+    """A digest of every file under `root` (bytes and mode), `.git` internals excluded except
+    HEAD and refs, so a test sees any change to the work tree, the branch or the branches."""
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(".git/") or rel == ".git" or "__pycache__" in rel:
+            continue
+        if path.is_file():
+            h.update(rel.encode() + b"\0" + oct(path.stat().st_mode).encode() + b"\0")
+            h.update(path.read_bytes())
+    if (root / ".git").is_dir():
+        h.update(git(root, "rev-parse", "HEAD").encode())
+        h.update(
+            git(root, "symbolic-ref", "-q", "HEAD").encode() if _attached(root) else b"detached"
+        )
+        h.update(git(root, "for-each-ref", "--format=%(refname) %(objectname)").encode())
+    return h.hexdigest()
+
+
+def _attached(root: Path) -> bool:
+    return (
+        subprocess.run(
+            ["git", "-C", str(root), "symbolic-ref", "-q", "HEAD"], capture_output=True
+        ).returncode
+        == 0
+    )
