@@ -1,21 +1,118 @@
-"""sglang.fusion-gate: placeholder until the transform lands; refuses everywhere."""
+"""sglang.fusion-gate: let the allreduce-fusion runtime gate pass on SM120 (site B)."""
 
 from __future__ import annotations
 
-from sm120patch.transform import Patch, Result, refused
+from typing import TYPE_CHECKING
+
+from sm120patch.transform import Patch, Result, already_applied, applied, refused
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+# 0.5.8 to 0.5.21 call the gate function apply_flashinfer_allreduce_fusion, 0.5.22 on
+# flashinfer_ar_fusion_applies; before 0.5.8 the gate is an `if` inside this method.
+FUNCTIONS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
+CLASS = "CommunicateWithAllReduceAndLayerNormFn"
+METHOD = "_gather_hidden_states_and_residual"
+ARCH_FLAGS = frozenset({"_is_sm90_supported", "_is_sm100_supported"})
+SM120 = "_is_sm120_supported"
+EXPECTED = "`(_is_sm90_supported or _is_sm100_supported)` as the first operand of the gate"
 
 
-def transform(module: object) -> Result:
-    return refused("<module>", "an implemented patch", "a placeholder")
+def _mentions_flags(node: cst.CSTNode) -> bool:
+    import libcst.matchers as m
+
+    names = ARCH_FLAGS | {SM120}
+    return bool(m.findall(node, m.Name(m.MatchIfTrue(lambda v: v in names))))
+
+
+def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
+    """(site name, the function holding the gate or None, why not found)."""
+    import libcst.matchers as m
+
+    from sm120patch import cst_helpers as h
+
+    funcs = [(name, f) for name in FUNCTIONS for f in h.functions(module, name)]
+    if len(funcs) > 1:
+        names = ", ".join(name for name, _ in funcs)
+        return " / ".join(FUNCTIONS), None, f"{len(funcs)} gate functions ({names})"
+    if funcs:
+        return funcs[0][0], funcs[0][1], ""
+    site = f"{CLASS}.{METHOD}"
+    methods = [
+        f
+        for c in m.findall(module, m.ClassDef(name=m.Name(CLASS)))
+        for f in m.findall(c, m.FunctionDef(name=m.Name(METHOD)))
+    ]
+    if len(methods) != 1:
+        found = "none of them" if not methods else f"{len(methods)} definitions of {site}"
+        return site, None, found
+    return site, methods[0], ""
+
+
+def transform(module: cst.Module) -> Result:
+    import libcst as cst
+    import libcst.matchers as m
+
+    from sm120patch import cst_helpers as h
+
+    site, scope, problem = _site(module)
+    if scope is None:
+        where = ", ".join(f"def {f}" for f in FUNCTIONS) + f" or {CLASS}.{METHOD}"
+        return refused(site, f"one gate function ({where})", problem)
+
+    # The gate is the one condition (an `if` test or a returned value) testing the arch flags.
+    tests: list[cst.BaseExpression] = []
+    for node in m.findall(scope, m.If() | m.Return()):
+        test = node.test if isinstance(node, cst.If) else node.value  # type: ignore[attr-defined]
+        if test is not None and _mentions_flags(test):
+            tests.append(test)
+    if len(tests) != 1:
+        flags = " / ".join(sorted(ARCH_FLAGS))
+        return refused(site, f"one condition testing {flags}", f"{len(tests)} conditions")
+    first = h.and_operands(tests[0])[0]
+    keys = h.or_keys(first)
+    if keys is None or None in keys:
+        return refused(site, EXPECTED, f"`{h.code(first)}`")
+    if SM120 in keys and all(k in ARCH_FLAGS for k in keys if k != SM120):
+        return already_applied(site, h.code(first))
+    if len(keys) != 2 or set(keys) != ARCH_FLAGS:
+        return refused(site, EXPECTED, f"`{h.code(first)}`")
+    if not h.module_assignments(module, SM120):
+        # Widening without the flag would raise NameError when the gate first runs.
+        return refused(
+            site, f"a module flag `{SM120} = ...` (patch sglang.sm120-flag runs first)", "none"
+        )
+    assert isinstance(first, cst.BooleanOperation)  # or_keys returned a list
+    new_module = module.deep_replace(first, h.widen_or(first, cst.Name(SM120)))
+    shape = f"{h.code(first)} -> ... or {SM120}"
+    return applied(site, new_module, shape)  # type: ignore[arg-type]
 
 
 PATCH = Patch(
     id="sglang.fusion-gate",
     target="sglang",
-    title="(placeholder)",
-    why="(placeholder)",
-    files=("sglang/srt/server_args.py",),
-    marker="",
-    shapes=(),
+    title="Let the FlashInfer allreduce-fusion gate pass on SM120",
+    why=(
+        "SGLang fuses allreduce with the residual RMSNorm (FlashInfer) only where "
+        "`(_is_sm90_supported or _is_sm100_supported)` holds, so on SM120 "
+        "--enable-flashinfer-allreduce-fusion silently does nothing. This widens that operand "
+        "with `or _is_sm120_supported` (the flag added by sglang.sm120-flag)."
+    ),
+    files=(
+        "sglang/srt/layers/layer_boundary/residual/add_norm.py",
+        "sglang/srt/layers/communicator.py",
+    ),
+    # Same files and marker as sglang.sm120-flag: both must pick the same file.
+    marker="_is_sm100_supported = ",
+    shapes=(
+        "0.5.2 to 0.5.7: communicator.py, CommunicateWithAllReduceAndLayerNormFn."
+        "_gather_hidden_states_and_residual, `if ((_is_sm100_supported or _is_sm90_supported) "
+        "and ...)`",
+        "0.5.8 to 0.5.20: communicator.py, apply_flashinfer_allreduce_fusion(batch_size) "
+        "returns `(_is_sm90_supported or _is_sm100_supported) and ...`",
+        "0.5.21: layer_boundary/residual/add_norm.py, same function",
+        "0.5.22 to 0.5.23: add_norm.py, renamed flashinfer_ar_fusion_applies",
+    ),
     transform=transform,
 )

@@ -1,21 +1,132 @@
-"""sglang.sm120-flag: placeholder until the transform lands; refuses everywhere."""
+"""sglang.sm120-flag: define `_is_sm120_supported` next to the SM100 flag (site A).
+
+The fusion gate (site B, patch sglang.fusion-gate) tests module flags of the module it lives
+in; no release defines an SM120 one, so this patch adds it in the form the SM100 flag uses.
+"""
 
 from __future__ import annotations
 
-from sm120patch.transform import Patch, Result, refused
+from typing import TYPE_CHECKING
+
+from sm120patch.transform import Patch, Result, already_applied, applied, refused
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+SITE = "_is_sm120_supported"
+ANCHOR = "_is_sm100_supported"
+UTILS = "sglang.srt.utils"
+# The CUDA half of the SM100 flag, copied as is into the SM120 flag.
+CUDA_FORMS = ("_is_cuda", "is_cuda()")
+# The SM100 half -> its SM120 twin, and the name that twin needs from sglang.srt.utils
+# (None: `get_platform()` is already imported, since the SM100 flag calls it).
+ARCH_FORMS: dict[str, tuple[str, str | None]] = {
+    "is_sm100_supported()": ("is_sm120_supported()", "is_sm120_supported"),
+    "get_platform().is_sm100": ("get_platform().is_sm120", None),
+}
+KNOWN = (
+    f"`{ANCHOR} = _is_cuda and is_sm100_supported()` (or `is_cuda() and ...`, "
+    "or `_is_cuda and get_platform().is_sm100`)"
+)
 
 
-def transform(module: object) -> Result:
-    return refused("<module>", "an implemented patch", "a placeholder")
+def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | None:
+    """(left, right) of a module flag `name = left and right`, each as `cst_helpers.key`."""
+    import libcst as cst
+
+    from sm120patch import cst_helpers as h
+
+    value = stmt.body[0].value  # type: ignore[attr-defined]
+    if not (isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.And)):
+        return None
+    return h.key(value.left), h.key(value.right)
+
+
+def _imported_at_module_level(module: cst.Module, name: str) -> bool:
+    """Whether a module-level `from ... import` binds `name`, whichever module it comes from."""
+    import libcst as cst
+
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                if any((a.evaluated_alias or a.evaluated_name) == name for a in small.names):
+                    return True
+    return False
+
+
+def transform(module: cst.Module) -> Result:
+    from sm120patch import cst_helpers as h
+
+    anchors = h.module_assignments(module, ANCHOR)
+    if len(anchors) != 1:
+        found = "none" if not anchors else f"{len(anchors)} assignments of {ANCHOR}"
+        return refused(SITE, f"one module flag {KNOWN}", found)
+    keys = _and_keys(anchors[0])
+    if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
+        return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
+    cuda, sm100 = keys
+    sm120, needs = ARCH_FORMS[sm100]  # type: ignore[index]
+    form = f"{cuda} and {sm120}"
+    shape = f"{SITE} = {form}" + (f", {needs} imported from {UTILS}" if needs else "")
+    missing_import = needs is not None and not _imported_at_module_level(module, needs)
+
+    existing = h.module_assignments(module, SITE)
+    if len(existing) > 1:
+        return refused(SITE, f"at most one `{SITE} = {form}`", f"{len(existing)} assignments")
+    if existing:
+        if _and_keys(existing[0]) != (cuda, sm120):
+            return refused(SITE, f"`{SITE} = {form}`", f"`{h.code(existing[0])}`")
+        if missing_import:
+            # A half-done edit (by hand?): the flag would raise NameError at import time.
+            return refused(
+                SITE, f"`{needs}` imported from {UTILS} for `{SITE} = {form}`", "no such import"
+            )
+        return already_applied(SITE, shape)
+
+    flag = h.parse_statement(f"{SITE} = {form}{module.default_newline}", module)
+    new_module = h.insert_after(module, anchors[0], [flag])
+    if needs is not None and missing_import:
+        with_import = h.add_import_after(new_module, UTILS, needs, after="is_sm100_supported")
+        if with_import is None:
+            return refused(
+                SITE,
+                f"one `from {UTILS} import (...)` naming is_sm100_supported, to add {needs}",
+                "none, or several",
+            )
+        new_module = with_import
+    return applied(SITE, new_module, shape)
 
 
 PATCH = Patch(
     id="sglang.sm120-flag",
     target="sglang",
-    title="(placeholder)",
-    why="(placeholder)",
-    files=("sglang/srt/server_args.py",),
-    marker="",
-    shapes=(),
+    title="Define an SM120 module flag next to the SM100 one",
+    why=(
+        "The allreduce-fusion gate tests module flags `_is_sm90_supported` and "
+        "`_is_sm100_supported`; no release has an SM120 flag. This adds "
+        "`_is_sm120_supported` right after the SM100 flag, in the same form (importing "
+        "is_sm120_supported from sglang.srt.utils where the flags call the utils checks), "
+        "so that sglang.fusion-gate can test it."
+    ),
+    files=(
+        "sglang/srt/layers/layer_boundary/residual/add_norm.py",
+        "sglang/srt/layers/communicator.py",
+    ),
+    # The file holding the module flags, which is the file holding the gate (0.5.2 to 0.5.20
+    # communicator.py, from 0.5.21 add_norm.py). Same files and marker as sglang.fusion-gate
+    # so that both run chained on one parse.
+    marker=f"{ANCHOR} = ",
+    shapes=(
+        "0.5.2 to 0.5.5: communicator.py, `_is_sm100_supported = is_cuda() and "
+        "is_sm100_supported()`, imported from sglang.srt.utils (is_sm120_supported exists "
+        "there from 0.5.4 only)",
+        "0.5.6 to 0.5.18: communicator.py, `_is_sm100_supported = _is_cuda and "
+        "is_sm100_supported()`, same import",
+        "0.5.19 to 0.5.20: communicator.py, `_is_sm100_supported = _is_cuda and "
+        "get_platform().is_sm100`, no import needed",
+        "0.5.21 to 0.5.23: layer_boundary/residual/add_norm.py, same as 0.5.19",
+    ),
     transform=transform,
 )

@@ -118,6 +118,24 @@ def add_import_after(
     new_alias = cst.ImportAlias(name=cst.Name(name), comma=anchor.comma)
     if isinstance(anchor.comma, cst.Comma):
         anchor_comma = anchor.comma
+        if index == len(aliases) - 1 and imp.lpar is not None:
+            # `after` is the last name, with a trailing comma: that comma leads to the
+            # closing parenthesis, so the new name keeps it and `after` gets a line break
+            # (its own comment kept) indented like the separator that comes before it.
+            prev_comma = aliases[index - 1].comma if index > 0 else None
+            before = (
+                prev_comma.whitespace_after
+                if isinstance(prev_comma, cst.Comma)
+                else imp.lpar.whitespace_after
+            )
+            own = anchor.comma.whitespace_after
+            if isinstance(own, cst.ParenthesizedWhitespace) and isinstance(
+                before, cst.ParenthesizedWhitespace
+            ):
+                own = own.with_changes(indent=before.indent, last_line=before.last_line)
+            elif isinstance(own, cst.SimpleWhitespace) and isinstance(before, cst.SimpleWhitespace):
+                own = before
+            anchor_comma = anchor.comma.with_changes(whitespace_after=own)
     else:
         # `after` was the last name without a trailing comma: give it one, single space.
         anchor_comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
