@@ -286,6 +286,11 @@ def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
         click.echo(f"{t.name} {t.version} ({t.layout}) at {t.root}")
         if s.unfinished:
             click.echo(f"  UNFINISHED {s.unfinished}: run `sm120patch recover`")
+        for trial in s.trials[-5:]:
+            click.echo(
+                f"  trial {trial.get('profile')}: {trial.get('verdict')}, "
+                f"exit {trial.get('exit_code')}: {' '.join(trial.get('command', []))}"
+            )
         if s.profile is None:
             click.echo("  nothing applied")
             continue
@@ -293,8 +298,6 @@ def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
         click.echo(f"  profile {s.profile}{branch}")
         for f in s.files:
             click.echo(f"    {f['state']:9} {f['path']}")
-        for trial in s.trials:
-            click.echo(f"  trial {trial.get('verdict')}: {trial.get('summary', '')}")
 
 
 @main.command("recover")
@@ -311,3 +314,126 @@ def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> No
         return
     for note in report.notes:
         click.echo(note)
+
+
+@main.command("trial", context_settings={"ignore_unknown_options": True})
+@click.argument("profile")
+@with_targets
+@click.option("--ready-url", metavar="URL", help="Ready when this URL answers 2xx.")
+@click.option("--ready-pattern", metavar="REGEX", help="Ready when an output line matches.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for readiness (or for the command to finish).",
+)
+@click.option("--leave-running", is_flag=True, help="Keep the command running once ready.")
+@click.option("--sample-power", is_flag=True, help="Sample GPU power draw through NVML.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Append output here.")
+@click.option("--force", is_flag=True, help="Apply outside the profile's pinned versions.")
+@click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
+@json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@handled
+def trial_cmd(
+    profile: str,
+    sglang: str | None,
+    flashinfer: str | None,
+    ready_url: str | None,
+    ready_pattern: str | None,
+    timeout: float,
+    leave_running: bool,
+    sample_power: bool,
+    log_path: str | None,
+    force: bool,
+    no_gpu_check: bool,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Apply PROFILE, run COMMAND (after --), keep the patch if it gets ready, else revert.
+
+    Exit 3 when the command crashed or never got ready (the profile is then reverted).
+    """
+    from pathlib import Path
+
+    from sm120patch import gpu, trial
+
+    result = trial.run(
+        profile,
+        {"sglang": sglang, "flashinfer": flashinfer},
+        list(command),
+        ready_url=ready_url,
+        ready_pattern=ready_pattern,
+        timeout=timeout,
+        leave_running=leave_running,
+        sample_power=sample_power,
+        log_path=Path(log_path) if log_path else None,
+        force=force,
+        preconditions=None if no_gpu_check else gpu.require_sm120,
+        on_line=lambda line: click.echo(line, err=as_json),
+    )
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    click.echo(
+        f"trial of {profile}: {result.verdict}"
+        + (f" in {result.time_to_ready_s:.1f}s" if result.time_to_ready_s else "")
+        + f"; the profile stays applied (`sm120patch revert {profile}` to undo)"
+    )
+    for line in power_lines(result.power_samples):
+        click.echo(line)
+
+
+def power_lines(samples: list[dict[str, Any]]) -> list[str]:
+    """Mean and peak draw per GPU against its limit."""
+    per: dict[int, list[tuple[float, float | None]]] = {}
+    for sample in samples:
+        for g in sample["gpus"]:
+            if g["power_w"] is not None:
+                per.setdefault(g["index"], []).append((g["power_w"], g["limit_w"]))
+    lines = []
+    for index, values in sorted(per.items()):
+        draws = [v[0] for v in values]
+        limit = values[-1][1]
+        mean = sum(draws) / len(draws)
+        share = f" ({100 * mean / limit:.0f}% of its {limit:.0f} W limit)" if limit else ""
+        lines.append(f"GPU {index}: mean {mean:.0f} W, peak {max(draws):.0f} W{share}")
+    return lines
+
+
+@main.command("doctor")
+@with_targets
+@json_option
+@handled
+def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
+    """What this machine has (GPUs, SGLang, FlashInfer) and what each profile would do here."""
+    from sm120patch import doctor
+
+    found = doctor.examine({"sglang": sglang, "flashinfer": flashinfer})
+    if as_json:
+        emit_json(found.to_dict())
+        return
+    probe = found.probe
+    if probe.problem or not probe.gpus:
+        click.echo(f"GPUs: {probe.summary()}")
+    else:
+        click.echo(f"GPUs (driver {probe.driver}, CUDA {probe.cuda_driver}):")
+        for g in probe.gpus:
+            mark = "SM120" if g.is_sm120 else "not SM120"
+            click.echo(f"  {g.describe()} ({mark})")
+    for t in found.targets:
+        click.echo(f"{t['kind']}: {t['version']} ({t['layout']}) at {t['root']}")
+    for line in found.missing:
+        click.echo(line)
+    for p in found.profiles:
+        pinned = {True: "inside its pins", False: "OUTSIDE its pins", None: "not checked"}
+        click.echo(f"profile {p.name} [{p.status}]: {pinned[p.pinned]}")
+        for problem in p.problems:
+            click.echo(f"  {problem}")
+        for o in p.outcomes:
+            click.echo(f"  {o['status']:16} {o['patch']:26} {o['file'] or ''}::{o['site']}")
+    for a in found.applied:
+        if a.get("profile"):
+            click.echo(f"applied now on {a['root']}: {a['profile']}")
+    click.echo(found.recommendation)

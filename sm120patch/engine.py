@@ -154,6 +154,11 @@ def apply(
                     f"profile {other} is applied on {ctx.target.root}",
                     f"revert it first (`sm120patch revert {other}`), or apply `all`",
                 )
+        for ctx in ctxs:
+            if ctx.repo is not None:
+                # Before planning: a user's uncommitted edit must be named as such, not
+                # reported as an unknown shape.
+                ctx.repo.check_ready(_candidate_files(cat, profile, ctx.target))
         plan = planner.plan(profile.name, found=found, force=True)
         if plan.refused:
             raise PlanRefused(plan)
@@ -174,17 +179,16 @@ def apply(
             for f in tp.changed:
                 ctx.path(tp.target.rel(f.file))  # refuses a link leaving the target
             if ctx.repo is not None:
-                ctx.repo.check_ready([tp.target.rel(f.file) for f in tp.changed])
                 if ctx.repo.branch_exists(branch):
                     raise Refused(
                         f"{ctx.target.root}: branch {branch} already exists",
                         f"delete it (`git branch -D {branch}`) or revert what is applied",
                     )
-        journals = {
-            ctx.target.root: _start_apply(ctx, tp, profile.name, branch) for ctx, tp in work
-        }
+        journals: dict[Path, dict[str, Any]] = {}
         reports: list[TargetReport] = []
         try:
+            for ctx, tp in work:
+                journals[ctx.target.root] = _start_apply(ctx, tp, profile.name, branch)
             for ctx, tp in work:
                 reports.append(_write_target(ctx, tp, profile.name, branch, plan))
             for ctx, tp in work:
@@ -193,13 +197,44 @@ def apply(
                 _kill_point("before-manifest")
                 _write_manifest(ctx, journals[ctx.target.root], report)
                 _kill_point("after-manifest")
-        except BaseException:
-            for ctx, _ in reversed(work):
-                _rollback_apply(ctx, journals[ctx.target.root])
+        except BaseException as exc:
+            _roll_back_all([ctx for ctx, _ in work], exc)
+            if isinstance(exc, OSError):
+                raise Refused(
+                    f"apply failed writing {exc.filename or 'a file'}: {exc.strerror}; "
+                    "every file was put back as it was",
+                    "fix the cause (disk space, permissions), then apply again",
+                ) from exc
             raise
         for ctx, _ in work:
             ctx.state.close_journal()
         return Report("applied", profile.name, reports, outcomes=plan.outcomes)
+
+
+def _roll_back_all(ctxs: list[_Ctx], cause: BaseException) -> None:
+    """Undo every target that has a journal of this run; if that fails too, say so."""
+    for ctx in reversed(ctxs):
+        try:
+            journal = ctx.state.journal()
+            if journal is not None:
+                _rollback_apply(ctx, journal)
+        except Exception as exc:
+            raise Refused(
+                f"apply failed ({cause}) and rolling back {ctx.target.root} failed too ({exc})",
+                "the journal is kept: fix the cause, then run `sm120patch recover`",
+            ) from exc
+
+
+def _candidate_files(cat: catalog.Catalog, profile: catalog.Profile, target: Target) -> list[str]:
+    """Every existing file the profile's patches may touch on this target."""
+    rels = {
+        target.rel(f)
+        for p in cat.patches_of(profile)
+        if p.target == target.kind
+        for f in p.files
+        if target.path_of(f).exists()
+    }
+    return sorted(rels)
 
 
 def _start_apply(ctx: _Ctx, tp: planner.TargetPlan, profile: str, branch: str) -> dict[str, Any]:
@@ -208,7 +243,6 @@ def _start_apply(ctx: _Ctx, tp: planner.TargetPlan, profile: str, branch: str) -
         rel = tp.target.rel(f.file)
         path = ctx.path(rel)
         data = path.read_bytes()
-        ctx.state.keep_copy("pristine", rel, data)
         files.append(
             {
                 "path": rel,
@@ -232,7 +266,10 @@ def _start_apply(ctx: _Ctx, tp: planner.TargetPlan, profile: str, branch: str) -
         "files": files,
         "git": git,
     }
+    # The journal comes first: a kill while copying then finds the files still pristine.
     ctx.state.write_journal(journal)
+    for f in files:
+        ctx.state.keep_copy("pristine", f["path"], ctx.path(f["path"]).read_bytes())
     _kill_point("after-journal")
     return journal
 
@@ -306,7 +343,6 @@ def _write_manifest(ctx: _Ctx, journal: dict[str, Any], report: TargetReport) ->
         "target": journal["target"],
         "files": journal["files"],
         "git": None if git is None else {**git, "commits": report.commits},
-        "trials": [],
     }
     ctx.state.write_manifest(manifest)
 
@@ -587,7 +623,6 @@ def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
             git = manifest.get("git")
             if git:
                 branch, base = git["patch_branch"], git["head"]
-            trials = manifest.get("trials", [])
             for f in manifest["files"]:
                 now = file_sha256(state.inside(target.root, f["path"]))
                 word = (
@@ -598,9 +633,23 @@ def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
                     else "drifted"
                 )
                 files.append({"path": f["path"], "state": word})
+        trials = st.trials()
         out.append(
             TargetStatus(
                 target, profile, branch, base, files, journal.get("op") if journal else None, trials
             )
         )
     return out
+
+
+def record_trial(
+    paths: Mapping[str, str | Path | None], profile: str, trial: dict[str, Any]
+) -> None:
+    """Keep a trial's record on every target of its profile (it survives the revert)."""
+    for kind in catalog.load().profile(profile).targets:
+        target = _find_quiet(kind, paths.get(kind), required=False)
+        if target is None:
+            continue
+        ctx = TargetState(state.state_dir_for(target.root, target.layout), target.root)
+        with ctx.locked():
+            ctx.add_trial(trial)

@@ -5,6 +5,7 @@ directory keyed by the target path for an installed one):
 
     manifest.json   what is applied: profile, patches, files with hashes, git base, trials
     journal.json    an apply or revert in progress (exists only while one runs or was killed)
+    trials.json     every trial run on this target, kept across reverts
     pristine/       the bytes of every touched file before the apply
     patched/        the bytes we wrote, to show a user's later edits as a diff
     lock            one sm120patch run per target (an OS lock: a killed run releases it)
@@ -30,6 +31,7 @@ from sm120patch.errors import Refused
 SCHEMA = 1
 MANIFEST = "manifest.json"
 JOURNAL = "journal.json"
+TRIALS = "trials.json"
 
 
 def sha256(data: bytes) -> str:
@@ -191,6 +193,13 @@ class TargetState:
 
     def close_journal(self) -> None:
         self._remove(JOURNAL)
+
+    def trials(self) -> list[dict[str, Any]]:
+        doc = self._read(TRIALS)
+        return [] if doc is None else list(doc.get("trials", []))
+
+    def add_trial(self, trial: dict[str, Any]) -> None:
+        self._write(TRIALS, {"trials": [*self.trials(), trial]})
 
     # ---- file copies -------------------------------------------------------------------
     def _copy_path(self, kind: str, rel: str) -> Path:

@@ -101,6 +101,9 @@ def _package_in(kind: str, path: Path) -> Path:
 def _describe(kind: str, package_dir: Path) -> Target:
     parent = package_dir.parent
     git_root = vcs.work_tree_of(package_dir)
+    if git_root is not None and not vcs.is_tracked(git_root, package_dir / "__init__.py"):
+        # An installed package inside some repository (a venv in a project): not a checkout.
+        git_root = None
     layout = "git" if git_root is not None else "installed"
     version, source = _version(kind, package_dir, git_root)
     return Target(
