@@ -1,0 +1,156 @@
+"""`trial` end to end with real child processes: crash, HTTP readiness, timeout, interrupt."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+from trees import make_tree, tree_hash
+
+from sm120patch import trial
+from sm120patch.cli import main
+
+FI_CRASH = (
+    "import sys; print('loading model', flush=True); "
+    "print('RuntimeError: No supported CUDA architectures found for major versions [9, 10].',"
+    " flush=True); sys.exit(1)"
+)
+
+
+@pytest.fixture
+def trees(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    return sg, fi
+
+
+def run_cli(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def status_of(sg, fi) -> list[dict]:
+    code, out, _ = run_cli("status", "--sglang", str(sg), "--flashinfer", str(fi), "--json")
+    assert code == 0
+    return json.loads(out)["targets"]
+
+
+def test_crash_with_flashinfer_message_reverts_and_diagnoses(trees, tmp_path):
+    sg, fi = trees
+    before = [tree_hash(sg), tree_hash(fi)]
+    log = tmp_path / "trial.log"
+    code, out, err = run_cli(
+        "trial", "fusion", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check",
+        "--timeout", "30", "--log", str(log), "--", sys.executable, "-c", FI_CRASH,
+    )
+    assert code == 3
+    assert "exited with code 1" in err and "reverted" in err
+    assert "FlashInfer's TRT-LLM comm module was not built for SM120" in err
+    assert "0.6.17" in err  # what to do
+    assert [tree_hash(sg), tree_hash(fi)] == before
+    assert "No supported CUDA architectures" in log.read_text()
+    recorded = status_of(sg, fi)[0]["trials"]
+    assert recorded[-1]["verdict"] == "crashed"
+    assert recorded[-1]["exit_code"] == 1
+    assert recorded[-1]["signature"]["id"] == "flashinfer-comm-arch"
+    assert recorded[-1]["reverted"] is True
+
+
+def gone(pid: int, wait: float = 5.0) -> bool:
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_http_ready_keeps_the_patch(trees, tmp_path):
+    sg, fi = trees
+    port = free_port()
+    pidfile = tmp_path / "server.pid"
+    server = (
+        f"import os, http.server as h; open({str(pidfile)!r}, 'w').write(str(os.getpid())); "
+        f"h.HTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"
+    )
+    code, out, err = run_cli(
+        "trial", "moe", "--sglang", str(sg), "--no-gpu-check", "--timeout", "30",
+        "--ready-url", f"http://127.0.0.1:{port}/", "--", sys.executable, "-c", server,
+    )
+    assert code == 0, err
+    assert "trial of moe: ready" in out
+    sgl = status_of(sg, fi)[0]
+    assert sgl["profile"] == "moe"
+    assert {f["state"] for f in sgl["files"]} == {"patched"}
+    assert sgl["trials"][-1]["verdict"] == "ready"
+    assert sgl["trials"][-1]["time_to_ready_s"] is not None
+    # The server was stopped (no --leave-running).
+    assert gone(int(pidfile.read_text()))
+
+
+def test_ready_pattern(trees):
+    sg, fi = trees
+    cmd = "import time; print('warming up', flush=True); print('The server is fired up', flush=True); time.sleep(30)"
+    code, out, err = run_cli(
+        "trial", "moe", "--sglang", str(sg), "--no-gpu-check", "--timeout", "20",
+        "--ready-pattern", "fired up", "--", sys.executable, "-c", cmd,
+    )
+    assert code == 0, err
+    assert "warming up" in out
+
+
+def test_never_ready_times_out_and_reverts(trees):
+    sg, fi = trees
+    before = tree_hash(sg)
+    code, out, err = run_cli(
+        "trial", "moe", "--sglang", str(sg), "--no-gpu-check", "--timeout", "1.5",
+        "--ready-pattern", "never printed", "--", sys.executable, "-c", "import time; time.sleep(60)",
+    )
+    assert code == 3
+    assert "was not ready before the timeout" in err
+    assert tree_hash(sg) == before
+    assert status_of(sg, fi)[0]["trials"][-1]["verdict"] == "timeout"
+
+
+def test_interrupt_stops_the_command_and_reverts(trees, tmp_path):
+    sg, _ = trees
+    before = tree_hash(sg)
+    pidfile = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); print('child up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sm120patch", "trial", "moe", "--sglang", str(sg), "--no-gpu-check",
+         "--timeout", "60", "--ready-pattern", "never", "--", sys.executable, "-c", child],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "child up" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert tree_hash(sg) == before
+    assert gone(int(pidfile.read_text())), "the trial's command outlived the interrupt"
+
+
+def test_unknown_output_has_no_diagnosis():
+    assert trial.diagnose(["all good", "exit"]) is None
+    assert trial.diagnose(["torch.OutOfMemoryError: CUDA out of memory."]).id == "cuda-oom"
+    assert trial.diagnose(["SM 12.x requires CUDA >= 12.9"]).id == "flashinfer-cuda-too-old"
+    assert trial.diagnose(["ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."]).id == "sglang-fusion-backend"
+    assert trial.diagnose(["CUDA error: no kernel image is available for execution on the device"]).id == "cuda-no-kernel-image"
