@@ -1,0 +1,423 @@
+# ruff: noqa: E501  (the fixtures keep upstream's long log lines at upstream's indentation)
+"""sglang.moe-backend on small fixtures in each upstream shape of site D."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from patches_under_test import load_patch
+
+from sm120patch.transform import Status
+
+PATCH = load_patch("sglang.moe-backend")
+
+# server_args.py, 0.5.8/0.5.9 shape: version gate, SM100 `if` with no elif/else; another
+# architecture's SM100 branch must stay untouched.
+SERVER_ARGS_GATED = '''
+from sglang.srt.utils.common import (
+    is_cuda,
+    is_sm100_supported,
+    is_sm120_supported,
+)
+
+
+class ServerArgs:
+    def _handle_model_specific_adjustments(self):
+        hf_config = self.get_hf_config()
+        model_arch = hf_config.architectures[0]
+        if model_arch in ["DeepseekV3ForCausalLM"]:
+            if is_sm100_supported():
+                self.moe_runner_backend = "flashinfer_trtllm"
+        elif model_arch in ["Glm4MoeForCausalLM"]:
+            if is_sm100_supported():
+                quant_method = getattr(hf_config, "quant_method", None)
+                if self.quantization is None and quant_method is not None:
+                    self.quantization = quant_method
+                if (
+                    self.quantization == "modelopt_fp4"
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    # Only enable flashinfer_trtllm on a recent FlashInfer
+                    if check_pkg_version_at_least("flashinfer-python", "0.6.2"):
+                        self.moe_runner_backend = "flashinfer_trtllm"
+                        logger.info(
+                            "Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM"
+                        )
+
+        elif model_arch in ["FalconH1ForCausalLM"]:
+            pass
+'''
+
+SERVER_ARGS_GATED_AFTER = '''
+from sglang.srt.utils.common import (
+    is_cuda,
+    is_sm100_supported,
+    is_sm120_supported,
+)
+
+
+class ServerArgs:
+    def _handle_model_specific_adjustments(self):
+        hf_config = self.get_hf_config()
+        model_arch = hf_config.architectures[0]
+        if model_arch in ["DeepseekV3ForCausalLM"]:
+            if is_sm100_supported():
+                self.moe_runner_backend = "flashinfer_trtllm"
+        elif model_arch in ["Glm4MoeForCausalLM"]:
+            if is_sm100_supported():
+                quant_method = getattr(hf_config, "quant_method", None)
+                if self.quantization is None and quant_method is not None:
+                    self.quantization = quant_method
+                if (
+                    self.quantization == "modelopt_fp4"
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    # Only enable flashinfer_trtllm on a recent FlashInfer
+                    if check_pkg_version_at_least("flashinfer-python", "0.6.2"):
+                        self.moe_runner_backend = "flashinfer_trtllm"
+                        logger.info(
+                            "Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM"
+                        )
+            elif is_sm120_supported():
+                quant_method = getattr(hf_config, "quant_method", None)
+                if self.quantization is None and quant_method is not None:
+                    self.quantization = quant_method
+                if (
+                    self.quantization == "modelopt_fp4"
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    self.moe_runner_backend = "flashinfer_cutlass"
+                    logger.info(
+                        "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
+                    )
+
+        elif model_arch in ["FalconH1ForCausalLM"]:
+            pass
+'''
+
+# server_args.py, 0.5.10-0.5.14 shape without the gate; here with an `else:` on the SM100
+# `if` and without `is_sm120_supported` imported.
+SERVER_ARGS_ELSE = '''
+from sglang.srt.utils import (
+    is_cuda,
+    is_sm100_supported,
+    is_sm90_supported,
+)
+
+
+class ServerArgs:
+    def _handle_model_specific_adjustments(self):
+        if model_arch in ["Glm4MoeForCausalLM"]:
+            if is_sm100_supported():
+                if (
+                    self.quantization == "modelopt_fp4"
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    self.moe_runner_backend = "flashinfer_trtllm"
+                    logger.info("Use flashinfer_trtllm on sm100")
+            else:
+                self.enable_tf32_matmul = True
+'''
+
+SERVER_ARGS_ELSE_AFTER = '''
+from sglang.srt.utils import (
+    is_cuda,
+    is_sm100_supported,
+    is_sm120_supported,
+    is_sm90_supported,
+)
+
+
+class ServerArgs:
+    def _handle_model_specific_adjustments(self):
+        if model_arch in ["Glm4MoeForCausalLM"]:
+            if is_sm100_supported():
+                if (
+                    self.quantization == "modelopt_fp4"
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    self.moe_runner_backend = "flashinfer_trtllm"
+                    logger.info("Use flashinfer_trtllm on sm100")
+            elif is_sm120_supported():
+                if (
+                    self.quantization == "modelopt_fp4"
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    self.moe_runner_backend = "flashinfer_cutlass"
+                    logger.info("Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM")
+            else:
+                self.enable_tf32_matmul = True
+'''
+
+# arg_groups/overrides.py, 0.5.15-0.5.18 shape: an overrides dict, `quantization in
+# {"modelopt_fp4", None}`; here with an existing `elif` after the SM100 branch.
+OVERRIDES_ELIF = '''
+from sglang.srt.utils.common import is_sm90_supported, is_sm100_supported, is_sm120_supported
+
+
+def _glm4_moe_overrides(server_args, hf_config):
+    overrides = {}
+    if is_sm100_supported():
+        quantization = server_args.quantization
+        if quantization is None:
+            overrides["quantization"] = hf_config.quant_method
+            quantization = hf_config.quant_method
+        if (
+            quantization in {"modelopt_fp4", None}
+            and server_args.moe_a2a_backend == "none"
+            and server_args.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_trtllm"
+            logger.info(
+                "Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM"
+            )
+    elif is_sm90_supported():
+        overrides["enable_tf32_matmul"] = False
+    overrides["enable_tf32_matmul"] = True
+    return overrides
+'''
+
+OVERRIDES_ELIF_AFTER = '''
+from sglang.srt.utils.common import is_sm90_supported, is_sm100_supported, is_sm120_supported
+
+
+def _glm4_moe_overrides(server_args, hf_config):
+    overrides = {}
+    if is_sm100_supported():
+        quantization = server_args.quantization
+        if quantization is None:
+            overrides["quantization"] = hf_config.quant_method
+            quantization = hf_config.quant_method
+        if (
+            quantization in {"modelopt_fp4", None}
+            and server_args.moe_a2a_backend == "none"
+            and server_args.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_trtllm"
+            logger.info(
+                "Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM"
+            )
+    elif is_sm120_supported():
+        quantization = server_args.quantization
+        if quantization is None:
+            overrides["quantization"] = hf_config.quant_method
+            quantization = hf_config.quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and server_args.moe_a2a_backend == "none"
+            and server_args.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
+            )
+    elif is_sm90_supported():
+        overrides["enable_tf32_matmul"] = False
+    overrides["enable_tf32_matmul"] = True
+    return overrides
+'''
+
+# arg_groups/model_overrides/glm4_moe.py, 0.5.19-0.5.23 shape: `get_platform().is_sm100`;
+# the SM120 form needs no import.
+PLATFORM = '''
+from sglang.srt.runtime_context import get_platform
+
+
+def _glm4_moe_overrides(server_args, hf_config):
+    cfg = resolving_view(server_args)
+    overrides = {}
+    if get_platform().is_sm100:
+        quantization = cfg.quantization
+        if (
+            quantization in {"modelopt_fp4", None}
+            and cfg.moe_a2a_backend == "none"
+            and cfg.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = 'flashinfer_trtllm'
+            logger.info('Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM')
+    return overrides
+'''
+
+PLATFORM_AFTER = '''
+from sglang.srt.runtime_context import get_platform
+
+
+def _glm4_moe_overrides(server_args, hf_config):
+    cfg = resolving_view(server_args)
+    overrides = {}
+    if get_platform().is_sm100:
+        quantization = cfg.quantization
+        if (
+            quantization in {"modelopt_fp4", None}
+            and cfg.moe_a2a_backend == "none"
+            and cfg.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = 'flashinfer_trtllm'
+            logger.info('Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM')
+    elif get_platform().is_sm120:
+        quantization = cfg.quantization
+        if (
+            quantization == "modelopt_fp4"
+            and cfg.moe_a2a_backend == "none"
+            and cfg.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = 'flashinfer_cutlass'
+            logger.info('Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM')
+    return overrides
+'''
+
+PAIRS = {
+    "server_args_gated": (SERVER_ARGS_GATED, SERVER_ARGS_GATED_AFTER),
+    "server_args_else_import": (SERVER_ARGS_ELSE, SERVER_ARGS_ELSE_AFTER),
+    "overrides_elif": (OVERRIDES_ELIF, OVERRIDES_ELIF_AFTER),
+    "platform": (PLATFORM, PLATFORM_AFTER),
+}
+
+
+def outcome(res):
+    assert len(res.outcomes) == 1
+    return res.outcomes[0]
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_applies_exactly(run_patch, name):
+    before, after = PAIRS[name]
+    res = run_patch(PATCH, before)
+    assert outcome(res).status is Status.APPLIED, outcome(res).reason
+    assert res.after == textwrap.dedent(after)
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_second_run_is_already_applied(run_patch, name):
+    first = run_patch(PATCH, PAIRS[name][0])
+    second = run_patch(PATCH, first.after)
+    assert outcome(second).status is Status.ALREADY_APPLIED
+    assert not second.changed
+
+
+def test_shape_says_what_changed(run_patch):
+    gated = outcome(run_patch(PATCH, SERVER_ARGS_GATED))
+    assert gated.site == "_handle_model_specific_adjustments[Glm4MoeForCausalLM]"
+    assert "version gate dropped" in gated.shape
+    assert "is_sm120_supported imported" not in gated.shape
+    assert "is_sm120_supported imported" in outcome(run_patch(PATCH, SERVER_ARGS_ELSE)).shape
+    platform = outcome(run_patch(PATCH, PLATFORM))
+    assert platform.site == "_glm4_moe_overrides"
+    assert "narrowed" in platform.shape
+
+
+def test_before_the_site_existed_is_not_applicable(run_patch):
+    # 0.5.2-0.5.7: Glm4Moe appears only inside the fusion auto-enable condition.
+    src = '''
+    class ServerArgs:
+        def _handle_model_specific_adjustments(self):
+            if model_arch in ["DeepseekV3ForCausalLM"]:
+                if is_sm100_supported():
+                    self.moe_runner_backend = "flashinfer_trtllm"
+            if (
+                model_arch in ["GptOssForCausalLM", "Glm4MoeForCausalLM"]
+                and is_sm100_supported()
+            ):
+                self.enable_flashinfer_allreduce_fusion = True
+    '''
+    res = run_patch(PATCH, src)
+    assert outcome(res).status is Status.NOT_APPLICABLE
+    assert not res.changed
+
+
+def test_unrelated_file_is_not_applicable(run_patch):
+    res = run_patch(PATCH, "def gen_trtllm_comm_module():\n    return 1\n")
+    assert outcome(res).status is Status.NOT_APPLICABLE
+
+
+def refusal(run_patch, src):
+    res = run_patch(PATCH, src)
+    assert outcome(res).status is Status.REFUSED
+    assert not res.changed
+    return outcome(res).reason
+
+
+def test_refuses_missing_sm100_branch(run_patch):
+    # The server_args stub left behind when the logic moved to the override registry.
+    src = '''
+    class ServerArgs:
+        def _handle_model_specific_adjustments(self):
+            if model_arch in ["Glm4MoeForCausalLM"]:
+                # moved to _glm4_moe_overrides
+                pass
+    '''
+    assert "found no SM100 branch" in refusal(run_patch, src)
+
+
+def test_refuses_sm100_branch_twice(run_patch):
+    src = PLATFORM.replace("    return overrides", "    if get_platform().is_sm100:\n        pass\n    return overrides")
+    assert "found 2 such branches" in refusal(run_patch, src)
+
+
+def test_refuses_site_twice(run_patch):
+    assert "found 2 (_glm4_moe_overrides, _glm4_moe_overrides)" in refusal(run_patch, PLATFORM + PLATFORM)
+
+
+def test_refuses_changed_sm100_test(run_patch):
+    src = PLATFORM.replace("if get_platform().is_sm100:", "if get_platform().is_sm100 and cfg.tp_size == 1:")
+    assert "found `if get_platform().is_sm100 and cfg.tp_size == 1:`" in refusal(run_patch, src)
+
+
+def test_refuses_other_backend_in_sm100_branch(run_patch):
+    src = PLATFORM.replace("'flashinfer_trtllm'", "'flashinfer_cutedsl'")
+    assert "overrides[\"moe_runner_backend\"] = 'flashinfer_cutedsl'" in refusal(run_patch, src)
+
+
+def test_refuses_unknown_statement_in_sm100_branch(run_patch):
+    # Something SM100-specific besides the quantization derivation must not be copied.
+    src = PLATFORM.replace(
+        "        quantization = cfg.quantization\n",
+        "        quantization = cfg.quantization\n        overrides[\"attention_backend\"] = \"trtllm_mha\"\n",
+    )
+    assert "statement this patch does not know" in refusal(run_patch, src)
+
+
+def test_refuses_changed_condition(run_patch):
+    src = PLATFORM.replace('cfg.moe_a2a_backend == "none"', 'cfg.moe_a2a_backend == "deepep"')
+    assert "0 `if ... and ...moe_runner_backend == \"auto\":` statements" in refusal(run_patch, src)
+
+
+def test_refuses_trtllm_comment_that_would_be_copied(run_patch):
+    src = PLATFORM.replace(
+        "        quantization = cfg.quantization\n",
+        "        quantization = cfg.quantization\n        # TRT-LLM-gen is the fastest here\n",
+    )
+    assert "trt-llm left in the branch" in refusal(run_patch, src)
+
+
+def test_refuses_sm120_branch_in_another_form(run_patch):
+    src = PLATFORM_AFTER.replace("'flashinfer_cutlass'", "'triton'")
+    assert "an SM120 branch in another form" in refusal(run_patch, src)
+    separate = PLATFORM.replace(
+        "    return overrides", "    if get_platform().is_sm120:\n        pass\n    return overrides"
+    )
+    assert "found `if get_platform().is_sm120:`" in refusal(run_patch, separate)
+
+
+def test_refuses_when_import_cannot_be_added(run_patch):
+    src = SERVER_ARGS_ELSE.replace("    is_sm100_supported,\n", "").replace(
+        "class ServerArgs:", "is_sm100_supported = make_check(10)\n\n\nclass ServerArgs:"
+    )
+    assert "found 0 such imports" in refusal(run_patch, src)
+
+
+def test_picks_the_file_holding_the_site():
+    layout = {
+        "sglang/srt/arg_groups/overrides.py": "def _glm4_moe_overrides(): ...  # Glm4MoeForCausalLM",
+        "sglang/srt/server_args.py": 'ARCHS = ["Glm4MoeForCausalLM"]',
+    }
+    assert PATCH.pick_file(layout.get) == "sglang/srt/arg_groups/overrides.py"
+    del layout["sglang/srt/arg_groups/overrides.py"]
+    assert PATCH.pick_file(layout.get) == "sglang/srt/server_args.py"
