@@ -1,21 +1,239 @@
-"""sglang.fusion-autoenable: placeholder until the transform lands; refuses everywhere."""
+"""sglang.fusion-autoenable: the server arguments auto-enable allreduce fusion on SM120 (site C)."""
 
 from __future__ import annotations
 
-from sm120patch.transform import Patch, Result, refused
+from typing import TYPE_CHECKING, NamedTuple
+
+from sm120patch.transform import (
+    Patch,
+    Result,
+    already_applied,
+    applied,
+    not_applicable,
+    refused,
+    upstream,
+)
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+# The function holding the auto-enable, newest layout first: arg_groups/overrides.py from
+# 0.5.15, ServerArgs before that (0.5.2 names the method without its leading underscore).
+SITES = (
+    "_flashinfer_allreduce_fusion_auto_enable",
+    "_handle_model_specific_adjustments",
+    "model_specific_adjustments",
+)
+FUSION_FIELDS = ("enable_flashinfer_allreduce_fusion", "flashinfer_allreduce_fusion_backend")
+SM120_CALL = "is_sm120_supported"
+EXPECTED = (
+    "one `if` turning allreduce fusion on whose test has `(is_sm90_supported() or "
+    "is_sm100_supported())` (or the `get_platform()` form), or in the per-model blocks of "
+    "0.5.2 to 0.5.6 `is_sm100_supported()`"
+)
 
 
-def transform(module: object) -> Result:
-    return refused("<module>", "an implemented patch", "a placeholder")
+class Gate(NamedTuple):
+    """One `if` testing the GPU arch around a statement that turns fusion on."""
+
+    node: cst.If
+    # "widen-or" | "widen-single" | "has-sm120" | "upstream" | "sm100-block" | "unknown"
+    verdict: str
+    operand: cst.BaseExpression | None  # the arch operand; for "unknown" the one at fault
+    form: str = ""  # "call" or "platform" (see cst_helpers.sglang_arch)
+
+
+def transform(module: cst.Module) -> Result:
+    import libcst as cst
+
+    from sm120patch import cst_helpers as h
+
+    name = next((s for s in SITES if h.functions(module, s)), None)
+    if name is None:
+        return not_applicable(SITES[0], f"no `def {SITES[0]}` nor `def {SITES[1]}` in this file")
+    funcs = h.functions(module, name)
+    if len(funcs) > 1:
+        return refused(name, f"one `def {name}`", f"{len(funcs)} definitions")
+
+    enables = h.guarded_nodes(funcs[0], _turns_fusion_on)
+    if not enables:
+        return refused(name, EXPECTED, "no statement turning allreduce fusion on")
+    # Each such statement's gate is the innermost `if` around it testing the GPU arch;
+    # several statements may share one gate.
+    gates: list[Gate] = []
+    for node, ifs in enables:
+        gate = next((i for i in reversed(ifs) if h.mentions_sglang_arch(i.test)), None)
+        if gate is None:
+            return refused(name, EXPECTED, f"`{h.code(node)}` under no GPU-arch check")
+        if not any(g.node is gate for g in gates):
+            gates.append(_judge(gate))
+
+    for g in gates:
+        if g.verdict == "unknown":
+            where = f"`{h.code(g.operand)}` in " if g.operand is not None else ""
+            return refused(name, EXPECTED, f"{where}`if {h.code(g.node.test)}`")
+    # SM100 blocks that also pick SM100-only kernels (DeepseekV3, 0.5.2 to 0.5.6) stay.
+    kept = [f"`if {h.code(g.node.test)}`" for g in gates if g.verdict == "sm100-block"]
+    note = f"; left as is (also picks SM100-only kernels): {', '.join(kept)}" if kept else ""
+    relevant = [g for g in gates if g.verdict != "sm100-block"]
+    if len(relevant) != 1:
+        found = "; ".join(f"`if {h.code(g.node.test)}`" for g in gates)
+        what = "several" if relevant else "only SM100 blocks that also pick SM100-only kernels"
+        return refused(name, EXPECTED, f"{what}: {found}")
+    gate = relevant[0]
+    operand = gate.operand
+    assert operand is not None
+    shape = h.code(operand)
+    imported = bool(h.import_sources(module, SM120_CALL))
+
+    if gate.verdict == "has-sm120":
+        if gate.form == "call" and not imported:
+            return refused(name, f"`{SM120_CALL}` imported where it is used", "no such import")
+        return already_applied(name, shape)
+    if gate.verdict == "upstream":
+        return upstream(
+            name,
+            "the release enables fusion on every Blackwell GPU (majors 10 and 12, SM120 "
+            f"included): `{shape}`{note}",
+            shape,
+        )
+
+    extra = h.sglang_arch_check("sm120", gate.form)
+    if gate.verdict == "widen-or":
+        assert isinstance(operand, cst.BooleanOperation)
+        new_operand: cst.BaseExpression = h.widen_or(operand, extra)
+    else:  # "widen-single": the per-model GptOss block of 0.5.2 to 0.5.4
+        if gate.form == "call" and not imported:
+            # Only 0.5.2 and 0.5.3 have this block without the import, and their
+            # sglang.srt.utils has no is_sm120_supported to import.
+            return refused(
+                name,
+                f"`{SM120_CALL}` imported (sglang.srt.utils has it from 0.5.4 on)",
+                "no such import: this release predates SM120 detection",
+            )
+        # `if is_sm100_supported():` needs no parentheses; inside an `and` chain it does.
+        parens = operand is not gate.node.test
+        new_operand = cst.BooleanOperation(
+            left=operand,
+            operator=cst.Or(),
+            right=extra,
+            lpar=[cst.LeftParen()] if parens else [],
+            rpar=[cst.RightParen()] if parens else [],
+        )
+    new_module = module.deep_replace(operand, new_operand)
+    assert isinstance(new_module, cst.Module)
+    if gate.form == "call":
+        # Every release with the unified block imports is_sm120_supported already; a tree
+        # that lacks it gets it next to is_sm100_supported.
+        with_import = h.import_next_to(new_module, SM120_CALL, "is_sm100_supported")
+        if with_import is None:
+            return refused(
+                name,
+                f"one `from ... import is_sm100_supported` to add `{SM120_CALL}` to",
+                "none or several",
+            )
+        new_module = with_import
+    change = f"{shape} -> {h.code(new_operand)}"
+    return applied(name, new_module, change, f"patched ({change}){note}")
+
+
+def _turns_fusion_on(node: object) -> bool:
+    """`<x>.enable_flashinfer_allreduce_fusion = True`, `<x>.flashinfer_allreduce_fusion_backend
+    = <not None>`, or `return {"flashinfer_allreduce_fusion_backend": <not None>}`."""
+    import libcst as cst
+
+    def on(value: cst.BaseExpression) -> bool:
+        return not (isinstance(value, cst.Name) and value.value in ("None", "False"))
+
+    if isinstance(node, cst.Assign) and len(node.targets) == 1:
+        target = node.targets[0].target
+        return (
+            isinstance(target, cst.Attribute)
+            and target.attr.value in FUSION_FIELDS
+            and on(node.value)
+        )
+    if isinstance(node, cst.Return) and isinstance(node.value, cst.Dict):
+        return any(
+            isinstance(el, cst.DictElement)
+            and isinstance(el.key, cst.SimpleString)
+            and el.key.evaluated_value in FUSION_FIELDS
+            and on(el.value)
+            for el in node.value.elements
+        )
+    return False
+
+
+def _judge(gate: cst.If) -> Gate:
+    """Find the one arch operand among the gate's `and` operands and say what it is."""
+    from sm120patch import cst_helpers as h
+
+    arch_ops: list[cst.BaseExpression] = []
+    for op in h.and_operands(gate.test):
+        parts = h.or_operands(op) or [op]
+        archs = [h.sglang_arch(p) for p in parts]
+        if all(a is not None for a in archs):
+            arch_ops.append(op)
+        elif len(parts) > 1 and not any(
+            h.mentions_sglang_arch(p) for p, a in zip(parts, archs, strict=True) if a is None
+        ):
+            # A group mixing arch and other tests, `(self.nnodes == 1 or is_sm100_supported())`
+            # (0.5.14 on): multi-node fusion resolves to MNNVL, which only SM100 systems have,
+            # and the backend refuses multi-node on SM120. Left as it is.
+            continue
+        elif h.mentions_sglang_arch(op):
+            return Gate(gate, "unknown", op)
+    if len(arch_ops) != 1:
+        return Gate(gate, "unknown", None)
+    operand = arch_ops[0]
+    found = [h.sglang_arch(p) for p in h.or_operands(operand) or [operand]]
+    archs = [a[0] for a in found if a is not None]
+    forms = {a[1] for a in found if a is not None}
+    if len(forms) != 1 or "flag" in forms:
+        return Gate(gate, "unknown", operand)
+    form = forms.pop()
+    if "sm120" in archs:
+        return Gate(gate, "has-sm120", operand, form)
+    if "blackwell" in archs:
+        return Gate(gate, "upstream", operand, form)
+    if sorted(archs) == ["sm100", "sm90"]:  # either order
+        return Gate(gate, "widen-or", operand, form)
+    if archs == ["sm100"]:
+        # 0.5.2 to 0.5.6 turn fusion on per model. The GptOss block gates nothing but the
+        # fusion (0.5.5 made it `is_blackwell_supported()`): widen it. The DeepseekV3 block
+        # also picks trtllm_mla and the trtllm MoE runner, SM100-only kernels: leave it.
+        only_fusion = all(h.guarded_nodes(stmt, _turns_fusion_on) for stmt in gate.body.body)
+        return Gate(gate, "widen-single" if only_fusion else "sm100-block", operand, form)
+    return Gate(gate, "unknown", operand)
 
 
 PATCH = Patch(
     id="sglang.fusion-autoenable",
     target="sglang",
-    title="(placeholder)",
-    why="(placeholder)",
-    files=("sglang/srt/server_args.py",),
-    marker="",
-    shapes=(),
+    title="Auto-enable FlashInfer allreduce fusion on SM120 as on SM90/SM100",
+    why=(
+        "The server arguments turn FlashInfer allreduce fusion on by default for the models "
+        "that support it, but only when `is_sm90_supported() or is_sm100_supported()` "
+        "(from 0.5.19 `get_platform().is_sm90 or get_platform().is_sm100`): on SM120 fusion "
+        "stays off unless asked for. The patch adds the SM120 check in the same form. The "
+        "multi-node clause `nnodes == 1 or <sm100>` (0.5.14 on) stays as it is: multi-node "
+        "fusion resolves to MNNVL, which SM120 systems do not have."
+    ),
+    files=("sglang/srt/arg_groups/overrides.py", "sglang/srt/server_args.py"),
+    marker=f"def {SITES[0]}",
+    shapes=(
+        "0.5.2 (model_specific_adjustments), 0.5.3: GptOss block `if is_sm100_supported():`; "
+        "sglang.srt.utils has no is_sm120_supported: refused",
+        "0.5.4: GptOss block `if is_sm100_supported():` -> `or is_sm120_supported()`; the "
+        "DeepseekV3 block (also SM100-only kernels) is left",
+        "0.5.5, 0.5.6: GptOss block `if is_blackwell_supported():`: upstream",
+        "0.5.7: unified block, `(is_sm90_supported() or is_blackwell_supported())`: upstream",
+        "0.5.8 to 0.5.13: server_args.py _handle_model_specific_adjustments, unified block "
+        "`(is_sm90_supported() or is_sm100_supported())` then "
+        "`self.enable_flashinfer_allreduce_fusion = True`",
+        '0.5.14: same test, then `self.flashinfer_allreduce_fusion_backend = "auto"`',
+        "0.5.15 to 0.5.18: arg_groups/overrides.py _flashinfer_allreduce_fusion_auto_enable, "
+        'same test, returns {"flashinfer_allreduce_fusion_backend": "auto"}',
+        "0.5.19 to 0.5.23: same function, `(get_platform().is_sm90 or get_platform().is_sm100)`",
+    ),
     transform=transform,
 )

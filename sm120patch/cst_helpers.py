@@ -7,7 +7,7 @@ libcst nodes whose whitespace is copied from the neighbours so diffs stay minima
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -203,3 +203,106 @@ def insert_after(
 def parse_statement(source: str, like: cst.Module) -> cst.BaseStatement:
     """Parse one statement with the module's own newline and indentation conventions."""
     return cst.parse_statement(source, config=like.config_for_parsing)
+
+
+# GPU-arch checks as SGLang spells them: `is_sm100_supported()` (sglang.srt.utils),
+# `get_platform().is_sm100` (0.5.19 on) and module flags `_is_sm100_supported`.
+_ARCH_FORMS: tuple[tuple[str, str, str], ...] = (
+    # (form, prefix, suffix) around the arch name in `key()` spelling
+    ("call", "is_", "_supported()"),
+    ("platform", "get_platform().is_", ""),
+    ("flag", "_is_", "_supported"),
+)
+
+
+def sglang_arch(node: cst.BaseExpression) -> tuple[str, str] | None:
+    """(arch, form) of one SGLang GPU-arch check, else None.
+
+    `is_sm100_supported()` -> ("sm100", "call"), `get_platform().is_sm120` -> ("sm120",
+    "platform"), `_is_sm90_supported` -> ("sm90", "flag"), `is_blackwell_supported()` ->
+    ("blackwell", "call"). `is_cuda()` and the like are not arch checks.
+    """
+    spelled = key(node)
+    if spelled is None:
+        return None
+    for form, prefix, suffix in _ARCH_FORMS:
+        if spelled.startswith(prefix) and spelled.endswith(suffix):
+            arch = spelled[len(prefix) : len(spelled) - len(suffix)]
+            if arch == "blackwell" or (
+                arch.startswith("sm") and arch[2:].isdigit() and arch[2:3] != "0"
+            ):
+                return arch, form
+    return None
+
+
+def sglang_arch_check(arch: str, form: str) -> cst.BaseExpression:
+    """The check for `arch` in `form` (see `sglang_arch`), as a new expression node."""
+    prefix, suffix = next((p, s) for f, p, s in _ARCH_FORMS if f == form)
+    return cst.parse_expression(f"{prefix}{arch}{suffix}")
+
+
+def mentions_sglang_arch(node: cst.CSTNode) -> bool:
+    """Whether any part of `node` is an SGLang GPU-arch check (see `sglang_arch`)."""
+    candidates = m.findall(node, m.Call() | m.Attribute() | m.Name())
+    return any(sglang_arch(c) is not None for c in candidates)  # type: ignore[arg-type]
+
+
+def guarded_nodes(
+    root: cst.CSTNode, want: Callable[[cst.CSTNode], bool]
+) -> list[tuple[cst.CSTNode, list[cst.If]]]:
+    """Each node under `root` for which `want` holds, with the `if`s whose body holds it.
+
+    The `if`s come outermost first. Only an `if`'s body counts: a node in its `elif` or
+    `else` branch does not run when that `if`'s test is true, so that `if` does not guard it.
+    """
+    found: list[tuple[cst.CSTNode, list[cst.If]]] = []
+    stack: list[cst.If] = []
+
+    class _Visitor(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if want(node):
+                found.append((node, list(stack)))
+            return True
+
+        def visit_If_body(self, node: cst.If) -> None:
+            stack.append(node)
+
+        def leave_If_body(self, node: cst.If) -> None:
+            stack.pop()
+
+    root.visit(_Visitor())
+    return found
+
+
+def import_sources(module: cst.Module, name: str) -> list[str]:
+    """The modules `name` is imported from by module-level `from ... import` statements.
+
+    Only plain imports count (`from m import name`, not `import other as name`); relative
+    imports are not looked at.
+    """
+    sources = []
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if (
+                isinstance(small, cst.ImportFrom)
+                and not small.relative
+                and not isinstance(small.names, cst.ImportStar)
+                and any(a.evaluated_name == name and a.asname is None for a in small.names)
+            ):
+                sources.append(_dotted(small.module))
+    return sources
+
+
+def import_next_to(module: cst.Module, name: str, like: str) -> cst.Module | None:
+    """`module` importing `name`: as it is when it does, else with `name` added right after
+    `like` in the one module-level `from ... import` that brings `like` (see
+    `add_import_after`). None when there is no single such import: the caller refuses.
+    """
+    if import_sources(module, name):
+        return module
+    sources = import_sources(module, like)
+    if len(sources) != 1:
+        return None
+    return add_import_after(module, sources[0], name, like)
