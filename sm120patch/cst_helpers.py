@@ -72,14 +72,28 @@ def widen_or(node: cst.BooleanOperation, extra: cst.BaseExpression) -> cst.Boole
     on one line and a chain broken over lines gets the new operand on a line of its own.
     """
     last_or = node.operator
+    # Copy the layout of the last `or`, not its comments: a comment belongs to its own line.
+    new_or = last_or.with_changes(
+        whitespace_before=_no_comments(last_or.whitespace_before),
+        whitespace_after=_no_comments(last_or.whitespace_after),
+    )
     inner = node.with_changes(lpar=(), rpar=())
     return cst.BooleanOperation(
         left=inner,
-        operator=last_or,
+        operator=new_or,
         right=extra,
         lpar=node.lpar,
         rpar=node.rpar,
     )
+
+
+def _no_comments(ws: cst.BaseParenthesizableWhitespace) -> cst.BaseParenthesizableWhitespace:
+    if isinstance(ws, cst.ParenthesizedWhitespace):
+        return ws.with_changes(
+            first_line=cst.TrailingWhitespace(newline=ws.first_line.newline),
+            empty_lines=[line for line in ws.empty_lines if line.comment is None],
+        )
+    return ws
 
 
 def imported_names(module: cst.Module, from_module: str) -> list[str]:
