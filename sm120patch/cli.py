@@ -160,9 +160,16 @@ def render_outcomes(outcomes: list[Any]) -> None:
 
 
 @main.command("apply")
-@click.argument("profile")
+@click.argument("profile", required=False)
 @with_targets
 @click.option("--dry-run", is_flag=True, help="Print the unified diff and change nothing.")
+@click.option(
+    "--locked",
+    "locked",
+    metavar="LOCKFILE",
+    type=click.Path(dir_okay=False),
+    help="Apply exactly what this lock file (from `pin`) records, or refuse.",
+)
 @click.option("--force", is_flag=True, help="Apply outside the profile's pinned versions.")
 @click.option(
     "--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition (image builds, CI)."
@@ -170,16 +177,32 @@ def render_outcomes(outcomes: list[Any]) -> None:
 @json_option
 @handled
 def apply_cmd(
-    profile: str,
+    profile: str | None,
     sglang: str | None,
     flashinfer: str | None,
     dry_run: bool,
+    locked: str | None,
     force: bool,
     no_gpu_check: bool,
     as_json: bool,
 ) -> None:
     """Apply PROFILE (moe, fusion, all) to SGLang and FlashInfer."""
+    from pathlib import Path
+
+    from sm120patch.errors import UsageError
+
     paths = {"sglang": sglang, "flashinfer": flashinfer}
+    check_plan = None
+    if locked:
+        from sm120patch import lockfile
+
+        lock = lockfile.read(Path(locked))
+        if profile and profile != lock.profile:
+            raise UsageError(f"{locked} locks profile {lock.profile}, not {profile}")
+        profile = lock.profile
+        check_plan = lockfile.check(lock, Path(locked))
+    if not profile:
+        raise UsageError("give a PROFILE (see `sm120patch list`) or --locked LOCKFILE")
     if dry_run:
         from sm120patch import plan as planner
         from sm120patch.engine import PlanRefused
@@ -205,11 +228,17 @@ def apply_cmd(
             click.echo(plan.diff(), nl=False)
         if plan.refused:
             raise PlanRefused(plan)
+        if check_plan is not None:
+            check_plan(plan)
         return
     from sm120patch import engine, gpu
 
     report = engine.apply(
-        profile, paths, force=force, preconditions=None if no_gpu_check else gpu.require_sm120
+        profile,
+        paths,
+        force=force,
+        preconditions=None if no_gpu_check else gpu.require_sm120,
+        check_plan=check_plan,
     )
     if as_json:
         emit_json(report.to_dict())
@@ -437,3 +466,71 @@ def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
         if a.get("profile"):
             click.echo(f"applied now on {a['root']}: {a['profile']}")
     click.echo(found.recommendation)
+
+
+@main.command("pin")
+@click.argument("profile")
+@with_targets
+@click.option(
+    "-o",
+    "--output",
+    default="sm120patch.lock",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the lock file.",
+)
+@click.option("--force", is_flag=True, help="Pin outside the profile's pinned versions.")
+@handled
+def pin_cmd(
+    profile: str, sglang: str | None, flashinfer: str | None, output: str, force: bool
+) -> None:
+    """Write a lock file freezing versions, patch digests and file hashes of PROFILE here."""
+    from pathlib import Path
+
+    from sm120patch import lockfile
+    from sm120patch import plan as planner
+    from sm120patch.engine import PlanRefused
+    from sm120patch.errors import Refused
+
+    plan = planner.plan(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
+    if plan.refused:
+        raise PlanRefused(plan)
+    lock = lockfile.from_plan(plan)
+    if not lock.files:
+        raise Refused(
+            f"profile {profile} changes no file here (already applied?)",
+            "pin on trees where the profile is not applied yet",
+        )
+    Path(output).write_text(lock.to_toml(), encoding="utf-8")
+    versions = ", ".join(f"{k} {v}" for k, v in lock.versions.items())
+    click.echo(f"wrote {output}: {profile} on {versions}, {len(lock.files)} file(s)")
+
+
+@main.command("export")
+@click.argument("profile")
+@with_targets
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Directory for the patches (one subdirectory per target).",
+)
+@click.option("--force", is_flag=True, help="Export outside the profile's pinned versions.")
+@handled
+def export_cmd(
+    profile: str, sglang: str | None, flashinfer: str | None, out_dir: str, force: bool
+) -> None:
+    """Write one mail-format patch per applied patch per target (for git am / git apply)."""
+    from pathlib import Path
+
+    from sm120patch import export
+    from sm120patch import plan as planner
+    from sm120patch.engine import PlanRefused
+
+    plan = planner.plan(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
+    if plan.refused:
+        raise PlanRefused(plan)
+    for item in export.write(plan, Path(out_dir)):
+        click.echo(f"{item.target}: {item.path}")

@@ -128,8 +128,12 @@ def apply(
     *,
     force: bool = False,
     preconditions: Callable[[], None] | None = None,
+    check_plan: Callable[[Plan], None] | None = None,
 ) -> Report:
-    """Apply a profile to its targets as one transaction. Raises Refused with nothing changed."""
+    """Apply a profile to its targets as one transaction. Raises Refused with nothing changed.
+
+    `check_plan` sees the plan before anything is written (a lock file's comparison).
+    """
     cat = catalog.load()
     profile = cat.profile(profile_name)
     found = planner.resolve_targets(profile, paths)
@@ -162,6 +166,8 @@ def apply(
         plan = planner.plan(profile.name, found=found, force=True)
         if plan.refused:
             raise PlanRefused(plan)
+        if check_plan is not None:
+            check_plan(plan)
         if not plan.applies:
             return Report(
                 "nothing-to-do",

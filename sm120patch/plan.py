@@ -202,13 +202,16 @@ def _judge(profile: Profile, target: Target, outcome: Outcome) -> Outcome:
 
 def unified_diff(target: Target, result: FileResult) -> str:
     """A `git apply`-able diff of one file, paths relative to the target root."""
+    return diff_texts(target.rel(result.file), result.before, result.after)
+
+
+def diff_texts(rel: str, before: str, after: str) -> str:
+    """A `git apply`-able diff of one file's two texts, `a/` and `b/` prefixed."""
     import difflib
 
-    rel = target.rel(result.file)
-    before = result.before.splitlines(keepends=True)
-    after = result.after.splitlines(keepends=True)
     lines = []
-    for line in difflib.unified_diff(before, after, f"a/{rel}", f"b/{rel}"):
+    old, new = _lines(before), _lines(after)
+    for line in difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}"):
         if not line.endswith("\n"):
             # The file's last line has no newline: say so the way git does.
             line += "\n\\ No newline at end of file\n"
@@ -216,3 +219,10 @@ def unified_diff(target: Target, result: FileResult) -> str:
     if not lines:
         return ""
     return f"diff --git a/{rel} b/{rel}\n" + "".join(lines)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines split on \\n only, as git sees them (str.splitlines also splits on \\f, \\r, ...)."""
+    import re
+
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)

@@ -1,0 +1,179 @@
+"""Lock files (`sm120patch.lock`): freeze, for one deployment, the SGLang and FlashInfer versions,
+the profile, each patch's code digest and each touched file's hash before and after, so that
+`apply --locked` on another machine reproduces exactly that, or refuses saying what differs.
+
+File paths in a lock are module paths (`sglang/srt/server_args.py`), so a lock made on a git
+checkout applies to an installed package of the same release and the other way round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm120patch import __version__, catalog
+from sm120patch.errors import Refused, UsageError
+from sm120patch.plan import Plan
+from sm120patch.transform import Patch
+
+SCHEMA = 1
+
+
+def patch_digest(patch: Patch) -> str:
+    """A digest of the code that decides what a patch writes: its module and the shared helpers."""
+    from sm120patch import cst_helpers, transform
+
+    h = hashlib.sha256()
+    for module in (sys.modules[patch.transform.__module__], cst_helpers, transform):
+        h.update(Path(module.__file__ or "").read_bytes())
+    return "sha256:" + h.hexdigest()
+
+
+@dataclass
+class Lock:
+    profile: str
+    versions: dict[str, str]
+    patches: dict[str, str]  # id -> digest
+    files: list[dict[str, str]] = field(default_factory=list)  # target, path, before, after
+    tool_version: str = __version__
+
+    def to_toml(self) -> str:
+        q = json.dumps  # a TOML basic string is a JSON string for the text we write
+        out = [
+            "# sm120patch lock file: `sm120patch apply --locked <this file>` reproduces exactly",
+            "# this patch set, or refuses (changing nothing) when anything below differs.",
+            f"schema = {SCHEMA}",
+            f"tool_version = {q(self.tool_version)}",
+            f"profile = {q(self.profile)}",
+            "",
+            "[versions]",
+            *(f"{kind} = {q(v)}" for kind, v in sorted(self.versions.items())),
+        ]
+        for pid, digest in self.patches.items():
+            out += ["", "[[patches]]", f"id = {q(pid)}", f"digest = {q(digest)}"]
+        for f in self.files:
+            out += [
+                "",
+                "[[files]]",
+                *(f"{k} = {q(f[k])}" for k in ("target", "path", "before", "after")),
+            ]
+        return "\n".join(out) + "\n"
+
+
+def from_plan(plan: Plan) -> Lock:
+    cat = catalog.load()
+    files = [
+        {
+            "target": tp.target.kind,
+            "path": f.file,
+            "before": _sha(f.before),
+            "after": _sha(f.after),
+        }
+        for tp in plan.targets
+        for f in tp.changed
+    ]
+    return Lock(
+        profile=plan.profile.name,
+        versions={tp.target.kind: tp.target.version for tp in plan.targets},
+        patches={pid: patch_digest(cat.patches[pid]) for pid in plan.profile.patches},
+        files=files,
+    )
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def read(path: Path) -> Lock:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"lock file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Refused(f"cannot read lock file {path} ({exc})") from None
+    try:
+        doc: dict[str, Any] = tomllib.loads(raw)
+        schema = doc["schema"]
+        if not isinstance(schema, int) or schema > SCHEMA:
+            raise Refused(
+                f"lock file {path} has schema {schema!r}; this sm120patch reads up to {SCHEMA}",
+                "use the sm120patch version that wrote it",
+            )
+        return Lock(
+            profile=str(doc["profile"]),
+            versions={str(k): str(v) for k, v in doc["versions"].items()},
+            patches={str(p["id"]): str(p["digest"]) for p in doc.get("patches", [])},
+            files=[
+                {k: str(f[k]) for k in ("target", "path", "before", "after")}
+                for f in doc.get("files", [])
+            ],
+            tool_version=str(doc.get("tool_version", "")),
+        )
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise Refused(
+            f"lock file {path} is not a valid sm120patch lock ({exc})",
+            "regenerate it with `sm120patch pin`",
+        ) from None
+
+
+def differences(lock: Lock, plan: Plan) -> list[str]:
+    """Everything in which `plan` (on pristine trees) differs from `lock`; empty when identical."""
+    now = from_plan(plan)
+    problems = []
+    if lock.profile != now.profile:
+        problems.append(f"profile: lock has {lock.profile}, asked for {now.profile}")
+    for kind in sorted(set(lock.versions) | set(now.versions)):
+        a, b = lock.versions.get(kind), now.versions.get(kind)
+        if a != b:
+            problems.append(f"{kind} version: lock has {a}, found {b}")
+    for pid in sorted(set(lock.patches) | set(now.patches)):
+        a, b = lock.patches.get(pid), now.patches.get(pid)
+        if a != b:
+            problems.append(
+                f"patch {pid}: lock digest {_short(a)}, this sm120patch has {_short(b)}"
+            )
+    locked = {(f["target"], f["path"]): f for f in lock.files}
+    found = {(f["target"], f["path"]): f for f in now.files}
+    for key in sorted(set(locked) | set(found)):
+        a, b = locked.get(key), found.get(key)
+        where = f"{key[0]} {key[1]}"
+        if a is None:
+            problems.append(f"{where}: would be patched but is not in the lock")
+        elif b is None:
+            problems.append(f"{where}: in the lock but would not be patched here")
+        elif a["before"] != b["before"]:
+            problems.append(
+                f"{where}: file differs from the locked original "
+                f"({_short(a['before'])} locked, {_short(b['before'])} here)"
+            )
+        elif a["after"] != b["after"]:
+            problems.append(f"{where}: patched text would differ from the locked result")
+    return problems
+
+
+def _short(digest: str | None) -> str:
+    if digest is None:
+        return "none"
+    return digest.removeprefix("sha256:")[:12]
+
+
+def check(lock: Lock, path: Path) -> Any:
+    """A plan check for `engine.apply`: refuse, naming each difference, unless identical."""
+
+    def verify(plan: Plan) -> None:
+        problems = differences(lock, plan)
+        if problems:
+            raise Refused(
+                f"{path} does not match these trees: " + "; ".join(problems),
+                "nothing was changed; use the releases the lock was made on, or make a new lock",
+            )
+
+    return verify

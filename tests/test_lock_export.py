@@ -1,0 +1,123 @@
+"""Lock files (`pin`, `apply --locked`) and `export` on fixture trees."""
+
+from __future__ import annotations
+
+import subprocess
+
+from click.testing import CliRunner
+from trees import git, make_tree, tree_hash
+
+from sm120patch.cli import main
+
+
+def cli(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def pin(tmp_path, sg, fi, profile="all"):
+    lock = tmp_path / "sm120patch.lock"
+    code, out, err = cli("pin", profile, "--sglang", str(sg), "--flashinfer", str(fi), "-o", str(lock))
+    assert code == 0, err
+    return lock
+
+
+def test_lock_reproduces_on_a_fresh_checkout_and_on_an_installed_copy(tmp_path):
+    sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    lock = pin(tmp_path, sg, fi)
+    text = lock.read_text()
+    assert 'profile = "all"' in text and 'sglang = "0.5.8"' in text and "sha256:" in text
+    # Pinning changed nothing.
+    assert git(sg, "status", "--porcelain") == ""
+
+    for layout in ("git", "installed"):
+        sg2 = make_tree(tmp_path / layout, "sglang", "0.5.8", layout)
+        fi2 = make_tree(tmp_path / layout, "flashinfer", "0.6.1", layout)
+        code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg2),
+                           "--flashinfer", str(fi2), "--no-gpu-check")
+        assert code == 0, err
+        # Same bytes as a direct apply on the first checkout.
+        assert cli("apply", "all", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check")[0] == 0
+        rel = "sglang/srt/server_args.py"
+        ours = next(p for p in sg.rglob("server_args.py") if ".git" not in p.parts)
+        theirs = next(p for p in sg2.rglob("server_args.py") if ".git" not in p.parts)
+        assert ours.read_bytes() == theirs.read_bytes(), rel
+        assert cli("revert", "--all", "--sglang", str(sg), "--flashinfer", str(fi))[0] == 0
+
+
+def test_lock_refuses_another_release_and_changes_nothing(tmp_path):
+    sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    lock = pin(tmp_path, sg, fi)
+    sg2 = make_tree(tmp_path / "b", "sglang", "0.5.9", "git")
+    fi2 = make_tree(tmp_path / "b", "flashinfer", "0.6.1", "git")
+    before = [tree_hash(sg2), tree_hash(fi2)]
+    code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg2), "--flashinfer",
+                       str(fi2), "--no-gpu-check")
+    assert code == 1
+    assert "sglang version: lock has 0.5.8, found 0.5.9" in err
+    assert [tree_hash(sg2), tree_hash(fi2)] == before
+
+
+def test_lock_refuses_a_changed_file(tmp_path):
+    sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    lock = pin(tmp_path, sg, fi)
+    sg2 = make_tree(tmp_path / "b", "sglang", "0.5.8", "installed")
+    fi2 = make_tree(tmp_path / "b", "flashinfer", "0.6.1", "installed")
+    comm = fi2 / "flashinfer/jit/comm.py"
+    comm.write_text("# local build tweak\n" + comm.read_text())
+    before = tree_hash(fi2)
+    code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg2), "--flashinfer",
+                       str(fi2), "--no-gpu-check")
+    assert code == 1
+    assert "flashinfer flashinfer/jit/comm.py: file differs from the locked original" in err
+    assert tree_hash(fi2) == before
+
+
+def test_lock_refuses_another_patch_digest(tmp_path):
+    sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    lock = pin(tmp_path, sg, fi, profile="moe")
+    text = lock.read_text()
+    start = text.index('digest = "sha256:') + len('digest = "sha256:')
+    lock.write_text(text[:start] + "0" * 12 + text[start + 12:])
+    code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
+    assert code == 1
+    assert "patch sglang.moe-backend: lock digest 000000000000" in err
+
+
+def test_corrupt_lock_is_one_line(tmp_path):
+    lock = tmp_path / "bad.lock"
+    lock.write_text("schema = 1\nprofile = ")
+    code, _, err = cli("apply", "--locked", str(lock), "--no-gpu-check")
+    assert code == 1
+    assert "not a valid sm120patch lock" in err and "Traceback" not in err
+
+
+def test_export_applies_with_git_am(tmp_path):
+    sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    out = tmp_path / "patches"
+    code, stdout, err = cli("export", "all", "--sglang", str(sg), "--flashinfer", str(fi), "-o", str(out))
+    assert code == 0, err
+    sg_patches = sorted((out / "sglang").glob("*.patch"))
+    assert [p.name.split("-", 1)[1] for p in sg_patches] == [
+        "sglang-sm120-flag.patch", "sglang-fusion-gate.patch",
+        "sglang-fusion-autoenable.patch", "sglang-moe-backend.patch",
+    ]
+    assert len(list((out / "flashinfer").glob("*.patch"))) == 1
+    # On another checkout of the same release, `git am` takes them, trailers and all.
+    for kind, root in (("sglang", make_tree(tmp_path / "b", "sglang", "0.5.8", "git")),
+                       ("flashinfer", make_tree(tmp_path / "b", "flashinfer", "0.6.1", "git"))):
+        files = sorted(str(p) for p in (out / kind).glob("*.patch"))
+        proc = subprocess.run(["git", "-C", str(root), "am", *files], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        log = git(root, "log", "--format=%B", "-n", str(len(files)))
+        assert log.count("Sm120patch-Profile: all") == len(files)
+    # Same result as sm120patch's own apply.
+    assert cli("apply", "all", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check")[0] == 0
+    other = tmp_path / "b" / "sglang-git"
+    for rel in ("python/sglang/srt/server_args.py", "python/sglang/srt/layers/communicator.py"):
+        assert (sg / rel).read_bytes() == (other / rel).read_bytes()
