@@ -534,3 +534,73 @@ def export_cmd(
         raise PlanRefused(plan)
     for item in export.write(plan, Path(out_dir)):
         click.echo(f"{item.target}: {item.path}")
+
+
+@main.command("matrix")
+@click.option(
+    "--sglang",
+    "sglang_spec",
+    metavar="SPEC",
+    help="SGLang releases to plan, a PEP 440 specifier (e.g. '>=0.5.8').",
+)
+@click.option(
+    "--flashinfer",
+    "flashinfer_spec",
+    metavar="SPEC",
+    help="FlashInfer releases to plan, a PEP 440 specifier.",
+)
+@click.option("--profile", "profiles", multiple=True, help="Only these profiles (repeatable).")
+@click.option(
+    "-j",
+    "--jobs",
+    type=int,
+    default=None,
+    help="Releases planned in parallel (default: the CPU count).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown tables (default).")
+@handled
+def matrix_cmd(
+    sglang_spec: str | None,
+    flashinfer_spec: str | None,
+    profiles: tuple[str, ...],
+    jobs: int | None,
+    as_json: bool,
+    as_markdown: bool,
+) -> None:
+    """Plan every profile on every SGLang and FlashInfer release from PyPI: outcome per site."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    from sm120patch import catalog, matrix
+    from sm120patch.errors import UsageError
+
+    if as_json and as_markdown:
+        raise UsageError("give at most one of --json and --markdown")
+    cat = catalog.load()
+    for name in profiles:
+        cat.profile(name)
+    specs: dict[str, str | None] = {}
+    if sglang_spec is not None or flashinfer_spec is None:
+        specs["sglang"] = sglang_spec
+    if flashinfer_spec is not None or sglang_spec is None:
+        specs["flashinfer"] = flashinfer_spec
+    for kind, spec in specs.items():
+        try:
+            SpecifierSet(spec or "")
+        except InvalidSpecifier:
+            raise UsageError(f"--{kind} {spec!r} is not a PEP 440 specifier") from None
+    jobs = jobs or os.cpu_count() or 1
+    work = matrix.releases_for(specs)
+    if sys.stderr.isatty():
+        with click.progressbar(length=len(work), label="planning releases", file=sys.stderr) as bar:
+
+            def tick(row: Any) -> None:
+                bar.update(1, current_item=f"{row.kind} {row.version}")
+
+            rows = matrix.run(work, jobs, progress=tick)
+    else:
+        rows = matrix.run(work, jobs)
+    chosen = list(profiles) or None
+    click.echo(matrix.to_json(rows) if as_json else matrix.markdown(rows, chosen), nl=not as_json)
+    if any(r.error for r in rows):
+        sys.exit(1)

@@ -1,0 +1,136 @@
+"""`matrix`: every profile planned on every release matching a specifier, as a table.
+
+Releases come from the cache (`releases.py`), fetched from PyPI when missing. Each release is
+planned in a worker process (`-j`), without pins: the table is the evidence pins are made of.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.version import Version
+
+from sm120patch import catalog
+
+DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
+
+
+@dataclass
+class Row:
+    kind: str
+    version: str
+    sites: dict[str, str] = field(default_factory=dict)  # patch id -> outcome
+    profiles: dict[str, str] = field(default_factory=dict)  # profile -> verdict
+    error: str | None = None
+
+
+def plan_release(kind: str, version: str) -> Row:
+    """Fetch (or reuse) one release and plan every profile's patches for its kind on it."""
+    from sm120patch import plan as planner
+    from sm120patch import releases, targets
+    from sm120patch.transform import Status
+
+    row = Row(kind, version)
+    try:
+        tree = releases.tree(kind, version)
+        target = targets.find(kind, tree)
+    except Exception as exc:  # a release we cannot fetch is a row that says so
+        row.error = f"{type(exc).__name__}: {exc}"
+        return row
+    cat = catalog.load()
+    for profile in cat.profiles.values():
+        if kind not in profile.targets:
+            continue
+        tp = planner.plan_target(profile, cat.patches_of(profile), target)
+        outcomes = [o for f in tp.files for o in f.outcomes]
+        for o in outcomes:
+            row.sites.setdefault(o.patch, o.status.value)
+        if any(o.status is Status.REFUSED for o in outcomes):
+            verdict = "refused"
+        elif profile.pinned(kind, version):
+            verdict = "pinned"
+        else:
+            verdict = "unpinned"
+        row.profiles[profile.name] = verdict
+    return row
+
+
+def releases_for(specs: dict[str, str | None]) -> list[tuple[str, str]]:
+    """(kind, version) of every final release on PyPI matching each kind's specifier
+    (None: the full range the project tracks)."""
+    from sm120patch import releases
+
+    return [(kind, v) for kind, spec in specs.items() for v in releases.available(kind, spec)]
+
+
+def run(
+    work: Sequence[tuple[str, str]],
+    jobs: int,
+    progress: Callable[[Row], None] = lambda row: None,
+) -> list[Row]:
+    """A row per (kind, version), planned in `jobs` worker processes."""
+    rows: list[Row] = []
+    if jobs <= 1:
+        for kind, v in work:
+            rows.append(plan_release(kind, v))
+            progress(rows[-1])
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(plan_release, kind, v) for kind, v in work]
+            for future in as_completed(futures):
+                rows.append(future.result())
+                progress(rows[-1])
+    rows.sort(key=lambda r: (r.kind != "sglang", Version(r.version)))
+    return rows
+
+
+def columns(kind: str, profiles: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+    cat = catalog.load()
+    names = [p for p in cat.profiles if profiles is None or p in profiles]
+    kinds_profiles = [p for p in names if kind in cat.profiles[p].targets]
+    sites = [
+        pid
+        for pid, patch in cat.patches.items()
+        if patch.target == kind and any(pid in cat.profiles[p].patches for p in kinds_profiles)
+    ]
+    order = (
+        {pid: i for i, pid in enumerate(cat.profiles["all"].patches)}
+        if "all" in cat.profiles
+        else {}
+    )
+    sites.sort(key=lambda pid: order.get(pid, len(order)))
+    return sites, kinds_profiles
+
+
+def markdown(rows: list[Row], profiles: Sequence[str] | None = None) -> str:
+    """One table per kind: release, each profile's verdict, each site's outcome."""
+    out = []
+    for kind in ("sglang", "flashinfer"):
+        mine = [r for r in rows if r.kind == kind]
+        if not mine:
+            continue
+        sites, profs = columns(kind, profiles)
+        head = [DISPLAY[kind], *profs, *(s.split(".", 1)[1] for s in sites)]
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "---|" * len(head))
+        for r in mine:
+            if r.error:
+                cells = [r.version, f"error: {r.error}"] + [""] * (len(head) - 2)
+            else:
+                cells = [
+                    r.version,
+                    *(r.profiles.get(p, "") for p in profs),
+                    *(r.sites.get(s, "") for s in sites),
+                ]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def to_json(rows: list[Row]) -> str:
+    doc: list[dict[str, Any]] = [r.__dict__ for r in rows]
+    return json.dumps(doc, indent=2)
