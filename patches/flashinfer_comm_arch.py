@@ -41,9 +41,12 @@ def transform(module: cst.Module) -> Result:
     last = value.elements[-1]
     # `[9, 10]` -> `[9, 10, 12]`: the old last element takes the separator the others use.
     sep = value.elements[0].comma if len(value.elements) > 1 else cst.Comma()
-    elements = [*value.elements[:-1], last.with_changes(comma=sep),
-                cst.Element(cst.Integer("12"), comma=last.comma)]
-    new_module = module.deep_replace(value, value.with_changes(elements=elements))
+    elements = [
+        *value.elements[:-1],
+        last.with_changes(comma=sep),
+        cst.Element(cst.Integer("12"), comma=last.comma),
+    ]
+    new_module = h.replace(module, value, value.with_changes(elements=elements), scope=funcs[0])
     return applied(SITE, new_module, f"{KEYWORD}=[9, 10] -> [9, 10, 12]")  # type: ignore[arg-type]
 
 

@@ -120,7 +120,7 @@ def transform(module: cst.Module) -> Result:
             lpar=[cst.LeftParen()] if parens else [],
             rpar=[cst.RightParen()] if parens else [],
         )
-    new_module = module.deep_replace(operand, new_operand)
+    new_module = h.replace(module, operand, new_operand, scope=funcs[0])
     assert isinstance(new_module, cst.Module)
     if gate.form == "call":
         # Every release with the unified block imports is_sm120_supported already; a tree

@@ -82,7 +82,7 @@ def transform(module: cst.Module) -> Result:
     # The error message ("requires SM90 or SM10X NVIDIA GPUs") stays: it is shown only on
     # GPUs the widened check still rejects, and leaving it keeps the diff to the check.
     new_group = h.widen_or(group, h.sglang_arch_check("sm120", form))
-    new_module = module.deep_replace(group, new_group)
+    new_module = h.replace(module, group, new_group, scope=funcs[0])
     assert isinstance(new_module, cst.Module)
     if form == "call":
         # 0.5.14 to 0.5.18 import is_sm90/is_sm100_supported from sglang.srt.utils but not

@@ -28,7 +28,6 @@ def _mentions_flags(node: cst.CSTNode) -> bool:
 
 def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
     """(site name, the function holding the gate or None, why not found)."""
-    import libcst.matchers as m
 
     from sm120patch import cst_helpers as h
 
@@ -41,8 +40,8 @@ def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
     site = f"{CLASS}.{METHOD}"
     methods = [
         f
-        for c in m.findall(module, m.ClassDef(name=m.Name(CLASS)))
-        for f in m.findall(c, m.FunctionDef(name=m.Name(METHOD)))
+        for c in h.classes(module, CLASS)
+        for f in h.functions(c, METHOD)
     ]
     if len(methods) != 1:
         found = "none of them" if not methods else f"{len(methods)} definitions of {site}"
@@ -84,7 +83,7 @@ def transform(module: cst.Module) -> Result:
             site, f"a module flag `{SM120} = ...` (patch sglang.sm120-flag runs first)", "none"
         )
     assert isinstance(first, cst.BooleanOperation)  # or_keys returned a list
-    new_module = module.deep_replace(first, h.widen_or(first, cst.Name(SM120)))
+    new_module = h.replace(module, first, h.widen_or(first, cst.Name(SM120)), scope=scope)
     shape = f"{h.code(first)} -> ... or {SM120}"
     return applied(site, new_module, shape)  # type: ignore[arg-type]
 

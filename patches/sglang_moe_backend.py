@@ -133,7 +133,7 @@ def transform(module: cst.Module) -> Result:
     problem = _self_check(branch, sm120_key)
     if problem:
         return refused(site, "the built SM120 branch to be the intended one", problem)
-    new_module = module.deep_replace(anchor, anchor.with_changes(orelse=branch))
+    new_module = h.replace(module, anchor, anchor.with_changes(orelse=branch), scope=anchor)
     assert isinstance(new_module, cst.Module)
 
     # 5. The function form needs `is_sm120_supported` imported next to `is_sm100_supported`.

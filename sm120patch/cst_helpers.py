@@ -19,9 +19,92 @@ def code(node: cst.CSTNode, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def functions(module: cst.Module, name: str) -> list[cst.FunctionDef]:
-    """Every function or method called `name`, at any depth."""
-    return list(m.findall(module, m.FunctionDef(name=m.Name(name))))
+def functions(module: cst.CSTNode, name: str) -> list[cst.FunctionDef]:
+    """Every function or method called `name`, at any depth of statement nesting."""
+    return [
+        n for n in statements(module) if isinstance(n, cst.FunctionDef) and n.name.value == name
+    ]
+
+
+def classes(module: cst.CSTNode, name: str) -> list[cst.ClassDef]:
+    """Every class called `name`, at any depth of statement nesting."""
+    return [n for n in statements(module) if isinstance(n, cst.ClassDef) and n.name.value == name]
+
+
+# Nodes that can hold statements. A def or class can only appear as a statement, so walking
+# these alone finds every one of them without visiting a single expression: on a 5,000-line
+# server_args.py that is the difference between milliseconds and most of a second.
+# (`Module.deep_replace` likewise rebuilds every node of the file; `replace` below does not.)
+_BLOCKS = (
+    cst.Module,
+    cst.BaseSuite,
+    cst.BaseCompoundStatement,
+    cst.Else,
+    cst.Finally,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.MatchCase,
+)
+
+
+_BLOCK_FIELDS = ("body", "orelse", "handlers", "finalbody", "cases")
+
+
+def _blocks_under(node: cst.CSTNode) -> list[cst.CSTNode]:
+    # Read the block fields directly: `CSTNode.children` runs a visitor over every
+    # expression of the node, which is what we are avoiding.
+    out: list[cst.CSTNode] = []
+    for name in _BLOCK_FIELDS:
+        value = getattr(node, name, None)
+        if isinstance(value, (tuple, list)):
+            out.extend(v for v in value if isinstance(v, _BLOCKS))
+        elif isinstance(value, _BLOCKS):
+            out.append(value)
+    return out
+
+
+def statements(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Every statement-level node under `node` (compound statements and their blocks), in order."""
+    return [n for n, _ in _walk(node)]
+
+
+def _walk(node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode | None]]:
+    out: list[tuple[cst.CSTNode, cst.CSTNode | None]] = []
+    stack: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(node, None)]
+    while stack:
+        current, parent = stack.pop()
+        out.append((current, parent))
+        stack.extend((child, current) for child in reversed(_blocks_under(current)))
+    return out
+
+
+def replace(
+    module: cst.Module, old: cst.CSTNode, new: cst.CSTNode, scope: cst.CSTNode
+) -> cst.Module:
+    """`module.deep_replace(old, new)` where `old` lies inside `scope`, a statement-level node
+    (a def, a class, an if...): only `scope` is rebuilt, then the chain of blocks above it, so
+    the cost is that of `scope`, not of the whole file."""
+    parents = {id(n): p for n, p in _walk(module)}
+    if id(scope) not in parents:
+        raise ValueError("scope is not a statement of this module")
+    current: cst.CSTNode = scope
+    replacement = new if scope is old else scope.deep_replace(old, new)
+    while True:
+        parent = parents[id(current)]
+        if parent is None:
+            return replacement  # type: ignore[return-value]
+        replacement = _with_child(parent, current, replacement)
+        current = parent
+
+
+def _with_child(parent: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
+    for name in _BLOCK_FIELDS:
+        value = getattr(parent, name, None)
+        if value is old:
+            return parent.with_changes(**{name: new})
+        if isinstance(value, (tuple, list)) and any(v is old for v in value):
+            return parent.with_changes(**{name: type(value)(new if v is old else v for v in value)})
+    raise ValueError(f"{type(old).__name__} is not a block of {type(parent).__name__}")
 
 
 def key(node: cst.BaseExpression) -> str | None:

@@ -286,7 +286,7 @@ def _write_target(
     cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
     steps = sorted(
-        ((pid, f, text) for f in tp.changed for pid, text in f.steps), key=lambda s: order[s[0]]
+        ((pid, f, text) for f in tp.changed for pid, text in f.step_texts()), key=lambda s: order[s[0]]
     )
     report = TargetReport(tp.target)
     if ctx.repo is not None:

@@ -31,7 +31,7 @@ def mails(plan: Plan) -> dict[str, list[tuple[str, str]]]:
         steps = []
         for f in tp.changed:
             before = f.before
-            for pid, text in f.steps:
+            for pid, text in f.step_texts():
                 steps.append((order[pid], pid, diff_texts(tp.target.rel(f.file), before, text)))
                 before = text
         steps.sort(key=lambda s: s[0])

@@ -10,7 +10,7 @@ because a wrong patch is worse than no patch.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -131,12 +131,21 @@ class FileResult:
     before: str
     after: str
     outcomes: list[Outcome] = field(default_factory=list)
-    # The text after each applied patch, in order: the engine commits one patch at a time.
-    steps: list[tuple[str, str]] = field(default_factory=list)
+    # The module after each applied patch, in order: the engine commits one patch at a time.
+    # Kept as trees: turning a 5,000-line module back into text is the costly part of a plan,
+    # and a dry run needs only the last one (`after`).
+    steps: list[tuple[str, Any]] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
         return self.after != self.before
+
+    def step_texts(self) -> list[tuple[str, str]]:
+        """(patch id, text after it) for each applied patch, in order."""
+        texts = [(pid, module.code) for pid, module in self.steps[:-1]]
+        if self.steps:
+            texts.append((self.steps[-1][0], self.after))
+        return texts
 
 
 def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult:
@@ -171,17 +180,30 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
                 f"an error inside the patch ({type(exc).__name__}: {exc})",
             )
         if res.status is Status.APPLIED:
-            new_text = res.module.code
-            problem = _compile_problem(new_text, file)
-            if problem:
-                res = refused(res.site, "the patched file to compile", problem)
-            else:
-                module = res.module
-                result.after = new_text
-                result.steps.append((patch.id, new_text))
+            module = res.module
+            result.steps.append((patch.id, module))
         result.outcomes.append(
             Outcome(patch.id, patch.target, file, res.site, res.status, res.reason, res.shape)
         )
+    if result.steps:
+        result.after = module.code
+        problem = _compile_problem(result.after, file)
+        if problem:
+            # A patch produced code that does not compile: a bug in the library. Apply none
+            # of this file's patches rather than guess which one.
+            applied_ids = {pid for pid, _ in result.steps}
+            result.outcomes = [
+                replace(
+                    o,
+                    status=Status.REFUSED,
+                    reason=f"expected the patched file to compile; found {problem}",
+                )
+                if o.patch in applied_ids
+                else o
+                for o in result.outcomes
+            ]
+            result.after = text
+            result.steps = []
     return result
 
 

@@ -207,8 +207,8 @@ def apply_flashinfer_allreduce_fusion(batch_size: int):
         "_is_sm100_supported)", "_is_sm100_supported or _is_sm120_supported)"
     )
     # One commit per patch: the flag step alone, then the gate on top of it.
-    assert [pid for pid, _ in res.steps] == ["sglang.sm120-flag", "sglang.fusion-gate"]
-    assert res.steps[0][1] == textwrap.dedent(FLAG_AFTER) + fn
+    assert [pid for pid, _ in res.step_texts()] == ["sglang.sm120-flag", "sglang.fusion-gate"]
+    assert res.step_texts()[0][1] == textwrap.dedent(FLAG_AFTER) + fn
     again = transform_text([PATCH, gate], "communicator.py", res.after)
     assert status(again) == [Status.ALREADY_APPLIED, Status.ALREADY_APPLIED]
     assert not again.changed
