@@ -1,0 +1,68 @@
+"""The real-release tier: SGLang and FlashInfer releases from PyPI, cached outside the repository.
+
+Which releases: `sm120patch.releases.DEFAULT_RELEASES`, or with SM120PATCH_FULL_RELEASES=1 every
+final release of `FULL_RANGE` that PyPI lists. The whole tier skips, with the reason, when PyPI
+cannot be reached and the cache does not already hold every release it needs.
+
+Everything per release (download, unpack, each patch's run) happens once per session and is
+shared by the tests through the session-scoped `real` fixture.
+"""
+
+from __future__ import annotations
+
+import pytest
+from realcache import FULL_ENV, RealReleases, SiteCase, full_run, patches_of, release_set
+
+from sm120patch import catalog, releases
+
+
+@pytest.fixture(scope="session")
+def real(request: pytest.FixtureRequest) -> RealReleases:
+    needed = [(k, v) for k in releases.KINDS for v in release_set(k)]
+    if not releases.pypi_reachable():
+        missing = [f"{k} {v}" for k, v in needed if releases.cached(k, v) is None]
+        if missing:
+            pytest.skip(
+                f"PyPI ({releases.SIMPLE_URL.format(project=releases.PROJECT['sglang'])}) "
+                "is unreachable and "
+                f"{len(missing)} releases are not in the cache {releases.cache_dir()} "
+                f"(first: {missing[0]}); the real-release tier needs them"
+            )
+    if full_run() and release_set("sglang") == releases.DEFAULT_RELEASES["sglang"]:
+        pytest.skip(f"{FULL_ENV}=1 but PyPI's release list could not be read")
+    cache = RealReleases()
+    # All the per-release work of the selected tests, once, in parallel.
+    cache.warm(case for item in request.session.items for case in _cases_of(item))
+    return cache
+
+
+def _cases_of(item: pytest.Item) -> list[SiteCase]:
+    """The site runs a collected test will read."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "site_case" in params:
+        return [params["site_case"]]
+    if "profile" not in params:
+        return []
+    cat = catalog.load()
+    # test_plan_on_git_repos names both releases; test_profile_on_pinned_release one kind's.
+    versions = {kind: params.get(kind) for kind in releases.KINDS}
+    if "kind" in params:
+        versions[params["kind"]] = params["version"]
+    return [
+        SiteCase(pid, cat.patches[pid].target, versions[cat.patches[pid].target])
+        for pid in cat.profile(params["profile"]).patches
+        if versions[cat.patches[pid].target]
+    ]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "site_case" in metafunc.fixturenames:
+        cases = [
+            SiteCase(p.id, kind, v)
+            for kind in releases.KINDS
+            for v in release_set(kind)
+            for p in patches_of(kind)
+        ]
+        metafunc.parametrize("site_case", cases, ids=str)
+    if "sglang_version" in metafunc.fixturenames:
+        metafunc.parametrize("sglang_version", release_set("sglang"))

@@ -1,0 +1,105 @@
+"""Each patch on each real release: outcome, compiles, intended node, nothing else, idempotent."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+import sitechecks
+from expected import Fact, fact
+from realcache import RealReleases, SiteCase, SiteRun
+
+from sm120patch.transform import Status
+
+pytestmark = pytest.mark.real
+
+
+def _run(real: RealReleases, case: SiteCase) -> tuple[SiteRun, Fact | None]:
+    return real.site(case), fact(case.patch_id, case.version)
+
+
+def _must_be_applied(run: SiteRun, known: Fact | None) -> Fact:
+    """The fact of an applied site; skips the sites a check has nothing to say about."""
+    status = run.outcome.status
+    if status is not Status.APPLIED:
+        if known is not None and known.status is Status.APPLIED:
+            pytest.fail(f"expected applied; {run.outcome.describe()}")
+        pytest.skip(f"nothing patched here ({status})")
+    if known is None:
+        pytest.skip(f"applied, but no fact records this site ({run.outcome.describe()})")
+    if known.status is not Status.APPLIED:
+        pytest.fail(f"expected {known.status}; {run.outcome.describe()}")
+    return known
+
+
+def test_outcome(real: RealReleases, site_case: SiteCase) -> None:
+    run, known = _run(real, site_case)
+    if known is None:
+        pytest.skip(f"no fact recorded; outcome: {run.outcome.describe()}")
+    assert run.outcome.status is known.status, (
+        f"{site_case}: expected {known.status} ({known.source}); {run.outcome.describe()}"
+    )
+    if known.file is not None:
+        assert run.outcome.file == known.file, f"site found in {run.outcome.file}"
+
+
+def test_compiles_or_untouched(real: RealReleases, site_case: SiteCase) -> None:
+    run, _ = _run(real, site_case)
+    if run.outcome.status is Status.APPLIED:
+        compile(run.after, run.file, "exec", dont_inherit=True)
+    else:
+        assert run.after == run.before, f"{run.outcome.status} but the text changed"
+
+
+def test_intended_node(real: RealReleases, site_case: SiteCase) -> None:
+    run, known = _run(real, site_case)
+    if run.outcome.status is Status.UPSTREAM and site_case.patch_id == "flashinfer.comm-arch":
+        # Upstream must mean the release itself builds this module for SM120.
+        tree = ast.parse(run.before)
+        func = sitechecks.one_function(tree, "gen_trtllm_comm_module")
+        lists = [ast.literal_eval(k.value) for k in ast.walk(func)
+                 if isinstance(k, ast.keyword) and k.arg == "supported_major_versions"]
+        assert lists == [[9, 10, 12]], lists
+        return
+    known = _must_be_applied(run, known)
+    sitechecks.CHECKS[site_case.patch_id](ast.parse(run.before), ast.parse(run.after), known)
+
+
+def test_only_site_lines_change(real: RealReleases, site_case: SiteCase) -> None:
+    run, known = _run(real, site_case)
+    known = _must_be_applied(run, known)
+    spans = sitechecks.CHECKS[site_case.patch_id](
+        ast.parse(run.before), ast.parse(run.after), known
+    )
+    sitechecks.only_in(run.before, run.after, spans)
+
+
+def test_second_run_changes_nothing(real: RealReleases, site_case: SiteCase) -> None:
+    run, _ = _run(real, site_case)
+    if run.outcome.status is not Status.APPLIED:
+        assert run.after == run.before
+        return
+    again = run.rerun
+    assert again is not None
+    (outcome,) = again.outcomes
+    assert outcome.status is Status.ALREADY_APPLIED, outcome.describe()
+    assert again.after == run.after
+
+
+def test_sm120_helper_exists_where_imported(real: RealReleases, sglang_version: str) -> None:
+    """DESIGN s4 A: `is_sm120_supported` is in sglang.srt.utils from 0.5.4 (0.5.2 and 0.5.3
+    have none). The import form of the SM120 flag relies on it."""
+    from packaging.version import Version
+
+    root = real.tree("sglang", sglang_version)
+    texts = [
+        (root / rel).read_text(encoding="utf-8")
+        for rel in ("sglang/srt/utils.py", "sglang/srt/utils/common.py")
+        if (root / rel).is_file()
+    ]
+    has = any(sitechecks.defines(t, "is_sm120_supported") for t in texts)
+    release = Version(sglang_version)
+    if release >= Version("0.5.4"):
+        assert has, f"SGLang {sglang_version} defines no is_sm120_supported in sglang.srt.utils"
+    elif release >= Version("0.5.2"):
+        assert not has, f"SGLang {sglang_version} defines is_sm120_supported, DESIGN says not"
