@@ -103,6 +103,9 @@ FACTS: tuple[Fact, ...] = (
          source="DESIGN s4 F"),
     Fact("flashinfer.comm-arch", ">=0.4.0,<0.6.16", A, FI_JIT_COMM, "gen_trtllm_comm_module",
          source="DESIGN s4 F"),
+    Fact("flashinfer.comm-arch", "==0.6.16", A, FI_JIT_COMM, "gen_trtllm_comm_module",
+         source="real files",
+         note="DESIGN names 0.4.0 to 0.6.15 and 0.6.17 on; 0.6.16 still passes [9, 10]"),
     Fact("flashinfer.comm-arch", ">=0.6.17", U, FI_JIT_COMM, "gen_trtllm_comm_module",
          source="DESIGN s4 F"),
 )
@@ -123,6 +126,13 @@ OBSERVED = (
     "server_args.py from 0.5.4 to 0.5.18.",
     "FlashInfer 0.3.1 ships only flashinfer/comm/trtllm_ar.py; 0.4.0 also keeps "
     "comm/trtllm_ar.py but defines gen_trtllm_comm_module in jit/comm.py.",
+    "FlashInfer 0.6.16 still passes [9, 10] to gen_trtllm_comm_module (applied, like 0.6.15).",
+    "FlashInfer 0.2.8 to 0.3.0 have no supported_major_versions list in gen_trtllm_comm_module "
+    "(0.2.8 reads the device capability, 0.3.0 filters _get_cuda_arch_flags() for SM100): a "
+    "shape the patch does not know, outside the pins; no fact recorded.",
+    "SGLang 0.4.6 has none of the site files; 0.4.7 to 0.5.1 import is_sm100_supported from "
+    "sglang.srt.layers.utils and gate on `_is_sm100_supported` alone: outside every pin; no "
+    "fact recorded.",
     "FlashInfer 0.6.15 to 0.7.4 keep [9, 10] for gen_trtllm_mnnvl_comm_module and "
     "gen_mixed_comm_module and [9, 10, 11, 12] for another module; only "
     "gen_trtllm_comm_module differs between 0.6.15 ([9, 10]) and 0.6.17 ([9, 10, 12]).",

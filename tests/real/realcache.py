@@ -9,11 +9,12 @@ to 330 kB (SGLang's server_args.py), a few seconds each, and the releases are in
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
@@ -80,6 +81,15 @@ class SiteRun:
     before: str
     after: str
     rerun: FileResult | None  # only for an applied site
+
+    # Parsed once per session: several tests read the same 330 kB file's syntax tree.
+    @cached_property
+    def before_ast(self) -> ast.Module:
+        return ast.parse(self.before)
+
+    @cached_property
+    def after_ast(self) -> ast.Module:
+        return ast.parse(self.after)
 
 
 def chain_of(patch_id: str) -> tuple[str, ...]:
@@ -163,6 +173,7 @@ class RealReleases:
     def __init__(self) -> None:
         self._targets: dict[tuple[str, str], Target] = {}
         self._chains: dict[ChainKey, RawRuns] = {}
+        self._sites: dict[SiteCase, SiteRun] = {}
 
     def tree(self, kind: str, version: str) -> Path:
         return releases.tree(kind, version)  # built once per cache; cheap to look up after
@@ -190,6 +201,11 @@ class RealReleases:
             self._chains.update(zip(keys, pool.map(run_chain, keys), strict=True))
 
     def site(self, case: SiteCase) -> SiteRun:
+        if case not in self._sites:
+            self._sites[case] = self._site(case)
+        return self._sites[case]
+
+    def _site(self, case: SiteCase) -> SiteRun:
         chain = chain_of(case.patch_id)
         key = (chain, case.kind, case.version)
         if key not in self._chains:

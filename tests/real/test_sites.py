@@ -55,22 +55,19 @@ def test_intended_node(real: RealReleases, site_case: SiteCase) -> None:
     run, known = _run(real, site_case)
     if run.outcome.status is Status.UPSTREAM and site_case.patch_id == "flashinfer.comm-arch":
         # Upstream must mean the release itself builds this module for SM120.
-        tree = ast.parse(run.before)
-        func = sitechecks.one_function(tree, "gen_trtllm_comm_module")
+        func = sitechecks.one_function(run.before_ast, "gen_trtllm_comm_module")
         lists = [ast.literal_eval(k.value) for k in ast.walk(func)
                  if isinstance(k, ast.keyword) and k.arg == "supported_major_versions"]
         assert lists == [[9, 10, 12]], lists
         return
     known = _must_be_applied(run, known)
-    sitechecks.CHECKS[site_case.patch_id](ast.parse(run.before), ast.parse(run.after), known)
+    sitechecks.CHECKS[site_case.patch_id](run.before_ast, run.after_ast, known)
 
 
 def test_only_site_lines_change(real: RealReleases, site_case: SiteCase) -> None:
     run, known = _run(real, site_case)
     known = _must_be_applied(run, known)
-    spans = sitechecks.CHECKS[site_case.patch_id](
-        ast.parse(run.before), ast.parse(run.after), known
-    )
+    spans = sitechecks.CHECKS[site_case.patch_id](run.before_ast, run.after_ast, known)
     sitechecks.only_in(run.before, run.after, spans)
 
 
@@ -84,6 +81,29 @@ def test_second_run_changes_nothing(real: RealReleases, site_case: SiteCase) -> 
     (outcome,) = again.outcomes
     assert outcome.status is Status.ALREADY_APPLIED, outcome.describe()
     assert again.after == run.after
+
+
+def test_sm120_imports_resolve(real: RealReleases, site_case: SiteCase) -> None:
+    """A patch that imports an SM120 helper from sglang.srt.utils must only do so on a release
+    that defines it: otherwise the patched module fails at import, on every GPU."""
+    run, _ = _run(real, site_case)
+    if run.outcome.status is not Status.APPLIED:
+        pytest.skip(f"nothing patched here ({run.outcome.status})")
+    before, after = sitechecks.imported(run.before_ast), sitechecks.imported(run.after_ast)
+    gained = {n: m for n, (m, _) in after.items() if n not in before}
+    root = real.tree(site_case.kind, site_case.version)
+    for name, module in gained.items():
+        if not module.startswith("sglang.srt.utils"):
+            continue
+        texts = [
+            p.read_text(encoding="utf-8")
+            for p in (root / "sglang/srt/utils.py", root / "sglang/srt/utils/common.py")
+            if p.is_file()
+        ]
+        assert any(sitechecks.defines(t, name) for t in texts), (
+            f"{run.file} now imports {name} from {module}, which SGLang {site_case.version} "
+            "does not define"
+        )
 
 
 def test_sm120_helper_exists_where_imported(real: RealReleases, sglang_version: str) -> None:
