@@ -6,12 +6,20 @@ An apply is one transaction over every target of the profile:
 Any failure before the journal is closed rolls every target back to its pristine bytes; a kill
 leaves the journal behind, and `recover` finishes the rollback. A revert is rolled forward by
 `recover` instead: both end states are exact, byte for byte.
+
+Across targets, the journals of one run share a transaction id (`txn`) and name each other
+(`peers`). An apply is committed once every target's manifest of that txn is written:
+`recover` then closes the journals left open instead of rolling back, so a kill between two
+journal closes cannot leave one target patched and the other pristine. A revert writes every
+target's journal before it changes anything, and `recover` rolls the whole of it forward,
+journaling peers the killed run had not reached yet.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -20,15 +28,19 @@ from typing import Any
 
 from sm120patch import __version__, catalog, state, vcs
 from sm120patch import plan as planner
-from sm120patch.errors import Refused
+from sm120patch.errors import Refused, Sm120Error
 from sm120patch.plan import Plan
 from sm120patch.state import TargetState, file_sha256, sha256
 from sm120patch.targets import Target
 from sm120patch.transform import Outcome, Status
 
-BRANCH_PREFIX = "sm120patch/"
-# Test hook for the kill-anywhere tests: the name of a step at which the process kills itself.
+BRANCH_PREFIX = state.BRANCH_PREFIX
+# Test hooks for the kill-anywhere tests: the step at which the process kills itself (`step`,
+# or `step:N` for its N-th passage), and a file to which every step passed is appended as
+# `step:N` (so that the tests learn every boundary of a run).
 KILL_ENV = "SM120PATCH_KILL_AT"
+TRACE_ENV = "SM120PATCH_TRACE_STEPS"
+_passed: dict[str, int] = {}
 
 
 class PlanRefused(Refused):
@@ -78,7 +90,12 @@ class Report:
 
 
 def _kill_point(step: str) -> None:
-    if os.environ.get(KILL_ENV) == step:
+    count = _passed[step] = _passed.get(step, 0) + 1
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        with open(trace, "a", encoding="utf-8") as fh:
+            fh.write(f"{step}:{count}\n")
+    if os.environ.get(KILL_ENV) in (step, f"{step}:{count}"):
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
@@ -94,6 +111,11 @@ class _Ctx:
 
     def path(self, rel: str) -> Path:
         return state.inside(self.target.root, rel)
+
+    def peer(self) -> dict[str, str]:
+        """How a journal names this target to the other targets of its transaction."""
+        t = self.target
+        return {"kind": t.kind, "root": str(t.root), "layout": t.layout}
 
 
 @contextmanager
@@ -183,7 +205,7 @@ def apply(
         branch = BRANCH_PREFIX + profile.name
         for ctx, tp in work:
             for f in tp.changed:
-                ctx.path(tp.target.rel(f.file))  # refuses a link leaving the target
+                _check_writable(ctx.path(tp.target.rel(f.file)))
             if ctx.repo is not None:
                 if ctx.repo.branch_exists(branch):
                     raise Refused(
@@ -192,9 +214,11 @@ def apply(
                     )
         journals: dict[Path, dict[str, Any]] = {}
         reports: list[TargetReport] = []
+        txn = uuid.uuid4().hex
+        peers = [ctx.peer() for ctx, _ in work]
         try:
             for ctx, tp in work:
-                journals[ctx.target.root] = _start_apply(ctx, tp, profile.name, branch)
+                journals[ctx.target.root] = _start_apply(ctx, tp, profile.name, branch, txn, peers)
             for ctx, tp in work:
                 reports.append(_write_target(ctx, tp, profile.name, branch, plan))
             for ctx, tp in work:
@@ -212,9 +236,25 @@ def apply(
                     "fix the cause (disk space, permissions), then apply again",
                 ) from exc
             raise
+        # Every manifest is written: the apply is committed (see the module's docstring).
         for ctx, _ in work:
             ctx.state.close_journal()
+            _kill_point("after-close")
         return Report("applied", profile.name, reports, outcomes=plan.outcomes)
+
+
+def _check_writable(path: Path) -> None:
+    """Before the journal: every file we will write can be written, as a regular file."""
+    if path.is_symlink():
+        raise Refused(
+            f"{path} is a symbolic link; sm120patch writes regular files only",
+            "replace the link by the file it points to, or patch the tree it points into",
+        )
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise Refused(
+            f"cannot write in {path.parent} (permission denied); nothing was changed",
+            "run sm120patch as a user who can write there, or make it writable",
+        )
 
 
 def _roll_back_all(ctxs: list[_Ctx], cause: BaseException) -> None:
@@ -243,7 +283,14 @@ def _candidate_files(cat: catalog.Catalog, profile: catalog.Profile, target: Tar
     return sorted(rels)
 
 
-def _start_apply(ctx: _Ctx, tp: planner.TargetPlan, profile: str, branch: str) -> dict[str, Any]:
+def _start_apply(
+    ctx: _Ctx,
+    tp: planner.TargetPlan,
+    profile: str,
+    branch: str,
+    txn: str,
+    peers: list[dict[str, str]],
+) -> dict[str, Any]:
     files = []
     for f in tp.changed:
         rel = tp.target.rel(f.file)
@@ -271,11 +318,14 @@ def _start_apply(ctx: _Ctx, tp: planner.TargetPlan, profile: str, branch: str) -
         "target": tp.target.to_dict(),
         "files": files,
         "git": git,
+        "txn": txn,
+        "peers": peers,
     }
     # The journal comes first: a kill while copying then finds the files still pristine.
     ctx.state.write_journal(journal)
     for f in files:
         ctx.state.keep_copy("pristine", f["path"], ctx.path(f["path"]).read_bytes())
+        _kill_point("after-copy")
     _kill_point("after-journal")
     return journal
 
@@ -286,7 +336,8 @@ def _write_target(
     cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
     steps = sorted(
-        ((pid, f, text) for f in tp.changed for pid, text in f.step_texts()), key=lambda s: order[s[0]]
+        ((pid, f, text) for f in tp.changed for pid, text in f.step_texts()),
+        key=lambda s: order[s[0]],
     )
     report = TargetReport(tp.target)
     if ctx.repo is not None:
@@ -349,6 +400,7 @@ def _write_manifest(ctx: _Ctx, journal: dict[str, Any], report: TargetReport) ->
         "target": journal["target"],
         "files": journal["files"],
         "git": None if git is None else {**git, "commits": report.commits},
+        "txn": journal["txn"],
     }
     ctx.state.write_manifest(manifest)
 
@@ -357,20 +409,44 @@ def _rollback_apply(ctx: _Ctx, journal: dict[str, Any]) -> None:
     """Put every file of an unfinished apply back to its pristine bytes, and git where it was."""
     files = journal.get("files", [])
     git = journal.get("git")
-    rels = [f["path"] for f in files]
+    _remove_temps(ctx, files)
     if ctx.repo is not None and git:
         current, _ = ctx.repo.head()
         if current == git["patch_branch"]:
-            ctx.repo.discard(rels)
-            ctx.repo.switch(git["branch"], git["head"])
-            _kill_point("during-switch")
+            _switch_back(ctx, files, git)
         ctx.repo.delete_branch(git["patch_branch"])
     _restore_pristine(ctx, files)
     manifest = ctx.state.manifest() if (ctx.state.dir / state.MANIFEST).exists() else None
-    if manifest is not None and manifest.get("applied_at", 0) >= journal.get("started", 0):
+    if manifest is not None and _same_run(manifest, journal):
         ctx.state.remove_manifest()
     ctx.state.drop_copies()
     ctx.state.close_journal()
+
+
+def _same_run(manifest: dict[str, Any], journal: dict[str, Any]) -> bool:
+    """Whether `manifest` was written by the apply of `journal` (not one applied before)."""
+    if journal.get("txn"):
+        return bool(manifest.get("txn") == journal["txn"])
+    return bool(manifest.get("applied_at", 0) >= journal.get("started", 0))
+
+
+def _switch_back(ctx: _Ctx, files: list[dict[str, Any]], git: dict[str, Any]) -> None:
+    """From the patch branch back to the user's branch (or detached commit)."""
+    assert ctx.repo is not None
+    # Reset our files to the branch so the switch is clean (a revert with edits there got
+    # --force); other dirty files ride along untouched.
+    # (Paths from state were checked on reading; git takes them literally.)
+    ctx.repo.discard([f["path"] for f in files])
+    _kill_point("during-switch")
+    ctx.repo.switch(git["branch"], git["head"])
+    _kill_point("after-switch")
+
+
+def _remove_temps(ctx: _Ctx, files: list[dict[str, Any]]) -> None:
+    """A run killed inside a write leaves a temp file next to the file: not the user's."""
+    for f in files:
+        state.remove_temps(ctx.path(f["path"]))
+    ctx.state.remove_temps()
 
 
 def _restore_pristine(ctx: _Ctx, files: list[dict[str, Any]]) -> None:
@@ -386,12 +462,13 @@ def _restore_pristine(ctx: _Ctx, files: list[dict[str, Any]]) -> None:
             )
         state.atomic_write(path, data, mode=f.get("mode"))
         _drop_pycache(path)
+        _kill_point("after-write")
 
 
 def _drop_pycache(path: Path) -> None:
     """Stale bytecode of a module we rewrote must not outlive it."""
     cache = path.parent / "__pycache__"
-    if cache.is_dir():
+    if cache.is_dir() and not cache.is_symlink():
         for pyc in cache.glob(f"{path.stem}.*.pyc"):
             try:
                 pyc.unlink()
@@ -432,14 +509,17 @@ def revert(
             todo.append((ctx, manifest))
         if not todo:
             what = f"profile {profile_name}" if profile_name else "anything"
+            where = ", ".join(str(c.target.root) for c in ctxs) or "any target found"
             raise Refused(
-                f"sm120patch has not applied {what} on "
-                + ", ".join(str(c.target.root) for c in ctxs)
-                or "any target",
-                "see `sm120patch status`",
+                f"sm120patch has not applied {what} on {where}", "see `sm120patch status`"
             )
         for ctx, manifest in todo:
+            if ctx.repo is not None:
+                ctx.repo.check_idle()
             _check_revertable(ctx, manifest, force)
+        txn = uuid.uuid4().hex
+        peers = [ctx.peer() for ctx, _ in todo]
+        journals = []
         for ctx, manifest in todo:
             journal = {
                 "op": "revert",
@@ -448,10 +528,23 @@ def revert(
                 "pid": os.getpid(),
                 "keep_branch": keep_branch,
                 "manifest": manifest,
+                "txn": txn,
+                "peers": peers,
             }
             ctx.state.write_journal(journal)
             _kill_point("after-journal")
-            reports.append(_finish_revert(ctx, journal))
+            journals.append((ctx, journal))
+        # Every journal is written before anything changes: from here on, recover rolls the
+        # whole revert forward.
+        try:
+            for ctx, journal in journals:
+                reports.append(_finish_revert(ctx, journal))
+        except OSError as exc:
+            raise Refused(
+                f"revert failed writing {exc.filename or 'a file'}: {exc.strerror}",
+                "the journal is kept: fix the cause (disk space, permissions), then run "
+                "`sm120patch recover` to finish the revert",
+            ) from exc
     return Report("reverted", profile_name, reports)
 
 
@@ -492,6 +585,23 @@ def _check_revertable(ctx: _Ctx, manifest: dict[str, Any], force: bool) -> None:
             )
         if commits and head != commits[-1]:
             problems.append(f"{git['patch_branch']} has commits after sm120patch's ({head[:12]})")
+    # What the revert will restore from must be there before its journal is written: a
+    # damaged state is refused with nothing changed, not found halfway through.
+    for f in manifest["files"]:
+        if ctx.repo is not None and git:
+            missing = ctx.repo.show(git["patch_branch"], f["path"]) is None
+        else:
+            path = ctx.path(f["path"])
+            copy = ctx.state.copy("pristine", f["path"])
+            missing = file_sha256(path) != f["before"] and (
+                copy is None or sha256(copy) != f["before"]
+            )
+        if missing:
+            raise Refused(
+                f"{ctx.target.root}: the state of the apply does not match the tree: "
+                f"{f['path']} cannot be restored from it",
+                f"restore the file by hand, then move {ctx.state.dir} aside",
+            )
     if problems and not force:
         raise Refused(
             f"{ctx.target.root}: changed since the apply; refusing to throw that away:\n"
@@ -527,27 +637,24 @@ def _finish_revert(ctx: _Ctx, journal: dict[str, Any]) -> TargetReport:
     files = manifest["files"]
     git = manifest.get("git")
     report = TargetReport(ctx.target)
+    _remove_temps(ctx, files)
     if ctx.repo is not None and git:
         current, _ = ctx.repo.head()
         if current == git["patch_branch"]:
-            # Reset our files to the branch so the switch is clean (the user chose --force
-            # if they had edits there); other dirty files ride along untouched.
-            ctx.repo.discard([f["path"] for f in files])
-            ctx.repo.switch(git["branch"], git["head"])
-            _kill_point("during-switch")
+            _switch_back(ctx, files, git)
         if journal.get("keep_branch"):
             report.branch = git["patch_branch"]
         else:
             ctx.repo.delete_branch(git["patch_branch"])
     _restore_pristine(ctx, files)
     for f in files:
-        _kill_point("after-write")
         report.files.append({"path": f["path"], "state": "pristine"})
     _kill_point("before-manifest")
     ctx.state.remove_manifest()
     _kill_point("after-manifest")
     ctx.state.drop_copies()
     ctx.state.close_journal()
+    _kill_point("after-close")
     return report
 
 
@@ -560,30 +667,91 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
         _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
         for kind in catalog.TARGETS
     ]
-    ctxs = _contexts([t for t in found if t is not None])
+    ctxs = _with_peers(_contexts([t for t in found if t is not None]))
     reports = []
     notes = []
     with _locked(ctxs):
+        journals = {ctx.target.root: ctx.state.journal() for ctx in ctxs}
+        _journal_revert_peers(ctxs, journals)
         for ctx in ctxs:
-            journal = ctx.state.journal()
+            journal = journals[ctx.target.root]
             if journal is None:
                 continue
-            if journal.get("op") == "apply":
-                _rollback_apply(ctx, journal)
+            profile = journal.get("profile")
+            if journal["op"] == "apply" and _apply_committed(journal):
+                _remove_temps(ctx, journal["files"])
+                ctx.state.close_journal()
                 notes.append(
-                    f"{ctx.target.root}: rolled back the interrupted apply of "
-                    f"{journal.get('profile')}"
+                    f"{ctx.target.root}: the interrupted apply of {profile} had written "
+                    "every target; kept it"
                 )
+            elif journal["op"] == "apply":
+                _rollback_apply(ctx, journal)
+                notes.append(f"{ctx.target.root}: rolled back the interrupted apply of {profile}")
             else:
                 _finish_revert(ctx, journal)
-                notes.append(
-                    f"{ctx.target.root}: finished the interrupted revert of "
-                    f"{journal.get('profile')}"
-                )
+                notes.append(f"{ctx.target.root}: finished the interrupted revert of {profile}")
             reports.append(TargetReport(ctx.target))
     if not reports:
         notes.append("nothing to recover")
     return Report("recovered", None, reports, notes=notes)
+
+
+def _peer_state(peer: dict[str, str]) -> TargetState:
+    root = Path(peer["root"])
+    return TargetState(state.state_dir_for(root, peer["layout"]), root)
+
+
+def _with_peers(ctxs: list[_Ctx]) -> list[_Ctx]:
+    """`ctxs` and the targets their journals name: recover finishes a whole transaction."""
+    out = list(ctxs)
+    roots = {ctx.target.root for ctx in ctxs}
+    for ctx in ctxs:
+        journal = ctx.state.journal()
+        for peer in journal.get("peers", []) if journal else []:
+            root = Path(peer["root"])
+            if root in roots:
+                continue
+            try:
+                target = _find_quiet(peer["kind"], root, required=False)
+            except Sm120Error:
+                target = None  # gone: its own journal (if any) is recovered where it is
+            if target is not None and target.root == root:
+                out.append(_Ctx(target))
+                roots.add(root)
+    return out
+
+
+def _apply_committed(journal: dict[str, Any]) -> bool:
+    """Whether every target of the journal's apply has its manifest of that apply."""
+    txn = journal.get("txn")
+    if not txn:
+        return False
+    for peer in journal.get("peers", []):
+        manifest = _peer_state(peer).manifest()
+        if manifest is None or manifest.get("txn") != txn:
+            return False
+    return True
+
+
+def _journal_revert_peers(ctxs: list[_Ctx], journals: dict[Path, dict[str, Any] | None]) -> None:
+    """A revert killed while writing its journals: journal the targets it had not reached.
+
+    Such a target still holds the manifest the revert was started on (nothing changes before
+    every journal is written), and the user asked for its revert.
+    """
+    for journal in [j for j in journals.values() if j and j["op"] == "revert"]:
+        named = {Path(p["root"]) for p in journal.get("peers", [])}
+        for ctx in ctxs:
+            root = ctx.target.root
+            if root not in named or journals[root] is not None:
+                continue
+            manifest = ctx.state.manifest()
+            if manifest is None or not manifest.get("txn"):
+                continue  # finished, or nothing of ours to revert
+            own = {**journal, "manifest": manifest, "profile": manifest["profile"]}
+            ctx.state.write_journal(own)
+            journals[root] = own
 
 
 # ---- status ------------------------------------------------------------------------------

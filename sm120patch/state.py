@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -32,6 +33,14 @@ SCHEMA = 1
 MANIFEST = "manifest.json"
 JOURNAL = "journal.json"
 TRIALS = "trials.json"
+TMP_SUFFIX = ".sm120patch-tmp"
+BRANCH_PREFIX = "sm120patch/"
+# What a state file may name, checked on every read: a value that reaches git or the disk
+# must not be able to name another branch, an option, or a path outside the target.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_COMMIT = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+_PATCH_BRANCH = re.compile(re.escape(BRANCH_PREFIX) + r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+_BRANCH = re.compile(r"[^-.\s~^:?*\[\\][^\s~^:?*\[\\]*")
 
 
 def sha256(data: bytes) -> str:
@@ -54,6 +63,40 @@ def state_dir_for(root: Path, layout: str) -> Path:
     return user_state_dir() / "targets" / digest
 
 
+def private_dir(path: Path) -> None:
+    """Make `path` (and any missing parent) a directory only its owner can enter (0700).
+
+    Refuses, with what to do, when something that is not a directory is in the way, or when
+    the directory is a symbolic link (state is never written through one).
+    """
+    missing = []
+    p = path
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = p.parent
+    if missing and not p.is_dir():
+        path = p  # the file in the way is a parent: name it
+    for d in reversed(missing if p.is_dir() else []):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:  # made by a concurrent run: checked below
+            pass
+        except OSError as exc:
+            raise Refused(
+                f"cannot create sm120patch's state directory {d} ({exc.strerror})",
+                "make its parent writable, or set SM120PATCH_STATE_DIR to a directory you own",
+            ) from None
+    if path.is_symlink() or not path.is_dir():
+        what = "a symbolic link" if path.is_symlink() else "not a directory"
+        raise Refused(
+            f"{path} is in the way of sm120patch's state directory ({what})",
+            f"move {path} aside, then run sm120patch again",
+        )
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        os.chmod(path, mode & 0o700)
+
+
 def user_state_dir() -> Path:
     """State of installed (non-git) targets: $SM120PATCH_STATE_DIR, else the platform's."""
     override = os.environ.get("SM120PATCH_STATE_DIR")
@@ -70,7 +113,7 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     Keeps `mode` (the old file's permission bits) when given.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".sm120patch-tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -101,8 +144,25 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def remove_temps(path: Path) -> None:
+    """Remove the temp files a killed `atomic_write(path, ...)` may have left next to `path`."""
+    import glob
+
+    pattern = glob.escape(f".{path.name}.") + "*" + glob.escape(TMP_SUFFIX)
+    for tmp in path.parent.glob(pattern):
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def safe_relpath(rel: str) -> PurePosixPath:
     """A path read from state must stay inside its target: no absolute path, no `..`."""
+    if not isinstance(rel, str) or "\0" in rel or "\\" in rel:
+        raise Refused(
+            f"state names the path {rel!r}, which is not a plain relative path",
+            "the state file was edited or is corrupt; inspect it, then remove it",
+        )
     p = PurePosixPath(rel)
     if p.is_absolute() or ".." in p.parts or not p.parts:
         raise Refused(
@@ -124,8 +184,10 @@ class TargetState:
     def locked(self) -> Iterator[None]:
         import filelock
 
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock = filelock.FileLock(str(self.dir / "lock"), timeout=0)
+        private_dir(self.dir)
+        # An OS lock (flock): a run killed while holding it releases it with its process,
+        # so a lock file left behind is never stale.
+        lock = filelock.FileLock(str(self.dir / "lock"), timeout=0, mode=0o600)
         try:
             lock.acquire()
         except filelock.Timeout:
@@ -161,13 +223,25 @@ class TargetState:
                 f"{path} has schema {schema!r}; this sm120patch understands up to {SCHEMA}",
                 "use the newer sm120patch that wrote it",
             )
+        problem = _CHECKS[name](doc)
+        if problem:
+            raise Refused(
+                f"{path} is corrupt ({problem})",
+                f"if no sm120patch run is going on, move it aside ({path}) and check the "
+                "target's files with `sm120patch status`",
+            )
         return doc
 
     def _write(self, name: str, doc: dict[str, Any]) -> None:
         doc = {"schema": SCHEMA, **doc}
         data = json.dumps(doc, indent=2, sort_keys=True).encode("utf-8") + b"\n"
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.dir)
         atomic_write(self.dir / name, data, mode=0o600)
+
+    def remove_temps(self) -> None:
+        """Temp files of state writes a killed run left behind."""
+        for name in (MANIFEST, JOURNAL, TRIALS):
+            remove_temps(self.dir / name)
 
     def _remove(self, name: str) -> None:
         try:
@@ -203,10 +277,12 @@ class TargetState:
 
     # ---- file copies -------------------------------------------------------------------
     def _copy_path(self, kind: str, rel: str) -> Path:
-        return self.dir / kind / safe_relpath(rel)
+        return inside(self.dir / kind, rel)
 
     def keep_copy(self, kind: str, rel: str, data: bytes) -> None:
-        atomic_write(self._copy_path(kind, rel), data, mode=0o600)
+        path = self._copy_path(kind, rel)
+        private_dir(path.parent)
+        atomic_write(path, data, mode=0o600)
 
     def copy(self, kind: str, rel: str) -> bytes | None:
         try:
@@ -232,3 +308,93 @@ def inside(root: Path, rel: str) -> Path:
             "sm120patch does not write through links that leave the target",
         )
     return path
+
+
+# ---- what a state file may hold ------------------------------------------------------------
+# Each check returns what is wrong, or "" when the document has the shape the engine reads.
+# Paths are checked with safe_relpath, which refuses (with its own message) a path leaving
+# the target.
+
+
+def _check_files(files: object) -> str:
+    if not isinstance(files, list):
+        return "files is not a list"
+    for f in files:
+        if not isinstance(f, dict) or not isinstance(f.get("path"), str):
+            return "a file entry without a path"
+        safe_relpath(f["path"])
+        for key in ("before", "after"):
+            if not isinstance(f.get(key), str) or not _SHA256.fullmatch(f[key]):
+                return f"{f['path']}: {key} is not a sha256"
+        mode = f.get("mode")
+        if mode is not None and (type(mode) is not int or not 0 <= mode <= 0o7777):
+            return f"{f['path']}: mode is not a permission mode"
+    return ""
+
+
+def _check_git(git: object, *, commits: bool) -> str:
+    if git is None:
+        return ""
+    if not isinstance(git, dict):
+        return "git is not an object"
+    branch = git.get("branch")
+    if branch is not None and (not isinstance(branch, str) or not _BRANCH.fullmatch(branch)):
+        return f"git.branch {branch!r} is not a branch name"
+    if not isinstance(git.get("head"), str) or not _COMMIT.fullmatch(git["head"]):
+        return "git.head is not a commit id"
+    patch = git.get("patch_branch")
+    if not isinstance(patch, str) or not _PATCH_BRANCH.fullmatch(patch):
+        return f"git.patch_branch {patch!r} is not an {BRANCH_PREFIX}<profile> branch"
+    if commits:
+        found = git.get("commits", [])
+        if not isinstance(found, list) or not all(
+            isinstance(c, str) and _COMMIT.fullmatch(c) for c in found
+        ):
+            return "git.commits is not a list of commit ids"
+    return ""
+
+
+def _check_peers(peers: object) -> str:
+    if not isinstance(peers, list):
+        return "peers is not a list"
+    for p in peers:
+        if (
+            not isinstance(p, dict)
+            or p.get("kind") not in ("sglang", "flashinfer")
+            or p.get("layout") not in ("git", "installed")
+            or not isinstance(p.get("root"), str)
+            or not os.path.isabs(p["root"])
+        ):
+            return "a peer that is not a target"
+    return ""
+
+
+def check_manifest(doc: dict[str, Any]) -> str:
+    if not isinstance(doc.get("profile"), str):
+        return "no profile"
+    return _check_files(doc.get("files")) or _check_git(doc.get("git"), commits=True)
+
+
+def check_journal(doc: dict[str, Any]) -> str:
+    op = doc.get("op")
+    if op not in ("apply", "revert"):
+        return f"op {op!r} is neither apply nor revert"
+    problem = _check_peers(doc.get("peers", []))
+    if problem:
+        return problem
+    if op == "revert":
+        manifest = doc.get("manifest")
+        if not isinstance(manifest, dict):
+            return "a revert without its manifest"
+        return check_manifest(manifest)
+    return _check_files(doc.get("files")) or _check_git(doc.get("git"), commits=False)
+
+
+def check_trials(doc: dict[str, Any]) -> str:
+    trials = doc.get("trials", [])
+    if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
+        return "trials is not a list of records"
+    return ""
+
+
+_CHECKS = {MANIFEST: check_manifest, JOURNAL: check_journal, TRIALS: check_trials}

@@ -84,6 +84,11 @@ def _package_in(kind: str, path: Path) -> Path:
     if path.name == kind:
         candidates.append(path)
     found = [c for c in candidates if (c / "__init__.py").is_file()]
+    if not found and all((path / p).exists() for p in ("HEAD", "objects", "refs")):
+        raise Refused(
+            f"--{kind} {path}: a bare git repository (no work tree to patch)",
+            f"clone it (`git clone {path} DIR`) and point --{kind} at the checkout",
+        )
     if not found:
         raise Refused(
             f"--{kind} {path}: not a {name} tree (no {kind}/__init__.py here or under python/)",

@@ -8,6 +8,8 @@ files we just verified, and a signing prompt must never block an unattended run.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,13 +54,34 @@ def describe_version(root: Path) -> str | None:
 
 
 def is_tracked(root: Path, path: Path) -> bool:
+    """Whether git tracks `path`; refuses a repository git itself will not work in, rather
+    than silently treating the checkout as an installed package."""
     import git
 
     try:
-        git.Repo(root).git.ls_files("--error-unmatch", "--", str(path.relative_to(root)))
-    except git.GitCommandError:
+        repo = git.Repo(root)
+        repo.git.ls_files("--error-unmatch", "--", str(path.relative_to(root)))
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise Refused(
+            f"{root}/.git is not a usable git repository",
+            "repair or remove it, then run sm120patch again",
+        ) from None
+    except git.GitCommandError as exc:
+        if "dubious ownership" in str(exc.stderr):
+            raise Refused(
+                f"git refuses to work in {root}: it is owned by another user",
+                f"run as its owner, or `git config --global --add safe.directory {root}`",
+            ) from None
         return False
     return True
+
+
+def _git_problem(exc: Exception) -> str:
+    """The line of a git error that says what went wrong."""
+    text = str(getattr(exc, "stderr", "") or exc).strip().strip("'").strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    fatal = [line for line in lines if line.startswith(("fatal:", "error:"))]
+    return (fatal or lines or [type(exc).__name__])[0].removeprefix("stderr: ")
 
 
 class Repo:
@@ -73,7 +96,23 @@ class Repo:
             raise Refused(f"{root} is not a usable git repository") from None
         if self.repo.bare:
             raise Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")
+        # Paths come from the plan and from state: never let one be read as pathspec magic.
+        self.repo.git.update_environment(GIT_LITERAL_PATHSPECS="1")
         self.root = root
+
+    @contextmanager
+    def _failing(self, what: str) -> Iterator[None]:
+        """A failed git command becomes one line saying which and why (never a traceback)."""
+        import git
+
+        try:
+            yield
+        except git.GitCommandError as exc:
+            raise Refused(
+                f"git {what} failed in {self.root}: {_git_problem(exc)}",
+                "fix what git says; if sm120patch was interrupted, `sm120patch recover` "
+                "finishes its work afterwards",
+            ) from None
 
     # ---- reading -----------------------------------------------------------------------
     def head(self) -> tuple[str | None, str]:
@@ -94,7 +133,24 @@ class Repo:
 
     def check_ready(self, rels: list[str]) -> None:
         """Refuse when the repository is mid-operation or a file we would touch is not clean."""
+        self.check_idle()
+        dirty = self.dirty(rels)
+        if dirty:
+            raise Refused(
+                f"{self.root}: uncommitted changes in files this profile touches: "
+                + ", ".join(dirty),
+                "commit or stash them (`git stash`), then run sm120patch again",
+            )
+
+    def check_idle(self) -> None:
+        """Refuse when git is mid-operation: a merge, rebase, ... or another git command."""
         git_dir = Path(self.repo.git_dir)
+        lock = git_dir / "index.lock"
+        if lock.exists():
+            raise Refused(
+                f"{lock} exists: another git command is running in {self.root}, or one was killed",
+                f"if no git command is running there, remove {lock}, then run sm120patch again",
+            )
         for marker, what in (
             ("MERGE_HEAD", "a merge"),
             ("rebase-merge", "a rebase"),
@@ -108,18 +164,12 @@ class Repo:
                     f"{self.root} is in the middle of {what}",
                     "finish or abort it, then run sm120patch again",
                 )
-        dirty = self.dirty(rels)
-        if dirty:
-            raise Refused(
-                f"{self.root}: uncommitted changes in files this profile touches: "
-                + ", ".join(dirty),
-                "commit or stash them (`git stash`), then run sm120patch again",
-            )
 
     def dirty(self, rels: list[str]) -> list[str]:
         if not rels:
             return []
-        out = self.repo.git.status("--porcelain", "--untracked-files=all", "--", *rels)
+        with self._failing("status"):
+            out = self.repo.git.status("--porcelain", "--untracked-files=all", "--", *rels)
         return sorted({line[3:] for line in out.splitlines() if line.strip()})
 
     def branch_exists(self, name: str) -> bool:
@@ -144,24 +194,32 @@ class Repo:
     # ---- writing -----------------------------------------------------------------------
     def create_branch_here(self, name: str) -> None:
         """Make `name` at HEAD and switch to it; uncommitted changes of other files stay."""
-        self.repo.git.checkout("-b", name)
+        with self._failing("checkout -b"):
+            self.repo.git.checkout("-b", name)
 
     def switch(self, branch: str | None, sha: str) -> None:
-        if branch:
-            self.repo.git.checkout(branch)
-        else:
-            self.repo.git.checkout("--detach", sha)
+        with self._failing("checkout"):
+            if branch:
+                self.repo.git.checkout(branch, "--")
+            else:
+                self.repo.git.checkout("--detach", sha, "--")
 
     def discard(self, rels: list[str]) -> None:
         """Reset files to HEAD (only ever called on files whose edits the user chose to drop)."""
         if rels:
-            self.repo.git.checkout("HEAD", "--", *rels)
+            with self._failing("checkout HEAD --"):
+                self.repo.git.checkout("HEAD", "--", *rels)
 
     def delete_branch(self, name: str) -> None:
         if self.branch_exists(name):
-            self.repo.git.branch("-D", name)
+            with self._failing("branch -D"):
+                self.repo.git.branch("-D", name, "--")
 
     def commit(self, rels: list[str], message: str) -> str:
+        with self._failing("commit"):
+            return self._commit(rels, message)
+
+    def _commit(self, rels: list[str], message: str) -> str:
         self.repo.git.add("--", *rels)
         self.repo.git.execute(
             [

@@ -1,0 +1,111 @@
+"""Helpers for the tests that kill sm120patch: run it as a real process, and tell the states of
+the trees apart (pristine, fully patched, or anything else)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+from trees import git, tree_hash
+
+from sm120patch.cli import main
+
+KILL_ENV = "SM120PATCH_KILL_AT"
+TRACE_ENV = "SM120PATCH_TRACE_STEPS"
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """sm120patch in this process (fast: recover, status, the set-up applies)."""
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sm120patch", *args]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """sm120patch as a process of its own, with extra environment variables."""
+    return subprocess.run(
+        command(*args), env={**os.environ, **(env or {})}, capture_output=True, text=True
+    )
+
+
+def steps_of(tmp: Path, *args: str) -> list[str]:
+    """Every kill point (`step:N`) one uninterrupted run passes, in order."""
+    trace = tmp / "steps.txt"
+    trace.unlink(missing_ok=True)
+    proc = run(*args, env={TRACE_ENV: str(trace)})
+    assert proc.returncode == 0, proc.stderr
+    return trace.read_text().split() if trace.exists() else []
+
+
+def kill_after(args: list[str], delay: float) -> int:
+    """Start sm120patch, SIGKILL it after `delay` seconds (if still running), then wait until
+    every process it started (git) has ended too, as after an OOM kill. Its return code."""
+    proc = subprocess.Popen(
+        command(*args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: git children are found by it
+    )
+    try:
+        proc.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.01)
+    return proc.returncode
+
+
+def work_hash(root: Path) -> str:
+    """The work tree's files (bytes and modes) and, for a checkout, the current branch and the
+    names of all branches: what "fully patched" means independently of commit ids, which
+    change with the time of each apply."""
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel == ".git" or rel.startswith(".git/") or "__pycache__" in rel:
+            continue
+        if path.is_file() or path.is_symlink():
+            h.update(rel.encode() + b"\0" + oct(path.lstat().st_mode).encode() + b"\0")
+            h.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+    if (root / ".git").is_dir():
+        h.update(git(root, "rev-parse", "--abbrev-ref", "HEAD").encode())
+        h.update(git(root, "for-each-ref", "--format=%(refname)").encode())
+    return h.hexdigest()
+
+
+class States:
+    """The pristine and the fully patched state of a set of trees, to classify any other."""
+
+    def __init__(self, roots: list[Path]) -> None:
+        self.roots = roots
+        self.pristine = [tree_hash(r) for r in roots]
+        self.patched: list[str] | None = None
+
+    def learn_patched(self) -> None:
+        self.patched = [work_hash(r) for r in self.roots]
+
+    def now(self) -> str:
+        """ "pristine", "patched", or a description of the mixed state found."""
+        if [tree_hash(r) for r in self.roots] == self.pristine:
+            return "pristine"
+        if [work_hash(r) for r in self.roots] == self.patched:
+            return "patched"
+        return "neither pristine nor patched: " + ", ".join(
+            f"{r.name}={'pristine' if tree_hash(r) == p else 'changed'}"
+            for r, p in zip(self.roots, self.pristine, strict=True)
+        )
