@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
@@ -124,6 +123,27 @@ def trees_dir() -> Path:
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown target kind {kind!r}; expected one of {KINDS}")
+
+
+STALE_S = 3600.0
+
+
+def _sweep(directory: Path, prefixes: tuple[str, ...]) -> None:
+    """Remove the staging directories a killed run left behind (never read: their names start
+    with a dot and are unique), once they are old enough not to belong to a live run."""
+    import time
+
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            old = time.time() - entry.stat().st_mtime > STALE_S
+        except OSError:
+            continue
+        if entry.is_dir() and entry.name.startswith(prefixes) and old:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -281,6 +301,7 @@ def fetch(kind: str, version: str) -> Path:
         found = cached(kind, version)  # another process may have fetched it while we waited
         if found:
             return found
+        _sweep(dist, (".dl-",))
         with tempfile.TemporaryDirectory(prefix=f".dl-{kind}-{version}-", dir=dist) as tmp:
             staging = Path(tmp)
             if is_sdist_only(kind, version):
@@ -314,12 +335,11 @@ def _fetch_sdist(kind: str, version: str, staging: Path) -> Path:
         args = [*pip_download_args(kind, version), "--no-binary=:all:"]
         try:
             return _pip_download(args, staging)
-        except ReleaseError:
+        except ReleaseError as isolated:
             if not _have_build_requirements():
                 raise ReleaseError(
-                    f"{direct}; and pip could not build its metadata in isolation (install "
-                    "setuptools, packaging and apache-tvm-ffi here to let pip retry with "
-                    "--no-build-isolation)"
+                    f"{direct}\nthen {isolated}\n(with setuptools, packaging and apache-tvm-ffi "
+                    "installed here, pip is retried with --no-build-isolation)"
                 ) from None
             return _pip_download([*args, "--no-build-isolation"], staging)
 
@@ -385,6 +405,7 @@ def tree(kind: str, version: str) -> Path:
     with _locked(trees_dir() / f".{kind}-{version}.lock"):
         if _tree_covers(dest, wanted):
             return dest
+        _sweep(trees_dir(), (".tmp-", ".old-"))
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{kind}-{version}-", dir=trees_dir()))
         try:
             present = _unpack(kind, version, source, wanted, staging)
