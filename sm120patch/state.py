@@ -277,7 +277,7 @@ class TargetState:
 
     # ---- file copies -------------------------------------------------------------------
     def _copy_path(self, kind: str, rel: str) -> Path:
-        return inside(self.dir / kind, rel)
+        return inside(self.dir, f"{kind}/{safe_relpath(rel)}")
 
     def keep_copy(self, kind: str, rel: str, data: bytes) -> None:
         path = self._copy_path(kind, rel)

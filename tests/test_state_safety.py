@@ -1,0 +1,156 @@
+"""State-file safety (issue 6, item 5): state is private (0700 directories, 0600 files), every
+path read from it stays inside its target, nothing is written through a link leaving the
+target or the state directory, and a damaged state file is one line saying what to do."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from killing import KILL_ENV, cli, run
+from trees import make_tree, tree_hash
+
+from sm120patch import state, targets
+from sm120patch.errors import Refused
+
+
+def state_dir_of(root: Path) -> Path:
+    t = targets.find("sglang", root)
+    return state.state_dir_for(t.root, t.layout)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+@pytest.mark.parametrize("layout", ["git", "installed"])
+def test_state_is_private(layout, tmp_path, monkeypatch):
+    monkeypatch.setenv("SM120PATCH_STATE_DIR", str(tmp_path / "fresh" / "state"))
+    sg = make_tree(tmp_path, "sglang", "0.5.8", layout)
+    # Killed after its journal: manifest-less state with a journal and pristine copies.
+    assert run("apply", "moe", "--sglang", str(sg), "--no-gpu-check",
+               env={KILL_ENV: "after-journal"}).returncode == -9  # fmt: skip
+    d = state_dir_of(sg)
+    assert (d / "journal.json").exists() and (d / "pristine").is_dir()
+    assert cli("recover", "--sglang", str(sg))[0] == 0
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    assert (d / "manifest.json").exists()
+    dirs = [d, *[p for p in d.rglob("*") if p.is_dir()]]
+    files = [p for p in d.rglob("*") if p.is_file()]
+    if layout == "installed":
+        # Every directory sm120patch made on the way, too.
+        dirs += [tmp_path / "fresh", tmp_path / "fresh" / "state", d.parent]
+    assert {p.name: mode(p) for p in dirs} == {p.name: 0o700 for p in dirs}
+    assert {p.name: mode(p) for p in files} == {p.name: 0o600 for p in files}
+
+
+def test_a_lax_state_directory_is_tightened(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    d = sg / ".git" / "sm120patch"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    assert cli("status", "--sglang", str(sg))[0] == 0  # reading changes nothing
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    assert mode(d) == 0o700
+
+
+def test_copies_are_never_written_through_a_link_leaving_the_state(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    d = sg / ".git" / "sm120patch"
+    d.mkdir()
+    (d / "pristine").symlink_to(elsewhere)
+    before = tree_hash(sg)
+    code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
+    assert code == 1 and "outside" in err and "Traceback" not in err, err
+    assert list(elsewhere.iterdir()) == []
+    assert tree_hash(sg) == before
+    assert not (d / "journal.json").exists()
+
+
+@pytest.mark.parametrize(
+    "rel",
+    ["/etc/passwd", "../outside.py", "python/../../outside.py", "", "a\\..\\b", "x\0y"],
+)
+def test_paths_from_state_stay_inside(rel, tmp_path):
+    with pytest.raises(Refused, match="outside its target|not a plain relative path"):
+        state.inside(tmp_path, rel)
+
+
+def test_a_link_inside_the_target_leading_out_is_refused(tmp_path):
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "out").symlink_to(tmp_path)
+    with pytest.raises(Refused, match="outside the target"):
+        state.inside(tmp_path / "root", "out/secret.py")
+    assert state.inside(tmp_path / "root", "pkg/mod.py") == tmp_path / "root" / "pkg" / "mod.py"
+
+
+def interrupted(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A checkout with an apply killed after its first write: its journal and the journal."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    proc = run("apply", "moe", "--sglang", str(sg), "--no-gpu-check", env={KILL_ENV: "after-write"})
+    assert proc.returncode == -9
+    path = sg / ".git" / "sm120patch" / "journal.json"
+    return sg, path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        (lambda j: j["files"][0].update(path="../../escape.py"), "outside its target"),
+        (lambda j: j["files"][0].update(path="/tmp/escape.py"), "outside its target"),
+        (lambda j: j["files"][0].update(before="0" * 10), "before is not a sha256"),
+        (lambda j: j["files"][0].update(mode="rwx"), "mode is not a permission mode"),
+        (lambda j: j["git"].update(patch_branch="main"), "is not an sm120patch/<profile>"),
+        (lambda j: j["git"].update(branch="-D"), "is not a branch name"),
+        (lambda j: j["git"].update(head="HEAD~3"), "git.head is not a commit id"),
+        (lambda j: j.update(peers=[{"kind": "sglang", "root": "rel", "layout": "git"}]), "peer"),
+        (lambda j: j.pop("files"), "files is not a list"),
+    ],
+)
+def test_a_damaged_journal_is_refused_before_anything_is_touched(damage, needle, tmp_path):
+    sg, path, journal = interrupted(tmp_path)
+    damage(journal)
+    path.write_text(json.dumps(journal))
+    before = tree_hash(sg)
+    for args in (["recover"], ["status"], ["apply", "moe", "--no-gpu-check"]):
+        code, _, err = cli(*args, "--sglang", str(sg))
+        assert code == 1, err
+        assert needle in err and "Traceback" not in err, err
+        assert err.count("\n") <= 2 and "  next: " in err
+    assert tree_hash(sg) == before
+    assert path.read_text() == json.dumps(journal)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 10, -2])
+def test_a_truncated_state_file_says_what_to_do(cut, tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    d = sg / ".git" / "sm120patch"
+    (d / "trials.json").write_text(json.dumps({"schema": 1, "trials": []}))
+    for name in ("manifest.json", "trials.json"):
+        path = d / name
+        whole = path.read_bytes()
+        path.write_bytes(whole[:cut])
+        code, _, err = cli("status", "--sglang", str(sg))
+        assert code == 1 and f"{name} is corrupt" in err and "Traceback" not in err, err
+        assert f"move it aside ({path})" in err
+        path.write_bytes(whole)
+    assert cli("status", "--sglang", str(sg))[0] == 0
+
+
+def test_the_lock_file_is_private_even_with_a_lax_umask(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    old = os.umask(0)
+    try:
+        assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    finally:
+        os.umask(old)
+    d = state_dir_of(sg)
+    assert mode(d / "lock") == 0o600
+    assert mode(d / "manifest.json") == 0o600
+    assert mode(d) == 0o700
