@@ -435,8 +435,8 @@ def _switch_back(ctx: _Ctx, files: list[dict[str, Any]], git: dict[str, Any]) ->
     assert ctx.repo is not None
     # Reset our files to the branch so the switch is clean (a revert with edits there got
     # --force); other dirty files ride along untouched.
-    # (Paths from state were checked on reading; git takes them literally.)
-    ctx.repo.discard([f["path"] for f in files])
+    # Paths from state: inside the target (checked again here), and taken literally by git.
+    ctx.repo.discard([f["path"] for f in files if ctx.path(f["path"])])
     _kill_point("during-switch")
     ctx.repo.switch(git["branch"], git["head"])
     _kill_point("after-switch")
@@ -566,6 +566,14 @@ def _find_quiet(kind: str, path: str | Path | None, *, required: bool) -> Target
 
 
 def _check_revertable(ctx: _Ctx, manifest: dict[str, Any], force: bool) -> None:
+    for f in manifest["files"]:
+        path = ctx.path(f["path"])
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise Refused(
+                f"{ctx.target.root}: the state of the apply names {f['path']}, which is not a "
+                "regular file",
+                f"inspect {ctx.state.dir / state.MANIFEST}; if it is damaged, move it aside",
+            )
     drifted = [
         f
         for f in manifest["files"]
@@ -588,10 +596,10 @@ def _check_revertable(ctx: _Ctx, manifest: dict[str, Any], force: bool) -> None:
     # What the revert will restore from must be there before its journal is written: a
     # damaged state is refused with nothing changed, not found halfway through.
     for f in manifest["files"]:
+        path = ctx.path(f["path"])
         if ctx.repo is not None and git:
             missing = ctx.repo.show(git["patch_branch"], f["path"]) is None
         else:
-            path = ctx.path(f["path"])
             copy = ctx.state.copy("pristine", f["path"])
             missing = file_sha256(path) != f["before"] and (
                 copy is None or sha256(copy) != f["before"]

@@ -50,8 +50,8 @@ def sha256(data: bytes) -> str:
 def file_sha256(path: Path) -> str | None:
     try:
         return sha256(path.read_bytes())
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, IsADirectoryError):
+        return None  # not the file we wrote: reported as such, never a traceback
 
 
 def state_dir_for(root: Path, layout: str) -> Path:

@@ -453,6 +453,15 @@ def manifest_with_pathspec_magic(tmp: Path) -> Case:
     return Case(["revert", "moe", "--sglang", str(sg), "--force"], [sg], 1, "cannot be restored")
 
 
+def manifest_naming_a_directory(tmp: Path) -> Case:
+    sg, path, doc = applied_manifest(tmp)
+    other = sg / "python" / COMMUNICATOR
+    other.write_text(other.read_text() + "# the user's edit, which a reset of the package loses\n")
+    doc["files"][0]["path"] = "python/sglang"
+    path.write_text(json.dumps(doc))
+    return Case(["revert", "moe", "--sglang", str(sg), "--force"], [sg], 1, "not a regular file")
+
+
 def pristine_copy_missing(tmp: Path) -> Case:
     sg = make_tree(tmp, "sglang", "0.5.8", "installed")
     assert invoke(apply_moe(sg)).exit_code == 0
@@ -630,6 +639,7 @@ CASES = [
     manifest_naming_the_users_branch,
     manifest_naming_an_option,
     manifest_with_pathspec_magic,
+    manifest_naming_a_directory,
     pristine_copy_missing,
     truncated_journal,
     journal_of_an_unknown_operation,
