@@ -65,6 +65,7 @@ def handled(fn: F) -> F:
             fail(exc)
         except KeyboardInterrupt:
             click.echo("sm120patch: interrupted", err=True)
+            click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
             sys.exit(130)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise

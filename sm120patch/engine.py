@@ -680,6 +680,9 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
     notes = []
     with _locked(ctxs):
         journals = {ctx.target.root: ctx.state.journal() for ctx in ctxs}
+        for ctx in ctxs:
+            if ctx.repo is not None and journals[ctx.target.root] is not None:
+                ctx.repo.check_idle()  # a git killed with us may have left its index.lock
         _journal_revert_peers(ctxs, journals)
         for ctx in ctxs:
             journal = journals[ctx.target.root]

@@ -472,6 +472,15 @@ def pristine_copy_missing(tmp: Path) -> Case:
     return Case(["revert", "moe", "--sglang", str(sg)], [sg], 1, "cannot be restored")
 
 
+def index_lock_left_by_a_killed_git(tmp: Path) -> Case:
+    from killing import KILL_ENV, run
+
+    sg = make_tree(tmp, "sglang", "0.5.8", "git")
+    assert run(*apply_moe(sg), env={KILL_ENV: "after-commit"}).returncode == -9
+    (sg / ".git" / "index.lock").write_text("")
+    return Case(["recover", "--sglang", str(sg)], [sg], 1, "index.lock exists")
+
+
 def truncated_journal(tmp: Path) -> Case:
     sg = make_tree(tmp, "sglang", "0.5.8", "git")
     (state_dir(sg) / "journal.json").write_text('{"schema": 1, "op": "app')
@@ -641,6 +650,7 @@ CASES = [
     manifest_with_pathspec_magic,
     manifest_naming_a_directory,
     pristine_copy_missing,
+    index_lock_left_by_a_killed_git,
     truncated_journal,
     journal_of_an_unknown_operation,
     truncated_trials,
