@@ -106,7 +106,9 @@ class _Ctx:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.state = TargetState(state.state_dir_for(target.root, target.layout), target.root)
+        self.state = TargetState(
+            state.state_dir_for(target.root, target.layout, target.kind), target.root
+        )
         self.repo = vcs.Repo(target.root) if target.layout == "git" else None
 
     def path(self, rel: str) -> Path:
@@ -200,8 +202,8 @@ def apply(
             )
         if preconditions is not None:
             preconditions()
-        tplans = {tp.target.root: tp for tp in plan.targets}
-        work = [(ctx, tplans[ctx.target.root]) for ctx in ctxs if tplans[ctx.target.root].changed]
+        tplans = {tp.target.kind: tp for tp in plan.targets}
+        work = [(ctx, tplans[ctx.target.kind]) for ctx in ctxs if tplans[ctx.target.kind].changed]
         branch = BRANCH_PREFIX + profile.name
         for ctx, tp in work:
             for f in tp.changed:
@@ -212,20 +214,20 @@ def apply(
                         f"{ctx.target.root}: branch {branch} already exists",
                         f"delete it (`git branch -D {branch}`) or revert what is applied",
                     )
-        journals: dict[Path, dict[str, Any]] = {}
+        journals: dict[str, dict[str, Any]] = {}
         reports: list[TargetReport] = []
         txn = uuid.uuid4().hex
         peers = [ctx.peer() for ctx, _ in work]
         try:
             for ctx, tp in work:
-                journals[ctx.target.root] = _start_apply(ctx, tp, profile.name, branch, txn, peers)
+                journals[ctx.target.kind] = _start_apply(ctx, tp, profile.name, branch, txn, peers)
             for ctx, tp in work:
                 reports.append(_write_target(ctx, tp, profile.name, branch, plan))
             for ctx, tp in work:
                 _verify(ctx, tp, profile)
             for (ctx, _), report in zip(work, reports, strict=True):
                 _kill_point("before-manifest")
-                _write_manifest(ctx, journals[ctx.target.root], report)
+                _write_manifest(ctx, journals[ctx.target.kind], report)
                 _kill_point("after-manifest")
         except BaseException as exc:
             _roll_back_all([ctx for ctx, _ in work], exc)
@@ -679,13 +681,13 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
     reports = []
     notes = []
     with _locked(ctxs):
-        journals = {ctx.target.root: ctx.state.journal() for ctx in ctxs}
+        journals = {ctx.target.kind: ctx.state.journal() for ctx in ctxs}
         for ctx in ctxs:
-            if ctx.repo is not None and journals[ctx.target.root] is not None:
+            if ctx.repo is not None and journals[ctx.target.kind] is not None:
                 ctx.repo.check_idle()  # a git killed with us may have left its index.lock
         _journal_revert_peers(ctxs, journals)
         for ctx in ctxs:
-            journal = journals[ctx.target.root]
+            journal = journals[ctx.target.kind]
             if journal is None:
                 continue
             profile = journal.get("profile")
@@ -710,18 +712,19 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
 
 def _peer_state(peer: dict[str, str]) -> TargetState:
     root = Path(peer["root"])
-    return TargetState(state.state_dir_for(root, peer["layout"]), root)
+    return TargetState(state.state_dir_for(root, peer["layout"], peer["kind"]), root)
 
 
 def _with_peers(ctxs: list[_Ctx]) -> list[_Ctx]:
     """`ctxs` and the targets their journals name: recover finishes a whole transaction."""
     out = list(ctxs)
-    roots = {ctx.target.root for ctx in ctxs}
+    # (kind, root): SGLang and FlashInfer may share a root (one site-packages).
+    seen = {(ctx.target.kind, ctx.target.root) for ctx in ctxs}
     for ctx in ctxs:
         journal = ctx.state.journal()
         for peer in journal.get("peers", []) if journal else []:
             root = Path(peer["root"])
-            if root in roots:
+            if (peer["kind"], root) in seen or peer["kind"] in {c.target.kind for c in out}:
                 continue
             try:
                 target = _find_quiet(peer["kind"], root, required=False)
@@ -729,7 +732,7 @@ def _with_peers(ctxs: list[_Ctx]) -> list[_Ctx]:
                 target = None  # gone: its own journal (if any) is recovered where it is
             if target is not None and target.root == root:
                 out.append(_Ctx(target))
-                roots.add(root)
+                seen.add((peer["kind"], root))
     return out
 
 
@@ -745,24 +748,24 @@ def _apply_committed(journal: dict[str, Any]) -> bool:
     return True
 
 
-def _journal_revert_peers(ctxs: list[_Ctx], journals: dict[Path, dict[str, Any] | None]) -> None:
+def _journal_revert_peers(ctxs: list[_Ctx], journals: dict[str, dict[str, Any] | None]) -> None:
     """A revert killed while writing its journals: journal the targets it had not reached.
 
     Such a target still holds the manifest the revert was started on (nothing changes before
     every journal is written), and the user asked for its revert.
     """
     for journal in [j for j in journals.values() if j and j["op"] == "revert"]:
-        named = {Path(p["root"]) for p in journal.get("peers", [])}
+        named = {(p["kind"], Path(p["root"])) for p in journal.get("peers", [])}
         for ctx in ctxs:
-            root = ctx.target.root
-            if root not in named or journals[root] is not None:
+            kind = ctx.target.kind
+            if (kind, ctx.target.root) not in named or journals[kind] is not None:
                 continue
             manifest = ctx.state.manifest()
             if manifest is None or not manifest.get("txn"):
                 continue  # finished, or nothing of ours to revert
             own = {**journal, "manifest": manifest, "profile": manifest["profile"]}
             ctx.state.write_journal(own)
-            journals[root] = own
+            journals[kind] = own
 
 
 # ---- status ------------------------------------------------------------------------------
@@ -797,7 +800,7 @@ def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
         target = _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
         if target is None:
             continue
-        st = TargetState(state.state_dir_for(target.root, target.layout), target.root)
+        st = TargetState(state.state_dir_for(target.root, target.layout, target.kind), target.root)
         journal = st.journal()
         manifest = st.manifest()
         files = []
@@ -835,6 +838,6 @@ def record_trial(
         target = _find_quiet(kind, paths.get(kind), required=False)
         if target is None:
             continue
-        ctx = TargetState(state.state_dir_for(target.root, target.layout), target.root)
+        ctx = TargetState(state.state_dir_for(target.root, target.layout, target.kind), target.root)
         with ctx.locked():
             ctx.add_trial(trial)

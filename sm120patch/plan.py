@@ -145,10 +145,98 @@ def plan_target(profile: Profile, patches: list[Patch], target: Target) -> Targe
         elif rel in problems:
             result.files.append(_unreadable(group, rel, problems[rel], texts[rel] or ""))
         else:
-            result.files.append(transform_text(group, rel, texts[rel] or ""))
+            result.files.append(
+                _check_imports(target, transform_text(group, rel, texts[rel] or ""))
+            )
     for file_result in result.files:
         file_result.outcomes = [_judge(profile, target, o) for o in file_result.outcomes]
     return result
+
+
+def _check_imports(target: Target, result: FileResult) -> FileResult:
+    """Every name a patch imports from the target's own package must exist in this release.
+
+    A patch sees one file; whether `sglang.srt.utils` defines `is_sm120_supported` (it does
+    from 0.5.4 on) is only known here. An import that would fail at start-up refuses every
+    patch of the file, nothing half-applied.
+    """
+    from dataclasses import replace
+
+    if not result.steps:
+        return result
+    missing = [
+        f"{module}.{name}"
+        for module, name in sorted(_imports(result.after) - _imports(result.before))
+        if (module == target.kind or module.startswith(target.kind + "."))
+        and not _defines(target, module, name, depth=0)
+    ]
+    if not missing:
+        return result
+    applied_ids = {pid for pid, _ in result.steps}
+    reason = (
+        f"expected {', '.join(missing)} to exist in {target.name} {target.version}; found no "
+        "such name, so the import the patch adds would fail at start-up"
+    )
+    result.outcomes = [
+        replace(o, status=Status.REFUSED, reason=reason) if o.patch in applied_ids else o
+        for o in result.outcomes
+    ]
+    result.after, result.steps = result.before, []
+    return result
+
+
+def _imports(text: str) -> set[tuple[str, str]]:
+    import ast
+
+    return {
+        (node.module, alias.name)
+        for node in ast.parse(text).body
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+        for alias in node.names
+    }
+
+
+def _defines(target: Target, module: str, name: str, depth: int) -> bool:
+    """Whether `module` (of the target's package) binds `name`, following `import *`."""
+    import ast
+
+    base = target.parent.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if node.name == name:
+                    return True
+            elif isinstance(node, ast.Assign):
+                if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                    return True
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        return True
+                    if alias.name == "*" and isinstance(node, ast.ImportFrom) and depth < 3:
+                        source = _absolute(package, node)
+                        if source and _defines(target, source, name, depth + 1):
+                            return True
+        return False
+    return False
+
+
+def _absolute(package: str, node: object) -> str | None:
+    import ast
+
+    assert isinstance(node, ast.ImportFrom)
+    if node.level == 0:
+        return node.module
+    parts = package.split(".")
+    if node.level - 1 > len(parts):
+        return None
+    base = parts[: len(parts) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
 
 
 def _missing(group: list[Patch], names: str) -> FileResult:

@@ -54,13 +54,15 @@ def file_sha256(path: Path) -> str | None:
         return None  # not the file we wrote: reported as such, never a traceback
 
 
-def state_dir_for(root: Path, layout: str) -> Path:
+def state_dir_for(root: Path, layout: str, kind: str) -> Path:
+    """The state directory of the `kind` target at `root`. One per kind: SGLang and FlashInfer
+    installed in the same site-packages (or kept in one repository) are two targets."""
     if layout == "git":
         from sm120patch import vcs
 
-        return vcs.git_dir_of(root) / "sm120patch"
+        return vcs.git_dir_of(root) / "sm120patch" / kind
     digest = hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    return user_state_dir() / "targets" / digest
+    return user_state_dir() / "targets" / f"{digest}-{kind}"
 
 
 def private_dir(path: Path) -> None:
@@ -69,6 +71,13 @@ def private_dir(path: Path) -> None:
     Refuses, with what to do, when something that is not a directory is in the way, or when
     the directory is a symbolic link (state is never written through one).
     """
+    # The level above a target's state (`.git/sm120patch`, `<state>/targets`) is ours too:
+    # a link there would carry every write elsewhere just the same.
+    if path.parent.is_symlink():
+        raise Refused(
+            f"{path.parent} is in the way of sm120patch's state directory (a symbolic link)",
+            f"move {path.parent} aside, then run sm120patch again",
+        )
     missing = []
     p = path
     while not os.path.lexists(p):

@@ -46,7 +46,8 @@ def snapshot(root: Path) -> str:
         h = hashlib.sha256()
         for path in sorted(root.rglob("*")):
             rel = path.relative_to(root).as_posix()
-            if path.is_file() and rel not in (".git/index", ".git/sm120patch/lock"):
+            lock = rel.startswith(".git/sm120patch/") and rel.endswith("/lock")
+            if path.is_file() and rel != ".git/index" and not lock:
                 h.update(rel.encode() + b"\0" + path.read_bytes())
         return h.hexdigest()
 
@@ -114,8 +115,8 @@ def apply_moe(sg: Path) -> list[str]:
 
 
 def state_dir(sg: Path) -> Path:
-    d = sg / ".git" / "sm120patch"
-    d.mkdir(exist_ok=True)
+    d = sg / ".git" / "sm120patch" / "sglang"
+    d.mkdir(parents=True, exist_ok=True)
     return d
 
 
@@ -123,7 +124,7 @@ def applied_manifest(tmp: Path) -> tuple[Path, Path, dict]:
     """A checkout with moe applied; returns it, its manifest path and the manifest."""
     sg = make_tree(tmp, "sglang", "0.5.8", "git")
     assert invoke(apply_moe(sg)).exit_code == 0
-    path = sg / ".git" / "sm120patch" / "manifest.json"
+    path = sg / ".git" / "sm120patch" / "sglang" / "manifest.json"
     return sg, path, json.loads(path.read_text())
 
 
@@ -468,7 +469,7 @@ def pristine_copy_missing(tmp: Path) -> Case:
     from sm120patch import state, targets
 
     t = targets.find("sglang", sg)
-    shutil.rmtree(state.state_dir_for(t.root, t.layout) / "pristine")
+    shutil.rmtree(state.state_dir_for(t.root, t.layout, t.kind) / "pristine")
     return Case(["revert", "moe", "--sglang", str(sg)], [sg], 1, "cannot be restored")
 
 
@@ -799,7 +800,7 @@ def test_stale_lock_file_from_a_dead_process_is_no_obstacle(layout, tmp_path):
     from sm120patch import state, targets
 
     t = targets.find("sglang", sg)
-    d = state.state_dir_for(t.root, t.layout)
+    d = state.state_dir_for(t.root, t.layout, t.kind)
     d.mkdir(parents=True, exist_ok=True)
     (d / "lock").write_text("12345\n")  # left by a run that died; no process holds it
     roundtrip(apply_moe(sg), ["revert", "moe", "--sglang", str(sg)], [sg])

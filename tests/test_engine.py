@@ -202,7 +202,7 @@ def test_lock_held_refuses(tmp_path):
     from sm120patch import state, targets
 
     t = targets.find("sglang", sg)
-    st = state.TargetState(state.state_dir_for(t.root, t.layout), t.root)
+    st = state.TargetState(state.state_dir_for(t.root, t.layout, t.kind), t.root)
     before = tree_hash(sg)
     with st.locked():
         code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
@@ -213,8 +213,8 @@ def test_lock_held_refuses(tmp_path):
 
 def test_newer_manifest_schema_is_refused(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    state_dir = sg / ".git" / "sm120patch"
-    state_dir.mkdir()
+    state_dir = sg / ".git" / "sm120patch" / "sglang"
+    state_dir.mkdir(parents=True)
     (state_dir / "manifest.json").write_text(json.dumps({"schema": 99, "profile": "moe"}))
     code, _, err = cli("status", "--sglang", str(sg))
     assert code == 1
@@ -223,8 +223,8 @@ def test_newer_manifest_schema_is_refused(tmp_path):
 
 def test_corrupt_manifest_is_one_line(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    state_dir = sg / ".git" / "sm120patch"
-    state_dir.mkdir()
+    state_dir = sg / ".git" / "sm120patch" / "sglang"
+    state_dir.mkdir(parents=True)
     (state_dir / "manifest.json").write_text('{"schema": 1, "prof')
     code, _, err = cli("revert", "--all", "--sglang", str(sg))
     assert code == 1

@@ -74,7 +74,7 @@ HOLDER = textwrap.dedent(
     import sys, time
     from sm120patch import state, targets
     t = targets.find("sglang", sys.argv[1])
-    with state.TargetState(state.state_dir_for(t.root, t.layout), t.root).locked():
+    with state.TargetState(state.state_dir_for(t.root, t.layout, t.kind), t.root).locked():
         print("held", flush=True)
         time.sleep(120)
     """
@@ -100,7 +100,7 @@ def test_lock_of_a_killed_holder_is_taken_over(layout, tmp_path):
     from sm120patch import state, targets
 
     t = targets.find("sglang", sg)
-    assert (state.state_dir_for(t.root, t.layout) / "lock").exists()
+    assert (state.state_dir_for(t.root, t.layout, t.kind) / "lock").exists()
     code, out, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
     assert code == 0, err
     assert cli("revert", "moe", "--sglang", str(sg))[0] == 0

@@ -19,7 +19,7 @@ from sm120patch.errors import Refused
 
 def state_dir_of(root: Path) -> Path:
     t = targets.find("sglang", root)
-    return state.state_dir_for(t.root, t.layout)
+    return state.state_dir_for(t.root, t.layout, t.kind)
 
 
 def mode(path: Path) -> int:
@@ -49,8 +49,8 @@ def test_state_is_private(layout, tmp_path, monkeypatch):
 
 def test_a_lax_state_directory_is_tightened(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    d = sg / ".git" / "sm120patch"
-    d.mkdir(mode=0o755)
+    d = sg / ".git" / "sm120patch" / "sglang"
+    d.mkdir(mode=0o755, parents=True)
     d.chmod(0o755)
     assert cli("status", "--sglang", str(sg))[0] == 0  # reading changes nothing
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
@@ -61,8 +61,8 @@ def test_copies_are_never_written_through_a_link_leaving_the_state(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    d = sg / ".git" / "sm120patch"
-    d.mkdir()
+    d = sg / ".git" / "sm120patch" / "sglang"
+    d.mkdir(parents=True)
     (d / "pristine").symlink_to(elsewhere)
     before = tree_hash(sg)
     code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
@@ -94,7 +94,7 @@ def interrupted(tmp_path: Path) -> tuple[Path, Path, dict]:
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
     proc = run("apply", "moe", "--sglang", str(sg), "--no-gpu-check", env={KILL_ENV: "after-write"})
     assert proc.returncode == -9
-    path = sg / ".git" / "sm120patch" / "journal.json"
+    path = sg / ".git" / "sm120patch" / "sglang" / "journal.json"
     return sg, path, json.loads(path.read_text())
 
 
@@ -130,7 +130,7 @@ def test_a_damaged_journal_is_refused_before_anything_is_touched(damage, needle,
 def test_a_truncated_state_file_says_what_to_do(cut, tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
-    d = sg / ".git" / "sm120patch"
+    d = sg / ".git" / "sm120patch" / "sglang"
     (d / "trials.json").write_text(json.dumps({"schema": 1, "trials": []}))
     for name in ("manifest.json", "trials.json"):
         path = d / name
