@@ -130,8 +130,8 @@ def main() -> None:
     rss_floor = statistics.median(rss["floor"])
     rss_apply = statistics.median(rss["apply all"])
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"{args.runs} interleaved rounds, medians"
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, {args.runs} interleaved rounds, medians"
     )
     print("| measure | median | ratio | target | met |")
     print("|---|---|---|---|---|")

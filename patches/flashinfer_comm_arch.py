@@ -64,7 +64,8 @@ PATCH = Patch(
     files=("flashinfer/jit/comm.py", "flashinfer/comm/trtllm_ar.py"),
     marker=f"def {SITE}",
     shapes=(
-        "0.3.1: flashinfer/comm/trtllm_ar.py, gen_trtllm_comm_module(..., supported_major_versions=[9, 10])",
+        "0.3.1: flashinfer/comm/trtllm_ar.py, gen_trtllm_comm_module("
+        "..., supported_major_versions=[9, 10])",
         "0.4.0 to 0.6.15: flashinfer/jit/comm.py, same call",
         "0.6.17 and later: [9, 10, 12] upstream",
     ),
