@@ -46,9 +46,11 @@ def steps_of(tmp: Path, *args: str) -> list[str]:
     return trace.read_text().split() if trace.exists() else []
 
 
-def kill_after(args: list[str], delay: float) -> int:
+def kill_after(args: list[str], delay: float) -> tuple[int, float]:
     """Start sm120patch, SIGKILL it after `delay` seconds (if still running), then wait until
-    every process it started (git) has ended too, as after an OOM kill. Its return code."""
+    every process it started (git) has ended too, as after an OOM kill. Its return code, and
+    how long it ran."""
+    t0 = time.monotonic()
     proc = subprocess.Popen(
         command(*args),
         stdout=subprocess.DEVNULL,
@@ -60,6 +62,7 @@ def kill_after(args: list[str], delay: float) -> int:
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    ran = time.monotonic() - t0
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -67,7 +70,7 @@ def kill_after(args: list[str], delay: float) -> int:
         except ProcessLookupError:
             break
         time.sleep(0.01)
-    return proc.returncode
+    return proc.returncode, ran
 
 
 def work_hash(root: Path) -> str:
