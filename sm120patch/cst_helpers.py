@@ -68,7 +68,23 @@ def statements(node: cst.CSTNode) -> list[cst.CSTNode]:
     return [n for n, _ in _walk(node)]
 
 
+# The last few walks, by node identity. Nodes are immutable and the cache holds a reference
+# to each, so an id cannot be reused while its entry lives: patches of one file share walks.
+_WALKS: dict[int, tuple[cst.CSTNode, list[tuple[cst.CSTNode, cst.CSTNode | None]]]] = {}
+
+
 def _walk(node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode | None]]:
+    hit = _WALKS.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    out = _walk_uncached(node)
+    if len(_WALKS) >= 8:
+        _WALKS.pop(next(iter(_WALKS)))
+    _WALKS[id(node)] = (node, out)
+    return out
+
+
+def _walk_uncached(node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode | None]]:
     out: list[tuple[cst.CSTNode, cst.CSTNode | None]] = []
     stack: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(node, None)]
     while stack:
@@ -179,6 +195,20 @@ def _no_comments(ws: cst.BaseParenthesizableWhitespace) -> cst.BaseParenthesizab
     return ws
 
 
+def imported_from(module: cst.Module) -> set[tuple[str, str]]:
+    """(module, name) for each name of each module-level absolute `from module import name`."""
+    out = set()
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.ImportFrom) and not small.relative and small.module:
+                if isinstance(small.names, cst.ImportStar):
+                    continue
+                out |= {(_dotted(small.module), a.evaluated_name) for a in small.names}
+    return out
+
+
 def imported_names(module: cst.Module, from_module: str) -> list[str]:
     """Names imported by `from <from_module> import ...` statements at module level."""
     names: list[str] = []
@@ -243,7 +273,15 @@ def add_import_after(
                 anchor_comma = prev_comma
     aliases[index] = anchor.with_changes(comma=anchor_comma)
     aliases.insert(index + 1, new_alias)
-    return module.deep_replace(imp, imp.with_changes(names=aliases))  # type: ignore[return-value]
+    new_imp = imp.with_changes(names=aliases)
+    # The import is a module-level statement: rebuild that line only, not the whole file.
+    body = [
+        stmt.with_changes(body=[new_imp if small is imp else small for small in stmt.body])
+        if isinstance(stmt, cst.SimpleStatementLine) and any(small is imp for small in stmt.body)
+        else stmt
+        for stmt in module.body
+    ]
+    return module.with_changes(body=body)
 
 
 def _is_multiline(imp: cst.ImportFrom) -> bool:

@@ -17,7 +17,7 @@ from sm120patch import catalog, targets
 from sm120patch.catalog import Profile, release_of
 from sm120patch.errors import Refused
 from sm120patch.targets import Target
-from sm120patch.transform import FileResult, Outcome, Patch, Status, transform_text
+from sm120patch.transform import FileResult, Outcome, Patch, Status, refuse_all, transform_text
 
 
 @dataclass
@@ -160,51 +160,48 @@ def _check_imports(target: Target, result: FileResult) -> FileResult:
     from 0.5.4 on) is only known here. An import that would fail at start-up refuses every
     patch of the file, nothing half-applied.
     """
-    from dataclasses import replace
-
     if not result.steps:
         return result
     missing = [
         f"{module}.{name}"
-        for module, name in sorted(_imports(result.after) - _imports(result.before))
+        for module, name in sorted(_imports(result.steps[-1][1]) - _imports(result.tree))
         if (module == target.kind or module.startswith(target.kind + "."))
         and not _defines(target, module, name, depth=0)
     ]
     if not missing:
         return result
-    applied_ids = {pid for pid, _ in result.steps}
-    reason = (
+    refuse_all(
+        result,
         f"expected {', '.join(missing)} to exist in {target.name} {target.version}; found no "
-        "such name, so the import the patch adds would fail at start-up"
+        "such name, so the import the patch adds would fail at start-up",
     )
-    result.outcomes = [
-        replace(o, status=Status.REFUSED, reason=reason) if o.patch in applied_ids else o
-        for o in result.outcomes
-    ]
-    result.after, result.steps = result.before, []
     return result
 
 
-def _imports(text: str) -> set[tuple[str, str]]:
-    import ast
+def _imports(module: object) -> set[tuple[str, str]]:
+    """(module, name) of each module-level `from <absolute module> import name`."""
+    from sm120patch import cst_helpers
 
-    return {
-        (node.module, alias.name)
-        for node in ast.parse(text).body
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
-        for alias in node.names
-    }
+    return cst_helpers.imported_from(module)  # type: ignore[arg-type]
 
 
 def _defines(target: Target, module: str, name: str, depth: int) -> bool:
     """Whether `module` (of the target's package) binds `name`, following `import *`."""
     import ast
+    import re
 
     base = target.parent.joinpath(*module.split("."))
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         try:
-            tree = ast.parse(path.read_bytes())
-        except (OSError, SyntaxError, ValueError):
+            data = path.read_bytes()
+        except OSError:
+            continue
+        # Fast path: a top-level `def name(` is a binding; anything else needs the tree.
+        if re.search(rb"^def " + re.escape(name.encode()) + rb"\(", data, re.M):
+            return True
+        try:
+            tree = ast.parse(data)
+        except (SyntaxError, ValueError):
             continue
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for node in tree.body:

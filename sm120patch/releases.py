@@ -61,8 +61,17 @@ TIMEOUT_S = 30.0
 # The releases tests/real runs by default: one or two per shape of every site (DESIGN s4).
 DEFAULT_RELEASES: dict[str, tuple[str, ...]] = {
     "sglang": (
-        "0.5.4", "0.5.6", "0.5.7", "0.5.8", "0.5.9", "0.5.13", "0.5.14", "0.5.16", "0.5.19",
-        "0.5.22", "0.5.23",
+        "0.5.4",
+        "0.5.6",
+        "0.5.7",
+        "0.5.8",
+        "0.5.9",
+        "0.5.13",
+        "0.5.14",
+        "0.5.16",
+        "0.5.19",
+        "0.5.22",
+        "0.5.23",
     ),
     "flashinfer": ("0.3.1", "0.6.1", "0.6.15", "0.6.17"),
 }
@@ -276,13 +285,23 @@ def is_sdist_only(kind: str, version: str) -> bool:
 def pip_download_args(kind: str, version: str) -> list[str]:
     """The `pip download` command that fetches this release's wheel, whatever runs it."""
     args = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
         f"{PROJECT[kind]}=={version}",
     ]
     if kind == "sglang" and Version(version) >= Version("0.5.11"):
         # cp310..cp313 manylinux_2_34 wheels only: name one so any interpreter can fetch it.
-        args += ["--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
-                 "--only-binary=:all:"]
+        args += [
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_34_x86_64",
+            "--only-binary=:all:",
+        ]
     elif not is_sdist_only(kind, version):
         # A py3-none-any wheel exists; never let pip fall back to building the sdist.
         args += ["--only-binary=:all:"]
@@ -361,9 +380,10 @@ def _download_from_index(kind: str, version: str, staging: Path) -> Path:
     target = staging / entry.filename
     digest = hashlib.sha256()
     try:
-        with urllib.request.urlopen(entry.url, timeout=TIMEOUT_S) as response, target.open(
-            "wb"
-        ) as out:
+        with (
+            urllib.request.urlopen(entry.url, timeout=TIMEOUT_S) as response,
+            target.open("wb") as out,
+        ):
             while chunk := response.read(1 << 20):
                 digest.update(chunk)
                 out.write(chunk)
@@ -505,7 +525,7 @@ def _sdist_members(source: Path, kind: str) -> Iterator[Members]:
         pkg_info = f"{top}/PKG-INFO" if top else "PKG-INFO"
         if pkg_info not in members:
             raise ReleaseError(f"{source.name}: no {pkg_info}")
-        names = {n[len(root):] for n in members if n.startswith(root)}
+        names = {n[len(root) :] for n in members if n.startswith(root)}
         names.add(pkg_info)  # `read` takes it by its archive name
 
         def read(rel: str) -> bytes:

@@ -135,6 +135,7 @@ class FileResult:
     # Kept as trees: turning a 5,000-line module back into text is the costly part of a plan,
     # and a dry run needs only the last one (`after`).
     steps: list[tuple[str, Any]] = field(default_factory=list)
+    tree: Any = None  # the parsed original, for checks that compare before and after
 
     @property
     def changed(self) -> bool:
@@ -155,6 +156,7 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
     result = FileResult(file=file, before=text, after=text)
     try:
         module = cst.parse_module(text)
+        result.tree = module
     except cst.ParserSyntaxError as exc:
         line = f"line {exc.raw_line}" if exc.raw_line else "unknown line"
         for patch in patches:
@@ -187,24 +189,40 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
         )
     if result.steps:
         result.after = module.code
-        problem = _compile_problem(result.after, file)
+        problem = _compile_problem(result.after, file) or _rerun_problem(patches, result, module)
         if problem:
-            # A patch produced code that does not compile: a bug in the library. Apply none
-            # of this file's patches rather than guess which one.
-            applied_ids = {pid for pid, _ in result.steps}
-            result.outcomes = [
-                replace(
-                    o,
-                    status=Status.REFUSED,
-                    reason=f"expected the patched file to compile; found {problem}",
-                )
-                if o.patch in applied_ids
-                else o
-                for o in result.outcomes
-            ]
-            result.after = text
-            result.steps = []
+            # A bug in the library: apply none of this file's patches rather than guess.
+            refuse_all(result, problem)
     return result
+
+
+def refuse_all(result: FileResult, reason: str) -> None:
+    """Turn every applied patch of `result` into a refusal and drop its changes."""
+    applied_ids = {pid for pid, _ in result.steps}
+    result.outcomes = [
+        replace(o, status=Status.REFUSED, reason=reason) if o.patch in applied_ids else o
+        for o in result.outcomes
+    ]
+    result.after = result.before
+    result.steps = []
+
+
+def _rerun_problem(patches: Sequence[Patch], result: FileResult, final: cst.Module) -> str | None:
+    """Running the patches again on their own result must change nothing (DESIGN s3 verify)."""
+    applied_ids = {pid for pid, _ in result.steps}
+    for patch in patches:
+        if patch.id not in applied_ids:
+            continue
+        try:
+            again = patch.transform(final)
+        except Exception as exc:
+            return f"expected a second run to be a no-op; {patch.id} raised {exc!r}"
+        if again.status not in (Status.ALREADY_APPLIED, Status.UPSTREAM):
+            return (
+                f"expected a second run to be a no-op; {patch.id} said {again.status.value} "
+                f"({again.reason})"
+            )
+    return None
 
 
 def _compile_problem(text: str, file: str) -> str | None:
