@@ -18,7 +18,7 @@ from packaging.version import Version
 
 from sm120patch.transform import Status
 
-A, U, N = Status.APPLIED, Status.UPSTREAM, Status.NOT_APPLICABLE
+A, U, N, R = Status.APPLIED, Status.UPSTREAM, Status.NOT_APPLICABLE, Status.REFUSED
 
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
 ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
@@ -48,13 +48,19 @@ class Fact:
 
 FACTS: tuple[Fact, ...] = (
     # --- A. the SM120 module flag, next to the SM100 one.
+    Fact("sglang.sm120-flag", ">=0.5.2,<0.5.4", R, COMMUNICATOR, None, "import",
+         "DESIGN s4 A", note="the import it adds does not exist before 0.5.4: the planner "
+         "refuses every patch of the file"),
     Fact("sglang.sm120-flag", ">=0.5.4,<0.5.19", A, COMMUNICATOR, None, "import",
          "DESIGN s4 A"),
     Fact("sglang.sm120-flag", ">=0.5.19,<0.5.21", A, COMMUNICATOR, None, "platform",
          "DESIGN s4 A"),
     Fact("sglang.sm120-flag", ">=0.5.21,<0.5.24", A, ADD_NORM, None, "platform", "DESIGN s4 A"),
     # --- B. the runtime allreduce-fusion gate.
-    Fact("sglang.fusion-gate", ">=0.5.2,<0.5.8", A, COMMUNICATOR,
+    Fact("sglang.fusion-gate", ">=0.5.2,<0.5.4", R, COMMUNICATOR,
+         "CommunicateWithAllReduceAndLayerNormFn._gather_hidden_states_and_residual",
+         source="DESIGN s4 A", note="refused with the flag patch of the same file"),
+    Fact("sglang.fusion-gate", ">=0.5.4,<0.5.8", A, COMMUNICATOR,
          "CommunicateWithAllReduceAndLayerNormFn._gather_hidden_states_and_residual",
          source="DESIGN s4 B"),
     Fact("sglang.fusion-gate", ">=0.5.8,<0.5.21", A, COMMUNICATOR,
