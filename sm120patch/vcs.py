@@ -55,25 +55,48 @@ def describe_version(root: Path) -> str | None:
 
 def is_tracked(root: Path, path: Path) -> bool:
     """Whether git tracks `path`; refuses a repository git itself will not work in, rather
-    than silently treating the checkout as an installed package."""
-    import git
+    than silently treating the checkout as an installed package.
 
+    Runs git directly instead of through GitPython: this is the only git call `status` makes,
+    and importing GitPython would double that command's start-up time.
+    """
+    import subprocess
+
+    rel = str(path.relative_to(root))
     try:
-        repo = git.Repo(root)
-        repo.git.ls_files("--error-unmatch", "--", str(path.relative_to(root)))
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        proc = subprocess.run(
+            [
+                "git",
+                "--literal-pathspecs",
+                "-C",
+                str(root),
+                "ls-files",
+                "--error-unmatch",
+                "--",
+                rel,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as exc:
+        raise Refused(
+            f"cannot run git for {root} ({exc.strerror})",
+            "install git, or point sm120patch at an installed package",
+        ) from None
+    if proc.returncode == 0:
+        return True
+    if "dubious ownership" in proc.stderr:
+        raise Refused(
+            f"git refuses to work in {root}: it is owned by another user",
+            f"run as its owner, or `git config --global --add safe.directory {root}`",
+        )
+    if "not a git repository" in proc.stderr:
         raise Refused(
             f"{root}/.git is not a usable git repository",
             "repair or remove it, then run sm120patch again",
-        ) from None
-    except git.GitCommandError as exc:
-        if "dubious ownership" in str(exc.stderr):
-            raise Refused(
-                f"git refuses to work in {root}: it is owned by another user",
-                f"run as its owner, or `git config --global --add safe.directory {root}`",
-            ) from None
-        return False
-    return True
+        )
+    return False
 
 
 def _git_problem(exc: Exception) -> str:
