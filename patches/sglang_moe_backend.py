@@ -58,7 +58,7 @@ def transform(module: cst.Module) -> Result:
     if not sites:
         return not_applicable(
             f"{SERVER_ARGS_FUNC}[{ARCH}]",
-            f"no `def {OVERRIDES_FUNC}` and no `elif model_arch in [\"{ARCH}\"]:` branch "
+            f'no `def {OVERRIDES_FUNC}` and no `elif model_arch in ["{ARCH}"]:` branch '
             f"in `def {SERVER_ARGS_FUNC}`",
         )
     if len(sites) > 1:
@@ -70,9 +70,7 @@ def transform(module: cst.Module) -> Result:
         return refused(site, "an indented block", f"`{h.code(suite)}`")
 
     # 2. The anchor: exactly one SM100 branch among the site's top-level if/elif chains.
-    chains = [
-        branch for stmt in suite.body if isinstance(stmt, cst.If) for branch in _chain(stmt)
-    ]
+    chains = [branch for stmt in suite.body if isinstance(stmt, cst.If) for branch in _chain(stmt)]
     sm100 = [b for b in chains if h.key(b.test) in SM120_OF]
     if len(sm100) != 1:
         expected = "one `if is_sm100_supported():` or `if get_platform().is_sm100:` branch"
@@ -137,20 +135,17 @@ def transform(module: cst.Module) -> Result:
     assert isinstance(new_module, cst.Module)
 
     # 5. The function form needs `is_sm120_supported` imported next to `is_sm100_supported`.
-    needs_import = not _import_sources(new_module, "is_sm120_supported")
-    if sm120_key == "is_sm120_supported()" and needs_import:
-        sources = _import_sources(new_module, "is_sm100_supported")
-        with_import = (
-            h.add_import_after(new_module, sources[0], "is_sm120_supported", "is_sm100_supported")
-            if len(sources) == 1
-            else None
-        )
+    if sm120_key == "is_sm120_supported()" and not h.import_sources(
+        new_module, "is_sm120_supported"
+    ):
+        with_import = h.import_next_to(new_module, "is_sm120_supported", "is_sm100_supported")
         if with_import is None:
+            found = len(h.import_sources(new_module, "is_sm100_supported"))
             return refused(
                 site,
                 "one module-level `from ... import (..., is_sm100_supported, ...)` "
                 "to add is_sm120_supported to",
-                f"{len(sources)} such imports",
+                f"{found} such imports",
             )
         new_module = with_import
         notes.append("is_sm120_supported imported")
@@ -159,10 +154,10 @@ def transform(module: cst.Module) -> Result:
 
 
 _KNOWN = (
-    "quantization derivation, then `if <quantization> == \"modelopt_fp4\" (or in "
-    "{\"modelopt_fp4\", None}) and ...moe_a2a_backend == \"none\" and "
-    "...moe_runner_backend == \"auto\":` setting flashinfer_trtllm and logging it, "
-    "optionally under `if check_pkg_version_at_least(\"flashinfer-python\", ...):`"
+    'quantization derivation, then `if <quantization> == "modelopt_fp4" (or in '
+    '{"modelopt_fp4", None}) and ...moe_a2a_backend == "none" and '
+    '...moe_runner_backend == "auto":` setting flashinfer_trtllm and logging it, '
+    'optionally under `if check_pkg_version_at_least("flashinfer-python", ...):`'
 )
 
 
@@ -286,7 +281,7 @@ def _sm120_body(body: cst.BaseSuite) -> tuple[cst.IndentedBlock, list[str]] | st
         if isinstance(s, cst.If) and _choice_operands(s.test) is not None
     ]
     if len(choice_ifs) != 1:
-        return f"{len(choice_ifs)} `if ... and ...moe_runner_backend == \"auto\":` statements"
+        return f'{len(choice_ifs)} `if ... and ...moe_runner_backend == "auto":` statements'
     index, choice = choice_ifs[0]
     assert isinstance(choice, cst.If)
     for stmt in body.body:
@@ -302,8 +297,11 @@ def _sm120_body(body: cst.BaseSuite) -> tuple[cst.IndentedBlock, list[str]] | st
     new_test = choice.test
     if isinstance(quant.comparisons[0].operator, cst.In):
         target = quant.comparisons[0]
-        fp4 = next(el.value for el in target.comparator.elements  # type: ignore[attr-defined]
-                   if _string(el.value) == "modelopt_fp4")
+        fp4 = next(
+            el.value
+            for el in target.comparator.elements  # type: ignore[attr-defined]
+            if _string(el.value) == "modelopt_fp4"
+        )
         narrowed = quant.with_changes(
             comparisons=[
                 cst.ComparisonTarget(
@@ -359,10 +357,12 @@ def _choice_operands(test: cst.BaseExpression) -> list[cst.Comparison] | None:
         isinstance(q_op, cst.In)
         and isinstance(q_val, cst.Set)
         and sorted(
-            "None" if isinstance(el.value, cst.Name) and el.value.value == "None"
+            "None"
+            if isinstance(el.value, cst.Name) and el.value.value == "None"
             else str(_string(el.value))
             for el in q_val.elements
-        ) == ["None", "modelopt_fp4"]
+        )
+        == ["None", "modelopt_fp4"]
     )
     if not quant_ok or _target_key(quant.left) not in QUANT_TARGETS:  # type: ignore[arg-type]
         return None
@@ -462,28 +462,6 @@ def _self_check(branch: cst.If, sm120_key: str) -> str | None:
     return None
 
 
-def _import_sources(module: cst.Module, name: str) -> list[str]:
-    """The modules `name` is imported from by module-level `from <module> import ...` lines."""
-    import libcst as cst
-
-    from sm120patch import cst_helpers as h
-
-    out = []
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if (
-                isinstance(small, cst.ImportFrom)
-                and not small.relative
-                and small.module is not None
-                and not isinstance(small.names, cst.ImportStar)
-                and any((a.evaluated_alias or a.evaluated_name) == name for a in small.names)
-            ):
-                out.append(h.key(small.module) or "")
-    return out
-
-
 PATCH = Patch(
     id="sglang.moe-backend",
     target="sglang",
@@ -514,11 +492,11 @@ PATCH = Patch(
         "0.5.2 to 0.5.7: no Glm4MoeForCausalLM MoE branch (not applicable)",
         "0.5.8 and 0.5.9: sglang/srt/server_args.py, "
         "ServerArgs._handle_model_specific_adjustments, "
-        "`elif model_arch in [\"Glm4MoeForCausalLM\"]:` `if is_sm100_supported():` ... "
-        "flashinfer_trtllm under `if check_pkg_version_at_least(\"flashinfer-python\", ...):`",
+        '`elif model_arch in ["Glm4MoeForCausalLM"]:` `if is_sm100_supported():` ... '
+        'flashinfer_trtllm under `if check_pkg_version_at_least("flashinfer-python", ...):`',
         "0.5.10 to 0.5.14: same, without the version gate",
         "0.5.15 to 0.5.18: sglang/srt/arg_groups/overrides.py::_glm4_moe_overrides, "
-        "`if is_sm100_supported():` ... overrides[\"moe_runner_backend\"] = \"flashinfer_trtllm\"",
+        '`if is_sm100_supported():` ... overrides["moe_runner_backend"] = "flashinfer_trtllm"',
         "0.5.19 to 0.5.23: sglang/srt/arg_groups/model_overrides/glm4_moe.py::"
         "_glm4_moe_overrides, `if get_platform().is_sm100:`",
     ),
