@@ -250,3 +250,23 @@ def test_dry_run_diff_applies_with_git_apply(tmp_path):
             capture_output=True,
         )
         assert proc.returncode == 0, proc.stderr
+
+
+def test_commits_use_the_users_identity_or_a_clear_fallback(tmp_path, monkeypatch):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    assert git(sg, "log", "-1", "--format=%an <%ae>").strip() == "Test User <test@example.com>"
+    assert cli("revert", "moe", "--sglang", str(sg))[0] == 0
+
+    # No identity anywhere: commits still happen, as sm120patch, and nothing prompts.
+    git(sg, "config", "--unset", "user.name")
+    git(sg, "config", "--unset", "user.email")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL",
+                "EMAIL"):
+        monkeypatch.delenv(var, raising=False)
+    code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
+    assert code == 0, err
+    assert git(sg, "log", "-1", "--format=%an <%ae>").strip() == "sm120patch <sm120patch@localhost>"

@@ -154,3 +154,20 @@ def test_unknown_output_has_no_diagnosis():
     assert trial.diagnose(["SM 12.x requires CUDA >= 12.9"]).id == "flashinfer-cuda-too-old"
     assert trial.diagnose(["ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."]).id == "sglang-fusion-backend"
     assert trial.diagnose(["CUDA error: no kernel image is available for execution on the device"]).id == "cuda-no-kernel-image"
+
+
+def test_sample_power_reports_draw_against_the_limit(trees, mocker):
+    from sm120patch import gpu
+
+    probe = gpu.Probe(gpus=[gpu.Gpu(0, "NVIDIA RTX PRO 6000", 12, 0, 240.0, 600.0, 98304, 1024)])
+    mocker.patch.object(gpu, "probe", return_value=probe)
+    sg, fi = trees
+    cmd = "import time; time.sleep(1.5); print('ready', flush=True); time.sleep(30)"
+    code, out, err = run_cli(
+        "trial", "moe", "--sglang", str(sg), "--no-gpu-check", "--timeout", "20",
+        "--ready-pattern", "^ready$", "--sample-power", "--", sys.executable, "-c", cmd,
+    )
+    assert code == 0, err
+    assert "GPU 0: mean 240 W, peak 240 W (40% of its 600 W limit)" in out
+    samples = status_of(sg, fi)[0]["trials"][-1]["power_samples"]
+    assert samples and samples[0]["gpus"][0]["power_w"] == 240.0
