@@ -132,3 +132,31 @@ def test_pip_installed_into_a_venv(tmp_path, dists):
     changed = [f"{k}/{f}" for k in before for f in set(before[k]) | set(after[k])
                if before[k].get(f) != after[k].get(f)]
     assert changed == []
+
+
+def test_lock_from_one_tree_applies_on_another_and_refuses_another_release(tmp_path, dists):
+    lock = tmp_path / "sm120patch.lock"
+    sg_tree, fi_tree = releases.tree("sglang", SGLANG), releases.tree("flashinfer", FLASHINFER)
+    code, _, err = cli("pin", "all", "--sglang", str(sg_tree), "--flashinfer", str(fi_tree),
+                       "-o", str(lock))
+    assert code == 0, err
+    sg = checkout(tmp_path, "sglang", SGLANG)
+    fi = checkout(tmp_path, "flashinfer", FLASHINFER)
+    for root, kind, version in ((sg / "python", "sglang", SGLANG), (fi, "flashinfer", FLASHINFER)):
+        (root / kind / "version.py").write_text(f'__version__ = "{version}"\n')
+    git(sg, "add", "-A")
+    git(sg, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", "v")
+    git(fi, "add", "-A")
+    git(fi, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", "v")
+    code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--flashinfer",
+                       str(fi), "--no-gpu-check")
+    assert code == 0, err
+    assert cli("revert", "--all", "--sglang", str(sg), "--flashinfer", str(fi))[0] == 0
+
+    other = releases.tree("sglang", "0.5.9")
+    before = snapshot(other)
+    code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(other), "--flashinfer",
+                       str(fi_tree), "--no-gpu-check")
+    assert code == 1
+    assert "sglang version: lock has 0.5.8, found 0.5.9" in err
+    assert snapshot(other) == before
