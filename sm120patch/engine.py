@@ -224,7 +224,7 @@ def apply(
             for ctx, tp in work:
                 reports.append(_write_target(ctx, tp, profile.name, branch, plan))
             for ctx, tp in work:
-                _verify(ctx, tp, profile)
+                _verify(ctx, tp)
             for (ctx, _), report in zip(work, reports, strict=True):
                 _kill_point("before-manifest")
                 _write_manifest(ctx, journals[ctx.target.kind], report)
@@ -369,7 +369,7 @@ def _write_target(
     return report
 
 
-def _verify(ctx: _Ctx, tp: planner.TargetPlan, profile: catalog.Profile) -> None:
+def _verify(ctx: _Ctx, tp: planner.TargetPlan) -> None:
     """The bytes on disk are exactly the planned text. The plan already compiled that text and
     ran every patch on it again (each said already-applied): those checks hold for the file."""
     for f in tp.changed:

@@ -1,9 +1,9 @@
 """Where state is written: manifest, journal, pristine copies and the lock of one target.
 
-Layout of a target's state directory (`.git/sm120patch/` for a git target, the user's state
-directory keyed by the target path for an installed one):
+Layout of a target's state directory (`.git/sm120patch/<kind>/` for a git target, the user's
+state directory keyed by the target path and kind for an installed one):
 
-    manifest.json   what is applied: profile, patches, files with hashes, git base, trials
+    manifest.json   what is applied: profile, patches, files with hashes, git base
     journal.json    an apply or revert in progress (exists only while one runs or was killed)
     trials.json     every trial run on this target, kept across reverts
     pristine/       the bytes of every touched file before the apply
