@@ -164,6 +164,15 @@ def apply(
     outside = planner.check_pins(profile, found)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to apply anyway")
+    git_roots = [t.root for t in found if t.layout == "git"]
+    if len(git_roots) != len(set(git_roots)):
+        # One branch per target is the contract; two targets in one work tree would need one
+        # branch for both, which revert could not undo one target at a time.
+        raise Refused(
+            f"SGLang and FlashInfer are in the same git repository ({git_roots[0]}); "
+            "sm120patch makes one branch per repository and target",
+            "apply to separate checkouts, or to installed packages",
+        )
     ctxs = _contexts(found)
     with _locked(ctxs):
         _refuse_unfinished(ctxs)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from trees import git, make_tree, tree_hash
+from trees import FLASHINFER_FILES, git, make_tree, tree_hash
 
 from sm120patch.cli import main
 
@@ -270,3 +270,21 @@ def test_commits_use_the_users_identity_or_a_clear_fallback(tmp_path, monkeypatc
     code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
     assert code == 0, err
     assert git(sg, "log", "-1", "--format=%an <%ae>").strip() == "sm120patch <sm120patch@localhost>"
+
+
+def test_both_targets_in_one_repository_refuses_up_front(tmp_path):
+    root = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    fi_parent = root / "third_party"
+    for rel, text in FLASHINFER_FILES.items():
+        path = fi_parent / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (fi_parent / "flashinfer" / "version.py").write_text('__version__ = "0.6.1"\n')
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "vendored flashinfer")
+    before = tree_hash(root)
+    code, _, err = cli("apply", "fusion", "--sglang", str(root), "--flashinfer", str(fi_parent),
+                       "--no-gpu-check")
+    assert code == 1
+    assert "in the same git repository" in err
+    assert tree_hash(root) == before
