@@ -15,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 from sm120patch.errors import UsageError
 from sm120patch.transform import Patch
 
+# The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover

@@ -206,7 +206,7 @@ def apply_cmd(
         raise UsageError("give a PROFILE (see `sm120patch list`) or --locked LOCKFILE")
     if dry_run:
         from sm120patch import plan as planner
-        from sm120patch.engine import PlanRefused
+        from sm120patch.plan import PlanRefused
 
         plan = planner.plan(profile, paths, force=force)
         if not no_gpu_check:
@@ -490,12 +490,9 @@ def pin_cmd(
 
     from sm120patch import lockfile
     from sm120patch import plan as planner
-    from sm120patch.engine import PlanRefused
     from sm120patch.errors import Refused
 
-    plan = planner.plan(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
-    if plan.refused:
-        raise PlanRefused(plan)
+    plan = planner.checked(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
     lock = lockfile.from_plan(plan)
     if not lock.files:
         raise Refused(
@@ -528,11 +525,8 @@ def export_cmd(
 
     from sm120patch import export
     from sm120patch import plan as planner
-    from sm120patch.engine import PlanRefused
 
-    plan = planner.plan(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
-    if plan.refused:
-        raise PlanRefused(plan)
+    plan = planner.checked(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
     for item in export.write(plan, Path(out_dir)):
         click.echo(f"{item.target}: {item.path}")
 

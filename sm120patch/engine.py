@@ -29,7 +29,7 @@ from typing import Any
 from sm120patch import __version__, catalog, state, vcs
 from sm120patch import plan as planner
 from sm120patch.errors import Refused, Sm120Error
-from sm120patch.plan import Plan
+from sm120patch.plan import Plan, PlanRefused
 from sm120patch.state import TargetState, file_sha256, sha256
 from sm120patch.targets import Target
 from sm120patch.transform import Outcome
@@ -41,18 +41,6 @@ BRANCH_PREFIX = state.BRANCH_PREFIX
 KILL_ENV = "SM120PATCH_KILL_AT"
 TRACE_ENV = "SM120PATCH_TRACE_STEPS"
 _passed: dict[str, int] = {}
-
-
-class PlanRefused(Refused):
-    """The plan has refused sites; nothing was touched."""
-
-    def __init__(self, plan: Plan) -> None:
-        lines = [o.describe() for o in plan.refused]
-        super().__init__(
-            f"profile {plan.profile.name} refused at {len(lines)} site(s): " + "; ".join(lines),
-            "nothing was changed; see `sm120patch apply PROFILE --dry-run` for every site",
-        )
-        self.plan = plan
 
 
 @dataclass
@@ -106,9 +94,7 @@ class _Ctx:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.state = TargetState(
-            state.state_dir_for(target.root, target.layout, target.kind), target.root
-        )
+        self.state = TargetState.of(target.root, target.layout, target.kind)
         self.repo = vcs.Repo(target.root) if target.layout == "git" else None
 
     def path(self, rel: str) -> Path:
@@ -710,7 +696,7 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
 
 def _peer_state(peer: dict[str, str]) -> TargetState:
     root = Path(peer["root"])
-    return TargetState(state.state_dir_for(root, peer["layout"], peer["kind"]), root)
+    return TargetState.of(root, peer["layout"], peer["kind"])
 
 
 def _with_peers(ctxs: list[_Ctx]) -> list[_Ctx]:
@@ -798,7 +784,7 @@ def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
         target = _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
         if target is None:
             continue
-        st = TargetState(state.state_dir_for(target.root, target.layout, target.kind), target.root)
+        st = TargetState.of(target.root, target.layout, target.kind)
         journal = st.journal()
         manifest = st.manifest()
         files = []
@@ -836,6 +822,6 @@ def record_trial(
         target = _find_quiet(kind, paths.get(kind), required=False)
         if target is None:
             continue
-        ctx = TargetState(state.state_dir_for(target.root, target.layout, target.kind), target.root)
+        ctx = TargetState.of(target.root, target.layout, target.kind)
         with ctx.locked():
             ctx.add_trial(trial)

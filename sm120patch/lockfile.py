@@ -89,10 +89,8 @@ def _sha(text: str) -> str:
 
 
 def read(path: Path) -> Lock:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    from sm120patch.catalog import tomllib
+
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -20,6 +20,18 @@ from sm120patch.targets import Target
 from sm120patch.transform import FileResult, Outcome, Patch, Status, refuse_all, transform_text
 
 
+class PlanRefused(Refused):
+    """The plan has refused sites; nothing was touched."""
+
+    def __init__(self, plan: Plan) -> None:
+        lines = [o.describe() for o in plan.refused]
+        super().__init__(
+            f"profile {plan.profile.name} refused at {len(lines)} site(s): " + "; ".join(lines),
+            "nothing was changed; see `sm120patch apply PROFILE --dry-run` for every site",
+        )
+        self.plan = plan
+
+
 @dataclass
 class TargetPlan:
     target: Target
@@ -56,6 +68,16 @@ class Plan:
             "outcomes": [o.to_dict() for o in self.outcomes],
             "diff": self.diff(),
         }
+
+
+def checked(
+    profile_name: str, paths: Mapping[str, str | Path | None], *, force: bool = False
+) -> Plan:
+    """`plan`, raising PlanRefused when any site refuses (for pin, export)."""
+    result = plan(profile_name, paths, force=force)
+    if result.refused:
+        raise PlanRefused(result)
+    return result
 
 
 def resolve_targets(profile: Profile, paths: Mapping[str, str | Path | None]) -> list[Target]:

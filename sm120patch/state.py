@@ -184,6 +184,10 @@ def safe_relpath(rel: str) -> PurePosixPath:
 class TargetState:
     """The state directory of one target."""
 
+    @classmethod
+    def of(cls, root: Path, layout: str, kind: str) -> TargetState:
+        return cls(state_dir_for(root, layout, kind), root)
+
     def __init__(self, directory: Path, root: Path) -> None:
         self.dir = directory
         self.root = root

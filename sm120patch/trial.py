@@ -37,13 +37,8 @@ class Signature:
 
 
 def signatures() -> list[Signature]:
-    import sys
-
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
     from sm120patch import patches
+    from sm120patch.catalog import tomllib
 
     text = resources.files(patches).joinpath("signatures.toml").read_text(encoding="utf-8")
     return [Signature(**raw) for raw in tomllib.loads(text)["signature"]]
