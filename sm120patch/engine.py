@@ -358,6 +358,10 @@ def apply(
     with _locked(ctxs):
         prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock)
         if prep.nothing_to_do:
+            for ctx in prep.stale:
+                # The new release needs nothing (upstream has it): the old record goes.
+                ctx.state.remove_manifest()
+                ctx.state.drop_copies()
             return Report(
                 "nothing-to-do",
                 profile.name,
