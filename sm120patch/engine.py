@@ -263,7 +263,10 @@ def _preflight(
     if plan.refused:
         raise PlanRefused(plan)
     if check_plan is not None:
-        check_plan(plan)
+        if lock is not None:
+            check_plan(plan, frozenset(c.target.kind for c, _ in applied))  # type: ignore[call-arg]
+        else:
+            check_plan(plan)
     if not plan.applies:
         prep.nothing_to_do = True
         prep.notes.append("every site is already SM120-ready; nothing was changed")

@@ -179,9 +179,17 @@ def read(path: Path) -> Lock:
         ) from None
 
 
-def differences(lock: Lock, plan: Plan) -> list[str]:
-    """Everything in which `plan` (on pristine trees) differs from `lock`; empty when identical."""
+def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> list[str]:
+    """Everything in which `plan` (on pristine trees) differs from `lock`; empty when identical.
+
+    `skip`: target kinds already applied exactly as the lock says (checked from their bytes).
+    """
     now = from_plan(plan)
+    if skip:
+        lock = Lock(lock.profile, {k: v for k, v in lock.versions.items() if k not in skip},
+                    lock.patches, [f for f in lock.files if f["target"] not in skip])  # fmt: skip
+        now.versions = {k: v for k, v in now.versions.items() if k not in skip}
+        now.files = [f for f in now.files if f["target"] not in skip]
     problems = []
     if lock.profile != now.profile:
         problems.append(f"profile: lock has {lock.profile}, asked for {now.profile}")
@@ -221,10 +229,12 @@ def _short(digest: str | None) -> str:
 
 
 def check(lock: Lock, path: Path) -> Any:
-    """A plan check for `engine.apply`: refuse, naming each difference, unless identical."""
+    """A plan check for `engine.apply`: refuse, naming each difference, unless identical.
 
-    def verify(plan: Plan) -> None:
-        problems = differences(lock, plan)
+    The check is called with the kinds of the targets already applied as the lock says."""
+
+    def verify(plan: Plan, skip: frozenset[str] = frozenset()) -> None:
+        problems = differences(lock, plan, skip)
         if problems:
             raise Refused(
                 f"{path} does not match these trees: " + "; ".join(problems),
