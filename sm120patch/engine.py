@@ -258,7 +258,10 @@ def _preflight(
         # Before planning: a user's uncommitted edit must be named as such, not reported as an
         # unknown shape.
         ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
-    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
+    # A lock carries its reviewed result: where the files match it, no parse is needed.
+    plan = lock.plan(profile, [c.target for c in ctxs]) if lock is not None else None
+    if plan is None:
+        plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
         raise PlanRefused(plan)
