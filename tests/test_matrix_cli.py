@@ -58,9 +58,21 @@ def rows(output: str) -> dict[tuple[str, str], dict]:
     return {(r["kind"], r["version"]): r for r in doc["rows"]}
 
 
+@pytest.fixture
+def json_index(tmp_path: Path) -> FakeIndex:
+    """The same releases, with PEP 691 JSON pages (what PyPI serves)."""
+    with serve(tmp_path / "index", json_pages=True) as served:
+        served.add("sglang", "0.5.8")
+        served.add("flashinfer-python", "0.6.1")
+        yield served
+
+
+@pytest.mark.parametrize("pages", ["html", "json"])
 def test_reads_the_index_from_pip_config_and_prints_one_json_object(
-    index: FakeIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: None
+    pages: str, request: pytest.FixtureRequest, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, fresh: None
 ) -> None:
+    index = request.getfixturevalue("index" if pages == "html" else "json_index")
     conf = tmp_path / "pip.conf"
     conf.write_text(f"[global]\nindex-url = {index.url}\n")
     result = matrix(monkeypatch, pip_env(None, tmp_path / "cache", str(conf)), "--json")

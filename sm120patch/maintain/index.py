@@ -10,6 +10,7 @@ directory) is not a problem: indexes other than the first rarely hold every proj
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import ssl
@@ -36,6 +37,9 @@ ACCEPT = (
     "text/html;q=0.01"
 )
 TIMEOUT_S = 15.0
+# What reading a location may raise: URLError and HTTPError are OSErrors; a connection cut
+# mid-page is an http.client.HTTPException; a garbled page a ValueError.
+READ_ERRORS = (OSError, ValueError, http.client.HTTPException)
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,7 @@ def read_project(project: str, config: PipIndex) -> tuple[list[IndexFile], list[
     for location, is_index in locations:
         try:
             found = read_location(project, location, index=is_index, cert=config.cert)
-        except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+        except READ_ERRORS as exc:
             problems.append(f"cannot read {redact(location)}: {_reason(exc)}")
             continue
         for file in found:

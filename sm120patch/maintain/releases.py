@@ -51,6 +51,7 @@ from packaging.version import InvalidVersion, Version
 from sm120patch.errors import Sm120Error
 from sm120patch.maintain import pipconfig
 from sm120patch.maintain.index import (
+    READ_ERRORS,
     IndexFile,
     make_file,
     open_url,
@@ -246,13 +247,13 @@ def _listing_from_dist(kind: str) -> Listing | None:
     """The distributions already in the cache, as a listing: offline without a saved one."""
     try:
         paths = [p for p in dist_dir().iterdir() if p.is_file()]
+        newest = max((p.stat().st_mtime for p in paths), default=0.0)
     except OSError:
         return None
     found = (make_file(PROJECT[kind], p.name, p.as_uri(), None, False) for p in paths)
     files = tuple(f for f in found if f)
     if not files:
         return None
-    newest = max(p.stat().st_mtime for p in paths)
     return Listing(kind, files, (str(dist_dir()),), newest, from_dist=True)
 
 
@@ -307,7 +308,7 @@ def index_reachable() -> bool:
             index=bool(config.index_urls),
             cert=config.cert,
         )
-    except (OSError, ValueError):
+    except READ_ERRORS:
         return False
     return True
 
@@ -561,7 +562,7 @@ def _download_url(entry: IndexFile, staging: Path) -> Path:
             while chunk := response.read(1 << 20):
                 digest.update(chunk)
                 out.write(chunk)
-    except (OSError, ValueError) as exc:
+    except READ_ERRORS as exc:
         target.unlink(missing_ok=True)
         raise ReleaseError(f"cannot download {redact(entry.url)}: {exc}") from exc
     if entry.sha256 and digest.hexdigest() != entry.sha256:
