@@ -552,7 +552,7 @@ def export_cmd(
     default=None,
     help="Releases planned in parallel (default: the CPU count).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown tables (default).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr.")
 @handled
