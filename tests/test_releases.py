@@ -147,6 +147,16 @@ def test_select_takes_every_release_and_its_latest_post() -> None:
     assert releases.select(files, ">=0.5") == ["0.5.1.post1", "0.5.11", "0.5.24"]
     assert releases.select(files, "==0.5.0rc0") == ["0.5.0rc0"]
     assert releases.select(files, "==9.9") == []
+    # Every post release, or none.
+    assert releases.select(files, "<0.5", posts=True) == ["0.4.5", "0.4.6", "0.4.6.post1",
+                                                          "0.4.6.post2"]
+    assert releases.select(files, "<0.5", posts=False) == ["0.4.5", "0.4.6"]
+
+
+def test_the_old_module_name_is_the_same_module() -> None:
+    import sm120patch.releases as old
+
+    assert old is releases
 
 
 def test_select_skips_yanked_releases_unless_pinned() -> None:

@@ -313,10 +313,18 @@ def index_reachable() -> bool:
     return True
 
 
-def select(files: Iterable[IndexFile], spec: str | SpecifierSet) -> list[str]:
+# The name this had when PyPI was the only index; kept for code written against it.
+def pypi_reachable() -> bool:
+    return index_reachable()
+
+
+def select(
+    files: Iterable[IndexFile], spec: str | SpecifierSet, *, posts: bool | None = None
+) -> list[str]:
     """The versions of `files` matching `spec`, oldest first: every release and, per release,
-    its latest post release (the hotfix a user would install). Pre- and dev releases only when
-    `spec` names one (PEP 440); a release whose every file is yanked only when pinned by `==`."""
+    its latest post release (the hotfix a user would install); `posts=True` every post release,
+    `posts=False` none. Pre- and dev releases only when `spec` names one (PEP 440); a release
+    whose every file is yanked only when pinned by `==`."""
     spec = SpecifierSet(str(spec))
     pinned = {
         Version(s.version) for s in spec if s.operator == "==" and not s.version.endswith(".*")
@@ -329,7 +337,9 @@ def select(files: Iterable[IndexFile], spec: str | SpecifierSet) -> list[str]:
     matched = [
         v for v, ok in live.items() if (ok or v in pinned) and spec.contains(v, prereleases=pre)
     ]
-    chosen = {v for v in matched if not v.is_postrelease}
+    chosen = {v for v in matched if posts or not v.is_postrelease}
+    if posts is not None:
+        return [str(v) for v in sorted(chosen)]
     latest: dict[tuple, Version] = {}
     for v in matched:
         if v.is_postrelease:
@@ -346,10 +356,12 @@ def _names_prerelease(version: str) -> bool:
         return False
 
 
-def available(kind: str, spec: str | SpecifierSet | None = None) -> list[str]:
+def available(
+    kind: str, spec: str | SpecifierSet | None = None, *, posts: bool | None = None
+) -> list[str]:
     """`select` over what the indexes list for `kind` (default: the tracked range)."""
     _check_kind(kind)
-    return select(listing(kind).files, spec if spec is not None else FULL_RANGE[kind])
+    return select(listing(kind).files, spec if spec is not None else FULL_RANGE[kind], posts=posts)
 
 
 # ----------------------------------------------------------------------------- fetch
