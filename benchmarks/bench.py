@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from sm120patch import plan as planner
-from sm120patch import releases
+from sm120patch.maintain import releases
 
 SM = [sys.executable, "-m", "sm120patch"]
 

@@ -623,7 +623,7 @@ def export_cmd(
     "--sglang",
     "sglang_spec",
     metavar="SPEC",
-    help="SGLang releases to plan, a PEP 440 specifier (e.g. '>=0.5.8').",
+    help="SGLang releases to plan, a PEP 440 specifier (e.g. '>=0.5.8', '==0.5.10.post1').",
 )
 @click.option(
     "--flashinfer",
@@ -639,8 +639,9 @@ def export_cmd(
     default=None,
     help="Releases planned in parallel (default: the CPU count).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown tables (default).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr.")
 def matrix_cmd(
     sglang_spec: str | None,
     flashinfer_spec: str | None,
@@ -648,12 +649,17 @@ def matrix_cmd(
     jobs: int | None,
     as_json: bool,
     as_markdown: bool,
+    quiet: bool,
 ) -> None:
-    """Plan every profile on every SGLang and FlashInfer release from PyPI: outcome per site."""
+    """Plan every profile on every SGLang and FlashInfer release on pip's index: outcome per
+    site. Releases come from pip's configured index (pip config, PIP_INDEX_URL) into the release
+    cache; offline, the cached release list is used with a warning."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-    from sm120patch import catalog, matrix
+    from sm120patch import catalog
     from sm120patch.errors import UsageError
+    from sm120patch.maintain import matrix
+    from sm120patch.maintain.progress import Progress
 
     if as_json and as_markdown:
         raise UsageError("give at most one of --json and --markdown")
@@ -670,18 +676,22 @@ def matrix_cmd(
             SpecifierSet(spec or "")
         except InvalidSpecifier:
             raise UsageError(f"--{kind} {spec!r} is not a PEP 440 specifier") from None
-    jobs = jobs or os.cpu_count() or 1
-    work = matrix.releases_for(specs)
-    if sys.stderr.isatty():
-        with click.progressbar(length=len(work), label="planning releases", file=sys.stderr) as bar:
-
-            def tick(row: Any) -> None:
-                bar.update(1, current_item=f"{row.kind} {row.version}")
-
-            rows = matrix.run(work, jobs, progress=tick)
-    else:
-        rows = matrix.run(work, jobs)
+    progress = Progress(quiet=quiet)
+    with progress.phase("reading the release index", len(specs)):
+        selection = matrix.releases_for(specs, progress=progress.advance)
+    warning = selection.warning()
+    if warning:
+        click.echo(f"sm120patch: warning: {warning}", err=True)
+    work = selection.work
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    with progress.phase("planning releases", len(work)):
+        rows = matrix.run(
+            work, jobs, progress=lambda row: progress.advance(f"{row.kind} {row.version}")
+        )
     chosen = list(profiles) or None
-    click.echo(matrix.to_json(rows) if as_json else matrix.markdown(rows, chosen), nl=not as_json)
+    if as_json:
+        click.echo(matrix.to_json(rows, [warning] if warning else []))
+    else:
+        click.echo(matrix.markdown(rows, chosen))
     if any(r.error for r in rows):
         sys.exit(1)
