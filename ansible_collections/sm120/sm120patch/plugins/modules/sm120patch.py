@@ -21,7 +21,8 @@ description:
     file itself.
   - C(changed) is reported only when files changed. Check mode runs the tool's dry run
     (C(apply --dry-run)), whose preflight is the apply's, so a refusal fails in check mode too.
-  - Diff mode returns the unified diff the tool would apply (C(git apply) accepts it).
+  - Diff mode returns the unified diff the tool would apply (C(git apply) accepts it); with
+    O(state=absent) there is no diff.
   - A refusal (a site that moved, a lock made on another release, a patched file edited since
     the apply) fails the task with the tool's one-line message and its C(next) hint.
 options:
@@ -165,15 +166,18 @@ def tool_error(stdout, stderr, rc):
         stripped = line.strip()
         if not seen and line.startswith(ERROR_PREFIX):
             seen = True
-            message.append(line[len(ERROR_PREFIX):])
+            message.append(line[len(ERROR_PREFIX) :])
         elif seen and stripped.startswith(NEXT_PREFIX):
-            hint = stripped[len(NEXT_PREFIX):]
+            hint = stripped[len(NEXT_PREFIX) :]
             break
         elif seen:
             message.append(line)
     if not message:
+        # Not the tool speaking (no sm120patch in that interpreter, a crash before its CLI).
         tail = (stderr.strip() or stdout.strip()).splitlines()[-1:] or ["no output"]
-        return f"sm120patch exited {rc}: {tail[0]}", ""
+        return f"sm120patch exited {rc}: {tail[0]}", (
+            "check that sm120patch is installed for the interpreter given as `python`"
+        )
     return "\n".join(message), hint
 
 
@@ -205,12 +209,10 @@ class Tool:
         # LC_ALL=C keeps the tool's text (the stderr form of errors) as the parser expects.
         # cwd "/": `python -m` puts the working directory first on sys.path, where a stray
         # sglang/ or sm120patch/ directory would be taken for the installed one.
-        rc, stdout, stderr = self.module.run_command(
-            argv, environ_update={"LC_ALL": "C"}, cwd="/"
-        )
+        rc, stdout, stderr = self.module.run_command(argv, environ_update={"LC_ALL": "C"}, cwd="/")
         for line in stderr.splitlines():
             if line.startswith("warning: "):
-                self.module.warn(line[len("warning: "):])
+                self.module.warn(line[len("warning: ") :])
         if rc != 0:
             message, hint = tool_error(stdout, stderr, rc)
             first = message.splitlines()[0]
@@ -263,8 +265,9 @@ def present(module, tool):
         plan, stderr = tool.run("apply", *tool.wanted(), "--dry-run", *tool.apply_flags())
         if module.check_mode and module.params["gpu_check"] and NO_GPU_WARNING in stderr:
             # The dry run only warns; the apply it predicts would refuse on this host.
+            warning = next(line for line in stderr.splitlines() if NO_GPU_WARNING in line)
             module.fail_json(
-                msg=next(line for line in stderr.splitlines() if NO_GPU_WARNING in line),
+                msg=warning[warning.index(NO_GPU_WARNING) + len("warning: ") :],
                 next="run on a node with an SM120 GPU, or set gpu_check: false (image builds, CI)",
                 cmd=tool.commands,
             )
@@ -312,24 +315,42 @@ def absent(module, tool):
     ]
     if not applied:
         return dict(
-            changed=False, action="nothing-to-do", profile=profile, outcomes=[], notes=[],
-            targets=found, state=states, cmd=tool.commands,
+            changed=False,
+            action="nothing-to-do",
+            profile=profile,
+            outcomes=[],
+            notes=[],
+            targets=found,
+            state=states,
+            cmd=tool.commands,
         )
     writes = [t for t in applied if t.get("state") not in UNCHANGED_BY_REVERT]
     if module.check_mode:
         # sm120patch has no dry run for revert: predict from the status it reports.
-        drifted = [t for t in writes if t.get("state") == "drifted" or any(
-            f.get("state") == "drifted" for f in t.get("files", []))]
+        drifted = [
+            t
+            for t in writes
+            if t.get("state") == "drifted"
+            or any(f.get("state") == "drifted" for f in t.get("files", []))
+        ]
         if drifted and not module.params["force"]:
             where = ", ".join(f"{t['kind']} at {t['root']}" for t in drifted)
             module.fail_json(
                 msg=f"revert would refuse: {where} changed since the apply",
                 next="`sm120patch status` shows the files; force: true discards the edits",
-                targets=found, state=states, cmd=tool.commands,
+                targets=found,
+                state=states,
+                cmd=tool.commands,
             )
         return dict(
-            changed=bool(writes), action="reverted", profile=applied[0]["profile"],
-            outcomes=[], notes=[], targets=found, state=states, cmd=tool.commands,
+            changed=bool(writes),
+            action="reverted",
+            profile=applied[0]["profile"],
+            outcomes=[],
+            notes=[],
+            targets=found,
+            state=states,
+            cmd=tool.commands,
         )
     args = ["revert", profile] if profile else ["revert", "--all"]
     if module.params["force"]:
