@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,9 +72,10 @@ class Fleet:
 
 
 def _need_ansible() -> None:
-    if importlib.util.find_spec("ansible") is None or not Path(
-        ansible_bin("ansible-playbook")
-    ).exists():
+    if (
+        importlib.util.find_spec("ansible") is None
+        or not Path(ansible_bin("ansible-playbook")).exists()
+    ):
         pytest.skip("ansible-core is not installed here (pip install -e '.[test]' brings it)")
 
 
@@ -90,7 +92,9 @@ def _run(argv: list[str], log: Path, **kw) -> None:
     with log.open("a", encoding="utf-8") as fh:
         fh.write(f"\n$ {' '.join(argv)}\n")
         fh.flush()
+        started = time.monotonic()
         proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, **kw)
+        fh.write(f"({time.monotonic() - started:.1f} s)\n")
     if proc.returncode != 0:
         raise AssertionError(f"{argv} exited {proc.returncode}:\n{log.read_text()[-4000:]}")
 
@@ -104,16 +108,40 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 
     pristine = root / "pristine"
-    _run([*pip, "install", "--no-deps", "--target", str(pristine), *map(str, wheels.values())],
-         log)
+    _run(
+        [
+            *pip,
+            "install",
+            "--no-deps",
+            "--no-compile",
+            "--target",
+            str(pristine),
+            *map(str, wheels.values()),
+        ],
+        log,
+    )
 
     # The lock, made on the reference box (here: the pristine packages) by this checkout.
     lock_dir = root / "lock"
     lock_dir.mkdir()
     lock = lock_dir / "sm120patch.lock"
-    _run([sys.executable, "-m", "sm120patch", "pin", IMAGE_PROFILE, "--sglang", str(pristine),
-          "--flashinfer", str(pristine), "-o", str(lock)], log,
-         env={**os.environ, "SM120PATCH_STATE_DIR": str(root / "pin-state")})
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "sm120patch",
+            "pin",
+            IMAGE_PROFILE,
+            "--sglang",
+            str(pristine),
+            "--flashinfer",
+            str(pristine),
+            "-o",
+            str(lock),
+        ],
+        log,
+        env={**os.environ, "SM120PATCH_STATE_DIR": str(root / "pin-state")},
+    )
 
     # The image: a fresh venv stands in for the base image's Python; the Containerfile's steps
     # run with its paths moved under `root` and the releases taken from the cache.
@@ -128,7 +156,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
         build_args={
             "SGLANG": str(wheels["sglang"]),
             "FLASHINFER": str(wheels["flashinfer"]),
-            "PIP_FLAGS": "--no-deps",
+            "PIP_FLAGS": "--no-deps --no-compile",
             "SRC": str(root / "image" / "src"),
             "PREFIX": str(root / "image" / "opt"),
         },
@@ -143,8 +171,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     )
 
     collections = root / "collections"
-    _run([ansible_bin("ansible-galaxy"), "collection", "install", str(COLLECTION), "-p",
-          str(collections)], log, env={**os.environ, "ANSIBLE_HOME": str(root / "ansible-home")})
+    _run(
+        [
+            ansible_bin("ansible-galaxy"),
+            "collection",
+            "install",
+            str(COLLECTION),
+            "-p",
+            str(collections),
+        ],
+        log,
+        env={**os.environ, "ANSIBLE_HOME": str(root / "ansible-home")},
+    )
     return Fleet(
         root=root,
         python=venv / "bin" / "python",

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,9 +98,11 @@ def run_containerfile(
             with log.open("a", encoding="utf-8") as fh:
                 fh.write(f"\n$ {rest}\n")
                 fh.flush()
+                started = time.monotonic()
                 proc = subprocess.run(
                     ["/bin/sh", "-c", rest], env=env, stdout=fh, stderr=subprocess.STDOUT
                 )
+                fh.write(f"({time.monotonic() - started:.1f} s)\n")
             if proc.returncode != 0:
                 raise AssertionError(
                     f"RUN {rest} exited {proc.returncode}:\n{log.read_text()[-4000:]}"
@@ -176,8 +179,15 @@ def playbook(
     vars_file = result_file.with_suffix(".vars.json")
     vars_file.write_text(json.dumps({**extra, "result_file": str(result_file)}))
     proc = subprocess.run(
-        [ansible_bin("ansible-playbook"), "-i", "localhost,", str(PLAYBOOKS / name),
-         "-e", f"@{vars_file}", *flags],
+        [
+            ansible_bin("ansible-playbook"),
+            "-i",
+            "localhost,",
+            str(PLAYBOOKS / name),
+            "-e",
+            f"@{vars_file}",
+            *flags,
+        ],
         env={
             **(env or os.environ),
             "ANSIBLE_COLLECTIONS_PATH": str(collections),

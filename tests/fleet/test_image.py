@@ -146,13 +146,22 @@ def test_kubernetes_init_container_ensures_the_image_lock():
     # The lock path is the image's (the Containerfile's ENV with its default PREFIX).
     assert init["command"][3] == "/opt/sm120patch/sm120patch.lock"
     # The server keeps the image's entrypoint (ensure, then exec): it only passes arguments.
-    assert "command" not in server and server["args"][:3] == ["python", "-m", "sglang.launch_server"]
+    assert "command" not in server and server["args"][:3] == [
+        "python",
+        "-m",
+        "sglang.launch_server",
+    ]
 
 
 @NEEDS_ENSURE
 def test_kubernetes_init_container_command_passes_on_the_image(fleet: Fleet):
     init = _deployment()["spec"]["template"]["spec"]["initContainers"][0]
-    argv = [str(fleet.python.parent / "sm120patch"), *init["command"][1:3], str(fleet.lock),
-            *init["command"][4:], "--no-gpu-check"]
+    argv = [
+        str(fleet.python.parent / "sm120patch"),
+        *init["command"][1:3],
+        str(fleet.lock),
+        *init["command"][4:],
+        "--no-gpu-check",
+    ]
     proc = subprocess.run(argv, env=fleet.image_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
