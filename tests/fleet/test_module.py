@@ -155,6 +155,11 @@ def test_lock_for_another_release_fails_in_check_mode(fleet: Fleet, site: Path, 
     assert run.recap["failed"] == 1 and run.result["failed"] is True
     assert "sglang version: lock has 0.5.9, found 0.5.8" in run.result["msg"]
     assert snapshot(site) == before
+    # The failed task still says what the targets are in.
+    assert {t["kind"]: t["profile"] for t in run.result["targets"]} == {
+        "sglang": None,
+        "flashinfer": None,
+    }
     # The failure is the tool's own message and hint, as the tool prints them.
     direct = fleet.tool(
         "apply",

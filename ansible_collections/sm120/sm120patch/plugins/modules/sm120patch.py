@@ -110,7 +110,9 @@ outcomes:
   type: list
   elements: dict
 targets:
-  description: C(sm120patch status --json) per target after the task (in check mode, before).
+  description: >-
+    C(sm120patch status --json) per target after the task (in check mode, before; on a
+    failure, as the refusal left them).
   returned: always
   type: list
   elements: dict
@@ -202,20 +204,33 @@ class Tool:
                 args += [f"--{kind}", os.path.abspath(self.params[kind])]
         return args
 
-    def run(self, *args, result=None):
-        """Run one command; its JSON document, or fail the task with the tool's message."""
+    def call(self, *args):
         argv = [*self.argv, *args, *self.target_args(), "--json"]
         self.commands.append(argv)
         # LC_ALL=C keeps the tool's text (the stderr form of errors) as the parser expects.
         # cwd "/": `python -m` puts the working directory first on sys.path, where a stray
         # sglang/ or sm120patch/ directory would be taken for the installed one.
         rc, stdout, stderr = self.module.run_command(argv, environ_update={"LC_ALL": "C"}, cwd="/")
+        return argv, rc, stdout, stderr
+
+    def run(self, *args, result=None):
+        """Run one command; its JSON document, or fail the task with the tool's message."""
+        argv, rc, stdout, stderr = self.call(*args)
         for line in stderr.splitlines():
             if line.startswith("warning: "):
                 self.module.warn(line[len("warning: ") :])
         if rc != 0:
             message, hint = tool_error(stdout, stderr, rc)
             first = message.splitlines()[0]
+            # What the targets are in when a command refuses (a drifted file, a journal left
+            # open) is what the operator looks at next; a failing status adds nothing.
+            seen = {}
+            if args[0] != "status":
+                _, status_rc, status_out, _ = self.call("status")
+                try:
+                    seen = self.states(json.loads(status_out)) if status_rc == 0 else {}
+                except ValueError:
+                    pass
             self.module.fail_json(
                 msg=f"{first} (next: {hint})" if hint else first,
                 error=message,
@@ -223,8 +238,7 @@ class Tool:
                 rc=rc,
                 stdout=stdout,
                 stderr=stderr,
-                cmd=self.commands,
-                **(result or {}),
+                **{**(result or {}), **seen, "cmd": self.commands},
             )
         try:
             return json.loads(stdout), stderr
@@ -238,10 +252,15 @@ class Tool:
                 cmd=self.commands,
             )
 
+    @staticmethod
+    def states(doc):
+        found = doc.get("targets", [])
+        return {"targets": found, "state": {t["kind"]: t.get("state") for t in found}}
+
     def status(self):
         doc, _ = self.run("status")
-        found = doc.get("targets", [])
-        return found, {t["kind"]: t.get("state") for t in found}
+        seen = self.states(doc)
+        return seen["targets"], seen["state"]
 
     def wanted(self):
         """The apply arguments for the profile or the lock."""
