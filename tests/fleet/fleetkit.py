@@ -133,12 +133,21 @@ def build_context(dest: Path) -> Path:
     return dest
 
 
-def snapshot(root: Path) -> dict[str, str]:
-    """sha256 of every file under `root` (caches aside): a byte-for-byte picture of a tree."""
+STATE_DIR = ".sm120patch"  # the tool's own state beside an installed target (not importable)
+
+
+def snapshot(root: Path, *, with_state: bool = False) -> dict[str, str]:
+    """sha256 of every file under `root`: a byte-for-byte picture of a tree. Bytecode caches
+    aside (the tool drops stale ones on purpose), and the tool's state directory unless
+    `with_state` (for what must write nothing anywhere: check mode, a refused lock)."""
     out = {}
     for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            out[path.relative_to(root).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+        rel = path.relative_to(root)
+        if not path.is_file() or "__pycache__" in rel.parts:
+            continue
+        if rel.parts[0] == STATE_DIR and not with_state:
+            continue
+        out[rel.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
 
 

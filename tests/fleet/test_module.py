@@ -55,12 +55,13 @@ def _tool_error(proc: subprocess.CompletedProcess) -> tuple[str, str]:
 
 def test_profile_lifecycle_check_apply_again_absent(fleet: Fleet, site: Path, tmp_path: Path):
     pristine = snapshot(site)
+    untouched = snapshot(site, with_state=True)
     args = (fleet.collections, _vars(fleet, site, profile="all"), tmp_path)
 
     check = playbook("patch.yml", *args, "--check", "--diff")
     assert check.rc == 0, check.output
     assert check.recap["changed"] == 1 and check.result["changed"] is True
-    assert snapshot(site) == pristine  # check mode changed nothing
+    assert snapshot(site, with_state=True) == untouched  # check mode wrote nothing anywhere
     diff = check.result["diff"]["prepared"]
     assert _diff_files(diff) == [
         "flashinfer/jit/comm.py",
@@ -98,10 +99,11 @@ def test_profile_lifecycle_check_apply_again_absent(fleet: Fleet, site: Path, tm
     assert snapshot(site) == patched
 
     args = (fleet.collections, _vars(fleet, site, profile="all", wanted_state="absent"), tmp_path)
+    applied_state = snapshot(site, with_state=True)
     predicted = playbook("patch.yml", *args, "--check")
     assert predicted.rc == 0, predicted.output
     assert predicted.result["changed"] is True
-    assert snapshot(site) == patched
+    assert snapshot(site, with_state=True) == applied_state
 
     reverted = playbook("patch.yml", *args)
     assert reverted.rc == 0, reverted.output
@@ -146,7 +148,7 @@ def test_lock_for_another_release_fails_in_check_mode(fleet: Fleet, site: Path, 
         state=tmp_path / "pin-state",
     )
     assert pinned.returncode == 0, pinned.stderr
-    before = snapshot(site)
+    before = snapshot(site, with_state=True)
 
     run = playbook(
         "patch.yml", fleet.collections, _vars(fleet, site, lock=str(other)), tmp_path, "--check"
@@ -154,7 +156,7 @@ def test_lock_for_another_release_fails_in_check_mode(fleet: Fleet, site: Path, 
     assert run.rc == 2, run.output  # ansible-playbook: a task failed
     assert run.recap["failed"] == 1 and run.result["failed"] is True
     assert "sglang version: lock has 0.5.9, found 0.5.8" in run.result["msg"]
-    assert snapshot(site) == before
+    assert snapshot(site, with_state=True) == before  # wrote nothing anywhere
     # The failed task still says what the targets are in.
     assert {t["kind"]: t["profile"] for t in run.result["targets"]} == {
         "sglang": None,

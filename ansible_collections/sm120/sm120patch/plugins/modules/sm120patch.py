@@ -277,6 +277,17 @@ class Tool:
         return flags
 
 
+def report_changed(report):
+    """Whether the command changed files: the report's own `changed` where the tool gives it
+    (with target states, a `dropped` record writes nothing), else an apply or revert that
+    lists the files it wrote."""
+    if "changed" in report:
+        return bool(report["changed"])
+    return report.get("action") in ("applied", "reverted") and any(
+        t.get("files") for t in report.get("targets", [])
+    )
+
+
 def present(module, tool):
     result = {}
     plan = None
@@ -305,9 +316,7 @@ def present(module, tool):
     else:
         report, _ = tool.run("apply", *tool.wanted(), *tool.apply_flags(), result=result)
         found, states = tool.status()
-        changed = report.get("action") == "applied" and any(
-            t.get("files") for t in report.get("targets", [])
-        )
+        changed = report_changed(report)
         if not changed:
             result.pop("diff", None)
         result.update(
@@ -377,7 +386,7 @@ def absent(module, tool):
     report, _ = tool.run(*args)
     after, after_states = tool.status()
     return dict(
-        changed=bool(writes) and any(t.get("files") for t in report.get("targets", [])),
+        changed=bool(writes) and report_changed(report),
         action=report.get("action"),
         profile=report.get("profile"),
         outcomes=report.get("outcomes", []),
