@@ -150,6 +150,14 @@ NEXT_PREFIX = "next: "
 NO_GPU_WARNING = "warning: no SM120 GPU here"
 
 
+def _json_object(text):
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def tool_error(stdout, stderr, rc):
     """The tool's error as (message, hint): its JSON on stdout, else its lines on stderr.
 
@@ -157,11 +165,8 @@ def tool_error(stdout, stderr, rc):
     print `sm120patch: ...` and `  next: ...` on stderr. A message may span lines (a refusal
     shows the edit it would throw away), so everything up to the hint belongs to it.
     """
-    try:
-        doc = json.loads(stdout)
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict) and doc.get("error"):
+    doc = _json_object(stdout)
+    if doc and doc.get("error"):
         return str(doc["error"]), str(doc.get("next") or "")
     message, hint, seen = [], "", False
     for line in stderr.splitlines():
@@ -225,12 +230,14 @@ class Tool:
             # What the targets are in when a command refuses (a drifted file, a journal left
             # open) is what the operator looks at next; a failing status adds nothing.
             seen = {}
+            refused = _json_object(stdout)
+            if refused and "outcomes" in refused:
+                seen["outcomes"] = refused["outcomes"]  # a refused plan: which site and why
             if args[0] != "status":
                 _, status_rc, status_out, _ = self.call("status")
-                try:
-                    seen = self.states(json.loads(status_out)) if status_rc == 0 else {}
-                except ValueError:
-                    pass
+                status = _json_object(status_out) if status_rc == 0 else None
+                if status:
+                    seen.update(self.states(status))
             self.module.fail_json(
                 msg=f"{first} (next: {hint})" if hint else first,
                 error=message,
