@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -111,9 +112,13 @@ def test_profile_lifecycle_check_apply_again_absent(fleet: Fleet, site: Path, tm
     assert snapshot(site) == pristine  # byte for byte
     assert all(t["profile"] is None for t in reverted.result["targets"])
 
-    again = playbook("patch.yml", *args)
+    # Without `python`, the module runs the sm120patch on the host's PATH (here: the venv's).
+    bare = {k: v for k, v in args[1].items() if k != "tool_python"}
+    on_path = {**os.environ, "PATH": f"{fleet.python.parent}{os.pathsep}{os.environ['PATH']}"}
+    again = playbook("patch.yml", args[0], bare, tmp_path, env=on_path)
     assert again.rc == 0, again.output
     assert again.recap["changed"] == 0 and again.result["changed"] is False
+    assert again.result["cmd"][0][0] == str(fleet.python.parent / "sm120patch")
 
 
 def test_lock_handler_runs_once_after_a_change_and_not_on_the_second_run(
