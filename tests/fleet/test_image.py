@@ -22,7 +22,6 @@ from sm120patch import lockfile
 
 pytestmark = [pytest.mark.real, pytest.mark.fleet]
 
-NEEDS_ENSURE = pytest.mark.xfail(strict=False, reason="needs issue 9 ensure/state")
 
 
 def _sha(path: Path) -> str:
@@ -74,7 +73,6 @@ def test_image_build_step_refuses_a_lock_for_other_releases(fleet: Fleet, site: 
     assert snapshot(site) == before
 
 
-@NEEDS_ENSURE
 def test_image_entrypoint_runs_ensure_then_the_command(fleet: Fleet):
     assert "ensure --locked" in " ".join(fleet.image.entrypoint)
     proc = subprocess.run(
@@ -87,7 +85,6 @@ def test_image_entrypoint_runs_ensure_then_the_command(fleet: Fleet):
     assert proc.stdout.strip().splitlines()[-1] == "serving"
 
 
-@NEEDS_ENSURE
 def test_image_entrypoint_stops_a_drifted_image(fleet: Fleet, tmp_path):
     lock = lockfile.read(fleet.lock)
     path = fleet.site_packages / lock.files[0]["path"]
@@ -123,7 +120,6 @@ def test_systemd_drop_in_guards_the_start_with_the_image_lock():
     assert argv[3] == rollout[0]["vars"]["sm120patch_lock"]
 
 
-@NEEDS_ENSURE
 def test_systemd_exec_start_pre_passes_on_the_locked_tree(fleet: Fleet):
     argv = shlex.split(_drop_in()["Service"]["ExecStartPre"])
     # The unit's binary and lock are this "image"'s; no SM120 GPU here.
@@ -153,7 +149,6 @@ def test_kubernetes_init_container_ensures_the_image_lock():
     ]
 
 
-@NEEDS_ENSURE
 def test_kubernetes_init_container_command_passes_on_the_image(fleet: Fleet):
     init = _deployment()["spec"]["template"]["spec"]["initContainers"][0]
     argv = [

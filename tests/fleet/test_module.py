@@ -29,7 +29,6 @@ from sm120patch import lockfile, releases
 
 pytestmark = [pytest.mark.real, pytest.mark.fleet]
 
-NEEDS_ISSUE_9 = pytest.mark.xfail(strict=False, reason="needs issue 9 ensure/state")
 
 
 def _module():
@@ -206,7 +205,6 @@ def test_gpu_check_fails_in_check_mode_as_the_apply_does(fleet: Fleet, site: Pat
     assert snapshot(site) == before
 
 
-@NEEDS_ISSUE_9
 def test_drifted_file_fails_the_task_with_the_tools_message(
     fleet: Fleet, site: Path, tmp_path: Path
 ):
@@ -231,7 +229,6 @@ def test_drifted_file_fails_the_task_with_the_tools_message(
     assert run.result["state"]["flashinfer"] == "drifted"
 
 
-@NEEDS_ISSUE_9
 def test_check_mode_on_an_applied_lock_reports_ok(fleet: Fleet, site: Path, tmp_path: Path):
     applied = fleet.tool(
         "apply",
@@ -255,7 +252,6 @@ def test_check_mode_on_an_applied_lock_reports_ok(fleet: Fleet, site: Path, tmp_
     assert run.result["changed"] is False
 
 
-@NEEDS_ISSUE_9
 def test_results_name_the_target_state(fleet: Fleet, site: Path, tmp_path: Path):
     run = playbook(
         "patch.yml", fleet.collections, _vars(fleet, site, profile=IMAGE_PROFILE), tmp_path
