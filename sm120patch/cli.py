@@ -398,9 +398,9 @@ def _file_line(f: dict[str, Any]) -> str:
 @json_option
 def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """The state of each target, decided from the bytes on disk, and of every touched file."""
-    from sm120patch import engine
+    from sm120patch import assess
 
-    found = engine.status({"sglang": sglang, "flashinfer": flashinfer})
+    found = assess.status({"sglang": sglang, "flashinfer": flashinfer})
     if as_json:
         emit_json({"targets": [s.to_dict() for s in found]})
         return

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm120patch import catalog, engine, gpu, targets
+from sm120patch import assess, catalog, gpu, targets
 from sm120patch import plan as planner
 from sm120patch.errors import Sm120Error
 
@@ -72,7 +72,7 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
                 check.problems.append(exc.message)
         checks.append(check)
     try:
-        applied = [s.to_dict() for s in engine.status(paths)]
+        applied = [s.to_dict() for s in assess.status(paths)]
     except Sm120Error as exc:
         applied = [{"problem": exc.message}]
     return Examination(probe, [t.to_dict() for t in found.values()], missing, checks, applied)

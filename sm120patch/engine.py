@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sm120patch import __version__, assess, catalog, state
+from sm120patch import __version__, assess, catalog, state, targets
 from sm120patch import plan as planner
 from sm120patch.assess import Assessment
 from sm120patch.errors import Refused, Sm120Error
@@ -146,17 +146,6 @@ def _refuse_unfinished(ctxs: list[_Ctx]) -> None:
                 f"an interrupted sm120patch {journal.op} left a journal on {ctx.target.root}",
                 "run `sm120patch recover` (with the same --sglang/--flashinfer) first",
             )
-
-
-def _find_quiet(kind: str, path: str | Path | None, *, required: bool) -> Target | None:
-    from sm120patch import targets
-
-    try:
-        return targets.find(kind, path)
-    except Refused:
-        if required:
-            raise
-        return None
 
 
 # ---- preflight: one for the dry run and the apply ----------------------------------------
@@ -649,9 +638,7 @@ def revert(
     """Revert `profile_name` (None: whatever is applied) on the targets at `paths`."""
     kinds = catalog.TARGETS if profile_name is None else catalog.load().profile(
         profile_name).targets  # fmt: skip
-    found = [
-        _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None) for kind in kinds
-    ]
+    found = [targets.find_quiet(k, paths.get(k), required=paths.get(k) is not None) for k in kinds]
     ctxs = [_Ctx(t) for t in found if t is not None]
     reports: list[TargetReport] = []
     notes: list[str] = []
@@ -814,7 +801,7 @@ def _finish_revert(ctx: _Ctx, journal: Journal) -> tuple[TargetReport, list[str]
 def recover(paths: Mapping[str, str | Path | None]) -> Report:
     """Finish what a killed run left: roll an apply back, roll a revert forward."""
     found = [
-        _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
+        targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
         for kind in catalog.TARGETS
     ]
     ctxs = _with_peers([_Ctx(t) for t in found if t is not None])
@@ -875,7 +862,7 @@ def _with_peers(ctxs: list[_Ctx]) -> list[_Ctx]:
             if (peer.kind, root) in seen or peer.kind in {c.target.kind for c in out}:
                 continue
             try:
-                target = _find_quiet(peer.kind, root, required=False)
+                target = targets.find_quiet(peer.kind, root, required=False)
             except Sm120Error:
                 target = None  # gone: its own journal (if any) is recovered where it is
             if target is not None and target.root == root:
@@ -951,70 +938,11 @@ def ensure(
     return report
 
 
-# ---- status ------------------------------------------------------------------------------
+# ---- status (decided in assess.py, from the bytes) ---------------------------------------
 
-
-@dataclass
-class TargetStatus:
-    target: Target
-    assessment: Assessment
-    trials: list[dict[str, Any]]
-
-    @property
-    def state(self) -> str:
-        return self.assessment.state
-
-    @property
-    def profile(self) -> str | None:
-        return self.assessment.profile
-
-    @property
-    def branch(self) -> str | None:
-        m = self.assessment.manifest
-        return m.git.patch_branch if m and m.git else None
-
-    @property
-    def base(self) -> str | None:
-        m = self.assessment.manifest
-        return m.git.head if m and m.git else None
-
-    @property
-    def unfinished(self) -> str | None:
-        j = self.assessment.journal
-        return j.op if j else None
-
-    @property
-    def files(self) -> list[dict[str, Any]]:
-        return [f.to_dict() for f in self.assessment.files]
-
-    def to_dict(self) -> dict[str, Any]:
-        a = self.assessment
-        return {
-            **self.target.to_dict(),
-            "state": a.state,
-            "message": a.message,
-            "profile": self.profile,
-            "applied_version": a.manifest.version if a.manifest else None,
-            "branch": self.branch,
-            "branch_now": a.branch_now,
-            "patch_branch_exists": a.patch_branch_exists,
-            "base": self.base,
-            "files": self.files,
-            "unfinished": self.unfinished,
-            "trials": self.trials,
-        }
-
-
-def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
-    """What is applied where, from hashes only (no parsing, no git process)."""
-    out = []
-    for kind in catalog.TARGETS:
-        target = _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
-        if target is None:
-            continue
-        st = TargetState.of(target.root, target.layout, target.kind)
-        out.append(TargetStatus(target, assess.assess(target, st), st.trials()))
-    return out
+# Part of the engine's API; `sm120patch status` calls assess directly (no planner import).
+status = assess.status
+TargetStatus = assess.TargetStatus
 
 
 def record_trial(
@@ -1022,7 +950,7 @@ def record_trial(
 ) -> None:
     """Keep a trial's record on every target of its profile (it survives the revert)."""
     for kind in catalog.load().profile(profile).targets:
-        target = _find_quiet(kind, paths.get(kind), required=False)
+        target = targets.find_quiet(kind, paths.get(kind), required=False)
         if target is None:
             continue
         st = TargetState.of(target.root, target.layout, target.kind)

@@ -162,7 +162,7 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     bytes), the lock records the applied state from its manifest; on pristine trees (or where
     the patch is gone) it records what the plan would write.
     """
-    from sm120patch import assess, engine
+    from sm120patch import assess
     from sm120patch import plan as planner
 
     cat = catalog.load()
@@ -171,7 +171,7 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     outside = planner.check_pins(profile, found)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to pin anyway")
-    states = {s.target.kind: s for s in engine.status(paths) if s.target.kind in profile.targets}
+    states = {s.target.kind: s for s in assess.status(paths) if s.target.kind in profile.targets}
     applied = [s for s in states.values() if s.state == assess.APPLIED]
     for s in states.values():
         if s.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):

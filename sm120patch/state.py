@@ -24,6 +24,7 @@ import json
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -88,6 +89,9 @@ def legacy_state_dir_for(root: Path, kind: str) -> Path | None:
     if override:
         # Resolved once per value, absolutely: a later change of directory must not move it.
         base = _resolved.setdefault(override, Path(override).absolute())
+    elif sys.platform.startswith("linux"):
+        # platformdirs' answer on Linux, without importing it on every status.
+        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local/state") / "sm120patch"
     else:
         import platformdirs
 
