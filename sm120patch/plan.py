@@ -137,11 +137,12 @@ def _plan_target_cached(profile: Profile, patches: list[Patch], target: Target) 
 
     files = [f for p in patches if p.target == target.kind for f in p.files]
     entry = plancache.key(profile, files, target)
-    cached = plancache.load(entry, target)
+    cached = plancache.load(entry, target) if entry else None
     if cached is not None:
         return cached
     result = plan_target(profile, patches, target)
-    plancache.store(entry, result, plancache.import_deps(target, result))
+    if entry:
+        plancache.store(entry, result, plancache.import_deps(target, result))
     return result
 
 

@@ -72,12 +72,18 @@ def _sha(path: Path) -> str | None:
         return None
 
 
-def key(profile: Profile, patch_files: list[str], target: Target) -> str:
-    """The entry of `profile` on `target`, from the bytes of every file its patches may touch."""
+def key(profile: Profile, patch_files: list[str], target: Target) -> str | None:
+    """The entry of `profile` on `target`, from the bytes of every file its patches may touch;
+    None (plan, never cache) when one of them is there but is not a regular file: the planner
+    refuses that with its own words."""
     h = hashlib.sha256(f"{FORMAT}\0{code_digest()}\0{profile.name}\0".encode())
     h.update(f"{target.kind}\0{target.version}\0".encode())
     for rel in sorted(set(patch_files)):
-        h.update(f"{rel}\0{_sha(target.path_of(rel))}\0".encode())
+        path = target.path_of(rel)
+        digest = _sha(path)
+        if digest is None and os.path.lexists(path):
+            return None
+        h.update(f"{rel}\0{digest}\0".encode())
     return h.hexdigest()
 
 
@@ -150,7 +156,7 @@ def store(entry: str, plan: TargetPlan, deps: list[str]) -> None:
     try:
         from sm120patch.state import atomic_write
 
-        atomic_write(cache_dir() / f"{entry}.json.z", data)
+        atomic_write(cache_dir() / f"{entry}.json.z", data, durable=False)
     except OSError:
         pass
 
