@@ -274,7 +274,12 @@ def timeline(done: Sequence[_Request], duration: float) -> list[dict[str, float]
         weight = r.tokens / len(r.chunk_times)
         for t in r.chunk_times:
             buckets[min(int(t / step), len(buckets) - 1)] += weight
-    return [{"t": round(i * step, 3), "tok_s": round(n / step, 2)} for i, n in enumerate(buckets)]
+    # The last bucket ends with the window, usually before a whole step.
+    widths = [step] * (len(buckets) - 1) + [max(duration - step * (len(buckets) - 1), step / 4)]
+    return [
+        {"t": round(i * step, 3), "tok_s": round(n / w, 2)}
+        for i, (n, w) in enumerate(zip(buckets, widths, strict=True))
+    ]
 
 
 def _round(value: float | None) -> float | None:

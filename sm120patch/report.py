@@ -70,17 +70,28 @@ def _chart(
             f'stroke-width="1.8" stroke-dasharray="{dash}" points="{coords}">'
             f"<title>{_esc(attrs.get('label', side))}</title></polyline>"
         )
-    labels = [a.get("label", a["side"]) for a, _ in series]
-    for i, (attrs, _pts) in enumerate(series):
-        y = PAD + 14 * i
-        if y > H - PAD - 10:
-            break
-        parts.append(
-            f'<text x="{W - PAD - 4}" y="{y}" text-anchor="end" font-size="11" '
-            f'fill="{COLOURS[attrs["side"]]}">{_esc(labels[i])}</text>'
-        )
+    parts.append(_legend(series))
     parts.append("</svg>")
     return f"<h3>{_esc(title)}</h3>" + "".join(parts)
+
+
+def _legend(series: Sequence[tuple[dict[str, str], list[tuple[float, float]]]]) -> str:
+    """One row above the plot: the sides by colour, the GPUs (if any) by dash."""
+    items = [
+        (side, COLOURS[side], "") for side in COLOURS if any(a["side"] == side for a, _ in series)
+    ]
+    gpus = sorted({int(a["gpu"]) for a, _ in series if "gpu" in a})
+    if len(gpus) > 1:
+        items += [(f"GPU {g}", "#555", DASHES[g % len(DASHES)]) for g in gpus]
+    out, x = [], PAD
+    for label, colour, dash in items:
+        out.append(
+            f'<line x1="{x}" y1="16" x2="{x + 22}" y2="16" stroke="{colour}" stroke-width="2" '
+            f'stroke-dasharray="{dash}"/><text x="{x + 26}" y="20" font-size="11">'
+            f"{_esc(label)}</text>"
+        )
+        x += 34 + 7 * len(label)
+    return "".join(out)
 
 
 def _bars(doc: dict[str, Any]) -> str:
@@ -117,6 +128,7 @@ def _bars(doc: dict[str, Any]) -> str:
                 f'</title></rect><text x="{x0 + j * bar + bar * 0.45:.1f}" '
                 f'y="{H - PAD - h - 3:.1f}" text-anchor="middle" font-size="10">{v:.1f}</text>'
             )
+    parts.append(_legend([({"side": side}, []) for side in COLOURS]))
     parts.append("</svg>")
     return "<h3>Latency percentiles (median over runs, ms)</h3>" + "".join(parts)
 
@@ -243,7 +255,7 @@ def html(doc: dict[str, Any]) -> str:
         ".bad{color:#c62828}svg{background:#fafafa}"
     )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>sm120patch trial {_esc(doc.get('id'))}</title><style>{style}</style></head>"
         f"<body>{''.join(body)}</body></html>\n"
     )

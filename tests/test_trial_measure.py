@@ -85,6 +85,7 @@ def test_patched_faster_is_kept_with_both_sides_recorded(trees, tmp_path, fake_n
         trees, tmp_path, "--delay-ms-pristine", "8", "--delay-ms-patched", "3"
     )
     assert code == 0, err
+    assert "known: moe wrong-output" in err.split("fake server")[0]  # shown before acting
     assert doc["verdict"] == "kept"
     assert doc["message"].startswith("patched ") and doc["message"].endswith(": kept")
     assert "power 126 W vs 250 W" in doc["message"]  # mean over the two GPUs
