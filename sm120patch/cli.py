@@ -204,7 +204,7 @@ def apply_cmd(
         check_plan = lockfile.check(lock, Path(locked))
     if not profile:
         raise UsageError("give a PROFILE (see `sm120patch list`) or --locked LOCKFILE")
-    print_known(profile, paths)  # known outcomes on this box (issue 11), on stderr
+    print_known(profile, paths, err=dry_run, quiet=as_json)  # known outcomes here (issue 11)
     if dry_run:
         from sm120patch import plan as planner
         from sm120patch.plan import PlanRefused
@@ -368,12 +368,16 @@ def print_known(
     paths: dict[str, str | None],
     command: list[str] | None = None,
     *,
-    err: bool = True,
+    err: bool = False,
+    quiet: bool = False,
 ) -> None:
     """One line per known outcome (patches/known.toml) and per trial measured here that match
-    this box, before acting. `apply`, `trial` and `doctor` call it."""
+    this box, before acting; `apply` and `trial` call it. On stdout by default: stderr stays
+    the one clear error line when the command then fails; `err` where stdout is a diff."""
     from sm120patch import known
 
+    if quiet:
+        return
     for line in known.lines(profile, paths, command or []):
         click.echo(line, err=err)
 
@@ -477,10 +481,15 @@ def trial_cmd(
     from pathlib import Path
 
     from sm120patch import gpu, trial
-    from sm120patch.errors import TrialCrashed
+    from sm120patch.errors import TrialCrashed, UsageError
 
     paths = {"sglang": sglang, "flashinfer": flashinfer}
-    print_known(profile, paths, list(command))
+    if export_path and not measure:
+        raise UsageError(
+            "--export needs --measure",
+            "or export a recorded trial: `sm120patch trial show ID --export FILE`",
+        )
+    print_known(profile, paths, list(command), err=as_json)
     if measure:
         from sm120patch import measure as measuring
 

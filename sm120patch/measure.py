@@ -212,6 +212,10 @@ def run(
             f"profile {', '.join(sorted(others))} is applied; the baseline would not be pristine",
             f"revert it first (`sm120patch revert {sorted(others)[0]}`)",
         )
+    if profile not in applied:
+        from sm120patch import plan
+
+        plan.checked(profile, paths, force=force)  # refuse now, not after the baseline ran
     result = MeasuredTrial(profile, list(command), asdict(opts), time.time())
     result.versions = {s.target.kind: s.target.version for s in engine.status(paths)}
     probe = gpu.probe()

@@ -97,3 +97,8 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
     assert ("known: moe wrong-output" in err) is shown
     assert "known:" not in out  # the diff on stdout stays `git apply`-able
     assert "flashinfer/pull/3903" not in err  # a fusion entry is not about moe
+    code, out, err = run_cli(
+        "apply", "moe", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check"
+    )
+    assert code == 0, err
+    assert ("known: moe wrong-output" in out.splitlines()[0]) is shown  # before the report
