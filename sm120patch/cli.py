@@ -1,7 +1,8 @@
 """The command line: parse, call the library, render. Nothing else lives here.
 
 Exit codes (README): 0 success, 1 refused or precondition failed (nothing changed), 2 usage,
-3 a trial crashed and was reverted, 4 internal error.
+3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted: not
+faster beyond the spread) and 6 (reverted: wrong output).
 """
 
 from __future__ import annotations

@@ -47,7 +47,10 @@ def main() -> None:
     ap.add_argument("--crash-when-patched", action="store_true")
     ap.add_argument("--counter", default=None)
     ap.add_argument("--lifetime", type=float, default=60.0)
+    ap.add_argument("--pidfile", default=None)
     args = ap.parse_args()
+    if args.pidfile:
+        Path(args.pidfile).write_text(str(os.getpid()))
 
     patched = hashlib.sha256(Path(args.watch).read_bytes()).hexdigest() != args.pristine_sha
     side = "patched" if patched else "pristine"

@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from trees import tree_hash
-from trialkit import free_port, run_cli, two_trees
+from trialkit import free_port, gone, run_cli, two_trees
 
 from sm120patch import trial
 
@@ -53,17 +52,6 @@ def test_crash_with_flashinfer_message_reverts_and_diagnoses(trees, tmp_path):
     assert recorded[-1]["exit_code"] == 1
     assert recorded[-1]["signature"]["id"] == "flashinfer-comm-arch"
     assert recorded[-1]["reverted"] is True
-
-
-def gone(pid: int, wait: float = 5.0) -> bool:
-    deadline = time.time() + wait
-    while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_http_ready_keeps_the_patch(trees, tmp_path):

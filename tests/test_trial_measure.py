@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
 import pytest
 from trees import tree_hash
-from trialkit import free_port, run_cli, two_trees
+from trialkit import free_port, gone, run_cli, two_trees
 
 from sm120patch import gpu, known, load, sanity
 
@@ -261,13 +265,42 @@ def test_another_profile_applied_refuses(trees):
     assert tree_hash(sg) == before
 
 
+def test_interrupt_under_load_stops_the_server_and_reverts(trees, tmp_path):
+    sg, fi = trees
+    before = tree_hash(sg)
+    port = free_port()
+    pidfile = tmp_path / "server.pid"
+    command = [
+        sys.executable, FAKE, "--port", str(port), "--watch", str(sg / WATCHED),
+        "--pristine-sha", sha(sg / WATCHED), "--lifetime", "60", "--pidfile", str(pidfile),
+        "--delay-ms-pristine", "5", "--delay-ms-patched", "200",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sm120patch", "trial", "moe", "--measure", "--sglang", str(sg),
+         "--flashinfer", str(fi), "--no-gpu-check", "--timeout", "20",
+         "--requests", "8", "--concurrency", "2", "--max-tokens", "16", "--", *command],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "fake server: patched" in line:  # the patched server is up; the load will be slow
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert tree_hash(sg) == before
+    assert gone(int(pidfile.read_text())), "the server outlived the interrupt"
+    code, out, _ = run_cli("trial", "show", "--sglang", str(sg), "--flashinfer", str(fi), "--json")
+    assert json.loads(out)["verdict"] == "interrupted"
+
+
 # ---- the pieces --------------------------------------------------------------------------
 
 
 def test_sampler_reads_power_and_utilisation_of_every_gpu(fake_nvml):
     sampler = gpu.Sampler(every=0.01).start()
-    import time
-
     time.sleep(0.1)
     samples = sampler.stop()
     assert sampler.problem is None
