@@ -228,7 +228,8 @@ async def _stream(client: Any, spec: LoadSpec, model: str, prompt: str, t0: floa
                     if piece:
                         req.chunk_times.append(time.perf_counter() - t0)
                         req.text += piece
-    except (httpx.HTTPError, ValueError) as exc:
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        # A transport error or a malformed event: this request failed, the load goes on.
         req.error = f"{type(exc).__name__}: {exc}"
     finally:
         req.end = time.perf_counter() - t0

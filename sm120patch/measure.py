@@ -242,6 +242,12 @@ def run(
     except KeyboardInterrupt:
         result.verdict = "interrupted"
         result.message = "interrupted: the profile was reverted"
+    except Exception:
+        # A refusal between runs (a benchmark that fails, an apply that refuses): never leave
+        # the profile applied by a trial that did not finish.
+        if is_applied:
+            engine.revert(profile, paths)
+        raise
     finally:
         if log:
             log.close()
@@ -415,6 +421,8 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
     elif result.gain >= opts.min_gain + result.noise:
         result.verdict = "kept"
         result.message = f"{figures}: kept"
+        if opts.repeat == 1:
+            result.message += " (one run each: no spread measured; --repeat 3 shows the noise)"
     elif result.gain >= opts.min_gain:
         result.verdict = "reverted-noise"
         result.message = (

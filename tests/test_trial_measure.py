@@ -91,7 +91,7 @@ def test_patched_faster_is_kept_with_both_sides_recorded(trees, tmp_path, fake_n
     assert code == 0, err
     assert "known: moe wrong-output" in err.split("fake server")[0]  # shown before acting
     assert doc["verdict"] == "kept"
-    assert doc["message"].startswith("patched ") and doc["message"].endswith(": kept")
+    assert doc["message"].startswith("patched ") and ": kept (one run each" in doc["message"]
     assert "power 126 W vs 250 W" in doc["message"]  # mean over the two GPUs
     assert [r["side"] for r in doc["runs"]] == ["baseline", "patched"]
     base, patched = doc["runs"]
@@ -239,6 +239,25 @@ def test_bench_cmd_figures_are_read_from_its_json(trees, tmp_path, fake_nvml):
     assert [r["figures"]["output_tok_s"] for r in doc["runs"]] == [800.0, 900.0]
     assert doc["runs"][0]["figures"]["source"] == "bench-cmd"
     assert doc["gain"] == pytest.approx(0.125)
+
+
+def test_a_failing_benchmark_on_the_patched_side_reverts(trees, tmp_path, fake_nvml):
+    sg, _ = trees
+    before = tree_hash(sg)
+    bench = tmp_path / "bench.py"
+    bench.write_text(
+        "import json, pathlib, sys\n"
+        "count = pathlib.Path(sys.argv[1]); n = int(count.read_text()) if count.exists() else 0\n"
+        "count.write_text(str(n + 1))\n"
+        "if n: print('benchmark broke', file=sys.stderr); sys.exit(2)\n"
+        "out = sys.argv[sys.argv.index('--output-file') + 1]\n"
+        "open(out, 'w').write(json.dumps({'output_throughput': 800.0}))\n"
+    )
+    cmdline = f"{sys.executable} {bench} {tmp_path / 'count'} --output-file {{output}}"
+    code, doc, err = measure(trees, tmp_path, extra=("--bench-cmd", cmdline))
+    assert code == 1, err
+    assert "--bench-cmd exited with code 2" in err and "benchmark broke" in err
+    assert tree_hash(sg) == before  # the patched side was applied, and is reverted
 
 
 def test_bench_cmd_needs_an_output_placeholder(trees):
