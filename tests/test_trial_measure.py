@@ -164,7 +164,7 @@ def test_gain_inside_the_spread_is_reverted_and_says_so(trees, tmp_path, fake_nv
     # Long delays, so that sleeping, not this busy CPU, sets the pace.
     code, doc, err = measure(
         trees, tmp_path, "--delay-ms-pristine", "12,16,10",
-        "--delay-ms-patched", "10,13.5,8.5", repeat=3,
+        "--delay-ms-patched", "10,13.5,8.5", repeat=3, extra=("--requests", "8"),
     )
     assert code == 5, err
     assert [r["side"] for r in doc["runs"]] == ["baseline", "patched"] * 3
