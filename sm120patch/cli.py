@@ -259,8 +259,10 @@ def apply_cmd(
     if dry_run:
         # The apply minus the writes: the same preflight refuses the same way.
         prep = engine.dry_run(profile, paths, force=force, check_plan=check_plan, lock=lock)
+        gpu_doc = None
         if not no_gpu_check:
             found = gpu.probe()
+            gpu_doc = {"has_sm120": found.has_sm120, "summary": found.summary()}
             if not found.has_sm120:
                 click.echo(
                     f"warning: no SM120 GPU here ({found.summary()}); a real apply "
@@ -271,7 +273,7 @@ def apply_cmd(
         assert plan is not None
         if as_json:
             emit_json({**plan.to_dict(), "nothing_to_do": prep.nothing_to_do,
-                       "notes": prep.notes, "error": None})  # fmt: skip
+                       "notes": prep.notes, "gpu": gpu_doc, "error": None})  # fmt: skip
             return
         for tp in plan.targets:
             t = tp.target
@@ -309,6 +311,11 @@ def apply_cmd(
 @locked_option
 @click.option("--force", is_flag=True, help="Allow versions outside the profile's pins.")
 @click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
+@click.option(
+    "--no-apply",
+    is_flag=True,
+    help="Only verify: exit 1 unless already exactly as wanted (never writes).",
+)
 @json_option
 def ensure_cmd(
     profile: str | None,
@@ -317,6 +324,7 @@ def ensure_cmd(
     locked: str | None,
     force: bool,
     no_gpu_check: bool,
+    no_apply: bool,
     as_json: bool,
 ) -> None:
     """For service start-up: exit 0 when the trees are exactly as wanted (applying first if
@@ -331,6 +339,7 @@ def ensure_cmd(
         preconditions=None if no_gpu_check else gpu.require_sm120,
         check_plan=check_plan,
         lock=lock,
+        apply_if_needed=not no_apply,
     )
     if as_json:
         emit_json(report.to_dict())

@@ -89,6 +89,9 @@ class Report:
             "targets": [t.to_dict() for t in self.targets],
             "outcomes": [o.to_dict() for o in self.outcomes],
             "notes": self.notes,
+            # What an apply wrote, as the dry run showed it (a fleet's diff mode needs no
+            # second call).
+            "diff": self.plan.diff() if self.plan is not None and self.action == "applied" else "",
         }
 
 
@@ -915,8 +918,12 @@ def ensure(
     preconditions: Callable[[], None] | None = None,
     check_plan: Callable[[Plan], None] | None = None,
     lock: Lock | None = None,
+    apply_if_needed: bool = True,
 ) -> Report:
     """For service start-up: the target ends exactly as wanted, or nothing changes (Refused).
+
+    `apply_if_needed=False` only verifies (a Kubernetes init container, which cannot patch the
+    server container's files): anything but "applied as wanted" is refused.
 
     Pristine or gone: applied first. Applied as wanted: nothing to do. Drifted, missing,
     unfinished, another profile, another release outside the pins or than the lock's:
@@ -943,7 +950,16 @@ def ensure(
                 ],
             )
         except Refused:
-            pass  # not as the lock says: apply's preflight refuses with the full story
+            if not apply_if_needed:
+                raise
+            # not as the lock says: apply's preflight refuses with the full story
+    if not apply_if_needed:
+        wrong = next(a for a in found if not (a.state == assess.APPLIED
+                                              and a.profile == profile.name))  # fmt: skip
+        raise Refused(
+            f"{wrong.target.root}: {wrong.state}: {wrong.message}",
+            "apply it where the files can be written (`sm120patch ensure` without --no-apply)",
+        )
     report = apply(
         profile_name, paths, force=force, preconditions=preconditions, check_plan=check_plan,
         lock=lock,
