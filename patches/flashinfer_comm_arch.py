@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.transform import Patch, Result, already_applied, applied, not_applicable, refused
+from sm120patch.transform import Patch, Result
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -14,40 +14,9 @@ KEYWORD = "supported_major_versions"
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
+    from sm120patch import operations as op
 
-    from sm120patch import cst_helpers as h
-
-    funcs = h.functions(module, SITE)
-    if not funcs:
-        return not_applicable(SITE, f"no `def {SITE}` in this file")
-    if len(funcs) > 1:
-        return refused(SITE, f"one `def {SITE}`", f"{len(funcs)} definitions")
-    import libcst.matchers as m
-
-    args = list(m.findall(funcs[0], m.Arg(keyword=m.Name(KEYWORD))))
-    if len(args) != 1:
-        return refused(SITE, f"one `{KEYWORD}=[9, 10]` argument", f"{len(args)} such arguments")
-    value = args[0].value
-    if not isinstance(value, cst.List) or not all(
-        isinstance(el.value, cst.Integer) for el in value.elements
-    ):
-        return refused(SITE, f"`{KEYWORD}=[9, 10]`", f"`{h.code(args[0])}`")
-    majors = [el.value.evaluated_value for el in value.elements]  # type: ignore[attr-defined]
-    if 12 in majors:
-        return already_applied(SITE, f"{KEYWORD}={majors}")
-    if majors != [9, 10]:
-        return refused(SITE, f"`{KEYWORD}=[9, 10]`", f"`{h.code(args[0])}`")
-    last = value.elements[-1]
-    # `[9, 10]` -> `[9, 10, 12]`: the old last element takes the separator the others use.
-    sep = value.elements[0].comma if len(value.elements) > 1 else cst.Comma()
-    elements = [
-        *value.elements[:-1],
-        last.with_changes(comma=sep),
-        cst.Element(cst.Integer("12"), comma=last.comma),
-    ]
-    new_module = h.replace(module, value, value.with_changes(elements=elements), scope=funcs[0])
-    return applied(SITE, new_module, f"{KEYWORD}=[9, 10] -> [9, 10, 12]")  # type: ignore[arg-type]
+    return op.extend_keyword_list(module, function=SITE, keyword=KEYWORD, expect=[9, 10], add=12)
 
 
 PATCH = Patch(

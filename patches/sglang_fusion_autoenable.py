@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from sm120patch.transform import (
     Patch,
     Result,
+    Status,
     already_applied,
     applied,
     not_applicable,
@@ -47,6 +48,7 @@ def transform(module: cst.Module) -> Result:
     import libcst as cst
 
     from sm120patch import cst_helpers as h
+    from sm120patch import operations as op
 
     name = next((s for s in SITES if h.functions(module, s)), None)
     if name is None:
@@ -98,10 +100,12 @@ def transform(module: cst.Module) -> Result:
             shape,
         )
 
-    extra = h.sglang_arch_check("sm120", gate.form)
     if gate.verdict == "widen-or":
-        assert isinstance(operand, cst.BooleanOperation)
-        new_operand: cst.BaseExpression = h.widen_or(operand, extra)
+        res = op.widen_arch_or(module, operand, funcs[0], site=name, expected=EXPECTED)
+        if res.status is not Status.APPLIED:
+            return res
+        new_module = res.module
+        change = res.shape
     else:  # "widen-single": the per-model GptOss block of 0.5.2 to 0.5.4
         if gate.form == "call" and not imported:
             # Only 0.5.2 and 0.5.3 have this block without the import, and their
@@ -116,25 +120,27 @@ def transform(module: cst.Module) -> Result:
         new_operand = cst.BooleanOperation(
             left=operand,
             operator=cst.Or(),
-            right=extra,
+            right=h.sglang_arch_check("sm120", gate.form),
             lpar=[cst.LeftParen()] if parens else [],
             rpar=[cst.RightParen()] if parens else [],
         )
-    new_module = h.replace(module, operand, new_operand, scope=funcs[0])
-    assert isinstance(new_module, cst.Module)
-    if gate.form == "call":
-        # Every release with the unified block imports is_sm120_supported already; a tree
-        # that lacks it gets it next to is_sm100_supported.
-        with_import = h.import_next_to(new_module, SM120_CALL, "is_sm100_supported")
-        if with_import is None:
-            return refused(
-                name,
-                f"one `from ... import is_sm100_supported` to add `{SM120_CALL}` to",
-                "none or several",
-            )
-        new_module = with_import
-    change = f"{shape} -> {h.code(new_operand)}"
-    return applied(name, new_module, change, f"patched ({change}){note}")
+        new_module = h.replace(module, operand, new_operand, scope=funcs[0])
+        change = f"{shape} -> {h.code(new_operand)}"
+    result = applied(name, new_module, change, f"patched ({change}){note}")
+    if gate.form != "call":
+        return result
+    # Every release with the unified block imports is_sm120_supported already; a tree
+    # that lacks it gets it next to is_sm100_supported.
+    return op.then(
+        result,
+        op.add_import(
+            new_module,
+            SM120_CALL,
+            next_to="is_sm100_supported",
+            site=name,
+            expected=f"one `from ... import is_sm100_supported` to add `{SM120_CALL}` to",
+        ),
+    )
 
 
 def _turns_fusion_on(node: object) -> bool:
@@ -166,6 +172,7 @@ def _turns_fusion_on(node: object) -> bool:
 def _judge(gate: cst.If) -> Gate:
     """Find the one arch operand among the gate's `and` operands and say what it is."""
     from sm120patch import cst_helpers as h
+    from sm120patch.operations import read_arch_group
 
     arch_ops: list[cst.BaseExpression] = []
     for op in h.and_operands(gate.test):
@@ -185,12 +192,10 @@ def _judge(gate: cst.If) -> Gate:
     if len(arch_ops) != 1:
         return Gate(gate, "unknown", None)
     operand = arch_ops[0]
-    found = [h.sglang_arch(p) for p in h.or_operands(operand) or [operand]]
-    archs = [a[0] for a in found if a is not None]
-    forms = {a[1] for a in found if a is not None}
-    if len(forms) != 1 or "flag" in forms:
+    read = read_arch_group(operand)
+    archs, form = list(read.archs), read.form
+    if form in ("", "flag"):
         return Gate(gate, "unknown", operand)
-    form = forms.pop()
     if "sm120" in archs:
         return Gate(gate, "has-sm120", operand, form)
     if "blackwell" in archs:

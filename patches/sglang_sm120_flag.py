@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.transform import Patch, Result, already_applied, applied, refused
+from sm120patch.transform import Patch, Result, Status, already_applied, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -42,61 +42,53 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
     return h.key(value.left), h.key(value.right)
 
 
-def _imported_at_module_level(module: cst.Module, name: str) -> bool:
-    """Whether a module-level `from ... import` binds `name`, whichever module it comes from."""
-    import libcst as cst
-
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                if any((a.evaluated_alias or a.evaluated_name) == name for a in small.names):
-                    return True
-    return False
-
-
 def transform(module: cst.Module) -> Result:
     from sm120patch import cst_helpers as h
+    from sm120patch import operations as op
 
     anchors = h.module_assignments(module, ANCHOR)
-    if len(anchors) != 1:
-        found = "none" if not anchors else f"{len(anchors)} assignments of {ANCHOR}"
-        return refused(SITE, f"one module flag {KNOWN}", found)
-    keys = _and_keys(anchors[0])
-    if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
-        return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
-    cuda, sm100 = keys
-    sm120, needs = ARCH_FORMS[sm100]  # type: ignore[index]
+    if len(anchors) == 1:
+        keys = _and_keys(anchors[0])
+        if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
+            return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
+        cuda, sm100 = keys
+        sm120, needs = ARCH_FORMS[sm100]  # type: ignore[index]
+    else:
+        cuda, sm120, needs = "", "", None  # add_module_flag refuses
     form = f"{cuda} and {sm120}"
     shape = f"{SITE} = {form}" + (f", {needs} imported from {UTILS}" if needs else "")
-    missing_import = needs is not None and not _imported_at_module_level(module, needs)
-
     existing = h.module_assignments(module, SITE)
-    if len(existing) > 1:
-        return refused(SITE, f"at most one `{SITE} = {form}`", f"{len(existing)} assignments")
-    if existing:
-        if _and_keys(existing[0]) != (cuda, sm120):
-            return refused(SITE, f"`{SITE} = {form}`", f"`{h.code(existing[0])}`")
-        if missing_import:
+    flag = op.add_module_flag(
+        module,
+        name=SITE,
+        sibling=ANCHOR,
+        value=form,
+        same=len(existing) == 1 and _and_keys(existing[0]) == (cuda, sm120),
+        expected=f"one module flag {KNOWN}",
+    )
+    if flag.status is Status.REFUSED:
+        return flag
+    imported = needs is None or h.binds_at_module_level(module, needs)
+    if flag.status is Status.ALREADY_APPLIED:
+        if not imported:
             # A half-done edit (by hand?): the flag would raise NameError at import time.
             return refused(
                 SITE, f"`{needs}` imported from {UTILS} for `{SITE} = {form}`", "no such import"
             )
         return already_applied(SITE, shape)
-
-    flag = h.parse_statement(f"{SITE} = {form}{module.default_newline}", module)
-    new_module = h.insert_after(module, anchors[0], [flag])
-    if needs is not None and missing_import:
-        with_import = h.add_import_after(new_module, UTILS, needs, after="is_sm100_supported")
-        if with_import is None:
-            return refused(
-                SITE,
-                f"one `from {UTILS} import (...)` naming is_sm100_supported, to add {needs}",
-                "none, or several",
-            )
-        new_module = with_import
-    return applied(SITE, new_module, shape)
+    if imported:
+        return applied(SITE, flag.module, shape)
+    assert needs is not None
+    add = op.add_import(
+        flag.module,
+        needs,
+        next_to="is_sm100_supported",
+        from_module=UTILS,
+        site=SITE,
+        expected=f"one `from {UTILS} import (...)` naming is_sm100_supported, to add {needs}",
+        found="none, or several",
+    )
+    return op.then(flag, add, shape=shape)
 
 
 PATCH = Patch(

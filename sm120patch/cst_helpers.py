@@ -10,13 +10,77 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
 
 def code(node: cst.CSTNode, limit: int = 100) -> str:
     """The source of `node` on one line, shortened: for 'found ...' in refusal messages."""
     text = " ".join(cst.Module(body=[]).code_for_node(node).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def find(
+    root: cst.CSTNode,
+    kinds: type[cst.CSTNode] | tuple[type[cst.CSTNode], ...],
+    want: Callable[[cst.CSTNode], bool] | None = None,
+) -> list[cst.CSTNode]:
+    """Every node of `kinds` under `root` (itself included), in pre-order, for which `want`
+    holds. A plain visitor: for the small nodes it is meant for (a test, a branch), it costs
+    a fraction of `libcst.matchers.findall`, and importing the matchers costs more still."""
+    found: list[cst.CSTNode] = []
+
+    class _Visitor(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kinds) and (want is None or want(node)):
+                found.append(node)
+            return True
+
+    root.visit(_Visitor())
+    return found
+
+
+def keyword_args(scope: cst.CSTNode, keyword: str) -> list[cst.Arg]:
+    """Every `keyword=...` argument of a call in the simple statements and the compound
+    statements' headers under `scope`, without walking nested blocks twice."""
+    out: list[cst.Arg] = []
+    for stmt in statements(scope):
+        for part in _headers_and_lines(stmt):
+            out += find(part, cst.Arg, lambda a: _is_keyword(a, keyword))  # type: ignore[misc]
+    return out  # type: ignore[return-value]
+
+
+def _is_keyword(arg: cst.CSTNode, keyword: str) -> bool:
+    return isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == keyword
+
+
+def conditions(scope: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The test of every `if` and `elif` and the value of every `return` under `scope`, found
+    by walking statements only (a condition is always an if's test or a returned value)."""
+    out: list[cst.BaseExpression] = []
+    for stmt in statements(scope):
+        if isinstance(stmt, cst.If):
+            out.append(stmt.test)
+        for line in _headers_and_lines(stmt):
+            if isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+                out += [s.value for s in line.body if isinstance(s, cst.Return) and s.value]
+    return out
+
+
+def _headers_and_lines(stmt: cst.CSTNode) -> list[cst.CSTNode]:
+    """The expressions a statement-level node holds outside its blocks: an `if`'s test, a
+    def's decorators and parameters, the simple statement lines of a suite."""
+    if isinstance(stmt, (cst.Module, cst.IndentedBlock)):
+        return [s for s in stmt.body if isinstance(s, cst.SimpleStatementLine)]
+    if isinstance(stmt, cst.SimpleStatementSuite):
+        return [stmt]
+    if isinstance(stmt, (cst.If, cst.While)):
+        return [stmt.test]
+    if isinstance(stmt, cst.FunctionDef):
+        return [*stmt.decorators, stmt.params]
+    if isinstance(stmt, cst.For):
+        return [stmt.target, stmt.iter]
+    if isinstance(stmt, cst.With):
+        return list(stmt.items)
+    return []
 
 
 def functions(module: cst.CSTNode, name: str) -> list[cst.FunctionDef]:
@@ -209,18 +273,6 @@ def imported_from(module: cst.Module) -> set[tuple[str, str]]:
     return out
 
 
-def imported_names(module: cst.Module, from_module: str) -> list[str]:
-    """Names imported by `from <from_module> import ...` statements at module level."""
-    names: list[str] = []
-    for imp in _import_froms(module, from_module):
-        if isinstance(imp.names, cst.ImportStar):
-            names.append("*")
-            continue
-        for alias in imp.names:
-            names.append(alias.evaluated_alias or alias.evaluated_name)
-    return names
-
-
 def add_import_after(
     module: cst.Module, from_module: str, name: str, after: str
 ) -> cst.Module | None:
@@ -319,7 +371,8 @@ def module_assignments(module: cst.Module, target: str) -> list[cst.SimpleStatem
             if (
                 isinstance(small, cst.Assign)
                 and len(small.targets) == 1
-                and m.matches(small.targets[0].target, m.Name(target))
+                and isinstance(small.targets[0].target, cst.Name)
+                and small.targets[0].target.value == target
             ):
                 out.append(stmt)
     return out
@@ -378,7 +431,7 @@ def sglang_arch_check(arch: str, form: str) -> cst.BaseExpression:
 
 def mentions_sglang_arch(node: cst.CSTNode) -> bool:
     """Whether any part of `node` is an SGLang GPU-arch check (see `sglang_arch`)."""
-    candidates = m.findall(node, m.Call() | m.Attribute() | m.Name())
+    candidates = find(node, (cst.Call, cst.Attribute, cst.Name))
     return any(sglang_arch(c) is not None for c in candidates)  # type: ignore[arg-type]
 
 
@@ -428,6 +481,19 @@ def import_sources(module: cst.Module, name: str) -> list[str]:
             ):
                 sources.append(_dotted(small.module))
     return sources
+
+
+def binds_at_module_level(module: cst.Module, name: str) -> bool:
+    """Whether a module-level `from ... import` binds `name` (as itself or as an alias),
+    whichever module it comes from."""
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                if any((a.evaluated_alias or a.evaluated_name) == name for a in small.names):
+                    return True
+    return False
 
 
 def import_next_to(module: cst.Module, name: str, like: str) -> cst.Module | None:
