@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.transform import Patch, Result
+from sm120patch.facts import Fact
+from sm120patch.transform import Patch, Result, Status
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -17,6 +18,21 @@ def transform(module: cst.Module) -> Result:
     from sm120patch import operations as op
 
     return op.extend_keyword_list(module, function=SITE, keyword=KEYWORD, expect=[9, 10], add=12)
+
+
+TRTLLM_AR = "flashinfer/comm/trtllm_ar.py"
+JIT_COMM = "flashinfer/jit/comm.py"
+FACTS = (
+    Fact(">=0.3.1,<0.4.0", Status.APPLIED, "`gen_trtllm_comm_module(..., "
+         "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="DESIGN s4 F"),
+    Fact(">=0.4.0,<0.6.16", Status.APPLIED, "same call, moved to jit/comm.py", JIT_COMM, SITE,
+         source="DESIGN s4 F"),
+    Fact("==0.6.16", Status.APPLIED, "same call, still [9, 10]", JIT_COMM, SITE,
+         source="real files",
+         note="DESIGN names 0.4.0 to 0.6.15 and 0.6.17 on; 0.6.16 still passes [9, 10]"),
+    Fact(">=0.6.17", Status.UPSTREAM, "`supported_major_versions=[9, 10, 12]` upstream",
+         JIT_COMM, SITE, source="DESIGN s4 F"),
+)
 
 
 PATCH = Patch(
@@ -32,12 +48,6 @@ PATCH = Patch(
     ),
     files=("flashinfer/jit/comm.py", "flashinfer/comm/trtllm_ar.py"),
     marker=f"def {SITE}",
-    shapes=(
-        "0.3.1: flashinfer/comm/trtllm_ar.py, gen_trtllm_comm_module("
-        "..., supported_major_versions=[9, 10])",
-        "0.4.0 to 0.6.15: flashinfer/jit/comm.py, same call",
-        "0.6.17 and later: [9, 10, 12] upstream",
-    ),
+    facts=FACTS,
     transform=transform,
-    upstream_in=">=0.6.17",
 )

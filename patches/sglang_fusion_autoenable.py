@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from sm120patch.facts import Fact
 from sm120patch.transform import (
     Patch,
     Result,
@@ -211,6 +212,39 @@ def _judge(gate: cst.If) -> Gate:
     return Gate(gate, "unknown", operand)
 
 
+SERVER_ARGS = "sglang/srt/server_args.py"
+OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+FACTS = (
+    Fact("==0.5.4", Status.APPLIED, "GptOss block `if is_sm100_supported():` -> `or "
+         "is_sm120_supported()`; the DeepseekV3 block (also SM100-only kernels) is left",
+         SERVER_ARGS, "ServerArgs._handle_model_specific_adjustments", "bare", "real files",
+         note="DESIGN is silent on 0.5.4. Its GptOss block gates on a bare `if "
+         "is_sm100_supported():`, the test 0.5.5 widened upstream to "
+         "is_blackwell_supported(); widening it the same way is the 0.5.5 behaviour. The "
+         "DeepseekV3 block (`is_cuda() and is_sm100_supported()`) also picks SM100-only "
+         "trtllm_mla attention and stays as it is."),
+    Fact(">=0.5.5,<0.5.7", Status.UPSTREAM, "GptOss block `if is_blackwell_supported():`",
+         SERVER_ARGS, source="DESIGN s4 C",
+         note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),
+    Fact("==0.5.7", Status.UPSTREAM, "unified block, `(is_sm90_supported() or "
+         "is_blackwell_supported())`", SERVER_ARGS, source="DESIGN s4 C",
+         note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),
+    Fact(">=0.5.8,<0.5.14", Status.APPLIED, "_handle_model_specific_adjustments, unified block "
+         "`(is_sm90_supported() or is_sm100_supported())` then "
+         "`self.enable_flashinfer_allreduce_fusion = True`", SERVER_ARGS,
+         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 C"),
+    Fact("==0.5.14", Status.APPLIED, 'same test, then `self.flashinfer_allreduce_fusion_backend '
+         '= "auto"`', SERVER_ARGS, "ServerArgs._handle_model_specific_adjustments", "utils",
+         "DESIGN s4 C"),
+    Fact(">=0.5.15,<0.5.19", Status.APPLIED, "arg_groups/overrides.py, same test, returns "
+         '{"flashinfer_allreduce_fusion_backend": "auto"}', OVERRIDES,
+         "_flashinfer_allreduce_fusion_auto_enable", "utils", "DESIGN s4 C"),
+    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "same function, `(get_platform().is_sm90 or "
+         "get_platform().is_sm100)`", OVERRIDES, "_flashinfer_allreduce_fusion_auto_enable",
+         "platform", "DESIGN s4 C"),
+)
+
+
 PATCH = Patch(
     id="sglang.fusion-autoenable",
     target="sglang",
@@ -225,20 +259,6 @@ PATCH = Patch(
     ),
     files=("sglang/srt/arg_groups/overrides.py", "sglang/srt/server_args.py"),
     marker=f"def {SITES[0]}",
-    shapes=(
-        "0.5.2 (model_specific_adjustments), 0.5.3: GptOss block `if is_sm100_supported():`; "
-        "sglang.srt.utils has no is_sm120_supported: refused",
-        "0.5.4: GptOss block `if is_sm100_supported():` -> `or is_sm120_supported()`; the "
-        "DeepseekV3 block (also SM100-only kernels) is left",
-        "0.5.5, 0.5.6: GptOss block `if is_blackwell_supported():`: upstream",
-        "0.5.7: unified block, `(is_sm90_supported() or is_blackwell_supported())`: upstream",
-        "0.5.8 to 0.5.13: server_args.py _handle_model_specific_adjustments, unified block "
-        "`(is_sm90_supported() or is_sm100_supported())` then "
-        "`self.enable_flashinfer_allreduce_fusion = True`",
-        '0.5.14: same test, then `self.flashinfer_allreduce_fusion_backend = "auto"`',
-        "0.5.15 to 0.5.18: arg_groups/overrides.py _flashinfer_allreduce_fusion_auto_enable, "
-        'same test, returns {"flashinfer_allreduce_fusion_backend": "auto"}',
-        "0.5.19 to 0.5.23: same function, `(get_platform().is_sm90 or get_platform().is_sm100)`",
-    ),
+    facts=FACTS,
     transform=transform,
 )

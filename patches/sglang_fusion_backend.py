@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sm120patch.facts import Fact
 from sm120patch.transform import Patch, Result, Status, refused
 
 if TYPE_CHECKING:
@@ -82,6 +83,19 @@ def _raises(check: cst.If) -> list[cst.CSTNode]:
     return h.find(check.body, cst.Raise)
 
 
+COMM_FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
+FACTS = (
+    Fact("<0.5.14", Status.NOT_APPLICABLE, "no _resolve_backend", source="DESIGN s4 X",
+         note="_resolve_backend exists from 0.5.14 on"),
+    Fact(">=0.5.14,<0.5.19", Status.APPLIED, "`if not (is_sm90_supported() or "
+         "is_sm100_supported()): raise ValueError(...)`, is_sm120_supported not imported",
+         COMM_FUSION, SITE, "utils", "DESIGN s4 X"),
+    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "`if not (get_platform().is_sm90 or "
+         "get_platform().is_sm100): raise ValueError(...)`", COMM_FUSION, SITE, "platform",
+         "DESIGN s4 X"),
+)
+
+
 PATCH = Patch(
     id="sglang.fusion-backend",
     target="sglang",
@@ -96,12 +110,6 @@ PATCH = Patch(
     ),
     files=("sglang/srt/layers/flashinfer_comm_fusion.py",),
     marker=f"def {SITE}",
-    shapes=(
-        "before 0.5.14: no _resolve_backend: not-applicable",
-        "0.5.14 to 0.5.18: `if not (is_sm90_supported() or is_sm100_supported()): raise "
-        "ValueError(...)`, is_sm120_supported not imported",
-        "0.5.19 to 0.5.23: `if not (get_platform().is_sm90 or get_platform().is_sm100): raise "
-        "ValueError(...)`",
-    ),
+    facts=FACTS,
     transform=transform,
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sm120patch.facts import Fact
 from sm120patch.transform import Patch, Result, Status, applied, refused
 
 if TYPE_CHECKING:
@@ -82,6 +83,24 @@ def transform(module: cst.Module) -> Result:
     return applied(site, res.module, f"{h.code(first)} -> ... or {SM120}")
 
 
+COMMUNICATOR = "sglang/srt/layers/communicator.py"
+ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+FACTS = (
+    Fact(">=0.5.2,<0.5.4", Status.REFUSED, "as 0.5.4; refused with the flag patch of the same "
+         "file", COMMUNICATOR, f"{CLASS}.{METHOD}", source="DESIGN s4 A"),
+    Fact(">=0.5.4,<0.5.8", Status.APPLIED, f"{CLASS}.{METHOD}, "
+         "`if ((_is_sm100_supported or _is_sm90_supported) and ...)`", COMMUNICATOR,
+         f"{CLASS}.{METHOD}", source="DESIGN s4 B"),
+    Fact(">=0.5.8,<0.5.21", Status.APPLIED, "apply_flashinfer_allreduce_fusion(batch_size) "
+         "returns `(_is_sm90_supported or _is_sm100_supported) and ...`", COMMUNICATOR,
+         "apply_flashinfer_allreduce_fusion", source="DESIGN s4 B"),
+    Fact("==0.5.21", Status.APPLIED, "same function, in layer_boundary/residual/add_norm.py",
+         ADD_NORM, "apply_flashinfer_allreduce_fusion", source="DESIGN s4 B"),
+    Fact(">=0.5.22,<0.5.24", Status.APPLIED, "renamed flashinfer_ar_fusion_applies", ADD_NORM,
+         "flashinfer_ar_fusion_applies", source="DESIGN s4 B"),
+)
+
+
 PATCH = Patch(
     id="sglang.fusion-gate",
     target="sglang",
@@ -98,14 +117,6 @@ PATCH = Patch(
     ),
     # Same files and marker as sglang.sm120-flag: both must pick the same file.
     marker="_is_sm100_supported = ",
-    shapes=(
-        "0.5.2 to 0.5.7: communicator.py, CommunicateWithAllReduceAndLayerNormFn."
-        "_gather_hidden_states_and_residual, `if ((_is_sm100_supported or _is_sm90_supported) "
-        "and ...)`",
-        "0.5.8 to 0.5.20: communicator.py, apply_flashinfer_allreduce_fusion(batch_size) "
-        "returns `(_is_sm90_supported or _is_sm100_supported) and ...`",
-        "0.5.21: layer_boundary/residual/add_norm.py, same function",
-        "0.5.22 to 0.5.23: add_norm.py, renamed flashinfer_ar_fusion_applies",
-    ),
+    facts=FACTS,
     transform=transform,
 )

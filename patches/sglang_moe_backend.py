@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sm120patch.facts import Fact
 from sm120patch.transform import (
     Patch,
     Result,
@@ -456,6 +457,28 @@ def _self_check(branch: cst.If, sm120_key: str) -> str | None:
     return None
 
 
+SERVER_ARGS = "sglang/srt/server_args.py"
+OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+GLM4_MOE = "sglang/srt/arg_groups/model_overrides/glm4_moe.py"
+FACTS = (
+    Fact("<0.5.8", Status.NOT_APPLICABLE, "no Glm4MoeForCausalLM MoE branch",
+         source="DESIGN s4 D", note="no Glm4MoeForCausalLM branch before 0.5.8"),
+    Fact(">=0.5.8,<0.5.10", Status.APPLIED, '`elif model_arch in ["Glm4MoeForCausalLM"]:` '
+         '`if is_sm100_supported():` ... flashinfer_trtllm under '
+         '`if check_pkg_version_at_least("flashinfer-python", ...):`', SERVER_ARGS,
+         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 D"),
+    Fact(">=0.5.10,<0.5.15", Status.APPLIED, "same, without the version gate", SERVER_ARGS,
+         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 D"),
+    Fact(">=0.5.15,<0.5.19", Status.APPLIED, '`if is_sm100_supported():` ... '
+         'overrides["moe_runner_backend"] = "flashinfer_trtllm"', OVERRIDES, OVERRIDES_FUNC,
+         "utils", "DESIGN s4 D",
+         note="server_args.py keeps an empty `elif model_arch in [\"Glm4MoeForCausalLM\"]: "
+         "pass` pointing at overrides.py (real files): the site is in overrides.py"),
+    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "`if get_platform().is_sm100:`", GLM4_MOE,
+         OVERRIDES_FUNC, "platform", "DESIGN s4 D"),
+)
+
+
 PATCH = Patch(
     id="sglang.moe-backend",
     target="sglang",
@@ -482,17 +505,6 @@ PATCH = Patch(
         "sglang/srt/server_args.py",
     ),
     marker=ARCH,
-    shapes=(
-        "0.5.2 to 0.5.7: no Glm4MoeForCausalLM MoE branch (not applicable)",
-        "0.5.8 and 0.5.9: sglang/srt/server_args.py, "
-        "ServerArgs._handle_model_specific_adjustments, "
-        '`elif model_arch in ["Glm4MoeForCausalLM"]:` `if is_sm100_supported():` ... '
-        'flashinfer_trtllm under `if check_pkg_version_at_least("flashinfer-python", ...):`',
-        "0.5.10 to 0.5.14: same, without the version gate",
-        "0.5.15 to 0.5.18: sglang/srt/arg_groups/overrides.py::_glm4_moe_overrides, "
-        '`if is_sm100_supported():` ... overrides["moe_runner_backend"] = "flashinfer_trtllm"',
-        "0.5.19 to 0.5.23: sglang/srt/arg_groups/model_overrides/glm4_moe.py::"
-        "_glm4_moe_overrides, `if get_platform().is_sm100:`",
-    ),
+    facts=FACTS,
     transform=transform,
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sm120patch.facts import Fact
 from sm120patch.transform import Patch, Result, Status, already_applied, applied, refused
 
 if TYPE_CHECKING:
@@ -91,6 +92,27 @@ def transform(module: cst.Module) -> Result:
     return op.then(flag, add, shape=shape)
 
 
+COMMUNICATOR = "sglang/srt/layers/communicator.py"
+ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+FACTS = (
+    Fact(">=0.5.2,<0.5.4", Status.REFUSED, "`_is_sm100_supported = is_cuda() and "
+         "is_sm100_supported()`; sglang.srt.utils has no is_sm120_supported to import",
+         COMMUNICATOR, None, "import", "DESIGN s4 A",
+         note="the import it adds does not exist before 0.5.4: the planner refuses every "
+         "patch of the file"),
+    Fact(">=0.5.4,<0.5.6", Status.APPLIED, "`_is_sm100_supported = is_cuda() and "
+         "is_sm100_supported()`, imported from sglang.srt.utils", COMMUNICATOR, None, "import",
+         "DESIGN s4 A"),
+    Fact(">=0.5.6,<0.5.19", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
+         "is_sm100_supported()`, same import", COMMUNICATOR, None, "import", "DESIGN s4 A"),
+    Fact(">=0.5.19,<0.5.21", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
+         "get_platform().is_sm100`, no import needed", COMMUNICATOR, None, "platform",
+         "DESIGN s4 A"),
+    Fact(">=0.5.21,<0.5.24", Status.APPLIED, "same, in layer_boundary/residual/add_norm.py",
+         ADD_NORM, None, "platform", "DESIGN s4 A"),
+)
+
+
 PATCH = Patch(
     id="sglang.sm120-flag",
     target="sglang",
@@ -110,15 +132,6 @@ PATCH = Patch(
     # communicator.py, from 0.5.21 add_norm.py). Same files and marker as sglang.fusion-gate
     # so that both run chained on one parse.
     marker=f"{ANCHOR} = ",
-    shapes=(
-        "0.5.2 to 0.5.5: communicator.py, `_is_sm100_supported = is_cuda() and "
-        "is_sm100_supported()`, imported from sglang.srt.utils (is_sm120_supported exists "
-        "there from 0.5.4 only)",
-        "0.5.6 to 0.5.18: communicator.py, `_is_sm100_supported = _is_cuda and "
-        "is_sm100_supported()`, same import",
-        "0.5.19 to 0.5.20: communicator.py, `_is_sm100_supported = _is_cuda and "
-        "get_platform().is_sm100`, no import needed",
-        "0.5.21 to 0.5.23: layer_boundary/residual/add_norm.py, same as 0.5.19",
-    ),
+    facts=FACTS,
     transform=transform,
 )

@@ -13,7 +13,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sm120patch.errors import UsageError
-from sm120patch.transform import Patch
+from sm120patch.facts import Fact
+from sm120patch.transform import Patch, Status
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
@@ -37,9 +38,12 @@ class Profile:
     status: str  # "recommended" or "experimental"
     patches: tuple[str, ...]
     pins: dict[str, SpecifierSet]
-    # patch id -> versions where its site does not exist and that is fine for this profile
+    # patch id -> versions where its site does not exist and that is fine for this profile,
+    # beyond what the patch's own facts say (its `not-applicable` facts count everywhere)
     absent: dict[str, SpecifierSet] = field(default_factory=dict)
     known: str = ""
+    # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
+    facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -52,6 +56,13 @@ class Profile:
             return False
 
     def absent_ok(self, patch_id: str, version: str) -> bool:
+        """Whether a missing site of `patch_id` is fine in `version`: a `not-applicable` fact
+        of the patch covers it, or the profile's own `absent` table does."""
+        if any(
+            f.status is Status.NOT_APPLICABLE and f.covers(version)
+            for f in self.facts.get(patch_id, ())
+        ):
+            return True
         spec = self.absent.get(patch_id)
         if spec is None:
             return False
@@ -123,5 +134,6 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             pins=pins,
             absent=absent,
             known=raw.get("known", "").strip(),
+            facts={pid: patches[pid].facts for pid in ids},
         )
     return profiles

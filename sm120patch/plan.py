@@ -170,8 +170,11 @@ def plan_target(profile: Profile, patches: list[Patch], target: Target) -> Targe
             result.files.append(
                 _check_imports(target, transform_text(group, rel, texts[rel] or ""))
             )
+    by_id = {p.id: p for p in mine}
     for file_result in result.files:
-        file_result.outcomes = [_judge(profile, target, o) for o in file_result.outcomes]
+        file_result.outcomes = [
+            _judge(profile, by_id[o.patch], target, o) for o in file_result.outcomes
+        ]
     return result
 
 
@@ -281,12 +284,10 @@ def _unreadable(group: list[Patch], rel: str, problem: str, text: str) -> FileRe
     return res
 
 
-def _judge(profile: Profile, target: Target, outcome: Outcome) -> Outcome:
-    """Apply what the profile and the patch know about this release to a raw outcome."""
+def _judge(profile: Profile, patch: Patch, target: Target, outcome: Outcome) -> Outcome:
+    """Apply what the profile and the patch's facts know about this release to a raw outcome."""
     from dataclasses import replace
 
-    cat = catalog.load()
-    patch = cat.patches[outcome.patch]
     if outcome.status is Status.NOT_APPLICABLE and not profile.absent_ok(patch.id, target.version):
         return replace(
             outcome,
@@ -294,16 +295,12 @@ def _judge(profile: Profile, target: Target, outcome: Outcome) -> Outcome:
             reason=f"{outcome.reason}, but profile {profile.name} expects this site in "
             f"{target.name} {target.version}",
         )
-    if outcome.status is Status.ALREADY_APPLIED and patch.upstream_in:
-        try:
-            if SpecifierSet(patch.upstream_in).contains(release_of(target.version), True):
-                return replace(
-                    outcome,
-                    status=Status.UPSTREAM,
-                    reason=f"{target.name} {target.version} already enables SM120 here",
-                )
-        except InvalidVersion:
-            pass
+    if outcome.status is Status.ALREADY_APPLIED and patch.upstream_at(target.version):
+        return replace(
+            outcome,
+            status=Status.UPSTREAM,
+            reason=f"{target.name} {target.version} already enables SM120 here",
+        )
     return outcome
 
 
