@@ -10,11 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion
-
 from sm120patch import catalog, targets
-from sm120patch.catalog import Profile, release_of
+from sm120patch.catalog import Profile
 from sm120patch.errors import Refused
 from sm120patch.targets import Target
 from sm120patch.transform import FileResult, Outcome, Patch, Status, refuse_all, transform_text
@@ -85,23 +82,14 @@ def resolve_targets(profile: Profile, paths: Mapping[str, str | Path | None]) ->
 
 
 def check_pins(profile: Profile, found: list[Target]) -> list[str]:
-    """One line per target whose version is outside the profile's pins."""
+    """One line per target whose version is outside the profile's pins (catalog.pin_problems)."""
     problems = []
-    for target in found:
-        spec: SpecifierSet = profile.pins[target.kind]
-        try:
-            release_of(target.version)
-        except InvalidVersion:
-            problems.append(
-                f"{target.name} version '{target.version}' (from {target.version_source}) "
-                f"is not a PEP 440 version; profile {profile.name} is pinned to {spec}"
-            )
-            continue
-        if not profile.pinned(target.kind, target.version):
-            problems.append(
-                f"{target.name} {target.version} is outside the pins of profile "
-                f"{profile.name} ({target.kind} {spec})"
-            )
+    for target in found:  # one target per kind in a plan; a list keeps each target's line
+        problems += catalog.pin_problems(
+            profile,
+            {target.kind: target.version},
+            {target.kind: (target.name, target.version_source)},
+        )
     return problems
 
 
