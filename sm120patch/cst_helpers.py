@@ -158,6 +158,14 @@ def _walk_uncached(node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode | N
     return out
 
 
+def parent_of(module: cst.Module, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The statement-level node holding `node` (a block, for a statement), by the walk."""
+    for n, parent in _walk(module):
+        if n is node:
+            return parent
+    return None
+
+
 def replace(
     module: cst.Module, old: cst.CSTNode, new: cst.CSTNode, scope: cst.CSTNode
 ) -> cst.Module:

@@ -13,6 +13,7 @@ then mostly a declaration: which function, which keyword, which sibling, in whic
 - `add_module_flag`: `NEW = <expr>` right after its sibling module flag.
 - `add_import`: `name` imported next to a sibling name, from the module that brings the sibling.
 - `add_elif`: a branch right after a branch found by its test.
+- `insert_before`: statements right before a statement of a block (after its comments).
 
 Like the patches, this module imports libcst inside the functions, so that loading the
 catalog (`list`, `status`, `--help`) stays free of it.
@@ -297,3 +298,34 @@ def add_elif(module: cst.Module, after: cst.If, branch: cst.If, *, site: str, sh
 
     new_module = h.replace(module, after, after.with_changes(orelse=branch), scope=after)
     return applied(site, new_module, shape)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- before a statement
+
+
+def insert_before(
+    module: cst.Module, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement], *,
+    site: str, shape: str,
+) -> Result:
+    """`new` right before `anchor`, a compound statement of a block (or of the module), after
+    the comment lines above `anchor`: those stay on top, `new` then `anchor` follow them."""
+    import libcst as cst
+
+    from sm120patch import cst_helpers as h
+
+    block = h.parent_of(module, anchor)
+    if not isinstance(block, (cst.Module, cst.IndentedBlock)):
+        return refused(site, "a statement of an indented block", f"`{h.code(anchor)}`")
+    body = list(block.body)
+    index = next(i for i, stmt in enumerate(body) if stmt is anchor)
+    first, *rest = new
+    moved = [
+        first.with_changes(leading_lines=[*anchor.leading_lines, *first.leading_lines]),
+        *rest,
+        anchor.with_changes(leading_lines=()),
+    ]
+    body[index : index + 1] = moved
+    new_block = block.with_changes(body=body)
+    if isinstance(block, cst.Module):
+        return applied(site, new_block, shape)  # type: ignore[arg-type]
+    return applied(site, h.replace(module, block, new_block, scope=block), shape)
