@@ -29,11 +29,8 @@ OLD_BACKEND = "flashinfer_trtllm"
 NEW_BACKEND = "flashinfer_cutlass"
 NEW_LOG = f"Use {NEW_BACKEND} as MoE runner backend on sm120 for {ARCH}"
 VERSION_GATE = "check_pkg_version_at_least"
-# SM100 test spelling -> the same release's SM120 spelling.
-SM120_OF = {
-    "is_sm100_supported()": "is_sm120_supported()",
-    "get_platform().is_sm100": "get_platform().is_sm120",
-}
+# The SM100 tests the anchor branch may have (their SM120 twins: cst_helpers.sglang_arch_twin).
+SM100_TESTS = ("is_sm100_supported()", "get_platform().is_sm100")
 # Names whose presence in a test makes it an SM120 branch, whatever its exact form.
 SM120_NAMES = {"is_sm120_supported", "_is_sm120_supported", "is_sm120"}
 # The only variables the copied part of the SM100 branch may write: it derives the
@@ -80,7 +77,7 @@ def transform(module: cst.Module) -> Result:
 
     # 2. The anchor: exactly one SM100 branch among the site's top-level if/elif chains.
     chains = op.branches_in(suite)
-    sm100 = [b for b in chains if h.key(b.test) in SM120_OF]
+    sm100 = [b for b in chains if h.key(b.test) in SM100_TESTS]
     if len(sm100) != 1:
         expected = "one `if is_sm100_supported():` or `if get_platform().is_sm100:` branch"
         mentions = [b for b in chains if "sm100" in h.code(b.test)]
@@ -92,7 +89,8 @@ def transform(module: cst.Module) -> Result:
     anchor = sm100[0]
     sm100_key = h.key(anchor.test)
     assert sm100_key is not None
-    sm120_key = SM120_OF[sm100_key]
+    sm120_key = h.sglang_arch_twin(sm100_key)
+    assert sm120_key is not None
 
     # 3. An SM120 branch already there: ours (already applied) or someone else's (refused).
     sm120_ifs = [

@@ -117,12 +117,7 @@ def transform(module: cst.Module) -> Result:
                        f"{len(ours)}, elsewhere")
     if ENV in module.code_for_node(gate):  # a hand edit of the gate itself
         return refused(site, f"`if {GATE}:` as released", f"`if {h.code(gate.test)}`")
-    if not any(
-        isinstance(s, cst.SimpleStatementLine)
-        and any(isinstance(i, cst.Import) and any(
-            a.evaluated_name == "os" and a.asname is None for a in i.names) for i in s.body)
-        for s in module.body
-    ):
+    if not h.imports_module(module, "os"):
         return refused(site, "`import os` at module level (the override reads os.environ)",
                        "none")
     nl, ind = module.default_newline, module.default_indent

@@ -19,11 +19,11 @@ ANCHOR = "_is_sm100_supported"
 UTILS = "sglang.srt.utils"
 # The CUDA half of the SM100 flag, copied as is into the SM120 flag.
 CUDA_FORMS = ("_is_cuda", "is_cuda()")
-# The SM100 half -> its SM120 twin, and the name that twin needs from sglang.srt.utils
-# (None: `get_platform()` is already imported, since the SM100 flag calls it).
-ARCH_FORMS: dict[str, tuple[str, str | None]] = {
-    "is_sm100_supported()": ("is_sm120_supported()", "is_sm120_supported"),
-    "get_platform().is_sm100": ("get_platform().is_sm120", None),
+# The SM100 half (its SM120 twin: cst_helpers.sglang_arch_twin) -> the name that twin needs
+# from sglang.srt.utils (None: `get_platform()` is already imported, the SM100 flag calls it).
+ARCH_FORMS: dict[str, str | None] = {
+    "is_sm100_supported()": "is_sm120_supported",
+    "get_platform().is_sm100": None,
 }
 KNOWN = (
     f"`{ANCHOR} = _is_cuda and is_sm100_supported()` (or `is_cuda() and ...`, "
@@ -53,7 +53,7 @@ def transform(module: cst.Module) -> Result:
         if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
             return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
         cuda, sm100 = keys
-        sm120, needs = ARCH_FORMS[sm100]  # type: ignore[index]
+        sm120, needs = h.sglang_arch_twin(sm100), ARCH_FORMS[sm100]  # type: ignore[index]
     else:
         cuda, sm120, needs = "", "", None  # add_module_flag refuses
     form = f"{cuda} and {sm120}"

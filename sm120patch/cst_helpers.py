@@ -267,18 +267,46 @@ def _no_comments(ws: cst.BaseParenthesizableWhitespace) -> cst.BaseParenthesizab
     return ws
 
 
+def module_imports(module: cst.Module) -> list[cst.Import | cst.ImportFrom]:
+    """Every module-level `import` and `from ... import` statement, in order: the one scanner
+    the import helpers below share."""
+    return [
+        small
+        for stmt in module.body
+        if isinstance(stmt, cst.SimpleStatementLine)
+        for small in stmt.body
+        if isinstance(small, (cst.Import, cst.ImportFrom))
+    ]
+
+
+def _absolute_froms(module: cst.Module) -> list[cst.ImportFrom]:
+    """Module-level absolute `from x import a, b` (not `*`)."""
+    return [
+        imp
+        for imp in module_imports(module)
+        if isinstance(imp, cst.ImportFrom)
+        and not imp.relative
+        and not isinstance(imp.names, cst.ImportStar)
+    ]
+
+
 def imported_from(module: cst.Module) -> set[tuple[str, str]]:
     """(module, name) for each name of each module-level absolute `from module import name`."""
-    out = set()
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not small.relative and small.module:
-                if isinstance(small.names, cst.ImportStar):
-                    continue
-                out |= {(_dotted(small.module), a.evaluated_name) for a in small.names}
-    return out
+    return {
+        (_dotted(imp.module), a.evaluated_name)
+        for imp in _absolute_froms(module)
+        if imp.module
+        for a in imp.names  # type: ignore[union-attr]
+    }
+
+
+def imports_module(module: cst.Module, name: str) -> bool:
+    """Whether a module-level `import name` (not aliased) binds `name`."""
+    return any(
+        isinstance(imp, cst.Import)
+        and any(a.evaluated_name == name and a.asname is None for a in imp.names)
+        for imp in module_imports(module)
+    )
 
 
 def add_import_after(
@@ -359,15 +387,13 @@ def _dotted(node: cst.BaseExpression | None) -> str:
 
 
 def _import_froms(module: cst.Module, from_module: str) -> list[cst.ImportFrom]:
-    out = []
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not small.relative:
-                if _dotted(small.module) == from_module:
-                    out.append(small)
-    return out
+    return [
+        imp
+        for imp in module_imports(module)
+        if isinstance(imp, cst.ImportFrom)
+        and not imp.relative
+        and _dotted(imp.module) == from_module
+    ]
 
 
 def module_assignments(module: cst.Module, target: str) -> list[cst.SimpleStatementLine]:
@@ -437,6 +463,17 @@ def sglang_arch_check(arch: str, form: str) -> cst.BaseExpression:
     return cst.parse_expression(f"{prefix}{arch}{suffix}")
 
 
+def sglang_arch_twin(spelled: str | None, arch: str = "sm120") -> str | None:
+    """An SGLang SM100 check in `key` spelling -> the same check for `arch`, in the same form:
+    `is_sm100_supported()` -> `is_sm120_supported()`, `get_platform().is_sm100` ->
+    `get_platform().is_sm120`, `_is_sm100_supported` -> `_is_sm120_supported`; None for
+    anything else. The one place the SM100 -> SM120 spelling lives."""
+    for _form, prefix, suffix in _ARCH_FORMS:
+        if spelled == f"{prefix}sm100{suffix}":
+            return f"{prefix}{arch}{suffix}"
+    return None
+
+
 def mentions_sglang_arch(node: cst.CSTNode) -> bool:
     """Whether any part of `node` is an SGLang GPU-arch check (see `sglang_arch`)."""
     candidates = find(node, (cst.Call, cst.Attribute, cst.Name))
@@ -476,32 +513,22 @@ def import_sources(module: cst.Module, name: str) -> list[str]:
     Only plain imports count (`from m import name`, not `import other as name`); relative
     imports are not looked at.
     """
-    sources = []
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if (
-                isinstance(small, cst.ImportFrom)
-                and not small.relative
-                and not isinstance(small.names, cst.ImportStar)
-                and any(a.evaluated_name == name and a.asname is None for a in small.names)
-            ):
-                sources.append(_dotted(small.module))
-    return sources
+    return [
+        _dotted(imp.module)
+        for imp in _absolute_froms(module)
+        if any(a.evaluated_name == name and a.asname is None for a in imp.names)  # type: ignore[union-attr]
+    ]
 
 
 def binds_at_module_level(module: cst.Module, name: str) -> bool:
     """Whether a module-level `from ... import` binds `name` (as itself or as an alias),
     whichever module it comes from."""
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                if any((a.evaluated_alias or a.evaluated_name) == name for a in small.names):
-                    return True
-    return False
+    return any(
+        isinstance(imp, cst.ImportFrom)
+        and not isinstance(imp.names, cst.ImportStar)
+        and any((a.evaluated_alias or a.evaluated_name) == name for a in imp.names)
+        for imp in module_imports(module)
+    )
 
 
 def import_next_to(module: cst.Module, name: str, like: str) -> cst.Module | None:
