@@ -199,6 +199,15 @@ class Lock:
     pack_of: dict[str, str] = field(default_factory=dict)
     packs: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A lock made here (not read from a file) names the packs of the catalog in effect,
+        # whichever code path built it; `read` passes what the file says.
+        if self.patches and not self.pack_of:
+            cat = catalog.load()
+            self.pack_of = {pid: cat.source(pid).name for pid in self.patches}
+            if not self.packs and self.profile in cat.profiles:
+                self.packs = {p.name: p.digest() for p in cat.packs_of(cat.profile(self.profile))}
+
     def to_toml(self) -> str:
         q = json.dumps  # a TOML basic string is a JSON string for the text we write
         out = [
@@ -242,8 +251,6 @@ def from_plan(plan: Plan) -> Lock:
         versions={tp.target.kind: tp.target.version for tp in plan.targets},
         patches={pid: patch_digest(cat.patches[pid]) for pid in plan.profile.patches},
         files=files,
-        pack_of={pid: cat.source(pid).name for pid in plan.profile.patches},
-        packs={p.name: p.digest() for p in cat.packs_of(plan.profile)},
     )
 
 
