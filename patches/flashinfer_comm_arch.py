@@ -27,7 +27,7 @@ FACTS = (
          "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="DESIGN s4 F"),
     Fact(">=0.4.0,<0.6.16", Status.APPLIED, "same call, moved to jit/comm.py", JIT_COMM, SITE,
          source="DESIGN s4 F"),
-    Fact("==0.6.16", Status.APPLIED, "same call, still [9, 10]", JIT_COMM, SITE,
+    Fact(">=0.6.16,<0.6.17", Status.APPLIED, "same call, still [9, 10]", JIT_COMM, SITE,
          source="real files",
          note="DESIGN names 0.4.0 to 0.6.15 and 0.6.17 on; 0.6.16 still passes [9, 10]"),
     Fact(">=0.6.17", Status.UPSTREAM, "`supported_major_versions=[9, 10, 12]` upstream",

@@ -223,6 +223,9 @@ FACTS = (
          "is_blackwell_supported(); widening it the same way is the 0.5.5 behaviour. The "
          "DeepseekV3 block (`is_cuda() and is_sm100_supported()`) also picks SM100-only "
          "trtllm_mla attention and stays as it is."),
+    Fact("==0.5.4.post3", Status.UPSTREAM, "GptOss block `if is_blackwell_supported():`",
+         SERVER_ARGS, source="real files (found by the full real tier over post releases)",
+         note="the hotfix already carries 0.5.5's is_blackwell_supported() (majors 10 and 12)"),
     Fact(">=0.5.5,<0.5.7", Status.UPSTREAM, "GptOss block `if is_blackwell_supported():`",
          SERVER_ARGS, source="DESIGN s4 C",
          note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),

@@ -40,8 +40,10 @@ class Fact:
     patch: str = ""  # filled in by Patch
 
     def covers(self, version: str) -> bool:
+        # A post release is its own release here (0.5.4.post3 already carries what 0.5.4
+        # lacks); a checkout's local version (`0.5.9+12.gabc`) counts as its release.
         try:
-            release = Version(Version(version).base_version)
+            release = Version(Version(version).public)
         except InvalidVersion:
             return False
         return SpecifierSet(self.releases).contains(release, prereleases=True)
