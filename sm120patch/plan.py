@@ -127,7 +127,7 @@ def _plan_target_cached(profile: Profile, patches: list[Patch], target: Target) 
     entry = plancache.key(profile, files, target)
     cached = plancache.load(entry, target) if entry else None
     if cached is not None:
-        return cached
+        return TargetPlan(target, cached)
     result = plan_target(profile, patches, target)
     if entry:
         plancache.store(entry, result, plancache.import_deps(target, result))
