@@ -129,7 +129,9 @@ def _plan_target_cached(profile: Profile, patches: list[Patch], target: Target) 
     if cached is not None:
         return TargetPlan(target, cached)
     result = plan_target(profile, patches, target)
-    if entry:
+    if entry and not any(o.status is Status.REFUSED for f in result.files for o in f.outcomes):
+        # A refusal is not kept: what it depends on (an import the release lacks, a file that
+        # does not parse) is for the user to fix, and the next run must see the fix.
         plancache.store(entry, result, plancache.import_deps(target, result))
     return result
 

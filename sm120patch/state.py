@@ -458,11 +458,12 @@ class TargetState:
                 "run sm120patch as a user who can write the target",
             ) from None
         try:
-            if stat.S_IMODE(os.fstat(fd).st_mode) & ~self.file_mode:
+            if stat.S_IMODE(os.fstat(fd).st_mode) != self.file_mode:
                 try:
-                    os.fchmod(fd, self.file_mode)  # a lax umask must not loosen it
+                    # The umask changes what open() made: the lock is as shared as the state.
+                    os.fchmod(fd, self.file_mode)
                 except PermissionError:
-                    pass
+                    pass  # another user's lock file: its owner set it
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
