@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm120patch import __version__, catalog, state, vcs
+from sm120patch import __version__, catalog, interrupts, procscan, state, vcs
 from sm120patch import plan as planner
 from sm120patch.errors import Refused, Sm120Error
 from sm120patch.plan import Plan, PlanRefused
@@ -87,6 +87,7 @@ def _kill_point(step: str) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+    interrupts.at_step(step, count)  # [signals] a deferred SIGINT stops an apply here
 
 
 class _Ctx:
@@ -213,30 +214,41 @@ def apply(
         reports: list[TargetReport] = []
         txn = uuid.uuid4().hex
         peers = [ctx.peer() for ctx, _ in work]
-        try:
-            for ctx, tp in work:
-                journals[ctx.target.kind] = _start_apply(ctx, tp, profile.name, branch, txn, peers)
-            for ctx, tp in work:
-                reports.append(_write_target(ctx, tp, profile.name, branch, plan))
-            for ctx, tp in work:
-                _verify(ctx, tp)
-            for (ctx, _), report in zip(work, reports, strict=True):
-                _kill_point("before-manifest")
-                _write_manifest(ctx, journals[ctx.target.kind], report)
-                _kill_point("after-manifest")
-        except BaseException as exc:
-            _roll_back_all([ctx for ctx, _ in work], exc)
-            if isinstance(exc, OSError):
-                raise Refused(
-                    f"apply failed writing {exc.filename or 'a file'}: {exc.strerror}; "
-                    "every file was put back as it was",
-                    "fix the cause (disk space, permissions), then apply again",
-                ) from exc
-            raise
-        # Every manifest is written: the apply is committed (see the module's docstring).
-        for ctx, _ in work:
-            ctx.state.close_journal()
-            _kill_point("after-close")
+        # [signals] SIGINT/SIGTERM/SIGHUP are deferred from here to the last journal's close.
+        with interrupts.critical(
+            "apply",
+            profile.name,
+            abortable=True,
+            unfinished=lambda: any(c.state.journal() is not None for c, _ in work),
+        ) as guard:
+            try:
+                for ctx, tp in work:
+                    journals[ctx.target.kind] = _start_apply(
+                        ctx, tp, profile.name, branch, txn, peers
+                    )
+                for ctx, tp in work:
+                    reports.append(_write_target(ctx, tp, profile.name, branch, plan))
+                for ctx, tp in work:
+                    _verify(ctx, tp)
+                for (ctx, _), report in zip(work, reports, strict=True):
+                    _kill_point("before-manifest")
+                    _write_manifest(ctx, journals[ctx.target.kind], report)
+                    _kill_point("after-manifest")
+            except BaseException as exc:
+                guard.rolling_back()  # [signals] nothing aborts the rollback
+                _roll_back_all([ctx for ctx, _ in work], exc)
+                if isinstance(exc, OSError):
+                    raise Refused(
+                        f"apply failed writing {exc.filename or 'a file'}: {exc.strerror}; "
+                        "every file was put back as it was",
+                        "fix the cause (disk space, permissions), then apply again",
+                    ) from exc
+                raise
+            # Every manifest is written: the apply is committed (see the module's docstring).
+            guard.commit()  # [signals] from here a signal no longer rolls back
+            for ctx, _ in work:
+                ctx.state.close_journal()
+                _kill_point("after-close")
         return Report("applied", profile.name, reports, outcomes=plan.outcomes)
 
 
@@ -310,7 +322,7 @@ def _start_apply(
         "op": "apply",
         "profile": profile,
         "started": time.time(),
-        "pid": os.getpid(),
+        **procscan.identity(),  # [signals] pid, pid_start, boot_id: recover's proof it is dead
         "tool_version": __version__,
         "target": tp.target.to_dict(),
         "files": files,
@@ -506,31 +518,39 @@ def revert(
         txn = uuid.uuid4().hex
         peers = [ctx.peer() for ctx, _ in todo]
         journals = []
-        for ctx, manifest in todo:
-            journal = {
-                "op": "revert",
-                "profile": manifest["profile"],
-                "started": time.time(),
-                "pid": os.getpid(),
-                "keep_branch": keep_branch,
-                "manifest": manifest,
-                "txn": txn,
-                "peers": peers,
-            }
-            ctx.state.write_journal(journal)
-            _kill_point("after-journal")
-            journals.append((ctx, journal))
-        # Every journal is written before anything changes: from here on, recover rolls the
-        # whole revert forward.
-        try:
-            for ctx, journal in journals:
-                reports.append(_finish_revert(ctx, journal))
-        except OSError as exc:
-            raise Refused(
-                f"revert failed writing {exc.filename or 'a file'}: {exc.strerror}",
-                "the journal is kept: fix the cause (disk space, permissions), then run "
-                "`sm120patch recover` to finish the revert",
-            ) from exc
+        # [signals] deferred from the first journal write to the last close: a revert is
+        # finished, never cut short.
+        with interrupts.critical(
+            "revert",
+            profile_name,
+            abortable=False,
+            unfinished=lambda: any(c.state.journal() is not None for c, _ in todo),
+        ):
+            for ctx, manifest in todo:
+                journal = {
+                    "op": "revert",
+                    "profile": manifest["profile"],
+                    "started": time.time(),
+                    **procscan.identity(),  # [signals] as in _start_apply
+                    "keep_branch": keep_branch,
+                    "manifest": manifest,
+                    "txn": txn,
+                    "peers": peers,
+                }
+                ctx.state.write_journal(journal)
+                _kill_point("after-journal")
+                journals.append((ctx, journal))
+            # Every journal is written before anything changes: from here on, recover rolls
+            # the whole revert forward.
+            try:
+                for ctx, journal in journals:
+                    reports.append(_finish_revert(ctx, journal))
+            except OSError as exc:
+                raise Refused(
+                    f"revert failed writing {exc.filename or 'a file'}: {exc.strerror}",
+                    "the journal is kept: fix the cause (disk space, permissions), then run "
+                    "`sm120patch recover` to finish the revert",
+                ) from exc
     return Report("reverted", profile_name, reports)
 
 
@@ -664,11 +684,21 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
     ctxs = _with_peers(_contexts([t for t in found if t is not None]))
     reports = []
     notes = []
-    with _locked(ctxs):
+    with _locked(ctxs), interrupts.critical(  # [signals] recover is finished, never cut short
+        "recover",
+        None,
+        abortable=False,
+        unfinished=lambda: any(c.state.journal() is not None for c in ctxs),
+    ):
         journals = {ctx.target.kind: ctx.state.journal() for ctx in ctxs}
         for ctx in ctxs:
-            if ctx.repo is not None and journals[ctx.target.kind] is not None:
-                ctx.repo.check_idle()  # a git killed with us may have left its index.lock
+            journal = journals[ctx.target.kind]
+            if ctx.repo is not None and journal is not None:
+                # [signals] a git killed with the run may have left index.lock: removed once
+                # the run and every git process in the repository are provably gone.
+                for lock in ctx.repo.settle_after_kill(journal):
+                    notes.append(f"{ctx.target.root}: removed {lock}, left by a killed git")
+                ctx.repo.check_idle()
         _journal_revert_peers(ctxs, journals)
         for ctx in ctxs:
             journal = journals[ctx.target.kind]
