@@ -56,17 +56,30 @@ def steps_of(tmp: Path, *args: str) -> list[str]:
 KILLS = ("process", "group", "tree")
 
 
-def kill_after(args: list[str], delay: float, how: str = "process") -> tuple[int, float]:
+def kill_after(
+    args: list[str], delay: float, how: str = "process", after_trace: Path | None = None
+) -> tuple[int, float]:
     """Start sm120patch, kill it (`how`, above) after `delay` seconds if still running, then
-    wait until its process group has ended. Its return code, and how long it ran."""
+    wait until its process group has ended. Its return code, and how long it ran.
+
+    With `after_trace`, the run traces its kill points there and `delay` counts from the first
+    one (the first journal write), however slow the machine is today."""
     assert how in KILLS, how
+    env = None
+    if after_trace is not None:
+        after_trace.unlink(missing_ok=True)
+        env = {**os.environ, TRACE_ENV: str(after_trace)}
     t0 = time.monotonic()
     proc = subprocess.Popen(
         command(*args),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
         start_new_session=True,  # its own process group, as under a shell or a service
     )
+    if after_trace is not None:
+        while proc.poll() is None and not after_trace.exists():
+            time.sleep(0.001)
     try:
         proc.wait(timeout=delay)
     except subprocess.TimeoutExpired:

@@ -176,8 +176,11 @@ def random_kills(
     rng = random.Random(seed)
     states = States([sg, fi])
     # When a run passes its first and its last kill point, and when it ends: three kills in
-    # four land between the first and the last kill point, the others anywhere in its life.
+    # four land between the first and the last kill point (timed from the moment the killed run
+    # itself traces its first one: a busy machine slows runs down), the others anywhere in its
+    # life.
     windows = {}
+    trace = tmp / "kill-trace.txt"
     for op, args in (("apply", apply_args(sg, fi)), ("revert", revert_args(sg, fi))):
         windows[op] = timed_run(args, tmp)
         if op == "apply":
@@ -190,21 +193,30 @@ def random_kills(
         "pristine": 0,
         "patched": 0,
     }
+    tally |= {"apply-killed": 0, "revert-killed": 0}
     current = "pristine"
     for run_no in range(3 * kills):
         if tally["kills"] >= kills:
             break
-        op = "apply" if current == "pristine" else "revert"
+        # Applies and reverts in turn: the tree is brought to where the run starts first.
+        op = "apply" if run_no % 2 == 0 else "revert"
+        if (op, current) in (("apply", "patched"), ("revert", "pristine")):
+            setup = revert_args(sg, fi) if op == "apply" else apply_args(sg, fi)
+            assert cli(*setup)[0] == 0
         args = apply_args(sg, fi) if op == "apply" else revert_args(sg, fi)
         first, last, end = windows[op]
+        how = hows[run_no % len(hows)]
         if rng.random() < 0.75:
-            delay = rng.uniform(first * 0.95, last * 1.02)
+            delay = rng.uniform(0.0, (last - first) * 1.05)
+            rc, ran = kill_after(args, delay, how, after_trace=trace)
         else:
             delay = rng.uniform(0.0, end)
-        rc, ran = kill_after(args, delay, hows[run_no % len(hows)])
+            rc, ran = kill_after(args, delay, how)
+            if rc != -9 and ran < end:  # runs got faster than measured (a busy machine calmed)
+                windows[op] = (first * ran / end, last * ran / end, ran)
         tally["kills" if rc == -9 else "ran-to-the-end"] += 1
-        if rc != -9 and ran < end:  # runs got faster than measured (a busy machine calmed)
-            windows[op] = (first * ran / end, last * ran / end, ran)
+        if rc == -9:
+            tally[f"{op}-killed"] += 1
         code, out, err = cli("recover", *targets_of(sg, fi))
         assert code == 0, err
         if "nothing to recover" not in out:

@@ -103,9 +103,8 @@ def test_sigint_at_moments_of_revert(trees, tmp_path):  # noqa: F811
 def test_repeated_and_other_signals_cut_nothing_short(trees, tmp_path, spec):  # noqa: F811
     """A second (and third) Ctrl-C, SIGTERM, a closed terminal: the same clean end."""
     layout, sg, fi = trees
-    states, steps, _ = learn(tmp_path, sg, fi)
-    writes = [s for s in steps if s.startswith("after-write:")]
-    proc = signalled(apply_args(sg, fi), f"{writes[0]}={spec}")
+    states = States([sg, fi])
+    proc = signalled(apply_args(sg, fi), f"after-write:1={spec}")
     assert proc.returncode == 130, proc.stderr
     name = "SIG" + spec.split("x")[0]
     assert f"interrupted ({name}): the apply of all was rolled back" in proc.stderr
@@ -159,7 +158,7 @@ def test_sigint_to_the_whole_group_at_real_moments(trees, tmp_path):  # noqa: F8
     states.learn_patched()
     windows["revert"] = timed_run(revert_args(sg, fi), tmp_path)
     current = "pristine"
-    for i in range(6):
+    for i in range(4):
         op = "apply" if current == "pristine" else "revert"
         first, last, _ = windows[op]
         args = apply_args(sg, fi) if op == "apply" else revert_args(sg, fi)
