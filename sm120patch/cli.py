@@ -7,7 +7,6 @@ Exit codes (README): 0 success, 1 refused or precondition failed (nothing change
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -39,7 +38,6 @@ target_options = [
         "(default: the one installed in this Python).",
     ),
 ]
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
 def with_targets(fn: F) -> F:
@@ -48,27 +46,59 @@ def with_targets(fn: F) -> F:
     return fn
 
 
-def fail(error: Sm120Error) -> None:
+JSON_META = "sm120patch.json"
+
+
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    # ctx.meta is shared by every context of one invocation: the group's error rendering
+    # reads it to answer in JSON when the command was asked for JSON.
+    if value:
+        ctx.meta[JSON_META] = True
+    return value
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, callback=_remember_json, help="Print JSON for scripts."
+)
+
+
+def fail(error: Sm120Error, as_json: bool) -> None:
     click.echo(f"sm120patch: {error.message}", err=True)
     if error.hint:
         click.echo(f"  next: {error.hint}", err=True)
+    if as_json:
+        emit_json(
+            {
+                "error": error.message,
+                "next": error.hint or None,
+                "exit_code": error.exit_code,
+                **error.details,
+            }
+        )
     sys.exit(error.exit_code)
 
 
-def handled(fn: F) -> F:
-    """Typed errors become one line plus what to do; anything else is a bug (exit 4)."""
+class Group(click.Group):
+    """Renders every command's errors: a typed error is one line plus what to do (and JSON on
+    stdout with --json); anything else is a bug (exit 4)."""
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def invoke(self, ctx: click.Context) -> Any:
         try:
-            return fn(*args, **kwargs)
+            return super().invoke(ctx)
         except Sm120Error as exc:
-            fail(exc)
+            fail(exc, bool(ctx.meta.get(JSON_META)))
         except KeyboardInterrupt:
             click.echo("sm120patch: interrupted", err=True)
             click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
             sys.exit(130)
-        except (click.exceptions.Exit, click.ClickException, SystemExit):
+        except BrokenPipeError:
+            # `sm120patch status | head -1`: the reader left. Point stdout at /dev/null so the
+            # interpreter's last flush does not fail a second time.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            click.echo("sm120patch: standard output was closed before all was written", err=True)
+            sys.exit(1)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
         except Exception as exc:
             if os.environ.get("SM120PATCH_DEBUG"):
@@ -80,8 +110,6 @@ def handled(fn: F) -> F:
                 err=True,
             )
             sys.exit(4)
-
-    return wrapper  # type: ignore[return-value]
 
 
 # ---- signals (issue 9, item 4) ------------------------------------------------------------
@@ -115,7 +143,7 @@ def emit_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, default=str))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sm120patch")
 def main() -> None:
     """Apply, review and revert the patches that enable SGLang and FlashInfer fast paths on
@@ -124,7 +152,6 @@ def main() -> None:
 
 @main.command("list")
 @json_option
-@handled
 def list_cmd(as_json: bool) -> None:
     """List the profiles and the patches they apply."""
     from sm120patch import catalog
@@ -159,7 +186,6 @@ def list_cmd(as_json: bool) -> None:
 
 @main.command("show")
 @click.argument("profile")
-@handled
 def show_cmd(profile: str) -> None:
     """Show a profile: its patches, why each exists, the shapes each knows, its pins."""
     from sm120patch import catalog
@@ -188,23 +214,59 @@ def render_outcomes(outcomes: list[Any]) -> None:
             click.echo(f"  {'':16} {o.reason}", err=True)
 
 
-@main.command("apply")
-@click.argument("profile", required=False)
-@with_targets
-@click.option("--dry-run", is_flag=True, help="Print the unified diff and change nothing.")
-@click.option(
+def _lock_for(
+    profile: str | None, locked: str | None
+) -> tuple[str, Any, Any]:
+    """(profile, lock, plan check) from PROFILE and/or --locked."""
+    from pathlib import Path
+
+    from sm120patch.errors import UsageError
+
+    if not locked:
+        if not profile:
+            raise UsageError("give a PROFILE (see `sm120patch list`) or --locked LOCKFILE")
+        return profile, None, None
+    from sm120patch import lockfile
+
+    lock = lockfile.read(Path(locked))
+    if profile and profile != lock.profile:
+        raise UsageError(f"{locked} locks profile {lock.profile}, not {profile}")
+    return lock.profile, lock, lockfile.check(lock, Path(locked))
+
+
+def render_report(report: Any) -> None:
+    render_outcomes(report.outcomes)
+    for note in report.notes:
+        click.echo(note)
+    for t in report.targets:
+        if not t.files:
+            continue
+        where = f"on branch {t.branch}" if t.branch else "(pristine copies kept for revert)"
+        click.echo(
+            f"{t.target.name} {t.target.version} at {t.target.root}: "
+            f"{len(t.files)} file(s) patched {where}"
+        )
+
+
+locked_option = click.option(
     "--locked",
     "locked",
     metavar="LOCKFILE",
     type=click.Path(dir_okay=False),
-    help="Apply exactly what this lock file (from `pin`) records, or refuse.",
+    help="Exactly what this lock file (from `pin`) records, or refuse.",
 )
+
+
+@main.command("apply")
+@click.argument("profile", required=False)
+@with_targets
+@click.option("--dry-run", is_flag=True, help="Print the unified diff and change nothing.")
+@locked_option
 @click.option("--force", is_flag=True, help="Apply outside the profile's pinned versions.")
 @click.option(
     "--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition (image builds, CI)."
 )
 @json_option
-@handled
 def apply_cmd(
     profile: str | None,
     sglang: str | None,
@@ -216,30 +278,14 @@ def apply_cmd(
     as_json: bool,
 ) -> None:
     """Apply PROFILE (moe, fusion, all) to SGLang and FlashInfer."""
-    from pathlib import Path
-
-    from sm120patch.errors import UsageError
+    from sm120patch import engine, gpu
 
     paths = {"sglang": sglang, "flashinfer": flashinfer}
-    check_plan = None
-    if locked:
-        from sm120patch import lockfile
-
-        lock = lockfile.read(Path(locked))
-        if profile and profile != lock.profile:
-            raise UsageError(f"{locked} locks profile {lock.profile}, not {profile}")
-        profile = lock.profile
-        check_plan = lockfile.check(lock, Path(locked))
-    if not profile:
-        raise UsageError("give a PROFILE (see `sm120patch list`) or --locked LOCKFILE")
+    profile, lock, check_plan = _lock_for(profile, locked)
     if dry_run:
-        from sm120patch import plan as planner
-        from sm120patch.plan import PlanRefused
-
-        plan = planner.plan(profile, paths, force=force)
+        # The apply minus the writes: the same preflight refuses the same way.
+        prep = engine.dry_run(profile, paths, force=force, check_plan=check_plan, lock=lock)
         if not no_gpu_check:
-            from sm120patch import gpu
-
             found = gpu.probe()
             if not found.has_sm120:
                 click.echo(
@@ -247,45 +293,80 @@ def apply_cmd(
                     "will refuse without --no-gpu-check",
                     err=True,
                 )
+        plan = prep.plan
+        assert plan is not None
         if as_json:
-            emit_json(plan.to_dict())
-        else:
-            for tp in plan.targets:
-                t = tp.target
-                click.echo(f"# {t.name} {t.version} ({t.layout}) at {t.root}", err=True)
-            render_outcomes(plan.outcomes)
+            emit_json({**plan.to_dict(), "nothing_to_do": prep.nothing_to_do,
+                       "notes": prep.notes, "error": None})  # fmt: skip
+            return
+        for tp in plan.targets:
+            t = tp.target
+            click.echo(f"# {t.name} {t.version} ({t.layout}) at {t.root}", err=True)
+        render_outcomes(plan.outcomes)
+        for note in prep.notes:
+            click.echo(note, err=True)
+        if not prep.nothing_to_do:
             click.echo(plan.diff(), nl=False)
-        if plan.refused:
-            raise PlanRefused(plan)
-        if check_plan is not None:
-            check_plan(plan)
         return
-    from sm120patch import engine, gpu
-
     report = engine.apply(
         profile,
         paths,
         force=force,
         preconditions=None if no_gpu_check else gpu.require_sm120,
         check_plan=check_plan,
+        lock=lock,
     )
     if as_json:
         emit_json(report.to_dict())
         return
-    render_outcomes(report.outcomes)
-    for note in report.notes:
-        click.echo(note)
-    for t in report.targets:
-        where = f"on branch {t.branch}" if t.branch else "(pristine copies kept for revert)"
-        click.echo(
-            f"{t.target.name} {t.target.version} at {t.target.root}: "
-            f"{len(t.files)} file(s) patched {where}"
-        )
+    render_report(report)
     if report.action == "applied":
         click.echo(
             f"applied {profile}; restart the server to use it. "
             f"Undo with `sm120patch revert {profile}`."
         )
+    elif lock is not None:
+        click.echo(f"already exactly as {locked} says; nothing was changed")
+
+
+@main.command("ensure")
+@click.argument("profile", required=False)
+@with_targets
+@locked_option
+@click.option("--force", is_flag=True, help="Allow versions outside the profile's pins.")
+@click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
+@json_option
+def ensure_cmd(
+    profile: str | None,
+    sglang: str | None,
+    flashinfer: str | None,
+    locked: str | None,
+    force: bool,
+    no_gpu_check: bool,
+    as_json: bool,
+) -> None:
+    """For service start-up: exit 0 when the trees are exactly as wanted (applying first if
+    they are pristine or the patch is gone), exit 1 changing nothing otherwise."""
+    from sm120patch import engine, gpu
+
+    profile, lock, check_plan = _lock_for(profile, locked)
+    report = engine.ensure(
+        profile,
+        {"sglang": sglang, "flashinfer": flashinfer},
+        force=force,
+        preconditions=None if no_gpu_check else gpu.require_sm120,
+        check_plan=check_plan,
+        lock=lock,
+    )
+    if as_json:
+        emit_json(report.to_dict())
+        return
+    render_report(report)
+    what = f"{locked}" if locked else f"profile {profile}"
+    if report.action == "applied":
+        click.echo(f"ensured {what}: applied now; the trees are as wanted")
+    else:
+        click.echo(f"ensured {what}: already as wanted; nothing was changed")
 
 
 @main.command("revert")
@@ -295,7 +376,6 @@ def apply_cmd(
 @click.option("--force", is_flag=True, help="Discard your edits to patched files.")
 @click.option("--keep-branch", is_flag=True, help="Keep the sm120patch/<profile> branch.")
 @json_option
-@handled
 def revert_cmd(
     profile: str | None,
     all_: bool,
@@ -320,17 +400,32 @@ def revert_cmd(
     if as_json:
         emit_json(report.to_dict())
         return
+    for note in report.notes:
+        click.echo(note)
     for t in report.targets:
-        kept = f"; branch {t.branch} kept" if t.branch else ""
-        click.echo(f"{t.target.name} at {t.target.root}: {len(t.files)} file(s) restored{kept}")
+        if report.action == "reverted" and t.files:
+            kept = f"; branch {t.branch} kept" if t.branch else ""
+            click.echo(
+                f"{t.target.name} at {t.target.root}: {len(t.files)} file(s) restored{kept}"
+            )
+
+
+def _file_line(f: dict[str, Any]) -> str:
+    extra = ""
+    if f["as_installed"] is True and f["state"] != "pristine":
+        extra = " (matches the installed RECORD)"
+    elif f["as_installed"] is False and f["state"] == "drifted":
+        extra = " (matches neither what sm120patch wrote nor the installed RECORD)"
+    elif f["as_installed"] is False and f["state"] == "pristine":
+        extra = " (differs from the installed RECORD)"
+    return f"    {f['state']:9} {f['path']}{extra}"
 
 
 @main.command("status")
 @with_targets
 @json_option
-@handled
 def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
-    """What sm120patch applied on each target, and the state of every touched file."""
+    """The state of each target, decided from the bytes on disk, and of every touched file."""
     from sm120patch import engine
 
     found = engine.status({"sglang": sglang, "flashinfer": flashinfer})
@@ -341,27 +436,25 @@ def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
         click.echo("no SGLang or FlashInfer found; pass --sglang / --flashinfer")
     for s in found:
         t = s.target
-        click.echo(f"{t.name} {t.version} ({t.layout}) at {t.root}")
-        if s.unfinished:
-            click.echo(f"  UNFINISHED {s.unfinished}: run `sm120patch recover`")
+        click.echo(f"{t.name} {t.version} ({t.layout}) at {t.root}: {s.state}")
+        if s.state != "pristine":
+            click.echo(f"  {s.assessment.message}")
         for trial in s.trials[-5:]:
             click.echo(
                 f"  trial {trial.get('profile')}: {trial.get('verdict')}, "
                 f"exit {trial.get('exit_code')}: {' '.join(trial.get('command', []))}"
             )
         if s.profile is None:
-            click.echo("  nothing applied")
             continue
         branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
         click.echo(f"  profile {s.profile}{branch}")
         for f in s.files:
-            click.echo(f"    {f['state']:9} {f['path']}")
+            click.echo(_file_line(f))
 
 
 @main.command("recover")
 @with_targets
 @json_option
-@handled
 def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """Finish an interrupted apply (roll back) or revert (roll forward)."""
     from sm120patch import engine
@@ -393,7 +486,6 @@ def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> No
 @click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-@handled
 def trial_cmd(
     profile: str,
     sglang: str | None,
@@ -463,7 +555,6 @@ def power_lines(samples: list[dict[str, Any]]) -> list[str]:
 @main.command("doctor")
 @with_targets
 @json_option
-@handled
 def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """What this machine has (GPUs, SGLang, FlashInfer) and what each profile would do here."""
     from sm120patch import doctor
@@ -509,7 +600,6 @@ def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
     help="Where to write the lock file.",
 )
 @click.option("--force", is_flag=True, help="Pin outside the profile's pinned versions.")
-@handled
 def pin_cmd(
     profile: str, sglang: str | None, flashinfer: str | None, output: str, force: bool
 ) -> None:
@@ -517,16 +607,8 @@ def pin_cmd(
     from pathlib import Path
 
     from sm120patch import lockfile
-    from sm120patch import plan as planner
-    from sm120patch.errors import Refused
 
-    plan = planner.checked(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
-    lock = lockfile.from_plan(plan)
-    if not lock.files:
-        raise Refused(
-            f"profile {profile} changes no file here (already applied?)",
-            "pin on trees where the profile is not applied yet",
-        )
+    lock = lockfile.make(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
     Path(output).write_text(lock.to_toml(), encoding="utf-8")
     versions = ", ".join(f"{k} {v}" for k, v in lock.versions.items())
     click.echo(f"wrote {output}: {profile} on {versions}, {len(lock.files)} file(s)")
@@ -544,9 +626,14 @@ def pin_cmd(
     help="Directory for the patches (one subdirectory per target).",
 )
 @click.option("--force", is_flag=True, help="Export outside the profile's pinned versions.")
-@handled
+@click.option("--overwrite", is_flag=True, help="Replace the patches already in DIR.")
 def export_cmd(
-    profile: str, sglang: str | None, flashinfer: str | None, out_dir: str, force: bool
+    profile: str,
+    sglang: str | None,
+    flashinfer: str | None,
+    out_dir: str,
+    force: bool,
+    overwrite: bool,
 ) -> None:
     """Write one mail-format patch per applied patch per target (for git am / git apply)."""
     from pathlib import Path
@@ -555,7 +642,7 @@ def export_cmd(
     from sm120patch import plan as planner
 
     plan = planner.checked(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
-    for item in export.write(plan, Path(out_dir)):
+    for item in export.write(plan, Path(out_dir), overwrite=overwrite):
         click.echo(f"{item.target}: {item.path}")
 
 
@@ -582,7 +669,6 @@ def export_cmd(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown tables (default).")
-@handled
 def matrix_cmd(
     sglang_spec: str | None,
     flashinfer_spec: str | None,

@@ -1,11 +1,12 @@
-"""Apply, revert, recover, status: the engine's contract (DESIGN.md s3). Never prints, never exits.
+"""Apply, revert, recover, ensure, status: the engine's contract (DESIGN.md s3). Never prints.
 
+Every verdict is decided from the bytes on disk (`assess`), never from the manifest alone.
 An apply is one transaction over every target of the profile:
-    plan -> preconditions -> journal (+ pristine copies) -> write (+ one commit per patch on a
-    git target) -> verify -> manifest -> close journal.
-Any failure before the journal is closed rolls every target back to its pristine bytes; a kill
-leaves the journal behind, and `recover` finishes the rollback. A revert is rolled forward by
-`recover` instead: both end states are exact, byte for byte.
+    preflight (shared with the dry run) -> journal (+ pristine copies) -> write (+ one commit
+    per patch on a checkout) -> verify -> manifest -> close journal.
+Any failure before the journal is closed rolls every target back; a kill leaves the journal
+behind, and `recover` finishes the rollback. A revert is rolled forward by `recover` instead:
+both end states are exact.
 
 Across targets, the journals of one run share a transaction id (`txn`) and name each other
 (`peers`). An apply is committed once every target's manifest of that txn is written:
@@ -24,15 +25,20 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sm120patch import __version__, catalog, interrupts, procscan, state, vcs
+from sm120patch import __version__, assess, catalog, interrupts, procscan, state
 from sm120patch import plan as planner
+from sm120patch.assess import Assessment
 from sm120patch.errors import Refused, Sm120Error
+from sm120patch.layouts import InstalledLayout, layout_of
 from sm120patch.plan import Plan, PlanRefused
-from sm120patch.state import TargetState, file_sha256, sha256
+from sm120patch.state import FileRecord, Journal, Manifest, Peer, TargetState, sha256
 from sm120patch.targets import Target
 from sm120patch.transform import Outcome
+
+if TYPE_CHECKING:
+    from sm120patch.lockfile import Lock
 
 BRANCH_PREFIX = state.BRANCH_PREFIX
 # Test hooks for the kill-anywhere tests: the step at which the process kills itself (`step`,
@@ -49,6 +55,7 @@ class TargetReport:
     branch: str | None = None
     commits: list[str] = field(default_factory=list)
     files: list[dict[str, str]] = field(default_factory=list)
+    state: str | None = None  # the target's state when the command finished
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,20 +63,28 @@ class TargetReport:
             "branch": self.branch,
             "commits": self.commits,
             "files": self.files,
+            "state": self.state,
         }
 
 
 @dataclass
 class Report:
-    action: str  # "applied", "nothing-to-do", "reverted", "recovered"
+    # "applied", "nothing-to-do", "reverted", "dropped" (only stale records), "recovered"
+    action: str
     profile: str | None
     targets: list[TargetReport]
     outcomes: list[Outcome] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    plan: Plan | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.action in ("applied", "reverted", "recovered")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "action": self.action,
+            "changed": self.changed,
             "profile": self.profile,
             "targets": [t.to_dict() for t in self.targets],
             "outcomes": [o.to_dict() for o in self.outcomes],
@@ -77,7 +92,7 @@ class Report:
         }
 
 
-def _kill_point(step: str) -> None:
+def kill_point(step: str) -> None:
     count = _passed[step] = _passed.get(step, 0) + 1
     trace = os.environ.get(TRACE_ENV)
     if trace:
@@ -91,20 +106,29 @@ def _kill_point(step: str) -> None:
 
 
 class _Ctx:
-    """One target during a run: its state and, for a git target, its repository."""
+    """One target during a run: its state directory and its layout (git or installed)."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self.state = TargetState.of(target.root, target.layout, target.kind)
-        self.repo = vcs.Repo(target.root) if target.layout == "git" else None
+        self._layout: InstalledLayout | None = None
+
+    @property
+    def layout(self) -> InstalledLayout:
+        # Made on first use: GitPython is imported only by runs that touch git.
+        if self._layout is None:
+            self._layout = layout_of(self.target, self.state)
+        return self._layout
 
     def path(self, rel: str) -> Path:
         return state.inside(self.target.root, rel)
 
-    def peer(self) -> dict[str, str]:
-        """How a journal names this target to the other targets of its transaction."""
+    def peer(self) -> Peer:
         t = self.target
-        return {"kind": t.kind, "root": str(t.root), "layout": t.layout}
+        return Peer(t.kind, str(t.root), t.layout)
+
+    def assess(self) -> Assessment:
+        return assess.assess(self.target, self.state)
 
 
 @contextmanager
@@ -120,37 +144,61 @@ def _refuse_unfinished(ctxs: list[_Ctx]) -> None:
         journal = ctx.state.journal()
         if journal is not None:
             raise Refused(
-                f"an interrupted sm120patch {journal.get('op', 'run')} left a journal on "
-                f"{ctx.target.root}",
+                f"an interrupted sm120patch {journal.op} left a journal on {ctx.target.root}",
                 "run `sm120patch recover` (with the same --sglang/--flashinfer) first",
             )
 
 
-def _contexts(found: list[Target]) -> list[_Ctx]:
-    return [_Ctx(t) for t in found]
+def _find_quiet(kind: str, path: str | Path | None, *, required: bool) -> Target | None:
+    from sm120patch import targets
+
+    try:
+        return targets.find(kind, path)
+    except Refused:
+        if required:
+            raise
+        return None
 
 
-# ---- apply -------------------------------------------------------------------------------
+# ---- preflight: one for the dry run and the apply ----------------------------------------
 
 
-def apply(
-    profile_name: str,
+@dataclass
+class Prepared:
+    """What an apply would do, decided with nothing written: the dry run shows it."""
+
+    profile: catalog.Profile
+    ctxs: list[_Ctx]
+    plan: Plan | None
+    notes: list[str] = field(default_factory=list)
+    # targets whose manifest describes a patch that is gone or replaced: dropped on apply
+    stale: list[_Ctx] = field(default_factory=list)
+    branches: dict[str, str | None] = field(default_factory=dict)
+    nothing_to_do: bool = False
+
+
+def _targets(
+    profile: catalog.Profile,
     paths: Mapping[str, str | Path | None],
-    *,
-    force: bool = False,
-    preconditions: Callable[[], None] | None = None,
-    check_plan: Callable[[Plan], None] | None = None,
-) -> Report:
-    """Apply a profile to its targets as one transaction. Raises Refused with nothing changed.
-
-    `check_plan` sees the plan before anything is written (a lock file's comparison).
-    """
-    cat = catalog.load()
-    profile = cat.profile(profile_name)
+    force: bool,
+    lock: Lock | None = None,
+) -> list[_Ctx]:
     found = planner.resolve_targets(profile, paths)
     outside = planner.check_pins(profile, found)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to apply anyway")
+    if lock is not None:
+        # Before anything is locked or read: a lock for another release is refused at once.
+        other = [
+            f"{t.kind} version: lock has {lock.versions.get(t.kind)}, found {t.version}"
+            for t in found
+            if lock.versions.get(t.kind) != t.version
+        ]
+        if other:
+            raise Refused(
+                "the lock does not match these trees: " + "; ".join(other),
+                "nothing was changed; use the releases the lock was made on, or make a new lock",
+            )
     git_roots = [t.root for t in found if t.layout == "git"]
     if len(git_roots) != len(set(git_roots)):
         # One branch per target is the contract; two targets in one work tree would need one
@@ -160,96 +208,91 @@ def apply(
             "sm120patch makes one branch per repository and target",
             "apply to separate checkouts, or to installed packages",
         )
-    ctxs = _contexts(found)
-    with _locked(ctxs):
-        _refuse_unfinished(ctxs)
-        for ctx in ctxs:
-            manifest = ctx.state.manifest()
-            if manifest is not None:
-                other = manifest.get("profile")
-                if other == profile.name:
-                    return Report(
-                        "nothing-to-do",
-                        profile.name,
-                        [TargetReport(c.target) for c in ctxs],
-                        notes=[f"profile {other} is already applied on {ctx.target.root}"],
-                    )
-                raise Refused(
-                    f"profile {other} is applied on {ctx.target.root}",
-                    f"revert it first (`sm120patch revert {other}`), or apply `all`",
-                )
-        for ctx in ctxs:
-            if ctx.repo is not None:
-                # Before planning: a user's uncommitted edit must be named as such, not
-                # reported as an unknown shape.
-                ctx.repo.check_ready(_candidate_files(cat, profile, ctx.target))
-        plan = planner.plan(profile.name, found=found, force=True)
-        if plan.refused:
-            raise PlanRefused(plan)
-        if check_plan is not None:
-            check_plan(plan)
-        if not plan.applies:
-            return Report(
-                "nothing-to-do",
-                profile.name,
-                [TargetReport(c.target) for c in ctxs],
-                outcomes=plan.outcomes,
-                notes=["every site is already SM120-ready; nothing was changed"],
+    return [_Ctx(t) for t in found]
+
+
+def _preflight(
+    profile: catalog.Profile,
+    ctxs: list[_Ctx],
+    *,
+    check_plan: Callable[[Plan], None] | None,
+    lock: Lock | None,
+) -> Prepared:
+    _refuse_unfinished(ctxs)
+    prep = Prepared(profile, ctxs, None)
+    applied = []
+    for ctx in ctxs:
+        found = ctx.assess()
+        other = found.profile
+        if found.state == assess.PRISTINE:
+            continue
+        if found.state == assess.APPLIED and other == profile.name:
+            applied.append((ctx, found))
+            continue
+        if found.state in (assess.GONE, assess.REPLACED):
+            prep.notes.append(f"{ctx.target.name} at {ctx.target.root}: {found.message}")
+            prep.stale.append(ctx)
+            continue
+        if other != profile.name:
+            raise Refused(
+                f"profile {other} is applied on {ctx.target.root} ({found.state})",
+                f"revert it first (`sm120patch revert {other}`), then "
+                f"`sm120patch apply {profile.name}`",
             )
-        if preconditions is not None:
-            preconditions()
-        tplans = {tp.target.kind: tp for tp in plan.targets}
-        work = [(ctx, tplans[ctx.target.kind]) for ctx in ctxs if tplans[ctx.target.kind].changed]
-        branch = BRANCH_PREFIX + profile.name
-        for ctx, tp in work:
-            for f in tp.changed:
-                _check_writable(ctx.path(tp.target.rel(f.file)))
-            if ctx.repo is not None:
-                if ctx.repo.branch_exists(branch):
-                    raise Refused(
-                        f"{ctx.target.root}: branch {branch} already exists",
-                        f"delete it (`git branch -D {branch}`) or revert what is applied",
-                    )
-        journals: dict[str, dict[str, Any]] = {}
-        reports: list[TargetReport] = []
-        txn = uuid.uuid4().hex
-        peers = [ctx.peer() for ctx, _ in work]
-        # [signals] SIGINT/SIGTERM/SIGHUP are deferred from here to the last journal's close.
-        with interrupts.critical(
-            "apply",
-            profile.name,
-            abortable=True,
-            unfinished=lambda: any(c.state.journal() is not None for c, _ in work),
-        ) as guard:
-            try:
-                for ctx, tp in work:
-                    journals[ctx.target.kind] = _start_apply(
-                        ctx, tp, profile.name, branch, txn, peers
-                    )
-                for ctx, tp in work:
-                    reports.append(_write_target(ctx, tp, profile.name, branch, plan))
-                for ctx, tp in work:
-                    _verify(ctx, tp)
-                for (ctx, _), report in zip(work, reports, strict=True):
-                    _kill_point("before-manifest")
-                    _write_manifest(ctx, journals[ctx.target.kind], report)
-                    _kill_point("after-manifest")
-            except BaseException as exc:
-                guard.rolling_back()  # [signals] nothing aborts the rollback
-                _roll_back_all([ctx for ctx, _ in work], exc)
-                if isinstance(exc, OSError):
-                    raise Refused(
-                        f"apply failed writing {exc.filename or 'a file'}: {exc.strerror}; "
-                        "every file was put back as it was",
-                        "fix the cause (disk space, permissions), then apply again",
-                    ) from exc
-                raise
-            # Every manifest is written: the apply is committed (see the module's docstring).
-            guard.commit()  # [signals] from here a signal no longer rolls back
-            for ctx, _ in work:
-                ctx.state.close_journal()
-                _kill_point("after-close")
-        return Report("applied", profile.name, reports, outcomes=plan.outcomes)
+        raise Refused(
+            f"{ctx.target.root}: {found.message}",
+            f"see `sm120patch status`; `sm120patch revert {other} --force` discards the "
+            "edits, then apply again",
+        )
+    if lock is not None:
+        for ctx, found in applied:
+            _check_applied_matches_lock(ctx, found, lock)
+    if len(applied) == len(ctxs):
+        prep.nothing_to_do = True
+        prep.notes.append(
+            f"profile {profile.name} is already applied: every touched file has the bytes "
+            "sm120patch wrote" + (" and the lock's" if lock is not None else "")
+        )
+        return prep
+    cat = catalog.load()
+    for ctx in ctxs:
+        # Before planning: a user's uncommitted edit must be named as such, not reported as an
+        # unknown shape.
+        ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
+    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
+    prep.plan = plan
+    if plan.refused:
+        raise PlanRefused(plan)
+    if check_plan is not None:
+        if lock is not None:
+            check_plan(plan, frozenset(c.target.kind for c, _ in applied))  # type: ignore[call-arg]
+        else:
+            check_plan(plan)
+    if not plan.applies:
+        prep.nothing_to_do = True
+        prep.notes.append("every site is already SM120-ready; nothing was changed")
+        return prep
+    tplans = {tp.target.kind: tp for tp in plan.targets}
+    for ctx in ctxs:
+        tp = tplans[ctx.target.kind]
+        if not tp.changed:
+            continue
+        for f in tp.changed:
+            _check_writable(ctx.path(tp.target.rel(f.file)))
+        prep.branches[ctx.target.kind] = ctx.layout.patch_branch(profile.name)
+    return prep
+
+
+def _check_applied_matches_lock(ctx: _Ctx, found: Assessment, lock: Lock) -> None:
+    assert found.manifest is not None
+    want = {f["path"]: f["after"] for f in lock.files if f["target"] == ctx.target.kind}
+    have = {f.module: f.after for f in found.manifest.files}
+    if want != have or lock.versions.get(ctx.target.kind) != ctx.target.version:
+        raise Refused(
+            f"{ctx.target.root}: profile {found.profile} is applied, but not as the lock says "
+            "(other files, bytes or version)",
+            f"revert it (`sm120patch revert {found.profile}`), then apply the lock",
+        )
 
 
 def _check_writable(path: Path) -> None:
@@ -266,6 +309,136 @@ def _check_writable(path: Path) -> None:
         )
 
 
+def _candidate_files(cat: catalog.Catalog, profile: catalog.Profile, target: Target) -> list[str]:
+    """Every existing file the profile's patches may touch on this target."""
+    rels = {
+        target.rel(f)
+        for p in cat.patches_of(profile)
+        if p.target == target.kind
+        for f in p.files
+        if target.path_of(f).exists()
+    }
+    return sorted(rels)
+
+
+# ---- apply -------------------------------------------------------------------------------
+
+
+def dry_run(
+    profile_name: str,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    check_plan: Callable[[Plan], None] | None = None,
+    lock: Lock | None = None,
+) -> Prepared:
+    """The apply minus the writes: the same preflight, the same refusals; writes nothing."""
+    profile = catalog.load().profile(profile_name)
+    ctxs = _targets(profile, paths, force, lock)
+    for ctx in ctxs:
+        ctx.state.check_unlocked()
+    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock)
+    if prep.plan is None:
+        prep.plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
+    return prep
+
+
+def apply(
+    profile_name: str,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    preconditions: Callable[[], None] | None = None,
+    check_plan: Callable[[Plan], None] | None = None,
+    lock: Lock | None = None,
+) -> Report:
+    """Apply a profile to its targets as one transaction. Raises Refused with nothing changed.
+
+    `check_plan` sees the plan before anything is written (a lock file's comparison); with
+    `lock`, every written file must end with the lock's after-hash or the apply rolls back.
+    """
+    profile = catalog.load().profile(profile_name)
+    ctxs = _targets(profile, paths, force, lock)
+    with _locked(ctxs):
+        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock)
+        if prep.nothing_to_do:
+            for ctx in prep.stale:
+                # The new release needs nothing (upstream has it): the old record goes.
+                ctx.state.remove_manifest()
+                ctx.state.drop_copies()
+            return Report(
+                "nothing-to-do",
+                profile.name,
+                [TargetReport(c.target, state=assess.APPLIED) for c in ctxs],
+                outcomes=prep.plan.outcomes if prep.plan else [],
+                notes=prep.notes,
+                plan=prep.plan,
+            )
+        if preconditions is not None:
+            preconditions()
+        assert prep.plan is not None
+        report = _transaction(prep, lock)
+        report.notes[:0] = [*prep.notes, *(
+            [f"re-applied {profile.name}"] if prep.stale else []
+        )]  # fmt: skip
+        return report
+
+
+def _transaction(prep: Prepared, lock: Lock | None) -> Report:
+    plan = prep.plan
+    assert plan is not None
+    profile = prep.profile
+    tplans = {tp.target.kind: tp for tp in plan.targets}
+    work = [(ctx, tplans[ctx.target.kind]) for ctx in prep.ctxs if tplans[ctx.target.kind].changed]
+    for ctx in prep.stale:
+        # The record of a patch that is gone (or of another release) describes nothing on
+        # disk: dropping it loses nothing, and a kill from here leaves the true state.
+        ctx.state.remove_manifest()
+        ctx.state.drop_copies()
+    journals: dict[str, Journal] = {}
+    reports: list[TargetReport] = []
+    txn = uuid.uuid4().hex
+    peers = tuple(ctx.peer() for ctx, _ in work)
+    # [signals] SIGINT/SIGTERM/SIGHUP are deferred from here to the last journal's close.
+    with interrupts.critical(
+        "apply",
+        profile.name,
+        abortable=True,
+        unfinished=lambda: any(c.state.journal() is not None for c, _ in work),
+    ) as guard:
+        try:
+            for ctx, tp in work:
+                journals[ctx.target.kind] = _start_apply(
+                    ctx, tp, profile.name, prep.branches.get(ctx.target.kind), txn, peers
+                )
+            for ctx, tp in work:
+                reports.append(_write_target(ctx, tp, journals[ctx.target.kind], plan))
+            for ctx, tp in work:
+                _verify(ctx, tp, lock)
+            for (ctx, _), report in zip(work, reports, strict=True):
+                kill_point("before-manifest")
+                _write_manifest(ctx, journals[ctx.target.kind], report, profile, lock)
+                kill_point("after-manifest")
+        except BaseException as exc:
+            guard.rolling_back()  # [signals] nothing aborts the rollback
+            _roll_back_all([ctx for ctx, _ in work], exc)
+            if isinstance(exc, OSError):
+                raise Refused(
+                    f"apply failed writing {exc.filename or 'a file'}: {exc.strerror}; "
+                    "every file was put back as it was",
+                    "fix the cause (disk space, permissions), then apply again",
+                ) from exc
+            raise
+        # Every manifest is written: the apply is committed (see the module's docstring).
+        guard.commit()  # [signals] from here a signal no longer rolls back
+        for ctx, _ in work:
+            ctx.state.close_journal()
+            kill_point("after-close")
+    for r in reports:
+        r.state = assess.APPLIED
+    return Report("applied", profile.name, reports, outcomes=plan.outcomes, plan=plan)
+
+
 def _roll_back_all(ctxs: list[_Ctx], cause: BaseException) -> None:
     """Undo every target that has a journal of this run; if that fails too, say so."""
     for ctx in reversed(ctxs):
@@ -280,68 +453,62 @@ def _roll_back_all(ctxs: list[_Ctx], cause: BaseException) -> None:
             ) from exc
 
 
-def _candidate_files(cat: catalog.Catalog, profile: catalog.Profile, target: Target) -> list[str]:
-    """Every existing file the profile's patches may touch on this target."""
-    rels = {
-        target.rel(f)
-        for p in cat.patches_of(profile)
-        if p.target == target.kind
-        for f in p.files
-        if target.path_of(f).exists()
-    }
-    return sorted(rels)
-
-
 def _start_apply(
     ctx: _Ctx,
     tp: planner.TargetPlan,
     profile: str,
-    branch: str,
+    branch: str | None,
     txn: str,
-    peers: list[dict[str, str]],
-) -> dict[str, Any]:
+    peers: tuple[Peer, ...],
+) -> Journal:
     files = []
     for f in tp.changed:
         rel = tp.target.rel(f.file)
         path = ctx.path(rel)
         data = path.read_bytes()
+        planned = sha256(f.before.encode("utf-8"))
+        if sha256(data) != planned:
+            # Read again for the journal: an install that landed since the plan must not get a
+            # patch of the old text written over it.
+            raise Refused(
+                f"{path} changed since it was planned (an install or an editor wrote it); "
+                "nothing was changed",
+                "run the apply again once nothing else is writing the tree",
+            )
         files.append(
-            {
-                "path": rel,
-                "module": f.file,
-                "before": sha256(data),
-                "after": sha256(f.after.encode("utf-8")),
-                "mode": path.stat().st_mode & 0o7777,
-            }
+            FileRecord(rel, f.file, planned, sha256(f.after.encode("utf-8")),
+                       path.stat().st_mode & 0o7777)  # fmt: skip
         )
-    git: dict[str, Any] | None = None
-    if ctx.repo is not None:
-        orig_branch, head = ctx.repo.head()
-        git = {"branch": orig_branch, "head": head, "patch_branch": branch}
-    journal = {
-        "op": "apply",
-        "profile": profile,
-        "started": time.time(),
-        **procscan.identity(),  # [signals] pid, pid_start, boot_id: recover's proof it is dead
-        "tool_version": __version__,
-        "target": tp.target.to_dict(),
-        "files": files,
-        "git": git,
-        "txn": txn,
-        "peers": peers,
-    }
+    journal = Journal(
+        op="apply",
+        profile=profile,
+        started=time.time(),
+        pid=os.getpid(),
+        pid_start=_start_time(),
+        boot_id=procscan.boot_id(),  # [signals] with pid_start: recover's proof the run is dead
+        txn=txn,
+        peers=peers,
+        tool_version=__version__,
+        target=tp.target.to_dict(),
+        files=tuple(files),
+        git=ctx.layout.base(branch) if branch else None,
+    )
     # The journal comes first: a kill while copying then finds the files still pristine.
     ctx.state.write_journal(journal)
-    for f in files:
-        ctx.state.keep_copy("pristine", f["path"], ctx.path(f["path"]).read_bytes())
-        _kill_point("after-copy")
-    _kill_point("after-journal")
+    if ctx.layout.keeps_pristine():
+        for f in files:
+            ctx.state.keep_copy("pristine", f.path, ctx.path(f.path).read_bytes())
+            kill_point("after-copy")
+    kill_point("after-journal")
     return journal
 
 
-def _write_target(
-    ctx: _Ctx, tp: planner.TargetPlan, profile: str, branch: str, plan: Plan
-) -> TargetReport:
+def _start_time() -> str | None:
+    """This process's start time (field 22 of /proc/self/stat), to tell a reused pid apart."""
+    return procscan.start_time(os.getpid())  # [signals] one /proc parser
+
+
+def _write_target(ctx: _Ctx, tp: planner.TargetPlan, journal: Journal, plan: Plan) -> TargetReport:
     cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
     steps = sorted(
@@ -349,26 +516,27 @@ def _write_target(
         key=lambda s: order[s[0]],
     )
     report = TargetReport(tp.target)
-    if ctx.repo is not None:
-        ctx.repo.create_branch_here(branch)
-        report.branch = branch
-        _kill_point("after-branch")
+    if journal.git is not None:
+        ctx.layout.begin(journal.git.patch_branch)
+        report.branch = journal.git.patch_branch
+        kill_point("after-branch")
     for pid, f, text in steps:
         rel = tp.target.rel(f.file)
         path = ctx.path(rel)
         state.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
-        _drop_pycache(path)
-        _kill_point("after-write")
-        if ctx.repo is not None:
-            patch = cat.patches[pid]
-            message = (
-                f"sm120patch: {patch.title}\n\n{patch.why}\n\n"
-                f"Sm120patch-Patch: {pid}\n"
-                f"Sm120patch-Profile: {profile}\n"
-                f"Sm120patch-Version: {__version__}\n"
-            )
-            report.commits.append(ctx.repo.commit([rel], message))
-            _kill_point("after-commit")
+        drop_pycache(path)
+        kill_point("after-write")
+        patch = cat.patches[pid]
+        message = (
+            f"sm120patch: {patch.title}\n\n{patch.why}\n\n"
+            f"Sm120patch-Patch: {pid}\n"
+            f"Sm120patch-Profile: {plan.profile.name}\n"
+            f"Sm120patch-Version: {__version__}\n"
+        )
+        commit = ctx.layout.record_step(rel, message)
+        if commit is not None:
+            report.commits.append(commit)
+            kill_point("after-commit")
     for f in tp.changed:
         rel = tp.target.rel(f.file)
         ctx.state.keep_copy("patched", rel, f.after.encode("utf-8"))
@@ -376,44 +544,58 @@ def _write_target(
     return report
 
 
-def _verify(ctx: _Ctx, tp: planner.TargetPlan) -> None:
-    """The bytes on disk are exactly the planned text. The plan already compiled that text and
-    ran every patch on it again (each said already-applied): those checks hold for the file."""
+def _verify(ctx: _Ctx, tp: planner.TargetPlan, lock: Lock | None) -> None:
+    """The bytes on disk are exactly the planned text (and the lock's, when applying one).
+
+    The plan already compiled that text and ran every patch on it again (each said
+    already-applied): those checks hold for the file."""
+    locked = {}
+    if lock is not None:
+        locked = {f["path"]: f["after"] for f in lock.files if f["target"] == ctx.target.kind}
     for f in tp.changed:
         path = ctx.path(tp.target.rel(f.file))
-        if path.read_bytes() != f.after.encode("utf-8"):
+        data = path.read_bytes()
+        if data != f.after.encode("utf-8"):
             raise Refused(
                 f"verify: {path} does not hold the planned text after writing",
                 "something else is writing this file; everything was rolled back",
             )
+        if lock is not None and locked.get(f.file) != sha256(data):
+            raise Refused(
+                f"verify: {path} does not have the lock's after-hash "
+                f"({str(locked.get(f.file))[:12]} locked, {sha256(data)[:12]} written); "
+                "everything was rolled back",
+                "make a new lock with `sm120patch pin` on the reference box",
+            )
 
 
-def _write_manifest(ctx: _Ctx, journal: dict[str, Any], report: TargetReport) -> None:
-    git = journal["git"]
-    manifest = {
-        "profile": journal["profile"],
-        "patches": sorted({*catalog.load().profile(journal["profile"]).patches}),
-        "tool_version": __version__,
-        "applied_at": time.time(),
-        "target": journal["target"],
-        "files": journal["files"],
-        "git": None if git is None else {**git, "commits": report.commits},
-        "txn": journal["txn"],
-    }
+def _write_manifest(
+    ctx: _Ctx, journal: Journal, report: TargetReport, profile: catalog.Profile, lock: Lock | None
+) -> None:
+    from dataclasses import replace
+
+    git = journal.git
+    manifest = Manifest(
+        profile=journal.profile,
+        patches=tuple(sorted(set(profile.patches))),
+        tool_version=__version__,
+        applied_at=time.time(),
+        target=journal.target,
+        files=journal.files,
+        git=None if git is None else replace(git, commits=tuple(report.commits)),
+        txn=journal.txn,
+        lock=lock.digest() if lock is not None else None,
+    )
     ctx.state.write_manifest(manifest)
 
 
-def _rollback_apply(ctx: _Ctx, journal: dict[str, Any]) -> None:
-    """Put every file of an unfinished apply back to its pristine bytes, and git where it was."""
-    files = journal.get("files", [])
-    git = journal.get("git")
-    _remove_temps(ctx, files)
-    if ctx.repo is not None and git:
-        current, _ = ctx.repo.head()
-        if current == git["patch_branch"]:
-            _switch_back(ctx, files, git)
-        ctx.repo.delete_branch(git["patch_branch"])
-    _restore_pristine(ctx, files)
+def _rollback_apply(ctx: _Ctx, journal: Journal) -> None:
+    """Put every file of an unfinished apply back as it was, and git where it was."""
+    _remove_temps(ctx, journal.files)
+    ctx.layout.roll_back(journal.files, journal.git)
+    if not ctx.layout.keeps_pristine():
+        # Git put the files back (the branch switch); check it did, byte for byte.
+        _check_restored(ctx, journal.files)
     manifest = ctx.state.manifest() if (ctx.state.dir / state.MANIFEST).exists() else None
     if manifest is not None and _same_run(manifest, journal):
         ctx.state.remove_manifest()
@@ -421,49 +603,33 @@ def _rollback_apply(ctx: _Ctx, journal: dict[str, Any]) -> None:
     ctx.state.close_journal()
 
 
-def _same_run(manifest: dict[str, Any], journal: dict[str, Any]) -> bool:
+def _check_restored(ctx: _Ctx, files: tuple[FileRecord, ...]) -> None:
+    from sm120patch.state import file_sha256
+
+    for f in files:
+        if file_sha256(ctx.path(f.path)) != f.before:
+            raise Refused(
+                f"{ctx.target.root}: after rolling back, {f.path} does not have its original "
+                "bytes",
+                f"inspect it (`git -C {ctx.target.root} status`); the journal is kept",
+            )
+
+
+def _same_run(manifest: Manifest, journal: Journal) -> bool:
     """Whether `manifest` was written by the apply of `journal` (not one applied before)."""
-    if journal.get("txn"):
-        return bool(manifest.get("txn") == journal["txn"])
-    return bool(manifest.get("applied_at", 0) >= journal.get("started", 0))
+    if journal.txn:
+        return manifest.txn == journal.txn
+    return manifest.applied_at >= journal.started
 
 
-def _switch_back(ctx: _Ctx, files: list[dict[str, Any]], git: dict[str, Any]) -> None:
-    """From the patch branch back to the user's branch (or detached commit)."""
-    assert ctx.repo is not None
-    # Reset our files to the branch so the switch is clean (a revert with edits there got
-    # --force); other dirty files ride along untouched.
-    # Paths from state: inside the target (checked again here), and taken literally by git.
-    ctx.repo.discard([f["path"] for f in files if ctx.path(f["path"])])
-    _kill_point("during-switch")
-    ctx.repo.switch(git["branch"], git["head"])
-    _kill_point("after-switch")
-
-
-def _remove_temps(ctx: _Ctx, files: list[dict[str, Any]]) -> None:
+def _remove_temps(ctx: _Ctx, files: tuple[FileRecord, ...]) -> None:
     """A run killed inside a write leaves a temp file next to the file: not the user's."""
     for f in files:
-        state.remove_temps(ctx.path(f["path"]))
+        state.remove_temps(ctx.path(f.path))
     ctx.state.remove_temps()
 
 
-def _restore_pristine(ctx: _Ctx, files: list[dict[str, Any]]) -> None:
-    for f in files:
-        path = ctx.path(f["path"])
-        if file_sha256(path) == f["before"]:
-            continue
-        data = ctx.state.copy("pristine", f["path"])
-        if data is None or sha256(data) != f["before"]:
-            raise Refused(
-                f"the pristine copy of {path} is missing or damaged",
-                f"restore the file by hand (state in {ctx.state.dir})",
-            )
-        state.atomic_write(path, data, mode=f.get("mode"))
-        _drop_pycache(path)
-        _kill_point("after-write")
-
-
-def _drop_pycache(path: Path) -> None:
+def drop_pycache(path: Path) -> None:
     """Stale bytecode of a module we rewrote must not outlive it."""
     cache = path.parent / "__pycache__"
     if cache.is_dir() and not cache.is_symlink():
@@ -485,38 +651,59 @@ def revert(
     keep_branch: bool = False,
 ) -> Report:
     """Revert `profile_name` (None: whatever is applied) on the targets at `paths`."""
-    kinds = _kinds_for(profile_name)
+    kinds = catalog.TARGETS if profile_name is None else catalog.load().profile(
+        profile_name).targets  # fmt: skip
     found = [
         _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None) for kind in kinds
     ]
-    ctxs = _contexts([t for t in found if t is not None])
+    ctxs = [_Ctx(t) for t in found if t is not None]
     reports: list[TargetReport] = []
+    notes: list[str] = []
     with _locked(ctxs):
         _refuse_unfinished(ctxs)
-        todo = []
+        todo: list[tuple[_Ctx, Manifest]] = []
+        stale: list[tuple[_Ctx, Assessment]] = []
         for ctx in ctxs:
-            manifest = ctx.state.manifest()
+            found_state = ctx.assess()
+            manifest = found_state.manifest
             if manifest is None:
                 continue
-            if profile_name is not None and manifest["profile"] != profile_name:
+            if profile_name is not None and manifest.profile != profile_name:
                 raise Refused(
-                    f"profile {manifest['profile']} is applied on {ctx.target.root}, "
+                    f"profile {manifest.profile} is applied on {ctx.target.root}, "
                     f"not {profile_name}",
-                    f"run `sm120patch revert {manifest['profile']}` or `revert --all`",
+                    f"run `sm120patch revert {manifest.profile}` or `revert --all`",
                 )
-            todo.append((ctx, manifest))
-        if not todo:
+            if found_state.state in (assess.GONE, assess.REPLACED):
+                stale.append((ctx, found_state))
+            else:
+                todo.append((ctx, manifest))
+        if not todo and not stale:
             what = f"profile {profile_name}" if profile_name else "anything"
-            where = ", ".join(str(c.target.root) for c in ctxs) or "any target found"
-            raise Refused(
-                f"sm120patch has not applied {what} on {where}", "see `sm120patch status`"
+            where = ", ".join(f"{c.target.name} at {c.target.root}" for c in ctxs)
+            return Report(
+                "nothing-to-do",
+                profile_name,
+                [TargetReport(c.target, state=assess.PRISTINE) for c in ctxs],
+                notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
             )
         for ctx, manifest in todo:
-            if ctx.repo is not None:
-                ctx.repo.check_idle()
             _check_revertable(ctx, manifest, force)
+        for ctx, found_state in stale:
+            # Never write one release's bytes into another, nor pristine bytes over a branch:
+            # the patch is already gone, only its record is left.
+            assert found_state.manifest is not None
+            notes.append(
+                f"{ctx.target.name} at {ctx.target.root}: {found_state.message}; "
+                "nothing to restore, dropped the record"
+            )
+            if found_state.state == assess.GONE:
+                notes.extend(ctx.layout.drop_branch(found_state.manifest.git, keep_branch))
+            ctx.state.remove_manifest()
+            ctx.state.drop_copies()
+            reports.append(TargetReport(ctx.target, state=found_state.state))
         txn = uuid.uuid4().hex
-        peers = [ctx.peer() for ctx, _ in todo]
+        peers = tuple(ctx.peer() for ctx, _ in todo)
         journals = []
         # [signals] deferred from the first journal write to the last close: a revert is
         # finished, never cut short.
@@ -527,95 +714,66 @@ def revert(
             unfinished=lambda: any(c.state.journal() is not None for c, _ in todo),
         ):
             for ctx, manifest in todo:
-                journal = {
-                    "op": "revert",
-                    "profile": manifest["profile"],
-                    "started": time.time(),
-                    **procscan.identity(),  # [signals] as in _start_apply
-                    "keep_branch": keep_branch,
-                    "manifest": manifest,
-                    "txn": txn,
-                    "peers": peers,
-                }
+                journal = Journal(
+                    op="revert",
+                    profile=manifest.profile,
+                    started=time.time(),
+                    pid=os.getpid(),
+                    pid_start=_start_time(),
+                    boot_id=procscan.boot_id(),  # [signals] as in _start_apply
+                    txn=txn,
+                    peers=peers,
+                    tool_version=__version__,
+                    manifest=manifest,
+                    keep_branch=keep_branch,
+                )
                 ctx.state.write_journal(journal)
-                _kill_point("after-journal")
+                kill_point("after-journal")
                 journals.append((ctx, journal))
-            # Every journal is written before anything changes: from here on, recover rolls
-            # the whole revert forward.
+            # Every journal is written before anything changes: from here on, recover rolls the
+            # whole revert forward.
             try:
                 for ctx, journal in journals:
-                    reports.append(_finish_revert(ctx, journal))
+                    report, more = _finish_revert(ctx, journal)
+                    reports.append(report)
+                    notes.extend(more)
             except OSError as exc:
                 raise Refused(
                     f"revert failed writing {exc.filename or 'a file'}: {exc.strerror}",
                     "the journal is kept: fix the cause (disk space, permissions), then run "
                     "`sm120patch recover` to finish the revert",
                 ) from exc
-    return Report("reverted", profile_name, reports)
+    return Report("reverted" if todo else "dropped", profile_name, reports, notes=notes)
 
 
-def _kinds_for(profile_name: str | None) -> tuple[str, ...]:
-    if profile_name is None:
-        return catalog.TARGETS
-    return catalog.load().profile(profile_name).targets
+def _check_revertable(ctx: _Ctx, manifest: Manifest, force: bool) -> None:
+    from sm120patch.state import file_sha256
 
-
-def _find_quiet(kind: str, path: str | Path | None, *, required: bool) -> Target | None:
-    from sm120patch import targets
-
-    try:
-        return targets.find(kind, path)
-    except Refused:
-        if required:
-            raise
-        return None
-
-
-def _check_revertable(ctx: _Ctx, manifest: dict[str, Any], force: bool) -> None:
-    for f in manifest["files"]:
-        path = ctx.path(f["path"])
+    for f in manifest.files:
+        path = ctx.path(f.path)
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise Refused(
-                f"{ctx.target.root}: the state of the apply names {f['path']}, which is not a "
+                f"{ctx.target.root}: the state of the apply names {f.path}, which is not a "
                 "regular file",
                 f"inspect {ctx.state.dir / state.MANIFEST}; if it is damaged, move it aside",
             )
-    drifted = [
-        f
-        for f in manifest["files"]
-        if file_sha256(ctx.path(f["path"])) not in (f["after"], f["before"])
+    changed = [
+        f for f in manifest.files if file_sha256(ctx.path(f.path)) not in (f.after, f.before)
     ]
-    git = manifest.get("git")
     problems = []
+    missing = [f.path for f in changed if not ctx.path(f.path).exists()]
+    if missing:
+        problems.append("deleted since the apply: " + ", ".join(missing))
+    drifted = [f for f in changed if ctx.path(f.path).exists()]
     if drifted:
         problems.append(_drift_diff(ctx, drifted))
-    if ctx.repo is not None and git:
-        branch, head = ctx.repo.head()
-        commits = git.get("commits") or []
-        if branch != git["patch_branch"]:
-            raise Refused(
-                f"{ctx.target.root} is on {branch or 'a detached HEAD'}, not {git['patch_branch']}",
-                f"`git checkout {git['patch_branch']}`, then revert",
-            )
-        if commits and head != commits[-1]:
-            problems.append(f"{git['patch_branch']} has commits after sm120patch's ({head[:12]})")
-    # What the revert will restore from must be there before its journal is written: a
-    # damaged state is refused with nothing changed, not found halfway through.
-    for f in manifest["files"]:
-        path = ctx.path(f["path"])
-        if ctx.repo is not None and git:
-            missing = ctx.repo.show(git["patch_branch"], f["path"]) is None
-        else:
-            copy = ctx.state.copy("pristine", f["path"])
-            missing = file_sha256(path) != f["before"] and (
-                copy is None or sha256(copy) != f["before"]
-            )
-        if missing:
-            raise Refused(
-                f"{ctx.target.root}: the state of the apply does not match the tree: "
-                f"{f['path']} cannot be restored from it",
-                f"restore the file by hand, then move {ctx.state.dir} aside",
-            )
+    git = manifest.git
+    if git is not None:
+        layout = ctx.layout
+        branch, head = layout.repo.head()  # type: ignore[attr-defined]
+        if branch == git.patch_branch and git.commits and head != git.commits[-1]:
+            problems.append(f"{git.patch_branch} has commits after sm120patch's ({head[:12]})")
+    ctx.layout.check_revertable(manifest.files, git)
     if problems and not force:
         raise Refused(
             f"{ctx.target.root}: changed since the apply; refusing to throw that away:\n"
@@ -624,52 +782,43 @@ def _check_revertable(ctx: _Ctx, manifest: dict[str, Any], force: bool) -> None:
         )
 
 
-def _drift_diff(ctx: _Ctx, drifted: list[dict[str, Any]]) -> str:
+def _drift_diff(ctx: _Ctx, drifted: list[FileRecord]) -> str:
     import difflib
 
     out = []
     for f in drifted:
-        ours = (ctx.state.copy("patched", f["path"]) or b"").decode("utf-8", "replace")
-        try:
-            now = ctx.path(f["path"]).read_bytes().decode("utf-8", "replace")
-        except FileNotFoundError:
-            now = ""
+        ours = (ctx.state.copy("patched", f.path) or b"").decode("utf-8", "replace")
+        now = ctx.path(f.path).read_bytes().decode("utf-8", "replace")
         out.extend(
             difflib.unified_diff(
                 ours.splitlines(True),
                 now.splitlines(True),
-                f"sm120patch/{f['path']}",
-                f"yours/{f['path']}",
+                f"sm120patch/{f.path}",
+                f"yours/{f.path}",
             )
         )
     return "".join(out).rstrip("\n")
 
 
-def _finish_revert(ctx: _Ctx, journal: dict[str, Any]) -> TargetReport:
-    """Idempotent: run again from the journal, it converges on the pristine tree."""
-    manifest = journal["manifest"]
-    files = manifest["files"]
-    git = manifest.get("git")
-    report = TargetReport(ctx.target)
-    _remove_temps(ctx, files)
-    if ctx.repo is not None and git:
-        current, _ = ctx.repo.head()
-        if current == git["patch_branch"]:
-            _switch_back(ctx, files, git)
-        if journal.get("keep_branch"):
-            report.branch = git["patch_branch"]
-        else:
-            ctx.repo.delete_branch(git["patch_branch"])
-    _restore_pristine(ctx, files)
-    for f in files:
-        report.files.append({"path": f["path"], "state": "pristine"})
-    _kill_point("before-manifest")
+def _finish_revert(ctx: _Ctx, journal: Journal) -> tuple[TargetReport, list[str]]:
+    """Idempotent: run again from the journal, it converges."""
+    manifest = journal.manifest
+    assert manifest is not None
+    report = TargetReport(ctx.target, state=assess.PRISTINE)
+    _remove_temps(ctx, manifest.files)
+    ctx.layout.finish_revert(manifest.files, manifest.git, journal.keep_branch)
+    notes = ctx.layout.drop_branch(manifest.git, journal.keep_branch)
+    if manifest.git is not None and journal.keep_branch:
+        report.branch = manifest.git.patch_branch
+    for f in manifest.files:
+        report.files.append({"path": f.path, "state": "pristine"})
+    kill_point("before-manifest")
     ctx.state.remove_manifest()
-    _kill_point("after-manifest")
+    kill_point("after-manifest")
     ctx.state.drop_copies()
     ctx.state.close_journal()
-    _kill_point("after-close")
-    return report
+    kill_point("after-close")
+    return report, notes
 
 
 # ---- recover -----------------------------------------------------------------------------
@@ -681,7 +830,7 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
         _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
         for kind in catalog.TARGETS
     ]
-    ctxs = _with_peers(_contexts([t for t in found if t is not None]))
+    ctxs = _with_peers([_Ctx(t) for t in found if t is not None])
     reports = []
     notes = []
     with _locked(ctxs), interrupts.critical(  # [signals] recover is finished, never cut short
@@ -693,40 +842,49 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
         journals = {ctx.target.kind: ctx.state.journal() for ctx in ctxs}
         for ctx in ctxs:
             journal = journals[ctx.target.kind]
-            if ctx.repo is not None and journal is not None:
+            if ctx.target.layout == "git" and journal is not None:
+                repo = ctx.layout.repo  # type: ignore[attr-defined]
                 # [signals] a git killed with the run may have left index.lock: removed once
                 # the run and every git process in the repository are provably gone.
-                for lock in ctx.repo.settle_after_kill(journal):
+                owner = (journal.pid, journal.pid_start, journal.boot_id)
+                for lock in repo.settle_after_kill(*owner):
                     notes.append(f"{ctx.target.root}: removed {lock}, left by a killed git")
-                ctx.repo.check_idle()
+                repo.check_idle()
         _journal_revert_peers(ctxs, journals)
-        for ctx in ctxs:
-            journal = journals[ctx.target.kind]
-            if journal is None:
-                continue
-            profile = journal.get("profile")
-            if journal["op"] == "apply" and _apply_committed(journal):
-                _remove_temps(ctx, journal["files"])
-                ctx.state.close_journal()
-                notes.append(
-                    f"{ctx.target.root}: the interrupted apply of {profile} had written "
-                    "every target; kept it"
-                )
-            elif journal["op"] == "apply":
-                _rollback_apply(ctx, journal)
-                notes.append(f"{ctx.target.root}: rolled back the interrupted apply of {profile}")
-            else:
-                _finish_revert(ctx, journal)
-                notes.append(f"{ctx.target.root}: finished the interrupted revert of {profile}")
-            reports.append(TargetReport(ctx.target))
+        try:
+            for ctx in ctxs:
+                journal = journals[ctx.target.kind]
+                if journal is None:
+                    continue
+                if journal.op == "apply" and _apply_committed(journal):
+                    _remove_temps(ctx, journal.files)
+                    ctx.state.close_journal()
+                    notes.append(
+                        f"{ctx.target.root}: the interrupted apply of {journal.profile} had "
+                        "written every target; kept it"
+                    )
+                elif journal.op == "apply":
+                    _rollback_apply(ctx, journal)
+                    notes.append(
+                        f"{ctx.target.root}: rolled back the interrupted apply of "
+                        f"{journal.profile}"
+                    )
+                else:
+                    _, more = _finish_revert(ctx, journal)
+                    notes.append(
+                        f"{ctx.target.root}: finished the interrupted revert of {journal.profile}"
+                    )
+                    notes.extend(more)
+                reports.append(TargetReport(ctx.target, state=ctx.assess().state))
+        except OSError as exc:
+            raise Refused(
+                f"recover failed writing {exc.filename or 'a file'}: {exc.strerror}",
+                "the journal is kept: fix the cause (permissions, disk space), then run "
+                "`sm120patch recover` again",
+            ) from exc
     if not reports:
         notes.append("nothing to recover")
-    return Report("recovered", None, reports, notes=notes)
-
-
-def _peer_state(peer: dict[str, str]) -> TargetState:
-    root = Path(peer["root"])
-    return TargetState.of(root, peer["layout"], peer["kind"])
+    return Report("recovered" if reports else "nothing-to-do", None, reports, notes=notes)
 
 
 def _with_peers(ctxs: list[_Ctx]) -> list[_Ctx]:
@@ -736,50 +894,85 @@ def _with_peers(ctxs: list[_Ctx]) -> list[_Ctx]:
     seen = {(ctx.target.kind, ctx.target.root) for ctx in ctxs}
     for ctx in ctxs:
         journal = ctx.state.journal()
-        for peer in journal.get("peers", []) if journal else []:
-            root = Path(peer["root"])
-            if (peer["kind"], root) in seen or peer["kind"] in {c.target.kind for c in out}:
+        for peer in journal.peers if journal else ():
+            root = Path(peer.root)
+            if (peer.kind, root) in seen or peer.kind in {c.target.kind for c in out}:
                 continue
             try:
-                target = _find_quiet(peer["kind"], root, required=False)
+                target = _find_quiet(peer.kind, root, required=False)
             except Sm120Error:
                 target = None  # gone: its own journal (if any) is recovered where it is
             if target is not None and target.root == root:
                 out.append(_Ctx(target))
-                seen.add((peer["kind"], root))
+                seen.add((peer.kind, root))
     return out
 
 
-def _apply_committed(journal: dict[str, Any]) -> bool:
+def _apply_committed(journal: Journal) -> bool:
     """Whether every target of the journal's apply has its manifest of that apply."""
-    txn = journal.get("txn")
-    if not txn:
+    if not journal.txn:
         return False
-    for peer in journal.get("peers", []):
-        manifest = _peer_state(peer).manifest()
-        if manifest is None or manifest.get("txn") != txn:
+    for peer in journal.peers:
+        manifest = TargetState.of(Path(peer.root), peer.layout, peer.kind).manifest()
+        if manifest is None or manifest.txn != journal.txn:
             return False
     return True
 
 
-def _journal_revert_peers(ctxs: list[_Ctx], journals: dict[str, dict[str, Any] | None]) -> None:
+def _journal_revert_peers(ctxs: list[_Ctx], journals: dict[str, Journal | None]) -> None:
     """A revert killed while writing its journals: journal the targets it had not reached.
 
     Such a target still holds the manifest the revert was started on (nothing changes before
     every journal is written), and the user asked for its revert.
     """
-    for journal in [j for j in journals.values() if j and j["op"] == "revert"]:
-        named = {(p["kind"], Path(p["root"])) for p in journal.get("peers", [])}
+    from dataclasses import replace
+
+    for journal in [j for j in journals.values() if j and j.op == "revert"]:
+        named = {(p.kind, Path(p.root)) for p in journal.peers}
         for ctx in ctxs:
             kind = ctx.target.kind
             if (kind, ctx.target.root) not in named or journals[kind] is not None:
                 continue
             manifest = ctx.state.manifest()
-            if manifest is None or not manifest.get("txn"):
+            if manifest is None or not manifest.txn:
                 continue  # finished, or nothing of ours to revert
-            own = {**journal, "manifest": manifest, "profile": manifest["profile"]}
+            own = replace(journal, manifest=manifest, profile=manifest.profile)
             ctx.state.write_journal(own)
             journals[kind] = own
+
+
+# ---- ensure ------------------------------------------------------------------------------
+
+
+def ensure(
+    profile_name: str,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    preconditions: Callable[[], None] | None = None,
+    check_plan: Callable[[Plan], None] | None = None,
+    lock: Lock | None = None,
+) -> Report:
+    """For service start-up: the target ends exactly as wanted, or nothing changes (Refused).
+
+    Pristine or gone: applied first. Applied as wanted: nothing to do. Drifted, missing,
+    unfinished, another profile, another release outside the pins or than the lock's:
+    refused with nothing changed (apply's own preflight). Then the result is checked from the
+    bytes again.
+    """
+    report = apply(
+        profile_name, paths, force=force, preconditions=preconditions, check_plan=check_plan,
+        lock=lock,
+    )  # fmt: skip
+    profile = catalog.load().profile(profile_name)
+    for ctx in _targets(profile, paths, force=True):
+        found = ctx.assess()
+        if found.state != assess.APPLIED or found.profile != profile.name:
+            raise Refused(
+                f"{ctx.target.root}: {found.message}",
+                "see `sm120patch status`",
+            )
+    return report
 
 
 # ---- status ------------------------------------------------------------------------------
@@ -788,18 +981,47 @@ def _journal_revert_peers(ctxs: list[_Ctx], journals: dict[str, dict[str, Any] |
 @dataclass
 class TargetStatus:
     target: Target
-    profile: str | None
-    branch: str | None
-    base: str | None
-    files: list[dict[str, str]]
-    unfinished: str | None
+    assessment: Assessment
     trials: list[dict[str, Any]]
 
+    @property
+    def state(self) -> str:
+        return self.assessment.state
+
+    @property
+    def profile(self) -> str | None:
+        return self.assessment.profile
+
+    @property
+    def branch(self) -> str | None:
+        m = self.assessment.manifest
+        return m.git.patch_branch if m and m.git else None
+
+    @property
+    def base(self) -> str | None:
+        m = self.assessment.manifest
+        return m.git.head if m and m.git else None
+
+    @property
+    def unfinished(self) -> str | None:
+        j = self.assessment.journal
+        return j.op if j else None
+
+    @property
+    def files(self) -> list[dict[str, Any]]:
+        return [f.to_dict() for f in self.assessment.files]
+
     def to_dict(self) -> dict[str, Any]:
+        a = self.assessment
         return {
             **self.target.to_dict(),
+            "state": a.state,
+            "message": a.message,
             "profile": self.profile,
+            "applied_version": a.manifest.version if a.manifest else None,
             "branch": self.branch,
+            "branch_now": a.branch_now,
+            "patch_branch_exists": a.patch_branch_exists,
             "base": self.base,
             "files": self.files,
             "unfinished": self.unfinished,
@@ -815,32 +1037,7 @@ def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
         if target is None:
             continue
         st = TargetState.of(target.root, target.layout, target.kind)
-        journal = st.journal()
-        manifest = st.manifest()
-        files = []
-        branch = base = profile = None
-        trials: list[dict[str, Any]] = []
-        if manifest is not None:
-            profile = manifest["profile"]
-            git = manifest.get("git")
-            if git:
-                branch, base = git["patch_branch"], git["head"]
-            for f in manifest["files"]:
-                now = file_sha256(state.inside(target.root, f["path"]))
-                word = (
-                    "patched"
-                    if now == f["after"]
-                    else "pristine"
-                    if now == f["before"]
-                    else "drifted"
-                )
-                files.append({"path": f["path"], "state": word})
-        trials = st.trials()
-        out.append(
-            TargetStatus(
-                target, profile, branch, base, files, journal.get("op") if journal else None, trials
-            )
-        )
+        out.append(TargetStatus(target, assess.assess(target, st), st.trials()))
     return out
 
 
@@ -852,6 +1049,6 @@ def record_trial(
         target = _find_quiet(kind, paths.get(kind), required=False)
         if target is None:
             continue
-        ctx = TargetState.of(target.root, target.layout, target.kind)
-        with ctx.locked():
-            ctx.add_trial(trial)
+        st = TargetState.of(target.root, target.layout, target.kind)
+        with st.locked():
+            st.add_trial(trial)

@@ -6,14 +6,19 @@ file as it was (1), a usage error (2), a trial that crashed and was reverted (3)
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class Sm120Error(Exception):
     exit_code = 4
 
-    def __init__(self, message: str, hint: str = "") -> None:
+    def __init__(self, message: str, hint: str = "", details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # What a script reading `--json` gets beside the message (outcomes of a refused plan,
+        # a crashed trial's verdict): plain JSON values only.
+        self.details: dict[str, Any] = dict(details or {})
 
 
 class Refused(Sm120Error):

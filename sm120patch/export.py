@@ -65,13 +65,27 @@ def _mail(n: int, total: int, profile: str, patch: Patch, diff: str) -> str:
     )
 
 
-def write(plan: Plan, out_dir: Path) -> list[Exported]:
+def write(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[Exported]:
+    """Write the series; a DIR that already holds files is refused unless `overwrite`: an old
+    series left beside a new one would be applied with it by `git am DIR/*/*.patch`."""
     found = mails(plan)
     if not found:
         raise Refused(
             f"nothing to export: profile {plan.profile.name} changes no file here",
             "export from a tree where the profile is not applied yet",
         )
+    if out_dir.exists() and not out_dir.is_dir():
+        raise Refused(f"{out_dir} is a file, not a directory", "give -o a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise Refused(
+                f"{out_dir} is not empty; an old series there would be applied with the new one",
+                f"give -o an empty or new directory, or --overwrite to replace {out_dir}'s "
+                "patches",
+            )
+        for kind in catalog.TARGETS:
+            for old in (out_dir / kind).glob("*.patch"):
+                old.unlink()
     written = []
     for kind, items in found.items():
         directory = out_dir / kind

@@ -41,6 +41,10 @@ class Lock:
     files: list[dict[str, str]] = field(default_factory=list)  # target, path, before, after
     tool_version: str = __version__
 
+    def digest(self) -> str:
+        """What the lock pins, as one digest (recorded in the manifest of an `--locked` apply)."""
+        return "sha256:" + hashlib.sha256(self.to_toml().encode("utf-8")).hexdigest()
+
     def to_toml(self) -> str:
         q = json.dumps  # a TOML basic string is a JSON string for the text we write
         out = [
@@ -84,6 +88,59 @@ def from_plan(plan: Plan) -> Lock:
     )
 
 
+def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
+    """The lock of `profile_name` on the trees at `paths`.
+
+    A reference box is usually patched already: where the profile is applied (checked from the
+    bytes), the lock records the applied state from its manifest; on pristine trees (or where
+    the patch is gone) it records what the plan would write.
+    """
+    from sm120patch import assess, engine
+    from sm120patch import plan as planner
+
+    cat = catalog.load()
+    profile = cat.profile(profile_name)
+    found = planner.resolve_targets(profile, paths)
+    outside = planner.check_pins(profile, found)
+    if outside and not force:
+        raise Refused("; ".join(outside), "use a pinned release, or --force to pin anyway")
+    states = {s.target.kind: s for s in engine.status(paths) if s.target.kind in profile.targets}
+    applied = [s for s in states.values() if s.state == assess.APPLIED]
+    for s in states.values():
+        if s.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):
+            continue
+        if s.state == assess.APPLIED and s.profile == profile.name:
+            continue
+        raise Refused(
+            f"{s.target.root}: {s.assessment.message}",
+            "pin on trees where this profile is applied or nothing is",
+        )
+    if applied and len(applied) != len(found):
+        raise Refused(
+            f"profile {profile.name} is applied on some of its targets only",
+            f"apply it everywhere (`sm120patch apply {profile.name}`), then pin",
+        )
+    if applied:
+        files = [
+            {"target": s.target.kind, "path": f.module, "before": f.before, "after": f.after}
+            for s in applied
+            for f in (s.assessment.manifest.files if s.assessment.manifest else ())
+        ]
+        return Lock(
+            profile=profile.name,
+            versions={s.target.kind: s.target.version for s in applied},
+            patches={pid: patch_digest(cat.patches[pid]) for pid in profile.patches},
+            files=files,
+        )
+    lock = from_plan(planner.checked(profile.name, paths, force=True))
+    if not lock.files:
+        raise Refused(
+            f"profile {profile.name} changes no file here (every site is already SM120-ready)",
+            "nothing to pin on these releases",
+        )
+    return lock
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -122,9 +179,17 @@ def read(path: Path) -> Lock:
         ) from None
 
 
-def differences(lock: Lock, plan: Plan) -> list[str]:
-    """Everything in which `plan` (on pristine trees) differs from `lock`; empty when identical."""
+def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> list[str]:
+    """Everything in which `plan` (on pristine trees) differs from `lock`; empty when identical.
+
+    `skip`: target kinds already applied exactly as the lock says (checked from their bytes).
+    """
     now = from_plan(plan)
+    if skip:
+        lock = Lock(lock.profile, {k: v for k, v in lock.versions.items() if k not in skip},
+                    lock.patches, [f for f in lock.files if f["target"] not in skip])  # fmt: skip
+        now.versions = {k: v for k, v in now.versions.items() if k not in skip}
+        now.files = [f for f in now.files if f["target"] not in skip]
     problems = []
     if lock.profile != now.profile:
         problems.append(f"profile: lock has {lock.profile}, asked for {now.profile}")
@@ -164,10 +229,12 @@ def _short(digest: str | None) -> str:
 
 
 def check(lock: Lock, path: Path) -> Any:
-    """A plan check for `engine.apply`: refuse, naming each difference, unless identical."""
+    """A plan check for `engine.apply`: refuse, naming each difference, unless identical.
 
-    def verify(plan: Plan) -> None:
-        problems = differences(lock, plan)
+    The check is called with the kinds of the targets already applied as the lock says."""
+
+    def verify(plan: Plan, skip: frozenset[str] = frozenset()) -> None:
+        problems = differences(lock, plan, skip)
         if problems:
             raise Refused(
                 f"{path} does not match these trees: " + "; ".join(problems),

@@ -28,6 +28,7 @@ class PlanRefused(Refused):
         super().__init__(
             f"profile {plan.profile.name} refused at {len(lines)} site(s): " + "; ".join(lines),
             "nothing was changed; see `sm120patch apply PROFILE --dry-run` for every site",
+            {"outcomes": [o.to_dict() for o in plan.outcomes]},
         )
         self.plan = plan
 

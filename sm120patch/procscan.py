@@ -76,31 +76,33 @@ def boot_id() -> str | None:
         return None
 
 
+def start_time(pid: int) -> str | None:
+    """A process's start time as a journal records it (clock ticks since boot, as text)."""
+    found = _stat(pid)
+    return None if found is None else str(found.start)
+
+
 def identity() -> dict[str, object]:
     """This process, as a journal records its owner: pid, start time and boot."""
-    me = _stat(os.getpid())
-    return {"pid": os.getpid(), "pid_start": me.start if me else None, "boot_id": boot_id()}
+    return {"pid": os.getpid(), "pid_start": start_time(os.getpid()), "boot_id": boot_id()}
 
 
-def alive(record: dict[str, object]) -> bool | None:
-    """Whether the process a journal names (`identity()`'s record) is still running.
+def alive(pid: int, start: str | int | None, boot: str | None) -> bool | None:
+    """Whether the process a journal names (its pid, start time and boot) is still running.
 
     True/False when /proc can tell; None when it cannot (no /proc, no pid recorded). Without a
     recorded start time (journals of sm120patch 0.1.0), a live pid is None: it may be reused.
     """
-    pid = record.get("pid")
-    if type(pid) is not int or not available():
+    if pid <= 0 or not available():
         return None
-    boot = record.get("boot_id")
-    if isinstance(boot, str) and boot_id() not in (None, boot):
+    if boot and boot_id() not in (None, boot):
         return False  # written before a reboot: that process is gone
     found = _stat(pid)
     if found is None or found.dead:
         return False  # gone, or a zombie: killed, its parent has not reaped it yet
-    start = record.get("pid_start")
-    if type(start) is not int:
+    if start is None or not str(start).isdigit():
         return None
-    return found.start == start
+    return found.start == int(start)
 
 
 def processes() -> Iterator[Process]:

@@ -1,17 +1,20 @@
 """Where state is written: manifest, journal, pristine copies and the lock of one target.
 
-Layout of a target's state directory (`.git/sm120patch/<kind>/` for a git target, the user's
-state directory keyed by the target path and kind for an installed one):
+A target's state lives with the target, shared by everyone who can write it: for a git checkout
+in its git directory (`.git/sm120patch/<kind>/`), for an installed package beside it in its
+site-packages (`<site-packages>/.sm120patch/<kind>/`). Layout of that directory:
 
-    manifest.json   what is applied: profile, patches, files with hashes, git base
+    manifest.json   what is applied: profile, patches, files with hashes, version, git base
     journal.json    an apply or revert in progress (exists only while one runs or was killed)
     trials.json     every trial run on this target, kept across reverts
-    pristine/       the bytes of every touched file before the apply
+    pristine/       the bytes of every touched file before the apply (installed packages)
     patched/        the bytes we wrote, to show a user's later edits as a diff
     lock            one sm120patch run per target (an OS lock: a killed run releases it)
 
 Every write is atomic (temp file in the same directory, fsync, rename). State files carry a
-schema number; a newer one than this tool knows is refused, never misread.
+schema number; a newer one than this tool knows is refused, never misread. The documents are
+read into typed records (`Manifest`, `Journal`) after their shape is checked. State written by
+sm120patch 0.1.0 in the user's state directory is read there and moved on the next locked run.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -54,25 +58,63 @@ def file_sha256(path: Path) -> str | None:
         return None  # not the file we wrote: reported as such, never a traceback
 
 
+STATE_DIRNAME = ".sm120patch"
+LEGACY_ENV = "SM120PATCH_STATE_DIR"
+
+
 def state_dir_for(root: Path, layout: str, kind: str) -> Path:
-    """The state directory of the `kind` target at `root`. One per kind: SGLang and FlashInfer
-    installed in the same site-packages (or kept in one repository) are two targets."""
+    """The state directory of the `kind` target at `root`, shared by everyone who can write it.
+
+    One per kind: SGLang and FlashInfer installed in the same site-packages (or kept in one
+    repository) are two targets. A checkout keeps it in its git directory, so the work tree
+    stays clean; an installed package keeps it beside itself in its site-packages, in a
+    directory whose name is not an importable identifier and that no wheel's RECORD lists, so
+    pip's install and uninstall leave it alone and importers never see it. Whatever the user,
+    HOME or environment, every run on one target finds the same state and the same lock.
+    """
     if layout == "git":
         from sm120patch import vcs
 
         return vcs.git_dir_of(root) / "sm120patch" / kind
+    return root / STATE_DIRNAME / kind
+
+
+_resolved: dict[str, Path] = {}
+
+
+def legacy_state_dir_for(root: Path, kind: str) -> Path | None:
+    """Where sm120patch 0.1.0 kept an installed target's state (per user), to migrate it."""
+    override = os.environ.get(LEGACY_ENV)
+    if override:
+        # Resolved once per value, absolutely: a later change of directory must not move it.
+        base = _resolved.setdefault(override, Path(override).absolute())
+    else:
+        import platformdirs
+
+        base = Path(platformdirs.user_state_dir("sm120patch"))
     digest = hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    return user_state_dir() / "targets" / f"{digest}-{kind}"
+    return base / "targets" / f"{digest}-{kind}"
 
 
-def private_dir(path: Path) -> None:
-    """Make `path` (and any missing parent) a directory only its owner can enter (0700).
+def shared_mode(anchor: Path) -> int:
+    """The permission bits of a state directory: those of the directory it describes (the
+    site-packages or the git directory), so that whoever can write the target can write its
+    state and whoever can read it can read the state; never writable by others."""
+    try:
+        bits = stat.S_IMODE(anchor.stat().st_mode)
+    except OSError:
+        bits = 0o700
+    return (bits | 0o700) & ~0o002
+
+
+def state_dir(path: Path, mode: int) -> None:
+    """Make `path` (and any missing parent) a directory with `mode`.
 
     Refuses, with what to do, when something that is not a directory is in the way, or when
     the directory is a symbolic link (state is never written through one).
     """
-    # The level above a target's state (`.git/sm120patch`, `<state>/targets`) is ours too:
-    # a link there would carry every write elsewhere just the same.
+    # The level above a target's state (`.git/sm120patch`, `.sm120patch`) is ours too: a
+    # link there would carry every write elsewhere just the same.
     if path.parent.is_symlink():
         raise Refused(
             f"{path.parent} is in the way of sm120patch's state directory (a symbolic link)",
@@ -87,13 +129,14 @@ def private_dir(path: Path) -> None:
         path = p  # the file in the way is a parent: name it
     for d in reversed(missing if p.is_dir() else []):
         try:
-            d.mkdir(mode=0o700)
+            d.mkdir(mode=mode)
+            os.chmod(d, mode)  # mkdir's mode passes through the umask
         except FileExistsError:  # made by a concurrent run: checked below
             pass
         except OSError as exc:
             raise Refused(
                 f"cannot create sm120patch's state directory {d} ({exc.strerror})",
-                "make its parent writable, or set SM120PATCH_STATE_DIR to a directory you own",
+                "run sm120patch as a user who can write the target",
             ) from None
     if path.is_symlink() or not path.is_dir():
         what = "a symbolic link" if path.is_symlink() else "not a directory"
@@ -101,19 +144,12 @@ def private_dir(path: Path) -> None:
             f"{path} is in the way of sm120patch's state directory ({what})",
             f"move {path} aside, then run sm120patch again",
         )
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        os.chmod(path, mode & 0o700)
-
-
-def user_state_dir() -> Path:
-    """State of installed (non-git) targets: $SM120PATCH_STATE_DIR, else the platform's."""
-    override = os.environ.get("SM120PATCH_STATE_DIR")
-    if override:
-        return Path(override)
-    import platformdirs
-
-    return Path(platformdirs.user_state_dir("sm120patch"))
+    now = stat.S_IMODE(path.stat().st_mode)
+    if now & ~mode:
+        try:
+            os.chmod(path, now & mode)
+        except PermissionError:
+            pass  # another user's directory: its owner set it
 
 
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
@@ -181,26 +217,199 @@ def safe_relpath(rel: str) -> PurePosixPath:
     return p
 
 
+@dataclass(frozen=True)
+class FileRecord:
+    """One touched file: where it is and its bytes before and after the apply."""
+
+    path: str  # relative to the target root (what git and the disk see)
+    module: str  # relative to the package's parent (`sglang/srt/server_args.py`)
+    before: str  # sha256 of the bytes before the apply
+    after: str  # sha256 of the bytes the apply wrote
+    mode: int | None = None
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> FileRecord:
+        return cls(doc["path"], doc.get("module", doc["path"]), doc["before"], doc["after"],
+                   doc.get("mode"))  # fmt: skip
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GitBase:
+    """Where a checkout was when the apply began, and what the apply made there."""
+
+    branch: str | None  # the user's branch, None when HEAD was detached
+    head: str
+    patch_branch: str
+    commits: tuple[str, ...] = ()
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any] | None) -> GitBase | None:
+        if doc is None:
+            return None
+        return cls(doc.get("branch"), doc["head"], doc["patch_branch"],
+                   tuple(doc.get("commits", [])))  # fmt: skip
+
+    def to_doc(self) -> dict[str, Any]:
+        return {**asdict(self), "commits": list(self.commits)}
+
+
+@dataclass(frozen=True)
+class Peer:
+    """How a journal names another target of its transaction."""
+
+    kind: str
+    root: str
+    layout: str
+
+    def to_doc(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What is applied to a target (manifest.json)."""
+
+    profile: str
+    patches: tuple[str, ...]
+    tool_version: str
+    applied_at: float
+    target: dict[str, str]  # the target as found at apply time (kind, root, layout, version)
+    files: tuple[FileRecord, ...]
+    git: GitBase | None = None
+    txn: str | None = None
+    lock: str | None = None  # digest of the lock file applied, when `--locked`
+
+    @property
+    def version(self) -> str:
+        return str(self.target.get("version", "unknown"))
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Manifest:
+        return cls(
+            profile=doc["profile"],
+            patches=tuple(doc.get("patches", [])),
+            tool_version=str(doc.get("tool_version", "")),
+            applied_at=float(doc.get("applied_at", 0)),
+            target=dict(doc.get("target") or {}),
+            files=tuple(FileRecord.from_doc(f) for f in doc["files"]),
+            git=GitBase.from_doc(doc.get("git")),
+            txn=doc.get("txn"),
+            lock=doc.get("lock"),
+        )
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "patches": list(self.patches),
+            "tool_version": self.tool_version,
+            "applied_at": self.applied_at,
+            "target": self.target,
+            "files": [f.to_doc() for f in self.files],
+            "git": None if self.git is None else self.git.to_doc(),
+            "txn": self.txn,
+            "lock": self.lock,
+        }
+
+
+@dataclass(frozen=True)
+class Journal:
+    """An apply or revert in progress (journal.json): what `recover` needs to finish it."""
+
+    op: str  # "apply" or "revert"
+    profile: str
+    started: float
+    pid: int
+    txn: str | None
+    peers: tuple[Peer, ...]
+    tool_version: str = ""
+    # apply: the files to write, each with its planned before-hash, and the git base
+    target: dict[str, str] = field(default_factory=dict)
+    files: tuple[FileRecord, ...] = ()
+    git: GitBase | None = None
+    # revert: the manifest being reverted
+    manifest: Manifest | None = None
+    keep_branch: bool = False
+    pid_start: str | None = None  # the process's start time, to tell a reused pid apart
+    boot_id: str | None = None  # [signals] the boot it ran in: a pid of another boot is not it
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Journal:
+        manifest = doc.get("manifest")
+        return cls(
+            op=doc["op"],
+            profile=str(doc.get("profile") or (manifest or {}).get("profile", "")),
+            started=float(doc.get("started", 0)),
+            pid=int(doc.get("pid", 0)),
+            txn=doc.get("txn"),
+            peers=tuple(Peer(p["kind"], p["root"], p["layout"]) for p in doc.get("peers", [])),
+            tool_version=str(doc.get("tool_version", "")),
+            target=dict(doc.get("target") or {}),
+            files=tuple(FileRecord.from_doc(f) for f in doc.get("files", [])),
+            git=GitBase.from_doc(doc.get("git")),
+            manifest=None if manifest is None else Manifest.from_doc(manifest),
+            keep_branch=bool(doc.get("keep_branch", False)),
+            pid_start=doc.get("pid_start"),
+            boot_id=doc.get("boot_id"),  # [signals]
+        )
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "profile": self.profile,
+            "started": self.started,
+            "pid": self.pid,
+            "pid_start": self.pid_start,
+            "boot_id": self.boot_id,  # [signals]
+            "txn": self.txn,
+            "peers": [p.to_doc() for p in self.peers],
+            "tool_version": self.tool_version,
+            "target": self.target,
+            "files": [f.to_doc() for f in self.files],
+            "git": None if self.git is None else self.git.to_doc(),
+            "manifest": None if self.manifest is None else self.manifest.to_doc(),
+            "keep_branch": self.keep_branch,
+        }
+
+    @property
+    def touched(self) -> tuple[FileRecord, ...]:
+        return self.manifest.files if self.manifest is not None else self.files
+
+
 class TargetState:
-    """The state directory of one target."""
+    """The state directory of one target (and, read-only, where 0.1.0 kept it)."""
 
     @classmethod
     def of(cls, root: Path, layout: str, kind: str) -> TargetState:
-        return cls(state_dir_for(root, layout, kind), root)
+        legacy = legacy_state_dir_for(root, kind) if layout == "installed" else None
+        return cls(state_dir_for(root, layout, kind), root, legacy)
 
-    def __init__(self, directory: Path, root: Path) -> None:
+    def __init__(self, directory: Path, root: Path, legacy: Path | None = None) -> None:
         self.dir = directory
         self.root = root
+        self.legacy = legacy if legacy is not None and legacy.is_dir() else None
+        # The directory whose permissions the state takes: the site-packages, or .git.
+        self.anchor = directory.parent.parent
+
+    @property
+    def dir_mode(self) -> int:
+        return shared_mode(self.anchor)
+
+    @property
+    def file_mode(self) -> int:
+        return self.dir_mode & 0o666
 
     # ---- lock -------------------------------------------------------------------------
     @contextmanager
     def locked(self) -> Iterator[None]:
         import filelock
 
-        private_dir(self.dir)
+        state_dir(self.dir, self.dir_mode)
         # An OS lock (flock): a run killed while holding it releases it with its process,
         # so a lock file left behind is never stale.
-        lock = filelock.FileLock(str(self.dir / "lock"), timeout=0, mode=0o600)
+        lock = filelock.FileLock(str(self.dir / "lock"), timeout=0, mode=self.file_mode)
         try:
             lock.acquire()
         except filelock.Timeout:
@@ -209,16 +418,63 @@ class TargetState:
                 "wait for it to finish, then try again",
             ) from None
         try:
+            self._migrate()
             yield
         finally:
             lock.release()
 
+    def check_unlocked(self) -> None:
+        """Refuse, as `locked` would, while another run holds the lock; creates nothing."""
+        import fcntl
+
+        try:
+            fd = os.open(self.dir / "lock", os.O_RDONLY)
+        except OSError:
+            return  # no lock file: nobody holds it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Refused(
+                f"another sm120patch run holds the lock on {self.root}",
+                "wait for it to finish, then try again",
+            ) from None
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _migrate(self) -> None:
+        """Move state written by sm120patch 0.1.0 (per user) to the target's own directory."""
+        import shutil
+
+        if self.legacy is None or any((self.dir / n).exists() for n in (MANIFEST, JOURNAL)):
+            return
+        for name in (MANIFEST, JOURNAL, TRIALS):
+            old = self.legacy / name
+            if old.is_file() and not old.is_symlink():
+                doc = self._read_at(old)
+                if doc is not None:
+                    self._write(name, {k: v for k, v in doc.items() if k != "schema"})
+        for kind in ("pristine", "patched"):
+            for old in sorted((self.legacy / kind).rglob("*")):
+                if old.is_file() and not old.is_symlink():
+                    rel = old.relative_to(self.legacy / kind).as_posix()
+                    self.keep_copy(kind, rel, old.read_bytes())
+        shutil.rmtree(self.legacy, ignore_errors=True)
+        self.legacy = None
+
     # ---- json documents ----------------------------------------------------------------
     def _read(self, name: str) -> dict[str, Any] | None:
-        path = self.dir / name
+        doc = self._read_at(self.dir / name)
+        if doc is None and self.legacy is not None and not (self.dir / name).exists():
+            doc = self._read_at(self.legacy / name)
+        return doc
+
+    def _read_at(self, path: Path) -> dict[str, Any] | None:
+        name = path.name
         try:
             raw = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             raise Refused(f"cannot read {path} ({exc.strerror})") from None
@@ -248,8 +504,8 @@ class TargetState:
     def _write(self, name: str, doc: dict[str, Any]) -> None:
         doc = {"schema": SCHEMA, **doc}
         data = json.dumps(doc, indent=2, sort_keys=True).encode("utf-8") + b"\n"
-        private_dir(self.dir)
-        atomic_write(self.dir / name, data, mode=0o600)
+        state_dir(self.dir, self.dir_mode)
+        atomic_write(self.dir / name, data, mode=self.file_mode)
 
     def remove_temps(self) -> None:
         """Temp files of state writes a killed run left behind."""
@@ -263,20 +519,22 @@ class TargetState:
             pass
         _fsync_dir(self.dir)
 
-    def manifest(self) -> dict[str, Any] | None:
-        return self._read(MANIFEST)
+    def manifest(self) -> Manifest | None:
+        doc = self._read(MANIFEST)
+        return None if doc is None else Manifest.from_doc(doc)
 
-    def write_manifest(self, doc: dict[str, Any]) -> None:
-        self._write(MANIFEST, doc)
+    def write_manifest(self, manifest: Manifest) -> None:
+        self._write(MANIFEST, manifest.to_doc())
 
     def remove_manifest(self) -> None:
         self._remove(MANIFEST)
 
-    def journal(self) -> dict[str, Any] | None:
-        return self._read(JOURNAL)
+    def journal(self) -> Journal | None:
+        doc = self._read(JOURNAL)
+        return None if doc is None else Journal.from_doc(doc)
 
-    def write_journal(self, doc: dict[str, Any]) -> None:
-        self._write(JOURNAL, doc)
+    def write_journal(self, journal: Journal) -> None:
+        self._write(JOURNAL, journal.to_doc())
 
     def close_journal(self) -> None:
         self._remove(JOURNAL)
@@ -289,19 +547,25 @@ class TargetState:
         self._write(TRIALS, {"trials": [*self.trials(), trial]})
 
     # ---- file copies -------------------------------------------------------------------
-    def _copy_path(self, kind: str, rel: str) -> Path:
-        return inside(self.dir, f"{kind}/{safe_relpath(rel)}")
+    def _copy_path(self, kind: str, rel: str, base: Path | None = None) -> Path:
+        return inside(base or self.dir, f"{kind}/{safe_relpath(rel)}")
 
     def keep_copy(self, kind: str, rel: str, data: bytes) -> None:
         path = self._copy_path(kind, rel)
-        private_dir(path.parent)
-        atomic_write(path, data, mode=0o600)
+        state_dir(self.dir, self.dir_mode)
+        for parent in reversed([p for p in path.parents if self.dir in p.parents]):
+            state_dir(parent, self.dir_mode)
+        atomic_write(path, data, mode=self.file_mode)
 
     def copy(self, kind: str, rel: str) -> bytes | None:
-        try:
-            return self._copy_path(kind, rel).read_bytes()
-        except FileNotFoundError:
-            return None
+        for base in (self.dir, self.legacy):
+            if base is None:
+                continue
+            try:
+                return self._copy_path(kind, rel, base).read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        return None
 
     def drop_copies(self) -> None:
         import shutil

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,16 +177,31 @@ def _assigned_version(path: Path) -> str | None:
     return None
 
 
-_DESCRIBE = re.compile(
-    r"^v?(?P<tag>\d+(?:\.\d+)*(?:\.post\d+)?)(?:-(?P<n>\d+)-g(?P<sha>[0-9a-f]+))?$"
-)
+def record_hashes(target: Target) -> dict[str, str]:
+    """sha256 (hex) of each file as pip installed it, from the dist-info RECORD (module paths).
 
+    An independent "as installed" reference: empty for a checkout, or when the RECORD has no
+    hashes (editable installs, some installers).
+    """
+    import base64
+    import csv
 
-def version_from_describe(described: str) -> str | None:
-    """`v0.5.9` -> 0.5.9; `v0.5.9-12-gabc123` -> 0.5.9+12.gabc123 (a local version of 0.5.9)."""
-    match = _DESCRIBE.match(described.strip())
-    if not match:
-        return None
-    if match["n"]:
-        return f"{match['tag']}+{match['n']}.g{match['sha']}"
-    return match["tag"]
+    if target.layout != "installed":
+        return {}
+    out: dict[str, str] = {}
+    for dist in DIST_NAMES[target.kind]:
+        for info in target.parent.glob(f"{dist}-*.dist-info"):
+            try:
+                with (info / "RECORD").open(encoding="utf-8", newline="") as fh:
+                    rows = list(csv.reader(fh))
+            except OSError:
+                continue
+            for row in rows:
+                if len(row) >= 2 and row[1].startswith("sha256="):
+                    raw = row[1].removeprefix("sha256=")
+                    try:
+                        digest = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+                    except ValueError:
+                        continue
+                    out[row[0]] = digest.hex()
+    return out

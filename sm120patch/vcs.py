@@ -13,6 +13,7 @@ defers those signals itself (`interrupts.py`) and lets each git command finish.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,9 +52,41 @@ def git_dir_of(root: Path) -> Path:
     return dot
 
 
-def describe_version(root: Path) -> str | None:
-    from sm120patch.targets import version_from_describe
+def head_branch(root: Path) -> str | None:
+    """The branch checked out in the work tree at `root` (None: detached or unreadable), read
+    from its HEAD file without running git: `status` stays a process without git."""
+    try:
+        text = (git_dir_of(root) / "HEAD").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    prefix = "ref: refs/heads/"
+    return text[len(prefix) :] if text.startswith(prefix) else None
 
+
+def _common_dir(root: Path) -> Path:
+    """The git directory shared by every worktree (where refs live)."""
+    git_dir = git_dir_of(root)
+    try:
+        common = (git_dir / "commondir").read_text(encoding="utf-8").strip()
+    except OSError:
+        return git_dir
+    path = Path(common)
+    return path if path.is_absolute() else (git_dir / path).resolve()
+
+
+def branch_exists_light(root: Path, name: str) -> bool:
+    """Whether `refs/heads/<name>` exists (loose or packed), without running git."""
+    common = _common_dir(root)
+    if (common / "refs" / "heads" / name).is_file():
+        return True
+    try:
+        packed = (common / "packed-refs").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return any(line.endswith(f" refs/heads/{name}") for line in packed.splitlines())
+
+
+def describe_version(root: Path) -> str | None:
     try:
         import git
 
@@ -61,6 +94,21 @@ def describe_version(root: Path) -> str | None:
     except Exception:  # no tags, no git binary, odd repository: the caller reports "unknown"
         return None
     return version_from_describe(described)
+
+
+_DESCRIBE = re.compile(
+    r"^v?(?P<tag>\d+(?:\.\d+)*(?:\.post\d+)?)(?:-(?P<n>\d+)-g(?P<sha>[0-9a-f]+))?$"
+)
+
+
+def version_from_describe(described: str) -> str | None:
+    """`v0.5.9` -> 0.5.9; `v0.5.9-12-gabc123` -> 0.5.9+12.gabc123 (a local version of 0.5.9)."""
+    match = _DESCRIBE.match(described.strip())
+    if not match:
+        return None
+    if match["n"]:
+        return f"{match['tag']}+{match['n']}.g{match['sha']}"
+    return match["tag"]
 
 
 def is_tracked(root: Path, path: Path) -> bool:
@@ -251,12 +299,13 @@ class Repo:
                 found.update((directory / "refs").rglob("*.lock"))
         return sorted(found)
 
-    def settle_after_kill(self, owner: dict[str, object]) -> list[Path]:
-        """Make the repository usable for `recover` after the run `owner` was killed.
+    def settle_after_kill(self, pid: int, start: str | None, boot: str | None) -> list[Path]:
+        """Make the repository usable for `recover` after the run that journaled was killed.
 
-        `owner` is the journal's record of the run that wrote it (`procscan.identity()`).
-        That run must be dead (pid and start time, so a reused pid is not mistaken for it),
-        and no process may be working in the git directory (a file open there, or its cwd).
+        `pid`, `start`, `boot`: the journal's record of the run that wrote it (its pid, start
+        time and boot id, `procscan.identity()`). That run must be dead (so a reused pid is not
+        mistaken for it), and no process may be working in the git directory (a file open
+        there, or its cwd).
         While git left a lock file, no git process may be working in the work tree either: a
         git child of the killed run, which outlives it in its own session, gets SETTLE_WAIT_S
         to finish. Then every lock file left is stale: it is removed, and returned.
@@ -264,10 +313,10 @@ class Repo:
         /proc cannot show either. An idle git elsewhere in the work tree (an editor's, a
         pager's) does not stop a recover that has no lock to remove.
         """
-        if procscan.alive(owner):
+        if procscan.alive(pid, start, boot):
             raise Refused(
-                f"the sm120patch run that left the journal on {self.root} "
-                f"(pid {owner.get('pid')}) is still running",
+                f"the sm120patch run that left the journal on {self.root} (pid {pid}) is "
+                "still running",
                 "wait for it to end (or stop it), then run `sm120patch recover` again",
             )
         if not procscan.available():
@@ -324,11 +373,46 @@ class Repo:
     def diff_worktree(self, rels: list[str]) -> str:
         return self.repo.git.diff("HEAD", "--", *rels)
 
+    def dirty_all(self) -> list[str]:
+        """Every tracked file with uncommitted changes (paths relative to the root)."""
+        with self._failing("status"):
+            out = self.repo.git.status("--porcelain", "--untracked-files=no")
+        return sorted({line[3:] for line in out.splitlines() if line.strip()})
+
+    def changed_between(self, a: str, b: str) -> list[str]:
+        with self._failing("diff"):
+            out = self.repo.git.diff("--name-only", a, b, "--")
+        return [line for line in out.splitlines() if line]
+
+    def only_ours(self, branch: str) -> bool:
+        """Whether every commit of `branch` not on any other branch is one of sm120patch's."""
+        others = [f"^{h.name}" for h in self.repo.heads if h.name != branch]
+        with self._failing("log"):
+            out = self.repo.git.log("--format=%H%x00%B%x01", branch, *others, "--")
+        commits = [c for c in out.split("\x01") if c.strip()]
+        return all("Sm120patch-Patch:" in c for c in commits)
+
+    def worktree_of(self, branch: str) -> Path | None:
+        """Another worktree that has `branch` checked out (git refuses to delete it then)."""
+        with self._failing("worktree list"):
+            out = self.repo.git.worktree("list", "--porcelain")
+        path: Path | None = None
+        for line in out.splitlines():
+            if line.startswith("worktree "):
+                path = Path(line.removeprefix("worktree "))
+            elif line == f"branch refs/heads/{branch}" and path is not None:
+                if path.resolve() != self.root.resolve():
+                    return path
+        return None
+
     # ---- writing -----------------------------------------------------------------------
-    def create_branch_here(self, name: str) -> None:
-        """Make `name` at HEAD and switch to it; uncommitted changes of other files stay."""
+    def create_branch_here(self, name: str, *, reset: bool = False) -> None:
+        """Make `name` at HEAD and switch to it; uncommitted changes of other files stay.
+
+        `reset`: the branch exists and carries only sm120patch's commits: move it here.
+        """
         with self._failing("checkout -b"):
-            self.repo.git.checkout("-b", name)
+            self.repo.git.checkout("-B" if reset else "-b", name)
 
     def switch(self, branch: str | None, sha: str) -> None:
         with self._failing("checkout"):

@@ -113,7 +113,9 @@ def work_hash(root: Path) -> str:
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
-        if rel == ".git" or rel.startswith(".git/") or "__pycache__" in rel:
+        if rel in (".git", ".sm120patch") or rel.startswith((".git/", ".sm120patch/")):
+            continue
+        if "__pycache__" in rel:
             continue
         if path.is_file() or path.is_symlink():
             h.update(rel.encode() + b"\0" + oct(path.lstat().st_mode).encode() + b"\0")

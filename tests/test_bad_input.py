@@ -53,9 +53,11 @@ def snapshot(root: Path) -> str:
 
 
 def journals(roots: list[Path]) -> dict[Path, bytes]:
-    """Every journal in the state of `roots` (checkouts) and in the user state directory."""
+    """Every journal in the state of `roots` (checkouts and installed packages) and in the
+    user state directory (where 0.1.0 kept it)."""
     found = [*Path(os.environ["SM120PATCH_STATE_DIR"]).rglob("journal.json")]
-    found += [j for r in roots for j in r.glob(".git/sm120patch/journal.json")]
+    for r in roots:
+        found += [*r.glob(".git/sm120patch/*/journal.json"), *r.glob(".sm120patch/*/journal.json")]
     return {j: j.read_bytes() for j in found if j.is_file()}
 
 
@@ -323,12 +325,10 @@ def link_in_the_way_of_the_state_directory(tmp: Path) -> Case:
     return Case(apply_moe(sg), [sg, elsewhere], 1, "in the way of sm120patch's state directory")
 
 
-def file_in_the_way_of_the_user_state_directory(tmp: Path) -> Case:
+def file_in_the_way_of_the_installed_state_directory(tmp: Path) -> Case:
     sg = make_tree(tmp, "sglang", "0.5.8", "installed")
-    blocker = tmp / "state-file"
-    blocker.write_text("x")
-    os.environ["SM120PATCH_STATE_DIR"] = str(blocker)  # conftest's monkeypatch restores it
-    return Case(apply_moe(sg), [sg, tmp], 1, "in the way of sm120patch's state directory")
+    (sg / ".sm120patch").write_text("x")  # beside the package, where its state lives
+    return Case(apply_moe(sg), [sg], 1, "in the way of sm120patch's state directory")
 
 
 def anchor_missing(tmp: Path) -> Case:
@@ -585,33 +585,15 @@ def lock_file_from_another_release(tmp: Path) -> Case:
     return Case(args, [sg2, fi2], 1, "sglang version: lock has 0.5.8, found 0.5.9")
 
 
-def revert_with_nothing_applied(tmp: Path) -> Case:
-    sg = make_tree(tmp, "sglang", "0.5.8", "git")
-    return Case(["revert", "moe", "--sglang", str(sg)], [sg], 1, "has not applied profile moe")
-
-
 def revert_profile_and_all(tmp: Path) -> Case:
     sg = make_tree(tmp, "sglang", "0.5.8", "git")
     return Case(["revert", "moe", "--all", "--sglang", str(sg)], [sg], 2, "exactly one of")
-
-
-def revert_off_the_patch_branch(tmp: Path) -> Case:
-    sg = make_tree(tmp, "sglang", "0.5.8", "git")
-    assert invoke(apply_moe(sg)).exit_code == 0
-    git(sg, "checkout", "-q", "main")
-    return Case(["revert", "moe", "--sglang", str(sg)], [sg], 1, "not sm120patch/moe")
 
 
 def another_profile_applied(tmp: Path) -> Case:
     sg, fi = pair(tmp, "installed")
     assert invoke(apply_moe(sg)).exit_code == 0
     return Case(apply_all(sg, fi), [sg, fi], 1, "profile moe is applied")
-
-
-def patch_branch_already_exists(tmp: Path) -> Case:
-    sg = make_tree(tmp, "sglang", "0.5.8", "git")
-    git(sg, "branch", "sm120patch/moe")
-    return Case(apply_moe(sg), [sg], 1, "branch sm120patch/moe already exists")
 
 
 CASES = [
@@ -639,7 +621,7 @@ CASES = [
     dirty_touched_file,
     file_in_the_way_of_the_state_directory,
     link_in_the_way_of_the_state_directory,
-    file_in_the_way_of_the_user_state_directory,
+    file_in_the_way_of_the_installed_state_directory,
     anchor_missing,
     anchor_twice,
     anchor_changed_by_the_user,
@@ -667,11 +649,8 @@ CASES = [
     target_file_is_a_link_outside,
     target_file_is_a_link_inside,
     lock_file_from_another_release,
-    revert_with_nothing_applied,
     revert_profile_and_all,
-    revert_off_the_patch_branch,
     another_profile_applied,
-    patch_branch_already_exists,
 ]
 
 

@@ -116,7 +116,7 @@ def test_drift_refuses_revert_then_force_discards(trees):
     _, sg, fi = trees
     before = hashes(sg)
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
-    server_args = next(p for p in sg.rglob("server_args.py") if ".git" not in p.parts)
+    server_args = next(p for p in sg.rglob("server_args.py") if not {".git", ".sm120patch"} & set(p.parts))
     server_args.write_text(server_args.read_text() + "# user edit after apply\n")
     drifted = hashes(sg)
     code, _, err = cli("revert", "moe", "--sglang", str(sg))

@@ -230,8 +230,8 @@ def test_recover_removes_a_stale_index_lock_and_finishes(tmp_path):
     sg, fi, states, lock = killed_apply_with_a_lock(tmp_path)
     journal = json.loads((sg / ".git/sm120patch/sglang/journal.json").read_text())
     # The journal names its run well enough to tell it from a process that reuses its pid.
-    assert journal["pid_start"] > 0 and journal["boot_id"] == procscan.boot_id()
-    assert procscan.alive(journal) is False
+    assert int(journal["pid_start"]) > 0 and journal["boot_id"] == procscan.boot_id()
+    assert procscan.alive(journal["pid"], journal["pid_start"], journal["boot_id"]) is False
     code, out, err = cli("recover", *targets_of(sg, fi))
     assert code == 0, err
     assert f"removed {lock}, left by a killed git" in out
@@ -288,10 +288,11 @@ def test_recover_refuses_while_a_git_process_works_there(tmp_path, monkeypatch):
 
 def test_procscan_tells_a_live_run_from_a_reused_pid_and_a_zombie():
     me = procscan.identity()
-    assert procscan.alive(me) is True
-    assert procscan.alive({**me, "pid_start": me["pid_start"] + 1}) is False  # pid reused
-    assert procscan.alive({**me, "boot_id": "another-boot"}) is False
-    assert procscan.alive({**me, "pid_start": None}) is None  # a 0.1.0 journal: cannot tell
+    pid, start, boot = me["pid"], me["pid_start"], me["boot_id"]
+    assert procscan.alive(pid, start, boot) is True
+    assert procscan.alive(pid, str(int(start) + 1), boot) is False  # the pid reused
+    assert procscan.alive(pid, start, "another-boot") is False
+    assert procscan.alive(pid, None, boot) is None  # a 0.1.0 journal: cannot tell
     child = subprocess.Popen(["true"])
     try:
         deadline = time.monotonic() + 10
@@ -299,10 +300,10 @@ def test_procscan_tells_a_live_run_from_a_reused_pid_and_a_zombie():
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert found is not None and found.dead  # exited, not reaped yet: dead all the same
-        assert procscan.alive({"pid": child.pid, "pid_start": found.start}) is False
+        assert procscan.alive(child.pid, str(found.start), boot) is False
     finally:
         child.wait()
-    assert procscan.alive({"pid": child.pid, "pid_start": found.start}) is False
+    assert procscan.alive(child.pid, str(found.start), boot) is False
 
 
 # ---- git children ------------------------------------------------------------------------

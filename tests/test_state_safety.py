@@ -26,35 +26,51 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
 
 
+def anchor_of(sg: Path, layout: str) -> Path:
+    """The directory whose permissions the target's state takes: .git, or the site-packages."""
+    return sg / ".git" if layout == "git" else sg
+
+
 @pytest.mark.parametrize("layout", ["git", "installed"])
-def test_state_is_private(layout, tmp_path, monkeypatch):
-    monkeypatch.setenv("SM120PATCH_STATE_DIR", str(tmp_path / "fresh" / "state"))
+@pytest.mark.parametrize("anchor_mode, dirs_mode, files_mode", [
+    (0o700, 0o700, 0o600),  # a private venv: private state
+    (0o775, 0o775, 0o664),  # a group-shared install: the group shares its state and lock
+    (0o777, 0o775, 0o664),  # never writable by others, whatever the target
+])  # fmt: skip
+def test_state_is_as_open_as_the_target_never_more(
+    layout, anchor_mode, dirs_mode, files_mode, tmp_path
+):
     sg = make_tree(tmp_path, "sglang", "0.5.8", layout)
-    # Killed after its journal: manifest-less state with a journal and pristine copies.
+    anchor_of(sg, layout).chmod(anchor_mode)
+    # Killed after its journal: manifest-less state with a journal (and pristine copies).
     assert run("apply", "moe", "--sglang", str(sg), "--no-gpu-check",
                env={KILL_ENV: "after-journal"}).returncode == -9  # fmt: skip
     d = state_dir_of(sg)
-    assert (d / "journal.json").exists() and (d / "pristine").is_dir()
+    assert (d / "journal.json").exists()
+    assert (d / "pristine").is_dir() == (layout == "installed")  # git restores by itself
     assert cli("recover", "--sglang", str(sg))[0] == 0
-    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    old = os.umask(0)  # a lax umask must not loosen anything either
+    try:
+        assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    finally:
+        os.umask(old)
     assert (d / "manifest.json").exists()
-    dirs = [d, *[p for p in d.rglob("*") if p.is_dir()]]
+    dirs = [d, d.parent, *[p for p in d.rglob("*") if p.is_dir()]]
     files = [p for p in d.rglob("*") if p.is_file()]
-    if layout == "installed":
-        # Every directory sm120patch made on the way, too.
-        dirs += [tmp_path / "fresh", tmp_path / "fresh" / "state", d.parent]
-    assert {p.name: mode(p) for p in dirs} == {p.name: 0o700 for p in dirs}
-    assert {p.name: mode(p) for p in files} == {p.name: 0o600 for p in files}
+    assert {p.name: mode(p) for p in dirs} == {p.name: dirs_mode for p in dirs}
+    assert {p.name: mode(p) for p in files} == {p.name: files_mode for p in files}
 
 
 def test_a_lax_state_directory_is_tightened(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    (sg / ".git").chmod(0o755)
     d = sg / ".git" / "sm120patch" / "sglang"
-    d.mkdir(mode=0o755, parents=True)
-    d.chmod(0o755)
+    d.mkdir(mode=0o777, parents=True)
+    d.chmod(0o777)
     assert cli("status", "--sglang", str(sg))[0] == 0  # reading changes nothing
+    assert mode(d) == 0o777
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
-    assert mode(d) == 0o700
+    assert mode(d) == 0o755
 
 
 def test_copies_are_never_written_through_a_link_leaving_the_state(tmp_path):
@@ -63,7 +79,7 @@ def test_copies_are_never_written_through_a_link_leaving_the_state(tmp_path):
     elsewhere.mkdir()
     d = sg / ".git" / "sm120patch" / "sglang"
     d.mkdir(parents=True)
-    (d / "pristine").symlink_to(elsewhere)
+    (d / "patched").symlink_to(elsewhere)  # the copies a checkout's apply keeps
     before = tree_hash(sg)
     code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
     assert code == 1 and "outside" in err and "Traceback" not in err, err
@@ -143,14 +159,23 @@ def test_a_truncated_state_file_says_what_to_do(cut, tmp_path):
     assert cli("status", "--sglang", str(sg))[0] == 0
 
 
-def test_the_lock_file_is_private_even_with_a_lax_umask(tmp_path):
+def test_two_state_directories_one_lock_one_state(tmp_path, monkeypatch):
+    """Another user (or root with another SM120PATCH_STATE_DIR / HOME) sees the same state."""
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    old = os.umask(0)
-    try:
-        assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
-    finally:
-        os.umask(old)
-    d = state_dir_of(sg)
-    assert mode(d / "lock") == 0o600
-    assert mode(d / "manifest.json") == 0o600
-    assert mode(d) == 0o700
+    monkeypatch.setenv("SM120PATCH_STATE_DIR", str(tmp_path / "root-state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "root-home"))
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    monkeypatch.setenv("SM120PATCH_STATE_DIR", str(tmp_path / "other-state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "other-home"))
+    code, out, _ = cli("status", "--sglang", str(sg), "--json")
+    assert json.loads(out)["targets"][0]["state"] == "applied"
+    code, _, err = cli("apply", "all", "--sglang", str(sg), "--flashinfer",
+                       str(make_tree(tmp_path, "flashinfer", "0.6.1", "installed")),
+                       "--no-gpu-check")  # fmt: skip
+    assert code == 1 and "profile moe is applied" in err
+    # The lock is the target's, whatever the state directory: a second run is refused.
+    with state.TargetState.of(sg, "installed", "sglang").locked():
+        monkeypatch.setenv("SM120PATCH_STATE_DIR", str(tmp_path / "third-state"))
+        code, _, err = cli("revert", "moe", "--sglang", str(sg))
+        assert code == 1 and "another sm120patch run holds the lock" in err
+    assert cli("revert", "moe", "--sglang", str(sg))[0] == 0

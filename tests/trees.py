@@ -140,11 +140,14 @@ def make_tree(base: Path, kind: str, version: str, layout: str) -> Path:
 
 def tree_hash(root: Path) -> str:
     """A digest of every file under `root` (bytes and mode), `.git` internals excluded except
-    HEAD and refs, so a test sees any change to the work tree, the branch or the branches."""
+    HEAD and refs, so a test sees any change to the work tree, the branch or the branches.
+    sm120patch's own state beside an installed package (`.sm120patch/`) is not the tree."""
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
-        if rel.startswith(".git/") or rel == ".git" or "__pycache__" in rel:
+        if rel.startswith(".git/") or rel == ".git" or ".sm120patch" in rel.split("/"):
+            continue
+        if "__pycache__" in rel:
             continue
         if path.is_file():
             h.update(rel.encode() + b"\0" + oct(path.stat().st_mode).encode() + b"\0")

@@ -160,3 +160,44 @@ def test_lock_from_one_tree_applies_on_another_and_refuses_another_release(tmp_p
     assert code == 1
     assert "sglang version: lock has 0.5.8, found 0.5.9" in err
     assert snapshot(other) == before
+
+
+def test_pip_reinstall_and_upgrade_are_seen_from_the_bytes(tmp_path, dists):
+    """Issue 9 on a real venv: `pip install --force-reinstall` of the same release makes the
+    patch gone (apply re-applies, `--locked` does not pass over pristine files); an upgrade
+    makes it replaced, and `revert --force` never writes 0.5.8's bytes into 0.5.9."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+
+    def pip(*args: str) -> None:
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                        "--no-deps", "--no-compile", "--disable-pip-version-check", *args],
+                       check=True, capture_output=True)
+
+    pip(*map(str, dists))
+    where = ["--sglang", str(site), "--flashinfer", str(site)]
+    lock = tmp_path / "all.lock"
+    assert cli("pin", "all", *where, "-o", str(lock))[0] == 0
+    assert cli("apply", "--locked", str(lock), *where, "--no-gpu-check")[0] == 0
+    server_args = site / "sglang/srt/server_args.py"
+    patched = server_args.read_bytes()
+    pip("--force-reinstall", str(dists[0]))
+    assert server_args.read_bytes() != patched
+    states = {t["kind"]: t["state"] for t in json.loads(cli("status", *where, "--json")[1])["targets"]}
+    assert states == {"sglang": "gone", "flashinfer": "applied"}
+    code, out, err = cli("apply", "--locked", str(lock), *where, "--no-gpu-check")
+    assert code == 0, err
+    assert server_args.read_bytes() == patched  # the lock's bytes, proven after writing
+
+    newer = releases.fetch("sglang", "0.5.9")
+    pip(str(newer))
+    upgraded = server_args.read_bytes()
+    doc = {t["kind"]: t for t in json.loads(cli("status", *where, "--json")[1])["targets"]}
+    assert doc["sglang"]["state"] == "replaced"
+    assert "SGLang was 0.5.8 when profile all was applied, 0.5.9 is installed now" in doc["sglang"]["message"]
+    code, out, err = cli("revert", "all", *where, "--force")
+    assert code == 0, err
+    assert server_args.read_bytes() == upgraded

@@ -1,0 +1,201 @@
+"""The state of a target, decided every time from what is on disk (DESIGN.md s3, "states").
+
+A manifest says what sm120patch once did; only the bytes say what the server will run. Each
+touched file's sha256 is compared with the manifest's before/after hashes, the installed
+version with the manifest's, and on a checkout the branch checked out with the patch branch:
+
+    pristine    nothing applied (no manifest)
+    applied     every touched file has the bytes the apply wrote
+    drifted     a touched file was edited after the apply (neither its before nor after bytes)
+    gone        every touched file is back to its before bytes (a reinstall of the same
+                release, a checkout of another branch, a deleted patch branch)
+    replaced    another release is installed (or checked out) than the one patched
+    missing     a touched file was deleted
+    unfinished  a journal is open: an interrupted run; `recover` finishes it
+
+No parse and no git process: `status` and `ensure` run this at every service start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sm120patch import state, targets, vcs
+from sm120patch.state import Journal, Manifest, TargetState, file_sha256
+from sm120patch.targets import Target
+
+PRISTINE = "pristine"
+APPLIED = "applied"
+DRIFTED = "drifted"
+GONE = "gone"
+REPLACED = "replaced"
+MISSING = "missing"
+UNFINISHED = "unfinished"
+STATES = (PRISTINE, APPLIED, DRIFTED, GONE, REPLACED, MISSING, UNFINISHED)
+
+
+@dataclass(frozen=True)
+class FileState:
+    path: str
+    module: str
+    state: str  # "patched", "pristine", "drifted" or "missing"
+    sha256: str | None
+    # Whether the file matches the dist-info RECORD (as pip installed it); None: no RECORD.
+    as_installed: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "module": self.module,
+            "state": self.state,
+            "sha256": self.sha256,
+            "as_installed": self.as_installed,
+        }
+
+
+@dataclass(frozen=True)
+class Assessment:
+    target: Target
+    state: str
+    message: str
+    manifest: Manifest | None = None
+    journal: Journal | None = None
+    files: tuple[FileState, ...] = ()
+    branch_now: str | None = None  # checkouts: the branch checked out now
+    patch_branch_exists: bool | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def profile(self) -> str | None:
+        return self.manifest.profile if self.manifest else None
+
+    def files_in(self, *states: str) -> list[FileState]:
+        return [f for f in self.files if f.state in states]
+
+
+def version_changed(target: Target, manifest: Manifest) -> bool:
+    """Whether the release on disk is another one than the manifest's.
+
+    An installed package compares its whole version string (a `+cu128` build is another
+    build). A checkout compares the public version: the commits an apply makes change what
+    `git describe` says (`0.5.8` -> `0.5.8+1.gabc`) without changing the release.
+    """
+    before, now = manifest.version, target.version
+    if target.layout == "installed":
+        return before != now
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(before).public != Version(now).public
+    except InvalidVersion:
+        return before != now
+
+
+def assess(target: Target, st: TargetState | None = None) -> Assessment:
+    st = st or TargetState.of(target.root, target.layout, target.kind)
+    journal = st.journal()
+    manifest = st.manifest()
+    if journal is not None:
+        what = f"an interrupted {journal.op} of profile {journal.profile}"
+        return Assessment(
+            target,
+            UNFINISHED,
+            f"{what} left a journal: run `sm120patch recover` to finish it",
+            manifest,
+            journal,
+            _files(target, manifest) if manifest else (),
+        )
+    if manifest is None:
+        return Assessment(target, PRISTINE, "nothing applied")
+    files = _files(target, manifest)
+    name, profile = target.name, manifest.profile
+    branch_now = exists = None
+    if manifest.git is not None:
+        branch_now = vcs.head_branch(target.root)
+        exists = vcs.branch_exists_light(target.root, manifest.git.patch_branch)
+    common = dict(manifest=manifest, files=files, branch_now=branch_now,
+                  patch_branch_exists=exists)  # fmt: skip
+    if version_changed(target, manifest):
+        return Assessment(
+            target,
+            REPLACED,
+            f"{name} was {manifest.version} when profile {profile} was applied, "
+            f"{target.version} is installed now: the patches are gone",
+            **common,  # type: ignore[arg-type]
+        )
+    words = {f.state for f in files}
+    if "missing" in words:
+        gone = ", ".join(f.path for f in files if f.state == "missing")
+        return Assessment(
+            target,
+            MISSING,
+            f"touched file(s) deleted since profile {profile} was applied: {gone}",
+            **common,  # type: ignore[arg-type]
+        )
+    if words == {"patched"}:
+        where = ""
+        if manifest.git is not None and branch_now != manifest.git.patch_branch:
+            where = f" (checked out: {branch_now or 'a detached HEAD'})"
+        return Assessment(
+            target,
+            APPLIED,
+            f"profile {profile} applied: every touched file has the bytes sm120patch wrote{where}",
+            **common,  # type: ignore[arg-type]
+        )
+    if manifest.git is not None and branch_now != manifest.git.patch_branch:
+        # The patches live on their branch, which is not checked out (or was deleted): this
+        # work tree holds whatever the checked-out branch has, edits of the user's included.
+        why = (
+            f"branch {manifest.git.patch_branch} was deleted"
+            if not exists
+            else f"{branch_now or 'a detached HEAD'} is checked out, not "
+            f"{manifest.git.patch_branch}"
+        )
+        return Assessment(
+            target,
+            GONE,
+            f"profile {profile} was applied, but {why}: the patches are not in this work tree",
+            **common,  # type: ignore[arg-type]
+        )
+    if words == {"pristine"}:
+        return Assessment(
+            target,
+            GONE,
+            f"profile {profile} was applied, but every touched file is back to its original "
+            "bytes (a reinstall of the same release?): the patches are gone",
+            **common,  # type: ignore[arg-type]
+        )
+    changed = ", ".join(f.path for f in files if f.state != "patched")
+    return Assessment(
+        target,
+        DRIFTED,
+        f"changed since profile {profile} was applied: {changed}",
+        **common,  # type: ignore[arg-type]
+    )
+
+
+def _files(target: Target, manifest: Manifest) -> tuple[FileState, ...]:
+    record = targets.record_hashes(target)
+    out = []
+    for f in manifest.files:
+        now = file_sha256(state.inside(target.root, f.path))
+        if now is None:
+            word = "missing"
+        elif now == f.after:
+            word = "patched"
+        elif now == f.before:
+            word = "pristine"
+        else:
+            word = "drifted"
+        installed = record.get(f.module)
+        out.append(
+            FileState(
+                f.path,
+                f.module,
+                word,
+                now,
+                None if installed is None or now is None else now == installed,
+            )
+        )
+    return tuple(out)
