@@ -99,10 +99,13 @@ def test_sigint_at_moments_of_revert(trees, tmp_path):  # noqa: F811
         nothing_to_recover(sg, fi)
 
 
-@pytest.mark.parametrize("spec", ["INTx3", "TERM", "HUP", "TERMx2"])
-def test_repeated_and_other_signals_cut_nothing_short(trees, tmp_path, spec):  # noqa: F811
+@pytest.mark.parametrize(
+    ("layout", "spec"), [("git", "INTx3"), ("installed", "TERMx2"), ("git", "HUP")]
+)
+def test_repeated_and_other_signals_cut_nothing_short(tmp_path, layout, spec):
     """A second (and third) Ctrl-C, SIGTERM, a closed terminal: the same clean end."""
-    layout, sg, fi = trees
+    sg = make_tree(tmp_path, "sglang", "0.5.8", layout)
+    fi = make_tree(tmp_path, "flashinfer", "0.6.1", layout)
     states = States([sg, fi])
     proc = signalled(apply_args(sg, fi), f"after-write:1={spec}")
     assert proc.returncode == 130, proc.stderr
