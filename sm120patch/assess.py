@@ -18,7 +18,9 @@ No parse and no git process: `status` and `ensure` run this at every service sta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sm120patch import state, targets, vcs
@@ -199,3 +201,66 @@ def _files(target: Target, manifest: Manifest) -> tuple[FileState, ...]:
             )
         )
     return tuple(out)
+
+
+@dataclass
+class TargetStatus:
+    target: Target
+    assessment: Assessment
+    trials: list[dict[str, Any]]
+
+    @property
+    def state(self) -> str:
+        return self.assessment.state
+
+    @property
+    def profile(self) -> str | None:
+        return self.assessment.profile
+
+    @property
+    def branch(self) -> str | None:
+        m = self.assessment.manifest
+        return m.git.patch_branch if m and m.git else None
+
+    @property
+    def base(self) -> str | None:
+        m = self.assessment.manifest
+        return m.git.head if m and m.git else None
+
+    @property
+    def unfinished(self) -> str | None:
+        j = self.assessment.journal
+        return j.op if j else None
+
+    @property
+    def files(self) -> list[dict[str, Any]]:
+        return [f.to_dict() for f in self.assessment.files]
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.assessment
+        return {
+            **self.target.to_dict(),
+            "state": a.state,
+            "message": a.message,
+            "profile": self.profile,
+            "applied_version": a.manifest.version if a.manifest else None,
+            "branch": self.branch,
+            "branch_now": a.branch_now,
+            "patch_branch_exists": a.patch_branch_exists,
+            "base": self.base,
+            "files": self.files,
+            "unfinished": self.unfinished,
+            "trials": self.trials,
+        }
+
+
+def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
+    """What is applied where, from hashes only (no parsing, no git process)."""
+    out = []
+    for kind in targets.KINDS:
+        target = targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
+        if target is None:
+            continue
+        st = TargetState.of(target.root, target.layout, target.kind)
+        out.append(TargetStatus(target, assess(target, st), st.trials()))
+    return out

@@ -1,8 +1,9 @@
 """The command line: parse, call the library, render. Nothing else lives here.
 
 Exit codes (README): 0 success, 1 refused or precondition failed (nothing changed), 2 usage,
-3 a trial crashed and was reverted, 4 internal error, 75 a run left its journal (`recover`),
-130 interrupted.
+3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted: not
+faster beyond the spread) and 6 (reverted: wrong output); 75 a run left its journal
+(`recover`), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -282,11 +283,14 @@ def apply_cmd(
 
     paths = {"sglang": sglang, "flashinfer": flashinfer}
     profile, lock, check_plan = _lock_for(profile, locked)
+    print_known(profile, paths, err=dry_run, quiet=as_json)  # known outcomes here (issue 11)
     if dry_run:
         # The apply minus the writes: the same preflight refuses the same way.
         prep = engine.dry_run(profile, paths, force=force, check_plan=check_plan, lock=lock)
+        gpu_doc = None
         if not no_gpu_check:
             found = gpu.probe()
+            gpu_doc = {"has_sm120": found.has_sm120, "summary": found.summary()}
             if not found.has_sm120:
                 click.echo(
                     f"warning: no SM120 GPU here ({found.summary()}); a real apply "
@@ -297,7 +301,7 @@ def apply_cmd(
         assert plan is not None
         if as_json:
             emit_json({**plan.to_dict(), "nothing_to_do": prep.nothing_to_do,
-                       "notes": prep.notes, "error": None})  # fmt: skip
+                       "notes": prep.notes, "gpu": gpu_doc, "error": None})  # fmt: skip
             return
         for tp in plan.targets:
             t = tp.target
@@ -335,6 +339,11 @@ def apply_cmd(
 @locked_option
 @click.option("--force", is_flag=True, help="Allow versions outside the profile's pins.")
 @click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
+@click.option(
+    "--no-apply",
+    is_flag=True,
+    help="Only verify: exit 1 unless already exactly as wanted (never writes).",
+)
 @json_option
 def ensure_cmd(
     profile: str | None,
@@ -343,6 +352,7 @@ def ensure_cmd(
     locked: str | None,
     force: bool,
     no_gpu_check: bool,
+    no_apply: bool,
     as_json: bool,
 ) -> None:
     """For service start-up: exit 0 when the trees are exactly as wanted (applying first if
@@ -357,6 +367,7 @@ def ensure_cmd(
         preconditions=None if no_gpu_check else gpu.require_sm120,
         check_plan=check_plan,
         lock=lock,
+        apply_if_needed=not no_apply,
     )
     if as_json:
         emit_json(report.to_dict())
@@ -426,9 +437,9 @@ def _file_line(f: dict[str, Any]) -> str:
 @json_option
 def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """The state of each target, decided from the bytes on disk, and of every touched file."""
-    from sm120patch import engine
+    from sm120patch import assess
 
-    found = engine.status({"sglang": sglang, "flashinfer": flashinfer})
+    found = assess.status({"sglang": sglang, "flashinfer": flashinfer})
     if as_json:
         emit_json({"targets": [s.to_dict() for s in found]})
         return
@@ -440,10 +451,7 @@ def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
         if s.state != "pristine":
             click.echo(f"  {s.assessment.message}")
         for trial in s.trials[-5:]:
-            click.echo(
-                f"  trial {trial.get('profile')}: {trial.get('verdict')}, "
-                f"exit {trial.get('exit_code')}: {' '.join(trial.get('command', []))}"
-            )
+            click.echo("  " + trial_line(trial))
         if s.profile is None:
             continue
         branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
@@ -467,7 +475,45 @@ def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> No
         click.echo(note)
 
 
-@main.command("trial", context_settings={"ignore_unknown_options": True})
+# ---- trial: run, measure, show (issue 11) ---------------------------------------------------
+
+
+class _TrialGroup(click.Group):
+    """`trial PROFILE ...` runs a trial (the `run` subcommand by default); `trial show [ID]`
+    shows recorded ones. No profile is called `show` or `run`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@main.group("trial", cls=_TrialGroup)
+def trial_group() -> None:
+    """Apply a profile, run a server under it, judge it, keep or revert: `trial PROFILE -- CMD`
+    (see `trial run --help`); `trial show [ID]` for recorded trials."""
+
+
+def print_known(
+    profile: str | None,
+    paths: dict[str, str | None],
+    command: list[str] | None = None,
+    *,
+    err: bool = False,
+    quiet: bool = False,
+) -> None:
+    """One line per known outcome (patches/known.toml) and per trial measured here that match
+    this box, before acting; `apply` and `trial` call it. On stdout by default: stderr stays
+    the one clear error line when the command then fails; `err` where stdout is a diff."""
+    from sm120patch import known
+
+    if quiet:
+        return
+    for line in known.lines(profile, paths, command or []):
+        click.echo(line, err=err)
+
+
+@trial_group.command("run", context_settings={"ignore_unknown_options": True})
 @click.argument("profile")
 @with_targets
 @click.option("--ready-url", metavar="URL", help="Ready when this URL answers 2xx.")
@@ -484,6 +530,48 @@ def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> No
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Append output here.")
 @click.option("--force", is_flag=True, help="Apply outside the profile's pinned versions.")
 @click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
+@click.option(
+    "--measure", is_flag=True, help="Judge by measurement: baseline vs patched under load."
+)
+@click.option("--api", "api", metavar="URL", help="Server base URL (default: from --ready-url).")
+@click.option("--requests", type=int, default=64, show_default=True, help="Measured requests.")
+@click.option("--concurrency", type=int, default=8, show_default=True, help="Requests in flight.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per request.")
+@click.option("--warmup", type=int, default=None, help="Uncounted requests first [concurrency].")
+@click.option("--repeat", type=int, default=1, show_default=True, help="ABAB rounds.")
+@click.option(
+    "--min-gain",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="Percent the figure must improve beyond the measured spread to keep the patch.",
+)
+@click.option(
+    "--figure",
+    default="output_tok_s",
+    show_default=True,
+    help="output_tok_s, req_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms or itl_p99_ms.",
+)
+@click.option(
+    "--min-similarity",
+    type=float,
+    default=0.5,
+    show_default=True,
+    help="Least word similarity of the patched greedy answers to the baseline's.",
+)
+@click.option("--model", default=None, help="Model name for the API (default: /v1/models).")
+@click.option(
+    "--bench-cmd",
+    default=None,
+    metavar="CMDLINE",
+    help="Measure with this benchmark instead (JSON result at {output}).",
+)
+@click.option(
+    "--export",
+    "export_path",
+    type=click.Path(dir_okay=False),
+    help="Write this trial as a known.toml record.",
+)
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trial_cmd(
@@ -498,31 +586,101 @@ def trial_cmd(
     log_path: str | None,
     force: bool,
     no_gpu_check: bool,
+    measure: bool,
+    api: str | None,
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    warmup: int | None,
+    repeat: int,
+    min_gain: float,
+    figure: str,
+    min_similarity: float,
+    model: str | None,
+    bench_cmd: str | None,
+    export_path: str | None,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
     """Apply PROFILE, run COMMAND (after --), keep the patch if it gets ready, else revert.
 
-    Exit 3 when the command crashed or never got ready (the profile is then reverted).
+    With --measure: baseline and patched runs of COMMAND under the same load, kept only when
+    the figure improves by --min-gain beyond the spread and the answers are sane. Exit 0 kept,
+    3 crashed, 5 reverted as not faster, 6 reverted as wrong output.
     """
     from pathlib import Path
 
     from sm120patch import gpu, trial
+    from sm120patch.errors import TrialCrashed, UsageError
 
-    result = trial.run(
-        profile,
-        {"sglang": sglang, "flashinfer": flashinfer},
-        list(command),
-        ready_url=ready_url,
-        ready_pattern=ready_pattern,
-        timeout=timeout,
-        leave_running=leave_running,
-        sample_power=sample_power,
-        log_path=Path(log_path) if log_path else None,
-        force=force,
-        preconditions=None if no_gpu_check else gpu.require_sm120,
-        on_line=lambda line: click.echo(line, err=as_json),
-    )
+    paths = {"sglang": sglang, "flashinfer": flashinfer}
+    if export_path and not measure:
+        raise UsageError(
+            "--export needs --measure",
+            "or export a recorded trial: `sm120patch trial show ID --export FILE`",
+        )
+    print_known(profile, paths, list(command), err=as_json)
+    if measure:
+        from sm120patch import measure as measuring
+
+        opts = measuring.Options(
+            api=api,
+            ready_url=ready_url,
+            ready_pattern=ready_pattern,
+            timeout=timeout,
+            requests=requests,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            warmup=warmup,
+            repeat=repeat,
+            min_gain=min_gain / 100,
+            figure=figure,
+            min_similarity=min_similarity,
+            model=model,
+            bench_cmd=bench_cmd,
+        )
+        measured = measuring.run(
+            profile,
+            paths,
+            list(command),
+            opts,
+            force=force,
+            preconditions=None if no_gpu_check else gpu.require_sm120,
+            log_path=Path(log_path) if log_path else None,
+            on_line=lambda line: click.echo(line, err=True),
+            on_event=lambda line: click.echo(f"sm120patch: {line}", err=True),
+        )
+        doc = measured.to_dict()
+        if export_path:
+            write_export(doc, Path(export_path))
+        if as_json:
+            emit_json(doc)
+        else:
+            for line in measured_lines(doc):
+                click.echo(line)
+        if measured.exit_code:
+            sys.exit(measured.exit_code)
+        return
+    try:
+        result = trial.run(
+            profile,
+            paths,
+            list(command),
+            ready_url=ready_url,
+            ready_pattern=ready_pattern,
+            timeout=timeout,
+            leave_running=leave_running,
+            sample_power=sample_power,
+            log_path=Path(log_path) if log_path else None,
+            force=force,
+            preconditions=None if no_gpu_check else gpu.require_sm120,
+            on_line=lambda line: click.echo(line, err=as_json),
+        )
+    except TrialCrashed as exc:
+        if as_json and exc.record is not None:
+            emit_json({**exc.record, "error": exc.message, "next": exc.hint, "exit_code": 3})
+            sys.exit(exc.exit_code)
+        raise
     if as_json:
         emit_json(result.to_dict())
         return
@@ -533,6 +691,98 @@ def trial_cmd(
     )
     for line in power_lines(result.power_samples):
         click.echo(line)
+
+
+@trial_group.command("show")
+@click.argument("trial_id", required=False)
+@with_targets
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a report.")
+@click.option(
+    "--export",
+    "export_path",
+    type=click.Path(dir_okay=False),
+    help="Write the trial as a known.toml record.",
+)
+@json_option
+def trial_show_cmd(
+    trial_id: str | None,
+    sglang: str | None,
+    flashinfer: str | None,
+    html_path: str | None,
+    export_path: str | None,
+    as_json: bool,
+) -> None:
+    """Show a recorded trial (the latest, or ID or a prefix of it); --html draws a report."""
+    from pathlib import Path
+
+    from sm120patch import known, report
+
+    found = known.find_trial(known.history({"sglang": sglang, "flashinfer": flashinfer}), trial_id)
+    if html_path:
+        Path(html_path).write_text(report.html(found), encoding="utf-8")
+    if export_path:
+        write_export(found, Path(export_path))
+    if as_json:
+        emit_json(found)
+        return
+    lines = measured_lines(found) if found.get("kind") == "measured" else [trial_line(found)]
+    for line in lines:
+        click.echo(line)
+    if html_path:
+        click.echo(f"report: {html_path}")
+
+
+def write_export(doc: dict[str, Any], path: Any) -> None:
+    from sm120patch import known
+
+    path.write_text(known.export_record(doc), encoding="utf-8")
+    click.echo(f"wrote {path}: one known.toml record", err=True)
+
+
+def trial_line(t: dict[str, Any]) -> str:
+    """One line of a recorded trial, for `status` and `trial show`."""
+    if t.get("kind") == "measured":
+        return f"trial {t.get('id')} {t.get('profile')} measured: {t.get('message')}"
+    head = f"trial {t['id']} " if t.get("id") else "trial "
+    return (
+        f"{head}{t.get('profile')}: {t.get('verdict')}, "
+        f"exit {t.get('exit_code')}: {' '.join(t.get('command', []))}"
+    )
+
+
+def measured_lines(doc: dict[str, Any]) -> list[str]:
+    """A measured trial in words: each run's figures and power, then the verdict."""
+    from sm120patch import gpu
+
+    lines = [f"trial {doc['id']} of {doc['profile']}: {' '.join(doc['command'])}"]
+    if doc.get("versions") or doc.get("gpu_names"):
+        versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
+        lines.append(f"  {versions}; GPUs: {', '.join(doc.get('gpu_names') or ['none seen'])}")
+    for run in doc["runs"]:
+        head = f"  {run['side']:8} run {run['round'] + 1}: "
+        f = run.get("figures")
+        if run["outcome"] != "ok" or not f:
+            lines.append(head + f"{run['outcome']} (exit {run.get('exit_code')})")
+            continue
+        lines.append(
+            head + f"{f['output_tok_s']:.1f} tok/s, {f['req_s']:.2f} req/s, "
+            f"TTFT p50/p99 {_ms(f.get('ttft_p50_ms'))}/{_ms(f.get('ttft_p99_ms'))} ms, "
+            f"ITL p50/p99 {_ms(f.get('itl_p50_ms'))}/{_ms(f.get('itl_p99_ms'))} ms"
+        )
+        for g in run.get("gpus", []):
+            lines.append("    " + gpu.GpuFigures(**g).describe())
+        if run.get("nvml_problem"):
+            lines.append(f"    no GPU figures: {run['nvml_problem']}")
+    for reason in (doc.get("sanity") or {}).get("reasons", []):
+        lines.append(f"  wrong output: {reason}")
+    if doc.get("signature"):
+        lines.append(f"  next: {doc['signature']['action']}")
+    lines.append(f"verdict: {doc['verdict']}: {doc['message']}")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f}"
 
 
 def power_lines(samples: list[dict[str, Any]]) -> list[str]:
@@ -585,6 +835,8 @@ def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
     for a in found.applied:
         if a.get("profile"):
             click.echo(f"applied now on {a['root']}: {a['profile']}")
+    for line in found.known:
+        click.echo(line)
     click.echo(found.recommendation)
 
 
@@ -651,7 +903,7 @@ def export_cmd(
     "--sglang",
     "sglang_spec",
     metavar="SPEC",
-    help="SGLang releases to plan, a PEP 440 specifier (e.g. '>=0.5.8').",
+    help="SGLang releases to plan, a PEP 440 specifier (e.g. '>=0.5.8', '==0.5.10.post1').",
 )
 @click.option(
     "--flashinfer",
@@ -667,8 +919,9 @@ def export_cmd(
     default=None,
     help="Releases planned in parallel (default: the CPU count).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown tables (default).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr.")
 def matrix_cmd(
     sglang_spec: str | None,
     flashinfer_spec: str | None,
@@ -676,12 +929,17 @@ def matrix_cmd(
     jobs: int | None,
     as_json: bool,
     as_markdown: bool,
+    quiet: bool,
 ) -> None:
-    """Plan every profile on every SGLang and FlashInfer release from PyPI: outcome per site."""
+    """Plan every profile on every SGLang and FlashInfer release on pip's index: outcome per
+    site. Releases come from pip's configured index (pip config, PIP_INDEX_URL) into the release
+    cache; offline, the cached release list is used with a warning."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-    from sm120patch import catalog, matrix
+    from sm120patch import catalog
     from sm120patch.errors import UsageError
+    from sm120patch.maintain import matrix
+    from sm120patch.maintain.progress import Progress
 
     if as_json and as_markdown:
         raise UsageError("give at most one of --json and --markdown")
@@ -698,18 +956,22 @@ def matrix_cmd(
             SpecifierSet(spec or "")
         except InvalidSpecifier:
             raise UsageError(f"--{kind} {spec!r} is not a PEP 440 specifier") from None
-    jobs = jobs or os.cpu_count() or 1
-    work = matrix.releases_for(specs)
-    if sys.stderr.isatty():
-        with click.progressbar(length=len(work), label="planning releases", file=sys.stderr) as bar:
-
-            def tick(row: Any) -> None:
-                bar.update(1, current_item=f"{row.kind} {row.version}")
-
-            rows = matrix.run(work, jobs, progress=tick)
-    else:
-        rows = matrix.run(work, jobs)
+    progress = Progress(quiet=quiet)
+    with progress.phase("reading the release index", len(specs)):
+        selection = matrix.releases_for(specs, progress=progress.advance)
+    warning = selection.warning()
+    if warning:
+        click.echo(f"sm120patch: warning: {warning}", err=True)
+    work = selection.work
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    with progress.phase("planning releases", len(work)):
+        rows = matrix.run(
+            work, jobs, progress=lambda row: progress.advance(f"{row.kind} {row.version}")
+        )
     chosen = list(profiles) or None
-    click.echo(matrix.to_json(rows) if as_json else matrix.markdown(rows, chosen), nl=not as_json)
+    if as_json:
+        click.echo(matrix.to_json(rows, [warning] if warning else []))
+    else:
+        click.echo(matrix.markdown(rows, chosen))
     if any(r.error for r in rows):
         sys.exit(1)

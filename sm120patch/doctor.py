@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm120patch import catalog, engine, gpu, targets
+from sm120patch import assess, catalog, gpu, targets
 from sm120patch import plan as planner
 from sm120patch.errors import Sm120Error
 
@@ -35,6 +35,7 @@ class Examination:
     profiles: list[ProfileCheck]
     applied: list[dict[str, Any]]
     recommendation: str = RECOMMENDATION
+    known: list[str] = field(default_factory=list)  # known outcomes and trials matching here
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +45,7 @@ class Examination:
             "profiles": [p.__dict__ for p in self.profiles],
             "applied": self.applied,
             "recommendation": self.recommendation,
+            "known": self.known,
         }
 
 
@@ -72,7 +74,16 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
                 check.problems.append(exc.message)
         checks.append(check)
     try:
-        applied = [s.to_dict() for s in engine.status(paths)]
+        applied = [s.to_dict() for s in assess.status(paths)]
     except Sm120Error as exc:
         applied = [{"problem": exc.message}]
-    return Examination(probe, [t.to_dict() for t in found.values()], missing, checks, applied)
+    from sm120patch import known
+
+    return Examination(
+        probe,
+        [t.to_dict() for t in found.values()],
+        missing,
+        checks,
+        applied,
+        known=known.lines(None, paths),
+    )

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sm120patch import __version__, assess, catalog, interrupts, procscan, state
+from sm120patch import __version__, assess, catalog, interrupts, procscan, state, targets
 from sm120patch import plan as planner
 from sm120patch.assess import Assessment
 from sm120patch.errors import Refused, Sm120Error
@@ -89,6 +89,9 @@ class Report:
             "targets": [t.to_dict() for t in self.targets],
             "outcomes": [o.to_dict() for o in self.outcomes],
             "notes": self.notes,
+            # What an apply wrote, as the dry run showed it (a fleet's diff mode needs no
+            # second call).
+            "diff": self.plan.diff() if self.plan is not None and self.action == "applied" else "",
         }
 
 
@@ -147,17 +150,6 @@ def _refuse_unfinished(ctxs: list[_Ctx]) -> None:
                 f"an interrupted sm120patch {journal.op} left a journal on {ctx.target.root}",
                 "run `sm120patch recover` (with the same --sglang/--flashinfer) first",
             )
-
-
-def _find_quiet(kind: str, path: str | Path | None, *, required: bool) -> Target | None:
-    from sm120patch import targets
-
-    try:
-        return targets.find(kind, path)
-    except Refused:
-        if required:
-            raise
-        return None
 
 
 # ---- preflight: one for the dry run and the apply ----------------------------------------
@@ -259,7 +251,10 @@ def _preflight(
         # Before planning: a user's uncommitted edit must be named as such, not reported as an
         # unknown shape.
         ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
-    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
+    # A lock carries its reviewed result: where the files match it, no parse is needed.
+    plan = lock.plan(profile, [c.target for c in ctxs]) if lock is not None else None
+    if plan is None:
+        plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
         raise PlanRefused(plan)
@@ -653,9 +648,7 @@ def revert(
     """Revert `profile_name` (None: whatever is applied) on the targets at `paths`."""
     kinds = catalog.TARGETS if profile_name is None else catalog.load().profile(
         profile_name).targets  # fmt: skip
-    found = [
-        _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None) for kind in kinds
-    ]
+    found = [targets.find_quiet(k, paths.get(k), required=paths.get(k) is not None) for k in kinds]
     ctxs = [_Ctx(t) for t in found if t is not None]
     reports: list[TargetReport] = []
     notes: list[str] = []
@@ -827,7 +820,7 @@ def _finish_revert(ctx: _Ctx, journal: Journal) -> tuple[TargetReport, list[str]
 def recover(paths: Mapping[str, str | Path | None]) -> Report:
     """Finish what a killed run left: roll an apply back, roll a revert forward."""
     found = [
-        _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
+        targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
         for kind in catalog.TARGETS
     ]
     ctxs = _with_peers([_Ctx(t) for t in found if t is not None])
@@ -899,7 +892,7 @@ def _with_peers(ctxs: list[_Ctx]) -> list[_Ctx]:
             if (peer.kind, root) in seen or peer.kind in {c.target.kind for c in out}:
                 continue
             try:
-                target = _find_quiet(peer.kind, root, required=False)
+                target = targets.find_quiet(peer.kind, root, required=False)
             except Sm120Error:
                 target = None  # gone: its own journal (if any) is recovered where it is
             if target is not None and target.root == root:
@@ -952,19 +945,52 @@ def ensure(
     preconditions: Callable[[], None] | None = None,
     check_plan: Callable[[Plan], None] | None = None,
     lock: Lock | None = None,
+    apply_if_needed: bool = True,
 ) -> Report:
     """For service start-up: the target ends exactly as wanted, or nothing changes (Refused).
+
+    `apply_if_needed=False` only verifies (a Kubernetes init container, which cannot patch the
+    server container's files): anything but "applied as wanted" is refused.
 
     Pristine or gone: applied first. Applied as wanted: nothing to do. Drifted, missing,
     unfinished, another profile, another release outside the pins or than the lock's:
     refused with nothing changed (apply's own preflight). Then the result is checked from the
     bytes again.
     """
+    profile = catalog.load().profile(profile_name)
+    ctxs = _targets(profile, paths, force, lock)
+    # At every service start: when the bytes already say "as wanted", answer without the lock
+    # (reading is safe; a run in progress would show as unfinished).
+    found = [ctx.assess() for ctx in ctxs]
+    if all(a.state == assess.APPLIED and a.profile == profile.name for a in found):
+        try:
+            if lock is not None:
+                for ctx, a in zip(ctxs, found, strict=True):
+                    _check_applied_matches_lock(ctx, a, lock)
+            return Report(
+                "nothing-to-do",
+                profile.name,
+                [TargetReport(c.target, state=assess.APPLIED) for c in ctxs],
+                notes=[
+                    f"profile {profile.name} is already applied: every touched file has the "
+                    "bytes sm120patch wrote" + (" and the lock's" if lock is not None else "")
+                ],
+            )
+        except Refused:
+            if not apply_if_needed:
+                raise
+            # not as the lock says: apply's preflight refuses with the full story
+    if not apply_if_needed:
+        wrong = next(a for a in found if not (a.state == assess.APPLIED
+                                              and a.profile == profile.name))  # fmt: skip
+        raise Refused(
+            f"{wrong.target.root}: {wrong.state}: {wrong.message}",
+            "apply it where the files can be written (`sm120patch ensure` without --no-apply)",
+        )
     report = apply(
         profile_name, paths, force=force, preconditions=preconditions, check_plan=check_plan,
         lock=lock,
     )  # fmt: skip
-    profile = catalog.load().profile(profile_name)
     for ctx in _targets(profile, paths, force=True):
         found = ctx.assess()
         if found.state != assess.APPLIED or found.profile != profile.name:
@@ -975,70 +1001,11 @@ def ensure(
     return report
 
 
-# ---- status ------------------------------------------------------------------------------
+# ---- status (decided in assess.py, from the bytes) ---------------------------------------
 
-
-@dataclass
-class TargetStatus:
-    target: Target
-    assessment: Assessment
-    trials: list[dict[str, Any]]
-
-    @property
-    def state(self) -> str:
-        return self.assessment.state
-
-    @property
-    def profile(self) -> str | None:
-        return self.assessment.profile
-
-    @property
-    def branch(self) -> str | None:
-        m = self.assessment.manifest
-        return m.git.patch_branch if m and m.git else None
-
-    @property
-    def base(self) -> str | None:
-        m = self.assessment.manifest
-        return m.git.head if m and m.git else None
-
-    @property
-    def unfinished(self) -> str | None:
-        j = self.assessment.journal
-        return j.op if j else None
-
-    @property
-    def files(self) -> list[dict[str, Any]]:
-        return [f.to_dict() for f in self.assessment.files]
-
-    def to_dict(self) -> dict[str, Any]:
-        a = self.assessment
-        return {
-            **self.target.to_dict(),
-            "state": a.state,
-            "message": a.message,
-            "profile": self.profile,
-            "applied_version": a.manifest.version if a.manifest else None,
-            "branch": self.branch,
-            "branch_now": a.branch_now,
-            "patch_branch_exists": a.patch_branch_exists,
-            "base": self.base,
-            "files": self.files,
-            "unfinished": self.unfinished,
-            "trials": self.trials,
-        }
-
-
-def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
-    """What is applied where, from hashes only (no parsing, no git process)."""
-    out = []
-    for kind in catalog.TARGETS:
-        target = _find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
-        if target is None:
-            continue
-        st = TargetState.of(target.root, target.layout, target.kind)
-        out.append(TargetStatus(target, assess.assess(target, st), st.trials()))
-    return out
+# Part of the engine's API; `sm120patch status` calls assess directly (no planner import).
+status = assess.status
+TargetStatus = assess.TargetStatus
 
 
 def record_trial(
@@ -1046,7 +1013,7 @@ def record_trial(
 ) -> None:
     """Keep a trial's record on every target of its profile (it survives the revert)."""
     for kind in catalog.load().profile(profile).targets:
-        target = _find_quiet(kind, paths.get(kind), required=False)
+        target = targets.find_quiet(kind, paths.get(kind), required=False)
         if target is None:
             continue
         st = TargetState.of(target.root, target.layout, target.kind)

@@ -45,6 +45,13 @@ class Probe:
     def has_sm120(self) -> bool:
         return any(g.is_sm120 for g in self.gpus)
 
+    @property
+    def family(self) -> str | None:
+        """"sm120" when an SM120 GPU is here, else the first GPU's, None without a GPU."""
+        if not self.gpus:
+            return None
+        return "sm120" if self.has_sm120 else f"sm{self.gpus[0].major}{self.gpus[0].minor}"
+
     def summary(self) -> str:
         if self.problem:
             return self.problem
@@ -131,3 +138,139 @@ def require_sm120(found: Probe | None = None) -> Probe:
             "(image builds, CI)",
         )
     return found
+
+
+# ---- sampling during a measured window -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One GPU at one instant. `util_pct` is NVML's GPU utilisation: the share of the last
+    sample period in which at least one kernel ran on the GPU (NVML has no per-SM counter)."""
+
+    index: int
+    name: str
+    power_w: float | None
+    limit_w: float | None
+    util_pct: float | None
+
+
+class Sampler:
+    """Reads power and utilisation of every GPU every `every` seconds in a thread, between
+    `start()` and `stop()`: a trial samples only while its load runs, never the idle server.
+    Without NVML (no driver, no GPU) it collects nothing and says why in `problem`."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        import threading
+
+        self.every = every
+        self.samples: list[dict[str, Any]] = []
+        self.problem: str | None = None
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._halt.set()
+        self._thread.join(timeout=10)
+        return self.samples
+
+    def _run(self) -> None:
+        import time
+
+        try:
+            import pynvml
+        except ImportError:  # pragma: no cover - a runtime dependency
+            self.problem = "nvidia-ml-py is not installed"
+            return
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            self.problem = f"NVML could not start: {exc}"
+            return
+        try:
+            handles = [
+                pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+            ]
+            names = [_text(pynvml.nvmlDeviceGetName(h)) for h in handles]
+            start = time.monotonic()
+            while True:
+                # One reading at once and one at the stop, so a short window has two points.
+                halted = self._halt.wait(0 if not self.samples else self.every)
+                readings = [_read(pynvml, i, names[i], h) for i, h in enumerate(handles)]
+                self.samples.append(
+                    {"t": round(time.monotonic() - start, 3), "gpus": [asdict(r) for r in readings]}
+                )
+                if halted:
+                    return
+        except pynvml.NVMLError as exc:
+            self.problem = f"NVML error while sampling: {exc}"
+        finally:
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+
+
+def _read(pynvml: Any, index: int, name: str, handle: Any) -> Reading:
+    power = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
+    limit = _optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+    util = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
+    return Reading(
+        index=index,
+        name=name,
+        power_w=None if power is None else power / 1000.0,
+        limit_w=None if limit is None else limit / 1000.0,
+        util_pct=None if util is None else float(util.gpu),
+    )
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """One GPU over one measured window."""
+
+    index: int
+    name: str
+    mean_w: float | None
+    max_w: float | None
+    limit_w: float | None
+    limit_share: float | None  # mean draw / power limit, 0..1
+    mean_util_pct: float | None
+
+    def describe(self) -> str:
+        if self.mean_w is None or self.max_w is None:
+            return f"GPU {self.index}: no power reading"
+        share = ""
+        if self.limit_share:
+            share = f" ({100 * self.limit_share:.0f}% of {self.limit_w:.0f} W)"
+        util = f", util {self.mean_util_pct:.0f}%" if self.mean_util_pct is not None else ""
+        return f"GPU {self.index}: mean {self.mean_w:.0f} W, max {self.max_w:.0f} W{share}{util}"
+
+
+def summarise(samples: list[dict[str, Any]]) -> list[GpuFigures]:
+    """Mean and max draw, share of the limit and mean utilisation per GPU."""
+    per: dict[int, list[dict[str, Any]]] = {}
+    for sample in samples:
+        for g in sample["gpus"]:
+            per.setdefault(g["index"], []).append(g)
+    out = []
+    for index, rows in sorted(per.items()):
+        watts = [r["power_w"] for r in rows if r.get("power_w") is not None]
+        utils = [r["util_pct"] for r in rows if r.get("util_pct") is not None]
+        limit = next((r["limit_w"] for r in reversed(rows) if r.get("limit_w")), None)
+        mean = sum(watts) / len(watts) if watts else None
+        out.append(
+            GpuFigures(
+                index=index,
+                name=rows[-1].get("name", ""),
+                mean_w=None if mean is None else round(mean, 1),
+                max_w=max(watts) if watts else None,
+                limit_w=limit,
+                limit_share=None if (mean is None or not limit) else round(mean / limit, 3),
+                mean_util_pct=round(sum(utils) / len(utils), 1) if utils else None,
+            )
+        )
+    return out

@@ -25,11 +25,14 @@ SCHEMA = 1
 
 def patch_digest(patch: Patch) -> str:
     """A digest of the code that decides what a patch writes: its module and the shared helpers."""
-    from sm120patch import cst_helpers, transform
+    import importlib.util
 
     h = hashlib.sha256()
-    for module in (sys.modules[patch.transform.__module__], cst_helpers, transform):
-        h.update(Path(module.__file__ or "").read_bytes())
+    h.update(Path(sys.modules[patch.transform.__module__].__file__ or "").read_bytes())
+    for name in ("sm120patch.cst_helpers", "sm120patch.transform"):
+        # Found, not imported: cst_helpers imports libcst, which a lock check must not need.
+        spec = importlib.util.find_spec(name)
+        h.update(Path(spec.origin if spec and spec.origin else "").read_bytes())
     return "sha256:" + h.hexdigest()
 
 
@@ -40,6 +43,9 @@ class Lock:
     patches: dict[str, str]  # id -> digest
     files: list[dict[str, str]] = field(default_factory=list)  # target, path, before, after
     tool_version: str = __version__
+    # The reviewed result, step by step (target, path, patch, after, diff): a node whose files
+    # have the locked before-hashes writes exactly these bytes without parsing anything.
+    steps: list[dict[str, str]] = field(default_factory=list)
 
     def digest(self) -> str:
         """What the lock pins, as one digest (recorded in the manifest of an `--locked` apply)."""
@@ -65,7 +71,56 @@ class Lock:
                 "[[files]]",
                 *(f"{k} = {q(f[k])}" for k in ("target", "path", "before", "after")),
             ]
+        for s in self.steps:
+            out += [
+                "",
+                "[[steps]]",
+                *(f"{k} = {q(s[k])}" for k in ("target", "path", "patch", "after", "diff")),
+            ]
         return "\n".join(out) + "\n"
+
+    def plan(self, profile: Any, found: list[Any]) -> Plan | None:
+        """The plan this lock records, on `found` targets whose files have the locked
+        before-hashes; None (plan instead) where anything does not match exactly."""
+        from sm120patch.plan import Plan, TargetPlan, apply_diff
+        from sm120patch.plancache import CachedFileResult
+        from sm120patch.transform import Outcome, Status
+
+        if not self.steps or {t.kind for t in found} != set(self.versions):
+            return None
+        plans = []
+        outcomes = []
+        for target in found:
+            tp = TargetPlan(target)
+            for f in (f for f in self.files if f["target"] == target.kind):
+                try:
+                    before = target.path_of(f["path"]).read_bytes().decode("utf-8")
+                except (OSError, UnicodeDecodeError):
+                    return None
+                if _sha(before) != f["before"]:
+                    return None
+                text, texts = before, []
+                for s in self.steps:
+                    if (s["target"], s["path"]) != (target.kind, f["path"]):
+                        continue
+                    nxt = apply_diff(text, s["diff"])
+                    if nxt is None or _sha(nxt) != s["after"]:
+                        return None
+                    texts.append((s["patch"], nxt))
+                    outcomes.append(
+                        Outcome(s["patch"], target.kind, f["path"], "(as locked)",
+                                Status.APPLIED, "the lock's reviewed change")
+                    )  # fmt: skip
+                    text = nxt
+                if not texts or _sha(text) != f["after"]:
+                    return None
+                result = CachedFileResult(file=f["path"], before=before, after=text)
+                result.texts = texts
+                result.outcomes = [o for o in outcomes if o.file == f["path"]]
+                tp.files.append(result)
+            plans.append(tp)
+        order = {pid: i for i, pid in enumerate(profile.patches)}
+        return Plan(profile, plans, sorted(outcomes, key=lambda o: order.get(o.patch, 0)))
 
 
 def from_plan(plan: Plan) -> Lock:
@@ -80,11 +135,23 @@ def from_plan(plan: Plan) -> Lock:
         for tp in plan.targets
         for f in tp.changed
     ]
+    from sm120patch.plan import diff_texts
+
+    steps = []
+    for tp in plan.targets:
+        for f in tp.changed:
+            before = f.before
+            for pid, text in f.step_texts():
+                steps.append({"target": tp.target.kind, "path": f.file, "patch": pid,
+                              "after": _sha(text),
+                              "diff": diff_texts(f.file, before, text)})  # fmt: skip
+                before = text
     return Lock(
         profile=plan.profile.name,
         versions={tp.target.kind: tp.target.version for tp in plan.targets},
         patches={pid: patch_digest(cat.patches[pid]) for pid in plan.profile.patches},
         files=files,
+        steps=steps,
     )
 
 
@@ -95,7 +162,7 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     bytes), the lock records the applied state from its manifest; on pristine trees (or where
     the patch is gone) it records what the plan would write.
     """
-    from sm120patch import assess, engine
+    from sm120patch import assess
     from sm120patch import plan as planner
 
     cat = catalog.load()
@@ -104,7 +171,7 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     outside = planner.check_pins(profile, found)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to pin anyway")
-    states = {s.target.kind: s for s in engine.status(paths) if s.target.kind in profile.targets}
+    states = {s.target.kind: s for s in assess.status(paths) if s.target.kind in profile.targets}
     applied = [s for s in states.values() if s.state == assess.APPLIED]
     for s in states.values():
         if s.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):
@@ -171,6 +238,10 @@ def read(path: Path) -> Lock:
                 for f in doc.get("files", [])
             ],
             tool_version=str(doc.get("tool_version", "")),
+            steps=[
+                {k: str(s[k]) for k in ("target", "path", "patch", "after", "diff")}
+                for s in doc.get("steps", [])
+            ],
         )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise Refused(

@@ -123,12 +123,27 @@ def plan(
     outside = check_pins(profile, found)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to plan anyway")
-    plans = [plan_target(profile, cat.patches_of(profile), t) for t in found]
+    plans = [_plan_target_cached(profile, cat.patches_of(profile), t) for t in found]
     order = {pid: i for i, pid in enumerate(profile.patches)}
     outcomes = sorted(
         (o for tp in plans for f in tp.files for o in f.outcomes), key=lambda o: order[o.patch]
     )
     return Plan(profile, plans, outcomes, outside)
+
+
+def _plan_target_cached(profile: Profile, patches: list[Patch], target: Target) -> TargetPlan:
+    """`plan_target`, or the same plan from the plan cache when the bytes it read are the same."""
+    from sm120patch import plancache
+
+    files = [f for p in patches if p.target == target.kind for f in p.files]
+    entry = plancache.key(profile, files, target)
+    cached = plancache.load(entry, target) if entry else None
+    if cached is not None:
+        return cached
+    result = plan_target(profile, patches, target)
+    if entry:
+        plancache.store(entry, result, plancache.import_deps(target, result))
+    return result
 
 
 def plan_target(profile: Profile, patches: list[Patch], target: Target) -> TargetPlan:
@@ -327,6 +342,48 @@ def diff_texts(rel: str, before: str, after: str) -> str:
     if not lines:
         return ""
     return f"diff --git a/{rel} b/{rel}\n" + "".join(lines)
+
+
+def apply_diff(before: str, diff: str) -> str | None:
+    """`before` with one of `diff_texts`'s diffs applied, or None where its context does not
+    match exactly (then the caller plans instead: a wrong text is never guessed)."""
+    import re
+
+    old = _lines(before)
+    out: list[str] = []
+    at = 0  # next line of `old` not yet copied
+    lines = diff.split("\n")
+    i = 0
+    while i < len(lines) and not lines[i].startswith("@@"):
+        i += 1
+    while i < len(lines):
+        head = re.match(r"@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", lines[i])
+        if head is None:
+            return None
+        start = int(head[1]) - (0 if head[2] == "0" else 1)
+        if start < at:
+            return None
+        out.extend(old[at:start])
+        at = start
+        i += 1
+        while i < len(lines) and not lines[i].startswith("@@"):
+            line = lines[i]
+            eol = "\n"
+            if i + 1 < len(lines) and lines[i + 1] == "\\ No newline at end of file":
+                eol = ""
+            if line.startswith((" ", "-")):
+                if at >= len(old) or old[at] != line[1:] + eol:
+                    return None
+                if line[0] == " ":
+                    out.append(old[at])
+                at += 1
+            elif line.startswith("+"):
+                out.append(line[1:] + eol)
+            elif line and not line.startswith("\\"):
+                return None
+            i += 1
+    out.extend(old[at:])
+    return "".join(out)
 
 
 def _lines(text: str) -> list[str]:

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -88,6 +89,9 @@ def legacy_state_dir_for(root: Path, kind: str) -> Path | None:
     if override:
         # Resolved once per value, absolutely: a later change of directory must not move it.
         base = _resolved.setdefault(override, Path(override).absolute())
+    elif sys.platform.startswith("linux"):
+        # platformdirs' answer on Linux, without importing it on every status.
+        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local/state") / "sm120patch"
     else:
         import platformdirs
 
@@ -152,10 +156,11 @@ def state_dir(path: Path, mode: int) -> None:
             pass  # another user's directory: its owner set it
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: bool = True) -> None:
     """Write `data` to `path` so that a kill leaves either the old or the new file, never half.
 
-    Keeps `mode` (the old file's permission bits) when given.
+    Keeps `mode` (the old file's permission bits) when given. `durable=False` skips the fsyncs
+    (the rename stays atomic): for what can be rebuilt, such as caches and the diff copies.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
@@ -163,7 +168,8 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         if mode is not None:
             os.chmod(tmp, stat.S_IMODE(mode))
         os.replace(tmp, path)
@@ -173,7 +179,8 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -404,24 +411,44 @@ class TargetState:
     # ---- lock -------------------------------------------------------------------------
     @contextmanager
     def locked(self) -> Iterator[None]:
-        import filelock
+        """One sm120patch run per target: an flock on `lock` in the target's state directory.
+
+        An OS lock: a run killed while holding it releases it with its process, so a lock
+        file left behind is never stale. (filelock did the same; its import alone was a tenth
+        of every `ensure` at service start.)
+        """
+        import fcntl
 
         state_dir(self.dir, self.dir_mode)
-        # An OS lock (flock): a run killed while holding it releases it with its process,
-        # so a lock file left behind is never stale.
-        lock = filelock.FileLock(str(self.dir / "lock"), timeout=0, mode=self.file_mode)
+        path = self.dir / "lock"
         try:
-            lock.acquire()
-        except filelock.Timeout:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                         self.file_mode)  # fmt: skip
+        except OSError as exc:
             raise Refused(
-                f"another sm120patch run holds the lock on {self.root}",
-                "wait for it to finish, then try again",
+                f"cannot open the lock {path} ({exc.strerror})",
+                "run sm120patch as a user who can write the target",
             ) from None
         try:
-            self._migrate()
-            yield
+            if stat.S_IMODE(os.fstat(fd).st_mode) & ~self.file_mode:
+                try:
+                    os.fchmod(fd, self.file_mode)  # a lax umask must not loosen it
+                except PermissionError:
+                    pass
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise Refused(
+                    f"another sm120patch run holds the lock on {self.root}",
+                    "wait for it to finish, then try again",
+                ) from None
+            try:
+                self._migrate()
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            lock.release()
+            os.close(fd)
 
     def check_unlocked(self) -> None:
         """Refuse, as `locked` would, while another run holds the lock; creates nothing."""
@@ -555,7 +582,9 @@ class TargetState:
         state_dir(self.dir, self.dir_mode)
         for parent in reversed([p for p in path.parents if self.dir in p.parents]):
             state_dir(parent, self.dir_mode)
-        atomic_write(path, data, mode=self.file_mode)
+        # A pristine copy is what a revert restores from: durable. A patched copy only shows a
+        # later edit as a diff (and a torn one shows as a larger diff, never a wrong restore).
+        atomic_write(path, data, mode=self.file_mode, durable=kind == "pristine")
 
     def copy(self, kind: str, rel: str) -> bytes | None:
         for base in (self.dir, self.legacy):

@@ -13,6 +13,7 @@ from pathlib import Path
 from sm120patch import vcs
 from sm120patch.errors import Refused, UsageError
 
+KINDS = ("sglang", "flashinfer")
 DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
 DIST_NAMES = {"sglang": ("sglang",), "flashinfer": ("flashinfer_python", "flashinfer")}
 
@@ -64,6 +65,16 @@ def find(kind: str, path: str | Path | None) -> Target:
     else:
         package_dir = _package_in(kind, Path(path))
     return _describe(kind, package_dir)
+
+
+def find_quiet(kind: str, path: str | Path | None, *, required: bool) -> Target | None:
+    """`find`, or None when `kind` is not there and the user did not ask for it by path."""
+    try:
+        return find(kind, path)
+    except Refused:
+        if required:
+            raise
+        return None
 
 
 def _python() -> str:

@@ -28,6 +28,13 @@ from sm120patch.errors import Refused, TrialCrashed, UsageError
 TAIL_LINES = 60
 
 
+def new_id() -> str:
+    """A trial's id: when it started, plus a few random digits for two in one second."""
+    import secrets
+
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
 @dataclass(frozen=True)
 class Signature:
     id: str
@@ -66,6 +73,7 @@ class TrialResult:
     tail: list[str] = field(default_factory=list)
     signature: dict[str, str] | None = None
     power_samples: list[dict[str, Any]] = field(default_factory=list)
+    id: str = field(default_factory=lambda: new_id())
 
     @property
     def ok(self) -> bool:
@@ -112,6 +120,26 @@ class _Watcher:
             self.on_line(line)
             if self.pattern is not None and self.pattern.search(line):
                 self.ready.set()
+
+
+def spawn(command: Sequence[str]) -> subprocess.Popen[str]:
+    """Start the command in its own session, so that stopping it stops its whole group."""
+    try:
+        return subprocess.Popen(
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise Refused(
+            f"cannot start {command[0]}: {exc.strerror}",
+            "check the command; the profile was reverted",
+        ) from None
 
 
 def _url_ready(url: str) -> bool:
@@ -201,25 +229,13 @@ def run(
     log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
     started = time.time()
     try:
-        proc = subprocess.Popen(
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
-        )
-    except OSError as exc:
+        proc = spawn(command)
+    except Refused:
         if log:
             log.close()
         if we_applied:
             engine.revert(profile, paths)
-        raise Refused(
-            f"cannot start {command[0]}: {exc.strerror}",
-            "check the command; the profile was reverted",
-        ) from None
+        raise
     watcher = _Watcher(proc, pattern, on_line, log)
     sampler = _PowerSampler() if sample_power else None
     verdict, ready_at = _judge(proc, watcher, ready_url, pattern is not None, timeout, started)
@@ -252,7 +268,9 @@ def run(
     if verdict == "interrupted":
         raise KeyboardInterrupt
     if not result.ok:
-        raise TrialCrashed(crash_message(result), crash_hint(result))
+        crash = TrialCrashed(crash_message(result), crash_hint(result))
+        crash.record = result.to_dict()  # `--json` still prints the verdict and signature
+        raise crash
     return result
 
 

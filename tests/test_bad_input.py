@@ -513,10 +513,10 @@ def full_disk_at_write(tmp: Path) -> Case:
 
     real = state.atomic_write
 
-    def full(path, data, mode=None):
+    def full(path, data, mode=None, **kwargs):
         if path.name == "comm.py":
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, data, mode)
+        return real(path, data, mode, **kwargs)
 
     return Case(
         apply_all(sg, fi),
@@ -533,10 +533,10 @@ def full_disk_at_the_journal(tmp: Path) -> Case:
 
     real = state.atomic_write
 
-    def full(path, data, mode=None):
+    def full(path, data, mode=None, **kwargs):
         if path.name in ("journal.json", "server_args.py") and "flashinfer" in str(path):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, data, mode)
+        return real(path, data, mode, **kwargs)
 
     return Case(
         apply_all(sg, fi),

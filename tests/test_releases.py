@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
+from fakeindex import pip_env, serve
 
-from sm120patch import releases, targets
+from sm120patch import targets
+from sm120patch.maintain import index, pipconfig, releases
 
 
 @pytest.fixture
@@ -121,18 +125,164 @@ def test_pip_arguments_per_release() -> None:
     assert not releases.is_sdist_only("flashinfer", "0.5.0")
 
 
-def test_available_lists_final_releases_in_range(monkeypatch: pytest.MonkeyPatch) -> None:
-    names = ["sglang-0.4.5-py3-none-any.whl", "sglang-0.4.6-py3-none-any.whl",
-             "sglang-0.4.6.post1-py3-none-any.whl", "sglang-0.5.0rc0-py3-none-any.whl",
-             "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl", "sglang-0.5.11.tar.gz",
-             "sglang-0.5.24.tar.gz", "other-1.0-py3-none-any.whl"]
-    index = {"files": [{"filename": n, "url": f"https://x/{n}", "hashes": {}} for n in names]}
-    monkeypatch.setattr(releases, "_fetch_json", lambda url, timeout: index)
-    releases.index.cache_clear()
+def listed(*names: str, yanked: tuple[str, ...] = ()) -> list[index.IndexFile]:
+    files = (index.make_file("sglang", n, f"https://x/{n}", None, n in yanked) for n in names)
+    return [f for f in files if f]
+
+
+def test_select_takes_every_release_and_its_latest_post() -> None:
+    files = listed(
+        "sglang-0.4.5-py3-none-any.whl", "sglang-0.4.6-py3-none-any.whl",
+        "sglang-0.4.6.post1-py3-none-any.whl", "sglang-0.4.6.post2.tar.gz",
+        "sglang-0.5.0rc0-py3-none-any.whl", "sglang-0.5.1.post1-py3-none-any.whl",
+        "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl", "sglang-0.5.11.tar.gz",
+        "sglang-0.5.24.tar.gz", "other-1.0-py3-none-any.whl",
+    )
+    assert releases.select(files, releases.FULL_RANGE["sglang"]) == [
+        "0.4.6", "0.4.6.post2", "0.5.1.post1", "0.5.11"]
+    # An exact post release, an older one included: what was asked for.
+    assert releases.select(files, "==0.4.6.post1") == ["0.4.6.post1"]
+    assert releases.select(files, "==0.4.6") == ["0.4.6"]
+    # Pre-releases only when the specifier names one (PEP 440).
+    assert releases.select(files, ">=0.5") == ["0.5.1.post1", "0.5.11", "0.5.24"]
+    assert releases.select(files, "==0.5.0rc0") == ["0.5.0rc0"]
+    assert releases.select(files, "==9.9") == []
+    # Every post release, or none.
+    assert releases.select(files, "<0.5", posts=True) == ["0.4.5", "0.4.6", "0.4.6.post1",
+                                                          "0.4.6.post2"]
+    assert releases.select(files, "<0.5", posts=False) == ["0.4.5", "0.4.6"]
+
+
+def test_the_old_module_name_is_the_same_module() -> None:
+    import sm120patch.releases as old
+
+    assert old is releases
+
+
+def test_select_skips_yanked_releases_unless_pinned() -> None:
+    files = listed("sglang-0.5.2-py3-none-any.whl", "sglang-0.5.3-py3-none-any.whl",
+                   yanked=("sglang-0.5.3-py3-none-any.whl",))
+    assert releases.select(files, ">=0.5") == ["0.5.2"]
+    assert releases.select(files, "==0.5.3") == ["0.5.3"]
+
+
+def test_choose_prefers_the_pure_wheel_then_cp311_linux_then_the_sdist() -> None:
+    names = ["sglang-0.5.12-cp311-cp311-manylinux_2_34_aarch64.whl",
+             "sglang-0.5.12-cp310-cp310-manylinux_2_34_x86_64.whl",
+             "sglang-0.5.12-cp311-cp311-manylinux_2_34_x86_64.whl", "sglang-0.5.12.tar.gz"]
+    assert releases.choose(listed(*names)).filename == names[2]
+    assert releases.choose(listed(*names[:2], names[3])).filename == names[1]
+    assert releases.choose(listed(names[0], names[3])).filename == names[3]
+    assert releases.choose(listed(*names, "sglang-0.5.12-py3-none-any.whl")).filename.endswith(
+        "py3-none-any.whl")
+    assert releases.choose(listed(names[0])) is None
+
+
+def test_pip_config_precedence_is_pips() -> None:
+    text = "\n".join([
+        "global.index-url='https://global.example/simple'",
+        "global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'",
+        "global.find-links='/opt/wheels'",
+        "download.index-url='https://download.example/simple'",
+        ":env:.cert='/etc/ssl/certs/ca.crt'",
+    ])
+    config = pipconfig.from_settings(pipconfig.parse_config_list(text))
+    assert config.index_urls == ("https://download.example/simple", "file:///opt/a/simple",
+                                 "file:///opt/b/simple")
+    assert config.find_links == ("/opt/wheels",)
+    assert config.cert == "/etc/ssl/certs/ca.crt"
+    env = pipconfig.parse_config_list(text + "\n:env:.index-url='http://127.0.0.1:1/simple'")
+    assert pipconfig.from_settings(env).index_url == "http://127.0.0.1:1/simple"
+    none = pipconfig.parse_config_list(text + "\n:env:.no-index='1'")
+    assert pipconfig.from_settings(none).sources == ("/opt/wheels",)
+    assert pipconfig.from_settings({}).index_urls == (pipconfig.DEFAULT_INDEX,)
+
+
+def test_pip_index_asks_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nindex-url = http://127.0.0.1:1/simple\n"
+                    "extra-index-url = file:///x/simple\n")
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "http://127.0.0.1:2/simple")  # env wins
+    pipconfig.pip_index.cache_clear()
     try:
-        assert releases.available("sglang") == ["0.4.6", "0.5.11"]
-        assert releases.available("sglang", ">=0.5", posts=True) == ["0.5.11", "0.5.24"]
-        assert releases.available("sglang", "<0.5", posts=True) == ["0.4.5", "0.4.6",
-                                                                     "0.4.6.post1"]
+        config = pipconfig.pip_index()
     finally:
-        releases.index.cache_clear()
+        pipconfig.pip_index.cache_clear()
+    assert config.index_urls == ("http://127.0.0.1:1/simple", "http://127.0.0.1:2/simple")
+
+
+def test_index_pages_html_json_and_directories(tmp_path: Path) -> None:
+    sha = "ab" * 32
+    html = (f'<a href="../../files/sglang-0.5.8-py3-none-any.whl#sha256={sha}">x</a>'
+            '<a href="https://cdn.example/sglang-0.5.9.tar.gz" data-yanked="">y</a>'
+            '<a href="../../files/other-1.0.tar.gz">z</a>')
+    got = index.parse_html("sglang", html, "https://idx.example/simple/sglang/")
+    assert [(f.filename, f.url, f.sha256, f.yanked) for f in got] == [
+        ("sglang-0.5.8-py3-none-any.whl", "https://idx.example/files/sglang-0.5.8-py3-none-any.whl",
+         sha, False),
+        ("sglang-0.5.9.tar.gz", "https://cdn.example/sglang-0.5.9.tar.gz", None, True)]
+    doc = {"files": [{"filename": "flashinfer_python-0.6.1-py3-none-any.whl", "url": "f/a.whl",
+                      "hashes": {"sha256": sha}, "yanked": "broken"}]}
+    (f,) = index.parse_json("flashinfer-python", doc, "https://idx.example/simple/flashinfer-python/")
+    assert (f.url, f.sha256, f.yanked, str(f.version)) == (
+        "https://idx.example/simple/flashinfer-python/f/a.whl", sha, True, "0.6.1")
+    # find-links directory: distributions of any project, ours picked by name.
+    (tmp_path / "sglang-0.5.8-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "torch-2.1-py3-none-any.whl").write_bytes(b"")
+    found = index.read_location("sglang", str(tmp_path), index=False, cert=None)
+    assert [f.filename for f in found] == ["sglang-0.5.8-py3-none-any.whl"]
+    # a file:// index without the project: nothing, not an error
+    assert index.read_location("sglang", (tmp_path / "none").as_uri(), index=True, cert=None) == []
+
+
+def test_truncated_wheel_is_downloaded_again(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with serve(cache.parent / "index") as served:
+        served.add("sglang", "0.5.8")
+        for key, value in pip_env(served.url, cache).items():
+            monkeypatch.setenv(key, value)
+        pipconfig.pip_index.cache_clear()
+        releases.listing.cache_clear()
+        try:
+            wheel = releases.fetch("sglang", "0.5.8")
+            good = wheel.read_bytes()
+            wheel.write_bytes(good[: len(good) // 2])
+            assert releases.verify("sglang", wheel) is not None
+            assert releases.fetch("sglang", "0.5.8") == wheel
+            assert wheel.read_bytes() == good
+            assert served.requests.count("/files/sglang-0.5.8-py3-none-any.whl") == 2
+        finally:
+            pipconfig.pip_index.cache_clear()
+            releases.listing.cache_clear()
+
+
+def test_unrecorded_cached_wheel_is_adopted_only_when_whole(cache: Path) -> None:
+    wheel = make_wheel(cache / "dist", "sglang", "0.5.8", {"sglang/__init__.py": ""})
+    assert releases.recorded_digest(wheel) is None  # fetched by an older sm120patch
+    assert releases.verify("sglang", wheel) is None
+    assert releases.recorded_digest(wheel) == releases.sha256_file(wheel)
+    other = make_wheel(cache / "dist", "sglang", "0.5.9", {"sglang/__init__.py": ""})
+    other.write_bytes(other.read_bytes()[:-30])
+    assert "does not read as a whole archive" in releases.verify("sglang", other)
+
+
+def test_edited_tree_is_rebuilt(cache: Path) -> None:
+    make_wheel(cache / "dist", "sglang", "0.5.8", {
+        "sglang/__init__.py": "", "sglang/srt/server_args.py": "x = 1\n"})
+    tree = releases.tree("sglang", "0.5.8")
+    assert releases.tree_problem(tree) is None
+    (tree / "sglang/srt/server_args.py").write_text("edited = True\n")
+    assert releases.tree_problem(tree) == "sglang/srt/server_args.py was changed"
+    assert releases.tree("sglang", "0.5.8") == tree
+    assert (tree / "sglang/srt/server_args.py").read_text() == "x = 1\n"
+    (tree / "sglang/srt/server_args.py").unlink()
+    assert releases.tree_problem(tree) == "sglang/srt/server_args.py is missing"
+    # A record without digests (an older sm120patch built it) is rebuilt once, with them.
+    record = releases.tree_record(tree)
+    del record["sha256"]
+    (tree / releases.TREE_RECORD).write_text(json.dumps(record))
+    releases.tree("sglang", "0.5.8")
+    assert releases.tree_problem(tree) is None
+    assert (tree / "sglang/srt/server_args.py").read_text() == "x = 1\n"

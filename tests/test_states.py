@@ -138,7 +138,13 @@ def test_pin_on_a_patched_box_records_the_applied_state(pair, tmp_path):
     assert cli("apply", "all", *where(sg, fi), "--no-gpu-check")[0] == 0
     code, _, err = cli("pin", "all", *where(sg, fi), "-o", str(patched_lock))
     assert code == 0, err
-    assert patched_lock.read_text() == pristine_lock.read_text()
+    # The same versions, digests and hashes; only the reviewed steps are left out (a node then
+    # plans, and the lock's hashes still prove the bytes).
+    pristine = pristine_lock.read_text().split("\n[[steps]]")[0]
+    assert "[[steps]]" in pristine_lock.read_text()
+    assert patched_lock.read_text() == pristine
+    assert cli("revert", "all", *where(sg, fi))[0] == 0
+    assert cli("apply", "--locked", str(patched_lock), *where(sg, fi), "--no-gpu-check")[0] == 0
 
 
 def test_apply_locked_whose_result_differs_rolls_back_naming_the_file(pair, tmp_path, monkeypatch):
@@ -361,6 +367,12 @@ def _drifted(sg, fi, layout):
     return ["all", *where(sg, fi)]
 
 
+def error_lines(err: str) -> list[str]:
+    """The error and its next: line (the dry run shows known outcomes on stderr too, as its
+    stdout is the diff)."""
+    return [line for line in err.splitlines() if line.startswith(("sm120patch:", "  next:"))]
+
+
 def _root_layout(sg: Path, layout: str) -> tuple[Path, str]:
     t = targets.find("sglang", sg)
     return t.root, t.layout
@@ -382,7 +394,8 @@ def test_the_dry_run_refuses_exactly_as_the_apply_and_writes_nothing(make, pair,
     assert everything(*roots) == before
     real = cli("apply", *args, "--no-gpu-check")
     assert dry[0] == real[0] == 1, (dry, real)
-    assert dry[2] == real[2]  # the same message and next: line
+    assert error_lines(dry[2]) == error_lines(real[2])  # the same message and next: line
+    assert error_lines(dry[2])
     doc = json.loads(dry_json[1])
     assert doc["exit_code"] == 1 and doc["error"] in dry[2] and doc["next"]
 
@@ -393,7 +406,7 @@ def test_the_dry_run_refuses_while_another_run_holds_the_lock(tmp_path):
     with st.locked():
         dry = cli("apply", "moe", "--sglang", str(sg), "--dry-run", "--no-gpu-check")
         real = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
-    assert dry[0] == real[0] == 1 and dry[2] == real[2]
+    assert dry[0] == real[0] == 1 and error_lines(dry[2]) == error_lines(real[2])
     assert "holds the lock" in dry[2]
 
 
@@ -458,6 +471,24 @@ def test_ensure_in_each_state(tmp_path):
     code, _, err = cli(*ensure)
     assert code == 1 and "outside the pins" in err
     assert tree_hash(sg) == before
+
+
+def test_ensure_no_apply_only_verifies(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    verify = ["ensure", "moe", "--sglang", str(sg), "--no-gpu-check", "--no-apply"]
+    before = tree_hash(sg)
+    code, _, err = cli(*verify)
+    assert code == 1 and "pristine" in err
+    assert tree_hash(sg) == before and not (sg / ".sm120patch").exists()
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    assert cli(*verify)[0] == 0
+
+
+def test_the_apply_report_carries_its_diff(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    dry = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check", "--dry-run", "--json")
+    real = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check", "--json")
+    assert json.loads(real[1])["diff"] == json.loads(dry[1])["diff"] != ""
 
 
 def test_ensure_refuses_an_unfinished_run(tmp_path):

@@ -5,41 +5,26 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
-from click.testing import CliRunner
-from trees import make_tree, tree_hash
+from trees import tree_hash
+from trialkit import free_port, gone, run_cli, two_trees
 
 from sm120patch import trial
-from sm120patch.cli import main
+
+
+@pytest.fixture
+def trees(tmp_path):
+    return two_trees(tmp_path)
+
 
 FI_CRASH = (
     "import sys; print('loading model', flush=True); "
     "print('RuntimeError: No supported CUDA architectures found for major versions [9, 10].',"
     " flush=True); sys.exit(1)"
 )
-
-
-@pytest.fixture
-def trees(tmp_path):
-    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
-    return sg, fi
-
-
-def run_cli(*args: str):
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout, result.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def status_of(sg, fi) -> list[dict]:
@@ -67,17 +52,6 @@ def test_crash_with_flashinfer_message_reverts_and_diagnoses(trees, tmp_path):
     assert recorded[-1]["exit_code"] == 1
     assert recorded[-1]["signature"]["id"] == "flashinfer-comm-arch"
     assert recorded[-1]["reverted"] is True
-
-
-def gone(pid: int, wait: float = 5.0) -> bool:
-    deadline = time.time() + wait
-    while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_http_ready_keeps_the_patch(trees, tmp_path):

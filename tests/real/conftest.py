@@ -1,8 +1,9 @@
 """The real-release tier: SGLang and FlashInfer releases from PyPI, cached outside the repository.
 
-Which releases: `sm120patch.releases.DEFAULT_RELEASES`, or with SM120PATCH_FULL_RELEASES=1 every
-final release of `FULL_RANGE` that PyPI lists. The whole tier skips, with the reason, when PyPI
-cannot be reached and the cache does not already hold every release it needs.
+Which releases: `sm120patch.maintain.releases.DEFAULT_RELEASES`, or with SM120PATCH_FULL_RELEASES=1
+every release of `FULL_RANGE` (with its latest post release) that the index lists. The whole tier
+skips, with the reason, when the index cannot be reached and the cache does not already hold
+every release it needs.
 
 Everything per release (download, unpack, each patch's run) happens once per session and is
 shared by the tests through the session-scoped `real` fixture.
@@ -13,18 +14,18 @@ from __future__ import annotations
 import pytest
 from realcache import FULL_ENV, RealReleases, SiteCase, full_run, patches_of, release_set
 
-from sm120patch import catalog, releases
+from sm120patch import catalog
+from sm120patch.maintain import releases
 
 
 @pytest.fixture(scope="session")
 def real(request: pytest.FixtureRequest) -> RealReleases:
     needed = [(k, v) for k in releases.KINDS for v in release_set(k)]
-    if not releases.pypi_reachable():
+    if not releases.index_reachable():
         missing = [f"{k} {v}" for k, v in needed if releases.cached(k, v) is None]
         if missing:
             pytest.skip(
-                f"PyPI ({releases.SIMPLE_URL.format(project=releases.PROJECT['sglang'])}) "
-                "is unreachable and "
+                f"the index ({releases.index_sources()}) is unreachable and "
                 f"{len(missing)} releases are not in the cache {releases.cache_dir()} "
                 f"(first: {missing[0]}); the real-release tier needs them"
             )

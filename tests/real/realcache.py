@@ -19,8 +19,9 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from sm120patch import catalog, releases, targets
+from sm120patch import catalog, targets
 from sm120patch.catalog import Profile
+from sm120patch.maintain import releases
 from sm120patch.plan import plan_target
 from sm120patch.targets import Target
 from sm120patch.transform import FileResult, Outcome, Patch, Status, transform_text

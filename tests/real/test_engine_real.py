@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from sm120patch import releases
 from sm120patch.cli import main
+from sm120patch.maintain import releases
 
 pytestmark = pytest.mark.real
 
@@ -26,10 +26,10 @@ SGLANG_PATCHES = ["sglang.sm120-flag", "sglang.fusion-gate", "sglang.fusion-auto
 
 @pytest.fixture(scope="module")
 def dists():
-    if not releases.pypi_reachable() and (
+    if not releases.index_reachable() and (
         releases.cached("sglang", SGLANG) is None or releases.cached("flashinfer", FLASHINFER) is None
     ):
-        pytest.skip("PyPI is unreachable and the releases are not cached")
+        pytest.skip(f"the index ({releases.index_sources()}) is unreachable and the releases are not cached")
     return releases.fetch("sglang", SGLANG), releases.fetch("flashinfer", FLASHINFER)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from realcache import release_set
 
-from sm120patch import matrix, releases
+from sm120patch.maintain import matrix, releases
 
 pytestmark = pytest.mark.real
 

@@ -1,7 +1,8 @@
 """`matrix`: every profile planned on every release matching a specifier, as a table.
 
-Releases come from the cache (`releases.py`), fetched from PyPI when missing. Each release is
-planned in a worker process (`-j`), without pins: the table is the evidence pins are made of.
+Releases come from the cache (`releases.py`), fetched from pip's configured index when missing.
+Each release is planned in a worker process (`-j`), without pins: the table is the evidence
+pins are made of. Maintainer tooling: only the `matrix` command imports it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 from packaging.version import Version
 
 from sm120patch import catalog
+from sm120patch.errors import UsageError
+from sm120patch.maintain import releases
 
 DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
 
@@ -31,7 +34,7 @@ class Row:
 def plan_release(kind: str, version: str) -> Row:
     """Fetch (or reuse) one release and plan every profile's patches for its kind on it."""
     from sm120patch import plan as planner
-    from sm120patch import releases, targets
+    from sm120patch import targets
     from sm120patch.transform import Status
 
     row = Row(kind, version)
@@ -59,12 +62,53 @@ def plan_release(kind: str, version: str) -> Row:
     return row
 
 
-def releases_for(specs: dict[str, str | None]) -> list[tuple[str, str]]:
-    """(kind, version) of every final release on PyPI matching each kind's specifier
-    (None: the full range the project tracks)."""
-    from sm120patch import releases
+@dataclass
+class Selection:
+    work: list[tuple[str, str]]  # (kind, version)
+    listings: list[releases.Listing]
 
-    return [(kind, v) for kind, spec in specs.items() for v in releases.available(kind, spec)]
+    def warning(self) -> str | None:
+        """One line when a listing is a cached one because the index could not be read."""
+        stale = [ls for ls in self.listings if ls.stale]
+        if not stale:
+            return None
+        reasons = "; ".join(dict.fromkeys(ls.stale or "" for ls in stale))
+        return f"{reasons}; using {', '.join(ls.describe() for ls in stale)}"
+
+
+def releases_for(
+    specs: dict[str, str | None], progress: Callable[[str], None] = lambda kind: None
+) -> Selection:
+    """(kind, version) of every release on the index matching each kind's specifier (None: the
+    full range the project tracks; see `releases.select` for post releases). A specifier that
+    matches nothing is a usage error."""
+    work: list[tuple[str, str]] = []
+    listings = []
+    for kind, spec in specs.items():
+        listing = releases.listing(kind)
+        listings.append(listing)
+        chosen = releases.select(listing.files, spec or releases.FULL_RANGE[kind])
+        progress(kind)
+        if not chosen:
+            raise _no_match(kind, spec or releases.FULL_RANGE[kind], listing)
+        work += [(kind, v) for v in chosen]
+    return Selection(work, listings)
+
+
+def _no_match(kind: str, spec: str, listing: releases.Listing) -> UsageError:
+    where = ", ".join(listing.sources)
+    listed = releases.select(listing.files, "")
+    if not listed:
+        return UsageError(
+            f"no release matches --{kind} {spec!r}: {where} lists no release of "
+            f"{releases.PROJECT[kind]}",
+            "check pip's index configuration: `python -m pip config list`",
+        )
+    return UsageError(
+        f"no release matches --{kind} {spec!r}: {where} lists {releases.PROJECT[kind]} "
+        f"{listed[0]} to {listed[-1]}",
+        f"pick a specifier inside that range, e.g. --{kind} '=={listed[-1]}'",
+    )
 
 
 def run(
@@ -131,6 +175,17 @@ def markdown(rows: list[Row], profiles: Sequence[str] | None = None) -> str:
     return "\n".join(out)
 
 
-def to_json(rows: list[Row]) -> str:
-    doc: list[dict[str, Any]] = [r.__dict__ for r in rows]
+def to_json(rows: list[Row], warnings: Sequence[str] = ()) -> str:
+    """One object: the planned rows, the releases that could not be planned, the warnings."""
+    doc: dict[str, Any] = {
+        "rows": [
+            {"kind": r.kind, "version": r.version, "profiles": r.profiles, "sites": r.sites}
+            for r in rows
+            if not r.error
+        ],
+        "errors": [
+            {"kind": r.kind, "version": r.version, "error": r.error} for r in rows if r.error
+        ],
+        "warnings": list(warnings),
+    }
     return json.dumps(doc, indent=2)

@@ -1,0 +1,430 @@
+#!/usr/bin/python
+# Copyright: sm120patch contributors
+# Apache License 2.0 (see the sm120patch repository)
+"""Ansible module: apply or revert an sm120patch profile or lock on the managed host.
+
+It runs the sm120patch command line on the host with `--json` and reads what it prints; it never
+patches anything itself, so the host's sm120patch (its preflight, journal, verification and
+refusals) decides every change.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sm120patch
+short_description: Apply or revert sm120patch profiles and lock files on SGLang and FlashInfer
+version_added: "0.1.0"
+description:
+  - Runs the C(sm120patch) command line on the managed host (C(--json)), so the tool's own
+    plan, preflight, journal and verification decide every change; the module never edits a
+    file itself.
+  - C(changed) is reported only when files changed. Check mode runs the tool's dry run
+    (C(apply --dry-run)), whose preflight is the apply's, so a refusal fails in check mode too.
+  - Diff mode returns the unified diff the tool would apply (C(git apply) accepts it); with
+    O(state=absent) there is no diff.
+  - A refusal (a site that moved, a lock made on another release, a patched file edited since
+    the apply) fails the task with the tool's one-line message and its C(next) hint.
+options:
+  profile:
+    description: Profile to apply or revert (C(moe), C(fusion), C(all)). Exclusive with O(lock).
+    type: str
+  lock:
+    description:
+      - Path on the managed host of a lock file written by C(sm120patch pin). The host gets
+        exactly what the lock records or the task fails, changing nothing.
+      - With O(state=absent), whatever sm120patch applied on the targets is reverted.
+    type: path
+  state:
+    description: C(present) applies, C(absent) reverts.
+    type: str
+    choices: [present, absent]
+    default: present
+  sglang:
+    description:
+      - SGLang target (checkout root, package parent or site-packages).
+      - Default, the SGLang installed for O(python).
+    type: path
+  flashinfer:
+    description:
+      - FlashInfer target (checkout root, package parent or site-packages).
+      - Default, the FlashInfer installed for O(python).
+    type: path
+  python:
+    description:
+      - Interpreter whose sm120patch runs (C(PYTHON -m sm120patch)) and whose installed SGLang
+        and FlashInfer are the default targets, typically the serving virtual environment's.
+      - Default, C(sm120patch) on the host's PATH, else the interpreter running this module.
+    type: path
+  force:
+    description: Apply outside the profile's pins; on revert, discard edits made after the apply.
+    type: bool
+    default: false
+  gpu_check:
+    description:
+      - Require an SM120 GPU on the host. Set to V(false) for image builds and CI.
+    type: bool
+    default: true
+requirements:
+  - sm120patch on the managed host (in the interpreter named by O(python) or on PATH)
+author:
+  - sm120patch contributors
+notes:
+  - Supports check mode and diff mode.
+  - A handler restarting the server, notified by this task, runs only when files changed.
+"""
+
+EXAMPLES = r"""
+- name: Apply the fleet's lock to the serving environment
+  sm120.sm120patch.sm120patch:
+    lock: /etc/sm120patch.lock
+    python: /opt/sglang/venv/bin/python
+  notify: restart sglang
+
+- name: Apply a profile to a checkout, without the GPU check (CI)
+  sm120.sm120patch.sm120patch:
+    profile: moe
+    sglang: /src/sglang
+    gpu_check: false
+
+- name: Revert
+  sm120.sm120patch.sm120patch:
+    profile: moe
+    state: absent
+    python: /opt/sglang/venv/bin/python
+"""
+
+RETURN = r"""
+action:
+  description: >-
+    What the tool did or, in check mode, would do: C(applied), C(nothing-to-do), C(reverted).
+  returned: always
+  type: str
+profile:
+  description: The profile applied or reverted (a lock's profile with O(lock)).
+  returned: when known
+  type: str
+outcomes:
+  description: One entry per site (patch, target, file, site, status, reason) from the tool.
+  returned: always
+  type: list
+  elements: dict
+targets:
+  description: >-
+    C(sm120patch status --json) per target after the task (in check mode, before; on a
+    failure, as the refusal left them).
+  returned: always
+  type: list
+  elements: dict
+state:
+  description: >-
+    The state of each target from C(status --json), by kind (C(pristine), C(applied),
+    C(drifted), C(gone), C(replaced), C(missing), C(unfinished)).
+  returned: always
+  type: dict
+notes:
+  description: The tool's notes (for example that the profile is already applied).
+  returned: always
+  type: list
+  elements: str
+cmd:
+  description: The sm120patch command lines run.
+  returned: always
+  type: list
+  elements: list
+next:
+  description: On failure, the tool's hint on what to do.
+  returned: failure
+  type: str
+"""
+
+import json
+import os
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+
+# The tool's own prefixes on stderr: `sm120patch: <message>` then `  next: <hint>`.
+ERROR_PREFIX = "sm120patch: "
+NEXT_PREFIX = "next: "
+NO_GPU_WARNING = "warning: no SM120 GPU here"
+
+
+def _json_object(text):
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def tool_error(stdout, stderr, rc):
+    """The tool's error as (message, hint): its JSON on stdout, else its lines on stderr.
+
+    sm120patch prints `{"error", "next", "exit_code"}` on stdout with `--json`; older versions
+    print `sm120patch: ...` and `  next: ...` on stderr. A message may span lines (a refusal
+    shows the edit it would throw away), so everything up to the hint belongs to it.
+    """
+    doc = _json_object(stdout)
+    if doc and doc.get("error"):
+        return str(doc["error"]), str(doc.get("next") or "")
+    message, hint, seen = [], "", False
+    for line in stderr.splitlines():
+        stripped = line.strip()
+        if not seen and line.startswith(ERROR_PREFIX):
+            seen = True
+            message.append(line[len(ERROR_PREFIX) :])
+        elif seen and stripped.startswith(NEXT_PREFIX):
+            hint = stripped[len(NEXT_PREFIX) :]
+            break
+        elif seen:
+            message.append(line)
+    if not message:
+        # Not the tool speaking (no sm120patch in that interpreter, a crash before its CLI).
+        tail = (stderr.strip() or stdout.strip()).splitlines()[-1:] or ["no output"]
+        return f"sm120patch exited {rc}: {tail[0]}", (
+            "check that sm120patch is installed for the interpreter given as `python`"
+        )
+    return "\n".join(message), hint
+
+
+class Tool:
+    """The sm120patch command line on this host, run with --json."""
+
+    def __init__(self, module):
+        self.module = module
+        self.params = module.params
+        self.commands = []
+        python = self.params["python"]
+        if python:
+            self.argv = [python, "-m", "sm120patch"]
+        else:
+            found = module.get_bin_path("sm120patch")
+            self.argv = [found] if found else [sys.executable, "-m", "sm120patch"]
+
+    def target_args(self):
+        args = []
+        for kind in ("sglang", "flashinfer"):
+            if self.params[kind]:
+                args += [f"--{kind}", os.path.abspath(self.params[kind])]
+        return args
+
+    def call(self, *args):
+        argv = [*self.argv, *args, *self.target_args(), "--json"]
+        self.commands.append(argv)
+        # LC_ALL=C keeps the tool's text (the stderr form of errors) as the parser expects.
+        # cwd "/": `python -m` puts the working directory first on sys.path, where a stray
+        # sglang/ or sm120patch/ directory would be taken for the installed one.
+        rc, stdout, stderr = self.module.run_command(argv, environ_update={"LC_ALL": "C"}, cwd="/")
+        return argv, rc, stdout, stderr
+
+    def run(self, *args, result=None):
+        """Run one command; its JSON document, or fail the task with the tool's message."""
+        argv, rc, stdout, stderr = self.call(*args)
+        for line in stderr.splitlines():
+            if line.startswith("warning: "):
+                self.module.warn(line[len("warning: ") :])
+        if rc != 0:
+            message, hint = tool_error(stdout, stderr, rc)
+            first = message.splitlines()[0]
+            # What the targets are in when a command refuses (a drifted file, a journal left
+            # open) is what the operator looks at next; a failing status adds nothing.
+            seen = {}
+            refused = _json_object(stdout)
+            if refused and "outcomes" in refused:
+                seen["outcomes"] = refused["outcomes"]  # a refused plan: which site and why
+            if args[0] != "status":
+                _, status_rc, status_out, _ = self.call("status")
+                status = _json_object(status_out) if status_rc == 0 else None
+                if status:
+                    seen.update(self.states(status))
+            self.module.fail_json(
+                msg=f"{first} (next: {hint})" if hint else first,
+                error=message,
+                next=hint,
+                rc=rc,
+                stdout=stdout,
+                stderr=stderr,
+                **{**(result or {}), **seen, "cmd": self.commands},
+            )
+        try:
+            return json.loads(stdout), stderr
+        except ValueError:
+            self.module.fail_json(
+                msg=f"could not read the JSON of `{' '.join(argv)}`: {stdout[:200]!r}",
+                next="check that the sm120patch on the host is the one this collection expects",
+                rc=rc,
+                stdout=stdout,
+                stderr=stderr,
+                cmd=self.commands,
+            )
+
+    @staticmethod
+    def states(doc):
+        found = doc.get("targets", [])
+        return {"targets": found, "state": {t["kind"]: t.get("state") for t in found}}
+
+    def status(self):
+        doc, _ = self.run("status")
+        seen = self.states(doc)
+        return seen["targets"], seen["state"]
+
+    def wanted(self):
+        """The apply arguments for the profile or the lock."""
+        if self.params["lock"]:
+            return ["--locked", os.path.abspath(self.params["lock"])]
+        return [self.params["profile"]]
+
+    def apply_flags(self):
+        flags = []
+        if self.params["force"]:
+            flags.append("--force")
+        if not self.params["gpu_check"]:
+            flags.append("--no-gpu-check")
+        return flags
+
+
+def report_changed(report):
+    """Whether the command changed files: the report's own `changed` where the tool gives it
+    (with target states, a `dropped` record writes nothing), else an apply or revert that
+    lists the files it wrote."""
+    if "changed" in report:
+        return bool(report["changed"])
+    return report.get("action") in ("applied", "reverted") and any(
+        t.get("files") for t in report.get("targets", [])
+    )
+
+
+def present(module, tool):
+    result = {}
+    plan = None
+    if module.check_mode or module._diff:
+        plan, stderr = tool.run("apply", *tool.wanted(), "--dry-run", *tool.apply_flags())
+        if module.check_mode and module.params["gpu_check"] and NO_GPU_WARNING in stderr:
+            # The dry run only warns; the apply it predicts would refuse on this host.
+            warning = next(line for line in stderr.splitlines() if NO_GPU_WARNING in line)
+            module.fail_json(
+                msg=warning[warning.index(NO_GPU_WARNING) + len("warning: ") :],
+                next="run on a node with an SM120 GPU, or set gpu_check: false (image builds, CI)",
+                cmd=tool.commands,
+            )
+        if plan.get("diff"):
+            result["diff"] = {"prepared": plan["diff"]}
+    if module.check_mode:
+        found, states = tool.status()
+        changed = bool(plan.get("diff"))
+        result.update(
+            changed=changed,
+            action="applied" if changed else "nothing-to-do",
+            profile=plan.get("profile"),
+            outcomes=plan.get("outcomes", []),
+            notes=[],
+        )
+    else:
+        report, _ = tool.run("apply", *tool.wanted(), *tool.apply_flags(), result=result)
+        found, states = tool.status()
+        changed = report_changed(report)
+        if not changed:
+            result.pop("diff", None)
+        result.update(
+            changed=changed,
+            action=report.get("action"),
+            profile=report.get("profile"),
+            outcomes=report.get("outcomes") or (plan or {}).get("outcomes", []),
+            notes=report.get("notes", []),
+        )
+    result.update(targets=found, state=states, cmd=tool.commands)
+    return result
+
+
+# States in which a revert writes no file: nothing applied, or the files already hold their
+# original bytes / belong to another release (the tool then only drops its record).
+UNCHANGED_BY_REVERT = {"pristine", "gone", "replaced"}
+
+
+def absent(module, tool):
+    profile = module.params["profile"]
+    found, states = tool.status()
+    applied = [
+        t for t in found if t.get("profile") and (profile is None or t["profile"] == profile)
+    ]
+    if not applied:
+        return dict(
+            changed=False,
+            action="nothing-to-do",
+            profile=profile,
+            outcomes=[],
+            notes=[],
+            targets=found,
+            state=states,
+            cmd=tool.commands,
+        )
+    writes = [t for t in applied if t.get("state") not in UNCHANGED_BY_REVERT]
+    if module.check_mode:
+        # sm120patch has no dry run for revert: predict from the status it reports.
+        drifted = [
+            t
+            for t in writes
+            if t.get("state") == "drifted"
+            or any(f.get("state") == "drifted" for f in t.get("files", []))
+        ]
+        if drifted and not module.params["force"]:
+            where = ", ".join(f"{t['kind']} at {t['root']}" for t in drifted)
+            module.fail_json(
+                msg=f"revert would refuse: {where} changed since the apply",
+                next="`sm120patch status` shows the files; force: true discards the edits",
+                targets=found,
+                state=states,
+                cmd=tool.commands,
+            )
+        return dict(
+            changed=bool(writes),
+            action="reverted",
+            profile=applied[0]["profile"],
+            outcomes=[],
+            notes=[],
+            targets=found,
+            state=states,
+            cmd=tool.commands,
+        )
+    args = ["revert", profile] if profile else ["revert", "--all"]
+    if module.params["force"]:
+        args.append("--force")
+    report, _ = tool.run(*args)
+    after, after_states = tool.status()
+    return dict(
+        changed=bool(writes) and report_changed(report),
+        action=report.get("action"),
+        profile=report.get("profile"),
+        outcomes=report.get("outcomes", []),
+        notes=report.get("notes", []),
+        targets=after,
+        state=after_states,
+        cmd=tool.commands,
+    )
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            profile=dict(type="str"),
+            lock=dict(type="path"),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            sglang=dict(type="path"),
+            flashinfer=dict(type="path"),
+            python=dict(type="path"),
+            force=dict(type="bool", default=False),
+            gpu_check=dict(type="bool", default=True),
+        ),
+        mutually_exclusive=[("profile", "lock")],
+        required_if=[("state", "present", ("profile", "lock"), True)],
+        supports_check_mode=True,
+    )
+    tool = Tool(module)
+    if module.params["state"] == "present":
+        module.exit_json(**present(module, tool))
+    module.exit_json(**absent(module, tool))
+
+
+if __name__ == "__main__":
+    main()

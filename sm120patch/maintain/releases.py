@@ -1,0 +1,802 @@
+"""The cache of real SGLang and FlashInfer releases that tests/real, benchmarks/ and `matrix`
+run against: maintainer tooling, never imported by the runtime commands.
+
+A release is downloaded once into `<cache>/dist/` (its sha256 recorded next to it in
+`<file>.sha256`) and the few files the patches read are unpacked into
+`<cache>/trees/<kind>-<version>/`, laid out like a site-packages directory (package files plus
+a `<dist>-<version>.dist-info/METADATA`), so `targets.find(kind, tree)` sees an installed
+target and reads its version from the dist-info. Every use checks a file's sha256 against its
+record and fetches or rebuilds what does not match.
+
+The cache lives outside any repository: `$SM120PATCH_CACHE`, else the user cache directory.
+Nothing here prints; failures raise `ReleaseError` with what went wrong.
+
+Where releases come from: the index pages and find-links pip is configured with (`pip config`,
+PIP_INDEX_URL, PIP_EXTRA_INDEX_URL; pipconfig.py, index.py). The listing is saved in
+`<cache>/index/` with its time; when an index cannot be read the saved listing is used and
+`Listing.stale` says why, so a warm cache works offline.
+
+How a release is fetched: the file the index lists (a pure-Python wheel, else the cp311
+x86_64 manylinux one that SGLang 0.5.11 and later ship, else the sdist FlashInfer 0.2.8 to
+0.4.1 ship), downloaded from its URL and checked against the sha256 the index publishes. Only
+when that fails do we run `pip download --no-deps` (it knows credentials we do not); for an
+sdist first with build isolation, then with `--no-build-isolation` when setuptools, packaging
+and apache-tvm-ffi are importable here (FlashInfer 0.4.0 and 0.4.1 pin a build requirement gone
+from PyPI, and building metadata takes a minute for 0.3.1 anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from pathlib import Path, PurePosixPath
+
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from sm120patch.errors import Sm120Error
+from sm120patch.maintain import pipconfig
+from sm120patch.maintain.index import (
+    READ_ERRORS,
+    IndexFile,
+    make_file,
+    open_url,
+    parse_filename,
+    read_location,
+    read_project,
+    redact,
+)
+
+KINDS = ("sglang", "flashinfer")
+# PyPI project of each target kind, and the import package inside it.
+PROJECT = {"sglang": "sglang", "flashinfer": "flashinfer-python"}
+PACKAGE = {"sglang": "sglang", "flashinfer": "flashinfer"}
+
+DOWNLOAD_TIMEOUT_S = 60.0
+LISTING_SCHEMA = 1
+DIGEST_SUFFIX = ".sha256"
+
+# The releases tests/real runs by default: one or two per shape of every site (DESIGN s4).
+DEFAULT_RELEASES: dict[str, tuple[str, ...]] = {
+    "sglang": (
+        "0.5.4",
+        "0.5.6",
+        "0.5.7",
+        "0.5.8",
+        "0.5.9",
+        "0.5.13",
+        "0.5.14",
+        "0.5.16",
+        "0.5.19",
+        "0.5.22",
+        "0.5.23",
+    ),
+    "flashinfer": ("0.3.1", "0.6.1", "0.6.15", "0.6.17"),
+}
+# The span of the opt-in full run (SM120PATCH_FULL_RELEASES=1) and of `matrix` by default:
+# every release inside it and the latest post release of each (`select`). The upper bounds
+# are exclusive so that the last release's post releases are inside.
+FULL_RANGE: dict[str, str] = {"sglang": ">=0.4.6,<0.5.24", "flashinfer": ">=0.2.8,<0.7.5"}
+
+# Files that hold a site in some release (DESIGN s4), relative to the package's parent. The
+# catalog's own `Patch.files` are added to these; listing them here as well keeps a tree built
+# while a patch module is still a placeholder complete for the real one.
+SITE_FILES: dict[str, tuple[str, ...]] = {
+    "sglang": (
+        "sglang/srt/layers/communicator.py",
+        "sglang/srt/layers/layer_boundary/residual/add_norm.py",
+        "sglang/srt/server_args.py",
+        "sglang/srt/arg_groups/overrides.py",
+        "sglang/srt/arg_groups/model_overrides/glm4_moe.py",
+        "sglang/srt/layers/flashinfer_comm_fusion.py",
+        "sglang/srt/distributed/device_communicators/custom_all_reduce.py",
+        "sglang/srt/distributed/device_communicators/custom_all_reduce_utils.py",
+    ),
+    "flashinfer": ("flashinfer/comm/trtllm_ar.py", "flashinfer/jit/comm.py"),
+}
+# Files that say what a patched site may rely on: sglang.srt.utils defines the
+# `is_sm120_supported` the SM120 flag imports (a module up to 0.4.x, a package after).
+SUPPORT_FILES: dict[str, tuple[str, ...]] = {
+    "sglang": ("sglang/srt/utils.py", "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py"),
+    "flashinfer": (),
+}
+TREE_RECORD = ".sm120patch-tree.json"
+TREE_SCHEMA = 1
+
+
+class ReleaseError(Sm120Error):
+    """A release could not be listed, fetched or unpacked (exit 1: nothing was changed)."""
+
+    exit_code = 1
+
+
+# ----------------------------------------------------------------------------- cache layout
+
+
+def cache_dir() -> Path:
+    """`$SM120PATCH_CACHE`, else the per-user cache directory of sm120patch."""
+    env = os.environ.get("SM120PATCH_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("sm120patch"))
+
+
+def dist_dir() -> Path:
+    return cache_dir() / "dist"
+
+
+def trees_dir() -> Path:
+    return cache_dir() / "trees"
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown target kind {kind!r}; expected one of {KINDS}")
+
+
+STALE_S = 3600.0
+
+
+def _sweep(directory: Path, prefixes: tuple[str, ...]) -> None:
+    """Remove the staging directories a killed run left behind (never read: their names start
+    with a dot and are unique), once they are old enough not to belong to a live run."""
+    import time
+
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            old = time.time() - entry.stat().st_mtime > STALE_S
+        except OSError:
+            continue
+        if entry.is_dir() and entry.name.startswith(prefixes) and old:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialise work on one release across processes (pytest-xdist workers, parallel CI jobs)."""
+    import filelock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(path)):
+        yield
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What the configured indexes list for one kind, and where and when it was read."""
+
+    kind: str
+    files: tuple[IndexFile, ...]
+    sources: tuple[str, ...]
+    fetched_at: float  # seconds since the epoch
+    stale: str | None = None  # why the live indexes were not used: this is a cached listing
+    from_dist: bool = False  # no saved listing: the distributions in the cache, listed
+
+    def describe(self) -> str:
+        if self.from_dist:
+            return f"{PROJECT[self.kind]} as cached in {dist_dir()}"
+        return f"{PROJECT[self.kind]} as listed {self.when()}"
+
+    def when(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.fetched_at))
+
+
+def index_dir() -> Path:
+    return cache_dir() / "index"
+
+
+def _listing_path(kind: str) -> Path:
+    return index_dir() / f"{canonicalize_name(PROJECT[kind])}.json"
+
+
+def _save_listing(listing: Listing) -> None:
+    doc = {
+        "schema": LISTING_SCHEMA,
+        "project": PROJECT[listing.kind],
+        "fetched_at": listing.fetched_at,
+        "sources": list(listing.sources),
+        "files": [
+            {"filename": f.filename, "url": redact(f.url), "sha256": f.sha256, "yanked": f.yanked}
+            for f in listing.files
+        ],
+    }
+    _write_atomic(_listing_path(listing.kind), json.dumps(doc, indent=1).encode())
+
+
+def _load_listing(kind: str) -> Listing | None:
+    """The listing the last successful read of the indexes saved, or None."""
+    try:
+        doc = json.loads(_listing_path(kind).read_text(encoding="utf-8"))
+        if doc.get("schema") != LISTING_SCHEMA:
+            return None
+        found = (
+            make_file(PROJECT[kind], f["filename"], f["url"], f["sha256"], bool(f["yanked"]))
+            for f in doc["files"]
+        )
+        return Listing(
+            kind, tuple(f for f in found if f), tuple(doc["sources"]), float(doc["fetched_at"])
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _listing_from_dist(kind: str) -> Listing | None:
+    """The distributions already in the cache, as a listing: offline without a saved one."""
+    try:
+        paths = [p for p in dist_dir().iterdir() if p.is_file()]
+        newest = max((p.stat().st_mtime for p in paths), default=0.0)
+    except OSError:
+        return None
+    found = (make_file(PROJECT[kind], p.name, p.as_uri(), None, False) for p in paths)
+    files = tuple(f for f in found if f)
+    if not files:
+        return None
+    return Listing(kind, files, (str(dist_dir()),), newest, from_dist=True)
+
+
+@cache
+def listing(kind: str) -> Listing:
+    """Every file pip's configured indexes and find-links list for `kind`, read once per
+    process and saved with its time. When a location cannot be read, the saved listing (else
+    the cached distributions) is returned with `stale` saying why; with nothing saved either,
+    a ReleaseError."""
+    _check_kind(kind)
+    config = pipconfig.pip_index()
+    if not config.sources:
+        raise ReleaseError(
+            "pip is configured with no index and no find-links",
+            "set PIP_INDEX_URL or `pip config set global.index-url URL`",
+        )
+    files, problems = read_project(PROJECT[kind], config)
+    sources = tuple(redact(s) for s in config.sources)
+    if not problems:
+        fresh = Listing(kind, tuple(files), sources, time.time())
+        with contextlib.suppress(OSError):  # a read-only cache still lists
+            _save_listing(fresh)
+        return fresh
+    why = "; ".join(problems)
+    saved = _load_listing(kind) or _listing_from_dist(kind)
+    if saved is not None:
+        return dataclasses.replace(saved, stale=why)
+    if files:  # some locations answered: what they list, said to be partial
+        return Listing(kind, tuple(files), sources, time.time(), stale=why)
+    raise ReleaseError(
+        f"{why}; no listing of {PROJECT[kind]} is cached in {index_dir()}",
+        "check the network and pip's index (`python -m pip config list`); "
+        "a run with the index reachable caches the listing for offline runs",
+    )
+
+
+def index_sources() -> str:
+    """Where releases are listed from, for messages."""
+    return ", ".join(redact(s) for s in pipconfig.pip_index().sources) or "(no index)"
+
+
+@lru_cache(maxsize=1)
+def index_reachable() -> bool:
+    """Whether the first location pip is configured with answers: one read, once per process."""
+    config = pipconfig.pip_index()
+    if not config.sources:
+        return False
+    try:
+        read_location(
+            PROJECT["flashinfer"],
+            config.sources[0],
+            index=bool(config.index_urls),
+            cert=config.cert,
+        )
+    except READ_ERRORS:
+        return False
+    return True
+
+
+# The name this had when PyPI was the only index; kept for code written against it.
+def pypi_reachable() -> bool:
+    return index_reachable()
+
+
+def select(
+    files: Iterable[IndexFile], spec: str | SpecifierSet, *, posts: bool | None = None
+) -> list[str]:
+    """The versions of `files` matching `spec`, oldest first: every release and, per release,
+    its latest post release (the hotfix a user would install); `posts=True` every post release,
+    `posts=False` none. Pre- and dev releases only when `spec` names one (PEP 440); a release
+    whose every file is yanked only when pinned by `==`."""
+    spec = SpecifierSet(str(spec))
+    pinned = {
+        Version(s.version) for s in spec if s.operator == "==" and not s.version.endswith(".*")
+    }
+    live: dict[Version, bool] = {}
+    for file in files:
+        live[file.version] = live.get(file.version, False) or not file.yanked
+    # Explicit: packaging's default for `contains` has changed between its releases.
+    pre = any(_names_prerelease(s.version) for s in spec)
+    matched = [
+        v for v, ok in live.items() if (ok or v in pinned) and spec.contains(v, prereleases=pre)
+    ]
+    chosen = {v for v in matched if posts or not v.is_postrelease}
+    if posts is not None:
+        return [str(v) for v in sorted(chosen)]
+    latest: dict[tuple, Version] = {}
+    for v in matched:
+        if v.is_postrelease:
+            key = (v.epoch, v.release, v.pre, v.dev)
+            latest[key] = max(latest.get(key, v), v)
+    chosen |= set(latest.values())
+    return [str(v) for v in sorted(chosen)]
+
+
+def _names_prerelease(version: str) -> bool:
+    try:
+        return Version(version.removesuffix(".*")).is_prerelease
+    except InvalidVersion:
+        return False
+
+
+def available(
+    kind: str, spec: str | SpecifierSet | None = None, *, posts: bool | None = None
+) -> list[str]:
+    """`select` over what the indexes list for `kind` (default: the tracked range)."""
+    _check_kind(kind)
+    return select(listing(kind).files, spec if spec is not None else FULL_RANGE[kind], posts=posts)
+
+
+# ----------------------------------------------------------------------------- fetch
+
+
+def cached(kind: str, version: str) -> Path | None:
+    """The distribution file of this release already in the cache (a wheel before an sdist),
+    as it is: `fetch` is the way to a verified one."""
+    _check_kind(kind)
+    want_name = canonicalize_name(PROJECT[kind])
+    want = Version(version)
+    directory = dist_dir()
+    if not directory.is_dir():
+        return None
+    hits = []
+    for path in directory.iterdir():
+        parsed = parse_filename(path.name)
+        if parsed and parsed[0] == want_name and parsed[1] == want and path.is_file():
+            hits.append((not parsed[2], path.name, path))  # wheels first, then by name
+    return min(hits)[2] if hits else None
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + DIGEST_SUFFIX)
+
+
+def recorded_digest(path: Path) -> str | None:
+    """The sha256 recorded next to a cached distribution (`sha256sum -c` format)."""
+    try:
+        return _digest_path(path).read_text(encoding="utf-8").split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _record_digest(path: Path, digest: str) -> None:
+    _write_atomic(_digest_path(path), f"{digest}  {path.name}\n".encode())
+
+
+def _listed_digest(kind: str, path: Path) -> str | None:
+    saved = _load_listing(kind)
+    for file in saved.files if saved else ():
+        if file.filename == path.name and file.sha256:
+            return file.sha256
+    return None
+
+
+def verify(kind: str, path: Path) -> str | None:
+    """None when a cached distribution is the one recorded, else what is wrong with it. The
+    sha256 is the one recorded when it was fetched, else the one the saved index listing
+    publishes; a file with neither (fetched by an older sm120patch) is adopted, its sha256
+    recorded, when it reads whole as an archive."""
+    actual = sha256_file(path)
+    expected = recorded_digest(path) or _listed_digest(kind, path)
+    if expected is None:
+        if not _reads_whole(path):
+            return f"{path.name} does not read as a whole archive"
+        with contextlib.suppress(OSError):
+            _record_digest(path, actual)
+        return None
+    if actual != expected:
+        return f"{path.name}: sha256 {actual} is not the recorded {expected}"
+    if recorded_digest(path) is None:
+        with contextlib.suppress(OSError):
+            _record_digest(path, actual)
+    return None
+
+
+def _reads_whole(path: Path) -> bool:
+    try:
+        if path.name.endswith(".whl"):
+            with zipfile.ZipFile(path) as zf:
+                return zf.testzip() is None
+        with tarfile.open(path, "r:*") as tf:
+            tf.getmembers()  # reads to the end: a truncated archive raises
+        return True
+    except (OSError, zipfile.BadZipFile, tarfile.TarError, EOFError):
+        return False
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_sdist_only(kind: str, version: str) -> bool:
+    """Releases PyPI holds as an sdist and no wheel: FlashInfer before 0.5.0."""
+    return kind == "flashinfer" and Version(version) < Version("0.5.0")
+
+
+def pip_download_args(kind: str, version: str) -> list[str]:
+    """The `pip download` command that fetches this release's wheel, whatever runs it: the
+    fallback when the file cannot be downloaded from the URL the index lists."""
+    args = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        f"{PROJECT[kind]}=={version}",
+    ]
+    if kind == "sglang" and Version(version) >= Version("0.5.11"):
+        # cp310..cp313 manylinux_2_34 wheels only: name one so any interpreter can fetch it.
+        args += [
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_34_x86_64",
+            "--only-binary=:all:",
+        ]
+    elif not is_sdist_only(kind, version):
+        # A py3-none-any wheel exists; never let pip fall back to building the sdist.
+        args += ["--only-binary=:all:"]
+    return args
+
+
+def fetch(kind: str, version: str) -> Path:
+    """The distribution file of `kind` `version` in `<cache>/dist/`, verified against its
+    recorded sha256 (`verify`); downloaded when missing, downloaded again when it does not
+    match."""
+    _check_kind(kind)
+    Version(version)  # a clear InvalidVersion before any download
+    found = cached(kind, version)
+    if found and verify(kind, found) is None:
+        return found
+    dist = dist_dir()
+    with _locked(dist / f".{kind}-{version}.lock"):
+        # Another process may have fetched it while we waited; a bad file goes, under the lock.
+        while (found := cached(kind, version)) is not None:
+            if verify(kind, found) is None:
+                return found
+            found.unlink(missing_ok=True)
+            _digest_path(found).unlink(missing_ok=True)
+        _sweep(dist, (".dl-",))
+        with tempfile.TemporaryDirectory(prefix=f".dl-{kind}-{version}-", dir=dist) as tmp:
+            file = _download(kind, version, Path(tmp))
+            final = dist / file.name
+            # The record first: a file in dist/ is never without the digest it must match.
+            _record_digest(final, sha256_file(file))
+            os.replace(file, final)  # same filesystem: the file appears whole or not at all
+        return final
+
+
+def _listed_files(kind: str, version: str) -> list[IndexFile]:
+    """The files listed for this release: the saved listing when it has them (worker
+    processes of `matrix` read it instead of the index), else the live one."""
+    want = Version(version)
+    saved = _load_listing(kind)
+    files = [f for f in saved.files if f.version == want] if saved else []
+    if not files:
+        try:
+            files = [f for f in listing(kind).files if f.version == want]
+        except ReleaseError:
+            return []
+    return files
+
+
+def choose(files: Iterable[IndexFile]) -> IndexFile | None:
+    """The file of one release we unpack: a pure-Python wheel, else an x86_64 manylinux CPython
+    wheel (cp311 first: the sources we read are the same in each), else a .tar.gz sdist."""
+
+    def rank(file: IndexFile) -> int | None:
+        if not file.wheel:
+            return 3 if file.filename.endswith(".tar.gz") else None
+        tags = parse_wheel_filename(file.filename)[3]
+        if any(t.platform == "any" for t in tags):
+            return 0
+        linux = [t for t in tags if t.platform.startswith("manylinux") and "x86_64" in t.platform]
+        if any(t.interpreter == "cp311" for t in linux):
+            return 1
+        return 2 if linux else None
+
+    ranked = [(r, f.yanked, f.filename, f) for f in files if (r := rank(f)) is not None]
+    return min(ranked)[3] if ranked else None
+
+
+def _download(kind: str, version: str, staging: Path) -> Path:
+    entry = choose(_listed_files(kind, version))
+    problem = f"the index lists no file of {PROJECT[kind]} {version}"
+    if entry is not None:
+        try:
+            return _download_url(entry, staging)
+        except ReleaseError as exc:
+            problem = str(exc)
+    # pip does what a plain download cannot (keyring or netrc credentials, an index that hides
+    # file URLs); an sdist through pip may need its build requirements.
+    if (entry is not None and not entry.wheel) or (entry is None and is_sdist_only(kind, version)):
+        file = _pip_sdist(kind, version, staging, problem)
+    else:
+        file = _pip_download(pip_download_args(kind, version), staging)
+    if entry is not None and entry.filename == file.name and entry.sha256:
+        if sha256_file(file) != entry.sha256:
+            raise ReleaseError(f"{file.name}: sha256 differs from the index's {entry.sha256}")
+    return file
+
+
+def _download_url(entry: IndexFile, staging: Path) -> Path:
+    target = staging / entry.filename
+    digest = hashlib.sha256()
+    try:
+        with (
+            open_url(
+                entry.url, cert=pipconfig.pip_index().cert, timeout=DOWNLOAD_TIMEOUT_S
+            ) as response,
+            target.open("wb") as out,
+        ):
+            while chunk := response.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+    except READ_ERRORS as exc:
+        target.unlink(missing_ok=True)
+        raise ReleaseError(f"cannot download {redact(entry.url)}: {exc}") from exc
+    if entry.sha256 and digest.hexdigest() != entry.sha256:
+        target.unlink(missing_ok=True)
+        raise ReleaseError(f"{entry.filename}: sha256 {digest.hexdigest()} != index {entry.sha256}")
+    return target
+
+
+def _pip_download(args: list[str], staging: Path) -> Path:
+    proc = subprocess.run(
+        [*args, "--dest", str(staging)], capture_output=True, text=True, check=False
+    )
+    files = [p for p in staging.iterdir() if p.is_file()]
+    if proc.returncode != 0 or len(files) != 1:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+        raise ReleaseError(
+            f"`{' '.join(args[2:])}` failed (exit {proc.returncode}, {len(files)} files):\n"
+            + "\n".join(tail)
+        )
+    return files[0]
+
+
+def _pip_sdist(kind: str, version: str, staging: Path, direct: str) -> Path:
+    """An sdist through pip: first with build isolation, then without when the build
+    requirements are importable here (FlashInfer 0.4.0's pinned one is gone from PyPI)."""
+    args = [*pip_download_args(kind, version), "--no-binary=:all:"]
+    try:
+        return _pip_download(args, staging)
+    except ReleaseError as isolated:
+        if not _have_build_requirements():
+            raise ReleaseError(
+                f"{direct}\nthen {isolated}\n(with setuptools, packaging and apache-tvm-ffi "
+                "installed here, pip is retried with --no-build-isolation)"
+            ) from None
+        return _pip_download([*args, "--no-build-isolation"], staging)
+
+
+def _have_build_requirements() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("setuptools", "packaging", "tvm_ffi"))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ----------------------------------------------------------------------------- trees
+
+
+def wanted_files(kind: str) -> tuple[str, ...]:
+    """Every file a tree of `kind` holds, relative to the package's parent: the files any patch
+    of the catalog may read, the known site files, the support files and the version files."""
+    from sm120patch import catalog
+
+    pkg = PACKAGE[kind]
+    files = set(SITE_FILES[kind]) | set(SUPPORT_FILES[kind])
+    files |= {f"{pkg}/__init__.py", f"{pkg}/version.py", f"{pkg}/_version.py"}
+    for patch in catalog.load().patches.values():
+        if patch.target == kind:
+            files.update(patch.files)
+    return tuple(sorted(files))
+
+
+def tree(kind: str, version: str) -> Path:
+    """`<cache>/trees/<kind>-<version>/`: the release's `wanted_files` and its dist-info METADATA,
+    laid out like site-packages. Built once, atomically: a temporary directory renamed into
+    place, so a concurrent or killed run never leaves a half tree behind. Rebuilt (again by a
+    rename) when the catalog now reads a file the existing tree was not built with, and when a
+    file of it no longer has the sha256 recorded when it was unpacked (an edited tree)."""
+    _check_kind(kind)
+    wanted = wanted_files(kind)
+    dest = trees_dir() / f"{kind}-{version}"
+    if _tree_covers(dest, wanted):
+        return dest
+    source = fetch(kind, version)
+    with _locked(trees_dir() / f".{kind}-{version}.lock"):
+        if _tree_covers(dest, wanted):
+            return dest
+        _sweep(trees_dir(), (".tmp-", ".old-"))
+        staging = Path(tempfile.mkdtemp(prefix=f".tmp-{kind}-{version}-", dir=trees_dir()))
+        try:
+            written = _unpack(kind, version, source, wanted, staging)
+            present = [rel for rel in wanted if rel in written]
+            record = {
+                "schema": TREE_SCHEMA,
+                "kind": kind,
+                "version": version,
+                "source": source.name,
+                "wanted": list(wanted),
+                "present": present,
+                "source_sha256": sha256_file(source),
+                "sha256": written,
+            }
+            (staging / TREE_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+            if dest.exists():
+                # A stale tree: move it aside first, since a directory cannot be renamed over a
+                # non-empty one; readers see the old or the new tree, never a mix.
+                old = Path(tempfile.mkdtemp(prefix=f".old-{kind}-{version}-", dir=trees_dir()))
+                os.replace(dest, old / "tree")
+                os.replace(staging, dest)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(staging, dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def tree_record(path: Path) -> dict:
+    """What a tree was built from and with (`source`, `wanted`, `present`, `sha256`)."""
+    return json.loads((path / TREE_RECORD).read_text(encoding="utf-8"))
+
+
+def tree_problem(dest: Path, wanted: Iterable[str] = ()) -> str | None:
+    """None when the tree at `dest` holds `wanted` and every file it was built with still has
+    its recorded sha256, else what is wrong."""
+    try:
+        record = tree_record(dest)
+    except (OSError, ValueError):
+        return "no readable tree record"
+    if record.get("schema") != TREE_SCHEMA:
+        return f"tree schema {record.get('schema')!r}, not {TREE_SCHEMA}"
+    if not set(wanted) <= set(record.get("wanted", [])):
+        return "built without a file the patches now read"
+    digests = record.get("sha256")
+    if not isinstance(digests, dict) or not digests:
+        # Built by an sm120patch that recorded no digests: rebuilt once. The schema stays 1 so
+        # such a version sharing this cache keeps accepting the rebuilt tree.
+        return "no recorded sha256"
+    for rel, digest in digests.items():
+        try:
+            if hashlib.sha256((dest / rel).read_bytes()).hexdigest() != digest:
+                return f"{rel} was changed"
+        except OSError:
+            return f"{rel} is missing"
+    return None
+
+
+def _tree_covers(dest: Path, wanted: Iterable[str]) -> bool:
+    return tree_problem(dest, wanted) is None
+
+
+def _unpack(
+    kind: str, version: str, source: Path, wanted: tuple[str, ...], dest: Path
+) -> dict[str, str]:
+    """Write the wanted files present in `source` and its METADATA under `dest`; the sha256 of
+    each file written, by its path relative to `dest`."""
+    if source.name.endswith(".whl"):
+        members = _wheel_members(source)
+    elif source.name.endswith(".tar.gz"):
+        members = _sdist_members(source, kind)
+    else:
+        raise ReleaseError(f"{source.name}: not a wheel or a .tar.gz sdist")
+    written: dict[str, str] = {}
+
+    def write(rel: str, data: bytes) -> None:
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)  # bytes as released: line endings and encoding untouched
+        written[rel] = hashlib.sha256(data).hexdigest()
+
+    with members as (read, names, metadata_name):
+        for rel in wanted:
+            if rel in names:
+                write(rel, read(rel))
+        if f"{PACKAGE[kind]}/__init__.py" not in written:
+            raise ReleaseError(f"{source.name}: no {PACKAGE[kind]}/__init__.py inside")
+        info = f"{canonicalize_name(PROJECT[kind]).replace('-', '_')}-{version}.dist-info"
+        write(f"{info}/METADATA", read(metadata_name))
+    return written
+
+
+# (read a member by its path, the member paths, the name of the METADATA member)
+Members = tuple[Callable[[str], bytes], set[str], str]
+
+
+@contextlib.contextmanager
+def _wheel_members(source: Path) -> Iterator[Members]:
+    with zipfile.ZipFile(source) as zf:
+        names = set(zf.namelist())
+        infos = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        if len(infos) != 1:
+            raise ReleaseError(f"{source.name}: expected one *.dist-info/METADATA, found {infos}")
+        yield zf.read, names, infos[0]
+
+
+@contextlib.contextmanager
+def _sdist_members(source: Path, kind: str) -> Iterator[Members]:
+    """An sdist's files relative to the directory that holds the package (its top directory,
+    or a subdirectory such as `python/`), and its PKG-INFO as the METADATA."""
+    with tarfile.open(source, "r:gz") as tf:
+        members = {m.name: m for m in tf.getmembers() if m.isfile() or m.issym()}
+        init = f"{PACKAGE[kind]}/__init__.py"
+        roots = sorted(
+            (n[: -len(init)] for n in members if n == init or n.endswith("/" + init)),
+            key=lambda r: r.count("/"),
+        )
+        if not roots:
+            raise ReleaseError(f"{source.name}: no {init} inside")
+        root = roots[0]
+        top = PurePosixPath(root).parts[0] if root else ""
+        pkg_info = f"{top}/PKG-INFO" if top else "PKG-INFO"
+        if pkg_info not in members:
+            raise ReleaseError(f"{source.name}: no {pkg_info}")
+        names = {n[len(root) :] for n in members if n.startswith(root)}
+        names.add(pkg_info)  # `read` takes it by its archive name
+
+        def read(rel: str) -> bytes:
+            name = rel if rel == pkg_info else root + rel
+            handle = tf.extractfile(members[name])  # follows symlinks inside the archive
+            if handle is None:
+                raise ReleaseError(f"{source.name}: {name} is not a regular file")
+            with handle:
+                return handle.read()
+
+        yield read, names, pkg_info

@@ -1,0 +1,261 @@
+"""`trial show --html`: one self-contained HTML file with inline SVG, no plotting dependency.
+
+Drawn from a measured trial's record: output tokens/s over each run's measured window, power
+of every GPU over the same windows, latency percentiles per side, the verdict, and the greedy
+probe answers side by side. Baseline is blue, patched orange; each series is a `<polyline>`
+with `data-side`, `data-run` (and `data-gpu`) so a script or a test can find it.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import time
+from collections.abc import Sequence
+from typing import Any
+
+COLOURS = {"baseline": "#1f77b4", "patched": "#ff7f0e"}
+DASHES = ("", "6 3", "2 2", "8 3 2 3")
+W, H, PAD = 720, 260, 48
+
+
+def _esc(value: Any) -> str:
+    return _html.escape(str(value), quote=True)
+
+
+def _chart(
+    title: str,
+    series: Sequence[tuple[dict[str, str], list[tuple[float, float]]]],
+    x_label: str,
+    y_label: str,
+) -> str:
+    """A line chart: `series` is (attributes, points); attributes hold side, run, label."""
+    points = [p for _, pts in series for p in pts]
+    if not points:
+        return f"<h3>{_esc(title)}</h3><p>no data</p>"
+    x_max = max(x for x, _ in points) or 1.0
+    y_max = max(y for _, y in points) * 1.1 or 1.0
+
+    def sx(x: float) -> float:
+        return PAD + (W - 2 * PAD) * x / x_max
+
+    def sy(y: float) -> float:
+        return H - PAD + -(H - 2 * PAD) * y / y_max
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+        f'viewBox="0 0 {W} {H}" role="img" aria-label="{_esc(title)}">',
+        f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#333"/>',
+        f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#333"/>',
+        f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle">{_esc(x_label)}</text>',
+        f'<text x="14" y="{H / 2}" transform="rotate(-90 14 {H / 2})" '
+        f'text-anchor="middle">{_esc(y_label)}</text>',
+    ]
+    for frac in (0, 0.5, 1):
+        y = y_max * frac / 1.1
+        parts.append(
+            f'<text x="{PAD - 4}" y="{sy(y) + 4:.1f}" text-anchor="end" '
+            f'font-size="10">{y:.0f}</text>'
+        )
+    parts.append(
+        f'<text x="{W - PAD}" y="{H - PAD + 14}" text-anchor="end" font-size="10">'
+        f"{x_max:.1f}</text>"
+    )
+    for attrs, pts in series:
+        side = attrs["side"]
+        dash = DASHES[int(attrs.get("gpu", 0)) % len(DASHES)]
+        data = " ".join(f'data-{k}="{_esc(v)}"' for k, v in attrs.items() if k != "label")
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+        parts.append(
+            f'<polyline class="series {side}" {data} fill="none" stroke="{COLOURS[side]}" '
+            f'stroke-width="1.8" stroke-dasharray="{dash}" points="{coords}">'
+            f"<title>{_esc(attrs.get('label', side))}</title></polyline>"
+        )
+    parts.append(_legend(series))
+    parts.append("</svg>")
+    return f"<h3>{_esc(title)}</h3>" + "".join(parts)
+
+
+def _legend(series: Sequence[tuple[dict[str, str], list[tuple[float, float]]]]) -> str:
+    """One row above the plot: the sides by colour, the GPUs (if any) by dash."""
+    items = [
+        (side, COLOURS[side], "") for side in COLOURS if any(a["side"] == side for a, _ in series)
+    ]
+    gpus = sorted({int(a["gpu"]) for a, _ in series if "gpu" in a})
+    if len(gpus) > 1:
+        items += [(f"GPU {g}", "#555", DASHES[g % len(DASHES)]) for g in gpus]
+    out, x = [], PAD
+    for label, colour, dash in items:
+        out.append(
+            f'<line x1="{x}" y1="16" x2="{x + 22}" y2="16" stroke="{colour}" stroke-width="2" '
+            f'stroke-dasharray="{dash}"/><text x="{x + 26}" y="20" font-size="11">'
+            f"{_esc(label)}</text>"
+        )
+        x += 34 + 7 * len(label)
+    return "".join(out)
+
+
+def _bars(doc: dict[str, Any]) -> str:
+    """Latency percentiles: baseline and patched medians side by side."""
+    names = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+    summary = doc.get("summary") or {}
+    values = {
+        side: [((summary.get(side) or {}).get(n) or {}).get("median") for n in names]
+        for side in ("baseline", "patched")
+    }
+    top = max([v for vs in values.values() for v in vs if v] or [1.0]) * 1.1
+    group = (W - 2 * PAD) / len(names)
+    bar = group / 3
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+        f'viewBox="0 0 {W} {H}" role="img" aria-label="latency percentiles">',
+        f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#333"/>',
+    ]
+    for i, name in enumerate(names):
+        x0 = PAD + group * i + bar / 2
+        parts.append(
+            f'<text x="{x0 + bar:.1f}" y="{H - PAD + 16}" text-anchor="middle" '
+            f'font-size="11">{_esc(name)}</text>'
+        )
+        for j, side in enumerate(("baseline", "patched")):
+            v = values[side][i]
+            if v is None:
+                continue
+            h = (H - 2 * PAD) * v / top
+            parts.append(
+                f'<rect class="bar {side}" data-side="{side}" data-figure="{name}" '
+                f'x="{x0 + j * bar:.1f}" y="{H - PAD - h:.1f}" width="{bar * 0.9:.1f}" '
+                f'height="{h:.1f}" fill="{COLOURS[side]}"><title>{side} {name} {v:.1f} ms'
+                f'</title></rect><text x="{x0 + j * bar + bar * 0.45:.1f}" '
+                f'y="{H - PAD - h - 3:.1f}" text-anchor="middle" font-size="10">{v:.1f}</text>'
+            )
+    parts.append(_legend([({"side": side}, []) for side in COLOURS]))
+    parts.append("</svg>")
+    return "<h3>Latency percentiles (median over runs, ms)</h3>" + "".join(parts)
+
+
+def _summary_table(doc: dict[str, Any]) -> str:
+    summary = doc.get("summary") or {}
+    if not summary:
+        return ""
+    rows = []
+    for name in ("output_tok_s", "req_s", *[k for k in summary.get("baseline", {}) if "_ms" in k]):
+        cells = []
+        for side in ("baseline", "patched"):
+            s = (summary.get(side) or {}).get(name) or {}
+            med = s.get("median")
+            spread = s.get("spread")
+            cells.append(
+                "<td>?</td>"
+                if med is None
+                else f"<td>{med:.2f} <small>(spread {100 * (spread or 0):.1f}%)</small></td>"
+            )
+        rows.append(f"<tr><th>{_esc(name)}</th>{''.join(cells)}</tr>")
+    power = [(summary.get(s) or {}).get("power_w", {}).get("median") for s in COLOURS]
+    rows.append(
+        "<tr><th>mean power per GPU (W)</th>"
+        + "".join(f"<td>{'?' if p is None else f'{p:.0f}'}</td>" for p in power)
+        + "</tr>"
+    )
+    return (
+        "<table><tr><th></th><th>baseline (median)</th><th>patched (median)</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _answers(doc: dict[str, Any]) -> str:
+    firsts = {}
+    for run in doc.get("runs", []):
+        if run.get("answers") and run["side"] not in firsts:
+            firsts[run["side"]] = run["answers"]
+    base, patched = firsts.get("baseline", []), firsts.get("patched", [])
+    if not base and not patched:
+        return ""
+    rows = []
+    for i in range(max(len(base), len(patched))):
+        b = base[i] if i < len(base) else {}
+        p = patched[i] if i < len(patched) else {}
+        rows.append(
+            f"<tr><td>{_esc(b.get('prompt') or p.get('prompt'))}</td>"
+            f"<td>{_esc(b.get('error') or b.get('text', ''))}</td>"
+            f"<td>{_esc(p.get('error') or p.get('text', ''))}</td></tr>"
+        )
+    reasons = (doc.get("sanity") or {}).get("reasons") or []
+    similarity = (doc.get("sanity") or {}).get("similarity")
+    head = f"<p>similarity to the baseline: {similarity}</p>" if similarity is not None else ""
+    head += "".join(f'<p class="bad">{_esc(r)}</p>' for r in reasons)
+    return (
+        "<h3>Greedy probe answers</h3>"
+        + head
+        + "<table><tr><th>prompt</th><th>baseline</th><th>patched</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def html(doc: dict[str, Any]) -> str:
+    """The report of one recorded trial (measured, or a plain liveness trial in words)."""
+    runs = doc.get("runs", [])
+    throughput = [
+        (
+            {
+                "side": r["side"],
+                "run": str(r["round"] + 1),
+                "label": f"{r['side']} run {r['round'] + 1}",
+            },
+            [(p["t"], p["tok_s"]) for p in r.get("timeline", [])],
+        )
+        for r in runs
+        if r.get("timeline")
+    ]
+    power = []
+    for r in runs:
+        per_gpu: dict[int, list[tuple[float, float]]] = {}
+        for sample in r.get("power", []):
+            for g in sample["gpus"]:
+                if g.get("power_w") is not None:
+                    per_gpu.setdefault(g["index"], []).append((sample["t"], g["power_w"]))
+        for index, pts in sorted(per_gpu.items()):
+            power.append(
+                (
+                    {
+                        "side": r["side"],
+                        "run": str(r["round"] + 1),
+                        "gpu": str(index),
+                        "label": f"{r['side']} run {r['round'] + 1} GPU {index}",
+                    },
+                    pts,
+                )
+            )
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc.get("started") or 0))
+    verdict = doc.get("verdict", "?")
+    good = verdict in ("kept", "ready", "exited-ok")
+    versions = ", ".join(f"{k} {v}" for k, v in (doc.get("versions") or {}).items())
+    body = [
+        f"<h1>sm120patch trial {_esc(doc.get('id'))}: {_esc(doc.get('profile'))}</h1>",
+        f'<p class="{"good" if good else "bad"}" id="verdict"><b>{_esc(verdict)}</b>: '
+        f"{_esc(doc.get('message') or '')}</p>",
+        "<table>",
+        f"<tr><th>started</th><td>{_esc(when)}</td></tr>",
+        f"<tr><th>command</th><td><code>{_esc(' '.join(doc.get('command', [])))}</code></td></tr>",
+        f"<tr><th>versions</th><td>{_esc(versions or '?')}</td></tr>",
+        f"<tr><th>GPUs</th><td>{_esc(', '.join(doc.get('gpu_names') or []) or 'none seen')}"
+        "</td></tr>",
+        "</table>",
+        _summary_table(doc),
+        _chart("Output tokens/s over the measured window", throughput, "seconds", "tok/s"),
+        _chart("Power per GPU over the measured window", power, "seconds", "W"),
+        _bars(doc) if doc.get("summary") else "",
+        _answers(doc),
+    ]
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:780px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
+        "padding:3px 8px;text-align:left;vertical-align:top}.good{color:#1a7f37}"
+        ".bad{color:#c62828}svg{background:#fafafa}"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>sm120patch trial {_esc(doc.get('id'))}</title><style>{style}</style></head>"
+        f"<body>{''.join(body)}</body></html>\n"
+    )

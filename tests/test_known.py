@@ -1,0 +1,104 @@
+"""patches/known.toml: entries load, match this box by version range, GPU family, TP size and
+profile, and `doctor` and `apply` show them before acting."""
+
+from __future__ import annotations
+
+import pytest
+from packaging.specifiers import SpecifierSet
+from trees import make_tree
+from trialkit import run_cli
+
+from sm120patch import gpu, known
+from sm120patch.errors import UsageError
+
+MOE_GARBAGE = "flashinfer-nvfp4-moe-grouped-gemm-garbage"
+
+
+def entry(name: str) -> known.Entry:
+    return next(e for e in known.entries() if e.id == name)
+
+
+def ids(profile: str | None, box: known.Box) -> set[str]:
+    return {e.id for e in known.entries() if known.matches(e, profile, box)}
+
+
+def test_shipped_entries_are_complete_and_cited():
+    found = known.entries()
+    assert len(found) >= 8
+    for e in found:
+        assert e.outcome in known.OUTCOMES
+        assert e.source.startswith(("https://", "sm120patch", "reported in sm120patch"))
+        for key in ("sglang", "flashinfer", "gpus", "tp"):
+            if key in e.condition:
+                SpecifierSet(e.condition[key])  # raises on a bad range
+    assert {e.outcome for e in found} >= {"faster", "slower", "wrong-output"}
+
+
+def test_matched_by_flashinfer_version_range():
+    box = known.Box(versions={"sglang": "0.5.8", "flashinfer": "0.6.1"}, gpu_family="sm120")
+    assert MOE_GARBAGE in ids("moe", box)
+    assert MOE_GARBAGE not in ids("moe", known.Box(versions={"flashinfer": "0.6.7"}))
+    # A post release counts as its release, as the pins do.
+    assert MOE_GARBAGE in ids("moe", known.Box(versions={"flashinfer": "0.6.6.post1"}))
+    assert "flashinfer-fp4-zeros-by-m-0.6.12" in ids("moe", known.Box(versions={"flashinfer": "0.6.12"}))
+    assert "flashinfer-fp4-zeros-by-m-0.6.12" not in ids("moe", known.Box(versions={"flashinfer": "0.6.13"}))
+
+
+def test_matched_by_gpu_family_tp_quantization_and_profile():
+    sm120 = known.Box(gpu_family="sm120", gpus=2, tp=2)
+    assert "fusion-tp2-sm120-faster" in ids("fusion", sm120)
+    assert "fusion-tp4-sm120-regression" not in ids("fusion", sm120)
+    assert "fusion-8x-sm120-pcie-slower" not in ids("fusion", sm120)  # 8 GPUs, not 2
+    assert ids("fusion", known.Box(gpu_family="sm90")) == set()  # an H100 is not concerned
+    assert "fusion-tp4-sm120-regression" in ids("all", known.Box(tp=4))  # all contains fusion
+    assert "fusion-tp4-sm120-regression" not in ids("moe", known.Box(tp=4))
+    bf16 = known.Box(versions={"flashinfer": "0.6.1"}, quantization="fp8")
+    assert MOE_GARBAGE not in ids("moe", bf16)
+    nvfp4 = known.Box(versions={"flashinfer": "0.6.1"}, quantization="modelopt_fp4")
+    assert MOE_GARBAGE in ids("moe", nvfp4)
+
+
+def test_box_reads_tp_and_quantization_from_the_command(tmp_path, mocker):
+    mocker.patch.object(gpu, "probe", return_value=gpu.Probe())
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["Glm4MoeForCausalLM"]}')
+    box = known.box_of(
+        {"sglang": None, "flashinfer": None},
+        ["python", "-m", "sglang.launch_server", "--model-path", str(model), "--tp", "4",
+         "--quantization=modelopt_fp4"],
+    )
+    assert box.tp == 4 and box.quantization == "modelopt_fp4"
+    assert box.architecture == ["Glm4MoeForCausalLM"]
+
+
+def test_a_bad_entry_is_one_clear_line():
+    with pytest.raises(UsageError, match="known.toml entry x: missing figure"):
+        known.entries('[[outcome]]\nid = "x"\noutcome = "slower"\ndate = "2026"\nsource = "s"\n')
+    with pytest.raises(UsageError, match="outcome must be one of"):
+        known.entries(
+            '[[outcome]]\nid = "y"\noutcome = "meh"\nfigure = "f"\ndate = "d"\nsource = "s"\n'
+        )
+
+
+@pytest.mark.parametrize(("fi_version", "shown"), [("0.6.1", True), ("0.6.8", False)])
+def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, shown):
+    mocker.patch.object(gpu, "probe", return_value=gpu.Probe())  # no GPU seen: not excluding
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path, "flashinfer", fi_version, "installed")
+    code, out, err = run_cli("doctor", "--sglang", str(sg), "--flashinfer", str(fi))
+    assert code == 0, err
+    assert ("flashinfer/issues/2723" in out) is shown
+    assert "flashinfer/pull/3903" in out  # fusion at TP2: no GPU and no TP known here
+    code, out, err = run_cli(
+        "apply", "moe", "--dry-run", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check"
+    )
+    assert code == 0, err
+    assert ("known: moe wrong-output" in err) is shown
+    assert "known:" not in out  # the diff on stdout stays `git apply`-able
+    assert "flashinfer/pull/3903" not in err  # a fusion entry is not about moe
+    code, out, err = run_cli(
+        "apply", "moe", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check"
+    )
+    assert code == 0, err
+    assert ("known: moe wrong-output" in out.splitlines()[0]) is shown  # before the report
