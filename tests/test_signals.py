@@ -193,10 +193,10 @@ def test_a_failing_rollback_after_sigint_keeps_its_journal_and_exits_75(tmp_path
     comm = fi / "flashinfer/jit/comm.py"
     pristine = comm.read_bytes()
 
-    def full_on_rollback(path, data, mode=None):
+    def full_on_rollback(path, data, *args, **kwargs):
         if path == comm and data == pristine:  # the restore, not the patch nor a copy
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, data, mode)
+        return real(path, data, *args, **kwargs)
 
     with monkeypatch.context() as mp:
         mp.setattr("sm120patch.state.atomic_write", full_on_rollback)
