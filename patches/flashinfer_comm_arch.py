@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.transform import Patch, Result, already_applied, applied, not_applicable, refused
+from sm120patch.facts import Fact
+from sm120patch.transform import Patch, Result, Status
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -14,40 +15,24 @@ KEYWORD = "supported_major_versions"
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
+    from sm120patch import operations as op
 
-    from sm120patch import cst_helpers as h
+    return op.extend_keyword_list(module, function=SITE, keyword=KEYWORD, expect=[9, 10], add=12)
 
-    funcs = h.functions(module, SITE)
-    if not funcs:
-        return not_applicable(SITE, f"no `def {SITE}` in this file")
-    if len(funcs) > 1:
-        return refused(SITE, f"one `def {SITE}`", f"{len(funcs)} definitions")
-    import libcst.matchers as m
 
-    args = list(m.findall(funcs[0], m.Arg(keyword=m.Name(KEYWORD))))
-    if len(args) != 1:
-        return refused(SITE, f"one `{KEYWORD}=[9, 10]` argument", f"{len(args)} such arguments")
-    value = args[0].value
-    if not isinstance(value, cst.List) or not all(
-        isinstance(el.value, cst.Integer) for el in value.elements
-    ):
-        return refused(SITE, f"`{KEYWORD}=[9, 10]`", f"`{h.code(args[0])}`")
-    majors = [el.value.evaluated_value for el in value.elements]  # type: ignore[attr-defined]
-    if 12 in majors:
-        return already_applied(SITE, f"{KEYWORD}={majors}")
-    if majors != [9, 10]:
-        return refused(SITE, f"`{KEYWORD}=[9, 10]`", f"`{h.code(args[0])}`")
-    last = value.elements[-1]
-    # `[9, 10]` -> `[9, 10, 12]`: the old last element takes the separator the others use.
-    sep = value.elements[0].comma if len(value.elements) > 1 else cst.Comma()
-    elements = [
-        *value.elements[:-1],
-        last.with_changes(comma=sep),
-        cst.Element(cst.Integer("12"), comma=last.comma),
-    ]
-    new_module = h.replace(module, value, value.with_changes(elements=elements), scope=funcs[0])
-    return applied(SITE, new_module, f"{KEYWORD}=[9, 10] -> [9, 10, 12]")  # type: ignore[arg-type]
+TRTLLM_AR = "flashinfer/comm/trtllm_ar.py"
+JIT_COMM = "flashinfer/jit/comm.py"
+FACTS = (
+    Fact(">=0.3.1,<0.4.0", Status.APPLIED, "`gen_trtllm_comm_module(..., "
+         "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="DESIGN s4 F"),
+    Fact(">=0.4.0,<0.6.16", Status.APPLIED, "same call, moved to jit/comm.py", JIT_COMM, SITE,
+         source="DESIGN s4 F"),
+    Fact(">=0.6.16,<0.6.17", Status.APPLIED, "same call, still [9, 10]", JIT_COMM, SITE,
+         source="real files",
+         note="DESIGN names 0.4.0 to 0.6.15 and 0.6.17 on; 0.6.16 still passes [9, 10]"),
+    Fact(">=0.6.17", Status.UPSTREAM, "`supported_major_versions=[9, 10, 12]` upstream",
+         JIT_COMM, SITE, source="DESIGN s4 F"),
+)
 
 
 PATCH = Patch(
@@ -63,12 +48,6 @@ PATCH = Patch(
     ),
     files=("flashinfer/jit/comm.py", "flashinfer/comm/trtllm_ar.py"),
     marker=f"def {SITE}",
-    shapes=(
-        "0.3.1: flashinfer/comm/trtllm_ar.py, gen_trtllm_comm_module("
-        "..., supported_major_versions=[9, 10])",
-        "0.4.0 to 0.6.15: flashinfer/jit/comm.py, same call",
-        "0.6.17 and later: [9, 10, 12] upstream",
-    ),
+    facts=FACTS,
     transform=transform,
-    upstream_in=">=0.6.17",
 )

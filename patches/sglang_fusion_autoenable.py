@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from sm120patch.facts import Fact
 from sm120patch.transform import (
     Patch,
     Result,
+    Status,
     already_applied,
     applied,
     not_applicable,
@@ -47,6 +49,7 @@ def transform(module: cst.Module) -> Result:
     import libcst as cst
 
     from sm120patch import cst_helpers as h
+    from sm120patch import operations as op
 
     name = next((s for s in SITES if h.functions(module, s)), None)
     if name is None:
@@ -98,10 +101,12 @@ def transform(module: cst.Module) -> Result:
             shape,
         )
 
-    extra = h.sglang_arch_check("sm120", gate.form)
     if gate.verdict == "widen-or":
-        assert isinstance(operand, cst.BooleanOperation)
-        new_operand: cst.BaseExpression = h.widen_or(operand, extra)
+        res = op.widen_arch_or(module, operand, funcs[0], site=name, expected=EXPECTED)
+        if res.status is not Status.APPLIED:
+            return res
+        new_module = res.module
+        change = res.shape
     else:  # "widen-single": the per-model GptOss block of 0.5.2 to 0.5.4
         if gate.form == "call" and not imported:
             # Only 0.5.2 and 0.5.3 have this block without the import, and their
@@ -116,25 +121,27 @@ def transform(module: cst.Module) -> Result:
         new_operand = cst.BooleanOperation(
             left=operand,
             operator=cst.Or(),
-            right=extra,
+            right=h.sglang_arch_check("sm120", gate.form),
             lpar=[cst.LeftParen()] if parens else [],
             rpar=[cst.RightParen()] if parens else [],
         )
-    new_module = h.replace(module, operand, new_operand, scope=funcs[0])
-    assert isinstance(new_module, cst.Module)
-    if gate.form == "call":
-        # Every release with the unified block imports is_sm120_supported already; a tree
-        # that lacks it gets it next to is_sm100_supported.
-        with_import = h.import_next_to(new_module, SM120_CALL, "is_sm100_supported")
-        if with_import is None:
-            return refused(
-                name,
-                f"one `from ... import is_sm100_supported` to add `{SM120_CALL}` to",
-                "none or several",
-            )
-        new_module = with_import
-    change = f"{shape} -> {h.code(new_operand)}"
-    return applied(name, new_module, change, f"patched ({change}){note}")
+        new_module = h.replace(module, operand, new_operand, scope=funcs[0])
+        change = f"{shape} -> {h.code(new_operand)}"
+    result = applied(name, new_module, change, f"patched ({change}){note}")
+    if gate.form != "call":
+        return result
+    # Every release with the unified block imports is_sm120_supported already; a tree
+    # that lacks it gets it next to is_sm100_supported.
+    return op.then(
+        result,
+        op.add_import(
+            new_module,
+            SM120_CALL,
+            next_to="is_sm100_supported",
+            site=name,
+            expected=f"one `from ... import is_sm100_supported` to add `{SM120_CALL}` to",
+        ),
+    )
 
 
 def _turns_fusion_on(node: object) -> bool:
@@ -166,6 +173,7 @@ def _turns_fusion_on(node: object) -> bool:
 def _judge(gate: cst.If) -> Gate:
     """Find the one arch operand among the gate's `and` operands and say what it is."""
     from sm120patch import cst_helpers as h
+    from sm120patch.operations import read_arch_group
 
     arch_ops: list[cst.BaseExpression] = []
     for op in h.and_operands(gate.test):
@@ -185,12 +193,10 @@ def _judge(gate: cst.If) -> Gate:
     if len(arch_ops) != 1:
         return Gate(gate, "unknown", None)
     operand = arch_ops[0]
-    found = [h.sglang_arch(p) for p in h.or_operands(operand) or [operand]]
-    archs = [a[0] for a in found if a is not None]
-    forms = {a[1] for a in found if a is not None}
-    if len(forms) != 1 or "flag" in forms:
+    read = read_arch_group(operand)
+    archs, form = list(read.archs), read.form
+    if form in ("", "flag"):
         return Gate(gate, "unknown", operand)
-    form = forms.pop()
     if "sm120" in archs:
         return Gate(gate, "has-sm120", operand, form)
     if "blackwell" in archs:
@@ -204,6 +210,42 @@ def _judge(gate: cst.If) -> Gate:
         only_fusion = all(h.guarded_nodes(stmt, _turns_fusion_on) for stmt in gate.body.body)
         return Gate(gate, "widen-single" if only_fusion else "sm100-block", operand, form)
     return Gate(gate, "unknown", operand)
+
+
+SERVER_ARGS = "sglang/srt/server_args.py"
+OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+FACTS = (
+    Fact("==0.5.4", Status.APPLIED, "GptOss block `if is_sm100_supported():` -> `or "
+         "is_sm120_supported()`; the DeepseekV3 block (also SM100-only kernels) is left",
+         SERVER_ARGS, "ServerArgs._handle_model_specific_adjustments", "bare", "real files",
+         note="DESIGN is silent on 0.5.4. Its GptOss block gates on a bare `if "
+         "is_sm100_supported():`, the test 0.5.5 widened upstream to "
+         "is_blackwell_supported(); widening it the same way is the 0.5.5 behaviour. The "
+         "DeepseekV3 block (`is_cuda() and is_sm100_supported()`) also picks SM100-only "
+         "trtllm_mla attention and stays as it is."),
+    Fact("==0.5.4.post3", Status.UPSTREAM, "GptOss block `if is_blackwell_supported():`",
+         SERVER_ARGS, source="real files (found by the full real tier over post releases)",
+         note="the hotfix already carries 0.5.5's is_blackwell_supported() (majors 10 and 12)"),
+    Fact(">=0.5.5,<0.5.7", Status.UPSTREAM, "GptOss block `if is_blackwell_supported():`",
+         SERVER_ARGS, source="DESIGN s4 C",
+         note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),
+    Fact("==0.5.7", Status.UPSTREAM, "unified block, `(is_sm90_supported() or "
+         "is_blackwell_supported())`", SERVER_ARGS, source="DESIGN s4 C",
+         note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),
+    Fact(">=0.5.8,<0.5.14", Status.APPLIED, "_handle_model_specific_adjustments, unified block "
+         "`(is_sm90_supported() or is_sm100_supported())` then "
+         "`self.enable_flashinfer_allreduce_fusion = True`", SERVER_ARGS,
+         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 C"),
+    Fact("==0.5.14", Status.APPLIED, 'same test, then `self.flashinfer_allreduce_fusion_backend '
+         '= "auto"`', SERVER_ARGS, "ServerArgs._handle_model_specific_adjustments", "utils",
+         "DESIGN s4 C"),
+    Fact(">=0.5.15,<0.5.19", Status.APPLIED, "arg_groups/overrides.py, same test, returns "
+         '{"flashinfer_allreduce_fusion_backend": "auto"}', OVERRIDES,
+         "_flashinfer_allreduce_fusion_auto_enable", "utils", "DESIGN s4 C"),
+    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "same function, `(get_platform().is_sm90 or "
+         "get_platform().is_sm100)`", OVERRIDES, "_flashinfer_allreduce_fusion_auto_enable",
+         "platform", "DESIGN s4 C"),
+)
 
 
 PATCH = Patch(
@@ -220,20 +262,6 @@ PATCH = Patch(
     ),
     files=("sglang/srt/arg_groups/overrides.py", "sglang/srt/server_args.py"),
     marker=f"def {SITES[0]}",
-    shapes=(
-        "0.5.2 (model_specific_adjustments), 0.5.3: GptOss block `if is_sm100_supported():`; "
-        "sglang.srt.utils has no is_sm120_supported: refused",
-        "0.5.4: GptOss block `if is_sm100_supported():` -> `or is_sm120_supported()`; the "
-        "DeepseekV3 block (also SM100-only kernels) is left",
-        "0.5.5, 0.5.6: GptOss block `if is_blackwell_supported():`: upstream",
-        "0.5.7: unified block, `(is_sm90_supported() or is_blackwell_supported())`: upstream",
-        "0.5.8 to 0.5.13: server_args.py _handle_model_specific_adjustments, unified block "
-        "`(is_sm90_supported() or is_sm100_supported())` then "
-        "`self.enable_flashinfer_allreduce_fusion = True`",
-        '0.5.14: same test, then `self.flashinfer_allreduce_fusion_backend = "auto"`',
-        "0.5.15 to 0.5.18: arg_groups/overrides.py _flashinfer_allreduce_fusion_auto_enable, "
-        'same test, returns {"flashinfer_allreduce_fusion_backend": "auto"}',
-        "0.5.19 to 0.5.23: same function, `(get_platform().is_sm90 or get_platform().is_sm100)`",
-    ),
+    facts=FACTS,
     transform=transform,
 )

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.transform import (
-    Patch,
-    Result,
-    already_applied,
-    applied,
-    not_applicable,
-    refused,
-    upstream,
-)
+from sm120patch.facts import Fact
+from sm120patch.transform import Patch, Result, Status, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -29,19 +22,17 @@ def transform(module: cst.Module) -> Result:
     import libcst as cst
 
     from sm120patch import cst_helpers as h
+    from sm120patch import operations as op
 
-    funcs = h.functions(module, SITE)
-    if not funcs:
-        return not_applicable(SITE, f"no `def {SITE}` in this file (it exists from 0.5.14 on)")
-    if len(funcs) > 1:
-        return refused(SITE, f"one `def {SITE}`", f"{len(funcs)} definitions")
-
+    func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.14 on)")
+    if isinstance(func, Result):
+        return func
     # The arch check guards the whole function, so it sits in its body, not nested: the
     # checks nested under one backend (`if backend == "cutedsl": if not <sm100>: raise`,
     # 0.5.23) are that backend's own business.
     checks = [
         stmt
-        for stmt in funcs[0].body.body
+        for stmt in func.body.body
         if isinstance(stmt, cst.If) and h.mentions_sglang_arch(stmt.test)
     ]
     if len(checks) != 1:
@@ -49,59 +40,60 @@ def transform(module: cst.Module) -> Result:
         return refused(SITE, EXPECTED, found if len(checks) < 2 else f"several: {found}")
     check = checks[0]
     test = check.test
-    group = test.expression if isinstance(test, cst.UnaryOperation) else None
-    operands = h.or_operands(group) if group is not None else None
-    found_archs = [h.sglang_arch(op) for op in operands] if operands else []
+    found = f"`if {h.code(test)}`"
     if (
         not isinstance(test, cst.UnaryOperation)
         or not isinstance(test.operator, cst.Not)
-        or not found_archs
-        or any(a is None for a in found_archs)
+        or h.or_operands(test.expression) is None
         or not _raises(check)
     ):
-        return refused(SITE, EXPECTED, f"`if {h.code(test)}`")
-    assert isinstance(group, cst.BooleanOperation)
-    archs = [a[0] for a in found_archs if a is not None]
-    forms = {a[1] for a in found_archs if a is not None}
-    if len(forms) != 1 or "flag" in forms:
-        return refused(SITE, EXPECTED, f"`if {h.code(test)}`")
-    form = forms.pop()
-    shape = h.code(group)
-    imported = bool(h.import_sources(module, SM120_CALL))
-    if "sm120" in archs:
-        if form == "call" and not imported:
-            return refused(SITE, f"`{SM120_CALL}` imported where it is used", "no such import")
-        return already_applied(SITE, shape)
-    if "blackwell" in archs:
-        return upstream(
-            SITE, f"the release accepts every Blackwell GPU (SM120 included): `{shape}`"
-        )
-    if sorted(archs) != ["sm100", "sm90"]:  # either order
-        return refused(SITE, EXPECTED, f"`if {h.code(test)}`")
-
+        return refused(SITE, EXPECTED, found)
+    group = test.expression
     # The error message ("requires SM90 or SM10X NVIDIA GPUs") stays: it is shown only on
     # GPUs the widened check still rejects, and leaving it keeps the diff to the check.
-    new_group = h.widen_or(group, h.sglang_arch_check("sm120", form))
-    new_module = h.replace(module, group, new_group, scope=funcs[0])
-    assert isinstance(new_module, cst.Module)
-    if form == "call":
-        # 0.5.14 to 0.5.18 import is_sm90/is_sm100_supported from sglang.srt.utils but not
-        # is_sm120_supported: it goes next to is_sm100_supported, from the same module.
-        with_import = h.import_next_to(new_module, SM120_CALL, "is_sm100_supported")
-        if with_import is None:
-            return refused(
-                SITE,
-                f"one `from ... import is_sm100_supported` to add `{SM120_CALL}` to",
-                "none or several",
-            )
-        new_module = with_import
-    return applied(SITE, new_module, f"{shape} -> {h.code(new_group)}")
+    res = op.widen_arch_or(module, group, func, site=SITE, expected=EXPECTED, found=found)
+    if op.read_arch_group(group).form != "call" or res.status is Status.UPSTREAM:
+        return res
+    if res.status is Status.ALREADY_APPLIED and not h.import_sources(module, SM120_CALL):
+        return refused(SITE, f"`{SM120_CALL}` imported where it is used", "no such import")
+    # 0.5.14 to 0.5.18 import is_sm90/is_sm100_supported from sglang.srt.utils but not
+    # is_sm120_supported: it goes next to is_sm100_supported, from the same module.
+    return op.then(res, _import(res))
 
 
-def _raises(check: cst.If) -> list[cst.Raise]:
-    import libcst.matchers as m
+def _import(res: Result) -> Result:
+    from sm120patch import operations as op
 
-    return list(m.findall(check.body, m.Raise()))  # type: ignore[arg-type]
+    if res.status is not Status.APPLIED:
+        return res
+    return op.add_import(
+        res.module,
+        SM120_CALL,
+        next_to="is_sm100_supported",
+        site=SITE,
+        expected=f"one `from ... import is_sm100_supported` to add `{SM120_CALL}` to",
+    )
+
+
+def _raises(check: cst.If) -> list[cst.CSTNode]:
+    import libcst as cst
+
+    from sm120patch import cst_helpers as h
+
+    return h.find(check.body, cst.Raise)
+
+
+COMM_FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
+FACTS = (
+    Fact("<0.5.14", Status.NOT_APPLICABLE, "no _resolve_backend", source="DESIGN s4 X",
+         note="_resolve_backend exists from 0.5.14 on"),
+    Fact(">=0.5.14,<0.5.19", Status.APPLIED, "`if not (is_sm90_supported() or "
+         "is_sm100_supported()): raise ValueError(...)`, is_sm120_supported not imported",
+         COMM_FUSION, SITE, "utils", "DESIGN s4 X"),
+    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "`if not (get_platform().is_sm90 or "
+         "get_platform().is_sm100): raise ValueError(...)`", COMM_FUSION, SITE, "platform",
+         "DESIGN s4 X"),
+)
 
 
 PATCH = Patch(
@@ -118,12 +110,6 @@ PATCH = Patch(
     ),
     files=("sglang/srt/layers/flashinfer_comm_fusion.py",),
     marker=f"def {SITE}",
-    shapes=(
-        "before 0.5.14: no _resolve_backend: not-applicable",
-        "0.5.14 to 0.5.18: `if not (is_sm90_supported() or is_sm100_supported()): raise "
-        "ValueError(...)`, is_sm120_supported not imported",
-        "0.5.19 to 0.5.23: `if not (get_platform().is_sm90 or get_platform().is_sm100): raise "
-        "ValueError(...)`",
-    ),
+    facts=FACTS,
     transform=transform,
 )

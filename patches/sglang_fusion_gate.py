@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.transform import Patch, Result, already_applied, applied, refused
+from sm120patch.facts import Fact
+from sm120patch.transform import Patch, Result, Status, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -20,10 +21,12 @@ EXPECTED = "`(_is_sm90_supported or _is_sm100_supported)` as the first operand o
 
 
 def _mentions_flags(node: cst.CSTNode) -> bool:
-    import libcst.matchers as m
+    import libcst as cst
+
+    from sm120patch import cst_helpers as h
 
     names = ARCH_FLAGS | {SM120}
-    return bool(m.findall(node, m.Name(m.MatchIfTrue(lambda v: v in names))))
+    return bool(h.find(node, cst.Name, lambda n: n.value in names))  # type: ignore[attr-defined]
 
 
 def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
@@ -50,10 +53,8 @@ def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-    import libcst.matchers as m
-
     from sm120patch import cst_helpers as h
+    from sm120patch import operations as op
 
     site, scope, problem = _site(module)
     if scope is None:
@@ -61,31 +62,43 @@ def transform(module: cst.Module) -> Result:
         return refused(site, f"one gate function ({where})", problem)
 
     # The gate is the one condition (an `if` test or a returned value) testing the arch flags.
-    tests: list[cst.BaseExpression] = []
-    for node in m.findall(scope, m.If() | m.Return()):
-        test = node.test if isinstance(node, cst.If) else node.value  # type: ignore[attr-defined]
-        if test is not None and _mentions_flags(test):
-            tests.append(test)
+    tests = [test for test in h.conditions(scope) if _mentions_flags(test)]
     if len(tests) != 1:
         flags = " / ".join(sorted(ARCH_FLAGS))
         return refused(site, f"one condition testing {flags}", f"{len(tests)} conditions")
     first = h.and_operands(tests[0])[0]
-    keys = h.or_keys(first)
-    if keys is None or None in keys:
+    if h.or_operands(first) is None:
         return refused(site, EXPECTED, f"`{h.code(first)}`")
-    if SM120 in keys and all(k in ARCH_FLAGS for k in keys if k != SM120):
-        return already_applied(site, h.code(first))
-    if len(keys) != 2 or set(keys) != ARCH_FLAGS:
-        return refused(site, EXPECTED, f"`{h.code(first)}`")
+    res = op.widen_arch_or(
+        module, first, scope, site=site, expected=EXPECTED, forms=("flag",),
+        others_ok=False, upstream_ok=False,
+    )
+    if res.status is not Status.APPLIED:
+        return res
     if not h.module_assignments(module, SM120):
         # Widening without the flag would raise NameError when the gate first runs.
         return refused(
             site, f"a module flag `{SM120} = ...` (patch sglang.sm120-flag runs first)", "none"
         )
-    assert isinstance(first, cst.BooleanOperation)  # or_keys returned a list
-    new_module = h.replace(module, first, h.widen_or(first, cst.Name(SM120)), scope=scope)
-    shape = f"{h.code(first)} -> ... or {SM120}"
-    return applied(site, new_module, shape)  # type: ignore[arg-type]
+    return applied(site, res.module, f"{h.code(first)} -> ... or {SM120}")
+
+
+COMMUNICATOR = "sglang/srt/layers/communicator.py"
+ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+FACTS = (
+    Fact(">=0.5.2,<0.5.4", Status.REFUSED, "as 0.5.4; refused with the flag patch of the same "
+         "file", COMMUNICATOR, f"{CLASS}.{METHOD}", source="DESIGN s4 A"),
+    Fact(">=0.5.4,<0.5.8", Status.APPLIED, f"{CLASS}.{METHOD}, "
+         "`if ((_is_sm100_supported or _is_sm90_supported) and ...)`", COMMUNICATOR,
+         f"{CLASS}.{METHOD}", source="DESIGN s4 B"),
+    Fact(">=0.5.8,<0.5.21", Status.APPLIED, "apply_flashinfer_allreduce_fusion(batch_size) "
+         "returns `(_is_sm90_supported or _is_sm100_supported) and ...`", COMMUNICATOR,
+         "apply_flashinfer_allreduce_fusion", source="DESIGN s4 B"),
+    Fact("==0.5.21", Status.APPLIED, "same function, in layer_boundary/residual/add_norm.py",
+         ADD_NORM, "apply_flashinfer_allreduce_fusion", source="DESIGN s4 B"),
+    Fact(">=0.5.22,<0.5.24", Status.APPLIED, "renamed flashinfer_ar_fusion_applies", ADD_NORM,
+         "flashinfer_ar_fusion_applies", source="DESIGN s4 B"),
+)
 
 
 PATCH = Patch(
@@ -104,14 +117,6 @@ PATCH = Patch(
     ),
     # Same files and marker as sglang.sm120-flag: both must pick the same file.
     marker="_is_sm100_supported = ",
-    shapes=(
-        "0.5.2 to 0.5.7: communicator.py, CommunicateWithAllReduceAndLayerNormFn."
-        "_gather_hidden_states_and_residual, `if ((_is_sm100_supported or _is_sm90_supported) "
-        "and ...)`",
-        "0.5.8 to 0.5.20: communicator.py, apply_flashinfer_allreduce_fusion(batch_size) "
-        "returns `(_is_sm90_supported or _is_sm100_supported) and ...`",
-        "0.5.21: layer_boundary/residual/add_norm.py, same function",
-        "0.5.22 to 0.5.23: add_norm.py, renamed flashinfer_ar_fusion_applies",
-    ),
+    facts=FACTS,
     transform=transform,
 )

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.transform import Patch, Result, already_applied, applied, not_applicable, refused
+from sm120patch.facts import Fact
+from sm120patch.transform import (
+    Patch,
+    Result,
+    Status,
+    already_applied,
+    applied,
+    not_applicable,
+    refused,
+)
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -20,11 +29,8 @@ OLD_BACKEND = "flashinfer_trtllm"
 NEW_BACKEND = "flashinfer_cutlass"
 NEW_LOG = f"Use {NEW_BACKEND} as MoE runner backend on sm120 for {ARCH}"
 VERSION_GATE = "check_pkg_version_at_least"
-# SM100 test spelling -> the same release's SM120 spelling.
-SM120_OF = {
-    "is_sm100_supported()": "is_sm120_supported()",
-    "get_platform().is_sm100": "get_platform().is_sm120",
-}
+# The SM100 tests the anchor branch may have (their SM120 twins: cst_helpers.sglang_arch_twin).
+SM100_TESTS = ("is_sm100_supported()", "get_platform().is_sm100")
 # Names whose presence in a test makes it an SM120 branch, whatever its exact form.
 SM120_NAMES = {"is_sm120_supported", "_is_sm120_supported", "is_sm120"}
 # The only variables the copied part of the SM100 branch may write: it derives the
@@ -40,9 +46,9 @@ QUANT_TARGETS = {
 
 def transform(module: cst.Module) -> Result:
     import libcst as cst
-    import libcst.matchers as m
 
     from sm120patch import cst_helpers as h
+    from sm120patch import operations as op
 
     # 1. The site: the Glm4Moe branch of server_args (0.5.8-0.5.14) or the overrides
     # function (0.5.15 on). Exactly one of them.
@@ -50,7 +56,7 @@ def transform(module: cst.Module) -> Result:
     arch_ifs = [
         node
         for func in h.functions(module, SERVER_ARGS_FUNC)
-        for node in m.findall(func, m.If())
+        for node in h.statements(func)
         if isinstance(node, cst.If) and _is_arch_test(node.test)
     ]
     sites: list[tuple[str, cst.BaseSuite]] = [(OVERRIDES_FUNC, f.body) for f in overrides]
@@ -70,8 +76,8 @@ def transform(module: cst.Module) -> Result:
         return refused(site, "an indented block", f"`{h.code(suite)}`")
 
     # 2. The anchor: exactly one SM100 branch among the site's top-level if/elif chains.
-    chains = [branch for stmt in suite.body if isinstance(stmt, cst.If) for branch in _chain(stmt)]
-    sm100 = [b for b in chains if h.key(b.test) in SM120_OF]
+    chains = op.branches_in(suite)
+    sm100 = [b for b in chains if h.key(b.test) in SM100_TESTS]
     if len(sm100) != 1:
         expected = "one `if is_sm100_supported():` or `if get_platform().is_sm100:` branch"
         mentions = [b for b in chains if "sm100" in h.code(b.test)]
@@ -83,17 +89,15 @@ def transform(module: cst.Module) -> Result:
     anchor = sm100[0]
     sm100_key = h.key(anchor.test)
     assert sm100_key is not None
-    sm120_key = SM120_OF[sm100_key]
+    sm120_key = h.sglang_arch_twin(sm100_key)
+    assert sm120_key is not None
 
     # 3. An SM120 branch already there: ours (already applied) or someone else's (refused).
     sm120_ifs = [
         node
-        for node in m.findall(suite, m.If())
+        for node in h.statements(suite)
         if isinstance(node, cst.If)
-        and any(
-            isinstance(n, cst.Name) and n.value in SM120_NAMES
-            for n in m.findall(node.test, m.Name())
-        )
+        and h.find(node.test, cst.Name, lambda n: n.value in SM120_NAMES)  # type: ignore[attr-defined]
     ]
     if sm120_ifs:
         ours = anchor.orelse
@@ -121,36 +125,34 @@ def transform(module: cst.Module) -> Result:
         if sm100_key.endswith("()")
         else anchor.test.with_changes(attr=cst.Name("is_sm120"))  # type: ignore[attr-defined]
     )
-    branch = cst.If(
-        test=sm120_test,
-        body=body,
-        orelse=anchor.orelse,  # an existing elif/else follows the new branch
-        whitespace_before_test=anchor.whitespace_before_test,
-        whitespace_after_test=anchor.whitespace_after_test,
-    )
+    branch = op.new_elif(anchor, sm120_test, body)  # an existing elif/else follows it
     problem = _self_check(branch, sm120_key)
     if problem:
         return refused(site, "the built SM120 branch to be the intended one", problem)
-    new_module = h.replace(module, anchor, anchor.with_changes(orelse=branch), scope=anchor)
-    assert isinstance(new_module, cst.Module)
+    res = op.add_elif(module, anchor, branch, site=site, shape="")
 
     # 5. The function form needs `is_sm120_supported` imported next to `is_sm100_supported`.
     if sm120_key == "is_sm120_supported()" and not h.import_sources(
-        new_module, "is_sm120_supported"
+        res.module, "is_sm120_supported"
     ):
-        with_import = h.import_next_to(new_module, "is_sm120_supported", "is_sm100_supported")
-        if with_import is None:
-            found = len(h.import_sources(new_module, "is_sm100_supported"))
-            return refused(
-                site,
-                "one module-level `from ... import (..., is_sm100_supported, ...)` "
+        found = len(h.import_sources(res.module, "is_sm100_supported"))
+        res = op.then(
+            res,
+            op.add_import(
+                res.module,
+                "is_sm120_supported",
+                next_to="is_sm100_supported",
+                site=site,
+                expected="one module-level `from ... import (..., is_sm100_supported, ...)` "
                 "to add is_sm120_supported to",
-                f"{found} such imports",
-            )
-        new_module = with_import
+                found=f"{found} such imports",
+            ),
+        )
+        if res.status is Status.REFUSED:
+            return res
         notes.append("is_sm120_supported imported")
     shape = "; ".join([f"`elif {sm120_key}:` after `if {sm100_key}:`", *notes])
-    return applied(site, new_module, shape)
+    return applied(site, res.module, shape)
 
 
 _KNOWN = (
@@ -183,16 +185,6 @@ def _is_arch_test(test: cst.BaseExpression) -> bool:
     if isinstance(op, cst.In) and isinstance(value, (cst.List, cst.Tuple, cst.Set)):
         return any(_string(el.value) == ARCH for el in value.elements)
     return False
-
-
-def _chain(node: cst.If) -> list[cst.If]:
-    """An if statement and its elif branches, in order."""
-    import libcst as cst
-
-    out = [node]
-    while isinstance(out[-1].orelse, cst.If):
-        out.append(out[-1].orelse)
-    return out
 
 
 def _string(node: cst.CSTNode) -> str | None:
@@ -250,13 +242,15 @@ def _is_backend_target(node: cst.BaseAssignTargetExpression) -> bool:
 def _chooses(branch: cst.If, backend: str) -> bool:
     """Whether the branch assigns `backend` to the MoE runner backend somewhere inside."""
     import libcst as cst
-    import libcst.matchers as m
+
+    from sm120patch import cst_helpers as h
 
     return any(
         isinstance(a, cst.Assign)
+        and len(a.targets) == 1
         and _is_backend_target(a.targets[0].target)
         and _string(a.value) == backend
-        for a in m.findall(branch.body, m.Assign(targets=[m.AssignTarget()]))
+        for a in h.find(branch.body, cst.Assign)
     )
 
 
@@ -436,7 +430,6 @@ def _choose_cutlass(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement] |
 def _self_check(branch: cst.If, sm120_key: str) -> str | None:
     """Say what is wrong with the built branch, if anything (a guard against our own bugs)."""
     import libcst as cst
-    import libcst.matchers as m
 
     from sm120patch import cst_helpers as hh
 
@@ -447,19 +440,41 @@ def _self_check(branch: cst.If, sm120_key: str) -> str | None:
     stale = [word for word in ("trtllm", "trt-llm", "sm100") if word in text]
     if stale:
         return f"{' and '.join(stale)} left in the branch (a string or a comment)"
-    strings = [_string(s) for s in m.findall(branch.body, m.SimpleString())]
+    strings = [_string(s) for s in hh.find(branch.body, cst.SimpleString)]
     if (
         strings.count(NEW_BACKEND) != 1
         or strings.count(NEW_LOG) != 1
         or not _chooses(branch, NEW_BACKEND)
     ):
         return f"not exactly one {NEW_BACKEND} choice with its log line"
-    calls = [hh.key(c.func) for c in m.findall(branch.body, m.Call())]  # type: ignore[attr-defined]
+    calls = [hh.key(c.func) for c in hh.find(branch.body, cst.Call)]  # type: ignore[attr-defined]
     if VERSION_GATE in calls:
         return "a FlashInfer version gate left in the branch"
     if isinstance(branch.body, cst.IndentedBlock) and not branch.body.body:
         return "an empty branch"
     return None
+
+
+SERVER_ARGS = "sglang/srt/server_args.py"
+OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+GLM4_MOE = "sglang/srt/arg_groups/model_overrides/glm4_moe.py"
+FACTS = (
+    Fact("<0.5.8", Status.NOT_APPLICABLE, "no Glm4MoeForCausalLM MoE branch",
+         source="DESIGN s4 D", note="no Glm4MoeForCausalLM branch before 0.5.8"),
+    Fact(">=0.5.8,<0.5.10", Status.APPLIED, '`elif model_arch in ["Glm4MoeForCausalLM"]:` '
+         '`if is_sm100_supported():` ... flashinfer_trtllm under '
+         '`if check_pkg_version_at_least("flashinfer-python", ...):`', SERVER_ARGS,
+         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 D"),
+    Fact(">=0.5.10,<0.5.15", Status.APPLIED, "same, without the version gate", SERVER_ARGS,
+         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 D"),
+    Fact(">=0.5.15,<0.5.19", Status.APPLIED, '`if is_sm100_supported():` ... '
+         'overrides["moe_runner_backend"] = "flashinfer_trtllm"', OVERRIDES, OVERRIDES_FUNC,
+         "utils", "DESIGN s4 D",
+         note="server_args.py keeps an empty `elif model_arch in [\"Glm4MoeForCausalLM\"]: "
+         "pass` pointing at overrides.py (real files): the site is in overrides.py"),
+    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "`if get_platform().is_sm100:`", GLM4_MOE,
+         OVERRIDES_FUNC, "platform", "DESIGN s4 D"),
+)
 
 
 PATCH = Patch(
@@ -488,17 +503,6 @@ PATCH = Patch(
         "sglang/srt/server_args.py",
     ),
     marker=ARCH,
-    shapes=(
-        "0.5.2 to 0.5.7: no Glm4MoeForCausalLM MoE branch (not applicable)",
-        "0.5.8 and 0.5.9: sglang/srt/server_args.py, "
-        "ServerArgs._handle_model_specific_adjustments, "
-        '`elif model_arch in ["Glm4MoeForCausalLM"]:` `if is_sm100_supported():` ... '
-        'flashinfer_trtllm under `if check_pkg_version_at_least("flashinfer-python", ...):`',
-        "0.5.10 to 0.5.14: same, without the version gate",
-        "0.5.15 to 0.5.18: sglang/srt/arg_groups/overrides.py::_glm4_moe_overrides, "
-        '`if is_sm100_supported():` ... overrides["moe_runner_backend"] = "flashinfer_trtllm"',
-        "0.5.19 to 0.5.23: sglang/srt/arg_groups/model_overrides/glm4_moe.py::"
-        "_glm4_moe_overrides, `if get_platform().is_sm100:`",
-    ),
+    facts=FACTS,
     transform=transform,
 )

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.transform import Patch, Result, already_applied, applied, refused
+from sm120patch.facts import Fact
+from sm120patch.transform import Patch, Result, Status, already_applied, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -18,11 +19,11 @@ ANCHOR = "_is_sm100_supported"
 UTILS = "sglang.srt.utils"
 # The CUDA half of the SM100 flag, copied as is into the SM120 flag.
 CUDA_FORMS = ("_is_cuda", "is_cuda()")
-# The SM100 half -> its SM120 twin, and the name that twin needs from sglang.srt.utils
-# (None: `get_platform()` is already imported, since the SM100 flag calls it).
-ARCH_FORMS: dict[str, tuple[str, str | None]] = {
-    "is_sm100_supported()": ("is_sm120_supported()", "is_sm120_supported"),
-    "get_platform().is_sm100": ("get_platform().is_sm120", None),
+# The SM100 half (its SM120 twin: cst_helpers.sglang_arch_twin) -> the name that twin needs
+# from sglang.srt.utils (None: `get_platform()` is already imported, the SM100 flag calls it).
+ARCH_FORMS: dict[str, str | None] = {
+    "is_sm100_supported()": "is_sm120_supported",
+    "get_platform().is_sm100": None,
 }
 KNOWN = (
     f"`{ANCHOR} = _is_cuda and is_sm100_supported()` (or `is_cuda() and ...`, "
@@ -42,61 +43,74 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
     return h.key(value.left), h.key(value.right)
 
 
-def _imported_at_module_level(module: cst.Module, name: str) -> bool:
-    """Whether a module-level `from ... import` binds `name`, whichever module it comes from."""
-    import libcst as cst
-
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                if any((a.evaluated_alias or a.evaluated_name) == name for a in small.names):
-                    return True
-    return False
-
-
 def transform(module: cst.Module) -> Result:
     from sm120patch import cst_helpers as h
+    from sm120patch import operations as op
 
     anchors = h.module_assignments(module, ANCHOR)
-    if len(anchors) != 1:
-        found = "none" if not anchors else f"{len(anchors)} assignments of {ANCHOR}"
-        return refused(SITE, f"one module flag {KNOWN}", found)
-    keys = _and_keys(anchors[0])
-    if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
-        return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
-    cuda, sm100 = keys
-    sm120, needs = ARCH_FORMS[sm100]  # type: ignore[index]
+    if len(anchors) == 1:
+        keys = _and_keys(anchors[0])
+        if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
+            return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
+        cuda, sm100 = keys
+        sm120, needs = h.sglang_arch_twin(sm100), ARCH_FORMS[sm100]  # type: ignore[index]
+    else:
+        cuda, sm120, needs = "", "", None  # add_module_flag refuses
     form = f"{cuda} and {sm120}"
     shape = f"{SITE} = {form}" + (f", {needs} imported from {UTILS}" if needs else "")
-    missing_import = needs is not None and not _imported_at_module_level(module, needs)
-
     existing = h.module_assignments(module, SITE)
-    if len(existing) > 1:
-        return refused(SITE, f"at most one `{SITE} = {form}`", f"{len(existing)} assignments")
-    if existing:
-        if _and_keys(existing[0]) != (cuda, sm120):
-            return refused(SITE, f"`{SITE} = {form}`", f"`{h.code(existing[0])}`")
-        if missing_import:
+    flag = op.add_module_flag(
+        module,
+        name=SITE,
+        sibling=ANCHOR,
+        value=form,
+        same=len(existing) == 1 and _and_keys(existing[0]) == (cuda, sm120),
+        expected=f"one module flag {KNOWN}",
+    )
+    if flag.status is Status.REFUSED:
+        return flag
+    imported = needs is None or h.binds_at_module_level(module, needs)
+    if flag.status is Status.ALREADY_APPLIED:
+        if not imported:
             # A half-done edit (by hand?): the flag would raise NameError at import time.
             return refused(
                 SITE, f"`{needs}` imported from {UTILS} for `{SITE} = {form}`", "no such import"
             )
         return already_applied(SITE, shape)
+    if imported:
+        return applied(SITE, flag.module, shape)
+    assert needs is not None
+    add = op.add_import(
+        flag.module,
+        needs,
+        next_to="is_sm100_supported",
+        from_module=UTILS,
+        site=SITE,
+        expected=f"one `from {UTILS} import (...)` naming is_sm100_supported, to add {needs}",
+        found="none, or several",
+    )
+    return op.then(flag, add, shape=shape)
 
-    flag = h.parse_statement(f"{SITE} = {form}{module.default_newline}", module)
-    new_module = h.insert_after(module, anchors[0], [flag])
-    if needs is not None and missing_import:
-        with_import = h.add_import_after(new_module, UTILS, needs, after="is_sm100_supported")
-        if with_import is None:
-            return refused(
-                SITE,
-                f"one `from {UTILS} import (...)` naming is_sm100_supported, to add {needs}",
-                "none, or several",
-            )
-        new_module = with_import
-    return applied(SITE, new_module, shape)
+
+COMMUNICATOR = "sglang/srt/layers/communicator.py"
+ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+FACTS = (
+    Fact(">=0.5.2,<0.5.4", Status.REFUSED, "`_is_sm100_supported = is_cuda() and "
+         "is_sm100_supported()`; sglang.srt.utils has no is_sm120_supported to import",
+         COMMUNICATOR, None, "import", "DESIGN s4 A",
+         note="the import it adds does not exist before 0.5.4: the planner refuses every "
+         "patch of the file"),
+    Fact(">=0.5.4,<0.5.6", Status.APPLIED, "`_is_sm100_supported = is_cuda() and "
+         "is_sm100_supported()`, imported from sglang.srt.utils", COMMUNICATOR, None, "import",
+         "DESIGN s4 A"),
+    Fact(">=0.5.6,<0.5.19", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
+         "is_sm100_supported()`, same import", COMMUNICATOR, None, "import", "DESIGN s4 A"),
+    Fact(">=0.5.19,<0.5.21", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
+         "get_platform().is_sm100`, no import needed", COMMUNICATOR, None, "platform",
+         "DESIGN s4 A"),
+    Fact(">=0.5.21,<0.5.24", Status.APPLIED, "same, in layer_boundary/residual/add_norm.py",
+         ADD_NORM, None, "platform", "DESIGN s4 A"),
+)
 
 
 PATCH = Patch(
@@ -118,15 +132,6 @@ PATCH = Patch(
     # communicator.py, from 0.5.21 add_norm.py). Same files and marker as sglang.fusion-gate
     # so that both run chained on one parse.
     marker=f"{ANCHOR} = ",
-    shapes=(
-        "0.5.2 to 0.5.5: communicator.py, `_is_sm100_supported = is_cuda() and "
-        "is_sm100_supported()`, imported from sglang.srt.utils (is_sm120_supported exists "
-        "there from 0.5.4 only)",
-        "0.5.6 to 0.5.18: communicator.py, `_is_sm100_supported = _is_cuda and "
-        "is_sm100_supported()`, same import",
-        "0.5.19 to 0.5.20: communicator.py, `_is_sm100_supported = _is_cuda and "
-        "get_platform().is_sm100`, no import needed",
-        "0.5.21 to 0.5.23: layer_boundary/residual/add_norm.py, same as 0.5.19",
-    ),
+    facts=FACTS,
     transform=transform,
 )

@@ -146,9 +146,20 @@ def emit_json(doc: Any) -> None:
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sm120patch")
-def main() -> None:
+@click.option(
+    "--patches",
+    "pack_dirs",
+    multiple=True,
+    metavar="DIR",
+    help="Also load the patch pack in DIR (patch modules + profiles.toml; repeatable; "
+    "SM120PATCH_PATCHES adds more).",
+)
+def main(pack_dirs: tuple[str, ...]) -> None:
     """Apply, review and revert the patches that enable SGLang and FlashInfer fast paths on
     NVIDIA SM120 GPUs (RTX PRO 6000, RTX 5090)."""
+    from sm120patch import catalog
+
+    catalog.use_packs(pack_dirs)  # also when empty: one process may run several commands
 
 
 @main.command("list")
@@ -168,21 +179,32 @@ def list_cmd(as_json: bool) -> None:
                         "status": p.status,
                         "patches": list(p.patches),
                         "pins": {k: str(v) for k, v in p.pins.items()},
+                        "source": cat.profile_sources[p.name].name,
                     }
                     for p in cat.profiles.values()
                 ],
                 "patches": [
-                    {"id": p.id, "target": p.target, "title": p.title} for p in cat.patches.values()
+                    {
+                        "id": p.id,
+                        "target": p.target,
+                        "title": p.title,
+                        "source": cat.source(p.id).name,
+                    }
+                    for p in cat.patches.values()
                 ],
             }
         )
         return
     for p in cat.profiles.values():
         pins = ", ".join(f"{k} {v}" for k, v in p.pins.items())
-        click.echo(f"{p.name:8} [{p.status}] {p.title}")
+        origin = cat.profile_sources[p.name]
+        click.echo(f"{p.name:8} [{p.status}] {p.title}" + ("" if origin.built_in else
+                                                            f" (from {origin.name})"))
         click.echo(f"{'':8} pins: {pins}")
         for pid in p.patches:
-            click.echo(f"{'':8}   {pid:26} {cat.patches[pid].title}")
+            source = cat.source(pid)
+            where = "" if source.built_in else f" (from {source.name})"
+            click.echo(f"{'':8}   {pid:26} {cat.patches[pid].title}{where}")
 
 
 @main.command("show")
@@ -199,7 +221,7 @@ def show_cmd(profile: str) -> None:
     if prof.known:
         click.echo("  known: " + " ".join(prof.known.split()))
     for patch in cat.patches_of(prof):
-        click.echo(f"\n{patch.id} ({patch.target}): {patch.title}")
+        click.echo(f"\n{patch.id} ({patch.target}, {cat.source(patch.id).name}): {patch.title}")
         click.echo("  why: " + patch.why)
         if patch.upstream:
             click.echo(f"  upstream: {patch.upstream}")
@@ -896,6 +918,49 @@ def export_cmd(
     plan = planner.checked(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
     for item in export.write(plan, Path(out_dir), overwrite=overwrite):
         click.echo(f"{item.target}: {item.path}")
+
+
+# ---- patch packs (issue 12): new-patch -------------------------------------------------------
+
+
+@main.command("new-patch")
+@click.argument("patch_id")
+@click.option("--target", type=click.Choice(["sglang", "flashinfer"]), required=True)
+@click.option("--file", "rel", required=True, metavar="PATH",
+              help="The file holding the site, relative to the package's parent.")
+@click.option("--function", required=True, help="The function holding the site.")
+@click.option("--pins", required=True, metavar="SPEC", help="Releases the profile pins.")
+@click.option("--keyword", default=None, help="A list keyword to extend (with --expect, --add).")
+@click.option("--expect", default=None, metavar="N,N", help="The list as released, e.g. 9,10.")
+@click.option("--add", type=int, default=None, help="The element to add, e.g. 12.")
+@click.option("--profile", default=None, help="Profile name (default: the id's last part).")
+@click.option("--dir", "directory", default="sm120patch-pack", show_default=True,
+              type=click.Path(file_okay=False), help="The pack directory to write into.")
+@click.option("--force", is_flag=True, help="Overwrite files new-patch wrote before.")
+def new_patch_cmd(
+    patch_id: str, target: str, rel: str, function: str, pins: str, keyword: str | None,
+    expect: str | None, add: int | None, profile: str | None, directory: str, force: bool,
+) -> None:
+    """Write a patch module, its facts table, a profile and a test into a pack directory."""
+    from pathlib import Path
+
+    from sm120patch import scaffold
+    from sm120patch.errors import UsageError
+
+    try:
+        majors = tuple(int(x) for x in expect.split(",")) if expect else ()
+    except ValueError:
+        raise UsageError(
+            f"--expect '{expect}' is not a list of integers", "e.g. --expect 9,10"
+        ) from None
+    spec = scaffold.NewPatch(
+        patch_id, target, rel, function, pins, profile or "", keyword, majors, add
+    )
+    written = scaffold.write(spec, Path(directory), force=force)
+    for path in (written.module, written.test, written.profiles):
+        click.echo(f"wrote {path}")
+    click.echo(f"next: fill in the TODOs, then `python -m pytest {written.test}` and "
+               f"`sm120patch --patches {directory} apply {written.profile} --dry-run`")
 
 
 @main.command("matrix")

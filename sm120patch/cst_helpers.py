@@ -10,13 +10,77 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
 
 def code(node: cst.CSTNode, limit: int = 100) -> str:
     """The source of `node` on one line, shortened: for 'found ...' in refusal messages."""
     text = " ".join(cst.Module(body=[]).code_for_node(node).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def find(
+    root: cst.CSTNode,
+    kinds: type[cst.CSTNode] | tuple[type[cst.CSTNode], ...],
+    want: Callable[[cst.CSTNode], bool] | None = None,
+) -> list[cst.CSTNode]:
+    """Every node of `kinds` under `root` (itself included), in pre-order, for which `want`
+    holds. A plain visitor: for the small nodes it is meant for (a test, a branch), it costs
+    a fraction of `libcst.matchers.findall`, and importing the matchers costs more still."""
+    found: list[cst.CSTNode] = []
+
+    class _Visitor(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kinds) and (want is None or want(node)):
+                found.append(node)
+            return True
+
+    root.visit(_Visitor())
+    return found
+
+
+def keyword_args(scope: cst.CSTNode, keyword: str) -> list[cst.Arg]:
+    """Every `keyword=...` argument of a call in the simple statements and the compound
+    statements' headers under `scope`, without walking nested blocks twice."""
+    out: list[cst.Arg] = []
+    for stmt in statements(scope):
+        for part in _headers_and_lines(stmt):
+            out += find(part, cst.Arg, lambda a: _is_keyword(a, keyword))  # type: ignore[misc]
+    return out  # type: ignore[return-value]
+
+
+def _is_keyword(arg: cst.CSTNode, keyword: str) -> bool:
+    return isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == keyword
+
+
+def conditions(scope: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The test of every `if` and `elif` and the value of every `return` under `scope`, found
+    by walking statements only (a condition is always an if's test or a returned value)."""
+    out: list[cst.BaseExpression] = []
+    for stmt in statements(scope):
+        if isinstance(stmt, cst.If):
+            out.append(stmt.test)
+        for line in _headers_and_lines(stmt):
+            if isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+                out += [s.value for s in line.body if isinstance(s, cst.Return) and s.value]
+    return out
+
+
+def _headers_and_lines(stmt: cst.CSTNode) -> list[cst.CSTNode]:
+    """The expressions a statement-level node holds outside its blocks: an `if`'s test, a
+    def's decorators and parameters, the simple statement lines of a suite."""
+    if isinstance(stmt, (cst.Module, cst.IndentedBlock)):
+        return [s for s in stmt.body if isinstance(s, cst.SimpleStatementLine)]
+    if isinstance(stmt, cst.SimpleStatementSuite):
+        return [stmt]
+    if isinstance(stmt, (cst.If, cst.While)):
+        return [stmt.test]
+    if isinstance(stmt, cst.FunctionDef):
+        return [*stmt.decorators, stmt.params]
+    if isinstance(stmt, cst.For):
+        return [stmt.target, stmt.iter]
+    if isinstance(stmt, cst.With):
+        return list(stmt.items)
+    return []
 
 
 def functions(module: cst.CSTNode, name: str) -> list[cst.FunctionDef]:
@@ -92,6 +156,14 @@ def _walk_uncached(node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode | N
         out.append((current, parent))
         stack.extend((child, current) for child in reversed(_blocks_under(current)))
     return out
+
+
+def parent_of(module: cst.Module, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The statement-level node holding `node` (a block, for a statement), by the walk."""
+    for n, parent in _walk(module):
+        if n is node:
+            return parent
+    return None
 
 
 def replace(
@@ -195,30 +267,46 @@ def _no_comments(ws: cst.BaseParenthesizableWhitespace) -> cst.BaseParenthesizab
     return ws
 
 
+def module_imports(module: cst.Module) -> list[cst.Import | cst.ImportFrom]:
+    """Every module-level `import` and `from ... import` statement, in order: the one scanner
+    the import helpers below share."""
+    return [
+        small
+        for stmt in module.body
+        if isinstance(stmt, cst.SimpleStatementLine)
+        for small in stmt.body
+        if isinstance(small, (cst.Import, cst.ImportFrom))
+    ]
+
+
+def _absolute_froms(module: cst.Module) -> list[cst.ImportFrom]:
+    """Module-level absolute `from x import a, b` (not `*`)."""
+    return [
+        imp
+        for imp in module_imports(module)
+        if isinstance(imp, cst.ImportFrom)
+        and not imp.relative
+        and not isinstance(imp.names, cst.ImportStar)
+    ]
+
+
 def imported_from(module: cst.Module) -> set[tuple[str, str]]:
     """(module, name) for each name of each module-level absolute `from module import name`."""
-    out = set()
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not small.relative and small.module:
-                if isinstance(small.names, cst.ImportStar):
-                    continue
-                out |= {(_dotted(small.module), a.evaluated_name) for a in small.names}
-    return out
+    return {
+        (_dotted(imp.module), a.evaluated_name)
+        for imp in _absolute_froms(module)
+        if imp.module
+        for a in imp.names  # type: ignore[union-attr]
+    }
 
 
-def imported_names(module: cst.Module, from_module: str) -> list[str]:
-    """Names imported by `from <from_module> import ...` statements at module level."""
-    names: list[str] = []
-    for imp in _import_froms(module, from_module):
-        if isinstance(imp.names, cst.ImportStar):
-            names.append("*")
-            continue
-        for alias in imp.names:
-            names.append(alias.evaluated_alias or alias.evaluated_name)
-    return names
+def imports_module(module: cst.Module, name: str) -> bool:
+    """Whether a module-level `import name` (not aliased) binds `name`."""
+    return any(
+        isinstance(imp, cst.Import)
+        and any(a.evaluated_name == name and a.asname is None for a in imp.names)
+        for imp in module_imports(module)
+    )
 
 
 def add_import_after(
@@ -299,15 +387,13 @@ def _dotted(node: cst.BaseExpression | None) -> str:
 
 
 def _import_froms(module: cst.Module, from_module: str) -> list[cst.ImportFrom]:
-    out = []
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not small.relative:
-                if _dotted(small.module) == from_module:
-                    out.append(small)
-    return out
+    return [
+        imp
+        for imp in module_imports(module)
+        if isinstance(imp, cst.ImportFrom)
+        and not imp.relative
+        and _dotted(imp.module) == from_module
+    ]
 
 
 def module_assignments(module: cst.Module, target: str) -> list[cst.SimpleStatementLine]:
@@ -319,7 +405,8 @@ def module_assignments(module: cst.Module, target: str) -> list[cst.SimpleStatem
             if (
                 isinstance(small, cst.Assign)
                 and len(small.targets) == 1
-                and m.matches(small.targets[0].target, m.Name(target))
+                and isinstance(small.targets[0].target, cst.Name)
+                and small.targets[0].target.value == target
             ):
                 out.append(stmt)
     return out
@@ -376,9 +463,20 @@ def sglang_arch_check(arch: str, form: str) -> cst.BaseExpression:
     return cst.parse_expression(f"{prefix}{arch}{suffix}")
 
 
+def sglang_arch_twin(spelled: str | None, arch: str = "sm120") -> str | None:
+    """An SGLang SM100 check in `key` spelling -> the same check for `arch`, in the same form:
+    `is_sm100_supported()` -> `is_sm120_supported()`, `get_platform().is_sm100` ->
+    `get_platform().is_sm120`, `_is_sm100_supported` -> `_is_sm120_supported`; None for
+    anything else. The one place the SM100 -> SM120 spelling lives."""
+    for _form, prefix, suffix in _ARCH_FORMS:
+        if spelled == f"{prefix}sm100{suffix}":
+            return f"{prefix}{arch}{suffix}"
+    return None
+
+
 def mentions_sglang_arch(node: cst.CSTNode) -> bool:
     """Whether any part of `node` is an SGLang GPU-arch check (see `sglang_arch`)."""
-    candidates = m.findall(node, m.Call() | m.Attribute() | m.Name())
+    candidates = find(node, (cst.Call, cst.Attribute, cst.Name))
     return any(sglang_arch(c) is not None for c in candidates)  # type: ignore[arg-type]
 
 
@@ -415,19 +513,22 @@ def import_sources(module: cst.Module, name: str) -> list[str]:
     Only plain imports count (`from m import name`, not `import other as name`); relative
     imports are not looked at.
     """
-    sources = []
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if (
-                isinstance(small, cst.ImportFrom)
-                and not small.relative
-                and not isinstance(small.names, cst.ImportStar)
-                and any(a.evaluated_name == name and a.asname is None for a in small.names)
-            ):
-                sources.append(_dotted(small.module))
-    return sources
+    return [
+        _dotted(imp.module)
+        for imp in _absolute_froms(module)
+        if any(a.evaluated_name == name and a.asname is None for a in imp.names)  # type: ignore[union-attr]
+    ]
+
+
+def binds_at_module_level(module: cst.Module, name: str) -> bool:
+    """Whether a module-level `from ... import` binds `name` (as itself or as an alias),
+    whichever module it comes from."""
+    return any(
+        isinstance(imp, cst.ImportFrom)
+        and not isinstance(imp.names, cst.ImportStar)
+        and any((a.evaluated_alias or a.evaluated_name) == name for a in imp.names)
+        for imp in module_imports(module)
+    )
 
 
 def import_next_to(module: cst.Module, name: str, like: str) -> cst.Module | None:

@@ -41,12 +41,10 @@ if TYPE_CHECKING:
     from sm120patch.lockfile import Lock
 
 BRANCH_PREFIX = state.BRANCH_PREFIX
-# Test hooks for the kill-anywhere tests: the step at which the process kills itself (`step`,
-# or `step:N` for its N-th passage), and a file to which every step passed is appended as
-# `step:N` (so that the tests learn every boundary of a run).
-KILL_ENV = "SM120PATCH_KILL_AT"
-TRACE_ENV = "SM120PATCH_TRACE_STEPS"
-_passed: dict[str, int] = {}
+KILL_ENV = state.KILL_ENV
+TRACE_ENV = state.TRACE_ENV
+kill_point = state.kill_point
+drop_pycache = state.drop_pycache
 
 
 @dataclass
@@ -93,19 +91,6 @@ class Report:
             # second call).
             "diff": self.plan.diff() if self.plan is not None and self.action == "applied" else "",
         }
-
-
-def kill_point(step: str) -> None:
-    count = _passed[step] = _passed.get(step, 0) + 1
-    trace = os.environ.get(TRACE_ENV)
-    if trace:
-        with open(trace, "a", encoding="utf-8") as fh:
-            fh.write(f"{step}:{count}\n")
-    if os.environ.get(KILL_ENV) in (step, f"{step}:{count}"):
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-    interrupts.at_step(step, count)  # [signals] a deferred SIGINT stops an apply here
 
 
 class _Ctx:
@@ -622,17 +607,6 @@ def _remove_temps(ctx: _Ctx, files: tuple[FileRecord, ...]) -> None:
     for f in files:
         state.remove_temps(ctx.path(f.path))
     ctx.state.remove_temps()
-
-
-def drop_pycache(path: Path) -> None:
-    """Stale bytecode of a module we rewrote must not outlive it."""
-    cache = path.parent / "__pycache__"
-    if cache.is_dir() and not cache.is_symlink():
-        for pyc in cache.glob(f"{path.stem}.*.pyc"):
-            try:
-                pyc.unlink()
-            except FileNotFoundError:
-                pass
 
 
 # ---- revert ------------------------------------------------------------------------------

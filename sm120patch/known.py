@@ -130,7 +130,11 @@ def matches(entry: Entry, profile: str | None, box: Box) -> bool:
     if profile is not None and not _profile_matches(c, profile):
         return False
     for kind in ("sglang", "flashinfer"):
-        if kind in c and kind in box.versions and not _in(c[kind], _release(box.versions[kind])):
+        # A condition on a release this box does not have (FlashInfer not installed, say)
+        # does not describe this box.
+        if kind in c and (
+            kind not in box.versions or not _in(c[kind], _release(box.versions[kind]))
+        ):
             return False
     if "gpu_family" in c and box.gpu_family and c["gpu_family"].lower() != box.gpu_family:
         return False

@@ -75,8 +75,6 @@ class InstalledLayout:
         return []
 
     def restore_pristine(self, files: tuple[FileRecord, ...]) -> None:
-        from sm120patch.engine import drop_pycache, kill_point
-
         for f in files:
             path = self.path(f.path)
             if file_sha256(path) == f.before:
@@ -88,8 +86,8 @@ class InstalledLayout:
                     f"restore the file by hand (state in {self.state.dir})",
                 )
             state.atomic_write(path, data, mode=f.mode)
-            drop_pycache(path)
-            kill_point("after-write")
+            state.drop_pycache(path)
+            state.kill_point("after-write")
 
 
 class GitLayout(InstalledLayout):
@@ -212,14 +210,12 @@ class GitLayout(InstalledLayout):
         return []
 
     def _switch_back(self, files: tuple[FileRecord, ...], git: GitBase) -> None:
-        from sm120patch.engine import kill_point
-
         # Reset our files to the patch branch so the switch is clean (a revert with edits
         # there got --force); other dirty files ride along untouched.
         self.repo.discard([f.path for f in files if self.path(f.path)])
-        kill_point("during-switch")
+        state.kill_point("during-switch")
         self.repo.switch(git.branch, git.head)
-        kill_point("after-switch")
+        state.kill_point("after-switch")
 
     def _check_matches_head(self, files: tuple[FileRecord, ...]) -> None:
         """Every touched file equals the checked-out branch's content (git restored it)."""

@@ -12,6 +12,7 @@ import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +24,166 @@ from sm120patch.transform import Patch
 SCHEMA = 1
 
 
+# The library code a patch's result may depend on besides its own module. The runner
+# (`transform_text`) is a root for every patch: it chains, compiles and re-runs them.
+HELPER_MODULES = (
+    "sm120patch.operations",
+    "sm120patch.cst_helpers",
+    "sm120patch.transform",
+    "sm120patch.facts",
+)
+RUNNER = ("sm120patch.transform", "transform_text")
+
+
 def patch_digest(patch: Patch) -> str:
-    """A digest of the code that decides what a patch writes: its module and the shared helpers."""
+    """A digest of the code that decides what a patch writes: its module, and of the shared
+    helper modules only the definitions it reaches (followed name by name), each compared
+    as its syntax tree without docstrings, so that a comment or a docstring, or an edit to a
+    helper this patch does not use, leaves the digest (and every lock holding it) as it was."""
+    module = sys.modules[patch.transform.__module__]
+    helpers = {name: _source(name) for name in HELPER_MODULES}
+    return digest_of(Path(module.__file__ or "").read_text(encoding="utf-8"), helpers)
+
+
+def _source(module_name: str) -> str:
+    """A helper module's source, found without importing it (cst_helpers imports libcst)."""
     import importlib.util
 
-    h = hashlib.sha256()
-    h.update(Path(sys.modules[patch.transform.__module__].__file__ or "").read_bytes())
-    for name in ("sm120patch.cst_helpers", "sm120patch.transform"):
-        # Found, not imported: cst_helpers imports libcst, which a lock check must not need.
-        spec = importlib.util.find_spec(name)
-        h.update(Path(spec.origin if spec and spec.origin else "").read_bytes())
+    spec = importlib.util.find_spec(module_name)
+    return Path(spec.origin if spec and spec.origin else "").read_text(encoding="utf-8")
+
+
+def digest_of(patch_source: str, helpers: dict[str, str]) -> str:
+    """`patch_digest` over source texts: the patch module's and each helper module's."""
+    import ast
+
+    index = {name: _definitions(text) for name, text in helpers.items()}
+    tree = _strip_docstrings(ast.parse(patch_source))
+    h = hashlib.sha256(_dump(tree).encode())
+    todo = sorted(_references(tree, index, _imports(tree, index))) + [RUNNER]
+    seen: set[tuple[str, str]] = set()
+    while todo:
+        ref = todo.pop()
+        if ref in seen or ref[1] not in index.get(ref[0], {}):
+            continue
+        seen.add(ref)
+        todo += sorted(_helper_references(ref[0], ref[1], tuple(sorted(helpers.items()))) - seen)
+    for mod, name in sorted(seen):
+        h.update(f"\0{mod}.{name}\0{_dumped(helpers[mod], name)}".encode())
     return "sha256:" + h.hexdigest()
+
+
+Index = dict[str, dict[str, Any]]
+Imports = tuple[dict[str, str], dict[str, tuple[str, str]]]
+
+
+@lru_cache(maxsize=32)
+def _definitions(source: str) -> dict[str, Any]:
+    """Top-level name -> its def, class or assignment (parsed once per source text)."""
+    import ast
+
+    tree = _strip_docstrings(ast.parse(source))
+    out: dict[str, Any] = {"<module>": tree}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = node
+    return out
+
+
+@lru_cache(maxsize=512)
+def _dumped(source: str, name: str) -> str:
+    return _dump(_definitions(source)[name])
+
+
+@lru_cache(maxsize=1024)
+def _helper_references(
+    home: str, name: str, helpers: tuple[tuple[str, str], ...]
+) -> frozenset[tuple[str, str]]:
+    """What one helper definition uses: names of its own module, and of the helper modules
+    its module (at top level) or the definition itself imports."""
+    import ast
+
+    index = {mod: _definitions(text) for mod, text in helpers}
+    defs = index[home]
+    node = defs[name]
+    top = ast.Module(body=[n for n in defs["<module>"].body if isinstance(n, ast.ImportFrom)],
+                     type_ignores=[])
+    aliases, names = _imports(top, index)
+    local_aliases, local_names = _imports(node, index)
+    imports = ({**aliases, **local_aliases}, {**names, **local_names})
+    out = _references(node, index, imports)
+    out |= {
+        (home, n.id)
+        for n in ast.walk(node)
+        if isinstance(n, ast.Name) and n.id in defs and n.id != "<module>"
+    }
+    return frozenset(out)
+
+
+def _imports(node: Any, index: Index) -> Imports:
+    """Local name -> helper module (`from sm120patch import cst_helpers as h`), and local name
+    -> (helper module, name) (`from sm120patch.operations import add_import`)."""
+    import ast
+
+    aliases: dict[str, str] = {}
+    names: dict[str, tuple[str, str]] = {}
+    for n in ast.walk(node):
+        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            for a in n.names:
+                full = f"{n.module}.{a.name}"
+                if full in index:
+                    aliases[a.asname or a.name] = full
+                elif n.module in index:
+                    names[a.asname or a.name] = (n.module, a.name)
+        elif isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name in index and a.asname:
+                    aliases[a.asname] = a.name
+    return aliases, names
+
+
+def _references(node: Any, index: Index, imports: Imports) -> set[tuple[str, str]]:
+    """(helper module, name) pairs `node` uses through `imports`."""
+    import ast
+
+    aliases, names = imports
+    out: set[tuple[str, str]] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+            if n.value.id in aliases:
+                out.add((aliases[n.value.id], n.attr))
+        elif isinstance(n, ast.Name) and n.id in names:
+            out.add(names[n.id])
+    return out
+
+
+def _dump(node: Any) -> str:
+    import ast
+
+    return ast.dump(node)
+
+
+def _strip_docstrings(tree: Any) -> Any:
+    """The tree without docstrings, changed in place (comments are not in it to begin with)."""
+    import ast
+
+    for n in ast.walk(tree):
+        body = getattr(n, "body", None)
+        if (
+            isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            n.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+    return tree
 
 
 @dataclass
@@ -51,6 +201,21 @@ class Lock:
         """What the lock pins, as one digest (recorded in the manifest of an `--locked` apply)."""
         return "sha256:" + hashlib.sha256(self.to_toml().encode("utf-8")).hexdigest()
 
+    # id -> the pack it came from ("built-in", "entry point X", "directory /p"); pack -> its
+    # digest (catalog.Pack.digest), recorded to say which version of a pack made the lock.
+    # A lock without them (written before packs) reads as all built-in.
+    pack_of: dict[str, str] = field(default_factory=dict)
+    packs: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A lock made here (not read from a file) names the packs of the catalog in effect,
+        # whichever code path built it; `read` passes what the file says.
+        if self.patches and not self.pack_of:
+            cat = catalog.load()
+            self.pack_of = {pid: cat.source(pid).name for pid in self.patches}
+            if not self.packs and self.profile in cat.profiles:
+                self.packs = {p.name: p.digest() for p in cat.packs_of(cat.profile(self.profile))}
+
     def to_toml(self) -> str:
         q = json.dumps  # a TOML basic string is a JSON string for the text we write
         out = [
@@ -65,6 +230,9 @@ class Lock:
         ]
         for pid, digest in self.patches.items():
             out += ["", "[[patches]]", f"id = {q(pid)}", f"digest = {q(digest)}"]
+            out.append(f"pack = {q(self.pack_of.get(pid, catalog.BUILT_IN))}")
+        for name, digest in self.packs.items():
+            out += ["", "[[packs]]", f"name = {q(name)}", f"digest = {q(digest)}"]
         for f in self.files:
             out += [
                 "",
@@ -233,6 +401,10 @@ def read(path: Path) -> Lock:
             profile=str(doc["profile"]),
             versions={str(k): str(v) for k, v in doc["versions"].items()},
             patches={str(p["id"]): str(p["digest"]) for p in doc.get("patches", [])},
+            pack_of={
+                str(p["id"]): str(p.get("pack", catalog.BUILT_IN)) for p in doc.get("patches", [])
+            },
+            packs={str(p["name"]): str(p["digest"]) for p in doc.get("packs", [])},
             files=[
                 {k: str(f[k]) for k in ("target", "path", "before", "after")}
                 for f in doc.get("files", [])
@@ -268,6 +440,10 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
         a, b = lock.versions.get(kind), now.versions.get(kind)
         if a != b:
             problems.append(f"{kind} version: lock has {a}, found {b}")
+    for pid in sorted(set(lock.pack_of) & set(now.pack_of)):
+        a, b = lock.pack_of[pid], now.pack_of[pid]
+        if a != b:
+            problems.append(f"patch {pid}: lock has it from {a}, here it comes from {b}")
     for pid in sorted(set(lock.patches) | set(now.patches)):
         a, b = lock.patches.get(pid), now.patches.get(pid)
         if a != b:

@@ -222,7 +222,7 @@ def run(
     result.gpu_names = [g.name for g in probe.gpus]
     result.gpu_family = probe.family
     is_applied = profile in applied
-    log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+    log = trial.open_log(log_path)
     try:
         for round_ in range(opts.repeat):
             for side in ("baseline", "patched"):

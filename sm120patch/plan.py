@@ -10,11 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion
-
 from sm120patch import catalog, targets
-from sm120patch.catalog import Profile, release_of
+from sm120patch.catalog import Profile
 from sm120patch.errors import Refused
 from sm120patch.targets import Target
 from sm120patch.transform import FileResult, Outcome, Patch, Status, refuse_all, transform_text
@@ -86,23 +83,14 @@ def resolve_targets(profile: Profile, paths: Mapping[str, str | Path | None]) ->
 
 
 def check_pins(profile: Profile, found: list[Target]) -> list[str]:
-    """One line per target whose version is outside the profile's pins."""
+    """One line per target whose version is outside the profile's pins (catalog.pin_problems)."""
     problems = []
-    for target in found:
-        spec: SpecifierSet = profile.pins[target.kind]
-        try:
-            release_of(target.version)
-        except InvalidVersion:
-            problems.append(
-                f"{target.name} version '{target.version}' (from {target.version_source}) "
-                f"is not a PEP 440 version; profile {profile.name} is pinned to {spec}"
-            )
-            continue
-        if not profile.pinned(target.kind, target.version):
-            problems.append(
-                f"{target.name} {target.version} is outside the pins of profile "
-                f"{profile.name} ({target.kind} {spec})"
-            )
+    for target in found:  # one target per kind in a plan; a list keeps each target's line
+        problems += catalog.pin_problems(
+            profile,
+            {target.kind: target.version},
+            {target.kind: (target.name, target.version_source)},
+        )
     return problems
 
 
@@ -139,7 +127,7 @@ def _plan_target_cached(profile: Profile, patches: list[Patch], target: Target) 
     entry = plancache.key(profile, files, target)
     cached = plancache.load(entry, target) if entry else None
     if cached is not None:
-        return cached
+        return TargetPlan(target, cached)
     result = plan_target(profile, patches, target)
     if entry:
         plancache.store(entry, result, plancache.import_deps(target, result))
@@ -186,8 +174,11 @@ def plan_target(profile: Profile, patches: list[Patch], target: Target) -> Targe
             result.files.append(
                 _check_imports(target, transform_text(group, rel, texts[rel] or ""))
             )
+    by_id = {p.id: p for p in mine}
     for file_result in result.files:
-        file_result.outcomes = [_judge(profile, target, o) for o in file_result.outcomes]
+        file_result.outcomes = [
+            _judge(profile, by_id[o.patch], target, o) for o in file_result.outcomes
+        ]
     return result
 
 
@@ -297,12 +288,10 @@ def _unreadable(group: list[Patch], rel: str, problem: str, text: str) -> FileRe
     return res
 
 
-def _judge(profile: Profile, target: Target, outcome: Outcome) -> Outcome:
-    """Apply what the profile and the patch know about this release to a raw outcome."""
+def _judge(profile: Profile, patch: Patch, target: Target, outcome: Outcome) -> Outcome:
+    """Apply what the profile and the patch's facts know about this release to a raw outcome."""
     from dataclasses import replace
 
-    cat = catalog.load()
-    patch = cat.patches[outcome.patch]
     if outcome.status is Status.NOT_APPLICABLE and not profile.absent_ok(patch.id, target.version):
         return replace(
             outcome,
@@ -310,16 +299,12 @@ def _judge(profile: Profile, target: Target, outcome: Outcome) -> Outcome:
             reason=f"{outcome.reason}, but profile {profile.name} expects this site in "
             f"{target.name} {target.version}",
         )
-    if outcome.status is Status.ALREADY_APPLIED and patch.upstream_in:
-        try:
-            if SpecifierSet(patch.upstream_in).contains(release_of(target.version), True):
-                return replace(
-                    outcome,
-                    status=Status.UPSTREAM,
-                    reason=f"{target.name} {target.version} already enables SM120 here",
-                )
-        except InvalidVersion:
-            pass
+    if outcome.status is Status.ALREADY_APPLIED and patch.upstream_at(target.version):
+        return replace(
+            outcome,
+            status=Status.UPSTREAM,
+            reason=f"{target.name} {target.version} already enables SM120 here",
+        )
     return outcome
 
 

@@ -96,9 +96,8 @@ class CachedFileResult(FileResult):
         return list(self.texts)
 
 
-def load(entry: str, target: Target) -> TargetPlan | None:
-    from sm120patch.plan import TargetPlan
-
+def load(entry: str, target: Target) -> list[FileResult] | None:
+    """The file results of the entry's plan, or None (plan afresh)."""
     if not enabled():
         return None
     try:
@@ -108,7 +107,7 @@ def load(entry: str, target: Target) -> TargetPlan | None:
         for rel, sha in doc["deps"].items():
             if _sha(target.parent / rel) != sha:
                 return None  # a file the plan read has changed: plan afresh
-        plan = TargetPlan(target)
+        files: list[FileResult] = []
         names = {f.name for f in fields(Outcome)}
         for f in doc["files"]:
             before = "" if not f["file"] else (target.path_of(f["file"]).read_bytes().decode())
@@ -121,8 +120,8 @@ def load(entry: str, target: Target) -> TargetPlan | None:
             ]
             if f["before_sha"] != hashlib.sha256(before.encode()).hexdigest():
                 return None
-            plan.files.append(result)
-        return plan
+            files.append(result)
+        return files
     except (OSError, ValueError, KeyError, TypeError, zlib.error, UnicodeDecodeError):
         return None  # missing, corrupt, or from another format: plan afresh
 

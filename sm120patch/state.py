@@ -183,6 +183,40 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: b
         _fsync_dir(path.parent)
 
 
+# Test hooks for the kill-anywhere tests: the step at which the process kills itself (`step`,
+# or `step:N` for its N-th passage), and a file to which every step passed is appended as
+# `step:N` (so that the tests learn every boundary of a run).
+KILL_ENV = "SM120PATCH_KILL_AT"
+TRACE_ENV = "SM120PATCH_TRACE_STEPS"
+_passed: dict[str, int] = {}
+
+
+def kill_point(step: str) -> None:
+    count = _passed[step] = _passed.get(step, 0) + 1
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        with open(trace, "a", encoding="utf-8") as fh:
+            fh.write(f"{step}:{count}\n")
+    if os.environ.get(KILL_ENV) in (step, f"{step}:{count}"):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    from sm120patch import interrupts
+
+    interrupts.at_step(step, count)  # [signals] a deferred SIGINT stops an apply here
+
+
+def drop_pycache(path: Path) -> None:
+    """Stale bytecode of a module we rewrote must not outlive it."""
+    cache = path.parent / "__pycache__"
+    if cache.is_dir() and not cache.is_symlink():
+        for pyc in cache.glob(f"{path.stem}.*.pyc"):
+            try:
+                pyc.unlink()
+            except FileNotFoundError:
+                pass
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import libcst as cst
 
+    from sm120patch.facts import Fact
+
 
 class Status(str, Enum):
     APPLIED = "applied"
@@ -75,12 +77,48 @@ class Patch:
     # the first one whose text contains `marker` holds the site in that release.
     files: tuple[str, ...]
     marker: str
-    shapes: tuple[str, ...]
     transform: Transform
+    # What the patch does on which release (sm120patch.facts): shapes, expected outcomes,
+    # where a missing site is fine and where the release carries the change itself.
+    facts: tuple[Fact, ...] = ()
+    # The shapes in words; derived from `facts` when not given.
+    shapes: tuple[str, ...] = ()
     upstream: str | None = None  # the upstream issue or PR this patch relates to
     # Versions of the target whose own code already carries this exact change: there an
-    # `already-applied` reading means "upstream", not "ours".
+    # `already-applied` reading means "upstream", not "ours". Facts with status upstream say
+    # the same; this field stays for patches that declare no facts.
     upstream_in: str | None = None
+
+    def __post_init__(self) -> None:
+        from dataclasses import replace as _replace
+
+        stamped = tuple(f if f.patch == self.id else _replace(f, patch=self.id) for f in self.facts)
+        object.__setattr__(self, "facts", stamped)
+        if not self.shapes and stamped:
+            object.__setattr__(self, "shapes", tuple(f.describe() for f in stamped))
+
+    def facts_at(self, version: str) -> list[Fact]:
+        return [f for f in self.facts if f.covers(version)]
+
+    def absent_at(self, version: str) -> bool:
+        """Whether a fact says the site does not exist in `version` (and that is fine)."""
+        return any(f.status is Status.NOT_APPLICABLE for f in self.facts_at(version))
+
+    def upstream_at(self, version: str) -> bool:
+        """Whether `version` itself carries this patch's change (an `upstream` fact, or
+        `upstream_in`)."""
+        if any(f.status is Status.UPSTREAM for f in self.facts_at(version)):
+            return True
+        if not self.upstream_in:
+            return False
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            release = Version(Version(version).base_version)
+        except InvalidVersion:
+            return False
+        return SpecifierSet(self.upstream_in).contains(release, prereleases=True)
 
     def pick_file(self, read: Callable[[str], str | None]) -> str | None:
         """The candidate file holding this site; `read` returns None for a missing file."""

@@ -202,6 +202,16 @@ class _PowerSampler:
         return self.samples
 
 
+def open_log(log_path: Path | None) -> Any:
+    """The trial's log, opened for appending; one clear line when it cannot be."""
+    if log_path is None:
+        return None
+    try:
+        return open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the trial
+    except OSError as exc:
+        raise UsageError(f"--log {log_path}: cannot write there ({exc.strerror})") from None
+
+
 def run(
     profile: str,
     paths: Mapping[str, str | Path | None],
@@ -224,9 +234,11 @@ def run(
         pattern = re.compile(ready_pattern) if ready_pattern else None
     except re.error as exc:
         raise UsageError(f"--ready-pattern is not a valid regular expression: {exc}") from None
+    # Before anything is applied: an unwritable log is a usage error, not a patched tree left
+    # behind by a crash.
+    log = open_log(log_path)
     report = engine.apply(profile, paths, force=force, preconditions=preconditions)
     we_applied = report.action == "applied"
-    log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
     started = time.time()
     try:
         proc = spawn(command)

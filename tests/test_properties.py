@@ -506,3 +506,63 @@ def test_engine_apply_then_revert_is_the_identity(source):
         assert again.action == "nothing-to-do"
         engine.revert("moe", paths)
         assert path.read_bytes() == source.encode()
+
+
+# ---- sglang.pcie-allreduce --------------------------------------------------------------------
+
+PCIE_OVERRIDE = (
+    "if world_size > 2 and not full_nvlink"
+    ' and os.environ.get("SM120PATCH_PCIE_ALLREDUCE") != "0":\n'
+    "    full_nvlink = True\n"
+)
+
+
+@st.composite
+def pcie_allreduce_source(draw: st.DrawFn) -> tuple[str, bool]:
+    """The gate in either release layout (a method up to 0.5.9, a function from 0.5.10), its
+    test in any layout; `import os` alone, in a list, aliased (then the patch must refuse) or
+    missing."""
+    gate = draw(st.sampled_from([
+        "world_size > 2 and not full_nvlink",
+        "(world_size > 2 and not full_nvlink)",
+        "world_size > 2 and (not full_nvlink)",
+        "(\n{i}    world_size > 2  # more than two\n{i}    and not full_nvlink\n{i})",
+    ]))
+    imports = draw(st.sampled_from(["import os\n", "import json, os\n", "import os as _os\n", ""]))
+    comment = draw(st.sampled_from(["", "{i}# test nvlink first\n", "\n{i}# a comment\n{i}\n"]))
+    method = draw(st.booleans())
+    i = "        " if method else "    "
+    body = (
+        f"{i}full_nvlink = is_full_nvlink(ids, world_size)\n"
+        + comment.format(i=i)
+        + f"{i}if {gate.format(i=i)}:{draw(COMMENT)}\n"
+        f'{i}    logger.warning("disabled on PCIe")\n'
+        f"{i}    return\n"
+        f"{i}self_check = can_p2p()\n"
+    )
+    if method:
+        code = f"class CustomAllreduce:\n    def __init__(self, world_size):\n{body}"
+    else:
+        code = (
+            f"def can_use_custom_all_reduce_with_nvlink(world_size):\n{body}"
+            "    return full_nvlink\n"
+        )
+    source = f"{imports}import logging\n\nlogger = logging.getLogger(__name__)\n\n\n{code}"
+    ok = imports in ("import os\n", "import json, os\n")
+    return line_endings(source, draw(st.booleans())), ok
+
+
+def pcie_expected(tree: ast.Module) -> ast.Module:
+    holders = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    func = holders[-1]
+    index = next(k for k, s in enumerate(func.body) if isinstance(s, ast.If))
+    func.body.insert(index, ast.parse(PCIE_OVERRIDE).body[0])
+    return tree
+
+
+@EXAMPLES
+@given(pcie_allreduce_source())
+def test_pcie_allreduce_variants(drawn):
+    source, ok = drawn
+    outcome = check(load_patch("sglang.pcie-allreduce"), source, pcie_expected)
+    assert outcome == ("applied" if ok else "refused"), source

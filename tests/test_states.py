@@ -575,3 +575,14 @@ def test_state_of_0_1_0_is_read_and_migrated(tmp_path, monkeypatch):
     assert cli("revert", "moe", "--sglang", str(sg))[0] == 0
     assert not legacy.exists()
     assert status_of("--sglang", str(sg))["sglang"]["state"] == "pristine"
+
+
+def test_an_unwritable_trial_log_is_one_line_and_patches_nothing(tmp_path):
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    before = tree_hash(sg)
+    code, _, err = cli("trial", "moe", "--sglang", str(sg), "--no-gpu-check",
+                       "--log", str(tmp_path / "no-such-dir" / "trial.log"), "--", "true")  # fmt: skip
+    assert code == 2 and "--log" in err and "cannot write there" in err, err
+    assert "internal error" not in err
+    assert tree_hash(sg) == before
+    assert status_of("--sglang", str(sg))["sglang"]["state"] == "pristine"

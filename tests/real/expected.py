@@ -1,120 +1,30 @@
 """What each patch must do on each real release: the facts of DESIGN.md s4, as a table.
 
-Every fact names the releases it covers (a PEP 440 specifier on the release, so 0.5.9.post1
-counts as 0.5.9), the outcome, the file holding the site (relative to the package's parent) and
-the function around it. `source` says where the fact comes from: "DESIGN s4 <site>" when the
-design states it, "real files" when DESIGN is silent on that detail and it was read off the
-released files (the file and function names of most sites, confirmed on SGLang 0.5.2..0.5.23
-and FlashInfer 0.3.1, 0.6.1, 0.6.15, 0.6.17, 0.7.4). A release no fact covers has no recorded
-expectation: its outcome is reported (tests/real, benchmarks/compat_table.py) but not judged.
+The facts live with the patches (`FACTS` in each module under patches/, see sm120patch.facts);
+this module gathers them for the real-release tier. Every fact names the releases it covers (a
+PEP 440 specifier on the release, so 0.5.9.post1 counts as 0.5.9), the outcome, the file holding
+the site (relative to the package's parent) and the function around it. `source` says where the
+fact comes from: "DESIGN s4 <site>" when the design states it, "real files" when DESIGN is
+silent on that detail and it was read off the released files.
+
+A release no fact covers has no recorded expectation. Outside every pin of the profiles holding
+the patch its outcome is reported but not judged; inside one, `judged` fails the test: a patch
+cannot pass the real tier on missing facts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
-
+from sm120patch import catalog
+from sm120patch.catalog import Profile
+from sm120patch.facts import Fact
 from sm120patch.transform import Status
 
-A, U, N, R = Status.APPLIED, Status.UPSTREAM, Status.NOT_APPLICABLE, Status.REFUSED
+__all__ = ["FACTS", "OBSERVED", "Fact", "Status", "fact", "judged", "pinned_by"]
 
-COMMUNICATOR = "sglang/srt/layers/communicator.py"
-ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
-SERVER_ARGS = "sglang/srt/server_args.py"
-OVERRIDES = "sglang/srt/arg_groups/overrides.py"
-GLM4_MOE = "sglang/srt/arg_groups/model_overrides/glm4_moe.py"
-COMM_FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
-FI_TRTLLM_AR = "flashinfer/comm/trtllm_ar.py"
-FI_JIT_COMM = "flashinfer/jit/comm.py"
+FACTS: tuple[Fact, ...] = tuple(f for p in catalog.load().patches.values() for f in p.facts)
 
-
-@dataclass(frozen=True)
-class Fact:
-    patch: str
-    releases: str  # PEP 440 specifier on the release
-    status: Status
-    file: str | None = None  # None: no file to name (the site is absent)
-    function: str | None = None  # qualified name of the function holding the site
-    form: str = ""  # the shape of the code at the site, where the checks depend on it
-    source: str = "DESIGN s4"
-    note: str = ""
-
-    def covers(self, version: str) -> bool:
-        release = Version(Version(version).base_version)
-        return SpecifierSet(self.releases).contains(release, prereleases=True)
-
-
-FACTS: tuple[Fact, ...] = (
-    # --- A. the SM120 module flag, next to the SM100 one.
-    Fact("sglang.sm120-flag", ">=0.5.2,<0.5.4", R, COMMUNICATOR, None, "import",
-         "DESIGN s4 A", note="the import it adds does not exist before 0.5.4: the planner "
-         "refuses every patch of the file"),
-    Fact("sglang.sm120-flag", ">=0.5.4,<0.5.19", A, COMMUNICATOR, None, "import",
-         "DESIGN s4 A"),
-    Fact("sglang.sm120-flag", ">=0.5.19,<0.5.21", A, COMMUNICATOR, None, "platform",
-         "DESIGN s4 A"),
-    Fact("sglang.sm120-flag", ">=0.5.21,<0.5.24", A, ADD_NORM, None, "platform", "DESIGN s4 A"),
-    # --- B. the runtime allreduce-fusion gate.
-    Fact("sglang.fusion-gate", ">=0.5.2,<0.5.4", R, COMMUNICATOR,
-         "CommunicateWithAllReduceAndLayerNormFn._gather_hidden_states_and_residual",
-         source="DESIGN s4 A", note="refused with the flag patch of the same file"),
-    Fact("sglang.fusion-gate", ">=0.5.4,<0.5.8", A, COMMUNICATOR,
-         "CommunicateWithAllReduceAndLayerNormFn._gather_hidden_states_and_residual",
-         source="DESIGN s4 B"),
-    Fact("sglang.fusion-gate", ">=0.5.8,<0.5.21", A, COMMUNICATOR,
-         "apply_flashinfer_allreduce_fusion", source="DESIGN s4 B"),
-    Fact("sglang.fusion-gate", "==0.5.21", A, ADD_NORM, "apply_flashinfer_allreduce_fusion",
-         source="DESIGN s4 B"),
-    Fact("sglang.fusion-gate", ">=0.5.22,<0.5.24", A, ADD_NORM, "flashinfer_ar_fusion_applies",
-         source="DESIGN s4 B"),
-    # --- C. auto-enable of fusion in the server arguments.
-    Fact("sglang.fusion-autoenable", "==0.5.4", A, SERVER_ARGS,
-         "ServerArgs._handle_model_specific_adjustments", "bare", "real files",
-         note="DESIGN is silent on 0.5.4. Its GptOss block gates on a bare `if "
-              "is_sm100_supported():`, the test 0.5.5 widened upstream to "
-              "is_blackwell_supported(); widening it the same way is the 0.5.5 behaviour. The "
-              "DeepseekV3 block (`is_cuda() and is_sm100_supported()`) also picks SM100-only "
-              "trtllm_mla attention and stays as it is."),
-    Fact("sglang.fusion-autoenable", ">=0.5.5,<0.5.8", U, SERVER_ARGS,
-         source="DESIGN s4 C",
-         note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),
-    Fact("sglang.fusion-autoenable", ">=0.5.8,<0.5.15", A, SERVER_ARGS,
-         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 C"),
-    Fact("sglang.fusion-autoenable", ">=0.5.15,<0.5.19", A, OVERRIDES,
-         "_flashinfer_allreduce_fusion_auto_enable", "utils", "DESIGN s4 C"),
-    Fact("sglang.fusion-autoenable", ">=0.5.19,<0.5.24", A, OVERRIDES,
-         "_flashinfer_allreduce_fusion_auto_enable", "platform", "DESIGN s4 C"),
-    # --- X. the backend resolution that raises on anything but SM90/SM10X.
-    Fact("sglang.fusion-backend", "<0.5.14", N, source="DESIGN s4 X",
-         note="_resolve_backend exists from 0.5.14 on"),
-    Fact("sglang.fusion-backend", ">=0.5.14,<0.5.19", A, COMM_FUSION, "_resolve_backend",
-         "utils", "DESIGN s4 X"),
-    Fact("sglang.fusion-backend", ">=0.5.19,<0.5.24", A, COMM_FUSION, "_resolve_backend",
-         "platform", "DESIGN s4 X"),
-    # --- D. the MoE runner backend for Glm4MoeForCausalLM.
-    Fact("sglang.moe-backend", "<0.5.8", N, source="DESIGN s4 D",
-         note="no Glm4MoeForCausalLM branch before 0.5.8"),
-    Fact("sglang.moe-backend", ">=0.5.8,<0.5.15", A, SERVER_ARGS,
-         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 D"),
-    Fact("sglang.moe-backend", ">=0.5.15,<0.5.19", A, OVERRIDES, "_glm4_moe_overrides", "utils",
-         "DESIGN s4 D",
-         note="server_args.py keeps an empty `elif model_arch in [\"Glm4MoeForCausalLM\"]: pass` "
-              "pointing at overrides.py (real files): the site is in overrides.py"),
-    Fact("sglang.moe-backend", ">=0.5.19,<0.5.24", A, GLM4_MOE, "_glm4_moe_overrides",
-         "platform", "DESIGN s4 D"),
-    # --- F. FlashInfer's TRT-LLM comm module arch list.
-    Fact("flashinfer.comm-arch", ">=0.3.1,<0.4.0", A, FI_TRTLLM_AR, "gen_trtllm_comm_module",
-         source="DESIGN s4 F"),
-    Fact("flashinfer.comm-arch", ">=0.4.0,<0.6.16", A, FI_JIT_COMM, "gen_trtllm_comm_module",
-         source="DESIGN s4 F"),
-    Fact("flashinfer.comm-arch", "==0.6.16", A, FI_JIT_COMM, "gen_trtllm_comm_module",
-         source="real files",
-         note="DESIGN names 0.4.0 to 0.6.15 and 0.6.17 on; 0.6.16 still passes [9, 10]"),
-    Fact("flashinfer.comm-arch", ">=0.6.17", U, FI_JIT_COMM, "gen_trtllm_comm_module",
-         source="DESIGN s4 F"),
-)
 
 # Details DESIGN does not state, read off the released files (kept here so a reader of a
 # failing test knows which facts are the design's and which were observed):
@@ -145,9 +55,39 @@ OBSERVED = (
 )
 
 
-def fact(patch_id: str, version: str) -> Fact | None:
+def fact(patch_id: str, version: str, facts: Iterable[Fact] = FACTS) -> Fact | None:
     """The fact covering `patch_id` on `version`, or None where nothing is recorded."""
-    hits = [f for f in FACTS if f.patch == patch_id and f.covers(version)]
+    hits = [f for f in facts if f.patch == patch_id and f.covers(version)]
     if len(hits) > 1:
         raise AssertionError(f"overlapping facts for {patch_id} {version}: {hits}")
     return hits[0] if hits else None
+
+
+def pinned_by(
+    patch_id: str, kind: str, version: str, profiles: Mapping[str, Profile] | None = None
+) -> list[str]:
+    """The profiles holding `patch_id` whose pins on `kind` take `version`."""
+    profiles = catalog.load().profiles if profiles is None else profiles
+    return sorted(
+        name for name, p in profiles.items()
+        if patch_id in p.patches and kind in p.pins and p.pinned(kind, version)
+    )
+
+
+def judged(
+    patch_id: str,
+    kind: str,
+    version: str,
+    facts: Iterable[Fact] = FACTS,
+    profiles: Mapping[str, Profile] | None = None,
+) -> Fact | None:
+    """`fact`, failing (AssertionError) where no fact covers a release a profile pins."""
+    found = fact(patch_id, version, facts)
+    if found is None:
+        pins = pinned_by(patch_id, kind, version, profiles)
+        if pins:
+            raise AssertionError(
+                f"no fact covers {patch_id} on {kind} {version}, which profile(s) "
+                f"{', '.join(pins)} pin: add one to the patch's FACTS"
+            )
+    return found

@@ -266,8 +266,9 @@ def check_sm120_flag(before: ast.Module, after: ast.Module, fact: Fact) -> Spans
 
 
 def check_comm_arch(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
-    """Site F: gen_trtllm_comm_module's supported_major_versions goes [9, 10] -> [9, 10, 12];
-    every other function's lists stay as they were."""
+    """Site F (and any list-extending patch): the fact's function's one supported_major_versions
+    list gains 12 at its end, nothing else in it changes; every other function's lists stay
+    as they were."""
 
     def lists(tree: ast.Module) -> dict[str, list[tuple[list, ast.Call, list[ast.AST]]]]:
         out: dict[str, list] = {}
@@ -281,8 +282,9 @@ def check_comm_arch(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
 
     old, new = lists(before), lists(after)
     site = fact.function
-    assert [v for v, _, _ in old.get(site, [])] == [[9, 10]], f"before: {old.get(site)}"
-    assert [v for v, _, _ in new.get(site, [])] == [[9, 10, 12]], f"after: {new.get(site)}"
+    [old_list] = [v for v, _, _ in old.get(site, [])] or [None]
+    assert old_list and 12 not in old_list, f"before: {old.get(site)}"
+    assert [v for v, _, _ in new.get(site, [])] == [[*old_list, 12]], f"after: {new.get(site)}"
     for scope in set(old) | set(new):
         if scope != site:
             assert [v for v, _, _ in old.get(scope, [])] == [v for v, _, _ in new.get(scope, [])], (
@@ -355,6 +357,44 @@ def check_autoenable(before: ast.Module, after: ast.Module, fact: Fact) -> Spans
     return check_widened_or(before, after, fact)
 
 
+PCIE_ENV = "SM120PATCH_PCIE_ALLREDUCE"
+
+
+def check_pcie_allreduce(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """pcie-allreduce: right before the `if world_size > 2 and not full_nvlink:` gate of the
+    fact's function, `if world_size > 2 and not full_nvlink and os.environ.get(ENV) != "0":
+    full_nvlink = True`; with that one statement taken out, the file is the release's."""
+
+    def gate_body(tree: ast.Module) -> tuple[list[ast.stmt], int]:
+        func = one_function(tree, fact.function or "")
+        holders = [n for n in ast.walk(func) if isinstance(getattr(n, "body", None), list)
+                   and any(_is_pcie_gate(s) for s in n.body)]
+        assert len(holders) == 1, f"{len(holders)} blocks holding the gate"
+        body = holders[0].body
+        return body, next(i for i, s in enumerate(body) if _is_pcie_gate(s))
+
+    body, i = gate_body(after)
+    assert i > 0, "nothing before the gate"
+    new = body[i - 1]
+    want = ast.parse(
+        f'if world_size > 2 and not full_nvlink and os.environ.get("{PCIE_ENV}") != "0":\n'
+        "    full_nvlink = True\n"
+    ).body[0]
+    assert ast.dump(new) == ast.dump(want), f"before the gate: `{ast.unparse(new)}`"
+    assert "os" in module_bindings(after), "os is not imported"
+    del body[i - 1]
+    assert ast.dump(after) == ast.dump(before), "more than the override changed"
+    body.insert(i - 1, new)
+    # the statement and the two comment lines above it
+    return Spans([], [(new.lineno - 2, new.end_lineno or new.lineno)])
+
+
+def _is_pcie_gate(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) == (
+        "world_size > 2 and (not full_nvlink)"
+    )
+
+
 CHECKS: dict[str, Callable[[ast.Module, ast.Module, Fact], Spans]] = {
     "sglang.sm120-flag": check_sm120_flag,
     "sglang.fusion-gate": check_widened_or,
@@ -362,6 +402,7 @@ CHECKS: dict[str, Callable[[ast.Module, ast.Module, Fact], Spans]] = {
     "sglang.fusion-backend": check_widened_or,
     "sglang.moe-backend": check_moe_backend,
     "flashinfer.comm-arch": check_comm_arch,
+    "sglang.pcie-allreduce": check_pcie_allreduce,
 }
 
 

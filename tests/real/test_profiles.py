@@ -20,7 +20,7 @@ from sm120patch.transform import Status
 
 pytestmark = pytest.mark.real
 
-PROFILES = ("fusion", "moe", "all")
+PROFILES = tuple(catalog.load().profiles)  # every profile, pcie-allreduce included
 # The combinations whose `apply all --dry-run` diff must pass `git apply --check` (issue 2).
 GIT_APPLY = (("0.5.8", "0.6.1"), ("0.5.22", "0.6.1"))
 

@@ -1,0 +1,169 @@
+"""sglang.pcie-allreduce: keep SGLang's custom allreduce on more than two PCIe-only GPUs.
+
+SGLang turns its custom allreduce off on more than two GPUs without full NVLink and falls back
+to NCCL, whose latency is higher on PCIe boxes. This patch puts one statement before that gate:
+on such a box with SM120PATCH_PCIE_ALLREDUCE unset (or anything but "0"), the GPUs count as
+fully connected, so the gate passes and the kernels take their fully connected path (the P2P
+check that follows still disables it where P2P does not work). SM120PATCH_PCIE_ALLREDUCE=0 in
+the server's environment restores upstream behaviour at run time, without a revert.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sm120patch.facts import Fact
+from sm120patch.transform import (
+    Patch,
+    Result,
+    Status,
+    already_applied,
+    not_applicable,
+    refused,
+)
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+ENV = "SM120PATCH_PCIE_ALLREDUCE"
+GATE = "world_size > 2 and not full_nvlink"
+OVERRIDE = f'{GATE} and os.environ.get("{ENV}") != "0"'
+COMMENT = (
+    "# sm120patch pcie-allreduce: PCIe-only GPUs keep the custom allreduce (as if fully",
+    f"# connected); {ENV}=0 restores upstream (NCCL). Trial only.",
+)
+UTILS = "sglang/srt/distributed/device_communicators/custom_all_reduce_utils.py"
+CUSTOM_AR = "sglang/srt/distributed/device_communicators/custom_all_reduce.py"
+FUNCTIONS = ("can_use_custom_all_reduce_with_nvlink", "CustomAllreduce.__init__")
+SHAPE = f"`if {GATE}:` logs a warning and returns (custom allreduce off, NCCL instead)"
+
+FACTS = (
+    Fact(">=0.4.6,<0.5.10", Status.APPLIED, f"CustomAllreduce.__init__: {SHAPE}", CUSTOM_AR,
+         "CustomAllreduce.__init__", source="real files"),
+    Fact(">=0.5.10,<0.5.24", Status.APPLIED, f"can_use_custom_all_reduce_with_nvlink: {SHAPE}",
+         UTILS, "can_use_custom_all_reduce_with_nvlink", source="real files"),
+)
+
+
+def _is_gate(test: cst.BaseExpression, extra: bool = False) -> bool:
+    """`world_size > 2 and not full_nvlink` (with `extra`: `... and <one more operand>`)."""
+    import libcst as cst
+
+    from sm120patch import cst_helpers as h
+
+    ops = h.and_operands(test)
+    if len(ops) != (3 if extra else 2):
+        return False
+    size, nvlink = ops[0], ops[1]
+    return (
+        isinstance(size, cst.Comparison)
+        and h.key(size.left) == "world_size"
+        and len(size.comparisons) == 1
+        and isinstance(size.comparisons[0].operator, cst.GreaterThan)
+        and isinstance(size.comparisons[0].comparator, cst.Integer)
+        and size.comparisons[0].comparator.value == "2"
+        and isinstance(nvlink, cst.UnaryOperation)
+        and isinstance(nvlink.operator, cst.Not)
+        and h.key(nvlink.expression) == "full_nvlink"
+    )
+
+
+def _is_override(stmt: cst.CSTNode) -> bool:
+    """Our statement: `if <gate> and os.environ.get(ENV) != "0": full_nvlink = True`."""
+    import libcst as cst
+
+    from sm120patch import cst_helpers as h
+
+    return (
+        isinstance(stmt, cst.If)
+        and _is_gate(stmt.test, extra=True)
+        and ENV in h.code(stmt.test)
+        and stmt.orelse is None
+        and h.code(stmt.body) == "full_nvlink = True"
+    )
+
+
+def transform(module: cst.Module) -> Result:
+    import libcst as cst
+
+    from sm120patch import cst_helpers as h
+    from sm120patch import operations as op
+
+    gates = [n for n in h.statements(module) if isinstance(n, cst.If) and _is_gate(n.test)]
+    if not gates:
+        return not_applicable(" / ".join(FUNCTIONS), f"no `if {GATE}:` in this file")
+    if len(gates) > 1:
+        found = f"{len(gates)} such statements"
+        return refused(" / ".join(FUNCTIONS), f"one `if {GATE}:`", found)
+    gate = gates[0]
+    site = _where(module, gate)
+    block = h.parent_of(module, gate)
+    siblings = list(block.body) if isinstance(block, cst.IndentedBlock) else []
+    index = next((i for i, s in enumerate(siblings) if s is gate), None)
+    if index is None:
+        return refused(site, f"`if {GATE}:` in an indented block", f"`if {h.code(gate.test)}`")
+    if not (
+        isinstance(gate.body, cst.IndentedBlock)
+        and isinstance(gate.body.body[-1], cst.SimpleStatementLine)
+        and isinstance(gate.body.body[-1].body[-1], cst.Return)
+        and gate.orelse is None
+    ):
+        return refused(site, f"`if {GATE}:` ending in `return`", f"`{h.code(gate)}`")
+    ours = [n for n in h.statements(module) if _is_override(n)]
+    if ours:
+        if len(ours) == 1 and index > 0 and siblings[index - 1] is ours[0]:
+            return already_applied(site, f"`if {OVERRIDE}: full_nvlink = True`")
+        return refused(site, f"at most one `if {OVERRIDE}:`, right before the gate",
+                       f"{len(ours)}, elsewhere")
+    if ENV in module.code_for_node(gate):  # a hand edit of the gate itself
+        return refused(site, f"`if {GATE}:` as released", f"`if {h.code(gate.test)}`")
+    if not h.imports_module(module, "os"):
+        return refused(site, "`import os` at module level (the override reads os.environ)",
+                       "none")
+    nl, ind = module.default_newline, module.default_indent
+    override = h.parse_statement(
+        "".join(f"{line}{nl}" for line in COMMENT)
+        + f"if ({nl}{ind}world_size > 2{nl}{ind}and not full_nvlink{nl}"
+        + f'{ind}and os.environ.get("{ENV}") != "0"{nl}):{nl}{ind}full_nvlink = True{nl}',
+        module,
+    )
+    return op.insert_before(
+        module, gate, [override], site=site,
+        shape=f"`if {OVERRIDE}: full_nvlink = True` before `if {GATE}:`",
+    )
+
+
+def _where(module: cst.Module, node: cst.CSTNode) -> str:
+    """The qualified name of the function around `node` (`CustomAllreduce.__init__`)."""
+    import libcst as cst
+
+    from sm120patch import cst_helpers as h
+
+    names = []
+    current = h.parent_of(module, node)
+    while current is not None:
+        if isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+            names.append(current.name.value)
+        current = h.parent_of(module, current)
+    return ".".join(reversed(names)) or "<module>"
+
+
+PATCH = Patch(
+    id="sglang.pcie-allreduce",
+    target="sglang",
+    title="Keep the custom allreduce on more than two PCIe-only GPUs (env switch back)",
+    why=(
+        "On more than two GPUs without full NVLink SGLang disables its custom allreduce "
+        "('Custom allreduce is disabled because it's not supported on more than two PCIe-only "
+        "GPUs') and falls back to NCCL, whose latency is higher on PCIe boxes. The patch adds "
+        "one statement before that gate: unless SM120PATCH_PCIE_ALLREDUCE=0 is set in the "
+        "server's environment, such GPUs count as fully connected, so the custom allreduce "
+        "stays on and its kernels take the fully connected path; the P2P check that follows "
+        "still turns it off where GPUs cannot reach each other. SM120PATCH_PCIE_ALLREDUCE=0 "
+        "restores upstream behaviour at run time, without reverting."
+    ),
+    files=(UTILS, CUSTOM_AR),
+    marker=f"if {GATE}:",
+    transform=transform,
+    facts=FACTS,
+)

@@ -1,0 +1,96 @@
+"""What a patch does on which release: one machine-readable table per patch (`Patch.facts`).
+
+A fact names a range of releases (a PEP 440 specifier on the release, so 0.5.9.post1 counts as
+0.5.9), the shape of the code there and the outcome the patch must give. Everything else that
+used to restate this knowledge is derived from the facts:
+
+- `Patch.shapes` (what `sm120patch show` prints) and the per-site tables of the README;
+- where a profile accepts a missing site (`not-applicable` facts: `Profile.absent_ok`);
+- where an `already-applied` reading means the release itself carries the change (`upstream`
+  facts: `Patch.upstream_at`);
+- the real-release tier's expectations (tests/real/expected.py), which fails a release inside a
+  profile's pins that no fact covers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from sm120patch.transform import Status
+
+if TYPE_CHECKING:
+    from sm120patch.transform import Patch
+
+
+@dataclass(frozen=True)
+class Fact:
+    releases: str  # PEP 440 specifier on the release
+    status: Status
+    shape: str  # the code at the site in these releases, in words (for show and the README)
+    file: str | None = None  # relative to the package's parent; None where the site is absent
+    function: str | None = None  # qualified name of the function holding the site
+    form: str = ""  # the spelling at the site, where the real tier's checks depend on it
+    source: str = "DESIGN s4"  # "DESIGN s4 <site>", or "real files" where DESIGN is silent
+    note: str = ""
+    patch: str = ""  # filled in by Patch
+
+    def covers(self, version: str) -> bool:
+        # A post release is its own release here (0.5.4.post3 already carries what 0.5.4
+        # lacks); a checkout's local version (`0.5.9+12.gabc`) counts as its release.
+        try:
+            release = Version(Version(version).public)
+        except InvalidVersion:
+            return False
+        return SpecifierSet(self.releases).contains(release, prereleases=True)
+
+    def describe(self) -> str:
+        where = f"{self.file}" + (f"::{self.function}" if self.function else "")
+        return f"{self.releases or 'every release'}: {self.status.value}" + (
+            f" ({where})" if self.file else ""
+        ) + f": {self.shape}"
+
+
+def check(facts: Sequence[Fact]) -> list[str]:
+    """Problems with a patch's facts: a specifier that does not parse, an unknown status."""
+    problems = []
+    for f in facts:
+        try:
+            SpecifierSet(f.releases)
+        except InvalidSpecifier:
+            problems.append(f"fact {f.releases!r}: not a PEP 440 specifier")
+        if not isinstance(f.status, Status):
+            problems.append(f"fact {f.releases!r}: status {f.status!r} is not a Status")
+    return problems
+
+
+def covering(facts: Iterable[Fact], version: str) -> list[Fact]:
+    return [f for f in facts if f.covers(version)]
+
+
+def markdown(patches: Iterable[Patch]) -> str:
+    """One table per patch: releases, outcome, file and function, shape (the README tables)."""
+    out: list[str] = []
+    for patch in patches:
+        out += [
+            f"`{patch.id}` ({patch.target}): {patch.title}",
+            "",
+            "| releases | outcome | where | shape |",
+            "|---|---|---|---|",
+        ]
+        for f in patch.facts:
+            where = f"`{f.file}`" + (f" `{f.function}`" if f.function else "") if f.file else ""
+            shape = f.shape.replace("|", "\\|")
+            out.append(f"| `{f.releases or '*'}` | {f.status.value} | {where} | {shape} |")
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":  # `python -m sm120patch.facts`: the README's per-site tables
+    from sm120patch import catalog
+
+    print(markdown(catalog.load().patches.values()), end="")

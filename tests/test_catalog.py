@@ -1,0 +1,63 @@
+"""The catalog: the one place a profile is resolved and its pins checked; facts-derived
+absent ranges; plan.check_pins kept working on top of it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sm120patch import catalog
+from sm120patch.errors import UsageError
+from sm120patch.plan import check_pins
+
+
+def test_resolve_names_the_patches_and_what_is_outside_the_pins():
+    cat = catalog.load()
+    res = cat.resolve("all", {"sglang": "0.5.7", "flashinfer": "0.6.1"})
+    assert [p.id for p in res.patches] == list(cat.profile("all").patches)
+    assert res.outside_pins == [
+        "sglang 0.5.7 is outside the pins of profile all (sglang <0.5.24,>=0.5.8)"
+    ]
+    assert cat.resolve("moe", {"sglang": "0.5.9.post1"}).outside_pins == []
+    with pytest.raises(UsageError, match="unknown profile 'nope'; known profiles: all, fusion"):
+        cat.resolve("nope", {})
+
+
+def test_pin_problems_bad_version_and_labels():
+    prof = catalog.load().profile("moe")
+    [line] = catalog.pin_problems(prof, {"sglang": "banana"}, {"sglang": ("SGLang", "version.py")})
+    assert line == (
+        "SGLang version 'banana' (from version.py) is not a PEP 440 version; "
+        "profile moe is pinned to <0.5.24,>=0.5.8"
+    )
+    # a kind the profile does not pin is not its business
+    assert catalog.pin_problems(prof, {"flashinfer": "0.1"}) == []
+
+
+def test_check_pins_keeps_its_signature_and_messages():
+    prof = catalog.load().profile("fusion")
+    target = SimpleNamespace(kind="flashinfer", name="FlashInfer", version="0.3.0",
+                             version_source="METADATA")
+    assert check_pins(prof, [target]) == [
+        "FlashInfer 0.3.0 is outside the pins of profile fusion (flashinfer <0.7.5,>=0.3.1)"
+    ]
+
+
+def test_absent_comes_from_facts_and_from_the_profile_table():
+    cat = catalog.load()
+    assert not cat.profile("moe").absent  # profiles.toml declares no absent table any more
+    assert cat.profile("all").absent_ok("sglang.moe-backend", "0.5.7.post1")
+    assert not cat.profile("all").absent_ok("sglang.sm120-flag", "0.5.7")
+    text = """
+schema = 1
+[profiles.x]
+patches = ["sglang.sm120-flag"]
+[profiles.x.pins]
+sglang = ">=0.5.4"
+[profiles.x.absent]
+"sglang.sm120-flag" = "<0.5.8"
+"""
+    prof = catalog.parse_profiles(text, cat.patches)["x"]
+    assert prof.absent_ok("sglang.sm120-flag", "0.5.7")
+    assert not prof.absent_ok("sglang.sm120-flag", "0.5.8")

@@ -1,0 +1,271 @@
+"""Before/after tests of the declared operations (sm120patch.operations), in the style of
+libcst's CodemodTest: source in, expected source (or outcome) out, one case per shape."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from sm120patch import cst_helpers as h
+from sm120patch import operations as op
+from sm120patch.transform import Result, Status
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def assert_codemod(result: Result, after: str | None, status: Status = Status.APPLIED) -> None:
+    assert result.status is status, result.reason
+    if after is not None:
+        assert result.module.code == src(after)
+
+
+# ---- extend_keyword_list ----------------------------------------------------------------------
+
+KW = dict(function="gen", keyword="supported_major_versions", add=12)
+
+
+@pytest.mark.parametrize(
+    ("before", "expect", "after"),
+    [
+        ("f(supported_major_versions=[9, 10])", [9, 10], "f(supported_major_versions=[9, 10, 12])"),
+        # the issue's bug: one element used to give `[10,12]`
+        ("f(supported_major_versions=[10])", [10], "f(supported_major_versions=[10, 12])"),
+        ("f(supported_major_versions=[9,10])", [9, 10], "f(supported_major_versions=[9,10,12])"),
+        ("f(supported_major_versions=[10,])", [10], "f(supported_major_versions=[10, 12,])"),
+        (
+            "f(\n        supported_major_versions=[\n            9,\n            10,\n        ]\n    )",
+            [9, 10],
+            "f(\n        supported_major_versions=[\n            9,\n            10,\n"
+            "            12,\n        ]\n    )",
+        ),
+    ],
+    ids=["two", "one", "tight", "one-trailing-comma", "one-per-line"],
+)
+def test_extend_keyword_list(before: str, expect: list[int], after: str) -> None:
+    module = cst.parse_module(f"def gen():\n    return {before}\n")
+    res = op.extend_keyword_list(module, expect=expect, **KW)
+    assert_codemod(res, f"def gen():\n    return {after}\n")
+    again = op.extend_keyword_list(res.module, expect=expect, **KW)
+    assert again.status is Status.ALREADY_APPLIED
+
+
+def test_extend_keyword_list_only_in_the_named_function() -> None:
+    code = "def other():\n    f(supported_major_versions=[9, 10])\n"
+    res = op.extend_keyword_list(cst.parse_module(code), expect=[9, 10], **KW)
+    assert res.status is Status.NOT_APPLICABLE
+
+
+@pytest.mark.parametrize(
+    ("body", "found"),
+    [
+        ("f(supported_major_versions=[8, 9])", "supported_major_versions=[8, 9]"),
+        ("f(supported_major_versions=majors)", "supported_major_versions=majors"),
+        ("f(supported_major_versions=[9, 10])\n    g(supported_major_versions=[9])", "2 such"),
+        ("f()", "0 such"),
+    ],
+)
+def test_extend_keyword_list_refuses(body: str, found: str) -> None:
+    res = op.extend_keyword_list(cst.parse_module(f"def gen():\n    {body}\n"), expect=[9, 10], **KW)
+    assert res.status is Status.REFUSED and found in res.reason
+
+
+# ---- widen_arch_or ----------------------------------------------------------------------------
+
+
+def widen(code: str, **kw: object) -> Result:
+    module = cst.parse_module(code)
+    group = module.body[0].body[0].value  # type: ignore[attr-defined]
+    return op.widen_arch_or(module, group, module, site="s", expected="sm90 or sm100", **kw)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "forms"),
+    [
+        (
+            "x = (is_sm90_supported() or is_sm100_supported())\n",
+            "x = (is_sm90_supported() or is_sm100_supported() or is_sm120_supported())\n",
+            ("call",),
+        ),
+        (
+            "x = (get_platform().is_sm100 or get_platform().is_sm90)\n",
+            "x = (get_platform().is_sm100 or get_platform().is_sm90 or get_platform().is_sm120)\n",
+            ("platform",),
+        ),
+        (
+            "x = (_is_sm90_supported or _is_sm100_supported)\n",
+            "x = (_is_sm90_supported or _is_sm100_supported or _is_sm120_supported)\n",
+            ("flag",),
+        ),
+        (
+            "x = (\n    is_sm90_supported()  # hopper\n    or is_sm100_supported()\n)\n",
+            "x = (\n    is_sm90_supported()  # hopper\n    or is_sm100_supported()\n"
+            "    or is_sm120_supported()\n)\n",
+            ("call",),
+        ),
+    ],
+    ids=["call", "platform", "flag", "multiline"],
+)
+def test_widen_arch_or_in_the_release_spelling(before: str, after: str, forms: tuple) -> None:
+    res = widen(before, forms=forms)
+    assert_codemod(res, after)
+    assert widen(res.module.code, forms=forms).status is Status.ALREADY_APPLIED
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("x = (is_sm90_supported() or is_blackwell_supported())\n", Status.UPSTREAM),
+        ("x = (is_sm90_supported() or get_platform().is_sm100)\n", Status.REFUSED),  # mixed
+        ("x = (_is_sm90_supported or _is_sm100_supported)\n", Status.REFUSED),  # flag not allowed
+        ("x = (is_sm90_supported() or is_cuda())\n", Status.REFUSED),
+        ("x = (is_sm90_supported() or is_sm100_supported() or is_sm103_supported())\n",
+         Status.REFUSED),
+    ],
+)
+def test_widen_arch_or_outcomes(code: str, status: Status) -> None:
+    res = widen(code)
+    assert res.status is status, res.reason
+    assert res.module is None
+
+
+def test_widen_arch_or_strict_sm120_neighbours() -> None:
+    code = "x = (_is_sm103_supported or _is_sm120_supported)\n"
+    assert widen(code, forms=("flag",)).status is Status.ALREADY_APPLIED
+    assert widen(code, forms=("flag",), others_ok=False).status is Status.REFUSED
+
+
+# ---- add_module_flag --------------------------------------------------------------------------
+
+FLAGS = "_is_cuda = is_cuda()\n_is_sm100_supported = _is_cuda and f()\nrest = 1\n"
+
+
+def test_add_module_flag_after_its_sibling() -> None:
+    res = op.add_module_flag(
+        cst.parse_module(FLAGS), name="_is_sm120_supported", sibling="_is_sm100_supported",
+        value="_is_cuda and g()", same=False,
+    )
+    assert_codemod(
+        res,
+        "_is_cuda = is_cuda()\n_is_sm100_supported = _is_cuda and f()\n"
+        "_is_sm120_supported = _is_cuda and g()\nrest = 1\n",
+    )
+
+
+def test_add_module_flag_crlf() -> None:
+    module = cst.parse_module(FLAGS.replace("\n", "\r\n"))
+    res = op.add_module_flag(module, name="N", sibling="_is_sm100_supported", value="1", same=False)
+    assert "_is_sm100_supported = _is_cuda and f()\r\nN = 1\r\nrest = 1\r\n" in res.module.code
+
+
+@pytest.mark.parametrize(
+    ("code", "same", "status"),
+    [
+        (FLAGS + "N = 1\n", True, Status.ALREADY_APPLIED),
+        (FLAGS + "N = 2\n", False, Status.REFUSED),
+        (FLAGS + "N = 1\nN = 1\n", True, Status.REFUSED),
+        ("x = 1\n", False, Status.REFUSED),
+        (FLAGS + "_is_sm100_supported = 0\n", False, Status.REFUSED),
+    ],
+    ids=["present", "different", "twice", "no-sibling", "sibling-twice"],
+)
+def test_add_module_flag_outcomes(code: str, same: bool, status: Status) -> None:
+    res = op.add_module_flag(
+        cst.parse_module(code), name="N", sibling="_is_sm100_supported", value="1", same=same
+    )
+    assert res.status is status, res.reason
+
+
+# ---- add_import -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("from m import a, b\n", "from m import a, c, b\n"),
+        ("from m import (\n    a,\n    b,\n)\n", "from m import (\n    a,\n    c,\n    b,\n)\n"),
+        ("from m import (\n    b,\n    a,\n)\n", "from m import (\n    b,\n    a,\n    c,\n)\n"),
+        ("from m import a\n", "from m import a, c\n"),
+    ],
+    ids=["flat", "one-per-line", "last", "alone"],
+)
+def test_add_import_next_to_sibling(before: str, after: str) -> None:
+    res = op.add_import(cst.parse_module(before), "c", next_to="a", site="s")
+    assert_codemod(res, after)
+    assert op.add_import(res.module, "c", next_to="a", site="s").status is Status.ALREADY_APPLIED
+
+
+def test_add_import_from_a_named_module() -> None:
+    code = "from n import a\nfrom m import a as a2, b\n"
+    res = op.add_import(cst.parse_module(code), "c", next_to="b", site="s", from_module="m")
+    assert_codemod(res, "from n import a\nfrom m import a as a2, b, c\n")
+    wrong = op.add_import(cst.parse_module(code), "c", next_to="a", site="s", from_module="m")
+    assert wrong.status is Status.REFUSED
+
+
+@pytest.mark.parametrize("code", ["from m import a\nfrom n import a\n", "import a\n"])
+def test_add_import_refuses_without_one_sibling_import(code: str) -> None:
+    res = op.add_import(cst.parse_module(code), "c", next_to="a", site="s")
+    assert res.status is Status.REFUSED and "none or several" in res.reason
+
+
+def test_then_keeps_the_first_shape_and_a_refusal_wins() -> None:
+    module = cst.parse_module("from m import a\nx = 1\n")
+    first = op.add_module_flag(module, name="y", sibling="x", value="2", same=False)
+    ok = op.then(first, op.add_import(first.module, "c", next_to="a", site="y"))
+    assert ok.status is Status.APPLIED and ok.shape == "y = 2"
+    assert ok.module.code == "from m import a, c\nx = 1\ny = 2\n"
+    bad = op.then(first, op.add_import(first.module, "c", next_to="zz", site="y"))
+    assert bad.status is Status.REFUSED
+
+
+# ---- add_elif ---------------------------------------------------------------------------------
+
+CHAIN = src(
+    """
+    def f():
+        if a():
+            x = 1
+        elif b():
+            x = 2
+        else:
+            x = 3
+    """
+)
+
+
+def test_add_elif_after_a_branch_found_by_its_test() -> None:
+    module = cst.parse_module(CHAIN)
+    func = module.body[0]
+    [anchor] = [b for b in op.branches_in(func.body) if h.key(b.test) == "a()"]
+    body = cst.parse_statement("if c():\n    x = 9\n").body  # type: ignore[attr-defined]
+    branch = op.new_elif(anchor, cst.parse_expression("c()"), body)
+    res = op.add_elif(module, anchor, branch, site="f", shape="elif c()")
+    assert_codemod(
+        res,
+        """
+        def f():
+            if a():
+                x = 1
+            elif c():
+                x = 9
+            elif b():
+                x = 2
+            else:
+                x = 3
+        """,
+    )
+    assert [h.key(b.test) for b in op.branches_in(res.module.body[0].body)] == ["a()", "c()", "b()"]
+
+
+# ---- one_def ----------------------------------------------------------------------------------
+
+
+def test_one_def() -> None:
+    assert op.one_def(cst.parse_module("x = 1\n"), "f", "gone").status is Status.NOT_APPLICABLE
+    two = op.one_def(cst.parse_module("def f(): pass\nclass C:\n    def f(self): pass\n"), "f")
+    assert two.status is Status.REFUSED and "2 definitions" in two.reason
+    assert isinstance(op.one_def(cst.parse_module("def f(): pass\n"), "f"), cst.FunctionDef)
