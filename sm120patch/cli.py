@@ -2,7 +2,8 @@
 
 Exit codes (README): 0 success, 1 refused or precondition failed (nothing changed), 2 usage,
 3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted: not
-faster beyond the spread) and 6 (reverted: wrong output).
+faster beyond the spread) and 6 (reverted: wrong output); 75 a run left its journal
+(`recover`), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -110,6 +111,33 @@ class Group(click.Group):
                 err=True,
             )
             sys.exit(4)
+
+
+# ---- signals (issue 9, item 4) ------------------------------------------------------------
+# During an apply, revert or recover the engine defers SIGINT/SIGTERM/SIGHUP (interrupts.py)
+# and ends as Interrupted (exit 130) or Unfinished (exit 75), both rendered by `handled`.
+# This only acknowledges each signal at once, so that a user does not press Ctrl-C again and
+# again; it runs inside the signal handler, hence os.write and no click.echo.
+def _interrupt_notice(signum: int, count: int) -> None:
+    import signal
+
+    name = signal.Signals(signum).name
+    text = (
+        f"\nsm120patch: {name}: finishing this step safely, then stopping\n"
+        if count == 1
+        else f"sm120patch: {name} again: still finishing safely (nothing is cut short)\n"
+    )
+    os.write(2, text.encode())
+
+
+def _install_interrupt_notice() -> None:
+    from sm120patch import interrupts
+
+    interrupts.notice = _interrupt_notice
+
+
+_install_interrupt_notice()
+# ---- end of signals ------------------------------------------------------------------------
 
 
 def emit_json(doc: Any) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sm120patch import __version__, assess, catalog, state, targets
+from sm120patch import __version__, assess, catalog, interrupts, procscan, state, targets
 from sm120patch import plan as planner
 from sm120patch.assess import Assessment
 from sm120patch.errors import Refused, Sm120Error
@@ -379,32 +379,41 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
     reports: list[TargetReport] = []
     txn = uuid.uuid4().hex
     peers = tuple(ctx.peer() for ctx, _ in work)
-    try:
-        for ctx, tp in work:
-            journals[ctx.target.kind] = _start_apply(
-                ctx, tp, profile.name, prep.branches.get(ctx.target.kind), txn, peers
-            )
-        for ctx, tp in work:
-            reports.append(_write_target(ctx, tp, journals[ctx.target.kind], plan))
-        for ctx, tp in work:
-            _verify(ctx, tp, lock)
-        for (ctx, _), report in zip(work, reports, strict=True):
-            kill_point("before-manifest")
-            _write_manifest(ctx, journals[ctx.target.kind], report, profile, lock)
-            kill_point("after-manifest")
-    except BaseException as exc:
-        _roll_back_all([ctx for ctx, _ in work], exc)
-        if isinstance(exc, OSError):
-            raise Refused(
-                f"apply failed writing {exc.filename or 'a file'}: {exc.strerror}; "
-                "every file was put back as it was",
-                "fix the cause (disk space, permissions), then apply again",
-            ) from exc
-        raise
-    # Every manifest is written: the apply is committed (see the module's docstring).
-    for ctx, _ in work:
-        ctx.state.close_journal()
-        kill_point("after-close")
+    # [signals] SIGINT/SIGTERM/SIGHUP are deferred from here to the last journal's close.
+    with interrupts.critical(
+        "apply",
+        profile.name,
+        abortable=True,
+        unfinished=lambda: any(c.state.journal() is not None for c, _ in work),
+    ) as guard:
+        try:
+            for ctx, tp in work:
+                journals[ctx.target.kind] = _start_apply(
+                    ctx, tp, profile.name, prep.branches.get(ctx.target.kind), txn, peers
+                )
+            for ctx, tp in work:
+                reports.append(_write_target(ctx, tp, journals[ctx.target.kind], plan))
+            for ctx, tp in work:
+                _verify(ctx, tp, lock)
+            for (ctx, _), report in zip(work, reports, strict=True):
+                kill_point("before-manifest")
+                _write_manifest(ctx, journals[ctx.target.kind], report, profile, lock)
+                kill_point("after-manifest")
+        except BaseException as exc:
+            guard.rolling_back()  # [signals] nothing aborts the rollback
+            _roll_back_all([ctx for ctx, _ in work], exc)
+            if isinstance(exc, OSError):
+                raise Refused(
+                    f"apply failed writing {exc.filename or 'a file'}: {exc.strerror}; "
+                    "every file was put back as it was",
+                    "fix the cause (disk space, permissions), then apply again",
+                ) from exc
+            raise
+        # Every manifest is written: the apply is committed (see the module's docstring).
+        guard.commit()  # [signals] from here a signal no longer rolls back
+        for ctx, _ in work:
+            ctx.state.close_journal()
+            kill_point("after-close")
     for r in reports:
         r.state = assess.APPLIED
     return Report("applied", profile.name, reports, outcomes=plan.outcomes, plan=plan)
@@ -456,6 +465,7 @@ def _start_apply(
         started=time.time(),
         pid=os.getpid(),
         pid_start=_start_time(),
+        boot_id=procscan.boot_id(),  # [signals] with pid_start: recover's proof the run is dead
         txn=txn,
         peers=peers,
         tool_version=__version__,
@@ -475,11 +485,7 @@ def _start_apply(
 
 def _start_time() -> str | None:
     """This process's start time (field 22 of /proc/self/stat), to tell a reused pid apart."""
-    try:
-        stat = Path("/proc/self/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[-1].split()[19]
+    return procscan.start_time(os.getpid())  # [signals] one /proc parser
 
 
 def _write_target(ctx: _Ctx, tp: planner.TargetPlan, journal: Journal, plan: Plan) -> TargetReport:
@@ -666,35 +672,44 @@ def revert(
         txn = uuid.uuid4().hex
         peers = tuple(ctx.peer() for ctx, _ in todo)
         journals = []
-        for ctx, manifest in todo:
-            journal = Journal(
-                op="revert",
-                profile=manifest.profile,
-                started=time.time(),
-                pid=os.getpid(),
-                pid_start=_start_time(),
-                txn=txn,
-                peers=peers,
-                tool_version=__version__,
-                manifest=manifest,
-                keep_branch=keep_branch,
-            )
-            ctx.state.write_journal(journal)
-            kill_point("after-journal")
-            journals.append((ctx, journal))
-        # Every journal is written before anything changes: from here on, recover rolls the
-        # whole revert forward.
-        try:
-            for ctx, journal in journals:
-                report, more = _finish_revert(ctx, journal)
-                reports.append(report)
-                notes.extend(more)
-        except OSError as exc:
-            raise Refused(
-                f"revert failed writing {exc.filename or 'a file'}: {exc.strerror}",
-                "the journal is kept: fix the cause (disk space, permissions), then run "
-                "`sm120patch recover` to finish the revert",
-            ) from exc
+        # [signals] deferred from the first journal write to the last close: a revert is
+        # finished, never cut short.
+        with interrupts.critical(
+            "revert",
+            profile_name,
+            abortable=False,
+            unfinished=lambda: any(c.state.journal() is not None for c, _ in todo),
+        ):
+            for ctx, manifest in todo:
+                journal = Journal(
+                    op="revert",
+                    profile=manifest.profile,
+                    started=time.time(),
+                    pid=os.getpid(),
+                    pid_start=_start_time(),
+                    boot_id=procscan.boot_id(),  # [signals] as in _start_apply
+                    txn=txn,
+                    peers=peers,
+                    tool_version=__version__,
+                    manifest=manifest,
+                    keep_branch=keep_branch,
+                )
+                ctx.state.write_journal(journal)
+                kill_point("after-journal")
+                journals.append((ctx, journal))
+            # Every journal is written before anything changes: from here on, recover rolls the
+            # whole revert forward.
+            try:
+                for ctx, journal in journals:
+                    report, more = _finish_revert(ctx, journal)
+                    reports.append(report)
+                    notes.extend(more)
+            except OSError as exc:
+                raise Refused(
+                    f"revert failed writing {exc.filename or 'a file'}: {exc.strerror}",
+                    "the journal is kept: fix the cause (disk space, permissions), then run "
+                    "`sm120patch recover` to finish the revert",
+                ) from exc
     return Report("reverted" if todo else "dropped", profile_name, reports, notes=notes)
 
 
@@ -785,12 +800,23 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
     ctxs = _with_peers([_Ctx(t) for t in found if t is not None])
     reports = []
     notes = []
-    with _locked(ctxs):
+    with _locked(ctxs), interrupts.critical(  # [signals] recover is finished, never cut short
+        "recover",
+        None,
+        abortable=False,
+        unfinished=lambda: any(c.state.journal() is not None for c in ctxs),
+    ):
         journals = {ctx.target.kind: ctx.state.journal() for ctx in ctxs}
         for ctx in ctxs:
             journal = journals[ctx.target.kind]
             if ctx.target.layout == "git" and journal is not None:
-                ctx.layout.repo.check_idle()  # type: ignore[attr-defined]
+                repo = ctx.layout.repo  # type: ignore[attr-defined]
+                # [signals] a git killed with the run may have left index.lock: removed once
+                # the run and every git process in the repository are provably gone.
+                owner = (journal.pid, journal.pid_start, journal.boot_id)
+                for lock in repo.settle_after_kill(*owner):
+                    notes.append(f"{ctx.target.root}: removed {lock}, left by a killed git")
+                repo.check_idle()
         _journal_revert_peers(ctxs, journals)
         try:
             for ctx in ctxs:

@@ -201,6 +201,9 @@ def kill_point(step: str) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+    from sm120patch import interrupts
+
+    interrupts.at_step(step, count)  # [signals] a deferred SIGINT stops an apply here
 
 
 def drop_pycache(path: Path) -> None:
@@ -371,6 +374,7 @@ class Journal:
     manifest: Manifest | None = None
     keep_branch: bool = False
     pid_start: str | None = None  # the process's start time, to tell a reused pid apart
+    boot_id: str | None = None  # [signals] the boot it ran in: a pid of another boot is not it
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Journal:
@@ -389,6 +393,7 @@ class Journal:
             manifest=None if manifest is None else Manifest.from_doc(manifest),
             keep_branch=bool(doc.get("keep_branch", False)),
             pid_start=doc.get("pid_start"),
+            boot_id=doc.get("boot_id"),  # [signals]
         )
 
     def to_doc(self) -> dict[str, Any]:
@@ -398,6 +403,7 @@ class Journal:
             "started": self.started,
             "pid": self.pid,
             "pid_start": self.pid_start,
+            "boot_id": self.boot_id,  # [signals]
             "txn": self.txn,
             "peers": [p.to_doc() for p in self.peers],
             "tool_version": self.tool_version,

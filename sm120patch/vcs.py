@@ -3,17 +3,24 @@
 GitPython is imported lazily so commands that never touch git (`list`, `status`) start fast.
 Commits are made with `--no-verify` and without signing: user hooks must not reformat the
 files we just verified, and a signing prompt must never block an unattended run.
+
+Every git child runs in a session of its own (`start_new_session`): a Ctrl-C in the terminal,
+or a closed terminal, signals the terminal's foreground process group, and a git killed
+half-way through a checkout leaves a half-switched work tree and its `index.lock`. sm120patch
+defers those signals itself (`interrupts.py`) and lets each git command finish.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sm120patch import procscan
 from sm120patch.errors import Refused
 
 if TYPE_CHECKING:
@@ -21,6 +28,9 @@ if TYPE_CHECKING:
 
 FALLBACK_NAME = "sm120patch"
 FALLBACK_EMAIL = "sm120patch@localhost"
+# How long `recover` waits for a git command still running in the repository (a child of the
+# killed run, which outlives it in its own session) before it refuses.
+SETTLE_WAIT_S = 10.0
 
 
 def work_tree_of(path: Path) -> Path | None:
@@ -155,6 +165,33 @@ def _git_problem(exc: Exception) -> str:
     return (fatal or lines or [type(exc).__name__])[0].removeprefix("stderr: ")
 
 
+_repo_class: type[git.Repo] | None = None
+
+
+def _own_session_repo() -> type[git.Repo]:
+    """`git.Repo` whose every git child starts in a session of its own, the persistent
+    `git cat-file` processes included (they are started through `Git.execute` too).
+
+    `Git.execute` hands its extra keyword arguments to `subprocess.Popen` (GitPython 3.1 and
+    3.2: `**subprocess_kwargs`), but `repo.git.<command>(...)` turns unknown keywords into git
+    options, so the default is set in `execute` itself, through `Repo.GitCommandWrapperType`.
+    """
+    global _repo_class
+    if _repo_class is None:
+        import git
+
+        class OwnSessionGit(git.Git):
+            def execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+                kwargs.setdefault("start_new_session", True)
+                return super().execute(*args, **kwargs)
+
+        class OwnSessionRepo(git.Repo):
+            GitCommandWrapperType = OwnSessionGit
+
+        _repo_class = OwnSessionRepo
+    return _repo_class
+
+
 class Repo:
     """The git side of one target."""
 
@@ -162,7 +199,7 @@ class Repo:
         import git
 
         try:
-            self.repo: git.Repo = git.Repo(root)
+            self.repo: git.Repo = _own_session_repo()(root)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise Refused(f"{root} is not a usable git repository") from None
         if self.repo.bare:
@@ -191,7 +228,7 @@ class Repo:
         import git
 
         try:
-            sha = self.repo.head.commit.hexsha
+            sha = self._head_sha()
         except ValueError:
             raise Refused(f"{self.root} has no commit yet", "commit the tree first") from None
         try:
@@ -201,6 +238,17 @@ class Repo:
         except git.GitCommandError:
             branch = None
         return branch, sha
+
+    def _head_sha(self) -> str:
+        """HEAD's commit id. GitPython reads objects through a long-lived `git cat-file`; if
+        that process died (a signal sent to a whole control group, an OOM kill), start it
+        again once instead of failing a rollback with "Broken pipe"."""
+        try:
+            return self.repo.head.commit.hexsha
+        except (BrokenPipeError, ValueError):
+            # ValueError is also "no commit yet": the second try raises it again.
+            self.repo.git.clear_cache()
+            return self.repo.head.commit.hexsha
 
     def check_ready(self, rels: list[str]) -> None:
         """Refuse when the repository is mid-operation or a file we would touch is not clean."""
@@ -235,6 +283,69 @@ class Repo:
                     f"{self.root} is in the middle of {what}",
                     "finish or abort it, then run sm120patch again",
                 )
+
+    # ---- after a killed run (recover) ---------------------------------------------------
+    def _git_dirs(self) -> list[Path]:
+        """The per-worktree git directory and the common one (the same outside worktrees)."""
+        return sorted({Path(self.repo.git_dir), Path(self.repo.common_dir)})
+
+    def lock_files(self) -> list[Path]:
+        """The lock files a killed git leaves behind: `index.lock`, `HEAD.lock`,
+        `packed-refs.lock`, a branch's `refs/heads/<name>.lock`."""
+        found: set[Path] = set()
+        for directory in self._git_dirs():
+            found.update(directory.glob("*.lock"))
+            if (directory / "refs").is_dir():
+                found.update((directory / "refs").rglob("*.lock"))
+        return sorted(found)
+
+    def settle_after_kill(self, pid: int, start: str | None, boot: str | None) -> list[Path]:
+        """Make the repository usable for `recover` after the run that journaled was killed.
+
+        `pid`, `start`, `boot`: the journal's record of the run that wrote it (its pid, start
+        time and boot id, `procscan.identity()`). That run must be dead (so a reused pid is not
+        mistaken for it), and no process may be working in the git directory (a file open
+        there, or its cwd).
+        While git left a lock file, no git process may be working in the work tree either: a
+        git child of the killed run, which outlives it in its own session, gets SETTLE_WAIT_S
+        to finish. Then every lock file left is stale: it is removed, and returned.
+        Refuses while the run or such a process is alive, or, with a lock present, when
+        /proc cannot show either. An idle git elsewhere in the work tree (an editor's, a
+        pager's) does not stop a recover that has no lock to remove.
+        """
+        if procscan.alive(pid, start, boot):
+            raise Refused(
+                f"the sm120patch run that left the journal on {self.root} (pid {pid}) is "
+                "still running",
+                "wait for it to end (or stop it), then run `sm120patch recover` again",
+            )
+        if not procscan.available():
+            locks = self.lock_files()
+            if locks:
+                raise Refused(
+                    f"{locks[0]} exists, and without /proc sm120patch cannot tell whether a "
+                    f"git command is still running in {self.root}",
+                    f"if none is, remove {' '.join(str(lock) for lock in locks)}, then run "
+                    "`sm120patch recover` again",
+                )
+            return []
+        deadline = time.monotonic() + SETTLE_WAIT_S
+        while True:
+            locks = self.lock_files()
+            users = procscan.users_of(self._git_dirs(), self.root if locks else None)
+            if not users:
+                break
+            if time.monotonic() >= deadline:
+                held = f" ({locks[0].name} is there)" if locks else ""
+                raise Refused(
+                    f"a git command is still running in {self.root}{held}: "
+                    + "; ".join(u.describe() for u in users),
+                    "let it finish (or stop it), then run `sm120patch recover` again",
+                )
+            time.sleep(0.05)
+        for lock in locks:
+            lock.unlink(missing_ok=True)
+        return locks
 
     def dirty(self, rels: list[str]) -> list[str]:
         if not rels:
@@ -342,7 +453,7 @@ class Repo:
             ],
             env=self._identity_env(),
         )
-        return self.repo.head.commit.hexsha
+        return self._head_sha()
 
     def _identity_env(self) -> dict[str, str]:
         """The user's git identity when configured, else a clear fallback (never a prompt)."""

@@ -3,6 +3,7 @@ the trees apart (pristine, fully patched, or anything else)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 from click.testing import CliRunner
 from trees import git, tree_hash
 
+from sm120patch import procscan
 from sm120patch.cli import main
 
 KILL_ENV = "SM120PATCH_KILL_AT"
@@ -46,21 +48,52 @@ def steps_of(tmp: Path, *args: str) -> list[str]:
     return trace.read_text().split() if trace.exists() else []
 
 
-def kill_after(args: list[str], delay: float) -> tuple[int, float]:
-    """Start sm120patch, SIGKILL it after `delay` seconds (if still running), then wait until
-    every process it started (git) has ended too, as after an OOM kill. Its return code, and
-    how long it ran."""
+# How kill_after kills: "process" SIGKILLs sm120patch alone (an OOM kill); "group" SIGKILLs
+# its process group (os.killpg: a closed terminal, `kill -9 -PGID`), which no longer holds its
+# git children (they run in sessions of their own and finish their command); "tree" freezes
+# the group, then SIGKILLs sm120patch and every process below it, git included (systemd's
+# KillMode=control-group, `systemctl kill -s KILL`): that one leaves git's lock files.
+KILLS = ("process", "group", "tree")
+
+
+def kill_after(
+    args: list[str], delay: float, how: str = "process", after_trace: Path | None = None
+) -> tuple[int, float]:
+    """Start sm120patch, kill it (`how`, above) after `delay` seconds if still running, then
+    wait until its process group has ended. Its return code, and how long it ran.
+
+    With `after_trace`, the run traces its kill points there and `delay` counts from the first
+    one (the first journal write), however slow the machine is today."""
+    assert how in KILLS, how
+    env = None
+    if after_trace is not None:
+        after_trace.unlink(missing_ok=True)
+        env = {**os.environ, TRACE_ENV: str(after_trace)}
     t0 = time.monotonic()
     proc = subprocess.Popen(
         command(*args),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: git children are found by it
+        env=env,
+        start_new_session=True,  # its own process group, as under a shell or a service
     )
+    if after_trace is not None:
+        while proc.poll() is None and not after_trace.exists():
+            time.sleep(0.001)
     try:
         proc.wait(timeout=delay)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
+        if how == "process":
+            proc.send_signal(signal.SIGKILL)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                if how == "tree":
+                    # Frozen first, so that no child is started between the list and the kill.
+                    os.killpg(proc.pid, signal.SIGSTOP)
+                    for pid in procscan.descendants(proc.pid):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     ran = time.monotonic() - t0
     deadline = time.monotonic() + 30

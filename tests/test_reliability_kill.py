@@ -4,7 +4,9 @@ fully patched (an interrupted revert always ends pristine), and the tool works o
 
 The boundaries are not listed here by hand: an uninterrupted run traces every kill point it
 passes (`SM120PATCH_TRACE_STEPS`), and the test kills at each of them in turn. A slower test
-kills at random moments instead (`-m slow`; a few random kills run by default).
+kills at random moments instead (`-m slow`; a few random kills run by default), killing the
+whole process group, or everything below sm120patch with git (issue 9, item 4): `recover`
+alone must settle each, a git lock left behind included.
 """
 
 from __future__ import annotations
@@ -165,38 +167,62 @@ def test_revert_killed_before_its_second_journal_rolls_forward_both(trees, tmp_p
     assert_settled(sg, fi, "pristine", states)
 
 
-def random_kills(sg, fi, layout: str, kills: int, seed: int, tmp: Path) -> dict[str, int]:
-    """Alternate applies and reverts, each SIGKILLed after a random delay, then recover and
-    check the invariant, until `kills` runs were killed. Returns how the runs ended."""
+def random_kills(
+    sg, fi, layout: str, kills: int, seed: int, tmp: Path, hows: tuple[str, ...] = ("process",)
+) -> dict[str, int]:
+    """Alternate applies and reverts, each SIGKILLed after a random delay (killed as
+    `hows` says, in turn: killing.KILLS), then `recover` alone and check the invariant, until
+    `kills` runs were killed. Returns how the runs ended."""
     rng = random.Random(seed)
     states = States([sg, fi])
     # When a run passes its first and its last kill point, and when it ends: three kills in
-    # four land between the first and the last kill point, the others anywhere in its life.
+    # four land between the first and the last kill point (timed from the moment the killed run
+    # itself traces its first one: a busy machine slows runs down), the others anywhere in its
+    # life.
     windows = {}
+    trace = tmp / "kill-trace.txt"
     for op, args in (("apply", apply_args(sg, fi)), ("revert", revert_args(sg, fi))):
         windows[op] = timed_run(args, tmp)
         if op == "apply":
             states.learn_patched()
-    tally = {"kills": 0, "ran-to-the-end": 0, "journal-left": 0, "pristine": 0, "patched": 0}
+    tally = {
+        "kills": 0,
+        "ran-to-the-end": 0,
+        "journal-left": 0,
+        "git-lock-removed": 0,
+        "pristine": 0,
+        "patched": 0,
+    }
+    tally |= {"apply-killed": 0, "revert-killed": 0}
     current = "pristine"
-    for _ in range(3 * kills):
+    for run_no in range(3 * kills):
         if tally["kills"] >= kills:
             break
-        op = "apply" if current == "pristine" else "revert"
+        # Applies and reverts in turn: the tree is brought to where the run starts first.
+        op = "apply" if run_no % 2 == 0 else "revert"
+        if (op, current) in (("apply", "patched"), ("revert", "pristine")):
+            setup = revert_args(sg, fi) if op == "apply" else apply_args(sg, fi)
+            assert cli(*setup)[0] == 0
         args = apply_args(sg, fi) if op == "apply" else revert_args(sg, fi)
         first, last, end = windows[op]
+        how = hows[run_no % len(hows)]
         if rng.random() < 0.75:
-            delay = rng.uniform(first * 0.95, last * 1.02)
+            delay = rng.uniform(0.0, (last - first) * 1.05)
+            rc, ran = kill_after(args, delay, how, after_trace=trace)
         else:
             delay = rng.uniform(0.0, end)
-        rc, ran = kill_after(args, delay)
+            rc, ran = kill_after(args, delay, how)
+            if rc != -9 and ran < end:  # runs got faster than measured (a busy machine calmed)
+                windows[op] = (first * ran / end, last * ran / end, ran)
         tally["kills" if rc == -9 else "ran-to-the-end"] += 1
-        if rc != -9 and ran < end:  # runs got faster than measured (a busy machine calmed)
-            windows[op] = (first * ran / end, last * ran / end, ran)
+        if rc == -9:
+            tally[f"{op}-killed"] += 1
         code, out, err = cli("recover", *targets_of(sg, fi))
         assert code == 0, err
         if "nothing to recover" not in out:
             tally["journal-left"] += 1
+        if "left by a killed git" in out:
+            tally["git-lock-removed"] += 1
         current = states.now()
         assert current in ("pristine", "patched"), (layout, op, current)
         tally[current] += 1
@@ -240,12 +266,22 @@ def test_a_few_random_kills(trees, tmp_path):
     assert tally["kills"] == 3
 
 
+def test_a_few_whole_group_random_kills(trees, tmp_path):
+    """kill -9 of the whole process group, and of everything below sm120patch (git too)."""
+    layout, sg, fi = trees
+    seed = int(os.environ.get("SEED", "9"))
+    tally = random_kills(sg, fi, layout, 3, seed, tmp_path, hows=("group", "tree"))
+    assert tally["kills"] == 3
+
+
 @pytest.mark.slow
 def test_many_random_kills(trees, tmp_path, capsys):
-    """At least 100 kills over both layouts (60 each, or SM120PATCH_KILLS); figures printed."""
+    """At least 100 whole-group kills per layout (SM120PATCH_KILLS), in turn of the process
+    group and of every process below sm120patch, git included; figures printed."""
     layout, sg, fi = trees
     t0 = time.monotonic()
-    kills = int(os.environ.get("SM120PATCH_KILLS", "60"))
-    tally = random_kills(sg, fi, layout, kills, int(os.environ.get("SEED", "120")), tmp_path)
+    kills = int(os.environ.get("SM120PATCH_KILLS", "100"))
+    seed = int(os.environ.get("SEED", "120"))
+    tally = random_kills(sg, fi, layout, kills, seed, tmp_path, hows=("group", "tree"))
     with capsys.disabled():
         print(f"\nrandom kills on {layout}: {tally}, {time.monotonic() - t0:.0f}s")
