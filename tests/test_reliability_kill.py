@@ -260,6 +260,7 @@ def timed_run(args: list[str], tmp: Path) -> tuple[float, float, float]:
     return first, last, end
 
 
+@pytest.mark.slow  # the every-step kill tests above reach each boundary these land between
 def test_a_few_random_kills(trees, tmp_path):
     layout, sg, fi = trees
     tally = random_kills(sg, fi, layout, 3, int(os.environ.get("SEED", "6")), tmp_path)
