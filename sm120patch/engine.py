@@ -491,10 +491,15 @@ def _start_time() -> str | None:
 def _write_target(ctx: _Ctx, tp: planner.TargetPlan, journal: Journal, plan: Plan) -> TargetReport:
     cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
-    steps = sorted(
-        ((pid, f, text) for f in tp.changed for pid, text in f.step_texts()),
-        key=lambda s: order[s[0]],
-    )
+    if journal.git is not None:
+        # One commit per patch: every step's text, in profile order.
+        steps = sorted(
+            ((pid, f, text) for f in tp.changed for pid, text in f.step_texts()),
+            key=lambda s: order[s[0]],
+        )
+    else:
+        # No commits to make: each file is written once, with its final text.
+        steps = [(f.step_texts()[-1][0], f, f.after) for f in tp.changed]
     report = TargetReport(tp.target)
     if journal.git is not None:
         ctx.layout.begin(journal.git.patch_branch)
