@@ -245,11 +245,11 @@ def spliced_code(before: Any, before_text: str, after: Any) -> str:
 
     A patch rebuilds a few statements of a 5,000-line module; generating the whole module's
     text again was the costliest part of a plan. libcst keeps every untouched node as the
-    same object, so the changed statements are found by identity, generated with the
-    indentation of the blocks around them (the same tokens the whole module's codegen
-    emits there), and their old text, which must occur exactly once, is replaced. Anything
-    else (a changed module header, an ambiguous old text, a libcst without this internal
-    API) falls back to generating the whole module.
+    same object, so the changed statements are found by identity (down through blocks and
+    `elif` chains), generated with the indentation of the blocks around them (the same
+    tokens the whole module's codegen emits there), and their old text, which must occur
+    exactly once, is replaced. Anything else (a changed module header, an ambiguous old text,
+    a libcst without this internal API) falls back to generating the whole module.
     """
     try:
         from libcst._nodes.internal import CodegenState
@@ -257,18 +257,21 @@ def spliced_code(before: Any, before_text: str, after: Any) -> str:
         spans = _changed_statements(before, after)
         if spans is None:
             return str(after.code)
-        old_stmts, new_stmts, indents = spans
+        old_nodes, new_nodes, indents, elif_ = spans
 
-        def generate(statements: Sequence[Any]) -> str:
+        def generate(nodes: Sequence[Any]) -> str:
             state = CodegenState(
                 default_indent=after.default_indent, default_newline=after.default_newline
             )
             state.indent_tokens.extend(indents)
-            for stmt in statements:
-                stmt._codegen(state)
+            for node in nodes:
+                if elif_:
+                    node._codegen(state, is_elif=True)
+                else:
+                    node._codegen(state)
             return "".join(state.tokens)
 
-        old, new = generate(old_stmts), generate(new_stmts)
+        old, new = generate(old_nodes), generate(new_nodes)
         if not old or before_text.count(old) != 1:
             return str(after.code)
         return before_text.replace(old, new, 1)
@@ -276,9 +279,19 @@ def spliced_code(before: Any, before_text: str, after: Any) -> str:
         return str(after.code)
 
 
-def _changed_statements(before: Any, after: Any) -> tuple[list[Any], list[Any], list[str]] | None:
-    """The smallest run of statements that differ, in both trees, and the indentation of the
-    blocks holding them; None when the change is not inside statement lists alone."""
+def _only_changed(old: Any, new: Any, field_name: str) -> bool:
+    """Whether `old` and `new` (one node type) differ in `field_name` alone, by identity."""
+    return type(old) is type(new) and all(
+        getattr(old, f) is getattr(new, f) for f in old.__dataclass_fields__ if f != field_name
+    )
+
+
+def _changed_statements(
+    before: Any, after: Any
+) -> tuple[list[Any], list[Any], list[str], bool] | None:
+    """The smallest run of statements (or one `elif`) that differ, in both trees, the
+    indentation of the blocks holding them, and whether it is an `elif`; None when the change
+    is not inside statement lists alone."""
     import libcst as cst
 
     if before is after or (before.header, before.footer) != (after.header, after.footer):
@@ -305,29 +318,33 @@ def _changed_statements(before: Any, after: Any) -> tuple[list[Any], list[Any], 
             else:
                 return None
             old_run, new_run = old_body[a : len(old_body) - b], new_body[a : len(new_body) - b]
-        if len(old_run) == 1 and len(new_run) == 1:
-            old, new = old_run[0], new_run[0]
-            block_old, block_new = getattr(old, "body", None), getattr(new, "body", None)
-            if (
-                type(old) is type(new)
-                and isinstance(old, cst.BaseCompoundStatement)
-                and isinstance(block_old, cst.IndentedBlock)
-                and isinstance(block_new, cst.IndentedBlock)
-                and block_old.indent == block_new.indent
-                and block_old.header is block_new.header
-                and block_old.footer == block_new.footer
-                and all(
-                    getattr(old, f) is getattr(new, f)
-                    for f in old.__dataclass_fields__
-                    if f != "body"
-                )
-            ):
-                # Only the body of this compound statement changed: look inside it.
-                indent = block_old.indent
-                indents.append(before.default_indent if indent is None else indent)
-                old_body, new_body = list(block_old.body), list(block_new.body)
+        if len(old_run) != 1 or len(new_run) != 1:
+            return old_run, new_run, indents, False
+        old, new = old_run[0], new_run[0]
+        elif_ = False
+        # Down an `elif` chain whose earlier branches did not change.
+        while isinstance(old, cst.If) and _only_changed(old, new, "orelse"):
+            if isinstance(old.orelse, cst.If) and isinstance(new.orelse, cst.If):
+                old, new, elif_ = old.orelse, new.orelse, True
                 continue
-        return old_run, new_run, indents
+            if isinstance(old.orelse, cst.Else) and _only_changed(old.orelse, new.orelse, "body"):
+                old, new = old.orelse, new.orelse
+            break
+        block_old, block_new = getattr(old, "body", None), getattr(new, "body", None)
+        if (
+            isinstance(block_old, cst.IndentedBlock)
+            and isinstance(block_new, cst.IndentedBlock)
+            and _only_changed(old, new, "body")
+            and _only_changed(block_old, block_new, "body")
+        ):
+            # Only the statements inside this block changed: look inside it.
+            indent = block_old.indent
+            indents.append(before.default_indent if indent is None else indent)
+            old_body, new_body = list(block_old.body), list(block_new.body)
+            continue
+        if isinstance(old, cst.Else):
+            return None  # an `else:` header alone is not a statement to generate
+        return [old], [new], indents, elif_
 
 
 def refuse_all(result: FileResult, reason: str) -> None:
