@@ -265,7 +265,8 @@ def test_patch_digest_follows_the_helpers_a_patch_uses():
     assert changed == {"sglang.fusion-gate", "sglang.fusion-backend", "sglang.fusion-autoenable"}
     # A change to the runner counts for every patch.
     edited["sm120patch.transform"] = helpers["sm120patch.transform"].replace(
-        'result.after = module.code', 'result.after = str(module.code)'
+        "result.after = spliced_code(result.tree, text, module)",
+        "result.after = str(spliced_code(result.tree, text, module))",
     )
     assert edited["sm120patch.transform"] != helpers["sm120patch.transform"]
     assert all(lockfile.digest_of(t, edited) != before[pid] for pid, t in patches.items())
