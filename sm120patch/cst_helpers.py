@@ -509,9 +509,12 @@ def guarded_nodes(
             if node.orelse is not None:
                 walk(node.orelse, stack)
             return
-        for child in node.children:
-            if isinstance(child, (*blocks, cst.SimpleStatementLine)):
-                walk(child, stack)
+        # The block fields only (`children` would visit every expression too).
+        for name in _BLOCK_FIELDS:
+            value = getattr(node, name, None)
+            for child in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(child, (*blocks, cst.SimpleStatementLine)):
+                    walk(child, stack)
 
     walk(root, [])
     return found
