@@ -586,3 +586,29 @@ def test_an_unwritable_trial_log_is_one_line_and_patches_nothing(tmp_path):
     assert "internal error" not in err
     assert tree_hash(sg) == before
     assert status_of("--sglang", str(sg))["sglang"]["state"] == "pristine"
+
+
+def test_an_unwritable_directory_during_recover_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sm120patch", "apply", "moe", "--sglang", str(sg), "--no-gpu-check"],
+        env={**os.environ, "SM120PATCH_KILL_AT": "after-write"},
+        capture_output=True,
+    )
+    assert proc.returncode == -9
+    real = state.atomic_write
+
+    def refused(path, data, *args, **kwargs):
+        if path.name == "server_args.py":  # the restore of the pristine bytes
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(state, "atomic_write", refused)
+    code, _, err = cli("recover", "--sglang", str(sg))
+    assert code in (1, 75) and "internal error" not in err and "Traceback" not in err, err
+    assert "Permission denied" in err and "recover" in err
+    monkeypatch.setattr(state, "atomic_write", real)
+    assert cli("recover", "--sglang", str(sg))[0] == 0
+    assert status_of("--sglang", str(sg))["sglang"]["state"] == "pristine"
