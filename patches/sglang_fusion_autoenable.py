@@ -102,7 +102,8 @@ def transform(module: cst.Module) -> Result:
         )
 
     if gate.verdict == "widen-or":
-        res = op.widen_arch_or(module, operand, funcs[0], site=name, expected=EXPECTED)
+        # Only the gate (the `if` whose test holds the operand) is rebuilt, not the function.
+        res = op.widen_arch_or(module, operand, gate.node, site=name, expected=EXPECTED)
         if res.status is not Status.APPLIED:
             return res
         new_module = res.module
@@ -125,7 +126,7 @@ def transform(module: cst.Module) -> Result:
             lpar=[cst.LeftParen()] if parens else [],
             rpar=[cst.RightParen()] if parens else [],
         )
-        new_module = h.replace(module, operand, new_operand, scope=funcs[0])
+        new_module = h.replace(module, operand, new_operand, scope=gate.node)
         change = f"{shape} -> {h.code(new_operand)}"
     result = applied(name, new_module, change, f"patched ({change}){note}")
     if gate.form != "call":
