@@ -560,6 +560,14 @@ PATCH = Patch(
         "sglang/srt/server_args.py",
     ),
     marker=ARCH,
+    notes=(
+        (
+            ">=0.5.13",
+            "upstream already picks flashinfer_cutlass on SM120 when --quantization "
+            "modelopt_fp4 is given; this patch adds the choice when the quantization comes "
+            "from the checkpoint's config",
+        ),
+    ),
     shapes=(
         "0.5.2 to 0.5.7: no Glm4MoeForCausalLM MoE branch (not applicable)",
         "0.5.8 and 0.5.9: sglang/srt/server_args.py, "

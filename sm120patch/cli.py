@@ -158,6 +158,8 @@ def render_outcomes(outcomes: list[Any]) -> None:
         click.echo(f"  {o.status.value:16} {o.patch:26} {where}", err=True)
         if o.status.value in ("refused", "upstream", "not-applicable"):
             click.echo(f"  {'':16} {o.reason}", err=True)
+        if getattr(o, "note", ""):
+            click.echo(f"  {'':16} note: {o.note}", err=True)
 
 
 @main.command("apply")

@@ -287,6 +287,7 @@ def _judge(profile: Profile, target: Target, outcome: Outcome) -> Outcome:
 
     cat = catalog.load()
     patch = cat.patches[outcome.patch]
+    outcome = _with_note(patch, target, outcome)
     if outcome.status is Status.NOT_APPLICABLE and not profile.absent_ok(patch.id, target.version):
         return replace(
             outcome,
@@ -305,6 +306,20 @@ def _judge(profile: Profile, target: Target, outcome: Outcome) -> Outcome:
         except InvalidVersion:
             pass
     return outcome
+
+
+def _with_note(patch: Patch, target: Target, outcome: Outcome) -> Outcome:
+    """The patch's note for this release on an outcome that changes or found the site."""
+    from dataclasses import replace
+
+    if outcome.status not in (Status.APPLIED, Status.ALREADY_APPLIED) or not patch.notes:
+        return outcome
+    try:
+        release = release_of(target.version)
+    except InvalidVersion:
+        return outcome
+    texts = [text for spec, text in patch.notes if SpecifierSet(spec).contains(release, True)]
+    return replace(outcome, note=" ".join(texts)) if texts else outcome
 
 
 def unified_diff(target: Target, result: FileResult) -> str:

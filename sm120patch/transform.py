@@ -81,6 +81,10 @@ class Patch:
     # Versions of the target whose own code already carries this exact change: there an
     # `already-applied` reading means "upstream", not "ours".
     upstream_in: str | None = None
+    # (PEP 440 specifier of the target's release, text): what a user should know about this
+    # site on those releases, e.g. where upstream already takes the SM120 path for a common
+    # launch; the plan puts the text on the outcome (`Outcome.note`).
+    notes: tuple[tuple[str, str], ...] = ()
 
     def pick_file(self, read: Callable[[str], str | None]) -> str | None:
         """The candidate file holding this site; `read` returns None for a missing file."""
@@ -106,6 +110,7 @@ class Outcome:
     status: Status
     reason: str
     shape: str = ""
+    note: str = ""  # from the patch's `notes` for this release; empty when none applies
 
     def to_dict(self) -> dict[str, str | None]:
         return {
@@ -116,11 +121,13 @@ class Outcome:
             "status": self.status.value,
             "reason": self.reason,
             "shape": self.shape,
+            "note": self.note,
         }
 
     def describe(self) -> str:
         where = f"{self.file}::{self.site}" if self.file else self.site
-        return f"{self.patch}: {self.status.value} at {where}: {self.reason}"
+        text = f"{self.patch}: {self.status.value} at {where}: {self.reason}"
+        return f"{text} (note: {self.note})" if self.note else text
 
 
 @dataclass
