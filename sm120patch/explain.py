@@ -248,13 +248,19 @@ class Explanation:
         ("comm_arch", "FlashInfer trtllm comm archs"),
     )
 
+    LAUNCH_ROWS = ("moe_runner_backend", "quantization", "allreduce_fusion")
+
     def rows(self) -> list[tuple[str, str, str]]:
+        """(what, pristine, patched) for each decision the probe could make here."""
         out = []
         for key, label in self.ROWS:
             before, after = getattr(self.pristine, key), getattr(self.patched, key)
-            if before is None and after is None:
+            if key in self.LAUNCH_ROWS and not self.launch:
                 continue
-            out.append((label, str(before), str(after)))
+            if before == after == "not checked":
+                continue
+            out.append((label, "none" if before is None else before,
+                        "none" if after is None else after))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -323,10 +329,15 @@ def explain(
             "sglang": any(t.kind == "sglang" for t in found),
             "flashinfer": any(t.kind == "flashinfer" for t in found),
         }
-        results = {
-            side: run_probe(interp, {**base, "overlay": overlay[side]})
-            for side in ("pristine", "patched")
-        }
+        # The two sides are independent processes: run them side by side.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = {
+                side: pool.submit(run_probe, interp, {**base, "overlay": overlay[side]})
+                for side in ("pristine", "patched")
+            }
+            results = {side: f.result() for side, f in futures.items()}
     key = "launch" if launch else None
     return Explanation(
         python=str(interp),

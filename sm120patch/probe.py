@@ -217,6 +217,29 @@ def tolerate_missing_ops(torch: Any, namespaces: set[str]) -> None:
             setattr(library, name, wrap(getattr(library, name)))
 
 
+def load_cuda_runtime() -> str | None:
+    """A CUDA torch has libcudart loaded; FlashInfer's comm module looks for it among the
+    process's libraries at import (`find_loaded_library("libcudart")`). Under simulation on a
+    CPU torch, load the one an `nvidia-cuda-runtime` wheel ships, if any: loading needs no GPU
+    or driver, and nothing here calls into it. Returns the path loaded, or None."""
+    import ctypes
+    import glob
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as fh:
+            if "libcudart" in fh.read():
+                return None
+    except OSError:
+        return None
+    for entry in sys.path:
+        for path in sorted(glob.glob(os.path.join(entry, "nvidia", "cuda_runtime", "lib",
+                                                  "libcudart.so*"))):
+            with contextlib.suppress(OSError):
+                ctypes.CDLL(path)
+                return path
+    return None
+
+
 def simulate_sglang(arch: str) -> None:
     """What SGLang asks outside torch: GPU memory through nvidia-smi."""
     common = sys.modules.get("sglang.srt.utils.common")
@@ -404,6 +427,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     if arch:
         simulate(torch, arch, request.get("cuda_version", "12.9"), _devices(launches))
         tolerate_missing_ops(torch, {"torchvision", *GPU_EXTENSIONS})
+        load_cuda_runtime()
         missing = _unimportable(GPU_EXTENSIONS)
         if missing:
             sys.meta_path.append(PlaceholderFinder(missing))

@@ -38,7 +38,15 @@ def fusion_launches(pristine_sm100: Result) -> list[str]:
 
 
 def has_resolve_backend(result: Result) -> bool:
+    """Whether the release has `_resolve_backend` (0.5.14 on); an import that failed for
+    another reason counts as having it, so the check reports the error."""
     return "cannot import name" not in result["resolve_backend"].get("error", "")
+
+
+def resolved_auto(result: Result) -> dict[str, Any]:
+    """`_resolve_backend('auto')`'s value or error; the import's error when it did not load."""
+    res = result["resolve_backend"]
+    return res["backends"]["auto"] if "backends" in res else {"error": res.get("error")}
 
 
 def control_problems(pristine_sm120: Result, pristine_sm100: Result) -> list[str]:
@@ -51,12 +59,12 @@ def control_problems(pristine_sm120: Result, pristine_sm100: Result) -> list[str
         a = args_of(pristine_sm120, name)
         if a is None or fusion_on(a):
             problems.append(f"pristine SM120 {name}: fusion already on or error")
-    if pristine_sm120["gate"].get("passes") is not False:
+    if pristine_sm120["gate"].get("passes") is not False:  # an error is a problem too
         problems.append(f"pristine SM120 gate: {pristine_sm120['gate']}")
     if has_resolve_backend(pristine_sm120):
-        auto = pristine_sm120["resolve_backend"]["backends"]["auto"]
-        if "error" not in auto:
-            problems.append(f"pristine SM120 _resolve_backend('auto') returned {auto}")
+        auto = resolved_auto(pristine_sm120)
+        if "error" not in auto or "SM90" not in str(auto["error"]):
+            problems.append(f"pristine SM120 _resolve_backend('auto'): {auto}")
     return problems
 
 
@@ -81,7 +89,7 @@ def sm120_problems(pristine: Result, patched: Result, pristine_sm100: Result) ->
     if patched["gate"].get("passes") is not True:
         problems.append(f"patched SM120 gate: {patched['gate']}")
     if has_resolve_backend(patched):
-        auto = patched["resolve_backend"]["backends"]["auto"]
+        auto = resolved_auto(patched)
         if "value" not in auto:
             problems.append(f"patched SM120 _resolve_backend('auto'): {auto}")
     problems += field_problems(pristine, patched, MOE_FIELDS | FUSION_FIELDS)

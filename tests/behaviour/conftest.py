@@ -13,9 +13,14 @@ from sm120patch import releases
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    given = {
+        arg
+        for mark in metafunc.definition.iter_markers("parametrize")
+        for arg in (mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0])
+    }
     for kind in releases.KINDS:
         name = f"{kind}_version"
-        if name in metafunc.fixturenames:
+        if name in metafunc.fixturenames and name not in given:
             metafunc.parametrize(name, release_set(kind))
 
 

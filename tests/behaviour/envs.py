@@ -47,8 +47,11 @@ DEPS = (
     "compressed-tensors==0.20.1",
     "apache-tvm-ffi==0.1.15.post2",
     "nvidia-ml-py",
+    # libcudart, which FlashInfer's comm module wants loaded (the probe loads it when simulating).
+    "nvidia-cuda-runtime-cu12==12.9.79",
     "aiohttp==3.14.5",
     "dill==0.4.1",
+    "einops==0.8.2",
     "gguf==0.19.0",
     "ipython==9.18.1",
     "msgspec==0.23.0",
@@ -62,6 +65,7 @@ DEPS = (
     "sentencepiece==0.2.3",
     "starlette==1.10.0",
     "tqdm==4.70.1",
+    "xgrammar==0.2.9",
 )
 
 
@@ -136,10 +140,10 @@ def transformers_prefix(version: str) -> Path:
     before the shared environment on sys.path. torch and numpy (compiled, shared with
     everything) are held to the shared environment's versions."""
     python = deps_python()
-    dest = root() / f"transformers-{version}-{_key(str(python), *DEPS)}"
+    held = [d for d in DEPS if d.startswith(("torch==", "numpy=="))]
+    dest = root() / f"transformers-{version}-{_key(sys.version, *held)}"
     with _building(dest) as staging:
         if staging is not None:
-            held = [d for d in DEPS if d.startswith(("torch==", "numpy=="))]
             _run(
                 [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                  "--target", str(staging / "site"), "-c", str(_constraints(staging, held)),
@@ -165,27 +169,35 @@ def release_prefix(kind: str, version: str) -> Path:
     return dest / "site"
 
 
-def pinned_transformers(kind: str, version: str) -> str | None:
-    """The transformers version a release pins (unconditionally), from its wheel's METADATA."""
+def pinned(kind: str, version: str, project: str) -> str | None:
+    """The version of `project` a release pins unconditionally, from its wheel's METADATA."""
+    from packaging.utils import canonicalize_name
+
     dist = releases.fetch(kind, version)
     with zipfile.ZipFile(dist) as zf:
-        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = next(n for n in zf.namelist() if n.count("/") == 1
+                    and n.endswith(".dist-info/METADATA"))
         text = zf.read(meta).decode("utf-8", "replace")
     for line in text.splitlines():
         if not line.startswith("Requires-Dist:"):
             continue
         req = Requirement(line.split(":", 1)[1].strip())
-        if req.name == "transformers" and not req.marker:
+        if canonicalize_name(req.name) == canonicalize_name(project) and not req.marker:
             pins = [s.version for s in req.specifier if s.operator == "=="]
             return pins[0] if pins else None
     return None
 
 
 def sys_path_for(kind: str, version: str) -> list[str]:
-    """What goes before the shared environment on sys.path to import this release."""
+    """What goes before the shared environment on sys.path to import this release: the
+    release, and for SGLang the FlashInfer and the transformers it pins (some modules the
+    server arguments import, such as modelopt_quant from 0.5.19, import flashinfer)."""
     paths = [str(release_prefix(kind, version))]
     if kind == "sglang":
-        wanted = pinned_transformers(kind, version)
+        flashinfer = pinned(kind, version, releases.PROJECT["flashinfer"])
+        if flashinfer:
+            paths.append(str(release_prefix("flashinfer", flashinfer)))
+        wanted = pinned(kind, version, "transformers")
         shared = next(d.split("==")[1] for d in DEPS if d.startswith("transformers=="))
         if wanted and Version(wanted) != Version(shared):
             paths.append(str(transformers_prefix(wanted)))

@@ -13,6 +13,8 @@ from checks import (
     sm120_problems,
 )
 
+pytestmark = pytest.mark.behaviour
+
 EXPECTED = {
     "sm120": {"is_sm120_supported": True, "is_sm100_supported": False, "is_sm90_supported": False},
     "sm100": {"is_sm120_supported": False, "is_sm100_supported": True, "is_sm90_supported": False},
