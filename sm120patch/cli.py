@@ -653,7 +653,11 @@ def explain_cmd(
     if found.launch:
         click.echo(f"# launch: {' '.join(found.launch)}")
     side = "patched (on disk)" if found.applied else "patched (planned)"
-    rows = [("", "pristine", side), *found.rows()]
+
+    def cell(text: str, most: int = 56) -> str:
+        return text if len(text) <= most else text[: most - 3] + "..."
+
+    rows = [("", "pristine", side), *((k, cell(a), cell(b)) for k, a, b in found.rows())]
     width = max(len(r[0]) for r in rows)
     left = max(len(r[1]) for r in rows)
     for label, before, after in rows:

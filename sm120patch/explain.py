@@ -189,8 +189,9 @@ def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decisi
         else:
             args = run["server_args"]
             moe, quant = args.get("moe_runner_backend"), args.get("quantization")
-            on = args.get("enable_flashinfer_allreduce_fusion")
             backend = args.get("flashinfer_allreduce_fusion_backend")
+            # Up to 0.5.13 a flag; from 0.5.14 a backend (the flag is deprecated, then gone).
+            on = bool(args.get("enable_flashinfer_allreduce_fusion")) or backend is not None
             fusion = "on" if on else "off"
             if backend is not None:
                 fusion += f" (backend {backend})"

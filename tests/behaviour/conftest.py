@@ -6,10 +6,16 @@ needs (a release's wheel or the dependency environment).
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 from behave import ARCHS, SIDES, Behaviour, Case, release_set
 
 from sm120patch import releases
+
+SUMMARY_ENV = "SM120PATCH_BEHAVIOUR_RESULTS"  # write every probe result to this JSON file
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -52,6 +58,9 @@ def behaviour(tmp_path_factory: pytest.TempPathFactory,
     wanted = {(c.kind, c.version) for item in request.session.items
               for c in _versions_of(item)}
     b.warm([c for c in all_cases() if (c.kind, c.version) in wanted])
+    summary = os.environ.get(SUMMARY_ENV)
+    if summary:  # for the figures in a report: every case's result, as JSON
+        Path(summary).write_text(json.dumps({str(c): r for c, r in b.results.items()}))
     return b
 
 
