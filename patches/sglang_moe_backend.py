@@ -328,9 +328,81 @@ def _sm120_body(body: cst.BaseSuite) -> tuple[cst.IndentedBlock, list[str]] | st
     new_choice = choice.with_changes(test=new_test, body=inner.with_changes(body=new_stmts))
     new_body = list(body.body)
     new_body[index] = new_choice
+    local = _local_quantization(new_body)
+    if isinstance(local, str):
+        return local
+    new_body, derived = local
+    if derived:
+        notes.append("quantization derived locally")
     # The first statement may carry blank lines or comments meant for the SM100 branch.
     new_body[0] = new_body[0].with_changes(leading_lines=())
     return body.with_changes(body=new_body), notes
+
+
+# The server-argument fields the SM100 branch writes the checkpoint's quantization into.
+QUANT_FIELDS = {"self.quantization", 'overrides["quantization"]'}
+
+
+def _local_quantization(
+    stmts: list[cst.BaseStatement],
+) -> tuple[list[cst.BaseStatement], bool] | str:
+    """The SM120 branch reads the checkpoint's quantization as upstream's SM100 check does,
+    but keeps it in a local `quantization` and writes no server-argument field with it:
+    `self.quantization` becomes the local (seeded from `self.quantization` first) and a write
+    to `overrides["quantization"]` is dropped (the local beside it stays). Upstream sets the
+    field later from the model config; setting it here changed it for every quantized Glm4Moe
+    checkpoint on SM120 (an FP8 one's `quantization` went None -> fp8). Returns the new
+    statements and whether anything changed, or what was found when an `if` would be left
+    empty. A body that only reads the field is kept as it is."""
+    import libcst as cst
+    import libcst.matchers as m
+
+    from sm120patch import cst_helpers as h
+
+    class Localize(cst.CSTTransformer):
+        def __init__(self) -> None:
+            self.problem: str | None = None
+
+        def leave_Attribute(
+            self, original: cst.Attribute, updated: cst.Attribute
+        ) -> cst.BaseExpression:
+            if h.key(original) == "self.quantization":
+                return cst.Name("quantization")
+            return updated
+
+        def leave_SimpleStatementLine(
+            self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+        ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
+            assign = _single_assign(original)
+            if assign is not None and (
+                _target_key(assign.targets[0].target) == 'overrides["quantization"]'
+            ):
+                return cst.RemoveFromParent()
+            return updated
+
+        def leave_IndentedBlock(
+            self, original: cst.IndentedBlock, updated: cst.IndentedBlock
+        ) -> cst.IndentedBlock:
+            if not updated.body:
+                self.problem = "an `if` writing only the quantization field"
+            return updated
+
+    writes = {
+        _target_key(a.targets[0].target)
+        for s in stmts
+        for a in m.findall(s, m.Assign(targets=[m.AssignTarget()]))
+        if isinstance(a, cst.Assign)
+    } & QUANT_FIELDS
+    if not writes:
+        return stmts, False
+    localize = Localize()
+    out = [s.visit(localize) for s in stmts]
+    if localize.problem:
+        return localize.problem
+    kept = [s for s in out if isinstance(s, cst.BaseStatement)]
+    if "self.quantization" in writes:
+        kept.insert(0, cst.parse_statement("quantization = self.quantization\n"))
+    return kept, True
 
 
 def _choice_operands(test: cst.BaseExpression) -> list[cst.Comparison] | None:
@@ -504,5 +576,13 @@ PATCH = Patch(
     ),
     marker=ARCH,
     facts=FACTS,
+    notes=(
+        (
+            ">=0.5.13",
+            "upstream already picks flashinfer_cutlass on SM120 when --quantization "
+            "modelopt_fp4 is given; this patch adds the choice when the quantization comes "
+            "from the checkpoint's config",
+        ),
+    ),
     transform=transform,
 )

@@ -235,6 +235,8 @@ def render_outcomes(outcomes: list[Any]) -> None:
         click.echo(f"  {o.status.value:16} {o.patch:26} {where}", err=True)
         if o.status.value in ("refused", "upstream", "not-applicable"):
             click.echo(f"  {'':16} {o.reason}", err=True)
+        if getattr(o, "note", ""):
+            click.echo(f"  {'':16} note: {o.note}", err=True)
 
 
 def _lock_for(
@@ -1040,3 +1042,66 @@ def matrix_cmd(
         click.echo(matrix.markdown(rows, chosen))
     if any(r.error for r in rows):
         sys.exit(1)
+
+
+# ---------------------------------------------------------------------------- explain (issue 10)
+
+
+@main.command("explain", context_settings={"ignore_unknown_options": True})
+@with_targets
+@click.option(
+    "--python",
+    "python",
+    metavar="PATH",
+    help="The interpreter SGLang runs in (default: the venv's python beside the target).",
+)
+@click.option(
+    "--simulate",
+    type=click.Choice(["sm120", "sm100", "sm90"]),
+    help="Decide as on a GPU of this architecture instead of the real one.",
+)
+@json_option
+@click.argument("launch", nargs=-1, type=click.UNPROCESSED)
+def explain_cmd(
+    sglang: str | None,
+    flashinfer: str | None,
+    python: str | None,
+    simulate: str | None,
+    as_json: bool,
+    launch: tuple[str, ...],
+) -> None:
+    """What upstream's own code decides, pristine vs patched, for `-- SGLANG LAUNCH ARGS`.
+
+    Runs SGLang's server-argument resolution, the allreduce-fusion gate, _resolve_backend and
+    FlashInfer's comm module flags in the target's interpreter: no weights, no server.
+    """
+    from sm120patch import explain
+
+    found = explain.explain(
+        {"sglang": sglang, "flashinfer": flashinfer},
+        python=python,
+        simulate=simulate,
+        launch=launch,
+    )
+    if as_json:
+        emit_json(found.to_dict())
+        return
+    gpu = f"simulated {simulate.upper()}" if simulate else "this machine's GPU"
+    click.echo(f"# {gpu}, {found.python}")
+    for t in found.targets:
+        click.echo(f"# {t['kind']} {t['version']} at {t['root']}")
+    if found.launch:
+        click.echo(f"# launch: {' '.join(found.launch)}")
+    side = "patched (on disk)" if found.applied else "patched (planned)"
+
+    def cell(text: str, most: int = 56) -> str:
+        return text if len(text) <= most else text[: most - 3] + "..."
+
+    rows = [("", "pristine", side), *((k, cell(a), cell(b)) for k, a, b in found.rows())]
+    width = max(len(r[0]) for r in rows)
+    left = max(len(r[1]) for r in rows)
+    for label, before, after in rows:
+        mark = "  " if before == after or not label else "->"
+        click.echo(f"{label:{width}}  {before:{left}}  {mark} {after}")
+    for note in found.notes:
+        click.echo(f"note: {note}")

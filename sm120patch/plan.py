@@ -294,6 +294,7 @@ def _judge(profile: Profile, patch: Patch, target: Target, outcome: Outcome) -> 
     """Apply what the profile and the patch's facts know about this release to a raw outcome."""
     from dataclasses import replace
 
+    outcome = _with_note(patch, target, outcome)
     if outcome.status is Status.NOT_APPLICABLE and not profile.absent_ok(patch.id, target.version):
         return replace(
             outcome,
@@ -308,6 +309,23 @@ def _judge(profile: Profile, patch: Patch, target: Target, outcome: Outcome) -> 
             reason=f"{target.name} {target.version} already enables SM120 here",
         )
     return outcome
+
+
+def _with_note(patch: Patch, target: Target, outcome: Outcome) -> Outcome:
+    """The patch's note for this release on an outcome that changes or found the site."""
+    from dataclasses import replace
+
+    if outcome.status not in (Status.APPLIED, Status.ALREADY_APPLIED) or not patch.notes:
+        return outcome
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion
+
+    try:
+        release = catalog.release_of(target.version)
+    except InvalidVersion:
+        return outcome
+    texts = [text for spec, text in patch.notes if SpecifierSet(spec).contains(release, True)]
+    return replace(outcome, note=" ".join(texts)) if texts else outcome
 
 
 def unified_diff(target: Target, result: FileResult) -> str:

@@ -88,6 +88,10 @@ class Patch:
     # `already-applied` reading means "upstream", not "ours". Facts with status upstream say
     # the same; this field stays for patches that declare no facts.
     upstream_in: str | None = None
+    # (PEP 440 specifier of the target's release, text): what a user should know about this
+    # site on those releases, e.g. where upstream already takes the SM120 path for a common
+    # launch; the plan puts the text on the outcome (`Outcome.note`).
+    notes: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         from dataclasses import replace as _replace
@@ -144,6 +148,7 @@ class Outcome:
     status: Status
     reason: str
     shape: str = ""
+    note: str = ""  # from the patch's `notes` for this release; empty when none applies
 
     def to_dict(self) -> dict[str, str | None]:
         return {
@@ -154,11 +159,13 @@ class Outcome:
             "status": self.status.value,
             "reason": self.reason,
             "shape": self.shape,
+            "note": self.note,
         }
 
     def describe(self) -> str:
         where = f"{self.file}::{self.site}" if self.file else self.site
-        return f"{self.patch}: {self.status.value} at {where}: {self.reason}"
+        text = f"{self.patch}: {self.status.value} at {where}: {self.reason}"
+        return f"{text} (note: {self.note})" if self.note else text
 
 
 @dataclass

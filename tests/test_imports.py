@@ -93,5 +93,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_runtime_code_never_imports_torch_sglang_or_flashinfer():
     for name, path in _modules().items():
+        if name == "sm120patch.probe":
+            continue  # run by path in the target's own interpreter (explain), never imported
         top = {m.split(".")[0] for m in _imports(ast.parse(path.read_text()), {})}
         assert not top & {"torch", "sglang", "flashinfer"}, name

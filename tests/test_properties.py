@@ -469,9 +469,31 @@ def moe_expected(tree: ast.Module) -> ast.Module:
     assign, log = choice.body
     assign.value = ast.Constant("flashinfer_cutlass")  # type: ignore[attr-defined]
     log.value.args = [ast.Constant(NEW_LOG)]  # type: ignore[attr-defined]
+    body = localized_quantization(body)
     sm100.orelse = [ast.If(test=expr("is_sm120_supported()"), body=body, orelse=sm100.orelse)]
     add_import(tree, "is_sm120_supported", "is_sm100_supported")
     return tree
+
+
+def localized_quantization(body: list[ast.stmt]) -> list[ast.stmt]:
+    """Where the SM100 body writes `self.quantization`, the SM120 one keeps the value in a
+    local `quantization` (seeded from the field) and writes no field with it."""
+    writes = any(
+        isinstance(n, ast.Assign) and any(ast.unparse(t) == "self.quantization" for t in n.targets)
+        for stmt in body
+        for n in ast.walk(stmt)
+    )
+    if not writes:
+        return body
+
+    class Local(ast.NodeTransformer):
+        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+            if ast.unparse(node) == "self.quantization":
+                return ast.Name("quantization", ctx=node.ctx)
+            return self.generic_visit(node)
+
+    return [ast.parse("quantization = self.quantization").body[0],
+            *(Local().visit(stmt) for stmt in body)]
 
 
 @EXAMPLES

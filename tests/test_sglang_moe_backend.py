@@ -82,11 +82,12 @@ class ServerArgs:
                             "Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM"
                         )
             elif is_sm120_supported():
+                quantization = self.quantization
                 quant_method = getattr(hf_config, "quant_method", None)
-                if self.quantization is None and quant_method is not None:
-                    self.quantization = quant_method
+                if quantization is None and quant_method is not None:
+                    quantization = quant_method
                 if (
-                    self.quantization == "modelopt_fp4"
+                    quantization == "modelopt_fp4"
                     and self.moe_a2a_backend == "none"
                     and self.moe_runner_backend == "auto"
                 ):
@@ -207,7 +208,6 @@ def _glm4_moe_overrides(server_args, hf_config):
     elif is_sm120_supported():
         quantization = server_args.quantization
         if quantization is None:
-            overrides["quantization"] = hf_config.quant_method
             quantization = hf_config.quant_method
         if (
             quantization == "modelopt_fp4"
@@ -421,3 +421,25 @@ def test_picks_the_file_holding_the_site():
     assert PATCH.pick_file(layout.get) == "sglang/srt/arg_groups/overrides.py"
     del layout["sglang/srt/arg_groups/overrides.py"]
     assert PATCH.pick_file(layout.get) == "sglang/srt/server_args.py"
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_sm120_branch_writes_no_quantization_field(run_patch, name):
+    """The SM120 branch derives the checkpoint's quantization in a local and writes only the
+    MoE runner backend (upstream sets the quantization field later, from the model config)."""
+    import ast
+
+    before, _ = PAIRS[name]
+    res = run_patch(PATCH, before)
+    tree = ast.parse(res.after)
+    branches = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "sm120" in ast.unparse(n.test)]
+    assert len(branches) == 1, name
+    written = {
+        ast.unparse(t)
+        for stmt in branches[0].body
+        for node in ast.walk(stmt)
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+    }
+    assert not written & {"self.quantization", "overrides['quantization']"}, written
+    assert any("moe_runner_backend" in w for w in written), written

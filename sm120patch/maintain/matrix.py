@@ -28,6 +28,7 @@ class Row:
     version: str
     sites: dict[str, str] = field(default_factory=dict)  # patch id -> outcome
     profiles: dict[str, str] = field(default_factory=dict)  # profile -> verdict
+    notes: dict[str, str] = field(default_factory=dict)  # patch id -> the outcome's note
     error: str | None = None
 
 
@@ -52,6 +53,8 @@ def plan_release(kind: str, version: str) -> Row:
         outcomes = [o for f in tp.files for o in f.outcomes]
         for o in outcomes:
             row.sites.setdefault(o.patch, o.status.value)
+            if o.note:
+                row.notes.setdefault(o.patch, o.note)
         if any(o.status is Status.REFUSED for o in outcomes):
             verdict = "refused"
         elif profile.pinned(kind, version):
@@ -168,18 +171,34 @@ def markdown(rows: list[Row], profiles: Sequence[str] | None = None) -> str:
                 cells = [
                     r.version,
                     *(r.profiles.get(p, "") for p in profs),
-                    *(r.sites.get(s, "") for s in sites),
+                    *(r.sites.get(s, "") + (NOTE_MARK if s in r.notes else "") for s in sites),
                 ]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+        for site, first, note in _notes(mine):
+            out.append(f"{NOTE_MARK} `{site}` from {DISPLAY[kind]} {first}: {note}")
+            out.append("")
     return "\n".join(out)
+
+
+NOTE_MARK = "*"
+
+
+def _notes(rows: list[Row]) -> list[tuple[str, str, str]]:
+    """(site, first release with it, note) for each distinct note in `rows` (oldest first)."""
+    seen: dict[tuple[str, str], str] = {}
+    for r in rows:
+        for site, note in r.notes.items():
+            seen.setdefault((site, note), r.version)
+    return [(site, first, note) for (site, note), first in seen.items()]
 
 
 def to_json(rows: list[Row], warnings: Sequence[str] = ()) -> str:
     """One object: the planned rows, the releases that could not be planned, the warnings."""
     doc: dict[str, Any] = {
         "rows": [
-            {"kind": r.kind, "version": r.version, "profiles": r.profiles, "sites": r.sites}
+            {"kind": r.kind, "version": r.version, "profiles": r.profiles, "sites": r.sites,
+             "notes": r.notes}
             for r in rows
             if not r.error
         ],

@@ -1,0 +1,121 @@
+"""Upstream's own code, pristine and patched, under simulated SM120, SM100 and SM90."""
+
+from __future__ import annotations
+
+import pytest
+from behave import ARCHS, Behaviour, Case
+from checks import (
+    UPSTREAM_CUTLASS_WITH_FLAG,
+    args_of,
+    comm_problems,
+    control_problems,
+    same_problems,
+    sm120_problems,
+)
+
+pytestmark = pytest.mark.behaviour
+
+EXPECTED = {
+    "sm120": {"is_sm120_supported": True, "is_sm100_supported": False, "is_sm90_supported": False},
+    "sm100": {"is_sm120_supported": False, "is_sm100_supported": True, "is_sm90_supported": False},
+    "sm90": {"is_sm120_supported": False, "is_sm100_supported": False, "is_sm90_supported": True},
+}
+
+
+def get(b: Behaviour, version: str, side: str, arch: str, kind: str = "sglang") -> dict:
+    return b.result(Case(kind, version, side, arch))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_simulated_gpu_is_what_upstream_sees(behaviour: Behaviour, sglang_version: str,
+                                             arch: str) -> None:
+    for side in ("pristine", "patched"):
+        seen = get(behaviour, sglang_version, side, arch)["predicates"]
+        for name, want in EXPECTED[arch].items():
+            assert seen[name] is want, (side, name, seen)
+            platform = f"get_platform().{name.removesuffix('_supported')}"
+            if platform in seen:
+                assert seen[platform] is want, (side, platform, seen)
+
+
+def test_every_launch_resolves(behaviour: Behaviour, sglang_version: str) -> None:
+    """The MoE launches resolve on every side and GPU (a fusion architecture that this
+    release's transformers cannot read is left out of the fusion checks instead)."""
+    for side in ("pristine", "patched"):
+        for arch in ARCHS:
+            result = get(behaviour, sglang_version, side, arch)
+            for name, run in result["launches"].items():
+                if name.startswith("moe-"):
+                    assert "error" not in run, (side, arch, name, run)
+
+
+def test_pristine_sm120_does_not_take_the_sm120_path(behaviour: Behaviour,
+                                                     sglang_version: str) -> None:
+    pristine = get(behaviour, sglang_version, "pristine", "sm120")
+    sm100 = get(behaviour, sglang_version, "pristine", "sm100")
+    assert control_problems(pristine, sm100) == []
+
+
+def test_patched_sm120_takes_the_sm120_path(behaviour: Behaviour, sglang_version: str) -> None:
+    pristine = get(behaviour, sglang_version, "pristine", "sm120")
+    patched = get(behaviour, sglang_version, "patched", "sm120")
+    sm100 = get(behaviour, sglang_version, "pristine", "sm100")
+    assert sm120_problems(pristine, patched, sm100) == []
+
+
+@pytest.mark.parametrize("arch", ["sm100", "sm90"])
+def test_patched_decides_as_pristine_off_sm120(behaviour: Behaviour, sglang_version: str,
+                                               arch: str) -> None:
+    pristine = get(behaviour, sglang_version, "pristine", arch)
+    patched = get(behaviour, sglang_version, "patched", arch)
+    assert same_problems(pristine, patched) == []
+
+
+def test_upstream_flag_path_is_known(behaviour: Behaviour, sglang_version: str) -> None:
+    """Where pristine SM120 already picks flashinfer_cutlass for `--quantization modelopt_fp4`
+    (from 0.5.13), the plan's MoE outcome says so; before, it does not pick it."""
+    from packaging.version import Version
+
+    from sm120patch import explain
+
+    args = args_of(get(behaviour, sglang_version, "pristine", "sm120"), UPSTREAM_CUTLASS_WITH_FLAG)
+    upstream_picks = args is not None and args["moe_runner_backend"] == "flashinfer_cutlass"
+    assert upstream_picks is (Version(sglang_version) >= Version("0.5.13"))
+    note = _moe_note(behaviour, sglang_version)
+    assert bool(note) is upstream_picks, note
+    del explain
+
+
+def _moe_note(behaviour: Behaviour, version: str) -> str:
+    from sm120patch import catalog
+    from sm120patch.plan import plan_target
+
+    cat = catalog.load()
+    profile = cat.profile("moe")
+    planned = plan_target(profile, cat.patches_of(profile), behaviour.target("sglang", version))
+    outcome = next(o for f in planned.files for o in f.outcomes if o.patch == "sglang.moe-backend")
+    return getattr(outcome, "note", "") or ""
+
+
+def test_flashinfer_comm_module_builds_for_sm120(behaviour: Behaviour,
+                                                 flashinfer_version: str) -> None:
+    """Before 0.6.17 the pristine module raises for an SM120-only target and the patched one
+    builds for compute_120; from 0.6.17 upstream lists 12 itself and the patch changes nothing."""
+    from packaging.version import Version
+
+    pristine = get(behaviour, flashinfer_version, "pristine", "sm120", "flashinfer")
+    patched = get(behaviour, flashinfer_version, "patched", "sm120", "flashinfer")
+    if Version(Version(flashinfer_version).base_version) < Version("0.6.17"):
+        assert comm_problems(pristine, patched) == []
+    else:
+        assert any(a.startswith("compute_120") for a in pristine["comm_arch"]["archs"])
+        assert same_problems(pristine, patched) == []
+
+
+@pytest.mark.parametrize("arch", ["sm100", "sm90"])
+def test_flashinfer_off_sm120_unchanged(behaviour: Behaviour, flashinfer_version: str,
+                                        arch: str) -> None:
+    pristine = get(behaviour, flashinfer_version, "pristine", arch, "flashinfer")
+    patched = get(behaviour, flashinfer_version, "patched", arch, "flashinfer")
+    assert "error" not in pristine["comm_arch"], pristine["comm_arch"]
+    assert same_problems(pristine, patched) == []
