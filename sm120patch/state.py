@@ -473,10 +473,7 @@ class TargetState:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise Refused(
-                    f"another sm120patch run holds the lock on {self.root}",
-                    "wait for it to finish, then try again",
-                ) from None
+                raise self._held() from None
             try:
                 self._migrate()
                 yield
@@ -484,6 +481,12 @@ class TargetState:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def _held(self) -> Refused:
+        return Refused(
+            f"another sm120patch run holds the lock on {self.root}",
+            "wait for it to finish, then try again",
+        )
 
     def check_unlocked(self) -> None:
         """Refuse, as `locked` would, while another run holds the lock; creates nothing."""
@@ -496,10 +499,7 @@ class TargetState:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise Refused(
-                f"another sm120patch run holds the lock on {self.root}",
-                "wait for it to finish, then try again",
-            ) from None
+            raise self._held() from None
         except OSError:
             pass
         finally:
