@@ -339,12 +339,18 @@ def gate() -> dict[str, Any]:
     if module is None or fn is None:
         return {"error": "no gate function found; " + "; ".join(problems)}
     comm = SimpleNamespace(flashinfer_allreduce_fusion_backend="auto")
+    # What the gate reads of the server arguments, across releases (0.5.10 adds attn_cp_size,
+    # 0.5.16 reads them through get_server_args()).
+    args = SimpleNamespace(
+        enable_flashinfer_allreduce_fusion=True,
+        flashinfer_allreduce_fusion_backend="auto",
+        attn_cp_size=1,
+    )
     held_true = {
         "_is_flashinfer_available": True,
         "is_dp_attention_enabled": lambda: False,
-        "get_global_server_args": lambda: SimpleNamespace(
-            enable_flashinfer_allreduce_fusion=True, flashinfer_allreduce_fusion_backend="auto"
-        ),
+        "get_global_server_args": lambda: args,
+        "get_server_args": lambda: args,
         "get_exec": lambda: SimpleNamespace(comm=comm),
         "uses_cutedsl_ar_fusion": lambda: False,
         "is_flashinfer_allreduce_unavailable": lambda: False,
