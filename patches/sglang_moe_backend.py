@@ -355,7 +355,6 @@ def _local_quantization(
     statements and whether anything changed, or what was found when an `if` would be left
     empty. A body that only reads the field is kept as it is."""
     import libcst as cst
-    import libcst.matchers as m
 
     from sm120patch import cst_helpers as h
 
@@ -390,8 +389,8 @@ def _local_quantization(
     writes = {
         _target_key(a.targets[0].target)
         for s in stmts
-        for a in m.findall(s, m.Assign(targets=[m.AssignTarget()]))
-        if isinstance(a, cst.Assign)
+        for a in h.find(s, (cst.Assign,))
+        if isinstance(a, cst.Assign) and len(a.targets) == 1
     } & QUANT_FIELDS
     if not writes:
         return stmts, False
