@@ -740,11 +740,7 @@ def _check_revertable(ctx: _Ctx, manifest: Manifest, force: bool) -> None:
     if drifted:
         problems.append(_drift_diff(ctx, drifted))
     git = manifest.git
-    if git is not None:
-        layout = ctx.layout
-        branch, head = layout.repo.head()  # type: ignore[attr-defined]
-        if branch == git.patch_branch and git.commits and head != git.commits[-1]:
-            problems.append(f"{git.patch_branch} has commits after sm120patch's ({head[:12]})")
+    problems.extend(ctx.layout.changes_since_apply(git))
     ctx.layout.check_revertable(manifest.files, git)
     if problems and not force:
         raise Refused(
@@ -970,7 +966,7 @@ def ensure(
         profile_name, paths, force=force, preconditions=preconditions, check_plan=check_plan,
         lock=lock,
     )  # fmt: skip
-    for ctx in _targets(profile, paths, force=True):
+    for ctx in ctxs:  # the same targets, their bytes read again after the apply
         found = ctx.assess()
         if found.state != assess.APPLIED or found.profile != profile.name:
             raise Refused(

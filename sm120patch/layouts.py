@@ -65,6 +65,10 @@ class InstalledLayout:
                     f"restore the file by hand, then move {self.state.dir} aside",
                 )
 
+    def changes_since_apply(self, git: GitBase | None) -> list[str]:
+        """What the user did to this target after the apply besides editing its files."""
+        return []
+
     def finish_revert(
         self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
     ) -> str | None:
@@ -178,6 +182,15 @@ class GitLayout(InstalledLayout):
                 "uncommitted changes in " + ", ".join(crossing),
                 "commit or stash them (`git stash`), then revert again",
             )
+
+    def changes_since_apply(self, git: GitBase | None) -> list[str]:
+        """Commits made on the patch branch after sm120patch's own."""
+        if git is None:
+            return []
+        branch, head = self.repo.head()
+        if branch == git.patch_branch and git.commits and head != git.commits[-1]:
+            return [f"{git.patch_branch} has commits after sm120patch's ({head[:12]})"]
+        return []
 
     def finish_revert(
         self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
