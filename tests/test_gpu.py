@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pynvml
@@ -168,3 +170,27 @@ def test_doctor_json(tmp_path, mocker):
     assert profiles["moe"]["pinned"] is True
     assert {o["status"] for o in profiles["moe"]["outcomes"]} == {"applied"}
     assert "moe is the recommended profile" in doc["recommendation"]
+
+
+def test_probe_without_the_binding_says_what_pynvml_says(tmp_path):
+    """The pre-check (no pynvml import when libnvidia-ml cannot load) reaches the verdict the
+    binding reaches on this machine: the same problem line, or the same GPUs."""
+    script = (
+        "import json, sys\n"
+        "from sm120patch import gpu\n"
+        "if sys.argv[1] == 'binding':\n"
+        "    import pynvml\n"
+        "p = gpu.probe()\n"
+        "print(json.dumps({'probe': p.to_dict(), 'imported': 'pynvml' in sys.modules}))\n"
+    )
+    out = {}
+    for how in ("binding", "precheck"):
+        run = subprocess.run([sys.executable, "-c", script, how], capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        out[how] = json.loads(run.stdout)
+    assert out["precheck"]["probe"]["problem"] == out["binding"]["probe"]["problem"]
+    assert [g["name"] for g in out["precheck"]["probe"]["gpus"]] == [
+        g["name"] for g in out["binding"]["probe"]["gpus"]
+    ]
+    # Without a driver the binding is never imported; with one, it does the work.
+    assert out["precheck"]["imported"] == (out["binding"]["probe"]["problem"] != gpu.NO_LIBRARY)
