@@ -18,7 +18,6 @@ import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -234,9 +233,9 @@ def _load(dirs: tuple[str, ...]) -> Catalog:
 
 
 def _entry_points() -> list[Any]:
-    from importlib.metadata import entry_points
+    from sm120patch.entrypoints import entry_points
 
-    return sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+    return sorted(entry_points(ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
 def _patches_in(module: Any, pack: Pack) -> list[Patch]:
@@ -259,11 +258,22 @@ def _patches_in(module: Any, pack: Pack) -> list[Patch]:
     return found
 
 
-def _read_profiles(module: Any) -> str | None:
+def _read_profiles(package: Any) -> str | None:
+    """A pack's profiles.toml, None when it has none (or is a plain module). A package on
+    disk is read directly: `importlib.resources`, which also reads zipped packages, brings
+    `zipfile`, `tempfile` and `shutil` (4 ms) to every command."""
+    if not hasattr(package, "__path__"):
+        return None  # a plain module
+    init = getattr(package, "__file__", None)
+    if init and os.path.isfile(init):
+        path = Path(init).parent / "profiles.toml"
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+    from importlib import resources
+
     try:
-        entry = resources.files(module).joinpath("profiles.toml")
+        entry = resources.files(package).joinpath("profiles.toml")
         return entry.read_text(encoding="utf-8") if entry.is_file() else None
-    except (TypeError, ModuleNotFoundError, FileNotFoundError):  # a plain module: no profiles
+    except (TypeError, ModuleNotFoundError, FileNotFoundError):
         return None
 
 

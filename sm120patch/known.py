@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +83,7 @@ def entries(text: str | None = None) -> list[Entry]:
     from sm120patch.catalog import tomllib
 
     if text is None:
-        text = resources.files(patches).joinpath("known.toml").read_text(encoding="utf-8")
+        text = (Path(patches.__file__ or "").parent / "known.toml").read_text(encoding="utf-8")
     doc = tomllib.loads(text)
     out = []
     for raw in doc.get("outcome", []):

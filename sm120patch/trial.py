@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ def signatures() -> list[Signature]:
     from sm120patch import patches
     from sm120patch.catalog import tomllib
 
-    text = resources.files(patches).joinpath("signatures.toml").read_text(encoding="utf-8")
+    text = (Path(patches.__file__ or "").parent / "signatures.toml").read_text(encoding="utf-8")
     return [Signature(**raw) for raw in tomllib.loads(text)["signature"]]
 
 
