@@ -10,207 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sm120patch import __version__, catalog
+from sm120patch.codedigest import patch_digest, source_key
 from sm120patch.errors import Refused, UsageError
 from sm120patch.plan import Plan
-from sm120patch.transform import Patch
 
 SCHEMA = 1
-
-
-# The library code a patch's result may depend on besides its own module. The runner
-# (`transform_text`) is a root for every patch: it chains, compiles and re-runs them.
-HELPER_MODULES = (
-    "sm120patch.operations",
-    "sm120patch.cst_helpers",
-    "sm120patch.transform",
-    "sm120patch.facts",
-)
-RUNNER = ("sm120patch.transform", "transform_text")
-
-
-def patch_digest(patch: Patch) -> str:
-    """`_patch_digest`, kept on disk per version of the code (the plan cache's code digest):
-    following a patch's helpers through their syntax trees is a tenth of a second that every
-    `apply --locked` on a fleet node would otherwise pay again."""
-    from sm120patch import plancache
-
-    cache = plancache.cache_dir() / f"digests-{plancache.code_digest()[:32]}.json"
-    try:
-        known = json.loads(cache.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        known = {}
-    # The patch's own module may come from a pack outside the code digest: its bytes too.
-    source = Path(sys.modules[patch.transform.__module__].__file__ or "").read_bytes()
-    key = f"{patch.id}\0{hashlib.sha256(source).hexdigest()}"
-    if isinstance(known.get(key), str):
-        return str(known[key])
-    digest = _patch_digest(patch)
-    if plancache.enabled():
-        try:
-            from sm120patch.state import atomic_write
-
-            atomic_write(cache, json.dumps({**known, key: digest}).encode(), durable=False)
-        except OSError:
-            pass
-    return digest
-
-
-def _patch_digest(patch: Patch) -> str:
-    """A digest of the code that decides what a patch writes: its module, and of the shared
-    helper modules only the definitions it reaches (followed name by name), each compared
-    as its syntax tree without docstrings, so that a comment or a docstring, or an edit to a
-    helper this patch does not use, leaves the digest (and every lock holding it) as it was."""
-    module = sys.modules[patch.transform.__module__]
-    helpers = {name: _source(name) for name in HELPER_MODULES}
-    return digest_of(Path(module.__file__ or "").read_text(encoding="utf-8"), helpers)
-
-
-def _source(module_name: str) -> str:
-    """A helper module's source, found without importing it (cst_helpers imports libcst)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(module_name)
-    return Path(spec.origin if spec and spec.origin else "").read_text(encoding="utf-8")
-
-
-def digest_of(patch_source: str, helpers: dict[str, str]) -> str:
-    """`patch_digest` over source texts: the patch module's and each helper module's."""
-    import ast
-
-    index = {name: _definitions(text) for name, text in helpers.items()}
-    tree = _strip_docstrings(ast.parse(patch_source))
-    h = hashlib.sha256(_dump(tree).encode())
-    todo = sorted(_references(tree, index, _imports(tree, index))) + [RUNNER]
-    seen: set[tuple[str, str]] = set()
-    while todo:
-        ref = todo.pop()
-        if ref in seen or ref[1] not in index.get(ref[0], {}):
-            continue
-        seen.add(ref)
-        todo += sorted(_helper_references(ref[0], ref[1], tuple(sorted(helpers.items()))) - seen)
-    for mod, name in sorted(seen):
-        h.update(f"\0{mod}.{name}\0{_dumped(helpers[mod], name)}".encode())
-    return "sha256:" + h.hexdigest()
-
-
-Index = dict[str, dict[str, Any]]
-Imports = tuple[dict[str, str], dict[str, tuple[str, str]]]
-
-
-@lru_cache(maxsize=32)
-def _definitions(source: str) -> dict[str, Any]:
-    """Top-level name -> its def, class or assignment (parsed once per source text)."""
-    import ast
-
-    tree = _strip_docstrings(ast.parse(source))
-    out: dict[str, Any] = {"<module>": tree}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out[node.name] = node
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                if isinstance(t, ast.Name):
-                    out[t.id] = node
-    return out
-
-
-@lru_cache(maxsize=512)
-def _dumped(source: str, name: str) -> str:
-    return _dump(_definitions(source)[name])
-
-
-@lru_cache(maxsize=1024)
-def _helper_references(
-    home: str, name: str, helpers: tuple[tuple[str, str], ...]
-) -> frozenset[tuple[str, str]]:
-    """What one helper definition uses: names of its own module, and of the helper modules
-    its module (at top level) or the definition itself imports."""
-    import ast
-
-    index = {mod: _definitions(text) for mod, text in helpers}
-    defs = index[home]
-    node = defs[name]
-    top = ast.Module(body=[n for n in defs["<module>"].body if isinstance(n, ast.ImportFrom)],
-                     type_ignores=[])
-    aliases, names = _imports(top, index)
-    local_aliases, local_names = _imports(node, index)
-    imports = ({**aliases, **local_aliases}, {**names, **local_names})
-    out = _references(node, index, imports)
-    out |= {
-        (home, n.id)
-        for n in ast.walk(node)
-        if isinstance(n, ast.Name) and n.id in defs and n.id != "<module>"
-    }
-    return frozenset(out)
-
-
-def _imports(node: Any, index: Index) -> Imports:
-    """Local name -> helper module (`from sm120patch import cst_helpers as h`), and local name
-    -> (helper module, name) (`from sm120patch.operations import add_import`)."""
-    import ast
-
-    aliases: dict[str, str] = {}
-    names: dict[str, tuple[str, str]] = {}
-    for n in ast.walk(node):
-        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
-            for a in n.names:
-                full = f"{n.module}.{a.name}"
-                if full in index:
-                    aliases[a.asname or a.name] = full
-                elif n.module in index:
-                    names[a.asname or a.name] = (n.module, a.name)
-        elif isinstance(n, ast.Import):
-            for a in n.names:
-                if a.name in index and a.asname:
-                    aliases[a.asname] = a.name
-    return aliases, names
-
-
-def _references(node: Any, index: Index, imports: Imports) -> set[tuple[str, str]]:
-    """(helper module, name) pairs `node` uses through `imports`."""
-    import ast
-
-    aliases, names = imports
-    out: set[tuple[str, str]] = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
-            if n.value.id in aliases:
-                out.add((aliases[n.value.id], n.attr))
-        elif isinstance(n, ast.Name) and n.id in names:
-            out.add(names[n.id])
-    return out
-
-
-def _dump(node: Any) -> str:
-    import ast
-
-    return ast.dump(node)
-
-
-def _strip_docstrings(tree: Any) -> Any:
-    """The tree without docstrings, changed in place (comments are not in it to begin with)."""
-    import ast
-
-    for n in ast.walk(tree):
-        body = getattr(n, "body", None)
-        if (
-            isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            and isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            n.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
-    return tree
 
 
 @dataclass
@@ -223,6 +32,9 @@ class Lock:
     # The reviewed result, step by step (target, path, patch, after, diff): a node whose files
     # have the locked before-hashes writes exactly these bytes without parsing anything.
     steps: list[dict[str, str]] = field(default_factory=list)
+    # id -> codedigest.source_key on the box that pinned: a node with the same key runs the
+    # same code, byte for byte, so has the same digest without computing it.
+    sources: dict[str, str] = field(default_factory=dict)
 
     def digest(self) -> str:
         """What the lock pins, as one digest (recorded in the manifest of an `--locked` apply)."""
@@ -258,6 +70,8 @@ class Lock:
         for pid, digest in self.patches.items():
             out += ["", "[[patches]]", f"id = {q(pid)}", f"digest = {q(digest)}"]
             out.append(f"pack = {q(self.pack_of.get(pid, catalog.BUILT_IN))}")
+            if pid in self.sources:
+                out.append(f"source = {q(self.sources[pid])}")
         for name, digest in self.packs.items():
             out += ["", "[[packs]]", f"name = {q(name)}", f"digest = {q(digest)}"]
         for f in self.files:
@@ -318,8 +132,26 @@ class Lock:
         return Plan(profile, plans, sorted(outcomes, key=lambda o: order.get(o.patch, 0)))
 
 
-def from_plan(plan: Plan) -> Lock:
+def _digests(ids: Any, known: Lock | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Each patch's digest and source key. Where `known` (the lock being checked) has this
+    very source key, its digest is this code's digest: equal bytes of every module the digest
+    reads compute it equal, and a fleet node need not walk the trees again (a tenth of a
+    second, most of an `apply --locked`)."""
     cat = catalog.load()
+    digests, sources = {}, {}
+    for pid in ids:
+        patch = cat.patches[pid]
+        sources[pid] = source_key(patch)
+        if known is not None and known.sources.get(pid) == sources[pid] and pid in known.patches:
+            digests[pid] = known.patches[pid]
+        else:
+            digests[pid] = patch_digest(patch)
+    return digests, sources
+
+
+def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> Lock:
+    """The lock of `plan`; `steps=False` leaves out the reviewed diffs (a comparison with
+    another lock reads none of them, and they are a fifth of an `apply --locked`)."""
     files = [
         {
             "target": tp.target.kind,
@@ -332,21 +164,23 @@ def from_plan(plan: Plan) -> Lock:
     ]
     from sm120patch.plan import diff_texts
 
-    steps = []
-    for tp in plan.targets:
+    reviewed = []
+    for tp in plan.targets if steps else ():
         for f in tp.changed:
             before = f.before
             for pid, text in f.step_texts():
-                steps.append({"target": tp.target.kind, "path": f.file, "patch": pid,
+                reviewed.append({"target": tp.target.kind, "path": f.file, "patch": pid,
                               "after": _sha(text),
                               "diff": diff_texts(f.file, before, text)})  # fmt: skip
                 before = text
+    digests, sources = _digests(plan.profile.patches, known)
     return Lock(
         profile=plan.profile.name,
         versions={tp.target.kind: tp.target.version for tp in plan.targets},
-        patches={pid: patch_digest(cat.patches[pid]) for pid in plan.profile.patches},
+        patches=digests,
         files=files,
-        steps=steps,
+        steps=reviewed,
+        sources=sources,
     )
 
 
@@ -388,11 +222,13 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
             for s in applied
             for f in (s.assessment.manifest.files if s.assessment.manifest else ())
         ]
+        digests, sources = _digests(profile.patches)
         return Lock(
             profile=profile.name,
             versions={s.target.kind: s.target.version for s in applied},
-            patches={pid: patch_digest(cat.patches[pid]) for pid in profile.patches},
+            patches=digests,
             files=files,
+            sources=sources,
         )
     lock = from_plan(planner.checked(profile.name, paths, force=True))
     if not lock.files:
@@ -432,6 +268,9 @@ def read(path: Path) -> Lock:
                 str(p["id"]): str(p.get("pack", catalog.BUILT_IN)) for p in doc.get("patches", [])
             },
             packs={str(p["name"]): str(p["digest"]) for p in doc.get("packs", [])},
+            sources={
+                str(p["id"]): str(p["source"]) for p in doc.get("patches", []) if "source" in p
+            },
             files=[
                 {k: str(f[k]) for k in ("target", "path", "before", "after")}
                 for f in doc.get("files", [])
@@ -454,10 +293,10 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
 
     `skip`: target kinds already applied exactly as the lock says (checked from their bytes).
     """
-    now = from_plan(plan)
+    now = from_plan(plan, known=lock, steps=False)
     if skip:
-        lock = Lock(lock.profile, {k: v for k, v in lock.versions.items() if k not in skip},
-                    lock.patches, [f for f in lock.files if f["target"] not in skip])  # fmt: skip
+        lock = replace(lock, versions={k: v for k, v in lock.versions.items() if k not in skip},
+                       files=[f for f in lock.files if f["target"] not in skip])  # fmt: skip
         now.versions = {k: v for k, v in now.versions.items() if k not in skip}
         now.files = [f for f in now.files if f["target"] not in skip]
     problems = []

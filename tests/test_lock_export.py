@@ -76,16 +76,34 @@ def test_lock_refuses_a_changed_file(tmp_path):
     assert tree_hash(fi2) == before
 
 
+def _edit_patch_field(lock, key: str) -> None:
+    """Zero the first 12 hex digits of the first patch's `key` (digest or source)."""
+    text = lock.read_text()
+    start = text.index(f'{key} = "sha256:') + len(f'{key} = "sha256:')
+    lock.write_text(text[:start] + "0" * 12 + text[start + 12:])
+
+
 def test_lock_refuses_another_patch_digest(tmp_path):
+    """A lock made by other patch code (another digest, another source key) refuses."""
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
     fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
     lock = pin(tmp_path, sg, fi, profile="moe")
-    text = lock.read_text()
-    start = text.index('digest = "sha256:') + len('digest = "sha256:')
-    lock.write_text(text[:start] + "0" * 12 + text[start + 12:])
+    _edit_patch_field(lock, "digest")
+    _edit_patch_field(lock, "source")
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 1
     assert "patch sglang.moe-backend: lock digest 000000000000" in err
+
+
+def test_lock_of_other_bytes_of_the_same_code_applies(tmp_path):
+    """Another source key (a build that differs in comments, say) is no refusal by itself:
+    the digests are computed and compared, and they agree."""
+    sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    lock = pin(tmp_path, sg, fi, profile="moe")
+    _edit_patch_field(lock, "source")
+    code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
+    assert code == 0, err
 
 
 def test_corrupt_lock_is_one_line(tmp_path):

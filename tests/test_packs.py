@@ -4,13 +4,16 @@ built-in library, one line naming the pack otherwise; where each patch comes fro
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from sm120patch import catalog, lockfile
+from sm120patch import catalog, codedigest, lockfile
 from sm120patch.cli import main
 
 MODULE = '''
@@ -229,14 +232,14 @@ def _sources() -> tuple[dict[str, str], dict[str, str]]:
         pid: Path(__import__(p.transform.__module__, fromlist=["x"]).__file__).read_text()
         for pid, p in cat.patches.items()
     }
-    helpers = {name: lockfile._source(name) for name in lockfile.HELPER_MODULES}
+    helpers = {name: codedigest._source(name) for name in codedigest.HELPER_MODULES}
     return patches, helpers
 
 
 def test_patch_digest_ignores_comments_docstrings_and_unused_helpers():
     patches, helpers = _sources()
-    before = {pid: lockfile.digest_of(text, helpers) for pid, text in patches.items()}
-    assert before == {pid: lockfile.patch_digest(p) for pid, p in catalog.load().patches.items()}
+    before = {pid: codedigest.digest_of(text, helpers) for pid, text in patches.items()}
+    assert before == {pid: codedigest.patch_digest(p) for pid, p in catalog.load().patches.items()}
     edited = dict(helpers)
     h = edited["sm120patch.cst_helpers"]
     # a comment, a docstring, and a line inside a helper no built-in patch uses
@@ -245,22 +248,22 @@ def test_patch_digest_ignores_comments_docstrings_and_unused_helpers():
     assert h.count("(edited") == 2
     edited["sm120patch.cst_helpers"] = h
     edited["sm120patch.operations"] += "\n\ndef unused_new_helper():\n    return 1\n"
-    assert {pid: lockfile.digest_of(t, edited) for pid, t in patches.items()} == before
+    assert {pid: codedigest.digest_of(t, edited) for pid, t in patches.items()} == before
     # A patch module's own comments do not count either.
-    assert lockfile.digest_of("# hi\n" + patches["flashinfer.comm-arch"], helpers) == before[
+    assert codedigest.digest_of("# hi\n" + patches["flashinfer.comm-arch"], helpers) == before[
         "flashinfer.comm-arch"]
 
 
 def test_patch_digest_follows_the_helpers_a_patch_uses():
     patches, helpers = _sources()
-    before = {pid: lockfile.digest_of(text, helpers) for pid, text in patches.items()}
+    before = {pid: codedigest.digest_of(text, helpers) for pid, text in patches.items()}
     edited = dict(helpers)
     # widen_or is used by the widening patches, not by the keyword-list patch.
     edited["sm120patch.cst_helpers"] = helpers["sm120patch.cst_helpers"].replace(
         "    last_or = node.operator\n", "    last_or = node.operator\n    last_or = last_or\n"
     )
     assert edited["sm120patch.cst_helpers"] != helpers["sm120patch.cst_helpers"]
-    after = {pid: lockfile.digest_of(text, edited) for pid, text in patches.items()}
+    after = {pid: codedigest.digest_of(text, edited) for pid, text in patches.items()}
     changed = {pid for pid in before if before[pid] != after[pid]}
     assert changed == {"sglang.fusion-gate", "sglang.fusion-backend", "sglang.fusion-autoenable"}
     # A change to the runner counts for every patch.
@@ -269,7 +272,43 @@ def test_patch_digest_follows_the_helpers_a_patch_uses():
         "result.after = str(spliced_code(result.tree, text, module))",
     )
     assert edited["sm120patch.transform"] != helpers["sm120patch.transform"]
-    assert all(lockfile.digest_of(t, edited) != before[pid] for pid, t in patches.items())
+    assert all(codedigest.digest_of(t, edited) != before[pid] for pid, t in patches.items())
+
+
+PYTHONS = sorted(
+    {str(p) for p in Path("/root/.pyenv/versions").glob("3.1[0-9]*/bin/python")}
+    | {w for v in ("3.10", "3.11", "3.12", "3.13", "3.14") if (w := shutil.which(f"python{v}"))}
+)
+
+
+def test_patch_digest_is_the_same_on_every_python():
+    """A lock pinned on one Python applies on a node with another: the digest does not follow
+    `ast.dump`, which 3.12 and 3.13 changed."""
+    others = [p for p in PYTHONS if Path(p).resolve() != Path(sys.executable).resolve()]
+    versions = {}
+    for python in others:
+        probe = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"],
+                               capture_output=True, text=True)  # fmt: skip
+        if probe.returncode == 0:  # a pyenv shim of a version not selected does not run
+            versions.setdefault(probe.stdout.strip(), python)
+    versions.pop(str(sys.version_info[:2]), None)
+    if not versions:
+        pytest.skip("no other Python 3.10+ interpreter on this machine to compare digests with")
+    patches, helpers = _sources()
+    here = {pid: codedigest.digest_of(text, helpers) for pid, text in patches.items()}
+    root = Path(codedigest.__file__).parent.parent
+    script = (
+        "import json, sys\n"
+        f"sys.path[:0] = [{str(root)!r}]\n"
+        "from sm120patch import codedigest\n"
+        "patches, helpers = json.load(sys.stdin)\n"
+        "print(json.dumps({p: codedigest.digest_of(t, helpers) for p, t in patches.items()}))\n"
+    )
+    for version, python in sorted(versions.items()):
+        run = subprocess.run([python, "-I", "-c", script], input=json.dumps([patches, helpers]),
+                             capture_output=True, text=True)  # fmt: skip
+        assert run.returncode == 0, (version, run.stderr)
+        assert json.loads(run.stdout) == here, version
 
 
 def test_old_lock_without_pack_fields_reads_as_built_in(tmp_path):

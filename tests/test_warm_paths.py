@@ -67,6 +67,8 @@ def test_a_fleet_node_applies_the_locks_reviewed_bytes_without_a_parse(trees, tm
     assert run("ensure", "--locked", str(lock), *where, "--no-gpu-check", cache=node) == {
         "code": 0, "libcst": False}  # fmt: skip
     assert not node.exists() or not any(node.rglob("*.json.z"))
+    # Nor were patch digests computed: the lock's source keys match this code's.
+    assert not node.exists() or not any(node.rglob("digests-*.json"))
 
 
 def test_a_corrupt_cache_entry_is_planned_afresh(trees, tmp_path):
