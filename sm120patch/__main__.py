@@ -1,3 +1,3 @@
-from sm120patch.cli import main
+from sm120patch.cli import run
 
-main()
+run()

@@ -32,4 +32,4 @@ def test_wheel_ships_every_patch_and_the_data_files(tmp_path):
     # Never a top-level `patches` package in site-packages.
     assert not any(n.startswith("patches/") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "sm120patch = sm120patch.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "sm120patch = sm120patch.cli:run" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -30,3 +30,34 @@ def test_imports_resolve_through_star_imports(tmp_path):
     p = plan.plan("fusion", {"sglang": sg, "flashinfer": fi})
     assert not p.refused
     assert "+    is_sm120_supported,\n" in p.diff()
+
+
+class _At:
+    """What `_defines` reads of a target: the directory its package lives in."""
+
+    def __init__(self, parent):
+        self.parent = parent
+
+
+def test_defines_fast_path_agrees_with_the_tree(tmp_path):
+    """The regex fast path (a top-level def, class or assignment) says yes only where the
+    syntax tree does; a binding it cannot see (inside a docstring, indented, a comparison)
+    goes to the tree, which says no."""
+    cases = {
+        "def name(x):\n    pass\n": True,
+        "async def name():\n    pass\n": True,
+        "class name:\n    pass\n": True,
+        "name = lru_cache(maxsize=1)(lambda: True)\n": True,
+        "name: bool = True\n": True,
+        "from os import path as name\n": True,
+        '"""A docstring.\n\nname = 1\ndef name(): ...\n"""\n': False,
+        "if True:\n    name = 1\n": False,
+        "name == 1\n": False,
+        "name_other = 1\nclass name_other2: ...\n": False,
+        "name: int\n": False,
+    }
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    for i, (source, binds) in enumerate(cases.items()):
+        (pkg / f"m{i}.py").write_text(source)
+        assert plan._defines(_At(tmp_path), f"pkg.m{i}", "name", depth=0) is binds, source
