@@ -97,7 +97,7 @@ def check_pins(profile: Profile, found: list[Target]) -> list[str]:
 
 
 @contextmanager
-def _no_cycle_collection() -> Iterator[None]:
+def no_cycle_collection() -> Iterator[None]:
     """The cyclic garbage collector off while files are parsed and patched: a parse of
     server_args.py builds about a million objects, none in a cycle (libcst trees hold no
     parent links), and the collector walking them again and again as they are made was 45 ms
@@ -129,7 +129,7 @@ def plan(
     outside = check_pins(profile, found)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to plan anyway")
-    with _no_cycle_collection():
+    with no_cycle_collection():
         plans = [_plan_target_cached(profile, cat.patches_of(profile), t) for t in found]
     order = {pid: i for i, pid in enumerate(profile.patches)}
     outcomes = sorted(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -199,13 +200,23 @@ class FileResult:
         return texts
 
 
+@lru_cache(maxsize=4)
+def _parsed(text: str) -> cst.Module:
+    """The tree of `text`. libcst trees are immutable, so the plans of one text share it:
+    `matrix` plans every profile on each release, and parsing server_args.py once instead of
+    once per profile is most of its time. (A text that does not parse raises every time.)"""
+    import libcst as cst
+
+    return cst.parse_module(text)
+
+
 def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult:
     """Parse `text` once and run each patch on it in order, chaining the applied changes."""
     import libcst as cst
 
     result = FileResult(file=file, before=text, after=text)
     try:
-        module = cst.parse_module(text)
+        module = _parsed(text)
         result.tree = module
     except cst.ParserSyntaxError as exc:
         line = f"line {exc.raw_line}" if exc.raw_line else "unknown line"

@@ -49,7 +49,8 @@ def plan_release(kind: str, version: str) -> Row:
     for profile in cat.profiles.values():
         if kind not in profile.targets:
             continue
-        tp = planner.plan_target(profile, cat.patches_of(profile), target)
+        with planner.no_cycle_collection():
+            tp = planner.plan_target(profile, cat.patches_of(profile), target)
         outcomes = [o for f in tp.files for o in f.outcomes]
         for o in outcomes:
             row.sites.setdefault(o.patch, o.status.value)
