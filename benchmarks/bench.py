@@ -183,7 +183,8 @@ def main() -> None:
         work = [(k, v) for k in ("sglang", "flashinfer") for v in releases.available(k)]
         for kind, version in work:  # warm the cache, untimed
             releases.tree(kind, version)
-        seconds, _ = timed([*SM, "matrix", "-j", "2", "--json", "--quiet"], env)
+        # The release cache just warmed is this process's: `env` points elsewhere (plans).
+        seconds, _ = timed([*SM, "matrix", "-j", "2", "--json", "--quiet"], base)
         n_sg = sum(1 for k, _ in work if k == "sglang")
         n_fi = len(work) - n_sg
         print(
