@@ -73,22 +73,28 @@ class Report:
     outcomes: list[Outcome] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plan: Plan | None = None
+    # A `revert --dry-run`: what the revert would do (`action`) and write (`restores`, a diff
+    # from the bytes on disk to the restored ones); nothing was changed.
+    dry_run: bool = False
+    restores: str = ""
 
     @property
     def changed(self) -> bool:
         return self.action in ("applied", "reverted", "recovered")
 
     def to_dict(self) -> dict[str, Any]:
+        diff = self.plan.diff() if self.plan is not None and self.action == "applied" else ""
         return {
             "action": self.action,
             "changed": self.changed,
+            "dry_run": self.dry_run,
             "profile": self.profile,
             "targets": [t.to_dict() for t in self.targets],
             "outcomes": [o.to_dict() for o in self.outcomes],
             "notes": self.notes,
             # What an apply wrote, as the dry run showed it (a fleet's diff mode needs no
-            # second call).
-            "diff": self.plan.diff() if self.plan is not None and self.action == "applied" else "",
+            # second call); what a revert would write back, for its dry run.
+            "diff": self.restores if self.dry_run else diff,
         }
 
 
@@ -629,50 +635,18 @@ def revert(
     keep_branch: bool = False,
 ) -> Report:
     """Revert `profile_name` (None: whatever is applied) on the targets at `paths`."""
-    kinds = catalog.TARGETS if profile_name is None else catalog.load().profile(
-        profile_name).targets  # fmt: skip
-    found = [targets.find_quiet(k, paths.get(k), required=paths.get(k) is not None) for k in kinds]
-    ctxs = [_Ctx(t) for t in found if t is not None]
+    ctxs = _revert_targets(profile_name, paths)
     reports: list[TargetReport] = []
     notes: list[str] = []
     with _locked(ctxs):
-        _refuse_unfinished(ctxs)
-        todo: list[tuple[_Ctx, Manifest]] = []
-        stale: list[tuple[_Ctx, Assessment]] = []
-        for ctx in ctxs:
-            found_state = ctx.assess()
-            manifest = found_state.manifest
-            if manifest is None:
-                continue
-            if profile_name is not None and manifest.profile != profile_name:
-                raise Refused(
-                    f"profile {manifest.profile} is applied on {ctx.target.root}, "
-                    f"not {profile_name}",
-                    f"run `sm120patch revert {manifest.profile}` or `revert --all`",
-                )
-            if found_state.state in (assess.GONE, assess.REPLACED):
-                stale.append((ctx, found_state))
-            else:
-                todo.append((ctx, manifest))
-        if not todo and not stale:
-            what = f"profile {profile_name}" if profile_name else "anything"
-            where = ", ".join(f"{c.target.name} at {c.target.root}" for c in ctxs)
-            return Report(
-                "nothing-to-do",
-                profile_name,
-                [TargetReport(c.target, state=assess.PRISTINE) for c in ctxs],
-                notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
-            )
-        for ctx, manifest in todo:
-            _check_revertable(ctx, manifest, force)
+        todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
+        if nothing is not None:
+            return nothing
         for ctx, found_state in stale:
             # Never write one release's bytes into another, nor pristine bytes over a branch:
             # the patch is already gone, only its record is left.
             assert found_state.manifest is not None
-            notes.append(
-                f"{ctx.target.name} at {ctx.target.root}: {found_state.message}; "
-                "nothing to restore, dropped the record"
-            )
+            notes.append(_dropped_note(ctx, found_state))
             if found_state.state == assess.GONE:
                 notes.extend(ctx.layout.drop_branch(found_state.manifest.git, keep_branch))
             ctx.state.remove_manifest()
@@ -720,6 +694,92 @@ def revert(
                     "`sm120patch recover` to finish the revert",
                 ) from exc
     return Report("reverted" if todo else "dropped", profile_name, reports, notes=notes)
+
+
+def revert_dry_run(
+    profile_name: str | None,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+) -> Report:
+    """The revert minus the writes: the same preflight refuses the same way; the report says
+    what the revert would do, and `restores` is the diff of what it would write back."""
+    from sm120patch.plan import diff_texts
+
+    ctxs = _revert_targets(profile_name, paths)
+    for ctx in ctxs:
+        ctx.state.check_unlocked()
+    todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
+    if nothing is not None:
+        nothing.dry_run = True
+        return nothing
+    reports: list[TargetReport] = []
+    notes = [_dropped_note(ctx, found, dry_run=True) for ctx, found in stale]
+    reports += [TargetReport(ctx.target, state=found.state) for ctx, found in stale]
+    diffs = []
+    for ctx, manifest in todo:
+        report = TargetReport(ctx.target, state=assess.PRISTINE)
+        restored = ctx.layout.restores(manifest.files, manifest.git)
+        for f in manifest.files:
+            now = ctx.path(f.path)
+            data = now.read_bytes() if now.is_file() else b""
+            after = restored[f.path]
+            report.files.append({"path": f.path, "state": "pristine"})
+            if after is not None and after != data:
+                diffs.append(diff_texts(f.path, data.decode("utf-8", "replace"),
+                                        after.decode("utf-8", "replace")))  # fmt: skip
+        reports.append(report)
+    return Report("reverted" if todo else "dropped", profile_name, reports, notes=notes,
+                  dry_run=True, restores="".join(diffs))  # fmt: skip
+
+
+def _revert_targets(profile_name: str | None, paths: Mapping[str, str | Path | None]) -> list[_Ctx]:
+    kinds = catalog.TARGETS if profile_name is None else catalog.load().profile(
+        profile_name).targets  # fmt: skip
+    found = [targets.find_quiet(k, paths.get(k), required=paths.get(k) is not None) for k in kinds]
+    return [_Ctx(t) for t in found if t is not None]
+
+
+def _revert_preflight(
+    profile_name: str | None, ctxs: list[_Ctx], force: bool
+) -> tuple[list[tuple[_Ctx, Manifest]], list[tuple[_Ctx, Assessment]], Report | None]:
+    """What a revert restores (`todo`), what records it only drops (`stale`), or the report
+    that there is nothing to revert; refuses as the revert would, before anything is written."""
+    _refuse_unfinished(ctxs)
+    todo: list[tuple[_Ctx, Manifest]] = []
+    stale: list[tuple[_Ctx, Assessment]] = []
+    for ctx in ctxs:
+        found_state = ctx.assess()
+        manifest = found_state.manifest
+        if manifest is None:
+            continue
+        if profile_name is not None and manifest.profile != profile_name:
+            raise Refused(
+                f"profile {manifest.profile} is applied on {ctx.target.root}, "
+                f"not {profile_name}",
+                f"run `sm120patch revert {manifest.profile}` or `revert --all`",
+            )
+        if found_state.state in (assess.GONE, assess.REPLACED):
+            stale.append((ctx, found_state))
+        else:
+            todo.append((ctx, manifest))
+    if not todo and not stale:
+        what = f"profile {profile_name}" if profile_name else "anything"
+        where = ", ".join(f"{c.target.name} at {c.target.root}" for c in ctxs)
+        return todo, stale, Report(
+            "nothing-to-do",
+            profile_name,
+            [TargetReport(c.target, state=assess.PRISTINE) for c in ctxs],
+            notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
+        )
+    for ctx, manifest in todo:
+        _check_revertable(ctx, manifest, force)
+    return todo, stale, None
+
+
+def _dropped_note(ctx: _Ctx, found: Assessment, *, dry_run: bool = False) -> str:
+    done = "the revert would drop the record" if dry_run else "dropped the record"
+    return f"{ctx.target.name} at {ctx.target.root}: {found.message}; nothing to restore, {done}"
 
 
 def _check_revertable(ctx: _Ctx, manifest: Manifest, force: bool) -> None:

@@ -19,6 +19,9 @@ from sm120patch.errors import Refused
 from sm120patch.state import FileRecord, GitBase, TargetState, file_sha256, sha256
 from sm120patch.targets import Target
 
+# Path -> the bytes a revert leaves there (None: none to be had).
+Restored = dict[str, bytes | None]
+
 
 class InstalledLayout:
     name = "installed"
@@ -74,6 +77,16 @@ class InstalledLayout:
     ) -> str | None:
         self.restore_pristine(files)
         return None
+
+    def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored:
+        """What each file will hold once a revert has run (for its dry run): the pristine copy
+        where the file is not pristine already."""
+        out: Restored = {}
+        for f in files:
+            path = self.path(f.path)
+            out[f.path] = path.read_bytes() if file_sha256(path) == f.before else self.state.copy(
+                "pristine", f.path)  # fmt: skip
+        return out
 
     def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]:
         return []
@@ -203,6 +216,18 @@ class GitLayout(InstalledLayout):
             self._switch_back(files, git)
         self._check_matches_head(files)
         return None
+
+    def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored:
+        """What each file will hold once a revert has run: the content of the branch it
+        switches back to (as that branch is now), or, already off the patch branch, what is
+        checked out."""
+        if git is None:
+            return super().restores(files, git)
+        current, _ = self.repo.head()
+        if current != git.patch_branch:
+            return {f.path: self.repo.show("HEAD", f.path) for f in files}
+        back = git.branch or git.head
+        return {f.path: self.repo.show(back, f.path) for f in files}
 
     def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]:
         """Delete the patch branch unless asked to keep it; notes for what could not be."""

@@ -100,10 +100,24 @@ def test_profile_lifecycle_check_apply_again_absent(fleet: Fleet, site: Path, tm
 
     args = (fleet.collections, _vars(fleet, site, profile="all", wanted_state="absent"), tmp_path)
     applied_state = snapshot(site, with_state=True)
-    predicted = playbook("patch.yml", *args, "--check")
+    predicted = playbook("patch.yml", *args, "--check", "--diff")
     assert predicted.rc == 0, predicted.output
-    assert predicted.result["changed"] is True
+    assert predicted.result["changed"] is True and predicted.result["action"] == "reverted"
     assert snapshot(site, with_state=True) == applied_state
+    # The revert's dry run: its diff is the patch's, the other way round.
+    back = predicted.result["diff"]["prepared"]
+    assert _diff_files(back) == _diff_files(diff)
+    undoes = subprocess.run(["git", "apply", "--check", "-p1", "-"], cwd=site, input=back,
+                            text=True, capture_output=True)  # fmt: skip
+    assert undoes.returncode == 0, undoes.stderr
+
+    # An edit after the apply: check mode refuses as the revert does, with its words.
+    server_args = site / "sglang/srt/server_args.py"
+    edited = server_args.read_bytes()
+    server_args.write_bytes(edited + b"# an operator's edit\n")
+    refused = playbook("patch.yml", *args, "--check")
+    assert refused.rc != 0 and "changed since" in refused.output, refused.output
+    server_args.write_bytes(edited)
 
     reverted = playbook("patch.yml", *args)
     assert reverted.rc == 0, reverted.output

@@ -20,9 +20,10 @@ description:
     plan, preflight, journal and verification decide every change; the module never edits a
     file itself.
   - C(changed) is reported only when files changed. Check mode runs the tool's dry run
-    (C(apply --dry-run)), whose preflight is the apply's, so a refusal fails in check mode too.
-  - Diff mode returns the unified diff the tool would apply (C(git apply) accepts it); with
-    O(state=absent) there is no diff.
+    (C(apply --dry-run), C(revert --dry-run)), whose preflight is the real command's, so a
+    refusal fails in check mode too.
+  - Diff mode returns the unified diff the tool would apply (C(git apply) accepts it) or, with
+    O(state=absent), the diff of what the revert would write back.
   - A refusal (a site that moved, a lock made on another release, a patched file edited since
     the apply) fails the task with the tool's one-line message and its C(next) hint.
 options:
@@ -344,56 +345,39 @@ UNCHANGED_BY_REVERT = {"pristine", "gone", "replaced"}
 
 def absent(module, tool):
     profile = module.params["profile"]
-    found, states = tool.status()
-    applied = [
-        t for t in found if t.get("profile") and (profile is None or t["profile"] == profile)
-    ]
-    if not applied:
-        return dict(
-            changed=False,
-            action="nothing-to-do",
-            profile=profile,
-            outcomes=[],
-            notes=[],
-            targets=found,
-            state=states,
-            cmd=tool.commands,
-        )
-    writes = [t for t in applied if t.get("state") not in UNCHANGED_BY_REVERT]
-    if module.check_mode:
-        # sm120patch has no dry run for revert: predict from the status it reports.
-        drifted = [
-            t
-            for t in writes
-            if t.get("state") == "drifted"
-            or any(f.get("state") == "drifted" for f in t.get("files", []))
-        ]
-        if drifted and not module.params["force"]:
-            where = ", ".join(f"{t['kind']} at {t['root']}" for t in drifted)
-            module.fail_json(
-                msg=f"revert would refuse: {where} changed since the apply",
-                next="`sm120patch status` shows the files; force: true discards the edits",
-                targets=found,
-                state=states,
-                cmd=tool.commands,
-            )
-        return dict(
-            changed=bool(writes),
-            action="reverted",
-            profile=applied[0]["profile"],
-            outcomes=[],
-            notes=[],
-            targets=found,
-            state=states,
-            cmd=tool.commands,
-        )
     args = ["revert", profile] if profile else ["revert", "--all"]
     if module.params["force"]:
         args.append("--force")
-    report, _ = tool.run(*args)
+    result = {}
+    if module.check_mode or module._diff:
+        # The revert's own dry run: its preflight refuses as the revert would (a file edited
+        # since the apply, another profile, a journal left open), and its diff is what the
+        # revert writes back.
+        preview, _ = tool.run(*args, "--dry-run")
+        if preview.get("diff"):
+            result["diff"] = {"prepared": preview["diff"]}
+    if module.check_mode:
+        found, states = tool.status()
+        result.update(
+            changed=report_changed(preview),
+            action=preview.get("action"),
+            profile=preview.get("profile") or profile,
+            outcomes=[],
+            notes=preview.get("notes", []),
+            targets=found,
+            state=states,
+            cmd=tool.commands,
+        )
+        return result
+    before, _ = tool.status()
+    writes = [t for t in before if t.get("profile") and t.get("state") not in UNCHANGED_BY_REVERT]
+    report, _ = tool.run(*args, result=result)
     after, after_states = tool.status()
-    return dict(
-        changed=bool(writes) and report_changed(report),
+    changed = bool(writes) and report_changed(report)
+    if not changed:
+        result.pop("diff", None)
+    result.update(
+        changed=changed,
         action=report.get("action"),
         profile=report.get("profile"),
         outcomes=report.get("outcomes", []),
@@ -402,6 +386,7 @@ def absent(module, tool):
         state=after_states,
         cmd=tool.commands,
     )
+    return result
 
 
 def main():
