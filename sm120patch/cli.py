@@ -147,21 +147,28 @@ def run() -> None:
     frees the memory at once. (mypy exits the same way for the same reason.) Every file this
     tool writes is closed before its command returns; standard output and error are flushed
     here, and the exit status is the one `sys.exit` would give."""
+    code: Any = 1
     try:
-        main()
-        code: Any = 0
-    except SystemExit as exc:
-        code = exc.code
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        click.echo(str(code), err=True)  # sys.exit("message"): printed, status 1
-        code = 1
-    for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
-        except (OSError, ValueError):  # a reader that left, a closed stream
-            code = code or 1
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            click.echo(str(code), err=True)  # sys.exit("message"): printed, status 1
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a reader that left, a closed stream
+                code = code or 1
+    except KeyboardInterrupt:
+        # A Ctrl-C outside every command's own handling: while click parses the arguments, or
+        # once the command has ended. Nothing of a run is cut short here.
+        os.write(2, b"sm120patch: interrupted\n")
+        code = 130
     os._exit(code)
 
 
@@ -435,6 +442,12 @@ def ensure_cmd(
 @with_targets
 @click.option("--force", is_flag=True, help="Discard your edits to patched files.")
 @click.option("--keep-branch", is_flag=True, help="Keep the sm120patch/<profile> branch.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Refuse as the revert would, or print the diff of what it would write back; "
+    "change nothing.",
+)
 @json_option
 def revert_cmd(
     profile: str | None,
@@ -443,6 +456,7 @@ def revert_cmd(
     flashinfer: str | None,
     force: bool,
     keep_branch: bool,
+    dry_run: bool,
     as_json: bool,
 ) -> None:
     """Revert PROFILE, or --all: every touched file back byte for byte."""
@@ -451,6 +465,21 @@ def revert_cmd(
 
     if bool(profile) == all_:
         raise UsageError("give exactly one of PROFILE or --all")
+    if dry_run:
+        paths = {"sglang": sglang, "flashinfer": flashinfer}
+        report = engine.revert_dry_run(None if all_ else profile, paths, force=force)
+        if as_json:
+            emit_json(report.to_dict())
+            return
+        # As apply's dry run: stdout is the diff, what it says about it goes to stderr.
+        for note in report.notes:
+            click.echo(note, err=True)
+        for t in report.targets:
+            if report.action == "reverted" and t.files:
+                click.echo(f"{t.target.name} at {t.target.root}: the revert would restore "
+                           f"{len(t.files)} file(s)", err=True)  # fmt: skip
+        click.echo(report.restores, nl=False)
+        return
     report = engine.revert(
         None if all_ else profile,
         {"sglang": sglang, "flashinfer": flashinfer},

@@ -183,13 +183,34 @@ def _own_session_repo() -> type[git.Repo]:
         class OwnSessionGit(git.Git):
             def execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
                 kwargs.setdefault("start_new_session", True)
-                return super().execute(*args, **kwargs)
+                with _terminal_signals_blocked():
+                    return super().execute(*args, **kwargs)
 
         class OwnSessionRepo(git.Repo):
             GitCommandWrapperType = OwnSessionGit
 
         _repo_class = OwnSessionRepo
     return _repo_class
+
+
+@contextmanager
+def _terminal_signals_blocked() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP blocked in this thread around a git command.
+
+    The child is in the terminal's process group from the fork until its `setsid`; a Ctrl-C
+    in that window stays pending in it and kills git once the child unblocks it, before the
+    exec (a rollback's `git branch -D` died so, exit -2). The child inherits the mask, so the
+    signal stays blocked in git, whose own session no terminal signal reaches anyway. Here it
+    stays pending too, and reaches the handler (`interrupts.py`) when the command returns:
+    deferred, never lost."""
+    import signal
+
+    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class Repo:
