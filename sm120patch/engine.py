@@ -874,14 +874,8 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
         journals = {ctx.target.kind: ctx.state.journal() for ctx in ctxs}
         for ctx in ctxs:
             journal = journals[ctx.target.kind]
-            if ctx.target.layout == "git" and journal is not None:
-                repo = ctx.layout.repo  # type: ignore[attr-defined]
-                # [signals] a git killed with the run may have left index.lock: removed once
-                # the run and every git process in the repository are provably gone.
-                owner = (journal.pid, journal.pid_start, journal.boot_id)
-                for lock in repo.settle_after_kill(*owner):
-                    notes.append(f"{ctx.target.root}: removed {lock}, left by a killed git")
-                repo.check_idle()
+            if journal is not None:
+                notes.extend(ctx.layout.settle_after_kill(journal))
         _journal_revert_peers(ctxs, journals)
         try:
             for ctx in ctxs:

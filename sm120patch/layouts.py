@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sm120patch import state, vcs
 from sm120patch.errors import Refused
-from sm120patch.state import FileRecord, GitBase, TargetState, file_sha256, sha256
+from sm120patch.state import FileRecord, GitBase, Journal, TargetState, file_sha256, sha256
 from sm120patch.targets import Target
 
 # Path -> the bytes a revert leaves there (None: none to be had).
@@ -77,6 +77,10 @@ class InstalledLayout:
     ) -> str | None:
         self.restore_pristine(files)
         return None
+
+    def settle_after_kill(self, journal: Journal) -> list[str]:
+        """Before `recover` finishes a killed run: what the run's tools left (notes)."""
+        return []
 
     def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored:
         """What each file will hold once a revert has run (for its dry run): the pristine copy
@@ -216,6 +220,18 @@ class GitLayout(InstalledLayout):
             self._switch_back(files, git)
         self._check_matches_head(files)
         return None
+
+    def settle_after_kill(self, journal: Journal) -> list[str]:
+        """[signals] A git killed with the run may have left `index.lock`: removed once the
+        run and every git process in the repository are provably gone; then git must be idle
+        (no merge or rebase under way) for recover to go on."""
+        owner = (journal.pid, journal.pid_start, journal.boot_id)
+        notes = [
+            f"{self.target.root}: removed {lock}, left by a killed git"
+            for lock in self.repo.settle_after_kill(*owner)
+        ]
+        self.repo.check_idle()
+        return notes
 
     def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored:
         """What each file will hold once a revert has run: the content of the branch it
