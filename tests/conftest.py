@@ -1,10 +1,26 @@
 from __future__ import annotations
 
+import signal
 import textwrap
 
 import pytest
 
 from sm120patch.transform import FileResult, Patch, transform_text
+
+
+def pytest_configure(config):
+    """Signals as a terminal gives them, whoever started the run. A shell's background job
+    (`pytest &`, `nohup`) starts with SIGINT or SIGHUP ignored, every child inherits that,
+    and sm120patch rightly leaves an ignored signal ignored: the signal tests would then
+    test nothing. Handled signals are reset to their default at each child's exec."""
+    for signum, handler in (
+        (signal.SIGINT, signal.default_int_handler),
+        (signal.SIGHUP, signal.SIG_DFL),
+        (signal.SIGTERM, signal.SIG_DFL),
+    ):
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, handler)
+
 
 
 def run(patch: Patch, source: str, file: str = "fixture.py") -> FileResult:
