@@ -22,7 +22,6 @@ def pytest_configure(config):
             signal.signal(signum, handler)
 
 
-
 def run(patch: Patch, source: str, file: str = "fixture.py") -> FileResult:
     """Run one patch on a dedented fixture source, as the planner does (one parse)."""
     return transform_text([patch], file, textwrap.dedent(source))
