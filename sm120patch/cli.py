@@ -8,6 +8,7 @@ faster beyond the spread) and 6 (reverted: wrong output); 75 a run left its jour
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -339,13 +340,16 @@ def apply_cmd(
 
     paths = {"sglang": sglang, "flashinfer": flashinfer}
     profile, lock, check_plan = _lock_for(profile, locked)
-    print_known(profile, paths, err=dry_run, quiet=as_json)  # known outcomes here (issue 11)
+    # One NVML reading for the known outcomes and the GPU check (starting NVML is most of a
+    # tenth of a second on a GPU box).
+    probe = functools.cache(gpu.probe)
+    print_known(profile, paths, err=dry_run, quiet=as_json, probe=probe)  # issue 11
     if dry_run:
         # The apply minus the writes: the same preflight refuses the same way.
         prep = engine.dry_run(profile, paths, force=force, check_plan=check_plan, lock=lock)
         gpu_doc = None
         if not no_gpu_check:
-            found = gpu.probe()
+            found = probe()
             gpu_doc = {"has_sm120": found.has_sm120, "summary": found.summary()}
             if not found.has_sm120:
                 click.echo(
@@ -372,7 +376,7 @@ def apply_cmd(
         profile,
         paths,
         force=force,
-        preconditions=None if no_gpu_check else gpu.require_sm120,
+        preconditions=None if no_gpu_check else lambda: gpu.require_sm120(probe()),
         check_plan=check_plan,
         lock=lock,
     )
@@ -579,6 +583,7 @@ def print_known(
     *,
     err: bool = False,
     quiet: bool = False,
+    probe: Callable[[], Any] | None = None,
 ) -> None:
     """One line per known outcome (patches/known.toml) and per trial measured here that match
     this box, before acting; `apply` and `trial` call it. On stdout by default: stderr stays
@@ -587,7 +592,7 @@ def print_known(
 
     if quiet:
         return
-    for line in known.lines(profile, paths, command or []):
+    for line in known.lines(profile, paths, command or [], probe):
         click.echo(line, err=err)
 
 
@@ -697,7 +702,8 @@ def trial_cmd(
             "--export needs --measure",
             "or export a recorded trial: `sm120patch trial show ID --export FILE`",
         )
-    print_known(profile, paths, list(command), err=as_json)
+    probe = functools.cache(gpu.probe)  # one NVML start for the known outcomes and the check
+    print_known(profile, paths, list(command), err=as_json, probe=probe)
     if measure:
         from sm120patch import measure as measuring
 
@@ -723,7 +729,7 @@ def trial_cmd(
             list(command),
             opts,
             force=force,
-            preconditions=None if no_gpu_check else gpu.require_sm120,
+            preconditions=None if no_gpu_check else lambda: gpu.require_sm120(probe()),
             log_path=Path(log_path) if log_path else None,
             on_line=lambda line: click.echo(line, err=True),
             on_event=lambda line: click.echo(f"sm120patch: {line}", err=True),
@@ -751,7 +757,7 @@ def trial_cmd(
             sample_power=sample_power,
             log_path=Path(log_path) if log_path else None,
             force=force,
-            preconditions=None if no_gpu_check else gpu.require_sm120,
+            preconditions=None if no_gpu_check else lambda: gpu.require_sm120(probe()),
             on_line=lambda line: click.echo(line, err=as_json),
         )
     except TrialCrashed as exc:

@@ -11,15 +11,18 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sm120patch.errors import Sm120Error, UsageError
+
+if TYPE_CHECKING:
+    from sm120patch import gpu
 
 OUTCOMES = ("faster", "slower", "no-gain", "wrong-output", "crash")
 CONDITIONS = (
@@ -175,14 +178,21 @@ def _flag(command: Sequence[str], *names: str) -> str | None:
     return None
 
 
-def box_of(paths: Mapping[str, str | Path | None], command: Sequence[str] = ()) -> Box:
-    from sm120patch import engine, gpu
+def box_of(
+    paths: Mapping[str, str | Path | None],
+    command: Sequence[str] = (),
+    probe: Callable[[], gpu.Probe] | None = None,
+) -> Box:
+    """This box, as known.toml's conditions read it. `probe`: how to read the GPUs (a command
+    that also checks them passes its own, so that NVML starts once: a tenth of a second)."""
+    from sm120patch import engine
+    from sm120patch import gpu as nvml  # imported here: most commands never read known.toml
 
     try:
         versions = {s.target.kind: s.target.version for s in engine.status(paths)}
     except Sm120Error:
         versions = {}
-    probe = gpu.probe()
+    found = (probe or nvml.probe)()
     tp = _flag(command, "--tp", "--tp-size", "--tensor-parallel-size")
     model = _flag(command, "--model-path", "--model")
     architecture = None
@@ -194,8 +204,8 @@ def box_of(paths: Mapping[str, str | Path | None], command: Sequence[str] = ()) 
             architecture = None
     return Box(
         versions=versions,
-        gpu_family=probe.family,
-        gpus=len(probe.gpus) or None,
+        gpu_family=found.family,
+        gpus=len(found.gpus) or None,
         tp=int(tp) if tp and tp.isdigit() else None,
         quantization=_flag(command, "--quantization"),
         architecture=architecture,
@@ -249,10 +259,13 @@ def local_lines(trials: list[dict[str, Any]], profile: str | None) -> list[str]:
 
 
 def lines(
-    profile: str | None, paths: Mapping[str, str | Path | None], command: Sequence[str] = ()
+    profile: str | None,
+    paths: Mapping[str, str | Path | None],
+    command: Sequence[str] = (),
+    probe: Callable[[], gpu.Probe] | None = None,
 ) -> list[str]:
     """The known entries matching this box, then this box's own measured trials."""
-    box = box_of(paths, command)
+    box = box_of(paths, command, probe)
     out = [e.line() for e in entries() if matches(e, profile, box)]
     try:
         out += local_lines(history(paths), profile)

@@ -194,3 +194,14 @@ def test_probe_without_the_binding_says_what_pynvml_says(tmp_path):
     ]
     # Without a driver the binding is never imported; with one, it does the work.
     assert out["precheck"]["imported"] == (out["binding"]["probe"]["problem"] != gpu.NO_LIBRARY)
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_apply_starts_nvml_once(tmp_path, mocker, dry_run):
+    """The known outcomes and the GPU check read one probe: NVML starts once per apply."""
+    fake_nvml(mocker, [RTX])
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    args = ["apply", "moe", "--sglang", str(sg), *(["--dry-run"] if dry_run else [])]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert pynvml.nvmlInit.call_count == 1
