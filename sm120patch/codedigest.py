@@ -45,9 +45,10 @@ def source_key(patch: Patch) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def patch_digest(patch: Patch) -> str:
-    """`_patch_digest`, kept on disk by `source_key`: following a patch's helpers through
-    their syntax trees is a tenth of a second, paid once per version of the code."""
+def patch_digest(patch: Patch, key: str | None = None) -> str:
+    """`_patch_digest`, kept on disk by `source_key` (`key`, when the caller has it):
+    following a patch's helpers through their syntax trees is a tenth of a second, paid once
+    per version of the code."""
     from sm120patch import plancache
 
     cache = plancache.cache_dir() / f"digests-{plancache.code_digest()[:32]}.json"
@@ -55,7 +56,7 @@ def patch_digest(patch: Patch) -> str:
         known = json.loads(cache.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         known = {}
-    key = source_key(patch)
+    key = key or source_key(patch)
     if isinstance(known.get(key), str):
         return str(known[key])
     digest = _patch_digest(patch)

@@ -145,7 +145,7 @@ def _digests(ids: Any, known: Lock | None = None) -> tuple[dict[str, str], dict[
         if known is not None and known.sources.get(pid) == sources[pid] and pid in known.patches:
             digests[pid] = known.patches[pid]
         else:
-            digests[pid] = patch_digest(patch)
+            digests[pid] = patch_digest(patch, sources[pid])
     return digests, sources
 
 

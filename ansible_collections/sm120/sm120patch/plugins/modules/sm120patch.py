@@ -338,17 +338,13 @@ def present(module, tool):
     return result
 
 
-# States in which a revert writes no file: nothing applied, or the files already hold their
-# original bytes / belong to another release (the tool then only drops its record).
-UNCHANGED_BY_REVERT = {"pristine", "gone", "replaced"}
-
-
 def absent(module, tool):
     profile = module.params["profile"]
     args = ["revert", profile] if profile else ["revert", "--all"]
     if module.params["force"]:
         args.append("--force")
     result = {}
+    preview = None
     if module.check_mode or module._diff:
         # The revert's own dry run: its preflight refuses as the revert would (a file edited
         # since the apply, another profile, a journal left open), and its diff is what the
@@ -356,34 +352,21 @@ def absent(module, tool):
         preview, _ = tool.run(*args, "--dry-run")
         if preview.get("diff"):
             result["diff"] = {"prepared": preview["diff"]}
-    if module.check_mode:
-        found, states = tool.status()
-        result.update(
-            changed=report_changed(preview),
-            action=preview.get("action"),
-            profile=preview.get("profile") or profile,
-            outcomes=[],
-            notes=preview.get("notes", []),
-            targets=found,
-            state=states,
-            cmd=tool.commands,
-        )
-        return result
-    before, _ = tool.status()
-    writes = [t for t in before if t.get("profile") and t.get("state") not in UNCHANGED_BY_REVERT]
-    report, _ = tool.run(*args, result=result)
-    after, after_states = tool.status()
-    changed = bool(writes) and report_changed(report)
+    # In check mode the dry run's report says what the revert would do; its `changed` is
+    # false where the revert only drops a record (a patch already gone) or finds nothing.
+    report = preview if module.check_mode else tool.run(*args, result=result)[0]
+    found, states = tool.status()
+    changed = report_changed(report)
     if not changed:
         result.pop("diff", None)
     result.update(
         changed=changed,
         action=report.get("action"),
-        profile=report.get("profile"),
+        profile=report.get("profile") or profile,
         outcomes=report.get("outcomes", []),
         notes=report.get("notes", []),
-        targets=after,
-        state=after_states,
+        targets=found,
+        state=states,
         cmd=tool.commands,
     )
     return result
