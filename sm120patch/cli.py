@@ -202,6 +202,7 @@ def list_cmd(as_json: bool) -> None:
     from sm120patch import catalog
 
     cat = catalog.load()
+    held = _held_here(cat)
     if as_json:
         emit_json(
             {
@@ -213,6 +214,7 @@ def list_cmd(as_json: bool) -> None:
                         "patches": list(p.patches),
                         "pins": {k: str(v) for k, v in p.pins.items()},
                         "source": cat.profile_sources[p.name].name,
+                        "not_recommended_here": held.get(p.name, []),
                     }
                     for p in cat.profiles.values()
                 ],
@@ -231,13 +233,38 @@ def list_cmd(as_json: bool) -> None:
     for p in cat.profiles.values():
         pins = ", ".join(f"{k} {v}" for k, v in p.pins.items())
         origin = cat.profile_sources[p.name]
-        click.echo(f"{p.name:8} [{p.status}] {p.title}" + ("" if origin.built_in else
-                                                            f" (from {origin.name})"))
+        status = f"{p.status}, not here" if held.get(p.name) else p.status
+        click.echo(f"{p.name:8} [{status}] {p.title}" + ("" if origin.built_in else
+                                                       f" (from {origin.name})"))
         click.echo(f"{'':8} pins: {pins}")
+        for why in held.get(p.name, []):
+            click.echo(f"{'':8} not recommended here: {why}")
         for pid in p.patches:
             source = cat.source(pid)
             where = "" if source.built_in else f" (from {source.name})"
             click.echo(f"{'':8}   {pid:26} {cat.patches[pid].title}{where}")
+
+
+def _held_here(cat: Any) -> dict[str, list[str]]:
+    """Per recommended profile, why not to recommend it with the SGLang and FlashInfer
+    installed here: a release it refuses, or a wrong-output known entry about it that matches
+    (no GPU probe: `list` stays quick, and an unknown GPU does not exclude an entry)."""
+    recommended = [p for p in cat.profiles.values() if p.status == "recommended"]
+    if not recommended:
+        return {}
+    from sm120patch import known
+    from sm120patch import plan as planner
+
+    found = known.installed_targets()
+    box = known.Box(versions={t.kind: t.version for t in found})
+    shipped = known.entries()
+    held = {}
+    for p in recommended:
+        why = planner.refusal_lines(p, found)
+        why += [e.line() for e in known.condemning(p.name, box, shipped)]
+        if why:
+            held[p.name] = why
+    return held
 
 
 @main.command("show")
@@ -251,6 +278,8 @@ def show_cmd(profile: str) -> None:
     click.echo(f"{prof.name} [{prof.status}]: {prof.title}")
     for k, v in prof.pins.items():
         click.echo(f"  pinned on {k} {v}")
+    for r in prof.refuse:
+        click.echo(f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}")
     if prof.known:
         click.echo("  known: " + " ".join(prof.known.split()))
     for patch in cat.patches_of(prof):
@@ -258,6 +287,10 @@ def show_cmd(profile: str) -> None:
         click.echo("  why: " + patch.why)
         if patch.upstream:
             click.echo(f"  upstream: {patch.upstream}")
+        if patch.wiring is not None:
+            click.echo("  in the server log, ran: " + " | ".join(patch.wiring.ran))
+            if patch.wiring.skipped:
+                click.echo("  in the server log, skipped: " + " | ".join(patch.wiring.skipped))
         for shape in patch.shapes:
             click.echo(f"  - {shape}")
 

@@ -166,7 +166,7 @@ def _targets(
     lock: Lock | None = None,
 ) -> list[_Ctx]:
     found = planner.resolve_targets(profile, paths)
-    outside = planner.check_pins(profile, found)
+    outside = planner.check_pins(profile, found, paths)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to apply anyway")
     if lock is not None:
