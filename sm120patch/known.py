@@ -4,6 +4,12 @@ An entry's condition names what it applies to (profile or patch, SGLang and Flas
 GPU family and count, TP size, quantization, model architecture). A condition the box cannot
 tell (no GPU visible, no server command to read the TP size from) does not exclude the entry:
 better one line too many before a trial than a known regression unsaid.
+
+Each entry also says what its figure rests on (`evidence`: measured, reported, inferred, or
+unpublished for the field report this project started from) and what was run, in the
+source's terms (`measured`: engine, kernel, TP, runs); both are printed with it. A wrong-output
+entry about a profile that matches the box condemns the profile there: `doctor` and `list`
+stop recommending it.
 """
 
 from __future__ import annotations

@@ -164,3 +164,26 @@ def test_moe_refusal_finds_the_flashinfer_beside_sglang(tmp_path, mocker):
             entry.rename(site / entry.name)
     code, out, err = run_cli("apply", "moe", "--dry-run", "--sglang", str(site), "--no-gpu-check")
     assert code == 1 and "refuses FlashInfer 0.6.3" in err, err
+
+
+def test_list_stops_recommending_moe_on_a_flashinfer_it_refuses(tmp_path, mocker):
+    """`list` reads the SGLang and FlashInfer installed here (no GPU probe): with a FlashInfer
+    before 0.6.7, moe is refused and a wrong-output entry about it matches."""
+    from sm120patch import targets
+
+    fi = targets.find("flashinfer", make_tree(tmp_path, "flashinfer", "0.6.1", "installed"))
+    mocker.patch.object(known, "installed_targets", return_value=[fi])
+    code, out, err = run_cli("list")
+    assert code == 0, err
+    moe = out.split("\nfusion")[0]
+    assert "[recommended, not here]" in moe
+    assert "not recommended here: profile moe refuses FlashInfer 0.6.1" in moe
+    assert "known: moe wrong-output" in moe
+    code, out, _ = run_cli("list", "--json")
+    import json
+
+    doc = {p["name"]: p for p in json.loads(out)["profiles"]}
+    assert doc["moe"]["not_recommended_here"] and not doc["fusion"]["not_recommended_here"]
+    mocker.patch.object(known, "installed_targets", return_value=[])
+    code, out, _ = run_cli("list")
+    assert "[recommended]" in out and "not here" not in out
