@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -48,8 +48,8 @@ class Gate(NamedTuple):
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     name = next((s for s in SITES if h.functions(module, s)), None)
     if name is None:
@@ -173,8 +173,8 @@ def _turns_fusion_on(node: object) -> bool:
 
 def _judge(gate: cst.If) -> Gate:
     """Find the one arch operand among the gate's `and` operands and say what it is."""
-    from sm120patch import cst_helpers as h
-    from sm120patch.operations import read_arch_group
+    from sm120patch.patchkit import syntax as h
+    from sm120patch.patchkit.operations import read_arch_group
 
     arch_ops: list[cst.BaseExpression] = []
     for op in h.and_operands(gate.test):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status, refused
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -21,8 +21,8 @@ EXPECTED = (
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.14 on)")
     if isinstance(func, Result):
@@ -62,7 +62,7 @@ def transform(module: cst.Module) -> Result:
 
 
 def _import(res: Result) -> Result:
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
 
     if res.status is not Status.APPLIED:
         return res
@@ -78,7 +78,7 @@ def _import(res: Result) -> Result:
 def _raises(check: cst.If) -> list[cst.CSTNode]:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return h.find(check.body, cst.Raise)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status, already_applied, applied, refused
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status, already_applied, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -35,7 +35,7 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
     """(left, right) of a module flag `name = left and right`, each as `cst_helpers.key`."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     value = stmt.body[0].value  # type: ignore[attr-defined]
     if not (isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.And)):
@@ -44,8 +44,8 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     anchors = h.module_assignments(module, ANCHOR)
     if len(anchors) == 1:

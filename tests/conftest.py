@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from sm120patch.transform import FileResult, Patch, transform_text
+from sm120patch.patchkit.model import FileResult, Patch, transform_text
 
 
 def pytest_configure(config):

@@ -141,7 +141,7 @@ def test_keep_branch(tmp_path):
 def test_failure_in_second_target_rolls_back_the_first(trees, mocker):
     _, sg, fi = trees
     before = hashes(sg, fi)
-    from sm120patch import state
+    from sm120patch.engine import state
 
     real = state.atomic_write
 
@@ -199,7 +199,8 @@ def test_kill_during_apply_then_recover(trees, step):
 
 def test_lock_held_refuses(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    from sm120patch import state, targets
+    from sm120patch import targets
+    from sm120patch.engine import state
 
     t = targets.find("sglang", sg)
     st = state.TargetState(state.state_dir_for(t.root, t.layout, t.kind), t.root)

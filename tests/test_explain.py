@@ -14,7 +14,8 @@ import pytest
 from test_bad_input import assert_one_clear_line, invoke
 from trees import make_tree
 
-from sm120patch import engine, explain, targets
+from sm120patch import engine, targets
+from sm120patch.explain import explain
 
 
 def test_probe_imports_nothing_of_sm120patch_nor_upstream_at_top() -> None:

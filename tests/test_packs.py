@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from sm120patch import catalog, codedigest, lockfile
 from sm120patch.cli import main
+from sm120patch.plan import catalog, codedigest, lockfile
 
 MODULE = '''
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Status, not_applicable
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Status, not_applicable
 
 FACTS = (Fact(">=0.6.1", Status.NOT_APPLICABLE, "nothing"),)
 
@@ -182,7 +182,7 @@ def test_new_patch_writes_module_facts_profile_and_test(tmp_path):
     assert patch.facts[0].releases == ">=0.6.1,<0.6.16"
     assert cat.profile("moe-arch").pins["flashinfer"] == catalog.SpecifierSet(">=0.6.1,<0.6.16")
     # The issue's example: one element, `[10]` -> `[10, 12]` with its space.
-    from sm120patch.transform import transform_text
+    from sm120patch.patchkit.model import transform_text
 
     res = transform_text([patch], "f.py", "def gen_trtllm_gen_fused_moe_sm100_module():\n"
                                           "    return g(supported_major_versions=[10])\n")
@@ -241,13 +241,13 @@ def test_patch_digest_ignores_comments_docstrings_and_unused_helpers():
     before = {pid: codedigest.digest_of(text, helpers) for pid, text in patches.items()}
     assert before == {pid: codedigest.patch_digest(p) for pid, p in catalog.load().patches.items()}
     edited = dict(helpers)
-    h = edited["sm120patch.cst_helpers"]
+    h = edited["sm120patch.patchkit.syntax"]
     # a comment, a docstring, and a line inside a helper no built-in patch uses
     h = h.replace("# Nodes that can hold statements.", "# Nodes (edited comment) that hold...")
     h = h.replace('"""Every class called `name`', '"""Each class named `name` (edited)')
     assert h.count("(edited") == 2
-    edited["sm120patch.cst_helpers"] = h
-    edited["sm120patch.operations"] += "\n\ndef unused_new_helper():\n    return 1\n"
+    edited["sm120patch.patchkit.syntax"] = h
+    edited["sm120patch.patchkit.operations"] += "\n\ndef unused_new_helper():\n    return 1\n"
     assert {pid: codedigest.digest_of(t, edited) for pid, t in patches.items()} == before
     # A patch module's own comments do not count either.
     assert codedigest.digest_of("# hi\n" + patches["flashinfer.comm-arch"], helpers) == before[
@@ -259,19 +259,19 @@ def test_patch_digest_follows_the_helpers_a_patch_uses():
     before = {pid: codedigest.digest_of(text, helpers) for pid, text in patches.items()}
     edited = dict(helpers)
     # widen_or is used by the widening patches, not by the keyword-list patch.
-    edited["sm120patch.cst_helpers"] = helpers["sm120patch.cst_helpers"].replace(
+    edited["sm120patch.patchkit.syntax"] = helpers["sm120patch.patchkit.syntax"].replace(
         "    last_or = node.operator\n", "    last_or = node.operator\n    last_or = last_or\n"
     )
-    assert edited["sm120patch.cst_helpers"] != helpers["sm120patch.cst_helpers"]
+    assert edited["sm120patch.patchkit.syntax"] != helpers["sm120patch.patchkit.syntax"]
     after = {pid: codedigest.digest_of(text, edited) for pid, text in patches.items()}
     changed = {pid for pid in before if before[pid] != after[pid]}
     assert changed == {"sglang.fusion-gate", "sglang.fusion-backend", "sglang.fusion-autoenable"}
     # A change to the runner counts for every patch.
-    edited["sm120patch.transform"] = helpers["sm120patch.transform"].replace(
+    edited["sm120patch.patchkit.model"] = helpers["sm120patch.patchkit.model"].replace(
         "result.after = spliced_code(result.tree, text, module)",
         "result.after = str(spliced_code(result.tree, text, module))",
     )
-    assert edited["sm120patch.transform"] != helpers["sm120patch.transform"]
+    assert edited["sm120patch.patchkit.model"] != helpers["sm120patch.patchkit.model"]
     assert all(codedigest.digest_of(t, edited) != before[pid] for pid, t in patches.items())
 
 
@@ -296,11 +296,11 @@ def test_patch_digest_is_the_same_on_every_python():
         pytest.skip("no other Python 3.10+ interpreter on this machine to compare digests with")
     patches, helpers = _sources()
     here = {pid: codedigest.digest_of(text, helpers) for pid, text in patches.items()}
-    root = Path(codedigest.__file__).parent.parent
+    root = Path(codedigest.__file__).parents[2]
     script = (
         "import json, sys\n"
         f"sys.path[:0] = [{str(root)!r}]\n"
-        "from sm120patch import codedigest\n"
+        "from sm120patch.plan import codedigest\n"
         "patches, helpers = json.load(sys.stdin)\n"
         "print(json.dumps({p: codedigest.digest_of(t, helpers) for p, t in patches.items()}))\n"
     )

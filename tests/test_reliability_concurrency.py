@@ -78,7 +78,8 @@ def test_four_simultaneous_applies_one_wins(layout, tmp_path):
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from sm120patch import state, targets
+    from sm120patch.engine import state
+    from sm120patch import targets
     t = targets.find("sglang", sys.argv[1])
     with state.TargetState(state.state_dir_for(t.root, t.layout, t.kind), t.root).locked():
         print("held", flush=True)
@@ -103,7 +104,8 @@ def test_lock_of_a_killed_holder_is_taken_over(layout, tmp_path):
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
     # The lock file is still there; the dead holder's OS lock is not.
-    from sm120patch import state, targets
+    from sm120patch import targets
+    from sm120patch.engine import state
 
     t = targets.find("sglang", sg)
     assert (state.state_dir_for(t.root, t.layout, t.kind) / "lock").exists()

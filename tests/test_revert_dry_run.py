@@ -11,7 +11,7 @@ import pytest
 from test_states import SERVER_ARGS, cli, error_lines, everything, module_path, pair, where  # noqa: F401
 from trees import git, make_tree, tree_hash
 
-from sm120patch import state
+from sm120patch.engine import state
 
 
 def test_the_diff_is_what_the_revert_writes_back(pair, tmp_path):  # noqa: F811

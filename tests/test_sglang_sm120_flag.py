@@ -5,7 +5,7 @@ import textwrap
 import pytest
 from patches_under_test import load_patch
 
-from sm120patch.transform import Status, transform_text
+from sm120patch.patchkit.model import Status, transform_text
 
 PATCH = load_patch("sglang.sm120-flag")
 

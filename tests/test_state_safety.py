@@ -13,7 +13,8 @@ import pytest
 from killing import KILL_ENV, cli, run
 from trees import make_tree, tree_hash
 
-from sm120patch import state, targets
+from sm120patch import targets
+from sm120patch.engine import state
 from sm120patch.errors import Refused
 
 

@@ -17,8 +17,9 @@ import pytest
 from click.testing import CliRunner
 from trees import git, make_tree, tree_hash
 
-from sm120patch import state, targets
+from sm120patch import targets
 from sm120patch.cli import main
+from sm120patch.engine import state
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 COMM = "flashinfer/jit/comm.py"
@@ -159,7 +160,7 @@ def test_apply_locked_whose_result_differs_rolls_back_naming_the_file(pair, tmp_
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 1 and "patched text would differ" in err
     # ... and were it not there, the written bytes are checked against the lock.
-    from sm120patch import lockfile
+    from sm120patch.plan import lockfile
 
     monkeypatch.setattr(lockfile, "check", lambda lock, path: None)
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")

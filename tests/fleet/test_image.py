@@ -18,7 +18,7 @@ import yaml
 from conftest import FLASHINFER, IMAGE_PROFILE, SGLANG, Fleet
 from fleetkit import EXAMPLES, snapshot
 
-from sm120patch import lockfile
+from sm120patch.plan import lockfile
 
 pytestmark = [pytest.mark.real, pytest.mark.fleet]
 

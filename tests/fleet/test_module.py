@@ -25,7 +25,8 @@ from fleetkit import (
     snapshot,
 )
 
-from sm120patch import lockfile, releases
+from sm120patch.maintain import releases
+from sm120patch.plan import lockfile
 
 pytestmark = [pytest.mark.real, pytest.mark.fleet]
 
@@ -199,7 +200,7 @@ def test_lock_for_another_release_fails_in_check_mode(fleet: Fleet, site: Path, 
 
 
 def test_gpu_check_fails_in_check_mode_as_the_apply_does(fleet: Fleet, site: Path, tmp_path: Path):
-    from sm120patch import gpu
+    from sm120patch.trial import gpu
 
     if gpu.probe().has_sm120:
         pytest.skip("this machine has an SM120 GPU: the GPU precondition holds here")

@@ -1,4 +1,4 @@
-"""The facts tables (sm120patch.facts, `FACTS` in each patch module) as the real tier uses them:
+"""The facts tables (sm120patch.patchkit.facts, `FACTS` in each patch module) as the real tier uses them:
 every release a profile pins is covered, a missing fact fails instead of skipping, and the
 README's per-site tables are the facts."""
 
@@ -13,8 +13,9 @@ from expected import FACTS, judged, pinned_by
 from packaging.specifiers import SpecifierSet
 from realcache import release_set
 
-from sm120patch import catalog, facts
-from sm120patch.transform import Status
+from sm120patch.patchkit import facts
+from sm120patch.patchkit.model import Status
+from sm120patch.plan import catalog
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -71,5 +72,5 @@ def test_readme_tables_are_the_facts() -> None:
     want = facts.markdown(catalog.load().patches.values())
     assert found.group(1) == want, (
         "README per-site tables differ from the patches' FACTS; regenerate with "
-        "`python -m sm120patch.facts` and paste between the markers"
+        "`python -m sm120patch.patchkit.facts` and paste between the markers"
     )

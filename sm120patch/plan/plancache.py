@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch import __version__
-from sm120patch.transform import FileResult, Outcome, Status
+from sm120patch.patchkit.model import FileResult, Outcome, Status
 
 if TYPE_CHECKING:
-    from sm120patch.catalog import Profile
-    from sm120patch.plan import TargetPlan
+    from sm120patch.plan.catalog import Profile
+    from sm120patch.plan.planner import TargetPlan
     from sm120patch.targets import Target
 
 ENV = "SM120PATCH_PLAN_CACHE"
@@ -153,7 +153,7 @@ def store(entry: str, plan: TargetPlan, deps: list[str]) -> None:
     }
     data = zlib.compress(json.dumps(doc).encode("utf-8"), 6)
     try:
-        from sm120patch.state import atomic_write
+        from sm120patch.engine.state import atomic_write
 
         atomic_write(cache_dir() / f"{entry}.json.z", data, durable=False)
     except OSError:
@@ -164,13 +164,13 @@ def import_deps(target: Target, plan: TargetPlan) -> list[str]:
     """The files the planner's import check read for `plan`: for every module of the target's
     own package that a patch imports, the `.py` files of that package and of its parent (star
     imports are followed among siblings). Over-approximated on purpose."""
-    from sm120patch import cst_helpers
+    from sm120patch.patchkit import syntax
 
     out: set[str] = set()
     for f in plan.files:
         if not f.changed or not f.steps:
             continue
-        added = cst_helpers.imported_from(f.steps[-1][1]) - cst_helpers.imported_from(f.tree)
+        added = syntax.imported_from(f.steps[-1][1]) - syntax.imported_from(f.tree)
         for module, _ in added:
             if module != target.kind and not module.startswith(target.kind + "."):
                 continue

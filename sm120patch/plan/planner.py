@@ -12,11 +12,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sm120patch import catalog, targets
-from sm120patch.catalog import Profile
+from sm120patch import targets
 from sm120patch.errors import Refused
+from sm120patch.patchkit.model import FileResult, Outcome, Patch, Status, refuse_all, transform_text
+from sm120patch.plan import catalog
+from sm120patch.plan.catalog import Profile
 from sm120patch.targets import Target
-from sm120patch.transform import FileResult, Outcome, Patch, Status, refuse_all, transform_text
 
 
 class PlanRefused(Refused):
@@ -140,7 +141,7 @@ def plan(
 
 def _plan_target_cached(profile: Profile, patches: list[Patch], target: Target) -> TargetPlan:
     """`plan_target`, or the same plan from the plan cache when the bytes it read are the same."""
-    from sm120patch import plancache
+    from sm120patch.plan import plancache
 
     files = [f for p in patches if p.target == target.kind for f in p.files]
     entry = plancache.key(profile, files, target)
@@ -230,9 +231,9 @@ def _check_imports(target: Target, result: FileResult) -> FileResult:
 
 def _imports(module: object) -> set[tuple[str, str]]:
     """(module, name) of each module-level `from <absolute module> import name`."""
-    from sm120patch import cst_helpers
+    from sm120patch.patchkit import syntax
 
-    return cst_helpers.imported_from(module)  # type: ignore[arg-type]
+    return syntax.imported_from(module)  # type: ignore[arg-type]
 
 
 def _defines(target: Target, module: str, name: str, depth: int) -> bool:

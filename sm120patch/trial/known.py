@@ -22,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 from sm120patch.errors import Sm120Error, UsageError
 
 if TYPE_CHECKING:
-    from sm120patch import gpu
+    from sm120patch.trial import gpu
 
 OUTCOMES = ("faster", "slower", "no-gain", "wrong-output", "crash")
 CONDITIONS = (
@@ -83,7 +83,7 @@ class Box:
 
 def entries(text: str | None = None) -> list[Entry]:
     from sm120patch import patches
-    from sm120patch.catalog import tomllib
+    from sm120patch.plan.catalog import tomllib
 
     if text is None:
         text = (Path(patches.__file__ or "").parent / "known.toml").read_text(encoding="utf-8")
@@ -154,7 +154,7 @@ def matches(entry: Entry, profile: str | None, box: Box) -> bool:
 
 
 def _profile_matches(c: dict[str, Any], profile: str) -> bool:
-    from sm120patch import catalog
+    from sm120patch.plan import catalog
 
     if "profile" not in c and "patch" not in c:
         return True
@@ -186,7 +186,7 @@ def box_of(
     """This box, as known.toml's conditions read it. `probe`: how to read the GPUs (a command
     that also checks them passes its own, so that NVML starts once: a tenth of a second)."""
     from sm120patch import engine
-    from sm120patch import gpu as nvml  # imported here: most commands never read known.toml
+    from sm120patch.trial import gpu as nvml  # imported here: most commands never read known.toml
 
     try:
         versions = {s.target.kind: s.target.version for s in engine.status(paths)}

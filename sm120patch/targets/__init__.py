@@ -10,8 +10,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm120patch import vcs
 from sm120patch.errors import Refused, UsageError
+from sm120patch.targets import git
 
 KINDS = ("sglang", "flashinfer")
 DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
@@ -115,8 +115,8 @@ def _package_in(kind: str, path: Path) -> Path:
 
 def _describe(kind: str, package_dir: Path) -> Target:
     parent = package_dir.parent
-    git_root = vcs.work_tree_of(package_dir)
-    if git_root is not None and not vcs.is_tracked(git_root, package_dir / "__init__.py"):
+    git_root = git.work_tree_of(package_dir)
+    if git_root is not None and not git.is_tracked(git_root, package_dir / "__init__.py"):
         # An installed package inside some repository (a venv in a project): not a checkout.
         git_root = None
     layout = "git" if git_root is not None else "installed"
@@ -155,7 +155,7 @@ def _version(kind: str, package_dir: Path, git_root: Path | None) -> tuple[str, 
         if version:
             return version, f"{kind}/{file}"
     if git_root is not None:
-        described = vcs.describe_version(git_root)
+        described = git.describe_version(git_root)
         if described:
             return described, "git describe"
     return "unknown", "none found"

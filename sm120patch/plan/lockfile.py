@@ -14,10 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sm120patch import __version__, catalog
-from sm120patch.codedigest import patch_digest, source_key
+from sm120patch import __version__
 from sm120patch.errors import Refused, UsageError
-from sm120patch.plan import Plan
+from sm120patch.plan import catalog
+from sm120patch.plan.codedigest import patch_digest, source_key
+from sm120patch.plan.planner import Plan
 
 SCHEMA = 1
 
@@ -91,9 +92,9 @@ class Lock:
     def plan(self, profile: Any, found: list[Any]) -> Plan | None:
         """The plan this lock records, on `found` targets whose files have the locked
         before-hashes; None (plan instead) where anything does not match exactly."""
-        from sm120patch.plan import Plan, TargetPlan, apply_diff
-        from sm120patch.plancache import CachedFileResult
-        from sm120patch.transform import Outcome, Status
+        from sm120patch.patchkit.model import Outcome, Status
+        from sm120patch.plan.plancache import CachedFileResult
+        from sm120patch.plan.planner import Plan, TargetPlan, apply_diff
 
         if not self.steps or {t.kind for t in found} != set(self.versions):
             return None
@@ -162,7 +163,7 @@ def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> L
         for tp in plan.targets
         for f in tp.changed
     ]
-    from sm120patch.plan import diff_texts
+    from sm120patch.plan.planner import diff_texts
 
     reviewed = []
     for tp in plan.targets if steps else ():
@@ -191,8 +192,8 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     bytes), the lock records the applied state from its manifest; on pristine trees (or where
     the patch is gone) it records what the plan would write.
     """
-    from sm120patch import assess
-    from sm120patch import plan as planner
+    from sm120patch.engine import assess
+    from sm120patch.plan import planner
 
     cat = catalog.load()
     profile = cat.profile(profile_name)
@@ -244,7 +245,7 @@ def _sha(text: str) -> str:
 
 
 def read(path: Path) -> Lock:
-    from sm120patch.catalog import tomllib
+    from sm120patch.plan.catalog import tomllib
 
     try:
         raw = path.read_text(encoding="utf-8")

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sm120patch import procscan
 from sm120patch.errors import Refused
+from sm120patch.targets import procscan
 
 if TYPE_CHECKING:
     import git

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sm120patch import engine, gpu, load, sanity, trial
+from sm120patch import engine
 from sm120patch.errors import Refused, UsageError
+from sm120patch.trial import gpu, loadgen, sanity, serve
 
 EXIT = {
     "kept": 0,
@@ -130,7 +131,7 @@ class MeasuredTrial:
     sanity: dict[str, Any] | None = None
     signature: dict[str, str] | None = None
     ended: float | None = None
-    id: str = field(default_factory=trial.new_id)
+    id: str = field(default_factory=serve.new_id)
     kind: str = "measured"
 
     @property
@@ -200,7 +201,7 @@ def run(
     if not command:
         raise UsageError("give the server command after `--`")
     check_options(opts)
-    from sm120patch import catalog
+    from sm120patch.plan import catalog
 
     catalog.load().profile(profile)  # an unknown profile is a usage error before anything runs
     if preconditions is not None:
@@ -213,16 +214,16 @@ def run(
             f"revert it first (`sm120patch revert {sorted(others)[0]}`)",
         )
     if profile not in applied:
-        from sm120patch import plan
+        from sm120patch.plan import planner
 
-        plan.checked(profile, paths, force=force)  # refuse now, not after the baseline ran
+        planner.checked(profile, paths, force=force)  # refuse now, not after the baseline ran
     result = MeasuredTrial(profile, list(command), asdict(opts), time.time())
     result.versions = {s.target.kind: s.target.version for s in engine.status(paths)}
     probe = gpu.probe()
     result.gpu_names = [g.name for g in probe.gpus]
     result.gpu_family = probe.family
     is_applied = profile in applied
-    log = trial.open_log(log_path)
+    log = serve.open_log(log_path)
     try:
         for round_ in range(opts.repeat):
             for side in ("baseline", "patched"):
@@ -284,10 +285,10 @@ def _one_run(
     pattern = re.compile(opts.ready_pattern) if opts.ready_pattern else None
     started = time.time()
     one = Run(side, round_, started)
-    proc = trial.spawn(command)
-    watcher = trial._Watcher(proc, pattern, on_line, log)
+    proc = serve.spawn(command)
+    watcher = serve._Watcher(proc, pattern, on_line, log)
     try:
-        verdict, ready_at = trial._judge(
+        verdict, ready_at = serve._judge(
             proc, watcher, ready_url, pattern is not None, opts.timeout, started
         )
         if verdict == "interrupted":
@@ -298,8 +299,8 @@ def _one_run(
             return one
         one.ready_s = None if ready_at is None else round(ready_at - started, 2)
         sampler = gpu.Sampler(opts.sample_every)
-        model = opts.model or load.resolve_model(api)
-        spec = load.LoadSpec(
+        model = opts.model or loadgen.resolve_model(api)
+        spec = loadgen.LoadSpec(
             api=api,
             model=model,
             requests=opts.requests,
@@ -310,7 +311,7 @@ def _one_run(
         if opts.bench_cmd:
             one.figures = _bench(opts.bench_cmd, spec, sampler)
         else:
-            measured = load.run(spec, on_start=sampler.start, on_end=sampler.stop)
+            measured = loadgen.run(spec, on_start=sampler.start, on_end=sampler.stop)
             one.figures = measured.figures.to_dict()
             one.timeline = measured.timeline
             one.load_errors = measured.errors
@@ -319,20 +320,20 @@ def _one_run(
         one.nvml_problem = sampler.problem
         one.gpus = [asdict(g) for g in gpu.summarise(sampler.samples)]
         if first and proc.poll() is None:
-            one.answers = [asdict(a) for a in load.probe(api, model)]
+            one.answers = [asdict(a) for a in loadgen.probe(api, model)]
         if proc.poll() is not None:
             one.outcome = "died-under-load"
             one.exit_code = proc.returncode
         return one
     finally:
-        trial._stop(proc)
+        serve._stop(proc)
         watcher.thread.join(timeout=5)
         one.tail = list(watcher.tail)
 
 
-def _bench(bench_cmd: str, spec: load.LoadSpec, sampler: gpu.Sampler) -> dict[str, Any]:
+def _bench(bench_cmd: str, spec: loadgen.LoadSpec, sampler: gpu.Sampler) -> dict[str, Any]:
     """Run the field's own benchmark after the built-in warm-up; read its JSON result."""
-    load.run(load.LoadSpec(**{**asdict(spec), "requests": 1, "warmup": None}))
+    loadgen.run(loadgen.LoadSpec(**{**asdict(spec), "requests": 1, "warmup": None}))
     with tempfile.TemporaryDirectory(prefix="sm120patch-bench-") as tmp:
         out = os.path.join(tmp, "result.json")
         argv = [part.replace("{output}", out) for part in shlex.split(bench_cmd)]
@@ -371,7 +372,7 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
 def _decide(result: MeasuredTrial, opts: Options) -> None:
     bad = next((r for r in result.runs if r.outcome != "ok"), None)
     if bad is not None:
-        sig = trial.diagnose(bad.tail)
+        sig = serve.diagnose(bad.tail)
         result.signature = asdict(sig) if sig else None
         what = {
             "timeout": "was not ready before the timeout",
@@ -396,8 +397,8 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
     base = [r for r in result.runs if r.side == "baseline"]
     patched = [r for r in result.runs if r.side == "patched"]
     verdict = sanity.judge(
-        [load.Answer(**a) for a in base[0].answers],
-        [load.Answer(**a) for a in patched[0].answers],
+        [loadgen.Answer(**a) for a in base[0].answers],
+        [loadgen.Answer(**a) for a in patched[0].answers],
         patched_load_texts=[t for r in patched for t in r.load_texts],
         patched_load_errors=[e for r in patched for e in r.load_errors],
         baseline_load_errors=[e for r in base for e in r.load_errors],

@@ -106,8 +106,8 @@ def write_overlay(texts: Mapping[str, str | bytes], directory: Path) -> dict[str
 
 def patched_texts(target: Target, profile_name: str = PROFILE) -> dict[str, str]:
     """What the planner would write into `target` for `profile_name`: file -> new text."""
-    from sm120patch import catalog
-    from sm120patch.plan import plan_target
+    from sm120patch.plan import catalog
+    from sm120patch.plan.planner import plan_target
 
     cat = catalog.load()
     profile = cat.profile(profile_name)
@@ -118,14 +118,14 @@ def patched_texts(target: Target, profile_name: str = PROFILE) -> dict[str, str]
 def pristine_bytes(target: Target, rel: str) -> bytes | None:
     """The pristine bytes of `rel` (relative to the target root) of an applied target: the
     engine's pristine copy, or on a checkout the blob of the commit the apply started from."""
-    from sm120patch import state
+    from sm120patch.engine import state
 
     st = state.TargetState.of(target.root, target.layout, target.kind)
     manifest = st.manifest()
     if target.layout == "git" and manifest is not None and manifest.git is not None:
-        from sm120patch import vcs
+        from sm120patch.targets import git
 
-        return vcs.Repo(target.root).show(manifest.git.head, rel)
+        return git.Repo(target.root).show(manifest.git.head, rel)
     return st.copy("pristine", rel)
 
 
@@ -133,7 +133,7 @@ def applied_files(target: Target) -> list[dict[str, Any]] | None:
     """The touched files when the bytes say a profile is applied to `target`, else None (the
     planner then makes the patched side). Drifted, missing or unfinished trees are refused:
     neither side would be what a server runs."""
-    from sm120patch import assess
+    from sm120patch.engine import assess
 
     found = assess.assess(target)
     if found.state == assess.APPLIED and found.manifest is not None:

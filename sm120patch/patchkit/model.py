@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import libcst as cst
 
-    from sm120patch.facts import Fact
+    from sm120patch.patchkit.facts import Fact
 
 
 class Status(str, Enum):
@@ -79,7 +79,7 @@ class Patch:
     files: tuple[str, ...]
     marker: str
     transform: Transform
-    # What the patch does on which release (sm120patch.facts): shapes, expected outcomes,
+    # What the patch does on which release (sm120patch.patchkit.facts): shapes, expected outcomes,
     # where a missing site is fine and where the release carries the change itself.
     facts: tuple[Fact, ...] = ()
     # The shapes in words; derived from `facts` when not given.

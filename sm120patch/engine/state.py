@@ -73,9 +73,9 @@ def state_dir_for(root: Path, layout: str, kind: str) -> Path:
     HOME or environment, every run on one target finds the same state and the same lock.
     """
     if layout == "git":
-        from sm120patch import vcs
+        from sm120patch.targets import git
 
-        return vcs.git_dir_of(root) / "sm120patch" / kind
+        return git.git_dir_of(root) / "sm120patch" / kind
     return root / STATE_DIRNAME / kind
 
 
@@ -212,7 +212,7 @@ def kill_point(step: str) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
-    from sm120patch import interrupts
+    from sm120patch.engine import interrupts
 
     interrupts.at_step(step, count)  # [signals] a deferred SIGINT stops an apply here
 

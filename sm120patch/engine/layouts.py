@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sm120patch import state, vcs
+from sm120patch.engine import state
+from sm120patch.engine.state import FileRecord, GitBase, Journal, TargetState, file_sha256, sha256
 from sm120patch.errors import Refused
-from sm120patch.state import FileRecord, GitBase, Journal, TargetState, file_sha256, sha256
-from sm120patch.targets import Target
+from sm120patch.targets import Target, git
 
 # Path -> the bytes a revert leaves there (None: none to be had).
 Restored = dict[str, bytes | None]
@@ -116,7 +116,7 @@ class GitLayout(InstalledLayout):
 
     def __init__(self, target: Target, st: TargetState) -> None:
         super().__init__(target, st)
-        self.repo = vcs.Repo(target.root)
+        self.repo = git.Repo(target.root)
 
     # ---- apply ------------------------------------------------------------------------
     def check_ready(self, rels: list[str]) -> None:

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm120patch import state, targets, vcs
-from sm120patch.state import Journal, Manifest, TargetState, file_sha256
-from sm120patch.targets import Target
+from sm120patch import targets
+from sm120patch.engine import state
+from sm120patch.engine.state import Journal, Manifest, TargetState, file_sha256
+from sm120patch.targets import Target, git
 
 PRISTINE = "pristine"
 APPLIED = "applied"
@@ -114,8 +115,8 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
     name, profile = target.name, manifest.profile
     branch_now = exists = None
     if manifest.git is not None:
-        branch_now = vcs.head_branch(target.root)
-        exists = vcs.branch_exists_light(target.root, manifest.git.patch_branch)
+        branch_now = git.head_branch(target.root)
+        exists = git.branch_exists_light(target.root, manifest.git.patch_branch)
     common = dict(manifest=manifest, files=files, branch_now=branch_now,
                   patch_branch_exists=exists)  # fmt: skip
     if version_changed(target, manifest):

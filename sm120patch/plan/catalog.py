@@ -25,8 +25,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sm120patch.errors import UsageError
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Status
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Status
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
@@ -233,7 +233,7 @@ def _load(dirs: tuple[str, ...]) -> Catalog:
 
 
 def _entry_points() -> list[Any]:
-    from sm120patch.entrypoints import entry_points
+    from sm120patch.plan.entrypoints import entry_points
 
     return sorted(entry_points(ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
@@ -341,7 +341,7 @@ def _combine(packs: list[tuple[Pack, list[Patch], str | None]]) -> Catalog:
 
 
 def _patch_problems(patch: Patch) -> list[str]:
-    from sm120patch import facts
+    from sm120patch.patchkit import facts
 
     problems = []
     if patch.target not in TARGETS:

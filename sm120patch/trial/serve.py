@@ -44,7 +44,7 @@ class Signature:
 
 def signatures() -> list[Signature]:
     from sm120patch import patches
-    from sm120patch.catalog import tomllib
+    from sm120patch.plan.catalog import tomllib
 
     text = (Path(patches.__file__ or "").parent / "signatures.toml").read_text(encoding="utf-8")
     return [Signature(**raw) for raw in tomllib.loads(text)["signature"]]
@@ -179,7 +179,7 @@ class _PowerSampler:
         self.thread.start()
 
     def _run(self) -> None:
-        from sm120patch import gpu
+        from sm120patch.trial import gpu
 
         start = time.monotonic()
         while not self.stop.is_set():

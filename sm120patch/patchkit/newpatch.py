@@ -14,8 +14,8 @@ from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from sm120patch.catalog import TARGETS
 from sm120patch.errors import UsageError
+from sm120patch.plan.catalog import TARGETS
 
 ID_RE = re.compile(r"^[a-z][a-z0-9]*(?:[.-][a-z0-9]+)+$")
 
@@ -129,7 +129,7 @@ def _module_text(spec: NewPatch) -> str:
         )
         shape = f"`{spec.keyword}={expect}` in `def {spec.function}`"
         body = (
-            "    from sm120patch import operations as op\n"
+            "    from sm120patch.patchkit import operations as op\n"
             "\n"
             "    return op.extend_keyword_list(\n"
             "        module, function=FUNCTION, keyword=KEYWORD, expect=EXPECT, add=ADD\n"
@@ -140,10 +140,10 @@ def _module_text(spec: NewPatch) -> str:
         constants = ""
         shape = f"`def {spec.function}` (describe the code the patch changes)"
         body = (
-            "    # Write the change here with sm120patch.operations (widen_arch_or,\n"
+            "    # Write the change here with sm120patch.patchkit.operations (widen_arch_or,\n"
             "    # extend_keyword_list, add_module_flag, add_import, add_elif) and return\n"
             "    # its Result; until then the patch refuses, so nothing is ever half-done.\n"
-            "    from sm120patch.transform import refused\n"
+            "    from sm120patch.patchkit.model import refused\n"
             "\n"
             '    return refused(FUNCTION, "a transform for this site", "none written yet")\n'
         )
@@ -154,8 +154,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -201,7 +201,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from sm120patch.transform import Status, transform_text
+from sm120patch.patchkit.model import Status, transform_text
 
 
 def load_patch():

@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm120patch import assess, catalog, gpu, targets
-from sm120patch import plan as planner
+from sm120patch import targets
+from sm120patch.engine import assess
 from sm120patch.errors import Sm120Error
+from sm120patch.plan import catalog, planner
+from sm120patch.trial import gpu
 
 RECOMMENDATION = (
     "moe is the recommended profile on SM120. fusion is experimental: without the FlashInfer "
@@ -77,7 +79,7 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
         applied = [s.to_dict() for s in assess.status(paths)]
     except Sm120Error as exc:
         applied = [{"problem": exc.message}]
-    from sm120patch import known
+    from sm120patch.trial import known
 
     return Examination(
         probe,

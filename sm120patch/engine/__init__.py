@@ -26,18 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sm120patch import __version__, assess, catalog, interrupts, procscan, state, targets
-from sm120patch import plan as planner
-from sm120patch.assess import Assessment
+from sm120patch import __version__, targets
+from sm120patch.engine import assess, interrupts, state
+from sm120patch.engine.assess import Assessment
+from sm120patch.engine.layouts import InstalledLayout, layout_of
+from sm120patch.engine.state import FileRecord, Journal, Manifest, Peer, TargetState, sha256
 from sm120patch.errors import Refused, Sm120Error
-from sm120patch.layouts import InstalledLayout, layout_of
-from sm120patch.plan import Plan, PlanRefused
-from sm120patch.state import FileRecord, Journal, Manifest, Peer, TargetState, sha256
-from sm120patch.targets import Target
-from sm120patch.transform import Outcome
+from sm120patch.patchkit.model import Outcome
+from sm120patch.plan import catalog, planner
+from sm120patch.plan.planner import Plan, PlanRefused
+from sm120patch.targets import Target, procscan
 
 if TYPE_CHECKING:
-    from sm120patch.lockfile import Lock
+    from sm120patch.plan.lockfile import Lock
 
 BRANCH_PREFIX = state.BRANCH_PREFIX
 KILL_ENV = state.KILL_ENV
@@ -599,7 +600,7 @@ def _rollback_apply(ctx: _Ctx, journal: Journal) -> None:
 
 
 def _check_restored(ctx: _Ctx, files: tuple[FileRecord, ...]) -> None:
-    from sm120patch.state import file_sha256
+    from sm120patch.engine.state import file_sha256
 
     for f in files:
         if file_sha256(ctx.path(f.path)) != f.before:
@@ -704,7 +705,7 @@ def revert_dry_run(
 ) -> Report:
     """The revert minus the writes: the same preflight refuses the same way; the report says
     what the revert would do, and `restores` is the diff of what it would write back."""
-    from sm120patch.plan import diff_texts
+    from sm120patch.plan.planner import diff_texts
 
     ctxs = _revert_targets(profile_name, paths)
     for ctx in ctxs:
@@ -783,7 +784,7 @@ def _dropped_note(ctx: _Ctx, found: Assessment, *, dry_run: bool = False) -> str
 
 
 def _check_revertable(ctx: _Ctx, manifest: Manifest, force: bool) -> None:
-    from sm120patch.state import file_sha256
+    from sm120patch.engine.state import file_sha256
 
     for f in manifest.files:
         path = ctx.path(f.path)

@@ -21,24 +21,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sm120patch.transform import Patch
+    from sm120patch.patchkit.model import Patch
 
 # The library code a patch's result may depend on besides its own module. The runner
 # (`transform_text`) is a root for every patch: it chains, compiles and re-runs them.
 HELPER_MODULES = (
-    "sm120patch.operations",
-    "sm120patch.cst_helpers",
-    "sm120patch.transform",
-    "sm120patch.facts",
+    "sm120patch.patchkit.operations",
+    "sm120patch.patchkit.syntax",
+    "sm120patch.patchkit.model",
+    "sm120patch.patchkit.facts",
 )
-RUNNER = ("sm120patch.transform", "transform_text")
+RUNNER = ("sm120patch.patchkit.model", "transform_text")
 
 
 def source_key(patch: Patch) -> str:
     """A hash of the bytes of every module `patch_digest` reads and of the code computing it
     (the plan cache's code digest covers sm120patch and the built-in patches), and of the
     patch's own module, which may come from a pack outside them."""
-    from sm120patch import plancache
+    from sm120patch.plan import plancache
 
     h = hashlib.sha256(f"{plancache.code_digest()}\0{patch.id}\0".encode())
     h.update(Path(sys.modules[patch.transform.__module__].__file__ or "").read_bytes())
@@ -49,7 +49,7 @@ def patch_digest(patch: Patch, key: str | None = None) -> str:
     """`_patch_digest`, kept on disk by `source_key` (`key`, when the caller has it):
     following a patch's helpers through their syntax trees is a tenth of a second, paid once
     per version of the code."""
-    from sm120patch import plancache
+    from sm120patch.plan import plancache
 
     cache = plancache.cache_dir() / f"digests-{plancache.code_digest()[:32]}.json"
     try:
@@ -62,7 +62,7 @@ def patch_digest(patch: Patch, key: str | None = None) -> str:
     digest = _patch_digest(patch)
     if plancache.enabled():
         try:
-            from sm120patch.state import atomic_write
+            from sm120patch.engine.state import atomic_write
 
             atomic_write(cache, json.dumps({**known, key: digest}).encode(), durable=False)
         except OSError:
@@ -161,8 +161,8 @@ def _helper_references(
 
 
 def _imports(node: Any, index: Index) -> Imports:
-    """Local name -> helper module (`from sm120patch import cst_helpers as h`), and local name
-    -> (helper module, name) (`from sm120patch.operations import add_import`)."""
+    """Local name -> helper module (`from sm120patch.patchkit import syntax as h`), and local name
+    -> (helper module, name) (`from sm120patch.patchkit.operations import add_import`)."""
     import ast
 
     aliases: dict[str, str] = {}

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sm120patch.transform import (
+from sm120patch.patchkit.model import (
     Result,
     Status,
     already_applied,
@@ -49,7 +49,7 @@ def one_def(
 ) -> cst.FunctionDef | Result:
     """The one `def name` (at any depth): not-applicable when there is none (`absent` says
     why), refused when there are several."""
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     site = site or name
     funcs = h.functions(module, name)
@@ -77,7 +77,7 @@ class ArchGroup:
 
 def read_arch_group(group: cst.BaseExpression) -> ArchGroup:
     """The archs and the one spelling of `a or b or ...` (a lone check counts as a group)."""
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     operands = h.or_operands(group) or [group]
     found = [h.sglang_arch(op) for op in operands]
@@ -109,7 +109,7 @@ def widen_arch_or(
     that is not exactly the archs of `widen` in one of `forms`. The applied shape reads
     `<old> -> <new>`. `found` overrides the text quoted in a refusal.
     """
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     read = read_arch_group(group)
     shape = h.code(group)
@@ -144,7 +144,7 @@ def extend_keyword_list(
     """
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     func = one_def(module, function, absent)
     if isinstance(func, Result):
@@ -192,7 +192,7 @@ def add_module_flag(
     `same` says whether an existing `name = ...` is the intended one (the caller compares it):
     already-applied then, refused otherwise, as when `sibling` is not assigned exactly once.
     """
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     anchors = h.module_assignments(module, sibling)
     if len(anchors) != 1:
@@ -226,7 +226,7 @@ def add_import(
     brings `next_to` (from `from_module` when given). Already-applied where `name` is imported
     (from `from_module`, when given, else from anywhere); refused without a single such import.
     """
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     sources = h.import_sources(module, name)
     if from_module is None:
@@ -294,7 +294,7 @@ def new_elif(after: cst.If, test: cst.BaseExpression, body: cst.BaseSuite) -> cs
 
 def add_elif(module: cst.Module, after: cst.If, branch: cst.If, *, site: str, shape: str) -> Result:
     """`branch` (made by `new_elif`, checked by the caller) right after the branch `after`."""
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     new_module = h.replace(module, after, after.with_changes(orelse=branch), scope=after)
     return applied(site, new_module, shape)  # type: ignore[arg-type]
@@ -311,7 +311,7 @@ def insert_before(
     the comment lines above `anchor`: those stay on top, `new` then `anchor` follow them."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     block = h.parent_of(module, anchor)
     if not isinstance(block, (cst.Module, cst.IndentedBlock)):

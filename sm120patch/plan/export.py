@@ -7,10 +7,11 @@ import email.utils
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm120patch import __version__, catalog
+from sm120patch import __version__
 from sm120patch.errors import Refused
-from sm120patch.plan import Plan, diff_texts
-from sm120patch.transform import Patch
+from sm120patch.patchkit.model import Patch
+from sm120patch.plan import catalog
+from sm120patch.plan.planner import Plan, diff_texts
 
 AUTHOR = "sm120patch <sm120patch@localhost>"
 

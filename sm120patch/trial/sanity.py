@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sm120patch.load import Answer
+from sm120patch.trial.loadgen import Answer
 
 MIN_SIMILARITY = 0.5
 _RUN = re.compile(r"([^\s\-=_.*#~])\1{7,}")

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from sm120patch.transform import Status
+from sm120patch.patchkit.model import Status
 
 if TYPE_CHECKING:
-    from sm120patch.transform import Patch
+    from sm120patch.patchkit.model import Patch
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def markdown(patches: Iterable[Patch]) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-if __name__ == "__main__":  # `python -m sm120patch.facts`: the README's per-site tables
-    from sm120patch import catalog
+if __name__ == "__main__":  # `python -m sm120patch.patchkit.facts`: the README's per-site tables
+    from sm120patch.plan import catalog
 
     print(markdown(catalog.load().patches.values()), end="")
