@@ -185,12 +185,12 @@ def test_sigint_to_the_whole_group_at_real_moments(trees, tmp_path):  # noqa: F8
 def test_a_failing_rollback_after_sigint_keeps_its_journal_and_exits_75(tmp_path, monkeypatch):
     """When the rollback itself cannot finish (a full disk), the run says `recover`, exit 75,
     and `recover` finishes once the cause is gone."""
-    from sm120patch.engine import state
+    from sm120patch.targets import files
 
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
     states = States([sg, fi])
-    real = state.atomic_write
+    real = files.atomic_write
     comm = fi / "flashinfer/jit/comm.py"
     pristine = comm.read_bytes()
 
@@ -200,10 +200,10 @@ def test_a_failing_rollback_after_sigint_keeps_its_journal_and_exits_75(tmp_path
         return real(path, data, *args, **kwargs)
 
     with monkeypatch.context() as mp:
-        mp.setattr("sm120patch.engine.state.atomic_write", full_on_rollback)
+        mp.setattr("sm120patch.targets.files.atomic_write", full_on_rollback)
         # In this process: the hook signals this process only, and the engine defers it.
         mp.setenv(SIGNAL_ENV, "after-write:3")  # the last write: FlashInfer's comm.py
-        mp.setattr("sm120patch.engine.state._passed", {})  # count the steps of this run only
+        mp.setattr("sm120patch.engine.interrupts._passed", {})  # count the steps of this run only
         code, _, err = cli(*apply_args(sg, fi))
     assert code == interrupts.EXIT_UNFINISHED == 75, err
     assert "interrupted (SIGINT), and the apply of all could not finish" in err, err

@@ -27,24 +27,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sm120patch import __version__, targets
-from sm120patch.engine import assess, interrupts, state
+from sm120patch.engine import assess, interrupts, records, store
 from sm120patch.engine.assess import Assessment
 from sm120patch.engine.layouts import InstalledLayout, layout_of
-from sm120patch.engine.state import FileRecord, Journal, Manifest, Peer, TargetState, sha256
+from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
+from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, Sm120Error
 from sm120patch.patchkit.model import Outcome
 from sm120patch.plan import catalog, planner
 from sm120patch.plan.planner import Plan, PlanRefused
-from sm120patch.targets import Target, procscan
+from sm120patch.targets import Target, files, procscan
+from sm120patch.targets.files import sha256
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
 
-BRANCH_PREFIX = state.BRANCH_PREFIX
-KILL_ENV = state.KILL_ENV
-TRACE_ENV = state.TRACE_ENV
-kill_point = state.kill_point
-drop_pycache = state.drop_pycache
+BRANCH_PREFIX = records.BRANCH_PREFIX
+KILL_ENV = interrupts.KILL_ENV
+TRACE_ENV = interrupts.TRACE_ENV
+kill_point = interrupts.kill_point
+drop_pycache = files.drop_pycache
 
 
 @dataclass
@@ -115,7 +117,7 @@ class _Ctx:
         return self._layout
 
     def path(self, rel: str) -> Path:
-        return state.inside(self.target.root, rel)
+        return files.inside(self.target.root, rel)
 
     def peer(self) -> Peer:
         t = self.target
@@ -519,7 +521,7 @@ def _write_target(ctx: _Ctx, tp: planner.TargetPlan, journal: Journal, plan: Pla
     for pid, f, text in steps:
         rel = tp.target.rel(f.file)
         path = ctx.path(rel)
-        state.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
+        files.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
         drop_pycache(path)
         kill_point("after-write")
         patch = cat.patches[pid]
@@ -592,7 +594,7 @@ def _rollback_apply(ctx: _Ctx, journal: Journal) -> None:
     if not ctx.layout.keeps_pristine():
         # Git put the files back (the branch switch); check it did, byte for byte.
         _check_restored(ctx, journal.files)
-    manifest = ctx.state.manifest() if (ctx.state.dir / state.MANIFEST).exists() else None
+    manifest = ctx.state.manifest() if (ctx.state.dir / store.MANIFEST).exists() else None
     if manifest is not None and _same_run(manifest, journal):
         ctx.state.remove_manifest()
     ctx.state.drop_copies()
@@ -600,7 +602,7 @@ def _rollback_apply(ctx: _Ctx, journal: Journal) -> None:
 
 
 def _check_restored(ctx: _Ctx, files: tuple[FileRecord, ...]) -> None:
-    from sm120patch.engine.state import file_sha256
+    from sm120patch.targets.files import file_sha256
 
     for f in files:
         if file_sha256(ctx.path(f.path)) != f.before:
@@ -618,10 +620,10 @@ def _same_run(manifest: Manifest, journal: Journal) -> bool:
     return manifest.applied_at >= journal.started
 
 
-def _remove_temps(ctx: _Ctx, files: tuple[FileRecord, ...]) -> None:
+def _remove_temps(ctx: _Ctx, touched: tuple[FileRecord, ...]) -> None:
     """A run killed inside a write leaves a temp file next to the file: not the user's."""
-    for f in files:
-        state.remove_temps(ctx.path(f.path))
+    for f in touched:
+        files.remove_temps(ctx.path(f.path))
     ctx.state.remove_temps()
 
 
@@ -784,7 +786,7 @@ def _dropped_note(ctx: _Ctx, found: Assessment, *, dry_run: bool = False) -> str
 
 
 def _check_revertable(ctx: _Ctx, manifest: Manifest, force: bool) -> None:
-    from sm120patch.engine.state import file_sha256
+    from sm120patch.targets.files import file_sha256
 
     for f in manifest.files:
         path = ctx.path(f.path)
@@ -792,7 +794,7 @@ def _check_revertable(ctx: _Ctx, manifest: Manifest, force: bool) -> None:
             raise Refused(
                 f"{ctx.target.root}: the state of the apply names {f.path}, which is not a "
                 "regular file",
-                f"inspect {ctx.state.dir / state.MANIFEST}; if it is damaged, move it aside",
+                f"inspect {ctx.state.dir / store.MANIFEST}; if it is damaged, move it aside",
             )
     changed = [
         f for f in manifest.files if file_sha256(ctx.path(f.path)) not in (f.after, f.before)

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from sm120patch import targets
-from sm120patch.engine import state
-from sm120patch.engine.state import Journal, Manifest, TargetState, file_sha256
-from sm120patch.targets import Target, git
+from sm120patch.engine.records import Journal, Manifest
+from sm120patch.engine.store import TargetState
+from sm120patch.targets import Target, files, git
+from sm120patch.targets.files import file_sha256
 
 PRISTINE = "pristine"
 APPLIED = "applied"
@@ -182,7 +183,7 @@ def _files(target: Target, manifest: Manifest) -> tuple[FileState, ...]:
     record = targets.record_hashes(target)
     out = []
     for f in manifest.files:
-        now = file_sha256(state.inside(target.root, f.path))
+        now = file_sha256(files.inside(target.root, f.path))
         if now is None:
             word = "missing"
         elif now == f.after:

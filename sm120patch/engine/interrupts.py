@@ -200,3 +200,24 @@ def at_step(step: str, count: int) -> None:
             for _ in range(int(times or 1)):
                 os.kill(os.getpid(), signum)
     checkpoint()
+
+
+# Test hooks for the kill-anywhere tests: the step at which the process kills itself (`step`,
+# or `step:N` for its N-th passage), and a file to which every step passed is appended as
+# `step:N` (so that the tests learn every boundary of a run).
+KILL_ENV = "SM120PATCH_KILL_AT"
+TRACE_ENV = "SM120PATCH_TRACE_STEPS"
+_passed: dict[str, int] = {}
+
+
+def kill_point(step: str) -> None:
+    count = _passed[step] = _passed.get(step, 0) + 1
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        with open(trace, "a", encoding="utf-8") as fh:
+            fh.write(f"{step}:{count}\n")
+    if os.environ.get(KILL_ENV) in (step, f"{step}:{count}"):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    at_step(step, count)  # [signals] a deferred SIGINT stops an apply here

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sm120patch.engine import state
-from sm120patch.engine.state import FileRecord, GitBase, Journal, TargetState, file_sha256, sha256
+from sm120patch.engine import interrupts, records
+from sm120patch.engine.records import FileRecord, GitBase, Journal
+from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
-from sm120patch.targets import Target, git
+from sm120patch.targets import Target, files, git
+from sm120patch.targets.files import file_sha256, sha256
 
 # Path -> the bytes a revert leaves there (None: none to be had).
 Restored = dict[str, bytes | None]
@@ -31,7 +33,7 @@ class InstalledLayout:
         self.state = st
 
     def path(self, rel: str) -> Path:
-        return state.inside(self.target.root, rel)
+        return files.inside(self.target.root, rel)
 
     # ---- apply ------------------------------------------------------------------------
     def check_ready(self, rels: list[str]) -> None:
@@ -95,8 +97,8 @@ class InstalledLayout:
     def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]:
         return []
 
-    def restore_pristine(self, files: tuple[FileRecord, ...]) -> None:
-        for f in files:
+    def restore_pristine(self, touched: tuple[FileRecord, ...]) -> None:
+        for f in touched:
             path = self.path(f.path)
             if file_sha256(path) == f.before:
                 continue
@@ -106,9 +108,9 @@ class InstalledLayout:
                     f"the pristine copy of {path} is missing or damaged",
                     f"restore the file by hand (state in {self.state.dir})",
                 )
-            state.atomic_write(path, data, mode=f.mode)
-            state.drop_pycache(path)
-            state.kill_point("after-write")
+            files.atomic_write(path, data, mode=f.mode)
+            files.drop_pycache(path)
+            interrupts.kill_point("after-write")
 
 
 class GitLayout(InstalledLayout):
@@ -129,7 +131,7 @@ class GitLayout(InstalledLayout):
         sm120patch's own commits is reused: it holds nothing of the user's. One with anything
         else, or checked out in another worktree, is left alone and a fresh name is taken.
         """
-        base = state.BRANCH_PREFIX + profile
+        base = records.BRANCH_PREFIX + profile
         for n in range(1, 100):
             name = base if n == 1 else f"{base}-{n}"
             if not self.repo.branch_exists(name):
@@ -267,9 +269,9 @@ class GitLayout(InstalledLayout):
         # Reset our files to the patch branch so the switch is clean (a revert with edits
         # there got --force); other dirty files ride along untouched.
         self.repo.discard([f.path for f in files if self.path(f.path)])
-        state.kill_point("during-switch")
+        interrupts.kill_point("during-switch")
         self.repo.switch(git.branch, git.head)
-        state.kill_point("after-switch")
+        interrupts.kill_point("after-switch")
 
     def _check_matches_head(self, files: tuple[FileRecord, ...]) -> None:
         """Every touched file equals the checked-out branch's content (git restored it)."""

@@ -118,9 +118,9 @@ def patched_texts(target: Target, profile_name: str = PROFILE) -> dict[str, str]
 def pristine_bytes(target: Target, rel: str) -> bytes | None:
     """The pristine bytes of `rel` (relative to the target root) of an applied target: the
     engine's pristine copy, or on a checkout the blob of the commit the apply started from."""
-    from sm120patch.engine import state
+    from sm120patch.engine import store
 
-    st = state.TargetState.of(target.root, target.layout, target.kind)
+    st = store.TargetState.of(target.root, target.layout, target.kind)
     manifest = st.manifest()
     if target.layout == "git" and manifest is not None and manifest.git is not None:
         from sm120patch.targets import git

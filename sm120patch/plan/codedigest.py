@@ -62,7 +62,7 @@ def patch_digest(patch: Patch, key: str | None = None) -> str:
     digest = _patch_digest(patch)
     if plancache.enabled():
         try:
-            from sm120patch.engine.state import atomic_write
+            from sm120patch.targets.files import atomic_write
 
             atomic_write(cache, json.dumps({**known, key: digest}).encode(), durable=False)
         except OSError:

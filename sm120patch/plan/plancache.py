@@ -153,7 +153,7 @@ def store(entry: str, plan: TargetPlan, deps: list[str]) -> None:
     }
     data = zlib.compress(json.dumps(doc).encode("utf-8"), 6)
     try:
-        from sm120patch.engine.state import atomic_write
+        from sm120patch.targets.files import atomic_write
 
         atomic_write(cache_dir() / f"{entry}.json.z", data, durable=False)
     except OSError:
