@@ -182,7 +182,7 @@ def test_new_patch_writes_module_facts_profile_and_test(tmp_path):
     assert patch.facts[0].releases == ">=0.6.1,<0.6.16"
     assert cat.profile("moe-arch").pins["flashinfer"] == catalog.SpecifierSet(">=0.6.1,<0.6.16")
     # The issue's example: one element, `[10]` -> `[10, 12]` with its space.
-    from sm120patch.patchkit.model import transform_text
+    from sm120patch.patchkit.runner import transform_text
 
     res = transform_text([patch], "f.py", "def gen_trtllm_gen_fused_moe_sm100_module():\n"
                                           "    return g(supported_major_versions=[10])\n")
@@ -232,7 +232,7 @@ def _sources() -> tuple[dict[str, str], dict[str, str]]:
         pid: Path(__import__(p.transform.__module__, fromlist=["x"]).__file__).read_text()
         for pid, p in cat.patches.items()
     }
-    helpers = {name: codedigest._source(name) for name in codedigest.HELPER_MODULES}
+    helpers = {name: codedigest._source(name) for name in codedigest.kit_modules()}
     return patches, helpers
 
 
@@ -267,12 +267,31 @@ def test_patch_digest_follows_the_helpers_a_patch_uses():
     changed = {pid for pid in before if before[pid] != after[pid]}
     assert changed == {"sglang.fusion-gate", "sglang.fusion-backend", "sglang.fusion-autoenable"}
     # A change to the runner counts for every patch.
-    edited["sm120patch.patchkit.model"] = helpers["sm120patch.patchkit.model"].replace(
+    edited["sm120patch.patchkit.runner"] = helpers["sm120patch.patchkit.runner"].replace(
         "result.after = spliced_code(result.tree, text, module)",
         "result.after = str(spliced_code(result.tree, text, module))",
     )
-    assert edited["sm120patch.patchkit.model"] != helpers["sm120patch.patchkit.model"]
+    assert edited["sm120patch.patchkit.runner"] != helpers["sm120patch.patchkit.runner"]
     assert all(codedigest.digest_of(t, edited) != before[pid] for pid, t in patches.items())
+
+
+def test_a_new_kit_module_is_digested_without_being_listed():
+    """The digest boundary is the kit package: a helper module added to sm120patch.patchkit
+    is part of every digest of a patch that uses it, with no list to keep."""
+    kit = Path(codedigest.__file__).resolve().parents[1] / "patchkit"
+    new = kit / "zz_new_helper_for_test.py"
+    patch = "from sm120patch.patchkit import zz_new_helper_for_test as z\n\ndef t(m):\n    return z.f(m)\n"
+    try:
+        new.write_text("def f(m):\n    return m\n")
+        codedigest.kit_modules.cache_clear()
+        assert "sm120patch.patchkit.zz_new_helper_for_test" in codedigest.kit_modules()
+        helpers = {name: codedigest._source(name) for name in codedigest.kit_modules()}
+        before = codedigest.digest_of(patch, helpers)
+        helpers["sm120patch.patchkit.zz_new_helper_for_test"] = "def f(m):\n    return None\n"
+        assert codedigest.digest_of(patch, helpers) != before
+    finally:
+        new.unlink(missing_ok=True)
+        codedigest.kit_modules.cache_clear()
 
 
 PYTHONS = sorted(

@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from patches_under_test import load_patch
 
-from sm120patch.patchkit.model import Patch, Status, transform_text
+from sm120patch.patchkit.model import Patch, Status
+from sm120patch.patchkit.runner import transform_text
 
 # A few seconds per property by default; SM120PATCH_EXAMPLES=500 for a thorough run.
 EXAMPLES = settings(

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trees import FLASHINFER_FILES, SGLANG_FILES
 
-from sm120patch.patchkit.model import _changed_statements, spliced_code, transform_text
+from sm120patch.patchkit.runner import _changed_statements, spliced_code, transform_text
 from sm120patch.plan import catalog
 
 

@@ -201,7 +201,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from sm120patch.patchkit.model import Status, transform_text
+from sm120patch.patchkit.model import Status
+from sm120patch.patchkit.runner import transform_text
 
 
 def load_patch():

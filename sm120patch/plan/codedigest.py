@@ -23,15 +23,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sm120patch.patchkit.model import Patch
 
-# The library code a patch's result may depend on besides its own module. The runner
-# (`transform_text`) is a root for every patch: it chains, compiles and re-runs them.
-HELPER_MODULES = (
-    "sm120patch.patchkit.operations",
-    "sm120patch.patchkit.syntax",
-    "sm120patch.patchkit.model",
-    "sm120patch.patchkit.facts",
-)
-RUNNER = ("sm120patch.patchkit.model", "transform_text")
+# The library code a patch's result may depend on besides its own module is the kit: every
+# module of sm120patch.patchkit, found on disk (a helper module added there is digested without
+# anyone listing it). The runner (`transform_text`) is a root for every patch: it chains,
+# compiles and re-runs them.
+KIT = "sm120patch.patchkit"
+RUNNER = (f"{KIT}.runner", "transform_text")
+
+
+@lru_cache(maxsize=1)
+def kit_modules() -> tuple[str, ...]:
+    """Every module of the kit, by name, read from its directory (nothing imported)."""
+    kit = Path(__file__).resolve().parents[1] / "patchkit"
+    return tuple(sorted(f"{KIT}.{p.stem}" for p in kit.glob("*.py") if p.stem != "__init__"))
 
 
 def source_key(patch: Patch) -> str:
@@ -76,7 +80,7 @@ def _patch_digest(patch: Patch) -> str:
     as its syntax tree without docstrings, so that a comment or a docstring, or an edit to a
     helper this patch does not use, leaves the digest (and every lock holding it) as it was."""
     module = sys.modules[patch.transform.__module__]
-    helpers = {name: _source(name) for name in HELPER_MODULES}
+    helpers = {name: _source(name) for name in kit_modules()}
     return digest_of(Path(module.__file__ or "").read_text(encoding="utf-8"), helpers)
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch import __version__
-from sm120patch.patchkit.model import FileResult, Outcome, Status
+from sm120patch.patchkit.model import Outcome, Status
+from sm120patch.patchkit.runner import FileResult
 
 if TYPE_CHECKING:
     from sm120patch.plan.catalog import Profile

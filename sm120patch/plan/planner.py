@@ -14,7 +14,8 @@ from pathlib import Path
 
 from sm120patch import targets
 from sm120patch.errors import Refused
-from sm120patch.patchkit.model import FileResult, Outcome, Patch, Status, refuse_all, transform_text
+from sm120patch.patchkit.model import Outcome, Patch, Status
+from sm120patch.patchkit.runner import FileResult, refuse_all, transform_text
 from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.targets import Target

@@ -21,7 +21,8 @@ from packaging.specifiers import SpecifierSet
 
 from sm120patch import targets
 from sm120patch.maintain import releases
-from sm120patch.patchkit.model import FileResult, Outcome, Patch, Status, transform_text
+from sm120patch.patchkit.model import Outcome, Patch, Status
+from sm120patch.patchkit.runner import FileResult, transform_text
 from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.planner import plan_target
