@@ -21,6 +21,7 @@ EXPECTED = (
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
+    from sm120patch.patchkit import arch
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
@@ -33,7 +34,7 @@ def transform(module: cst.Module) -> Result:
     checks = [
         stmt
         for stmt in func.body.body
-        if isinstance(stmt, cst.If) and h.mentions_sglang_arch(stmt.test)
+        if isinstance(stmt, cst.If) and arch.mentions_sglang_arch(stmt.test)
     ]
     if len(checks) != 1:
         found = "; ".join(f"`if {h.code(c.test)}`" for c in checks) or "no GPU-arch check"

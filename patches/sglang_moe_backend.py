@@ -47,6 +47,7 @@ QUANT_TARGETS = {
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
+    from sm120patch.patchkit import arch
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
@@ -89,7 +90,7 @@ def transform(module: cst.Module) -> Result:
     anchor = sm100[0]
     sm100_key = h.key(anchor.test)
     assert sm100_key is not None
-    sm120_key = h.sglang_arch_twin(sm100_key)
+    sm120_key = arch.sglang_arch_twin(sm100_key)
     assert sm120_key is not None
 
     # 3. An SM120 branch already there: ours (already applied) or someone else's (refused).

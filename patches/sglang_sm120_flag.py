@@ -44,6 +44,7 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
 
 
 def transform(module: cst.Module) -> Result:
+    from sm120patch.patchkit import arch
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
@@ -53,7 +54,7 @@ def transform(module: cst.Module) -> Result:
         if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
             return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
         cuda, sm100 = keys
-        sm120, needs = h.sglang_arch_twin(sm100), ARCH_FORMS[sm100]  # type: ignore[index]
+        sm120, needs = arch.sglang_arch_twin(sm100), ARCH_FORMS[sm100]  # type: ignore[index]
     else:
         cuda, sm120, needs = "", "", None  # add_module_flag refuses
     form = f"{cuda} and {sm120}"

@@ -77,10 +77,11 @@ class ArchGroup:
 
 def read_arch_group(group: cst.BaseExpression) -> ArchGroup:
     """The archs and the one spelling of `a or b or ...` (a lone check counts as a group)."""
+    from sm120patch.patchkit import arch
     from sm120patch.patchkit import syntax as h
 
     operands = h.or_operands(group) or [group]
-    found = [h.sglang_arch(op) for op in operands]
+    found = [arch.sglang_arch(op) for op in operands]
     if any(f is None for f in found):
         return ArchGroup((), "")
     forms = {f[1] for f in found if f is not None}
@@ -109,6 +110,7 @@ def widen_arch_or(
     that is not exactly the archs of `widen` in one of `forms`. The applied shape reads
     `<old> -> <new>`. `found` overrides the text quoted in a refusal.
     """
+    from sm120patch.patchkit import arch
     from sm120patch.patchkit import syntax as h
 
     read = read_arch_group(group)
@@ -124,7 +126,7 @@ def widen_arch_or(
         )
     if len(read.archs) != len(widen) or set(read.archs) != widen:  # any order
         return refused(site, expected, quoted)
-    new_group = h.widen_or(group, h.sglang_arch_check(SM120, read.form))  # type: ignore[arg-type]
+    new_group = h.widen_or(group, arch.sglang_arch_check(SM120, read.form))  # type: ignore[arg-type]
     new_module = h.replace(module, group, new_group, scope=scope)
     return applied(site, new_module, f"{shape} -> {h.code(new_group)}")  # type: ignore[arg-type]
 
