@@ -944,9 +944,9 @@ def pin_cmd(
     """Write a lock file freezing versions, patch digests and file hashes of PROFILE here."""
     from pathlib import Path
 
-    from sm120patch.plan import lockfile
+    from sm120patch.engine import pin
 
-    lock = lockfile.make(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
+    lock = pin.make(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
     Path(output).write_text(lock.to_toml(), encoding="utf-8")
     versions = ", ".join(f"{k} {v}" for k, v in lock.versions.items())
     click.echo(f"wrote {output}: {profile} on {versions}, {len(lock.files)} file(s)")

@@ -34,8 +34,8 @@ from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, Sm120Error
 from sm120patch.patchkit.model import Outcome
-from sm120patch.plan import catalog, planner
-from sm120patch.plan.planner import Plan, PlanRefused
+from sm120patch.plan import catalog, planner, plans
+from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target, files, procscan
 from sm120patch.targets.files import sha256
 
@@ -443,7 +443,7 @@ def _roll_back_all(ctxs: list[_Ctx], cause: BaseException) -> None:
 
 def _start_apply(
     ctx: _Ctx,
-    tp: planner.TargetPlan,
+    tp: plans.TargetPlan,
     profile: str,
     branch: str | None,
     txn: str,
@@ -501,7 +501,7 @@ def _start_time() -> str | None:
     return procscan.start_time(os.getpid())  # [signals] one /proc parser
 
 
-def _write_target(ctx: _Ctx, tp: planner.TargetPlan, journal: Journal, plan: Plan) -> TargetReport:
+def _write_target(ctx: _Ctx, tp: plans.TargetPlan, journal: Journal, plan: Plan) -> TargetReport:
     cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
     if journal.git is not None:
@@ -542,7 +542,7 @@ def _write_target(ctx: _Ctx, tp: planner.TargetPlan, journal: Journal, plan: Pla
     return report
 
 
-def _verify(ctx: _Ctx, tp: planner.TargetPlan, lock: Lock | None) -> None:
+def _verify(ctx: _Ctx, tp: plans.TargetPlan, lock: Lock | None) -> None:
     """The bytes on disk are exactly the planned text (and the lock's, when applying one).
 
     The plan already compiled that text and ran every patch on it again (each said
@@ -707,7 +707,7 @@ def revert_dry_run(
 ) -> Report:
     """The revert minus the writes: the same preflight refuses the same way; the report says
     what the revert would do, and `restores` is the diff of what it would write back."""
-    from sm120patch.plan.planner import diff_texts
+    from sm120patch.plan.diffs import diff_texts
 
     ctxs = _revert_targets(profile_name, paths)
     for ctx in ctxs:

@@ -88,12 +88,10 @@ def version_changed(target: Target, manifest: Manifest) -> bool:
     before, now = manifest.version, target.version
     if target.layout == "installed":
         return before != now
-    from packaging.version import InvalidVersion, Version
+    from sm120patch.patchkit import versions
 
-    try:
-        return Version(before).public != Version(now).public
-    except InvalidVersion:
-        return before != now
+    was, is_ = versions.own_release(before), versions.own_release(now)
+    return before != now if was is None or is_ is None else was != is_
 
 
 def assess(target: Target, st: TargetState | None = None) -> Assessment:

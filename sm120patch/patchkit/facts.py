@@ -14,17 +14,26 @@ used to restate this knowledge is derived from the facts:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from enum import Enum
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 
-from sm120patch.patchkit.model import Status
+from sm120patch.patchkit import versions
 
-if TYPE_CHECKING:
-    from sm120patch.patchkit.model import Patch
+
+class Status(str, Enum):
+    """What running a patch on a file gives, and what a fact says it must give there."""
+
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already-applied"
+    UPSTREAM = "upstream"
+    NOT_APPLICABLE = "not-applicable"
+    REFUSED = "refused"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -42,11 +51,7 @@ class Fact:
     def covers(self, version: str) -> bool:
         # A post release is its own release here (0.5.4.post3 already carries what 0.5.4
         # lacks); a checkout's local version (`0.5.9+12.gabc`) counts as its release.
-        try:
-            release = Version(Version(version).public)
-        except InvalidVersion:
-            return False
-        return SpecifierSet(self.releases).contains(release, prereleases=True)
+        return versions.contains(self.releases, versions.own_release(version))
 
     def describe(self) -> str:
         where = f"{self.file}" + (f"::{self.function}" if self.function else "")
@@ -66,31 +71,3 @@ def check(facts: Sequence[Fact]) -> list[str]:
         if not isinstance(f.status, Status):
             problems.append(f"fact {f.releases!r}: status {f.status!r} is not a Status")
     return problems
-
-
-def covering(facts: Iterable[Fact], version: str) -> list[Fact]:
-    return [f for f in facts if f.covers(version)]
-
-
-def markdown(patches: Iterable[Patch]) -> str:
-    """One table per patch: releases, outcome, file and function, shape (the README tables)."""
-    out: list[str] = []
-    for patch in patches:
-        out += [
-            f"`{patch.id}` ({patch.target}): {patch.title}",
-            "",
-            "| releases | outcome | where | shape |",
-            "|---|---|---|---|",
-        ]
-        for f in patch.facts:
-            where = f"`{f.file}`" + (f" `{f.function}`" if f.function else "") if f.file else ""
-            shape = f.shape.replace("|", "\\|")
-            out.append(f"| `{f.releases or '*'}` | {f.status.value} | {where} | {shape} |")
-        out.append("")
-    return "\n".join(out).rstrip("\n") + "\n"
-
-
-if __name__ == "__main__":  # `python -m sm120patch.patchkit.facts`: the README's per-site tables
-    from sm120patch.plan import catalog
-
-    print(markdown(catalog.load().patches.values()), end="")

@@ -11,24 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING, Any
+
+from sm120patch.patchkit.facts import Fact, Status
 
 if TYPE_CHECKING:
     import libcst as cst
 
-    from sm120patch.patchkit.facts import Fact
-
-
-class Status(str, Enum):
-    APPLIED = "applied"
-    ALREADY_APPLIED = "already-applied"
-    UPSTREAM = "upstream"
-    NOT_APPLICABLE = "not-applicable"
-    REFUSED = "refused"
-
-    def __str__(self) -> str:
-        return self.value
+# The two kinds of target a patch may name, in the order commands report them.
+TARGETS = ("sglang", "flashinfer")
 
 
 @dataclass(frozen=True)
@@ -115,14 +106,9 @@ class Patch:
             return True
         if not self.upstream_in:
             return False
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import InvalidVersion, Version
+        from sm120patch.patchkit import versions
 
-        try:
-            release = Version(Version(version).base_version)
-        except InvalidVersion:
-            return False
-        return SpecifierSet(self.upstream_in).contains(release, prereleases=True)
+        return versions.contains(self.upstream_in, versions.base_release(version))
 
     def pick_file(self, read: Callable[[str], str | None]) -> str | None:
         """The candidate file holding this site; `read` returns None for a missing file."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from sm120patch.errors import UsageError
-from sm120patch.plan.catalog import TARGETS
+from sm120patch.patchkit.model import TARGETS
 
 ID_RE = re.compile(r"^[a-z][a-z0-9]*(?:[.-][a-z0-9]+)+$")
 

@@ -25,8 +25,9 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sm120patch.errors import UsageError
+from sm120patch.patchkit import versions
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Status
+from sm120patch.patchkit.model import TARGETS, Patch, Status
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
@@ -35,12 +36,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PROFILES_SCHEMA = 1
-TARGETS = ("sglang", "flashinfer")
 
 
 def release_of(version: str) -> Version:
-    """The release a version counts as for pins: 0.5.9.dev12+gabc and 0.5.9.post1 count as 0.5.9."""
-    return Version(Version(version).base_version)
+    """The release a version counts as for pins (`versions.base_release`); raises
+    InvalidVersion for a string that is not a version."""
+    release = versions.base_release(version)
+    if release is None:
+        raise InvalidVersion(version)
+    return release
 
 
 @dataclass(frozen=True)

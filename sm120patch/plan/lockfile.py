@@ -133,7 +133,7 @@ class Lock:
         return Plan(profile, plans, sorted(outcomes, key=lambda o: order.get(o.patch, 0)))
 
 
-def _digests(ids: Any, known: Lock | None = None) -> tuple[dict[str, str], dict[str, str]]:
+def patch_digests(ids: Any, known: Lock | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """Each patch's digest and source key. Where `known` (the lock being checked) has this
     very source key, its digest is this code's digest: equal bytes of every module the digest
     reads compute it equal, and a fleet node need not walk the trees again (a tenth of a
@@ -174,7 +174,7 @@ def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> L
                               "after": _sha(text),
                               "diff": diff_texts(f.file, before, text)})  # fmt: skip
                 before = text
-    digests, sources = _digests(plan.profile.patches, known)
+    digests, sources = patch_digests(plan.profile.patches, known)
     return Lock(
         profile=plan.profile.name,
         versions={tp.target.kind: tp.target.version for tp in plan.targets},
@@ -183,61 +183,6 @@ def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> L
         steps=reviewed,
         sources=sources,
     )
-
-
-def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
-    """The lock of `profile_name` on the trees at `paths`.
-
-    A reference box is usually patched already: where the profile is applied (checked from the
-    bytes), the lock records the applied state from its manifest; on pristine trees (or where
-    the patch is gone) it records what the plan would write.
-    """
-    from sm120patch.engine import assess
-    from sm120patch.plan import planner
-
-    cat = catalog.load()
-    profile = cat.profile(profile_name)
-    found = planner.resolve_targets(profile, paths)
-    outside = planner.check_pins(profile, found)
-    if outside and not force:
-        raise Refused("; ".join(outside), "use a pinned release, or --force to pin anyway")
-    states = {s.target.kind: s for s in assess.status(paths) if s.target.kind in profile.targets}
-    applied = [s for s in states.values() if s.state == assess.APPLIED]
-    for s in states.values():
-        if s.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):
-            continue
-        if s.state == assess.APPLIED and s.profile == profile.name:
-            continue
-        raise Refused(
-            f"{s.target.root}: {s.assessment.message}",
-            "pin on trees where this profile is applied or nothing is",
-        )
-    if applied and len(applied) != len(found):
-        raise Refused(
-            f"profile {profile.name} is applied on some of its targets only",
-            f"apply it everywhere (`sm120patch apply {profile.name}`), then pin",
-        )
-    if applied:
-        files = [
-            {"target": s.target.kind, "path": f.module, "before": f.before, "after": f.after}
-            for s in applied
-            for f in (s.assessment.manifest.files if s.assessment.manifest else ())
-        ]
-        digests, sources = _digests(profile.patches)
-        return Lock(
-            profile=profile.name,
-            versions={s.target.kind: s.target.version for s in applied},
-            patches=digests,
-            files=files,
-            sources=sources,
-        )
-    lock = from_plan(planner.checked(profile.name, paths, force=True))
-    if not lock.files:
-        raise Refused(
-            f"profile {profile.name} changes no file here (every site is already SM120-ready)",
-            "nothing to pin on these releases",
-        )
-    return lock
 
 
 def _sha(text: str) -> str:

@@ -29,7 +29,7 @@ from sm120patch.patchkit.runner import FileResult
 
 if TYPE_CHECKING:
     from sm120patch.plan.catalog import Profile
-    from sm120patch.plan.planner import TargetPlan
+    from sm120patch.plan.plans import TargetPlan
     from sm120patch.targets import Target
 
 ENV = "SM120PATCH_PLAN_CACHE"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from sm120patch import targets
@@ -18,58 +17,8 @@ from sm120patch.patchkit.model import Outcome, Patch, Status
 from sm120patch.patchkit.runner import FileResult, refuse_all, transform_text
 from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
+from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
-
-
-class PlanRefused(Refused):
-    """The plan has refused sites; nothing was touched."""
-
-    def __init__(self, plan: Plan) -> None:
-        lines = [o.describe() for o in plan.refused]
-        super().__init__(
-            f"profile {plan.profile.name} refused at {len(lines)} site(s): " + "; ".join(lines),
-            "nothing was changed; see `sm120patch apply PROFILE --dry-run` for every site",
-            {"outcomes": [o.to_dict() for o in plan.outcomes]},
-        )
-        self.plan = plan
-
-
-@dataclass
-class TargetPlan:
-    target: Target
-    files: list[FileResult] = field(default_factory=list)
-
-    @property
-    def changed(self) -> list[FileResult]:
-        return [f for f in self.files if f.changed]
-
-
-@dataclass
-class Plan:
-    profile: Profile
-    targets: list[TargetPlan]
-    outcomes: list[Outcome]
-    outside_pins: list[str] = field(default_factory=list)
-
-    @property
-    def refused(self) -> list[Outcome]:
-        return [o for o in self.outcomes if o.status is Status.REFUSED]
-
-    @property
-    def applies(self) -> list[Outcome]:
-        return [o for o in self.outcomes if o.status is Status.APPLIED]
-
-    def diff(self) -> str:
-        return "".join(unified_diff(tp.target, f) for tp in self.targets for f in tp.changed)
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "profile": self.profile.name,
-            "targets": [tp.target.to_dict() for tp in self.targets],
-            "outside_pins": self.outside_pins,
-            "outcomes": [o.to_dict() for o in self.outcomes],
-            "diff": self.diff(),
-        }
 
 
 def checked(
@@ -355,73 +304,3 @@ def _with_note(patch: Patch, target: Target, outcome: Outcome) -> Outcome:
         return outcome
     texts = [text for spec, text in patch.notes if SpecifierSet(spec).contains(release, True)]
     return replace(outcome, note=" ".join(texts)) if texts else outcome
-
-
-def unified_diff(target: Target, result: FileResult) -> str:
-    """A `git apply`-able diff of one file, paths relative to the target root."""
-    return diff_texts(target.rel(result.file), result.before, result.after)
-
-
-def diff_texts(rel: str, before: str, after: str) -> str:
-    """A `git apply`-able diff of one file's two texts, `a/` and `b/` prefixed."""
-    import difflib
-
-    lines = []
-    old, new = _lines(before), _lines(after)
-    for line in difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}"):
-        if not line.endswith("\n"):
-            # The file's last line has no newline: say so the way git does.
-            line += "\n\\ No newline at end of file\n"
-        lines.append(line)
-    if not lines:
-        return ""
-    return f"diff --git a/{rel} b/{rel}\n" + "".join(lines)
-
-
-def apply_diff(before: str, diff: str) -> str | None:
-    """`before` with one of `diff_texts`'s diffs applied, or None where its context does not
-    match exactly (then the caller plans instead: a wrong text is never guessed)."""
-    import re
-
-    old = _lines(before)
-    out: list[str] = []
-    at = 0  # next line of `old` not yet copied
-    lines = diff.split("\n")
-    i = 0
-    while i < len(lines) and not lines[i].startswith("@@"):
-        i += 1
-    while i < len(lines):
-        head = re.match(r"@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", lines[i])
-        if head is None:
-            return None
-        start = int(head[1]) - (0 if head[2] == "0" else 1)
-        if start < at:
-            return None
-        out.extend(old[at:start])
-        at = start
-        i += 1
-        while i < len(lines) and not lines[i].startswith("@@"):
-            line = lines[i]
-            eol = "\n"
-            if i + 1 < len(lines) and lines[i + 1] == "\\ No newline at end of file":
-                eol = ""
-            if line.startswith((" ", "-")):
-                if at >= len(old) or old[at] != line[1:] + eol:
-                    return None
-                if line[0] == " ":
-                    out.append(old[at])
-                at += 1
-            elif line.startswith("+"):
-                out.append(line[1:] + eol)
-            elif line and not line.startswith("\\"):
-                return None
-            i += 1
-    out.extend(old[at:])
-    return "".join(out)
-
-
-def _lines(text: str) -> list[str]:
-    """Lines split on \\n only, as git sees them (str.splitlines also splits on \\f, \\r, ...)."""
-    import re
-
-    return re.findall(r"[^\n]*\n|[^\n]+$", text)

@@ -20,6 +20,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sm120patch.errors import Sm120Error, UsageError
+from sm120patch.patchkit import versions
 
 if TYPE_CHECKING:
     from sm120patch.trial import gpu
@@ -117,10 +118,8 @@ def _in(spec: str, value: str | int) -> bool:
 
 def _release(version: str) -> str:
     """0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as the pins do."""
-    try:
-        return ".".join(str(p) for p in Version(version).release)
-    except InvalidVersion:
-        return version
+    release = versions.base_release(version)
+    return version if release is None else str(release)
 
 
 def _names(value: Any) -> list[str]:

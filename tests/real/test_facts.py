@@ -13,6 +13,7 @@ from expected import FACTS, judged, pinned_by
 from packaging.specifiers import SpecifierSet
 from realcache import release_set
 
+from sm120patch.maintain import tables
 from sm120patch.patchkit import facts
 from sm120patch.patchkit.model import Status
 from sm120patch.plan import catalog
@@ -69,8 +70,8 @@ def test_readme_tables_are_the_facts() -> None:
     text = README.read_text(encoding="utf-8")
     found = re.search(r"<!-- facts:begin -->\n(.*?)<!-- facts:end -->", text, re.S)
     assert found, "README has no <!-- facts:begin --> ... <!-- facts:end --> section"
-    want = facts.markdown(catalog.load().patches.values())
+    want = tables.markdown(catalog.load().patches.values())
     assert found.group(1) == want, (
         "README per-site tables differ from the patches' FACTS; regenerate with "
-        "`python -m sm120patch.patchkit.facts` and paste between the markers"
+        "`python -m sm120patch.maintain.tables` and paste between the markers"
     )
