@@ -7,7 +7,7 @@ from typing import Any
 
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
-from sm120patch.plan.lockfile import Lock, patch_digests, from_plan
+from sm120patch.plan.lockfile import Lock, from_plan, patch_digests
 
 
 def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
