@@ -336,7 +336,7 @@ def apply_cmd(
     as_json: bool,
 ) -> None:
     """Apply PROFILE (moe, fusion, all) to SGLang and FlashInfer."""
-    from sm120patch import engine
+    from sm120patch.engine import apply
     from sm120patch.trial import gpu
 
     paths = {"sglang": sglang, "flashinfer": flashinfer}
@@ -347,7 +347,7 @@ def apply_cmd(
     print_known(profile, paths, err=dry_run, quiet=as_json, probe=probe)  # issue 11
     if dry_run:
         # The apply minus the writes: the same preflight refuses the same way.
-        prep = engine.dry_run(profile, paths, force=force, check_plan=check_plan, lock=lock)
+        prep = apply.dry_run(profile, paths, force=force, check_plan=check_plan, lock=lock)
         gpu_doc = None
         if not no_gpu_check:
             found = probe()
@@ -373,7 +373,7 @@ def apply_cmd(
         if not prep.nothing_to_do:
             click.echo(plan.diff(), nl=False)
         return
-    report = engine.apply(
+    report = apply.apply(
         profile,
         paths,
         force=force,
@@ -418,11 +418,11 @@ def ensure_cmd(
 ) -> None:
     """For service start-up: exit 0 when the trees are exactly as wanted (applying first if
     they are pristine or the patch is gone), exit 1 changing nothing otherwise."""
-    from sm120patch import engine
+    from sm120patch.engine import ensure
     from sm120patch.trial import gpu
 
     profile, lock, check_plan = _lock_for(profile, locked)
-    report = engine.ensure(
+    report = ensure.ensure(
         profile,
         {"sglang": sglang, "flashinfer": flashinfer},
         force=force,
@@ -466,14 +466,14 @@ def revert_cmd(
     as_json: bool,
 ) -> None:
     """Revert PROFILE, or --all: every touched file back byte for byte."""
-    from sm120patch import engine
+    from sm120patch.engine import revert
     from sm120patch.errors import UsageError
 
     if bool(profile) == all_:
         raise UsageError("give exactly one of PROFILE or --all")
     if dry_run:
         paths = {"sglang": sglang, "flashinfer": flashinfer}
-        report = engine.revert_dry_run(None if all_ else profile, paths, force=force)
+        report = revert.revert_dry_run(None if all_ else profile, paths, force=force)
         if as_json:
             emit_json(report.to_dict())
             return
@@ -486,7 +486,7 @@ def revert_cmd(
                            f"{len(t.files)} file(s)", err=True)  # fmt: skip
         click.echo(report.restores, nl=False)
         return
-    report = engine.revert(
+    report = revert.revert(
         None if all_ else profile,
         {"sglang": sglang, "flashinfer": flashinfer},
         force=force,
@@ -549,9 +549,9 @@ def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
 @json_option
 def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """Finish an interrupted apply (roll back) or revert (roll forward)."""
-    from sm120patch import engine
+    from sm120patch.engine import recover
 
-    report = engine.recover({"sglang": sglang, "flashinfer": flashinfer})
+    report = recover.recover({"sglang": sglang, "flashinfer": flashinfer})
     if as_json:
         emit_json(report.to_dict())
         return

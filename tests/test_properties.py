@@ -512,6 +512,7 @@ def test_engine_apply_then_revert_is_the_identity(source):
     from trees import make_tree
 
     from sm120patch import engine
+    from sm120patch.engine import apply, revert
 
     with tempfile.TemporaryDirectory() as tmp:
         sg = make_tree(Path(tmp), "sglang", "0.5.8", "installed")
@@ -519,15 +520,15 @@ def test_engine_apply_then_revert_is_the_identity(source):
         path.write_bytes(source.encode())
         paths = {"sglang": sg}
         try:
-            report = engine.apply("moe", paths)
+            report = apply.apply("moe", paths)
         except engine.PlanRefused:
             event("engine: refused")
             assert path.read_bytes() == source.encode()
             return
         assert report.action == "applied"
-        again = engine.apply("moe", paths)
+        again = apply.apply("moe", paths)
         assert again.action == "nothing-to-do"
-        engine.revert("moe", paths)
+        revert.revert("moe", paths)
         assert path.read_bytes() == source.encode()
 
 

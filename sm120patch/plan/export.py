@@ -11,7 +11,8 @@ from sm120patch import __version__
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import Patch
 from sm120patch.plan import catalog
-from sm120patch.plan.planner import Plan, diff_texts
+from sm120patch.plan.diffs import diff_texts
+from sm120patch.plan.plans import Plan
 
 AUTHOR = "sm120patch <sm120patch@localhost>"
 

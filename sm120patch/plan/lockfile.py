@@ -93,8 +93,9 @@ class Lock:
         """The plan this lock records, on `found` targets whose files have the locked
         before-hashes; None (plan instead) where anything does not match exactly."""
         from sm120patch.patchkit.model import Outcome, Status
+        from sm120patch.plan.diffs import apply_diff
         from sm120patch.plan.plancache import CachedFileResult
-        from sm120patch.plan.planner import Plan, TargetPlan, apply_diff
+        from sm120patch.plan.plans import Plan, TargetPlan
 
         if not self.steps or {t.kind for t in found} != set(self.versions):
             return None
@@ -163,7 +164,7 @@ def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> L
         for tp in plan.targets
         for f in tp.changed
     ]
-    from sm120patch.plan.planner import diff_texts
+    from sm120patch.plan.diffs import diff_texts
 
     reviewed = []
     for tp in plan.targets if steps else ():

@@ -184,11 +184,11 @@ def box_of(
 ) -> Box:
     """This box, as known.toml's conditions read it. `probe`: how to read the GPUs (a command
     that also checks them passes its own, so that NVML starts once: a tenth of a second)."""
-    from sm120patch import engine
+    from sm120patch.engine import assess
     from sm120patch.trial import gpu as nvml  # imported here: most commands never read known.toml
 
     try:
-        versions = {s.target.kind: s.target.version for s in engine.status(paths)}
+        versions = {s.target.kind: s.target.version for s in assess.status(paths)}
     except Sm120Error:
         versions = {}
     found = (probe or nvml.probe)()
@@ -214,10 +214,10 @@ def box_of(
 def history(paths: Mapping[str, str | Path | None]) -> list[dict[str, Any]]:
     """Every recorded trial on these targets, once each (a trial of a profile spanning SGLang
     and FlashInfer is kept on both), oldest first."""
-    from sm120patch import engine
+    from sm120patch.engine import assess
 
     seen: dict[str, dict[str, Any]] = {}
-    for status in engine.status(paths):
+    for status in assess.status(paths):
         for t in status.trials:
             key = t.get("id") or f"{t.get('started')}:{t.get('profile')}"
             seen.setdefault(key, t)

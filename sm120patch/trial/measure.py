@@ -13,7 +13,7 @@ GPU, ask the greedy probe prompts (first run of each side), stop the group. Then
   two sides): `kept` (exit 0); a gain of `min_gain` that the noise swallows:
   `reverted-noise` (exit 5); less: `reverted-slower` (exit 5).
 
-Every trial is recorded with both sides in the trial history (`engine.record_trial`).
+Every trial is recorded with both sides in the trial history (`trials.record_trial`).
 The engine never prints: server output goes to `on_line`, progress to `on_event`.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sm120patch import engine
+from sm120patch.engine import apply, assess, revert, trials
 from sm120patch.errors import Refused, UsageError
 from sm120patch.trial import gpu, loadgen, sanity, serve
 
@@ -181,7 +181,7 @@ def check_options(opts: Options) -> None:
 
 
 def _applied_profiles(paths: Mapping[str, str | Path | None]) -> set[str]:
-    return {s.profile for s in engine.status(paths) if s.profile}
+    return {s.profile for s in assess.status(paths) if s.profile}
 
 
 def run(
@@ -218,7 +218,7 @@ def run(
 
         planner.checked(profile, paths, force=force)  # refuse now, not after the baseline ran
     result = MeasuredTrial(profile, list(command), asdict(opts), time.time())
-    result.versions = {s.target.kind: s.target.version for s in engine.status(paths)}
+    result.versions = {s.target.kind: s.target.version for s in assess.status(paths)}
     probe = gpu.probe()
     result.gpu_names = [g.name for g in probe.gpus]
     result.gpu_family = probe.family
@@ -229,9 +229,9 @@ def run(
             for side in ("baseline", "patched"):
                 want = side == "patched"
                 if want and not is_applied:
-                    engine.apply(profile, paths, force=force)
+                    apply.apply(profile, paths, force=force)
                 elif not want and is_applied:
-                    engine.revert(profile, paths)
+                    revert.revert(profile, paths)
                 is_applied = want
                 on_event(f"{side} run {round_ + 1} of {opts.repeat}")
                 one = _one_run(side, round_, command, opts, on_line, log, first=round_ == 0)
@@ -247,7 +247,7 @@ def run(
         # A refusal between runs (a benchmark that fails, an apply that refuses): never leave
         # the profile applied by a trial that did not finish.
         if is_applied:
-            engine.revert(profile, paths)
+            revert.revert(profile, paths)
         raise
     finally:
         if log:
@@ -255,12 +255,12 @@ def run(
     if result.verdict != "interrupted":
         _decide(result, opts)
     if result.verdict != "kept" and is_applied:
-        engine.revert(profile, paths)
+        revert.revert(profile, paths)
         result.reverted = True
     elif result.verdict == "kept" and not is_applied:  # pragma: no cover - ABAB ends patched
-        engine.apply(profile, paths, force=force)
+        apply.apply(profile, paths, force=force)
     result.ended = time.time()
-    engine.record_trial(paths, profile, result.to_dict())
+    trials.record_trial(paths, profile, result.to_dict())
     if result.verdict == "interrupted":
         raise KeyboardInterrupt
     return result

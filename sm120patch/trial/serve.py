@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm120patch import engine
+from sm120patch.engine import apply, revert, trials
 from sm120patch.errors import Refused, TrialCrashed, UsageError
 
 TAIL_LINES = 60
@@ -236,7 +236,7 @@ def run(
     # Before anything is applied: an unwritable log is a usage error, not a patched tree left
     # behind by a crash.
     log = open_log(log_path)
-    report = engine.apply(profile, paths, force=force, preconditions=preconditions)
+    report = apply.apply(profile, paths, force=force, preconditions=preconditions)
     we_applied = report.action == "applied"
     started = time.time()
     try:
@@ -245,7 +245,7 @@ def run(
         if log:
             log.close()
         if we_applied:
-            engine.revert(profile, paths)
+            revert.revert(profile, paths)
         raise
     watcher = _Watcher(proc, pattern, on_line, log)
     sampler = _PowerSampler() if sample_power else None
@@ -273,9 +273,9 @@ def run(
         sig = diagnose(result.tail)
         result.signature = asdict(sig) if sig else None
         if we_applied:
-            engine.revert(profile, paths, force=False)
+            revert.revert(profile, paths, force=False)
             result.reverted = True
-    engine.record_trial(paths, profile, result.to_dict())
+    trials.record_trial(paths, profile, result.to_dict())
     if verdict == "interrupted":
         raise KeyboardInterrupt
     if not result.ok:

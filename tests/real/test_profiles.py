@@ -16,7 +16,9 @@ from realcache import RealReleases, SiteCase, chain_of, release_set
 
 from sm120patch.patchkit.model import Status
 from sm120patch.plan import catalog
-from sm120patch.plan.planner import Plan, plan, unified_diff
+from sm120patch.plan.diffs import unified_diff
+from sm120patch.plan.planner import plan
+from sm120patch.plan.plans import Plan
 
 pytestmark = pytest.mark.real
 
