@@ -4,7 +4,7 @@ A fact names a range of releases (a PEP 440 specifier on the release, so 0.5.9.p
 0.5.9), the shape of the code there and the outcome the patch must give. Everything else that
 used to restate this knowledge is derived from the facts:
 
-- `Patch.shapes` (what `sm120patch show` prints) and the per-site tables of the README;
+- `Patch.shapes` (what `sm120patch show` prints) and the per-site tables of docs/compatibility.md;
 - where a profile accepts a missing site (`not-applicable` facts: `Profile.absent_ok`);
 - where an `already-applied` reading means the release itself carries the change (`upstream`
   facts: `Patch.upstream_at`);
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 class Fact:
     releases: str  # PEP 440 specifier on the release
     status: Status
-    shape: str  # the code at the site in these releases, in words (for show and the README)
+    shape: str  # the code at the site in these releases, in words (show, docs/compatibility.md)
     file: str | None = None  # relative to the package's parent; None where the site is absent
     function: str | None = None  # qualified name of the function holding the site
     form: str = ""  # the spelling at the site, where the real tier's checks depend on it
@@ -73,7 +73,7 @@ def covering(facts: Iterable[Fact], version: str) -> list[Fact]:
 
 
 def markdown(patches: Iterable[Patch]) -> str:
-    """One table per patch: releases, outcome, file and function, shape (the README tables)."""
+    """One table per patch: releases, outcome, file and function, shape (docs/compatibility.md)."""
     out: list[str] = []
     for patch in patches:
         out += [
@@ -90,7 +90,7 @@ def markdown(patches: Iterable[Patch]) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-if __name__ == "__main__":  # `python -m sm120patch.facts`: the README's per-site tables
+if __name__ == "__main__":  # `python -m sm120patch.facts`: docs/compatibility.md, Sites
     from sm120patch import catalog
 
     print(markdown(catalog.load().patches.values()), end="")
