@@ -4,7 +4,7 @@ A fact names a range of releases (a PEP 440 specifier on the release, so 0.5.9.p
 0.5.9), the shape of the code there and the outcome the patch must give. Everything else that
 used to restate this knowledge is derived from the facts:
 
-- `Patch.shapes` (what `sm120patch show` prints) and the per-site tables of the README;
+- `Patch.shapes` (what `sm120patch show` prints) and the per-site tables of docs/compatibility.md;
 - where a profile accepts a missing site (`not-applicable` facts: `Profile.absent_ok`);
 - where an `already-applied` reading means the release itself carries the change (`upstream`
   facts: `Patch.upstream_at`);
@@ -40,7 +40,7 @@ class Status(str, Enum):
 class Fact:
     releases: str  # PEP 440 specifier on the release
     status: Status
-    shape: str  # the code at the site in these releases, in words (for show and the README)
+    shape: str  # the code at the site in these releases, in words (show, docs/compatibility.md)
     file: str | None = None  # relative to the package's parent; None where the site is absent
     function: str | None = None  # qualified name of the function holding the site
     form: str = ""  # the spelling at the site, where the real tier's checks depend on it
@@ -71,3 +71,34 @@ def check(facts: Sequence[Fact]) -> list[str]:
         if not isinstance(f.status, Status):
             problems.append(f"fact {f.releases!r}: status {f.status!r} is not a Status")
     return problems
+<<<<<<< HEAD:sm120patch/patchkit/facts.py
+=======
+
+
+def covering(facts: Iterable[Fact], version: str) -> list[Fact]:
+    return [f for f in facts if f.covers(version)]
+
+
+def markdown(patches: Iterable[Patch]) -> str:
+    """One table per patch: releases, outcome, file and function, shape (docs/compatibility.md)."""
+    out: list[str] = []
+    for patch in patches:
+        out += [
+            f"`{patch.id}` ({patch.target}): {patch.title}",
+            "",
+            "| releases | outcome | where | shape |",
+            "|---|---|---|---|",
+        ]
+        for f in patch.facts:
+            where = f"`{f.file}`" + (f" `{f.function}`" if f.function else "") if f.file else ""
+            shape = f.shape.replace("|", "\\|")
+            out.append(f"| `{f.releases or '*'}` | {f.status.value} | {where} | {shape} |")
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":  # `python -m sm120patch.facts`: docs/compatibility.md, Sites
+    from sm120patch import catalog
+
+    print(markdown(catalog.load().patches.values()), end="")
+>>>>>>> operator:sm120patch/facts.py

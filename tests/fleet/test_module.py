@@ -31,7 +31,6 @@ from sm120patch.plan import lockfile
 pytestmark = [pytest.mark.real, pytest.mark.fleet]
 
 
-
 def _module():
     """The module file itself, imported as Python, for its parser of the tool's errors."""
     spec = importlib.util.spec_from_file_location(
@@ -287,7 +286,17 @@ def test_collection_documents_its_arguments_and_builds(fleet: Fleet, tmp_path: P
     assert doc.returncode == 0, doc.stderr
     options = json.loads(doc.stdout)[FQCN]["doc"]["options"]
     assert sorted(options) == sorted(
-        ["profile", "lock", "state", "sglang", "flashinfer", "python", "force", "gpu_check"]
+        [
+            "profile",
+            "lock",
+            "lock_content",
+            "state",
+            "sglang",
+            "flashinfer",
+            "python",
+            "force",
+            "gpu_check",
+        ]
     )
     built = subprocess.run(
         [
