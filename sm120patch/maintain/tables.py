@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def markdown(patches: Iterable[Patch]) -> str:
-    """One table per patch: releases, outcome, file and function, shape (the README tables)."""
+    """One table per patch: releases, outcome, file and function, shape (docs/compatibility.md)."""
     out: list[str] = []
     for patch in patches:
         out += [

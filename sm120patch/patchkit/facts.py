@@ -71,34 +71,3 @@ def check(facts: Sequence[Fact]) -> list[str]:
         if not isinstance(f.status, Status):
             problems.append(f"fact {f.releases!r}: status {f.status!r} is not a Status")
     return problems
-<<<<<<< HEAD:sm120patch/patchkit/facts.py
-=======
-
-
-def covering(facts: Iterable[Fact], version: str) -> list[Fact]:
-    return [f for f in facts if f.covers(version)]
-
-
-def markdown(patches: Iterable[Patch]) -> str:
-    """One table per patch: releases, outcome, file and function, shape (docs/compatibility.md)."""
-    out: list[str] = []
-    for patch in patches:
-        out += [
-            f"`{patch.id}` ({patch.target}): {patch.title}",
-            "",
-            "| releases | outcome | where | shape |",
-            "|---|---|---|---|",
-        ]
-        for f in patch.facts:
-            where = f"`{f.file}`" + (f" `{f.function}`" if f.function else "") if f.file else ""
-            shape = f.shape.replace("|", "\\|")
-            out.append(f"| `{f.releases or '*'}` | {f.status.value} | {where} | {shape} |")
-        out.append("")
-    return "\n".join(out).rstrip("\n") + "\n"
-
-
-if __name__ == "__main__":  # `python -m sm120patch.facts`: docs/compatibility.md, Sites
-    from sm120patch import catalog
-
-    print(markdown(catalog.load().patches.values()), end="")
->>>>>>> operator:sm120patch/facts.py
