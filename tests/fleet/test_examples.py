@@ -32,7 +32,8 @@ from fleetkit import (
     snapshot,
 )
 
-from sm120patch import __version__, lockfile
+from sm120patch import __version__
+from sm120patch.plan import lockfile
 
 pytestmark = pytest.mark.fleet
 real = pytest.mark.real
