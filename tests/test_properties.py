@@ -1,4 +1,4 @@
-"""Property tests (issue 6, item 4): formatting variants of every site (comments inside the
+"""Property tests: formatting variants of every site (comments inside the
 condition, extra parentheses, line breaks, trailing commas, operand order, aliased imports,
 `from x import (a,\\n b)` shapes, CRLF). Whatever the variant, a patch either applies exactly
 its intended change (checked on the `ast` syntax tree: the patched tree equals the original

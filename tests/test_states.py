@@ -1,4 +1,4 @@
-"""Every verdict from the files on disk (issue 9): each state of a target reached the way a user
+"""Every verdict from the files on disk: each state of a target reached the way a user
 reaches it (a reinstall, an upgrade, a branch switch, a deleted branch, a commit on the user's
 branch), each command's verdict checked against the bytes; the dry run against the apply on
 every refusal; ensure in each state; the smaller truths found on the way."""
@@ -127,7 +127,7 @@ def test_a_lock_applies_again_over_a_reinstall_and_proves_its_result(pair, tmp_p
     code, out, _ = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 0 and "already exactly as" in out
     reinstall(sg, layout, "sglang", SERVER_ARGS, original)
-    # Before issue 9 this exited 0 over pristine files: now it patches them again.
+    # An ensure over pristine files (a reinstall) patches them again, it does not exit 0.
     code, out, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 0, err
     assert hashlib.sha256(sa.read_bytes()).hexdigest() in locked_after

@@ -1,4 +1,5 @@
-"""The state of a target, decided every time from what is on disk (DESIGN.md s3, "states").
+"""The state of a target, decided every time from what is on disk (docs/ARCHITECTURE.md lists
+the states).
 
 A manifest says what sm120patch once did; only the bytes say what the server will run. Each
 touched file's sha256 is compared with the manifest's before/after hashes, the installed
