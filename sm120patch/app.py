@@ -85,7 +85,10 @@ class Session:
             return None
         from sm120patch.trial import gpu
 
-        return lambda: gpu.require_sm120(self.probe())
+        def check() -> None:
+            gpu.require_sm120(self.probe())
+
+        return check
 
     def known_lines(self, profile: str | None, command: list[str] | None = None) -> list[str]:
         """The known outcomes and the trials measured here that match this box."""

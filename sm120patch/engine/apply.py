@@ -375,8 +375,8 @@ def _start_apply(
     # The journal comes first: a kill while copying then finds the files still pristine.
     ctx.state.write_journal(journal)
     if ctx.layout.keeps_pristine():
-        for f in files:
-            ctx.state.keep_copy("pristine", f.path, ctx.path(f.path).read_bytes())
+        for record in files:
+            ctx.state.keep_copy("pristine", record.path, ctx.path(record.path).read_bytes())
             interrupts.kill_point("after-copy")
     interrupts.kill_point("after-journal")
     return journal

@@ -72,10 +72,10 @@ def ensure(
         lock=lock,
     )  # fmt: skip
     for ctx in ctxs:  # the same targets, their bytes read again after the apply
-        found = ctx.assess()
-        if found.state != assess.APPLIED or found.profile != profile.name:
+        now = ctx.assess()
+        if now.state != assess.APPLIED or now.profile != profile.name:
             raise Refused(
-                f"{ctx.target.root}: {found.message}",
+                f"{ctx.target.root}: {now.message}",
                 "see `sm120patch status`",
             )
     return report

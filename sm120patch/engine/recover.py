@@ -16,14 +16,14 @@ from sm120patch.engine.revert import finish_revert
 from sm120patch.engine.run import TargetRun, locked, remove_temps
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, Sm120Error
-from sm120patch.plan import catalog
+from sm120patch.patchkit.model import TARGETS
 
 
 def recover(paths: Mapping[str, str | Path | None]) -> Report:
     """Finish what a killed run left: roll an apply back, roll a revert forward."""
     found = [
         targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
-        for kind in catalog.TARGETS
+        for kind in TARGETS
     ]
     ctxs = _with_peers([TargetRun(t) for t in found if t is not None])
     reports = []

@@ -22,6 +22,7 @@ from sm120patch.engine.run import (
     start_time,
 )
 from sm120patch.errors import Refused
+from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog
 from sm120patch.targets import procscan
 
@@ -135,7 +136,7 @@ def revert_dry_run(
 def _revert_targets(
     profile_name: str | None, paths: Mapping[str, str | Path | None]
 ) -> list[TargetRun]:
-    kinds = catalog.TARGETS if profile_name is None else catalog.load().profile(
+    kinds = TARGETS if profile_name is None else catalog.load().profile(
         profile_name).targets  # fmt: skip
     found = [targets.find_quiet(k, paths.get(k), required=paths.get(k) is not None) for k in kinds]
     return [TargetRun(t) for t in found if t is not None]
@@ -218,7 +219,7 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
 def _drift_diff(ctx: TargetRun, drifted: list[FileRecord]) -> str:
     import difflib
 
-    out = []
+    out: list[str] = []
     for f in drifted:
         ours = (ctx.state.copy("patched", f.path) or b"").decode("utf-8", "replace")
         now = ctx.path(f.path).read_bytes().decode("utf-8", "replace")

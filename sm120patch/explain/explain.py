@@ -77,7 +77,7 @@ def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float 
             result.get("fatal", f"the probe exited {proc.returncode}"),
             f"check that {python} is the interpreter SGLang runs in (or pass --python PATH)",
         )
-    return result
+    return dict(result)
 
 
 def module_name(file: str) -> str:
@@ -158,8 +158,7 @@ class Sides:
 def sides(target: Target, directory: Path) -> Sides:
     files = applied_files(target)
     if files is None:
-        texts = patched_texts(target)
-        return Sides(False, patched=write_overlay(texts, directory / "patched"))
+        return Sides(False, patched=write_overlay(patched_texts(target), directory / "patched"))
     texts: dict[str, str | bytes] = {}
     for f in files:
         data = pristine_bytes(target, f["path"])

@@ -348,7 +348,7 @@ def select(
     chosen = {v for v in matched if posts or not v.is_postrelease}
     if posts is not None:
         return [str(v) for v in sorted(chosen)]
-    latest: dict[tuple, Version] = {}
+    latest: dict[object, Version] = {}  # keyed by the release without its post part
     for v in matched:
         if v.is_postrelease:
             key = (v.epoch, v.release, v.pre, v.dev)

@@ -13,6 +13,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
@@ -95,9 +96,9 @@ def tree(kind: str, version: str) -> Path:
     return dest
 
 
-def tree_record(path: Path) -> dict:
+def tree_record(path: Path) -> dict[str, Any]:
     """What a tree was built from and with (`source`, `wanted`, `present`, `sha256`)."""
-    return json.loads((path / TREE_RECORD).read_text(encoding="utf-8"))
+    return dict(json.loads((path / TREE_RECORD).read_text(encoding="utf-8")))
 
 
 def tree_problem(dest: Path, wanted: Iterable[str] = ()) -> str | None:
