@@ -37,7 +37,6 @@ GONE = "gone"
 REPLACED = "replaced"
 MISSING = "missing"
 UNFINISHED = "unfinished"
-STATES = (PRISTINE, APPLIED, DRIFTED, GONE, REPLACED, MISSING, UNFINISHED)
 
 
 @dataclass(frozen=True)
@@ -74,9 +73,6 @@ class Assessment:
     @property
     def profile(self) -> str | None:
         return self.manifest.profile if self.manifest else None
-
-    def files_in(self, *states: str) -> list[FileState]:
-        return [f for f in self.files if f.state in states]
 
 
 def version_changed(target: Target, manifest: Manifest) -> bool:

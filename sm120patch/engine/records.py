@@ -177,10 +177,6 @@ class Journal:
             "keep_branch": self.keep_branch,
         }
 
-    @property
-    def touched(self) -> tuple[FileRecord, ...]:
-        return self.manifest.files if self.manifest is not None else self.files
-
 
 def _check_files(files: object) -> str:
     if not isinstance(files, list):

@@ -97,10 +97,6 @@ class Patch:
     def facts_at(self, version: str) -> list[Fact]:
         return [f for f in self.facts if f.covers(version)]
 
-    def absent_at(self, version: str) -> bool:
-        """Whether a fact says the site does not exist in `version` (and that is fine)."""
-        return any(f.status is Status.NOT_APPLICABLE for f in self.facts_at(version))
-
     def upstream_at(self, version: str) -> bool:
         """Whether `version` itself carries this patch's change (an `upstream` fact, or
         `upstream_in`)."""

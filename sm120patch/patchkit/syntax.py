@@ -233,10 +233,6 @@ def and_operands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [node]
 
 
-def or_keys(node: cst.BaseExpression) -> list[str | None] | None:
-    ops = or_operands(node)
-    return None if ops is None else [key(op) for op in ops]
-
 
 def widen_or(node: cst.BooleanOperation, extra: cst.BaseExpression) -> cst.BooleanOperation:
     """`(a or b)` -> `(a or b or extra)`, keeping the outer parentheses and their whitespace.

@@ -157,18 +157,6 @@ class Catalog:
         found += [self.source(pid) for pid in profile.patches]
         return list({p.name: p for p in found}.values())
 
-    def resolve(self, name: str, versions: Mapping[str, str]) -> Resolution:
-        """The profile `name`, its patches, and what of `versions` (kind -> version) lies
-        outside its pins: the one place a profile is looked up and its pins checked."""
-        profile = self.profile(name)
-        return Resolution(profile, self.patches_of(profile), pin_problems(profile, versions))
-
-
-@dataclass(frozen=True)
-class Resolution:
-    profile: Profile
-    patches: list[Patch]
-    outside_pins: list[str]  # one line per target kind whose version is outside the pins
 
 
 def pin_problems(
