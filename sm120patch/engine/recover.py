@@ -11,7 +11,7 @@ from sm120patch import targets
 from sm120patch.engine import interrupts
 from sm120patch.engine.apply import rollback_apply
 from sm120patch.engine.records import Journal
-from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.revert import finish_revert
 from sm120patch.engine.run import TargetRun, locked, remove_temps
 from sm120patch.engine.store import TargetState
@@ -73,7 +73,7 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
             ) from exc
     if not reports:
         notes.append("nothing to recover")
-    return Report("recovered" if reports else "nothing-to-do", None, reports, notes=notes)
+    return Report(Action.RECOVERED if reports else Action.NOTHING_TO_DO, None, reports, notes=notes)
 
 
 def _with_peers(ctxs: list[TargetRun]) -> list[TargetRun]:

@@ -136,9 +136,9 @@ def applied_files(target: Target) -> list[dict[str, Any]] | None:
     from sm120patch.engine import assess
 
     found = assess.assess(target)
-    if found.state == assess.APPLIED and found.manifest is not None:
+    if found.state == assess.State.APPLIED and found.manifest is not None:
         return [{"path": f.path, "module": f.module} for f in found.manifest.files]
-    if found.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):
+    if found.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
         return None
     raise UsageError(
         f"{target.name} at {target.root} is {found.state}: {found.message}",
