@@ -90,7 +90,7 @@ def test_stale_tree_is_rebuilt_whole(cache: Path, monkeypatch: pytest.MonkeyPatc
     assert not (tree / "sglang/srt/new_site.py").exists()
     # A patch now reads one more file: the tree is rebuilt, by rename, with it.
     wanted = trees.wanted_files("sglang")
-    monkeypatch.setattr(releases, "wanted_files", lambda kind: (*wanted, "sglang/srt/new_site.py"))
+    monkeypatch.setattr(trees, "wanted_files", lambda kind: (*wanted, "sglang/srt/new_site.py"))
     assert trees.tree("sglang", "0.5.9") == tree
     assert (tree / "sglang/srt/new_site.py").is_file()
     assert sorted(p.name for p in (cache / "trees").iterdir() if p.is_dir()) == ["sglang-0.5.9"]

@@ -126,6 +126,8 @@ def widen_arch_or(
         )
     if len(read.archs) != len(widen) or set(read.archs) != widen:  # any order
         return refused(site, expected, quoted)
+    import libcst as cst
+
     if not isinstance(group, cst.BooleanOperation):
         return refused(site, expected, quoted)  # one check alone: not an `or` to widen
     new_group = h.widen_or(group, arch.sglang_arch_check(SM120, read.form))
