@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -51,7 +51,7 @@ def _assigns_call(stmt: cst.CSTNode, names: tuple[str, str], call: str) -> bool:
     """`a, b = cuda_driver.<call>(...)` on one line."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
         return False
@@ -72,7 +72,7 @@ def _is_error_check(stmt: cst.CSTNode) -> bool:
     """`if err != cuda_driver.CUresult.CUDA_SUCCESS:` with no else."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return (
         isinstance(stmt, cst.If)
@@ -89,7 +89,7 @@ def _body_is(check: cst.If, kind: str) -> bool:
     """The check's block is one `raise ...` (kind "raise") or our fallback ("fallback")."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     body = check.body
     if not isinstance(body, cst.IndentedBlock) or len(body.body) != 1:
@@ -105,8 +105,8 @@ def _body_is(check: cst.If, kind: str) -> bool:
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.11 on)")
     if isinstance(func, Result):

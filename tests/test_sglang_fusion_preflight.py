@@ -8,8 +8,8 @@ import textwrap
 import pytest
 from patches_under_test import load_patch
 
-from sm120patch import catalog
-from sm120patch.transform import Seen, Status, Wiring, wiring_evidence
+from sm120patch.patchkit.model import Seen, Status, Wiring, wiring_evidence
+from sm120patch.plan import catalog
 
 PATCH = load_patch("sglang.fusion-preflight")
 
@@ -83,7 +83,7 @@ def test_second_run_is_already_applied(run_patch):
 def test_the_patched_function_sizes_without_multicast():
     """Run the patched text with a driver whose multicast query fails: sizes at the
     allocation granularity; with one that answers, the sizes are upstream's."""
-    from sm120patch.transform import transform_text
+    from sm120patch.patchkit.runner import transform_text
 
     patched = transform_text([PATCH], "f.py", SIZES).after
 

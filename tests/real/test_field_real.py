@@ -12,8 +12,8 @@ import pytest
 from expected import fact
 from realcache import RealReleases, release_set
 
-from sm120patch import catalog
-from sm120patch.transform import Status
+from sm120patch.patchkit.model import Status
+from sm120patch.plan import catalog
 
 pytestmark = pytest.mark.real
 

@@ -1,0 +1,121 @@
+"""`doctor`: the GPUs, the targets found, and what each profile would do here. Reads only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm120patch import targets
+from sm120patch.engine import assess
+from sm120patch.errors import Sm120Error
+from sm120patch.patchkit.model import TARGETS
+from sm120patch.plan import catalog, planner
+from sm120patch.trial import gpu
+
+EXPERIMENTAL = (
+    "The experimental profiles (fusion, pcie-allreduce, all) are for `sm120patch trial`: "
+    "see the known outcomes."
+)
+
+
+@dataclass
+class ProfileCheck:
+    name: str
+    status: str
+    pinned: bool | None
+    problems: list[str] = field(default_factory=list)
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # releases the profile refuses here
+    # wrong-output known entries about this profile that match this box
+    condemned: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Examination:
+    probe: gpu.Probe
+    targets: list[dict[str, Any]]
+    missing: list[str]
+    profiles: list[ProfileCheck]
+    applied: list[dict[str, Any]]
+    recommendation: str = ""
+    known: list[str] = field(default_factory=list)  # known outcomes and trials matching here
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.probe.to_dict(),
+            "targets": self.targets,
+            "missing": self.missing,
+            "profiles": [p.__dict__ for p in self.profiles],
+            "applied": self.applied,
+            "recommendation": self.recommendation,
+            "known": self.known,
+        }
+
+
+def examine(paths: Mapping[str, str | Path | None]) -> Examination:
+    probe = gpu.probe()
+    found: dict[str, targets.Target] = {}
+    missing = []
+    for kind in TARGETS:
+        try:
+            found[kind] = targets.find(kind, paths.get(kind))
+        except Sm120Error as exc:
+            missing.append(f"{targets.DISPLAY[kind]}: {exc.message}")
+    checks = []
+    for profile in catalog.load().profiles.values():
+        have = [found[k] for k in profile.targets if k in found]
+        check = ProfileCheck(profile.name, profile.status, None)
+        if len(have) < len(profile.targets):
+            check.problems.append("needs " + " and ".join(profile.targets) + " to be found")
+        else:
+            check.problems = planner.check_pins(profile, have, paths)
+            check.refused = planner.refusal_lines(profile, have, paths)
+            check.pinned = len(check.problems) == len(check.refused)
+            try:
+                plan = planner.plan(profile.name, found=have, force=True)
+                check.outcomes = [o.to_dict() for o in plan.outcomes]
+            except Sm120Error as exc:
+                check.problems.append(exc.message)
+        checks.append(check)
+    try:
+        applied = [s.to_dict() for s in assess.status(paths)]
+    except Sm120Error as exc:
+        applied = [{"problem": exc.message}]
+    from sm120patch.trial import known
+
+    box = known.box_of(paths, probe=lambda: probe)
+    shipped = known.entries()
+    for check in checks:
+        check.condemned = [e.line() for e in known.condemning(check.name, box, shipped)]
+    return Examination(
+        probe,
+        [t.to_dict() for t in found.values()],
+        missing,
+        checks,
+        applied,
+        recommendation=recommendation(checks),
+        known=known.lines(None, paths, probe=lambda: probe),
+    )
+
+
+def recommendation(checks: list[ProfileCheck]) -> str:
+    """Which profiles to use here: the recommended ones that are inside their pins, refused on
+    nothing and condemned by no wrong-output entry matching this box; the others with why."""
+    good, held = [], []
+    for c in checks:
+        if c.status != "recommended":
+            continue
+        why = c.refused or c.condemned or ([] if c.pinned else c.problems)
+        if why:
+            held.append(f"{c.name} is not recommended here: {why[0]}")
+        else:
+            good.append(c.name)
+    lines = []
+    if good:
+        lines.append(f"recommended here: {', '.join(good)}.")
+    lines += held
+    if not good:
+        lines.append("no profile is recommended on this box.")
+    return " ".join([*lines, EXPERIMENTAL])
