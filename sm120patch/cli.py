@@ -805,7 +805,9 @@ def trial_show_cmd(
 
     found = known.find_trial(known.history({"sglang": sglang, "flashinfer": flashinfer}), trial_id)
     if html_path:
-        Path(html_path).write_text(report.html(found), encoding="utf-8")
+        from sm120patch.targets.files import write_output  # never through a link at its name
+
+        write_output(html_path, report.html(found))
     if export_path:
         write_export(found, Path(export_path))
     if as_json:
@@ -819,9 +821,10 @@ def trial_show_cmd(
 
 
 def write_export(doc: dict[str, Any], path: Any) -> None:
+    from sm120patch.targets.files import write_output  # never through a link at its name
     from sm120patch.trial import known
 
-    path.write_text(known.export_record(doc), encoding="utf-8")
+    write_output(path, known.export_record(doc))
     click.echo(f"wrote {path}: one known.toml record", err=True)
 
 
@@ -942,12 +945,11 @@ def pin_cmd(
     profile: str, sglang: str | None, flashinfer: str | None, output: str, force: bool
 ) -> None:
     """Write a lock file freezing versions, patch digests and file hashes of PROFILE here."""
-    from pathlib import Path
-
     from sm120patch.engine import pin
+    from sm120patch.targets.files import write_output  # never through a link at its name
 
     lock = pin.make(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
-    Path(output).write_text(lock.to_toml(), encoding="utf-8")
+    write_output(output, lock.to_toml())
     versions = ", ".join(f"{k} {v}" for k, v in lock.versions.items())
     click.echo(f"wrote {output}: {profile} on {versions}, {len(lock.files)} file(s)")
 

@@ -24,6 +24,7 @@ from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.reports import Report, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
+    check_evidence,
     check_restored,
     locked,
     new_txn,
@@ -358,6 +359,7 @@ def _start_apply(
             FileRecord(rel, f.file, planned, sha256(f.after.encode("utf-8")),
                        path.stat().st_mode & 0o7777)  # fmt: skip
         )
+        ctx.layout.originals[rel] = data  # a rollback in this run restores what it read
     journal = Journal(
         op="apply",
         profile=profile,
@@ -404,7 +406,7 @@ def _write_target(
     for pid, f, text in steps:
         rel = tp.target.rel(f.file)
         path = ctx.path(rel)
-        files.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
+        files.replace_file(path, text.encode("utf-8"))  # its mode and owner kept
         files.drop_pycache(path)
         interrupts.kill_point("after-write")
         patch = cat.patches[pid]
@@ -476,6 +478,7 @@ def _write_manifest(
 
 def rollback_apply(ctx: TargetRun, journal: Journal) -> None:
     """Put every file of an unfinished apply back as it was, and git where it was."""
+    check_evidence(ctx, journal.profile, journal.files, kind=journal.target.get("kind"))
     remove_temps(ctx, journal.files)
     ctx.layout.roll_back(journal.files, journal.git)
     if not ctx.layout.keeps_pristine():
