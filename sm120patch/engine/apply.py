@@ -99,6 +99,10 @@ def _preflight(
     lock: Lock | None,
 ) -> Prepared:
     refuse_unfinished(ctxs)
+    if lock is not None and check_plan is None:
+        from sm120patch.plan import lockfile
+
+        check_plan = lockfile.check(lock, Path("the lock file"))  # a lock is always verified
     prep = Prepared(profile, ctxs, None)
     applied = []
     for ctx in ctxs:
@@ -139,10 +143,9 @@ def _preflight(
         # Before planning: a user's uncommitted edit must be named as such, not reported as an
         # unknown shape.
         ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
-    # A lock carries its reviewed result: where the files match it, no parse is needed.
-    plan = lock.plan(profile, [c.target for c in ctxs]) if lock is not None else None
-    if plan is None:
-        plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
+    # Planned here, with the patches loaded here (or this user's own plan cache): a lock is a
+    # claim that `check_plan` holds this plan to, never a source of bytes.
+    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
         raise PlanRefused(plan)
