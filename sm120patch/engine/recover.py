@@ -17,7 +17,7 @@ from sm120patch.engine.apply import rollback_apply
 from sm120patch.engine.records import Journal
 from sm120patch.engine.reports import Report, TargetReport
 from sm120patch.engine.revert import finish_revert
-from sm120patch.engine.run import TargetRun, locked, remove_temps, same_run
+from sm120patch.engine.run import TargetRun, check_evidence, locked, remove_temps, same_run
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, Sm120Error
 from sm120patch.plan import catalog
@@ -33,64 +33,91 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
     ctxs = _with_peers([TargetRun(t) for t in found if t is not None])
     reports = []
     notes = []
-    with locked(ctxs), interrupts.critical(  # [signals] recover is finished, never cut short
-        "recover",
-        None,
-        abortable=False,
-        unfinished=lambda: any(c.state.journal() is not None for c in ctxs),
-    ):
+    with locked(ctxs):
         journals = {ctx.target.kind: ctx.state.journal() for ctx in ctxs}
-        for ctx in ctxs:
-            journal = journals[ctx.target.kind]
-            if journal is not None:
-                notes.extend(ctx.layout.settle_after_kill(journal))
-        try:
-            _journal_revert_peers(ctxs, journals)
-            # Decided before anything changes: dropping one target's record must not make
-            # its peer's committed apply look uncommitted.
-            committed = {
-                kind: j is not None and j.op == "apply" and _apply_committed(j)
-                for kind, j in journals.items()
-            }
-            for ctx in ctxs:
-                journal = journals[ctx.target.kind]
-                if journal is None:
-                    continue
-                was = _release_of(journal)
-                if was is not None and assess.other_release(ctx.target, was):
-                    notes.extend(_drop_replaced(ctx, journal, was))
-                    reports.append(TargetReport(ctx.target, state=assess.REPLACED))
-                    continue
-                if committed[ctx.target.kind]:
-                    remove_temps(ctx, journal.files)
-                    ctx.state.close_journal()
-                    notes.append(
-                        f"{ctx.target.root}: the interrupted apply of {journal.profile} had "
-                        "written every target; kept it"
-                    )
-                elif journal.op == "apply":
-                    rollback_apply(ctx, journal)
-                    notes.append(
-                        f"{ctx.target.root}: rolled back the interrupted apply of "
-                        f"{journal.profile}"
-                    )
-                    notes.extend(ctx.layout.notes)
-                else:
-                    _, more = finish_revert(ctx, journal)
-                    notes.append(
-                        f"{ctx.target.root}: finished the interrupted revert of {journal.profile}"
-                    )
-                    notes.extend(more)
-                reports.append(TargetReport(ctx.target, state=ctx.assess().state))
-        except OSError as exc:
-            raise Refused(
-                f"recover failed writing {exc.filename or 'a file'}: {exc.strerror}",
-                "the journal is kept: fix the cause (permissions, disk space), then run "
-                "`sm120patch recover` again",
-            ) from exc
+        _check_evidence(ctxs, journals)  # before anything changes: a refusal changes nothing
+        with interrupts.critical(  # [signals] recover is finished, never cut short
+            "recover",
+            None,
+            abortable=False,
+            unfinished=lambda: any(c.state.journal() is not None for c in ctxs),
+        ):
+            _recover(ctxs, journals, reports, notes)
     if not reports:
         notes.append("nothing to recover")
     return Report("recovered" if reports else "nothing-to-do", None, reports, notes=notes)
+
+
+def _check_evidence(ctxs: list[TargetRun], journals: dict[str, Journal | None]) -> None:
+    """Every journal names only the files of its profile's patches (where it will write)."""
+    for ctx in ctxs:
+        journal = journals[ctx.target.kind]
+        if journal is None:
+            continue
+        was = _release_of(journal)
+        if was is not None and assess.other_release(ctx.target, was):
+            continue  # nothing is written there
+        if journal.op == "apply":
+            check_evidence(ctx, journal.profile, journal.files, kind=journal.target.get("kind"))
+        elif journal.manifest is not None:
+            m = journal.manifest
+            check_evidence(ctx, m.profile, m.files, m.patches, kind=m.target.get("kind"))
+
+
+def _recover(
+    ctxs: list[TargetRun],
+    journals: dict[str, Journal | None],
+    reports: list[TargetReport],
+    notes: list[str],
+) -> None:
+    for ctx in ctxs:
+        journal = journals[ctx.target.kind]
+        if journal is not None:
+            notes.extend(ctx.layout.settle_after_kill(journal))
+    try:
+        _journal_revert_peers(ctxs, journals)
+        # Decided before anything changes: dropping one target's record must not make
+        # its peer's committed apply look uncommitted.
+        committed = {
+            kind: j is not None and j.op == "apply" and _apply_committed(j)
+            for kind, j in journals.items()
+        }
+        for ctx in ctxs:
+            journal = journals[ctx.target.kind]
+            if journal is None:
+                continue
+            was = _release_of(journal)
+            if was is not None and assess.other_release(ctx.target, was):
+                notes.extend(_drop_replaced(ctx, journal, was))
+                reports.append(TargetReport(ctx.target, state=assess.REPLACED))
+                continue
+            if committed[ctx.target.kind]:
+                remove_temps(ctx, journal.files)
+                ctx.state.close_journal()
+                notes.append(
+                    f"{ctx.target.root}: the interrupted apply of {journal.profile} had "
+                    "written every target; kept it"
+                )
+            elif journal.op == "apply":
+                rollback_apply(ctx, journal)
+                notes.append(
+                    f"{ctx.target.root}: rolled back the interrupted apply of "
+                    f"{journal.profile}"
+                )
+                notes.extend(ctx.layout.notes)
+            else:
+                _, more = finish_revert(ctx, journal)
+                notes.append(
+                    f"{ctx.target.root}: finished the interrupted revert of {journal.profile}"
+                )
+                notes.extend(more)
+            reports.append(TargetReport(ctx.target, state=ctx.assess().state))
+    except OSError as exc:
+        raise Refused(
+            f"recover failed writing {exc.filename or 'a file'}: {exc.strerror}",
+            "the journal is kept: fix the cause (permissions, disk space), then run "
+            "`sm120patch recover` again",
+        ) from exc
 
 
 def _release_of(journal: Journal) -> str | None:

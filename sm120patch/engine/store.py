@@ -212,8 +212,8 @@ class TargetState:
         for path in entries:
             try:
                 st = os.lstat(path)
-            except FileNotFoundError:
-                continue
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # not there (a file in the way is `state_dir`'s to name)
             except OSError as exc:
                 raise Refused(f"cannot read {path} ({exc.strerror})") from None
             if stat.S_ISLNK(st.st_mode):

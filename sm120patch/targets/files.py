@@ -324,7 +324,8 @@ def append_output(path: Path | str) -> Any:
     except OSError as exc:
         import errno
 
-        if exc.errno == errno.ELOOP:
+        # ELOOP (O_NOFOLLOW), or EACCES from the kernel's protected_symlinks in a sticky /tmp.
+        if exc.errno == errno.ELOOP or os.path.islink(path):
             raise UsageError(
                 f"{path} is a symbolic link; sm120patch does not write through one",
                 "give the path of a regular file",

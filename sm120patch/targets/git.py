@@ -60,8 +60,8 @@ def check_owner(root: Path) -> None:
             from sm120patch.targets.files import owner_name
 
             raise Refused(
-                f"{root} is a git checkout owned by {owner_name(owner)}, not by "
-                f"{owner_name(uid)}, who runs sm120patch: its hooks and configuration are "
+                f"{root} is a git checkout owned by another user ({owner_name(owner)}), not "
+                f"by {owner_name(uid)}, who runs sm120patch: its hooks and configuration are "
                 "its owner's code, which sm120patch does not run",
                 f"run sm120patch as {owner_name(owner)} (`sudo -u {owner_name(owner)} "
                 "sm120patch ...`)",
@@ -217,7 +217,11 @@ def _own_session_repo() -> type[git.Repo]:
         class OwnSessionGit(git.Git):
             def execute(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
                 kwargs.setdefault("start_new_session", True)
-                if isinstance(command, (list, tuple)) and len(command) > 1:
+                if (
+                    isinstance(command, (list, tuple))
+                    and len(command) > 1
+                    and command[0] in ("git", self.GIT_PYTHON_GIT_EXECUTABLE)
+                ):
                     # No hook, fsmonitor, signing or gc: whatever the repository says.
                     command = [command[0], *SAFE_CONFIG, *command[1:]]
                 with _terminal_signals_blocked():
