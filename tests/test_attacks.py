@@ -643,6 +643,22 @@ def test_a_mistyped_journal_is_one_line(edit, needle, tmp_path):
     assert code == 1 and needle in err and one_line(err), err
 
 
+@pytest.mark.parametrize("trial, needle", [
+    ({"command": 5}, "a trial's command is not a list of words"),
+    ({"id": ["x"]}, "a trial's id is not a string"),
+    ({"kind": "measured", "runs": [{"side": "patched", "round": 0, "figures":
+                                    {"output_tok_s": "fast"}}]}, "figures that are not numbers"),
+])  # fmt: skip
+def test_a_mistyped_trial_record_is_one_line(trial, needle, tmp_path):
+    site = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    state = site / ".sm120patch" / "sglang"
+    state.mkdir(parents=True)
+    (state / "trials.json").write_text(json.dumps({"schema": 1, "trials": [trial]}))
+    for args in (["status"], ["trial", "show"]):
+        code, _, err = cli(*args, "--sglang", str(site))
+        assert code == 1 and needle in err and one_line(err), (args, err)
+
+
 def _full_disk_at(n: int, monkeypatch) -> list[int]:
     real = files.atomic_write
     calls = [0]

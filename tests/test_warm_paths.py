@@ -1,7 +1,6 @@
-"""Warm paths without libcst (issue 14, item 1): the commands that run most often decide from
-hashes and the plan cache, never from a parse (a lock is a claim held to the plan, not a
-plan). Each command runs in a fresh interpreter that then reports whether libcst was
-imported."""
+"""Warm paths without libcst: the commands that run most often decide from hashes and the plan
+cache, never from a parse (a lock is a claim held to the plan, not a plan). Each command runs
+in a fresh interpreter that then reports whether libcst was imported."""
 
 from __future__ import annotations
 

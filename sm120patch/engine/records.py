@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 from sm120patch.targets.files import safe_relpath
@@ -125,11 +126,21 @@ class Manifest:
         }
 
 
+class Op(str, Enum):
+    """What a journal is the write-ahead record of."""
+
+    APPLY = "apply"
+    REVERT = "revert"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Journal:
     """An apply or revert in progress (journal.json): what `recover` needs to finish it."""
 
-    op: str  # "apply" or "revert"
+    op: Op
     profile: str
     started: float
     pid: int
@@ -150,7 +161,7 @@ class Journal:
     def from_doc(cls, doc: dict[str, Any]) -> Journal:
         manifest = doc.get("manifest")
         return cls(
-            op=doc["op"],
+            op=Op(doc["op"]),
             profile=str(doc.get("profile") or (manifest or {}).get("profile", "")),
             started=float(doc.get("started", 0)),
             pid=int(doc.get("pid", 0)),
@@ -183,10 +194,6 @@ class Journal:
             "manifest": None if self.manifest is None else self.manifest.to_doc(),
             "keep_branch": self.keep_branch,
         }
-
-    @property
-    def touched(self) -> tuple[FileRecord, ...]:
-        return self.manifest.files if self.manifest is not None else self.files
 
 
 def _number(value: object) -> bool:
@@ -314,8 +321,38 @@ def check_journal(doc: dict[str, Any]) -> str:
     return _check_files(doc.get("files")) or _check_git(doc.get("git"), commits=False)
 
 
+_TRIAL_WORDS = ("id", "profile", "verdict", "kind", "message", "log")
+_FIGURES = ("output_tok_s", "req_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+
+
 def check_trials(doc: dict[str, Any]) -> str:
     trials = doc.get("trials", [])
     if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
         return "trials is not a list of records"
+    for t in trials:
+        problem = _optional_str(t, *_TRIAL_WORDS)
+        if problem:
+            return f"a trial's {problem}"
+        command = t.get("command")
+        if command is not None and (
+            not isinstance(command, list) or not all(isinstance(w, str) for w in command)
+        ):
+            return "a trial's command is not a list of words"
+        code = t.get("exit_code")
+        if code is not None and type(code) is not int:
+            return "a trial's exit_code is not a number"
+        runs = t.get("runs")
+        if runs is None:
+            continue
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            return "a trial's runs is not a list of records"
+        for r in runs:
+            if not isinstance(r.get("side"), str) or type(r.get("round")) is not int:
+                return "a trial's run has no side or round"
+            figures = r.get("figures")
+            if figures is not None and (
+                not isinstance(figures, dict)
+                or not all(figures.get(k) is None or _number(figures[k]) for k in _FIGURES)
+            ):
+                return "a trial's run has figures that are not numbers"
     return ""

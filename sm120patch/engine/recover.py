@@ -14,13 +14,13 @@ from pathlib import Path
 from sm120patch import targets
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.apply import rollback_apply
-from sm120patch.engine.records import Journal
-from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.engine.records import Journal, Op
+from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.revert import finish_revert
 from sm120patch.engine.run import TargetRun, check_evidence, locked, remove_temps, same_run
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, Sm120Error
-from sm120patch.plan import catalog
+from sm120patch.patchkit.model import TARGETS
 from sm120patch.targets.git import head_branch as git_head_branch
 
 
@@ -28,11 +28,11 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
     """Finish what a killed run left: roll an apply back, roll a revert forward."""
     found = [
         targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
-        for kind in catalog.TARGETS
+        for kind in TARGETS
     ]
     ctxs = _with_peers([TargetRun(t) for t in found if t is not None])
-    reports = []
-    notes = []
+    reports: list[TargetReport] = []
+    notes: list[str] = []
     with locked(ctxs):
         journals = {ctx.target.kind: ctx.state.journal() for ctx in ctxs}
         _check_evidence(ctxs, journals)  # before anything changes: a refusal changes nothing
@@ -45,7 +45,7 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
             _recover(ctxs, journals, reports, notes)
     if not reports:
         notes.append("nothing to recover")
-    return Report("recovered" if reports else "nothing-to-do", None, reports, notes=notes)
+    return Report(Action.RECOVERED if reports else Action.NOTHING_TO_DO, None, reports, notes=notes)
 
 
 def _check_evidence(ctxs: list[TargetRun], journals: dict[str, Journal | None]) -> None:
@@ -57,7 +57,7 @@ def _check_evidence(ctxs: list[TargetRun], journals: dict[str, Journal | None]) 
         was = _release_of(journal)
         if was is not None and assess.other_release(ctx.target, was):
             continue  # nothing is written there
-        if journal.op == "apply":
+        if journal.op == Op.APPLY:
             check_evidence(ctx, journal.profile, journal.files, kind=journal.target.get("kind"))
         elif journal.manifest is not None:
             m = journal.manifest
@@ -79,7 +79,7 @@ def _recover(
         # Decided before anything changes: dropping one target's record must not make
         # its peer's committed apply look uncommitted.
         committed = {
-            kind: j is not None and j.op == "apply" and _apply_committed(j)
+            kind: j is not None and j.op == Op.APPLY and _apply_committed(j)
             for kind, j in journals.items()
         }
         for ctx in ctxs:
@@ -89,7 +89,7 @@ def _recover(
             was = _release_of(journal)
             if was is not None and assess.other_release(ctx.target, was):
                 notes.extend(_drop_replaced(ctx, journal, was))
-                reports.append(TargetReport(ctx.target, state=assess.REPLACED))
+                reports.append(TargetReport(ctx.target, state=assess.State.REPLACED))
                 continue
             if committed[ctx.target.kind]:
                 remove_temps(ctx, journal.files)
@@ -98,7 +98,7 @@ def _recover(
                     f"{ctx.target.root}: the interrupted apply of {journal.profile} had "
                     "written every target; kept it"
                 )
-            elif journal.op == "apply":
+            elif journal.op == Op.APPLY:
                 rollback_apply(ctx, journal)
                 notes.append(
                     f"{ctx.target.root}: rolled back the interrupted apply of "
@@ -122,7 +122,7 @@ def _recover(
 
 def _release_of(journal: Journal) -> str | None:
     """The release the journal's run worked on (None: the journal does not say)."""
-    if journal.op == "revert" and journal.manifest is not None:
+    if journal.op == Op.REVERT and journal.manifest is not None:
         return journal.manifest.target.get("version")
     return journal.target.get("version")
 
@@ -132,20 +132,21 @@ def _drop_replaced(ctx: TargetRun, journal: Journal, was: str) -> list[str]:
     journal and what it described (the patch branch too, when only sm120patch's commits are
     on it and it is not checked out)."""
     t = ctx.target
-    git = journal.git if journal.op == "apply" else (journal.manifest and journal.manifest.git)
+    manifest_was = journal.manifest if journal.op == Op.REVERT else None
+    git = journal.git if manifest_was is None else manifest_was.git
     notes = [
         f"{t.root}: {t.name} was {was} when the interrupted {journal.op} of {journal.profile} "
         f"began, {t.version} is there now: nothing of {was} was written back; dropped its "
         "journal"
         + (f" (`sm120patch apply {journal.profile}` patches {t.version})"
-           if journal.op == "apply" else "")
+           if journal.op == Op.APPLY else "")
     ]  # fmt: skip
     if git is not None and t.layout == "git" and git_head_branch(t.root) != git.patch_branch:
         notes.extend(ctx.layout.drop_branch(git, keep_branch=journal.keep_branch))
     manifest = ctx.state.manifest() if (ctx.state.dir / store.MANIFEST).exists() else None
-    if manifest is not None and (journal.op == "revert" or same_run(manifest, journal)):
+    if manifest is not None and (journal.op == Op.REVERT or same_run(manifest, journal)):
         ctx.state.remove_manifest()
-    remove_temps(ctx, journal.touched)
+    remove_temps(ctx, journal.manifest.files if journal.manifest else journal.files)
     ctx.state.drop_copies()
     ctx.state.close_journal()
     return notes

@@ -367,7 +367,7 @@ class TargetState:
                 f"if no sm120patch run is going on, move it aside ({path}) and check the "
                 "target's files with `sm120patch status`",
             )
-        return doc
+        return dict(doc)
 
     def _write(self, name: str, doc: dict[str, Any]) -> None:
         doc = {"schema": SCHEMA, **doc}
@@ -460,7 +460,7 @@ def _read_nofollow(path: Path) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise IsADirectoryError(21, "not a regular file", str(path))
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = os.read(fd, 1 << 20)
             if not chunk:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sm120patch import __version__
 from sm120patch.errors import Refused
-from sm120patch.patchkit.model import Patch
+from sm120patch.patchkit.model import TARGETS, Patch
 from sm120patch.plan import catalog
 from sm120patch.plan.diffs import diff_texts
 from sm120patch.plan.plans import Plan
@@ -79,7 +79,7 @@ def write(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[Exporte
         )
     if out_dir.exists() and not out_dir.is_dir():
         raise Refused(f"{out_dir} is a file, not a directory", "give -o a directory")
-    for kind in catalog.TARGETS:
+    for kind in TARGETS:
         if (out_dir / kind).is_symlink():
             # Neither written nor emptied through a link: it may lead anywhere.
             raise Refused(
@@ -99,7 +99,7 @@ def write(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[Exporte
                 f"{out_dir} is a symbolic link; --overwrite deletes nothing through one",
                 f"give -o the directory it points to ({out_dir.resolve()})",
             )
-        for kind in catalog.TARGETS:
+        for kind in TARGETS:
             files.remove_entries(out_dir / kind, "*.patch")
     written = []
     for kind, items in found.items():
