@@ -133,27 +133,13 @@ def transform(module: cst.Module) -> Result:
     res = op.add_elif(module, anchor, branch, site=site, shape="")
 
     # 5. The function form needs `is_sm120_supported` imported next to `is_sm100_supported`.
-    if sm120_key == "is_sm120_supported()" and not h.import_sources(
-        res.module, "is_sm120_supported"
-    ):
-        found = len(h.import_sources(res.module, "is_sm100_supported"))
-        res = op.then(
-            res,
-            op.add_import(
-                res.module,
-                "is_sm120_supported",
-                next_to="is_sm100_supported",
-                site=site,
-                expected="one module-level `from ... import (..., is_sm100_supported, ...)` "
-                "to add is_sm120_supported to",
-                found=f"{found} such imports",
-            ),
-        )
-        if res.status is Status.REFUSED:
-            return res
-        notes.append("is_sm120_supported imported")
+    from sm120patch.patchkit.model import Import
+
     shape = "; ".join([f"`elif {sm120_key}:` after `if {sm100_key}:`", *notes])
-    return applied(site, res.module, shape)
+    needs = Import("is_sm120_supported", next_to="is_sm100_supported")
+    return applied(site, res.module, shape).needing(
+        needs if sm120_key == "is_sm120_supported()" else None
+    )
 
 
 _KNOWN = (

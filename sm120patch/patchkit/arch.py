@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from sm120patch.patchkit.model import Import
 from sm120patch.patchkit.syntax import find, key
 
 # GPU-arch checks as SGLang spells them: `is_sm100_supported()` (sglang.srt.utils),
@@ -44,6 +45,15 @@ def sglang_arch_check(arch: str, form: str) -> cst.BaseExpression:
     """The check for `arch` in `form` (see `sglang_arch`), as a new expression node."""
     prefix, suffix = next((p, s) for f, p, s in _ARCH_FORMS if f == form)
     return cst.parse_expression(f"{prefix}{arch}{suffix}")
+
+
+def sglang_arch_import(arch: str, form: str) -> Import | None:
+    """What the check for `arch` in `form` needs imported: the `call` form's function, next to
+    the SM100 one (`is_sm120_supported` beside `is_sm100_supported`, both from sglang.srt.utils);
+    `get_platform()` and the module flags need nothing new."""
+    if form != "call" or arch == "sm100":
+        return None
+    return Import(f"is_{arch}_supported", next_to="is_sm100_supported")
 
 
 def sglang_arch_twin(spelled: str | None, arch: str = "sm120") -> str | None:

@@ -10,7 +10,7 @@ because a wrong patch is worse than no patch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sm120patch.patchkit.facts import Fact, Status
@@ -23,6 +23,18 @@ TARGETS = ("sglang", "flashinfer")
 
 
 @dataclass(frozen=True)
+class Import:
+    """A name the code of a result needs at module level, as `from MODULE import name`: put
+    right after `next_to` in the one import that brings `next_to` (from `module` when given,
+    else from whichever module that is). A transform requests it (`Result.imports`); the
+    runner places it, once, or refuses where it cannot (`patchkit.runner`)."""
+
+    name: str
+    next_to: str
+    module: str | None = None
+
+
+@dataclass(frozen=True)
 class Result:
     """What one transform says about one site."""
 
@@ -31,6 +43,17 @@ class Result:
     reason: str
     shape: str = ""
     module: Any = None  # the new libcst.Module, only when status is APPLIED
+    # The imports the site's code needs: placed by the runner where the result applied (a name
+    # already imported is left alone), required present where the change was already there.
+    imports: tuple[Import, ...] = ()
+
+    def needing(self, *imports: Import | None) -> Result:
+        """This result, requesting `imports` as well (None: nothing to import). A refusal or
+        a skip requests nothing."""
+        wanted = tuple(i for i in imports if i is not None)
+        if not wanted or self.status not in (Status.APPLIED, Status.ALREADY_APPLIED):
+            return self
+        return replace(self, imports=(*self.imports, *wanted))
 
 
 def applied(site: str, module: cst.Module, shape: str, reason: str = "") -> Result:
