@@ -212,6 +212,34 @@ def key(node: cst.BaseExpression) -> str | None:
     return None
 
 
+def string(node: cst.CSTNode) -> str | None:
+    """The value of a plain string literal (`"x"`, `'x'`), else None."""
+    if isinstance(node, cst.SimpleString):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def target_key(node: cst.BaseExpression) -> str | None:
+    """`key`, and a subscript by a string of a simple name: `overrides["x"]` (spelled with
+    double quotes whatever the source uses); None for anything else."""
+    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name):
+        if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+            name = string(node.slice[0].slice.value)
+            return None if name is None else f'{node.value.value}["{name}"]'
+        return None
+    return key(node)
+
+
+def single_assign(stmt: cst.CSTNode) -> cst.Assign | None:
+    """The assignment of a line holding one assignment to one target (`a = b`), else None."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            return small
+    return None
+
+
 def or_operands(node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
     """The operands of a flat `a or b or c` chain (any parenthesisation inside), else None."""
     if not (isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or)):
