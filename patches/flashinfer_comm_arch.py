@@ -46,7 +46,6 @@ PATCH = Patch(
         "first forward. Adding 12 builds them for SM120. Only this module's list is widened; "
         "the other comm modules keep theirs."
     ),
-    files=("flashinfer/jit/comm.py", "flashinfer/comm/trtllm_ar.py"),
     marker=f"def {SITE}",
     facts=FACTS,
     transform=transform,

@@ -247,7 +247,6 @@ PATCH = Patch(
         "multi-node clause `nnodes == 1 or <sm100>` (0.5.14 on) stays as it is: multi-node "
         "fusion resolves to MNNVL, which SM120 systems do not have."
     ),
-    files=("sglang/srt/arg_groups/overrides.py", "sglang/srt/server_args.py"),
     marker=f"def {SITES[0]}",
     facts=FACTS,
     transform=transform,

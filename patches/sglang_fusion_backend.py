@@ -89,7 +89,6 @@ PATCH = Patch(
         "SM120 `auto` then resolves to the single-node trtllm backend, and multi-node keeps "
         "being refused as on other non-MNNVL systems."
     ),
-    files=("sglang/srt/layers/flashinfer_comm_fusion.py",),
     marker=f"def {SITE}",
     facts=FACTS,
     transform=transform,

@@ -88,10 +88,6 @@ PATCH = Patch(
         "--enable-flashinfer-allreduce-fusion silently does nothing. This widens that operand "
         "with `or _is_sm120_supported` (the flag added by sglang.sm120-flag)."
     ),
-    files=(
-        "sglang/srt/layers/layer_boundary/residual/add_norm.py",
-        "sglang/srt/layers/communicator.py",
-    ),
     # Same files and marker as sglang.sm120-flag: both must pick the same file.
     marker="_is_sm100_supported = ",
     facts=FACTS,

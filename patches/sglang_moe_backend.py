@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
+from sm120patch.patchkit.moe import FLAG_NOTE
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -36,15 +37,19 @@ FACTS = (
          '`if is_sm100_supported():` ... flashinfer_trtllm under '
          '`if check_pkg_version_at_least("flashinfer-python", ...):`', SERVER_ARGS,
          HANDLER, "utils", "DESIGN s4 D"),
-    Fact(">=0.5.10,<0.5.15", Status.APPLIED, "same, without the version gate", SERVER_ARGS,
+    Fact(">=0.5.10,<0.5.13", Status.APPLIED, "same, without the version gate", SERVER_ARGS,
          HANDLER, "utils", "DESIGN s4 D"),
+    Fact(">=0.5.13,<0.5.15", Status.APPLIED, "same; upstream picks flashinfer_cutlass on SM120 "
+         "for --quantization modelopt_fp4", SERVER_ARGS, HANDLER, "utils", "DESIGN s4 D",
+         user_note=FLAG_NOTE),
     Fact(">=0.5.15,<0.5.19", Status.APPLIED, '`if is_sm100_supported():` ... '
          'overrides["moe_runner_backend"] = "flashinfer_trtllm"', OVERRIDES, OVERRIDES_FUNC,
          "utils", "DESIGN s4 D",
          note="server_args.py keeps an empty `elif model_arch in [\"Glm4MoeForCausalLM\"]: "
-         "pass` pointing at overrides.py (real files): the site is in overrides.py"),
+         "pass` pointing at overrides.py (real files): the site is in overrides.py",
+         user_note=FLAG_NOTE),
     Fact(">=0.5.19,<0.5.24", Status.APPLIED, "`if get_platform().is_sm100:`", GLM4_MOE,
-         OVERRIDES_FUNC, "platform", "DESIGN s4 D"),
+         OVERRIDES_FUNC, "platform", "DESIGN s4 D", user_note=FLAG_NOTE),
 )
 
 
@@ -70,20 +75,7 @@ PATCH = Patch(
         "without a gate), and 0.5.8 ships FlashInfer 0.6.1, below its own 0.6.2 gate, where "
         "a copied gate would make the branch dead."
     ),
-    files=(
-        "sglang/srt/arg_groups/model_overrides/glm4_moe.py",
-        "sglang/srt/arg_groups/overrides.py",
-        "sglang/srt/server_args.py",
-    ),
     marker=MODEL,
     facts=FACTS,
-    notes=(
-        (
-            ">=0.5.13",
-            "upstream already picks flashinfer_cutlass on SM120 when --quantization "
-            "modelopt_fp4 is given; this patch adds the choice when the quantization comes "
-            "from the checkpoint's config",
-        ),
-    ),
     transform=transform,
 )

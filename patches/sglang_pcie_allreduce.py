@@ -162,7 +162,6 @@ PATCH = Patch(
         "still turns it off where GPUs cannot reach each other. SM120PATCH_PCIE_ALLREDUCE=0 "
         "restores upstream behaviour at run time, without reverting."
     ),
-    files=(UTILS, CUSTOM_AR),
     marker=f"if {GATE}:",
     transform=transform,
     facts=FACTS,

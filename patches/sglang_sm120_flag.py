@@ -103,10 +103,6 @@ PATCH = Patch(
         "is_sm120_supported from sglang.srt.utils where the flags call the utils checks), "
         "so that sglang.fusion-gate can test it."
     ),
-    files=(
-        "sglang/srt/layers/layer_boundary/residual/add_norm.py",
-        "sglang/srt/layers/communicator.py",
-    ),
     # The file holding the module flags, which is the file holding the gate (0.5.2 to 0.5.20
     # communicator.py, from 0.5.21 add_norm.py). Same files and marker as sglang.fusion-gate
     # so that both run chained on one parse.

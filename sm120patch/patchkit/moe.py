@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     import libcst as cst
 
 SERVER_ARGS_FUNC = "_handle_model_specific_adjustments"
+# What the MoE patches tell a user from SGLang 0.5.13 (their facts' `user_note` there).
+FLAG_NOTE = (
+    "upstream already picks flashinfer_cutlass on SM120 when --quantization modelopt_fp4 is "
+    "given; this patch adds the choice when the quantization comes from the checkpoint's config"
+)
 NEW_BACKEND = "flashinfer_cutlass"
 OLD_BACKEND = re.compile(r"flashinfer_trtllm\w*")
 # The arch in upstream's log line -> the SM120 line's.

@@ -185,7 +185,6 @@ PATCH = Patch(
     target="{spec.target}",
     title="TODO: one line saying what the patch changes",
     why="{why}",
-    files=(FILE,),
     marker=f"def {{FUNCTION}}",
     transform=transform,
     facts=FACTS,
