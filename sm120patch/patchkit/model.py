@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from sm120patch.patchkit.facts import Fact, Status
+# Status is named here too: a patch module takes its result vocabulary from the model.
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.facts import Status as Status
 
 if TYPE_CHECKING:
     import libcst as cst
