@@ -38,6 +38,7 @@ FLAG_NOTE = (
     "given; this patch adds the choice when the quantization comes from the checkpoint's config"
 )
 NEW_BACKEND = "flashinfer_cutlass"
+FP4 = "modelopt_fp4"
 OLD_BACKEND = re.compile(r"flashinfer_trtllm\w*")
 # The arch in upstream's log line -> the SM120 line's.
 ARCH_WORDS = {"sm100": "sm120", "SM100": "SM120", "SM10X": "SM120", "sm10x": "sm120"}
@@ -103,7 +104,7 @@ def add_sm120_choice(
     Already applied where that twin is there; refused for an SM120 branch of another form or
     an SM100 branch of a shape this does not know. With `absent`, a site testing no GPU arch
     at all is not-applicable (upstream picks no backend for that model there) instead of
-    refused."""
+    refused. The call form requests `is_sm120_supported` (next to `is_sm100_supported`)."""
     import libcst as cst
 
     from sm120patch.patchkit import arch
@@ -116,7 +117,7 @@ def add_sm120_choice(
     if not isinstance(suite, cst.IndentedBlock):
         return refused(name, "an indented block", f"`{h.code(suite)}`")
     chains = op.branches_in(suite)
-    anchors = [b for b in chains if _sm100_check(b.test) is not None]
+    anchors = [(b, check) for b in chains if (check := _sm100_check(b.test)) is not None]
     if len(anchors) != 1:
         expected = "one `if is_sm100_supported():` or `if get_platform().is_sm100:` branch"
         mentions = [b for b in chains if "sm100" in h.code(b.test)]
@@ -127,22 +128,19 @@ def add_sm120_choice(
         if absent and not arch.mentions_sglang_arch(suite):
             return not_applicable(name, absent)
         return refused(name, expected, "no SM100 branch")
-    anchor = anchors[0]
-    sm100 = _sm100_check(anchor.test)
-    assert sm100 is not None
+    anchor, sm100 = anchors[0]
     twin = arch.sglang_arch_twin_node(sm100)
-    sm100_key, twin_key = h.key(sm100), h.key(twin)
+    twin_key = h.key(twin) or ""
+    needs = arch.sglang_arch_import("sm120", _form(twin))
 
     # An SM120 branch already there: ours (already applied) or someone else's (refused).
     theirs = [n for n in h.statements(suite)
               if isinstance(n, cst.If) and arch.mentions_sglang_arch(n.test, "sm120")]
     if theirs:
         ours = anchor.orelse
-        lead = _lead(ours.test) if isinstance(ours, cst.If) else None
-        if len(theirs) == 1 and theirs[0] is ours and lead is not None and (
-                h.key(lead) == twin_key and _chooses(ours)):  # type: ignore[arg-type]
+        if len(theirs) == 1 and theirs[0] is ours and _is_ours(theirs[0], twin_key):
             return already_applied(name, f"`elif {twin_key}:` choosing {NEW_BACKEND}").needing(
-                arch.sglang_arch_import("sm120", _form(twin)))
+                needs)
         return refused(
             name,
             f"no SM120 branch, or an `elif {twin_key}:` right after the SM100 branch "
@@ -155,25 +153,36 @@ def add_sm120_choice(
         return refused(name, f"the SM100 branch in a known shape ({KNOWN})", built)
     test, body, notes = built
     branch = op.new_elif(anchor, test, body)  # an existing elif/else follows it
-    problem = _self_check(branch, twin_key or "")
+    problem = _self_check(branch, twin_key)
     if problem:
         return refused(name, "the built SM120 branch to be the intended one", problem)
-    shape = "; ".join([f"`elif {twin_key}:` after `if {sm100_key}:`", *notes])
-    return op.add_elif(module, anchor, branch, site=name, shape=shape).needing(
-        arch.sglang_arch_import("sm120", _form(twin)))
+    shape = "; ".join([f"`elif {twin_key}:` after `if {h.key(sm100)}:`", *notes])
+    return op.add_elif(module, anchor, branch, site=name, shape=shape).needing(needs)
+
+
+def _is_ours(branch: cst.If, twin_key: str) -> bool:
+    from sm120patch.patchkit import syntax as h
+
+    lead = _lead(branch.test)
+    return lead is not None and h.key(lead) == twin_key and _chooses(branch)
 
 
 def _build(
     anchor: cst.If, sm100: cst.BaseExpression, twin: cst.BaseExpression
 ) -> tuple[cst.BaseExpression, cst.BaseSuite, list[str]] | str:
     """(test, body, notes) of the SM120 branch, or what was found where it cannot be built."""
+    import libcst as cst
+
     if sm100 is anchor.test:  # the SM100 branch derives the quantization, then chooses
         built = _sm120_body(anchor.body)
         return built if isinstance(built, str) else (twin, *built)
-    choice = _retarget(anchor)  # the SM100 branch is the choice
-    if isinstance(choice, str):
-        return choice
-    return choice[0].test.deep_replace(sm100, twin), choice[0].body, choice[1]  # type: ignore[return-value]
+    retargeted = _retarget(anchor)  # the SM100 branch is the choice itself
+    if isinstance(retargeted, str):
+        return retargeted
+    choice, notes = retargeted
+    test = choice.test.deep_replace(sm100, twin)
+    assert isinstance(test, cst.BaseExpression)
+    return test, choice.body, notes
 
 
 def _form(check: cst.BaseExpression) -> str:
@@ -184,13 +193,12 @@ def _form(check: cst.BaseExpression) -> str:
 
 
 def _lead(test: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The arch check a branch tests: its whole test, or the first operand of its `and`."""
-    from sm120patch.patchkit import arch
+    """The arch check a branch tests (call or platform form): its whole test, or the first
+    operand of its `and`."""
     from sm120patch.patchkit import syntax as h
 
     for candidate in (test, h.and_operands(test)[0]):
-        found = arch.sglang_arch(candidate)
-        if found and found[1] in ("call", "platform"):
+        if _form(candidate) in ("call", "platform"):
             return candidate
     return None
 
@@ -202,7 +210,8 @@ def _sm100_check(test: cst.BaseExpression) -> cst.BaseExpression | None:
     from sm120patch.patchkit import syntax as h
 
     lead = _lead(test)
-    if lead is None or arch.sglang_arch(lead)[0] != "sm100":  # type: ignore[index]
+    found = arch.sglang_arch(lead) if lead is not None else None
+    if lead is None or found is None or found[0] != "sm100":
         return None
     if lead is test or _choice(h.and_operands(test)[1:]) is not None:
         return lead
@@ -217,30 +226,31 @@ def _choice(operands: list[cst.BaseExpression]) -> cst.BaseExpression | None:
 
     def equals(op: cst.BaseExpression, attr: str, value: str) -> bool:
         comp = _comparison(op)
-        return bool(comp) and (h.key(comp.left) or "").endswith(f".{attr}") and (  # type: ignore[union-attr]
-            _operator(comp) == "==" and h.string(comp.comparisons[0].comparator) == value)  # type: ignore[union-attr]
+        return comp is not None and (h.key(comp.left) or "").endswith(f".{attr}") and (
+            _operator(comp) == "==" and h.string(comp.comparisons[0].comparator) == value)
 
     quant = [op for op in operands if _fp4_comparison(op) is not None]
     runner = [op for op in operands if equals(op, "moe_runner_backend", "auto")]
     a2a = [op for op in operands if equals(op, "moe_a2a_backend", "none")]
-    if len(quant) != 1 or len(runner) != 1 or len(a2a) > 1 or (
-        len(operands) != 2 + len(a2a)):
+    if len(quant) != 1 or len(runner) != 1 or len(a2a) > 1 or len(operands) != 2 + len(a2a):
         return None
     return quant[0]
 
 
 def _comparison(node: cst.CSTNode) -> cst.Comparison | None:
+    """`node` when it is one unparenthesised comparison (`a == b`, not `a < b < c`)."""
     import libcst as cst
 
-    ok = isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar
-    return node if ok else None  # type: ignore[return-value]
+    if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
+        return node
+    return None
 
 
 def _operator(comp: cst.Comparison) -> str:
     import libcst as cst
 
-    return {cst.Equal: "==", cst.In: "in", cst.Is: "is"}.get(
-        type(comp.comparisons[0].operator), "")
+    kinds = {cst.Equal: "==", cst.In: "in", cst.Is: "is"}
+    return kinds.get(type(comp.comparisons[0].operator), "")
 
 
 def _fp4_comparison(op: cst.BaseExpression) -> cst.Comparison | None:
@@ -252,19 +262,18 @@ def _fp4_comparison(op: cst.BaseExpression) -> cst.Comparison | None:
     from sm120patch.patchkit import syntax as h
 
     parts = h.or_operands(op) or [op]
-    comps = [_comparison(p) for p in parts]
-    if not all(comps) or len({h.code(c.left) for c in comps}) != 1:  # type: ignore[union-attr]
+    comps = [c for c in map(_comparison, parts) if c is not None]
+    spelled = {h.code(c.left) for c in comps}
+    if len(comps) != len(parts) or len(spelled) != 1:
         return None
-    spelled = h.code(comps[0].left)  # type: ignore[union-attr]
-    if spelled != "quantization" and not spelled.endswith(".quantization"):
+    if not any(q == "quantization" or q.endswith(".quantization") for q in spelled):
         return None
     for comp in comps:
-        assert comp is not None
         value = comp.comparisons[0].comparator
-        if _operator(comp) == "==" and h.string(value) == "modelopt_fp4":
+        if _operator(comp) == "==" and h.string(value) == FP4:
             return comp
         if _operator(comp) == "in" and isinstance(value, (cst.Set, cst.Tuple, cst.List)) and any(
-                h.string(el.value) == "modelopt_fp4" for el in value.elements):
+                h.string(el.value) == FP4 for el in value.elements):
             return comp
     return None
 
@@ -277,20 +286,23 @@ def _narrowed(test: cst.BaseExpression, notes: list[str]) -> cst.BaseExpression:
 
     operands = h.and_operands(test)
     quant = _choice(operands[1:] if _lead(test) is not None else operands)
-    assert quant is not None
-    comp = _fp4_comparison(quant)
-    assert comp is not None
-    target = comp.comparisons[0]
+    comp = _fp4_comparison(quant) if quant is not None else None
+    assert quant is not None and comp is not None  # `_choice` found them
     if quant is comp and _operator(comp) == "==":
         return test
+    target = comp.comparisons[0]
     fp4 = target.comparator
     if isinstance(fp4, (cst.Set, cst.Tuple, cst.List)):
-        fp4 = next(el.value for el in fp4.elements if h.string(el.value) == "modelopt_fp4")
-    equal = cst.Equal(whitespace_before=target.operator.whitespace_before,  # type: ignore[attr-defined]
-                      whitespace_after=target.operator.whitespace_after)  # type: ignore[attr-defined]
-    notes.append('quantization narrowed to == "modelopt_fp4"')
+        fp4 = next(el.value for el in fp4.elements if h.string(el.value) == FP4)
+    operator = target.operator
+    assert isinstance(operator, (cst.Equal, cst.In))
+    equal = cst.Equal(whitespace_before=operator.whitespace_before,
+                      whitespace_after=operator.whitespace_after)
+    notes.append(f'quantization narrowed to == "{FP4}"')
     narrowed = comp.with_changes(comparisons=[cst.ComparisonTarget(operator=equal, comparator=fp4)])
-    return test.deep_replace(quant, narrowed)  # type: ignore[return-value]
+    new = test.deep_replace(quant, narrowed)
+    assert isinstance(new, cst.BaseExpression)
+    return new
 
 
 def _sm120_body(body: cst.BaseSuite) -> tuple[cst.IndentedBlock, list[str]] | str:
@@ -303,34 +315,35 @@ def _sm120_body(body: cst.BaseSuite) -> tuple[cst.IndentedBlock, list[str]] | st
 
     if not isinstance(body, cst.IndentedBlock):
         return f"`{h.code(body)}`"
-    choices = [(i, b) for i, s in enumerate(body.body) if isinstance(s, cst.If)
+    statements = list(body.body)
+    choices = [(i, b) for i, s in enumerate(statements) if isinstance(s, cst.If)
                for b in op.if_chain(s) if _choice(h.and_operands(b.test)) is not None]
     if len(choices) != 1:
         return f'{len(choices)} `if ... and ...moe_runner_backend == "auto":` statements'
     index, choice = choices[0]
-    # Besides the choice: the quantization derivation (kept), and locals that nothing kept
-    # reads (the branches before the choice test them; left out with those branches).
-    derivation = [s for i, s in enumerate(body.body) if i != index and _writes_quantization_only(s)]
-    read = {n.value for s in (choice, *derivation) for n in h.find(s, cst.Name)}  # type: ignore[attr-defined]
-    for stmt in body.body:
+    # Besides the choice: the quantization derivation (kept), and locals nothing kept reads
+    # (the branches before the choice test them; left out with those branches).
+    kept = [i for i, s in enumerate(statements) if i == index or _writes_quantization_only(s)]
+    read = {n.value for i in kept for n in h.nodes(statements[i] if i != index else choice,
+                                                     cst.Name)}
+    for i, stmt in enumerate(statements):
         assign = h.single_assign(stmt)
         unused = assign is not None and h.key(assign.targets[0].target) not in read | {None}
-        if all(stmt is not s for s in (body.body[index], *derivation)) and not unused:
+        if i not in kept and not unused:
             return f"an SM100-branch statement this patch does not know: `{h.code(stmt)}`"
     if choice.orelse is not None:
         return f"an else branch on `if {h.code(choice.test)}:`"
-    notes = ["the branches before the choice left out"] if choice is not body.body[index] else []
     retargeted = _retarget(choice)
     if isinstance(retargeted, str):
         return retargeted
-    new_choice, more = retargeted
-    kept = [new_choice if i == index else s for i, s in enumerate(body.body)
-            if i == index or _writes_quantization_only(s)]
-    local = _local_quantization(kept)
+    new_choice, notes = retargeted
+    if choice is not statements[index]:
+        notes.insert(0, "the branches before the choice left out")
+    local = _local_quantization([new_choice if i == index else statements[i] for i in kept])
     if isinstance(local, str):
         return local
     new_body, derived = local
-    notes += more + (["quantization derived locally"] if derived else [])
+    notes += ["quantization derived locally"] if derived else []
     # The first statement may carry blank lines or comments meant for the SM100 branch.
     new_body[0] = new_body[0].with_changes(leading_lines=())
     return body.with_changes(body=new_body), notes
@@ -360,18 +373,17 @@ def _retarget(choice: cst.If) -> tuple[cst.If, list[str]] | str:
     assign = h.single_assign(stmts[0]) if len(stmts) == 2 else None
     message = _log_message(stmts[1]) if assign is not None else None
     if (assign is None or message is None or not _is_backend(assign.targets[0].target)
-            or not OLD_BACKEND.fullmatch(h.string(assign.value) or "")):
+            or not isinstance(old := assign.value, cst.SimpleString)
+            or not OLD_BACKEND.fullmatch(h.string(old) or "")):
         return found
-    old = assign.value
-    new = old.with_changes(value=f"{old.quote}{NEW_BACKEND}{old.quote}")  # type: ignore[attr-defined]
+    new = old.with_changes(value=f"{old.quote}{NEW_BACKEND}{old.quote}")
     body = [stmts[0].deep_replace(old, new), stmts[1].deep_replace(message, _reworded(message))]
     return choice.with_changes(test=test, body=inner.with_changes(body=body)), notes
 
 
 def _log_message(stmt: cst.BaseStatement) -> cst.BaseExpression | None:
-    """The message of `logger.info(<message>)` naming the old backend, else None."""
+    """The message of a line `<logger>.info(<message>)` naming the old backend, else None."""
     import libcst as cst
-
 
     line = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ()
     call = line[0].value if len(line) == 1 and isinstance(line[0], cst.Expr) else None
@@ -382,7 +394,7 @@ def _log_message(stmt: cst.BaseStatement) -> cst.BaseExpression | None:
 
 
 def _info_message(call: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The one argument of `<logger>.info(...)`."""
+    """The one argument of `<logger>.info(...)`, else None."""
     import libcst as cst
 
     if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
@@ -392,21 +404,26 @@ def _info_message(call: cst.BaseExpression) -> cst.BaseExpression | None:
 
 
 def _texts(message: cst.BaseExpression) -> list[cst.SimpleString | cst.FormattedStringText]:
+    """The literal parts of a string message (plain, implicitly concatenated, or an f-string)."""
     import libcst as cst
 
     from sm120patch.patchkit import syntax as h
 
     if not isinstance(message, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
         return []
-    return h.find(message, (cst.SimpleString, cst.FormattedStringText))  # type: ignore[return-value]
+    return [*h.nodes(message, cst.SimpleString), *h.nodes(message, cst.FormattedStringText)]
 
 
 def _reworded(message: cst.BaseExpression) -> cst.BaseExpression:
     """Upstream's log message with the backend and the arch it names changed."""
+    import libcst as cst
+
     for text in _texts(message):
         words = OLD_BACKEND.sub(NEW_BACKEND, text.value)
         words = re.sub("|".join(ARCH_WORDS), lambda m: ARCH_WORDS[m.group()], words)
-        message = message.deep_replace(text, text.with_changes(value=words))  # type: ignore[assignment]
+        new = message.deep_replace(text, text.with_changes(value=words))
+        assert isinstance(new, cst.BaseExpression)
+        message = new
     return message
 
 
@@ -423,9 +440,8 @@ def _chooses(branch: cst.If) -> bool:
 
     from sm120patch.patchkit import syntax as h
 
-    return any(len(a.targets) == 1 and _is_backend(a.targets[0].target)  # type: ignore[attr-defined]
-               and h.string(a.value) == NEW_BACKEND  # type: ignore[attr-defined]
-               for a in h.find(branch.body, cst.Assign))
+    return any(len(a.targets) == 1 and _is_backend(a.targets[0].target)
+               and h.string(a.value) == NEW_BACKEND for a in h.nodes(branch.body, cst.Assign))
 
 
 def _writes_quantization_only(stmt: cst.BaseStatement) -> bool:
@@ -459,10 +475,10 @@ def _local_quantization(
 ) -> tuple[list[cst.BaseStatement], bool] | str:
     """The statements reading the checkpoint's quantization into a local `quantization` and
     writing no server-argument field with it: `self.quantization` becomes the local (seeded
-    from `self.quantization` first), a write to `overrides["quantization"]` is dropped. (Upstream
-    sets the field later from the model config; setting it here changed it for every quantized
-    checkpoint on SM120: an FP8 one's `quantization` went None -> fp8.) Returns the new
-    statements and whether anything changed, or what was found when an `if` would be left
+    from `self.quantization` first), a write to `overrides["quantization"]` is dropped.
+    (Upstream sets the field later from the model config; setting it here changed it for every
+    quantized checkpoint on SM120: an FP8 one's `quantization` went None -> fp8.) Returns the
+    new statements and whether anything changed, or what was found when an `if` would be left
     empty. A body that only reads the field is kept as it is."""
     import libcst as cst
 
@@ -490,15 +506,14 @@ def _local_quantization(
                 self.problem = "an `if` writing only the quantization field"
             return updated
 
-    writes = {h.target_key(a.targets[0].target) for s in stmts for a in h.find(s, cst.Assign)
-              if len(a.targets) == 1} & QUANT_FIELDS  # type: ignore[attr-defined]
+    writes = {h.target_key(a.targets[0].target) for s in stmts for a in h.nodes(s, cst.Assign)
+              if len(a.targets) == 1} & QUANT_FIELDS
     if not writes:
         return stmts, False
     localize = Localize()
-    out = [s.visit(localize) for s in stmts]
+    kept = [new for s in stmts if isinstance(new := s.visit(localize), cst.BaseStatement)]
     if localize.problem:
         return localize.problem
-    kept = [s for s in out if isinstance(s, cst.BaseStatement)]
     if "self.quantization" in writes:
         kept.insert(0, cst.parse_statement("quantization = self.quantization\n"))
     return kept, True
@@ -518,12 +533,12 @@ def _self_check(branch: cst.If, twin_key: str) -> str | None:
     stale = [word for word in ("trtllm", "trt-llm", "sm100", "sm10x") if word in text]
     if stale:
         return f"{' and '.join(stale)} left in the branch (a string or a comment)"
-    strings = [h.string(s) for s in h.find(branch.body, cst.SimpleString)]
-    messages = [_info_message(c) for c in h.find(branch.body, cst.Call)]  # type: ignore[arg-type]
-    logs = [m for m in messages if m and any(NEW_BACKEND in t.value for t in _texts(m))]
+    strings = [h.string(s) for s in h.nodes(branch.body, cst.SimpleString)]
+    calls = h.nodes(branch.body, cst.Call)
+    messages = [m for c in calls if (m := _info_message(c)) is not None]
+    logs = [m for m in messages if any(NEW_BACKEND in t.value for t in _texts(m))]
     if strings.count(NEW_BACKEND) != 1 or len(logs) != 1 or not _chooses(branch):
         return f"not exactly one {NEW_BACKEND} choice with its log line"
-    calls = [h.key(c.func) for c in h.find(branch.body, cst.Call)]  # type: ignore[attr-defined]
-    if VERSION_GATE in calls:
+    if VERSION_GATE in {h.key(c.func) for c in calls}:
         return "a FlashInfer version gate left in the branch"
     return None

@@ -8,6 +8,7 @@ libcst nodes whose whitespace is copied from the neighbours so diffs stay minima
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import libcst as cst
 
@@ -36,6 +37,14 @@ def find(
 
     root.visit(_Visitor())
     return found
+
+
+Node = TypeVar("Node", bound=cst.CSTNode)
+
+
+def nodes(root: cst.CSTNode, kind: type[Node]) -> list[Node]:
+    """`find` for one kind of node, typed as that kind."""
+    return [n for n in find(root, kind) if isinstance(n, kind)]
 
 
 def keyword_args(scope: cst.CSTNode, keyword: str) -> list[cst.Arg]:
