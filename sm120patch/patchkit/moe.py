@@ -328,7 +328,8 @@ def _sm120_body(body: cst.BaseSuite) -> tuple[cst.IndentedBlock, list[str]] | st
                                                      cst.Name)}
     for i, stmt in enumerate(statements):
         assign = h.single_assign(stmt)
-        unused = assign is not None and h.key(assign.targets[0].target) not in read | {None}
+        target = assign.targets[0].target if assign is not None else None
+        unused = isinstance(target, cst.Name) and target.value not in read
         if i not in kept and not unused:
             return f"an SM100-branch statement this patch does not know: `{h.code(stmt)}`"
     if choice.orelse is not None:
