@@ -301,10 +301,17 @@ def _lead(test: ast.AST) -> ast.AST:
     return test
 
 
-def _branch_on(tree: ast.AST, arch: int) -> list[ast.If]:
-    """`if` statements (elif included) testing an SM-`arch` check: exactly, or as the first
-    operand of an `and` (MiniMax-M2's `if <sm100> and ... == "modelopt_fp4":`)."""
-    return [n for n in ast.walk(tree) if isinstance(n, ast.If) and arch_of(_lead(n.test)) == arch]
+def _branch_on(scope: ast.AST, arch: int) -> list[ast.If]:
+    """The branches (if or elif) of the if statements directly in `scope`'s body testing an
+    SM-`arch` check: exactly, or as the first operand of an `and` (MiniMax-M2's `if <sm100> and
+    ... == "modelopt_fp4":`). A nested check is another site's (Qwen3-Next's attention
+    backend inside the Qwen3 MoE branch, 0.5.10 on)."""
+    branches = []
+    for stmt in getattr(scope, "body", []):
+        while isinstance(stmt, ast.If):
+            branches.append(stmt)
+            stmt = stmt.orelse[0] if len(stmt.orelse) == 1 else None
+    return [b for b in branches if arch_of(_lead(b.test)) == arch]
 
 
 def _scope_of_moe_site(tree: ast.Module, fact: Fact) -> ast.AST:
