@@ -55,8 +55,8 @@ DEVICE_NAME = {
 MEMORY_MIB = {"sm120": 97887, "sm100": 183359, "sm90": 81559}
 
 # Where the sites this probe runs live, newest release first. The patches' facts say the same
-# (this script cannot import them: it runs in the target's interpreter); tests/test_probe_sites.py
-# holds the two to each other.
+# (this script cannot import them: it runs in the target's interpreter);
+# tests/test_release_table.py holds the two to each other.
 # The fusion gate (sglang.fusion-gate): its modules and the names of its function.
 GATE_MODULES = (
     "sglang.srt.layers.layer_boundary.residual.add_norm",
