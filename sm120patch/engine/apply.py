@@ -35,7 +35,7 @@ from sm120patch.engine.run import (
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
-from sm120patch.targets import Target, files, procscan
+from sm120patch.targets import Target, procscan
 from sm120patch.targets.files import sha256
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def runs_for(
     lock: Lock | None = None,
 ) -> list[TargetRun]:
     found = planner.resolve_targets(profile, paths)
-    outside = planner.check_pins(profile, found)
+    outside = planner.check_pins(profile, found, paths)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to apply anyway")
     if lock is not None:
@@ -387,25 +387,15 @@ def _write_target(
 ) -> TargetReport:
     cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
-    if journal.git is not None:
-        # One commit per patch: every step's text, in profile order.
-        steps = sorted(
-            ((pid, f, text) for f in tp.changed for pid, text in f.step_texts()),
-            key=lambda s: order[s[0]],
-        )
-    else:
-        # No commits to make: each file is written once, with its final text.
-        steps = [(f.step_texts()[-1][0], f, f.after) for f in tp.changed]
+    steps = ctx.layout.steps(tp.changed, order)
     report = TargetReport(tp.target)
-    if journal.git is not None:
-        ctx.layout.begin(journal.git.patch_branch)
-        report.branch = journal.git.patch_branch
+    patch_branch = journal.git.patch_branch if journal.git is not None else None
+    if ctx.layout.begin(patch_branch):
+        report.branch = patch_branch
         interrupts.kill_point("after-branch")
     for pid, f, text in steps:
         rel = tp.target.rel(f.file)
-        path = ctx.path(rel)
-        files.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
-        files.drop_pycache(path)
+        ctx.layout.write(rel, text)
         interrupts.kill_point("after-write")
         patch = cat.patches[pid]
         message = (
