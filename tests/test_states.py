@@ -527,7 +527,8 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(tmp_path):
     code, _, err = cli("export", "moe", *where(sg, fi), "-o", str(out_dir), "--overwrite",
                        "--force")  # fmt: skip
     assert code == 0, err
-    assert [p.name for p in sorted(out_dir.rglob("*.patch"))] == ["0001-sglang-moe-backend.patch"]
+    assert [p.name for p in sorted(out_dir.rglob("*.patch"))] == [
+        "0001-sglang-moe-backend.patch", "0002-sglang-moe-backend-qwen3.patch"]
     # A checkout's export names checkout paths: `git am` takes it on another checkout as is.
     other = make_tree(tmp_path / "b", "sglang", "0.5.8", "git")
     proc = subprocess.run(["git", "-C", str(other), "am", "-q",

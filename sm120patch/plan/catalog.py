@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 
 from sm120patch.errors import UsageError
-from sm120patch.patchkit import versions
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
+from sm120patch.patchkit.versions import base_release, contains
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
@@ -51,15 +50,6 @@ def parse_toml(text: str) -> dict[str, Any]:
 PROFILES_SCHEMA = 1
 
 
-def release_of(version: str) -> Version:
-    """The release a version counts as for pins (`versions.base_release`); raises
-    InvalidVersion for a string that is not a version."""
-    release = versions.base_release(version)
-    if release is None:
-        raise InvalidVersion(version)
-    return release
-
-
 @dataclass(frozen=True)
 class Refusal:
     """A release range inside (or beside) a profile's pins where applying it is refused with
@@ -71,10 +61,7 @@ class Refusal:
     reason: str
 
     def refuses(self, version: str) -> bool:
-        try:
-            return self.releases.contains(release_of(version), prereleases=True)
-        except InvalidVersion:
-            return False
+        return contains(self.releases, base_release(version))
 
 
 @dataclass(frozen=True)
@@ -101,10 +88,7 @@ class Profile:
         return [r for r in self.refuse if r.kind == kind and r.refuses(version)]
 
     def pinned(self, target: str, version: str) -> bool:
-        try:
-            return self.pins[target].contains(release_of(version), prereleases=True)
-        except InvalidVersion:
-            return False
+        return contains(self.pins[target], base_release(version))
 
     def absent_ok(self, patch_id: str, version: str) -> bool:
         """Whether a missing site of `patch_id` is fine in `version`: a `not-applicable` fact
@@ -115,12 +99,7 @@ class Profile:
         ):
             return True
         spec = self.absent.get(patch_id)
-        if spec is None:
-            return False
-        try:
-            return spec.contains(release_of(version), prereleases=True)
-        except InvalidVersion:
-            return False
+        return spec is not None and contains(spec, base_release(version))
 
 
 BUILT_IN = "built-in"
@@ -228,9 +207,7 @@ def pin_problems(
             continue
         spec = profile.pins[kind]
         label, source = (labels or {}).get(kind, (kind, ""))
-        try:
-            release_of(version)
-        except InvalidVersion:
+        if base_release(version) is None:
             problems.append(
                 f"{label} version '{version}'" + (f" (from {source})" if source else "")
                 + f" is not a PEP 440 version; profile {profile.name} is pinned to {spec}"
@@ -461,7 +438,10 @@ def _patch_problems(patch: Patch) -> list[str]:
     if patch.target not in TARGETS:
         problems.append(f"target {patch.target!r} is not one of {', '.join(TARGETS)}")
     if not patch.files:
-        problems.append("names no files")
+        problems.append("names no files (neither `files` nor a fact with a file)")
+    unlisted = sorted({f.file for f in patch.facts if f.file} - set(patch.files))
+    if unlisted:
+        problems.append(f"facts name files its `files` lacks: {', '.join(unlisted)}")
     if not callable(patch.transform):
         problems.append("has no transform")
     if patch.wiring is not None:
