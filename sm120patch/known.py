@@ -38,6 +38,8 @@ CONDITIONS = (
     "topology",
 )
 RECORD = ("id", "outcome", "figure", "date", "source")
+# Optional record keys: how the source knows (measured, reported, inferred, unpublished).
+OPTIONAL = ("evidence",)
 
 # verdict of a trial -> outcome of a record
 _OUTCOME_OF = {
@@ -91,7 +93,7 @@ def entries(text: str | None = None) -> list[Entry]:
     out = []
     for raw in doc.get("outcome", []):
         missing = [k for k in RECORD if not raw.get(k)]
-        unknown = set(raw) - set(RECORD) - set(CONDITIONS)
+        unknown = set(raw) - set(RECORD) - set(CONDITIONS) - set(OPTIONAL)
         if missing or unknown or raw["outcome"] not in OUTCOMES:
             raise UsageError(
                 f"known.toml entry {raw.get('id', '?')}: "
