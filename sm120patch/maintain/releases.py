@@ -110,9 +110,19 @@ SITE_FILES: dict[str, tuple[str, ...]] = {
 }
 # Files that say what a patched site may rely on: sglang.srt.utils defines the
 # `is_sm120_supported` the SM120 flag imports (a module up to 0.4.x, a package after).
+# The fp4-gemm and attention tiers read what their helpers rely on: FlashInfer's mm_fp4 backends
+# and CUDA-version probe, SGLang's attention hook (its SM120 refusals), environ and hybrid_arch.
 SUPPORT_FILES: dict[str, tuple[str, ...]] = {
-    "sglang": ("sglang/srt/utils.py", "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py"),
-    "flashinfer": (),
+    "sglang": (
+        "sglang/srt/utils.py",
+        "sglang/srt/utils/__init__.py",
+        "sglang/srt/utils/common.py",
+        "sglang/srt/arg_groups/attention_hook.py",
+        "sglang/srt/configs/hybrid_arch.py",
+        "sglang/srt/environ.py",
+        "sglang/srt/layers/quantization/modelopt_quant.py",
+    ),
+    "flashinfer": ("flashinfer/gemm/gemm_base.py", "flashinfer/jit/cpp_ext.py"),
 }
 TREE_RECORD = ".sm120patch-tree.json"
 TREE_SCHEMA = 1
