@@ -428,3 +428,31 @@ def test_profile_pins_and_the_0612_refusal() -> None:
         if n != "fp4-gemm" and set(p.patches) & set(prof.patches)
     ]
     assert others == []  # judged by trial, never part of `all`
+
+
+# ---- explain -------------------------------------------------------------------------------
+
+
+def test_explain_lines_for_fp4_and_attention() -> None:
+    """What the probe reports becomes two `explain` lines: the backend `auto` resolves to, and
+    the launch's attention backend."""
+    from sm120patch import explain
+
+    def result(fp4: str, attention: str) -> dict:
+        return {
+            "launches": {"launch": {"server_args": {"attention_backend": attention}}},
+            "fp4_gemm": {"backends": {"auto": {"value": fp4}}},
+        }
+
+    found = explain.Explanation(
+        python="py", simulate="sm120", launch=["--model-path", "m"], targets=[], applied=False,
+        pristine=explain.decision(result("flashinfer_cutlass", "flashinfer"), "launch"),
+        patched=explain.decision(result("flashinfer_b12x", "trtllm_mha"), "launch"),
+    )
+    rows = {label: (a, b) for label, a, b in found.rows()}
+    assert rows["FP4 GEMM backend (auto)"] == ("flashinfer_cutlass", "flashinfer_b12x")
+    assert rows["attention backend"] == ("flashinfer", "trtllm_mha")
+    missing = {"fp4_gemm": {"error": "ModuleNotFoundError: No module named 'sglang.srt.layers."
+                            "quantization.fp4_utils'"}}
+    assert explain.decision(missing, None).fp4_gemm_backend == "not in this release"
+    assert explain.decision({}, None).fp4_gemm_backend == "not checked"
