@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -77,8 +77,8 @@ EXPECTED = (
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.19)")
     if isinstance(func, Result):
@@ -155,7 +155,7 @@ def _assigns(stmt: cst.CSTNode, name: str) -> bool:
 def _mentions(node: cst.CSTNode, attr: str) -> bool:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return bool(
         h.find(
@@ -173,7 +173,7 @@ def _mentions(node: cst.CSTNode, attr: str) -> bool:
 def _returns(body: cst.BaseSuite, value: str) -> bool:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return any(
         isinstance(r.value, cst.SimpleString) and r.value.evaluated_value == value  # type: ignore[attr-defined]
@@ -182,7 +182,7 @@ def _returns(body: cst.BaseSuite, value: str) -> bool:
 
 
 def _is_ours(branch: cst.If) -> bool:
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     ops = h.and_operands(branch.test)
     return (

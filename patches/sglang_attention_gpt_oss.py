@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -54,8 +54,8 @@ EXPECTED = (
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.19)")
     if isinstance(func, Result):
@@ -105,7 +105,7 @@ def transform(module: cst.Module) -> Result:
 def _sets_trtllm(branch: cst.If) -> bool:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return any(
         len(a.targets) == 1  # type: ignore[attr-defined]
@@ -119,7 +119,7 @@ def _sets_trtllm(branch: cst.If) -> bool:
 def _is_ours(branch: cst.If) -> bool:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     assigns = h.find(branch.body, cst.Assign)
     return len(assigns) == 1 and "".join(h.code(assigns[0], 400).split()) == "".join(

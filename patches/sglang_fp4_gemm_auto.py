@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -68,8 +68,9 @@ EXPECTED = (
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.8)")
     if isinstance(func, Result):
@@ -78,7 +79,7 @@ def transform(module: cst.Module) -> Result:
         return refused(SITE, "a function body", f"`{h.code(func)}`")
     autos = [s for s in func.body.body if isinstance(s, cst.If) and _is_auto_test(s.test)]
     if not autos:
-        if h.mentions_sglang_arch(func) or _assigns_backend_string(func):
+        if arch.mentions_sglang_arch(func) or _assigns_backend_string(func):
             return refused(SITE, EXPECTED, 'an arch check outside `if backend == "auto":`')
         return upstream(
             SITE,
@@ -118,7 +119,7 @@ def transform(module: cst.Module) -> Result:
         found[1]
         for b in branches
         for operand in h.and_operands(b.test)
-        if (found := h.sglang_arch(operand)) is not None
+        if (found := arch.sglang_arch(operand)) is not None
     }
     if len(forms) != 1 or not forms <= {"call", "platform"}:
         tests = "; ".join(f"`{h.code(b.test)}`" for b in branches)
@@ -127,7 +128,7 @@ def transform(module: cst.Module) -> Result:
     if not h.module_assignments(module, "logger"):
         return refused(SITE, "a module-level `logger = ...` (the new branch logs)", "none")
 
-    sm120 = h.sglang_arch_check("sm120", form)
+    sm120 = arch.sglang_arch_check("sm120", form)
     test = cst.BooleanOperation(
         left=sm120,
         operator=cst.And(),
@@ -171,7 +172,7 @@ def _is_auto_test(test: cst.BaseExpression) -> bool:
     """`backend == "auto"`."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return (
         isinstance(test, cst.Comparison)
@@ -187,7 +188,7 @@ def _chooses(body: cst.BaseSuite, backend: str) -> bool:
     """Whether the block assigns `backend = "<backend>"`."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return any(
         len(a.targets) == 1  # type: ignore[attr-defined]
@@ -202,7 +203,7 @@ def _assigns_backend_string(func: cst.FunctionDef) -> bool:
     """Whether the function assigns `backend` a literal of its own (a mapping we do not know)."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return any(
         len(a.targets) == 1  # type: ignore[attr-defined]
@@ -214,12 +215,13 @@ def _assigns_backend_string(func: cst.FunctionDef) -> bool:
 
 def _is_ours(branch: cst.If) -> bool:
     """`if <SM120 check> and _flashinfer_offers_b12x():` choosing flashinfer_b12x."""
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import syntax as h
 
     ops = h.and_operands(branch.test)
     return (
         len(ops) == 2
-        and (h.sglang_arch(ops[0]) or ("", ""))[0] == "sm120"
+        and (arch.sglang_arch(ops[0]) or ("", ""))[0] == "sm120"
         and h.key(ops[1]) == f"{HELPER}()"
         and _chooses(branch.body, BACKEND)
     )

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -40,7 +40,7 @@ EXPECTED = (
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     funcs = [f for name in FUNCTIONS for f in h.functions(module, name)]
     if not funcs:
@@ -70,7 +70,7 @@ def transform(module: cst.Module) -> Result:
     if len(ops) != 2 or len(groups) != 1:
         return refused(site, EXPECTED, f"`{h.code(lines[0])}`")
     group = groups[0]
-    keys = h.or_keys(group) or []
+    keys = [h.key(o) for o in h.or_operands(group) or []]
     if NEW in keys:
         return already_applied(site, f"{TARGET} takes {NEW}")
     if set(keys) != KNOWN:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status, not_applicable
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status, not_applicable
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -24,8 +24,8 @@ EXPECT = ("auto", "flashinfer_cudnn", "flashinfer_cutlass", "flashinfer_trtllm")
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     if not h.module_assignments(module, NAME):
         return not_applicable(

@@ -13,8 +13,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status, already_applied, not_applicable, refused
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
+    Patch,
+    Result,
+    Status,
+    already_applied,
+    not_applicable,
+    refused,
+)
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -32,8 +39,8 @@ PREFIX = "flashinfer_"
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     found = h.classes(module, CLASS)
     if not found:
@@ -134,7 +141,7 @@ def _maps_by_prefix(func: cst.FunctionDef | None) -> bool:
     """Whether the mapping method strips the `flashinfer_` prefix off the member's value."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     if func is None:
         return False
@@ -157,7 +164,7 @@ def _is_predicate_of(func: cst.FunctionDef | None, member: str) -> bool:
     """`def is_x(self) -> bool: return self == Fp4GemmRunnerBackend.<member>`."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     if func is None or not isinstance(func.body, cst.IndentedBlock) or len(func.body.body) != 1:
         return False

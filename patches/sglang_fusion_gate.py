@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status, applied, refused
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -23,7 +23,7 @@ EXPECTED = "`(_is_sm90_supported or _is_sm100_supported)` as the first operand o
 def _mentions_flags(node: cst.CSTNode) -> bool:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     names = ARCH_FLAGS | {SM120}
     return bool(h.find(node, cst.Name, lambda n: n.value in names))  # type: ignore[attr-defined]
@@ -32,7 +32,7 @@ def _mentions_flags(node: cst.CSTNode) -> bool:
 def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
     """(site name, the function holding the gate or None, why not found)."""
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     funcs = [(name, f) for name in FUNCTIONS for f in h.functions(module, name)]
     if len(funcs) > 1:
@@ -53,8 +53,8 @@ def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     site, scope, problem = _site(module)
     if scope is None:
@@ -87,17 +87,17 @@ COMMUNICATOR = "sglang/srt/layers/communicator.py"
 ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 FACTS = (
     Fact(">=0.5.2,<0.5.4", Status.REFUSED, "as 0.5.4; refused with the flag patch of the same "
-         "file", COMMUNICATOR, f"{CLASS}.{METHOD}", source="DESIGN s4 A"),
+         "file", COMMUNICATOR, f"{CLASS}.{METHOD}", source="released files"),
     Fact(">=0.5.4,<0.5.8", Status.APPLIED, f"{CLASS}.{METHOD}, "
          "`if ((_is_sm100_supported or _is_sm90_supported) and ...)`", COMMUNICATOR,
-         f"{CLASS}.{METHOD}", source="DESIGN s4 B"),
+         f"{CLASS}.{METHOD}", source="released files"),
     Fact(">=0.5.8,<0.5.21", Status.APPLIED, "apply_flashinfer_allreduce_fusion(batch_size) "
          "returns `(_is_sm90_supported or _is_sm100_supported) and ...`", COMMUNICATOR,
-         "apply_flashinfer_allreduce_fusion", source="DESIGN s4 B"),
+         "apply_flashinfer_allreduce_fusion", source="released files"),
     Fact("==0.5.21", Status.APPLIED, "same function, in layer_boundary/residual/add_norm.py",
-         ADD_NORM, "apply_flashinfer_allreduce_fusion", source="DESIGN s4 B"),
+         ADD_NORM, "apply_flashinfer_allreduce_fusion", source="released files"),
     Fact(">=0.5.22,<0.5.24", Status.APPLIED, "renamed flashinfer_ar_fusion_applies", ADD_NORM,
-         "flashinfer_ar_fusion_applies", source="DESIGN s4 B"),
+         "flashinfer_ar_fusion_applies", source="released files"),
 )
 
 

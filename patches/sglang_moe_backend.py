@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -47,8 +47,9 @@ QUANT_TARGETS = {
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     # 1. The site: the Glm4Moe branch of server_args (0.5.8-0.5.14) or the overrides
     # function (0.5.15 on). Exactly one of them.
@@ -89,7 +90,7 @@ def transform(module: cst.Module) -> Result:
     anchor = sm100[0]
     sm100_key = h.key(anchor.test)
     assert sm100_key is not None
-    sm120_key = h.sglang_arch_twin(sm100_key)
+    sm120_key = arch.sglang_arch_twin(sm100_key)
     assert sm120_key is not None
 
     # 3. An SM120 branch already there: ours (already applied) or someone else's (refused).
@@ -200,7 +201,7 @@ def _target_key(node: cst.BaseAssignTargetExpression) -> str | None:
     """`x`, `self.x` or `overrides["x"]`, spelled canonically; None for anything else."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name):
         if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
@@ -243,7 +244,7 @@ def _chooses(branch: cst.If, backend: str) -> bool:
     """Whether the branch assigns `backend` to the MoE runner backend somewhere inside."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return any(
         isinstance(a, cst.Assign)
@@ -265,7 +266,7 @@ def _sm120_body(body: cst.BaseSuite) -> tuple[cst.IndentedBlock, list[str]] | st
     """
     import libcst as cst
 
-    from sm120patch import cst_helpers as hh
+    from sm120patch.patchkit import syntax as hh
 
     if not isinstance(body, cst.IndentedBlock):
         return f"`{hh.code(body)}`"
@@ -356,7 +357,7 @@ def _local_quantization(
     empty. A body that only reads the field is kept as it is."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     class Localize(cst.CSTTransformer):
         def __init__(self) -> None:
@@ -408,7 +409,7 @@ def _choice_operands(test: cst.BaseExpression) -> list[cst.Comparison] | None:
     """The three comparisons of the choice `if`, or None when `test` is not of that shape."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     ops = h.and_operands(test)
     if len(ops) != 3 or not all(
@@ -465,7 +466,7 @@ def _choose_cutlass(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement] |
     """`<backend> = "flashinfer_trtllm"` then `logger.info("...")`, retargeted to cutlass."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     found = "`" + "; ".join(h.code(s) for s in stmts) + "`"
     if len(stmts) != 2:
@@ -502,7 +503,7 @@ def _self_check(branch: cst.If, sm120_key: str) -> str | None:
     """Say what is wrong with the built branch, if anything (a guard against our own bugs)."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as hh
+    from sm120patch.patchkit import syntax as hh
 
     if hh.key(branch.test) != sm120_key:
         return f"test `{hh.code(branch.test)}`"
@@ -531,20 +532,20 @@ OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 GLM4_MOE = "sglang/srt/arg_groups/model_overrides/glm4_moe.py"
 FACTS = (
     Fact("<0.5.8", Status.NOT_APPLICABLE, "no Glm4MoeForCausalLM MoE branch",
-         source="DESIGN s4 D", note="no Glm4MoeForCausalLM branch before 0.5.8"),
+         source="released files", note="no Glm4MoeForCausalLM branch before 0.5.8"),
     Fact(">=0.5.8,<0.5.10", Status.APPLIED, '`elif model_arch in ["Glm4MoeForCausalLM"]:` '
          '`if is_sm100_supported():` ... flashinfer_trtllm under '
          '`if check_pkg_version_at_least("flashinfer-python", ...):`', SERVER_ARGS,
-         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 D"),
+         "ServerArgs._handle_model_specific_adjustments", "utils", "released files"),
     Fact(">=0.5.10,<0.5.15", Status.APPLIED, "same, without the version gate", SERVER_ARGS,
-         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 D"),
+         "ServerArgs._handle_model_specific_adjustments", "utils", "released files"),
     Fact(">=0.5.15,<0.5.19", Status.APPLIED, '`if is_sm100_supported():` ... '
          'overrides["moe_runner_backend"] = "flashinfer_trtllm"', OVERRIDES, OVERRIDES_FUNC,
-         "utils", "DESIGN s4 D",
+         "utils", "released files",
          note="server_args.py keeps an empty `elif model_arch in [\"Glm4MoeForCausalLM\"]: "
          "pass` pointing at overrides.py (real files): the site is in overrides.py"),
     Fact(">=0.5.19,<0.5.24", Status.APPLIED, "`if get_platform().is_sm100:`", GLM4_MOE,
-         OVERRIDES_FUNC, "platform", "DESIGN s4 D"),
+         OVERRIDES_FUNC, "platform", "released files"),
 )
 
 

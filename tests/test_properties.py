@@ -1,4 +1,4 @@
-"""Property tests (issue 6, item 4): formatting variants of every site (comments inside the
+"""Property tests: formatting variants of every site (comments inside the
 condition, extra parentheses, line breaks, trailing commas, operand order, aliased imports,
 `from x import (a,\\n b)` shapes, CRLF). Whatever the variant, a patch either applies exactly
 its intended change (checked on the `ast` syntax tree: the patched tree equals the original
@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from patches_under_test import load_patch
 
-from sm120patch.transform import Patch, Status, transform_text
+from sm120patch.patchkit.model import Patch, Status
+from sm120patch.patchkit.runner import transform_text
 
 # A few seconds per property by default; SM120PATCH_EXAMPLES=500 for a thorough run.
 EXAMPLES = settings(
@@ -510,7 +511,8 @@ def test_moe_backend_variants(source):
 def test_engine_apply_then_revert_is_the_identity(source):
     from trees import make_tree
 
-    from sm120patch import engine
+    from sm120patch.engine import apply, revert
+    from sm120patch.plan import plans
 
     with tempfile.TemporaryDirectory() as tmp:
         sg = make_tree(Path(tmp), "sglang", "0.5.8", "installed")
@@ -518,15 +520,15 @@ def test_engine_apply_then_revert_is_the_identity(source):
         path.write_bytes(source.encode())
         paths = {"sglang": sg}
         try:
-            report = engine.apply("moe", paths)
-        except engine.PlanRefused:
+            report = apply.apply("moe", paths)
+        except plans.PlanRefused:
             event("engine: refused")
             assert path.read_bytes() == source.encode()
             return
         assert report.action == "applied"
-        again = engine.apply("moe", paths)
+        again = apply.apply("moe", paths)
         assert again.action == "nothing-to-do"
-        engine.revert("moe", paths)
+        revert.revert("moe", paths)
         assert path.read_bytes() == source.encode()
 
 

@@ -10,8 +10,9 @@ import types
 import pytest
 from patches_under_test import load_patch
 
-from sm120patch import catalog
-from sm120patch.transform import Status, transform_text
+from sm120patch.patchkit.model import Status
+from sm120patch.patchkit.runner import transform_text
+from sm120patch.plan import catalog
 
 DEFAULT = load_patch("sglang.attention-default")
 GPT_OSS = load_patch("sglang.attention-gpt-oss")

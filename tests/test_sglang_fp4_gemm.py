@@ -10,8 +10,9 @@ import types
 import pytest
 from patches_under_test import load_patch
 
-from sm120patch import catalog
-from sm120patch.transform import Status, transform_text
+from sm120patch.patchkit.model import Status
+from sm120patch.patchkit.runner import transform_text
+from sm120patch.plan import catalog
 
 ENUM = load_patch("sglang.fp4-gemm-enum")
 AUTO = load_patch("sglang.fp4-gemm-auto")
@@ -436,7 +437,7 @@ def test_profile_pins_and_the_0612_refusal() -> None:
 def test_explain_lines_for_fp4_and_attention() -> None:
     """What the probe reports becomes two `explain` lines: the backend `auto` resolves to, and
     the launch's attention backend."""
-    from sm120patch import explain
+    from sm120patch.explain import explain
 
     def result(fp4: str, attention: str) -> dict:
         return {

@@ -1,4 +1,4 @@
-"""Every verdict from the files on disk (issue 9): each state of a target reached the way a user
+"""Every verdict from the files on disk: each state of a target reached the way a user
 reaches it (a reinstall, an upgrade, a branch switch, a deleted branch, a commit on the user's
 branch), each command's verdict checked against the bytes; the dry run against the apply on
 every refusal; ensure in each state; the smaller truths found on the way."""
@@ -17,8 +17,10 @@ import pytest
 from click.testing import CliRunner
 from trees import git, make_tree, tree_hash
 
-from sm120patch import state, targets
+from sm120patch import targets
 from sm120patch.cli import main
+from sm120patch.engine import store
+from sm120patch.targets import files
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 COMM = "flashinfer/jit/comm.py"
@@ -125,7 +127,7 @@ def test_a_lock_applies_again_over_a_reinstall_and_proves_its_result(pair, tmp_p
     code, out, _ = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 0 and "already exactly as" in out
     reinstall(sg, layout, "sglang", SERVER_ARGS, original)
-    # Before issue 9 this exited 0 over pristine files: now it patches them again.
+    # An ensure over pristine files (a reinstall) patches them again, it does not exit 0.
     code, out, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 0, err
     assert hashlib.sha256(sa.read_bytes()).hexdigest() in locked_after
@@ -159,7 +161,7 @@ def test_apply_locked_whose_result_differs_rolls_back_naming_the_file(pair, tmp_
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 1 and "patched text would differ" in err
     # ... and were it not there, the written bytes are checked against the lock.
-    from sm120patch import lockfile
+    from sm120patch.plan import lockfile
 
     monkeypatch.setattr(lockfile, "check", lambda lock, path: None)
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
@@ -349,7 +351,7 @@ def _dirty(sg, fi, layout):
 
 
 def _unfinished(sg, fi, layout):
-    st = state.TargetState.of(*_root_layout(sg, layout), "sglang")
+    st = store.TargetState.of(*_root_layout(sg, layout), "sglang")
     st.dir.mkdir(parents=True, exist_ok=True)
     (st.dir / "journal.json").write_text(json.dumps(
         {"schema": 1, "op": "apply", "files": [], "git": None, "peers": []}))  # fmt: skip
@@ -402,7 +404,7 @@ def test_the_dry_run_refuses_exactly_as_the_apply_and_writes_nothing(make, pair,
 
 def test_the_dry_run_refuses_while_another_run_holds_the_lock(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    st = state.TargetState.of(sg, "installed", "sglang")
+    st = store.TargetState.of(sg, "installed", "sglang")
     with st.locked():
         dry = cli("apply", "moe", "--sglang", str(sg), "--dry-run", "--no-gpu-check")
         real = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
@@ -421,10 +423,10 @@ def test_the_dry_run_says_what_it_found_as_the_apply_does(tmp_path):
 
 
 def test_a_file_changed_between_plan_and_journal_is_refused(tmp_path, monkeypatch):
-    from sm120patch import engine
+    from sm120patch.plan import planner
 
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    real_plan = engine.planner.plan
+    real_plan = planner.plan
 
     def plan_then_install(*args, **kwargs):
         result = real_plan(*args, **kwargs)
@@ -432,7 +434,7 @@ def test_a_file_changed_between_plan_and_journal_is_refused(tmp_path, monkeypatc
         path.write_text(path.read_text() + "# a pip install landed here\n")
         return result
 
-    monkeypatch.setattr(engine.planner, "plan", plan_then_install)
+    monkeypatch.setattr(planner, "plan", plan_then_install)
     code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
     assert code == 1 and "changed since it was planned" in err, err
     assert (sg / SERVER_ARGS).read_text().endswith("# a pip install landed here\n")
@@ -567,7 +569,7 @@ def test_state_of_0_1_0_is_read_and_migrated(tmp_path, monkeypatch):
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SM120PATCH_STATE_DIR", "relative-state")  # resolved once, absolutely
-    legacy = state.legacy_state_dir_for(sg, "sglang")
+    legacy = store.legacy_state_dir_for(sg, "sglang")
     assert legacy is not None and legacy.is_absolute()
     legacy.parent.mkdir(parents=True)
     shutil.move(str(sg / ".sm120patch" / "sglang"), str(legacy))
@@ -598,17 +600,17 @@ def test_an_unwritable_directory_during_recover_is_one_line(tmp_path, monkeypatc
         capture_output=True,
     )
     assert proc.returncode == -9
-    real = state.atomic_write
+    real = files.atomic_write
 
     def refused(path, data, *args, **kwargs):
         if path.name == "server_args.py":  # the restore of the pristine bytes
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(state, "atomic_write", refused)
+    monkeypatch.setattr(files, "atomic_write", refused)
     code, _, err = cli("recover", "--sglang", str(sg))
     assert code in (1, 75) and "internal error" not in err and "Traceback" not in err, err
     assert "Permission denied" in err and "recover" in err
-    monkeypatch.setattr(state, "atomic_write", real)
+    monkeypatch.setattr(files, "atomic_write", real)
     assert cli("recover", "--sglang", str(sg))[0] == 0
     assert status_of("--sglang", str(sg))["sglang"]["state"] == "pristine"

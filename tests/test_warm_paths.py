@@ -1,4 +1,4 @@
-"""Warm paths without libcst (issue 14, item 1): the commands that run most often decide from
+"""Warm paths without libcst: the commands that run most often decide from
 hashes, the plan cache and the lock's reviewed result, never from a parse. Each command runs
 in a fresh interpreter that then reports whether libcst was imported."""
 
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from trees import make_tree
 
-from sm120patch.plan import apply_diff, diff_texts
+from sm120patch.plan.diffs import apply_diff, diff_texts
 
 PROBE = """
 import json, sys

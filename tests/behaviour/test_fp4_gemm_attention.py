@@ -31,7 +31,10 @@ from behave import ARCHS, SEED, release_set
 from checks import field_problems
 from packaging.version import Version
 
-from sm120patch import catalog, explain, releases, targets
+from sm120patch import targets
+from sm120patch.explain import explain
+from sm120patch.maintain import releases
+from sm120patch.plan import catalog
 
 pytestmark = pytest.mark.behaviour
 

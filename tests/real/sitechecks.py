@@ -451,7 +451,7 @@ def _patch_module(patch_id: str):
     """The module of a patch of the library (its HELPER and HELPER_SOURCE)."""
     import sys
 
-    from sm120patch import catalog
+    from sm120patch.plan import catalog
 
     return sys.modules[catalog.load().patches[patch_id].transform.__module__]
 

@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 from realcache import RealReleases, release_set
 
-from sm120patch import catalog
 from sm120patch.cli import main
-from sm120patch.maintain import releases
+from sm120patch.maintain import releases, trees
+from sm120patch.plan import catalog
 
 pytestmark = pytest.mark.real
 
@@ -256,7 +256,7 @@ def test_fp4_gemm_on_sglang_0_5_23_with_flashinfer_0_7_4(tmp_path: Path) -> None
 def _checkout(tmp: Path, kind: str, version: str) -> Path:
     """A git repository of the release's tree, as a user's checkout."""
     root = tmp / f"{kind}-{version}"
-    shutil.copytree(releases.tree(kind, version), root)
+    shutil.copytree(trees.tree(kind, version), root)
     (root / kind / "version.py").write_text(f'__version__ = "{version}"\n')
     for args in (
         ("init", "-q", "-b", "main"),

@@ -1,0 +1,536 @@
+"""What SGLang's and FlashInfer's own code decides on this machine, or on a simulated GPU.
+
+This file is a script, run BY PATH in the interpreter that owns the target (the target venv's
+`python`), never imported by sm120patch: it imports torch, SGLang and FlashInfer, which the
+tool itself never does, and it imports nothing of sm120patch, which need not be installed
+there. `sm120patch explain` and tests/behaviour are its two callers.
+
+    python probe.py REQUEST.json RESULT.json
+
+The request (JSON) says:
+- `simulate`: "sm120", "sm100", "sm90" or null (the real GPU). Simulation makes torch report a
+  CUDA device of that capability (and CUDA `cuda_version`) before SGLang is imported, so
+  upstream's own predicates (`is_sm120_supported()`, `get_platform().is_sm120`, ...) compute
+  the answer; the result reports them, and the caller checks they say what was simulated.
+- `sys_path`: directories put first on sys.path (a release installed with `pip --target`).
+- `overlay`: {module name: source file}: these modules load from those files instead of the
+  installed ones (the patched or the pristine text), through a finder first on sys.meta_path;
+  the installed files are never touched.
+- `launches`: {name: [sglang launch arguments]}: each is parsed by the release's own
+  `prepare_server_args` and resolved by its `ServerArgs.__post_init__`.
+- `sglang`, `flashinfer`: whether to run the SGLang and the FlashInfer checks.
+
+The result (JSON) has `predicates`, per launch the whole resolved `server_args` (or `error`),
+`gate` (the runtime allreduce-fusion gate, with every condition that is not about the GPU
+held true), `resolve_backend` (per requested backend: the value or the error), `fp4_gemm`
+(the backend `initialize_fp4_gemm_config` resolves `--fp4-gemm-backend auto` to, or its
+error), and `comm_arch` (FlashInfer's `gen_trtllm_comm_module` nvcc arch flags, or its error).
+
+Exit codes: 0 done (per-check errors are in the result); 5 the target could not be imported
+(torch missing, a broken environment): the result then holds only `fatal`, one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.util
+import io
+import json
+import os
+import sys
+import traceback
+from types import SimpleNamespace
+from typing import Any
+
+EXIT_OK = 0
+EXIT_CANNOT_IMPORT = 5
+
+CAPABILITY = {"sm120": (12, 0), "sm100": (10, 0), "sm90": (9, 0)}
+DEVICE_NAME = {
+    "sm120": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+    "sm100": "NVIDIA B200",
+    "sm90": "NVIDIA H100 80GB HBM3",
+}
+MEMORY_MIB = {"sm120": 97887, "sm100": 183359, "sm90": 81559}
+
+# The gate module: communicator.py up to 0.5.20, layer_boundary/residual/add_norm.py after.
+GATE_MODULES = (
+    "sglang.srt.layers.layer_boundary.residual.add_norm",
+    "sglang.srt.layers.communicator",
+)
+GATE_FUNCTIONS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
+# Compiled GPU-only extensions: on a CPU-only machine their import fails; under simulation a
+# placeholder module stands in (any use of it raises). Decision code never calls them.
+GPU_EXTENSIONS = ("sgl_kernel", "deep_gemm", "flash_mla", "sgl_deep_gemm", "sgl_flash_mla")
+
+
+class Fatal(Exception):
+    """The target cannot be imported; one line for the user."""
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class OverlayFinder(importlib.abc.MetaPathFinder):
+    """Load the named modules from other source files (the alternate text of a tree)."""
+
+    def __init__(self, overlay: dict[str, str]) -> None:
+        self.overlay = overlay
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        source = self.overlay.get(name)
+        if source is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            real = finder.find_spec(name, path, target)
+            if real is not None:
+                break
+        else:
+            real = None
+        is_package = bool(real and real.submodule_search_locations is not None)
+        spec = importlib.util.spec_from_file_location(
+            name,
+            source,
+            submodule_search_locations=list(real.submodule_search_locations or [])
+            if is_package and real
+            else None,
+        )
+        return spec
+
+
+class Placeholder:
+    """Stands for anything of a GPU extension that cannot load here; using it raises."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Placeholder:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Placeholder(f"{self._name}.{attr}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self._name} is not available (simulated GPU, no compiled kernels)")
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        return (object,)
+
+
+class PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serve placeholder modules for the GPU extensions that do not import here."""
+
+    def __init__(self, tops: set[str]) -> None:
+        self.tops = tops
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name.split(".")[0] not in self.tops:
+            return None
+        return importlib.util.spec_from_loader(name, self, is_package=True)
+
+    def create_module(self, spec: Any) -> Any:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        module.__path__ = []
+        name = module.__name__
+
+        def attribute(attr: str) -> Placeholder:
+            if attr.startswith("__"):
+                raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+            return Placeholder(f"{name}.{attr}")
+
+        module.__getattr__ = attribute  # type: ignore[method-assign,unused-ignore]  # PEP 562
+
+
+def _unimportable(names: tuple[str, ...]) -> set[str]:
+    out = set()
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+                del sys.modules[key]
+            out.add(name)
+    return out
+
+
+# ----------------------------------------------------------------------------- simulation
+
+
+def simulate(torch: Any, arch: str, cuda_version: str, devices: int) -> None:
+    """Make torch report `devices` CUDA GPUs of `arch`; nothing else of torch changes."""
+    major, minor = CAPABILITY[arch]
+    cuda = torch.cuda
+    props = SimpleNamespace(
+        name=DEVICE_NAME[arch],
+        major=major,
+        minor=minor,
+        total_memory=MEMORY_MIB[arch] * 1024 * 1024,
+        multi_processor_count=188 if arch == "sm120" else 132,
+        gcnArchName="",
+        uuid="GPU-00000000-0000-0000-0000-000000000000",
+        L2_cache_size=128 * 1024 * 1024,
+        warp_size=32,
+    )
+    cuda.is_available = lambda: True
+    cuda.device_count = lambda: devices
+    cuda.get_device_capability = lambda device=None: (major, minor)
+    cuda.get_device_name = lambda device=None: DEVICE_NAME[arch]
+    cuda.get_device_properties = lambda device=None: props
+    cuda.mem_get_info = lambda device=None: (props.total_memory, props.total_memory)
+    cuda.current_device = lambda: 0
+    cuda.is_initialized = lambda: True
+    cuda.set_device = lambda device: None
+    torch.version.cuda = cuda_version
+
+
+def tolerate_missing_ops(torch: Any, namespaces: set[str]) -> None:
+    """Under simulation, registering a fake (meta) kernel for an operator of a compiled
+    extension that did not load (sgl_kernel's, or PyPI torchvision's, which is built against
+    CUDA torch) is skipped instead of failing the import: those operators are never run here.
+    Every other registration goes through unchanged."""
+    library = torch.library
+
+    def wrap(original: Any) -> Any:
+        def tolerant(op: Any, func: Any = None, /, *args: Any, **kwargs: Any) -> Any:
+            name = op if isinstance(op, str) else str(getattr(op, "_name", ""))
+            if name.split("::")[0] not in namespaces:
+                return original(op, func, *args, **kwargs)
+
+            def register(fn: Any) -> Any:
+                try:
+                    return original(op, fn, *args, **kwargs)
+                except RuntimeError as exc:
+                    if "does not exist" in str(exc):
+                        return fn
+                    raise
+
+            return register if func is None else register(func)
+
+        return tolerant
+
+    for name in ("register_fake", "impl_abstract"):
+        if hasattr(library, name):
+            setattr(library, name, wrap(getattr(library, name)))
+
+
+def load_cuda_runtime() -> str | None:
+    """A CUDA torch has libcudart loaded; FlashInfer's comm module looks for it among the
+    process's libraries at import (`find_loaded_library("libcudart")`). Under simulation on a
+    CPU torch, load the one an `nvidia-cuda-runtime` wheel ships, if any: loading needs no GPU
+    or driver, and nothing here calls into it. Returns the path loaded, or None."""
+    import ctypes
+    import glob
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as fh:
+            if "libcudart" in fh.read():
+                return None
+    except OSError:
+        return None
+    for entry in sys.path:
+        for path in sorted(glob.glob(os.path.join(entry, "nvidia", "cuda_runtime", "lib",
+                                                  "libcudart.so*"))):
+            with contextlib.suppress(OSError):
+                ctypes.CDLL(path)
+                return path
+    return None
+
+
+def simulate_sglang(arch: str) -> None:
+    """What SGLang asks outside torch: GPU memory through nvidia-smi."""
+    common = sys.modules.get("sglang.srt.utils.common")
+    if common is not None and hasattr(common, "get_nvgpu_memory_capacity"):
+        setattr(common, "get_nvgpu_memory_capacity", lambda: float(MEMORY_MIB[arch]))  # noqa: B010
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_jsonable(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+def predicates() -> dict[str, Any]:
+    from sglang.srt import utils
+
+    out: dict[str, Any] = {}
+    for name in ("is_sm90_supported", "is_sm100_supported", "is_sm120_supported"):
+        fn = getattr(utils, name, None)
+        out[name] = bool(fn()) if fn is not None else None
+    try:
+        from sglang.srt.runtime_context import get_platform  # 0.5.19 on
+    except ImportError:
+        return out
+    platform = get_platform()
+    for name in ("is_sm90", "is_sm100", "is_sm120"):
+        out[f"get_platform().{name}"] = bool(getattr(platform, name))
+    return out
+
+
+def server_args(argv: list[str]) -> dict[str, Any]:
+    """The release's own parse and resolution of one launch line, as a plain dict of every
+    field (the whole object, so a caller can see any field a patch changed)."""
+    import dataclasses
+    import logging
+
+    from sglang.srt.server_args import prepare_server_args
+
+    logs = io.StringIO()
+    handler = logging.StreamHandler(logs)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    # On the "sglang" logger, not the root: releases reset the root's handlers (basicConfig).
+    logger = logging.getLogger("sglang")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        args = prepare_server_args(list(argv))
+        if hasattr(args, "resolve_once"):  # 0.5.23: resolution is a step of its own
+            args.resolve_once()
+        if hasattr(args, "resolved_dict"):
+            fields = _jsonable(args.resolved_dict())
+        else:
+            fields = {f.name: _jsonable(getattr(args, f.name)) for f in dataclasses.fields(args)}
+    except BaseException as exc:  # SystemExit from argparse included
+        return {"error": _error(exc), "where": _where(), "log": logs.getvalue().splitlines()}
+    finally:
+        logger.removeHandler(handler)
+    return {"server_args": fields, "log": logs.getvalue().splitlines()}
+
+
+def _where() -> list[str]:
+    """The last frames of the exception being handled, one line each."""
+    return [ln.strip() for ln in traceback.format_exc().splitlines() if ln.startswith("  File")][
+        -8:
+    ]
+
+
+def gate() -> dict[str, Any]:
+    """The runtime allreduce-fusion gate at batch size 1, every condition of it that is not
+    about the GPU architecture held true: the answer is the architecture's."""
+    import types
+
+    module = fn = None
+    problems = []
+    for name in GATE_MODULES:
+        try:
+            candidate = importlib.import_module(name)
+        except ImportError as exc:
+            problems.append(f"{name}: {_error(exc)}")
+            continue
+        fn = next((getattr(candidate, f) for f in GATE_FUNCTIONS if hasattr(candidate, f)), None)
+        if fn is not None:
+            module = candidate
+            break
+    if module is None or fn is None:
+        return {"error": "no gate function found; " + "; ".join(problems)}
+    comm = SimpleNamespace(flashinfer_allreduce_fusion_backend="auto")
+    # What the gate reads of the server arguments, across releases (0.5.10 adds attn_cp_size,
+    # 0.5.16 reads them through get_server_args()).
+    args = SimpleNamespace(
+        enable_flashinfer_allreduce_fusion=True,
+        flashinfer_allreduce_fusion_backend="auto",
+        attn_cp_size=1,
+    )
+    held_true = {
+        "_is_flashinfer_available": True,
+        "is_dp_attention_enabled": lambda: False,
+        "get_global_server_args": lambda: args,
+        "get_server_args": lambda: args,
+        "get_exec": lambda: SimpleNamespace(comm=comm),
+        "uses_cutedsl_ar_fusion": lambda: False,
+        "is_flashinfer_allreduce_unavailable": lambda: False,
+    }
+    scope = dict(module.__dict__)
+    scope.update({k: v for k, v in held_true.items() if k in scope})
+    flags = {k: bool(v) for k, v in module.__dict__.items() if k.startswith("_is_sm")}
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    try:
+        passes = bool(copy(1))
+    except Exception as exc:
+        return {"module": module.__name__, "function": fn.__name__, "error": _error(exc)}
+    return {"module": module.__name__, "function": fn.__name__, "passes": passes, "flags": flags}
+
+
+def resolve_backend() -> dict[str, Any]:
+    try:
+        from sglang.srt.layers.flashinfer_comm_fusion import _resolve_backend
+    except ImportError as exc:
+        return {"error": _error(exc)}
+    out: dict[str, Any] = {}
+    for backend in ("auto", "trtllm"):
+        try:
+            out[backend] = {"value": _resolve_backend(backend, False)}
+        except Exception as exc:
+            out[backend] = {"error": _error(exc)}
+    return {"backends": out}
+
+
+FP4_UTILS = "sglang.srt.layers.quantization.fp4_utils"
+
+
+def fp4_gemm() -> dict[str, Any]:
+    """What `initialize_fp4_gemm_config` resolves each requested FP4 GEMM backend to: run on a
+    copy of the function whose configuration reads return the request (the server arguments
+    up to 0.5.18, `get_exec().kernel` from 0.5.19), the module's global left as it was."""
+    import types
+
+    try:
+        module = importlib.import_module(FP4_UTILS)
+    except ImportError as exc:
+        return {"error": _error(exc)}
+    fn = getattr(module, "initialize_fp4_gemm_config", None)
+    if fn is None:
+        return {"error": f"{FP4_UTILS} has no initialize_fp4_gemm_config"}
+    out: dict[str, Any] = {}
+    for requested in ("auto",):
+        config = SimpleNamespace(fp4_gemm_runner_backend=requested)
+        scope = dict(module.__dict__)
+        if "get_exec" in scope:
+            scope["get_exec"] = lambda config=config: SimpleNamespace(kernel=config)
+        copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
+                                  fn.__closure__)
+        try:
+            copy(*([config] if fn.__code__.co_argcount else []))
+            out[requested] = {"value": getattr(scope["FP4_GEMM_RUNNER_BACKEND"], "value", None)}
+        except Exception as exc:
+            out[requested] = {"error": _error(exc)}
+    return {"backends": out}
+
+
+def comm_arch() -> dict[str, Any]:
+    try:
+        comm = importlib.import_module("flashinfer.jit.comm")
+    except ImportError:
+        try:
+            comm = importlib.import_module("flashinfer.comm.trtllm_ar")  # 0.3.x
+        except ImportError as exc:
+            return {"error": _error(exc)}
+    gen = getattr(comm, "gen_trtllm_comm_module", None)
+    if gen is None:
+        return {"error": f"{comm.__name__} has no gen_trtllm_comm_module"}
+    try:
+        spec = gen()
+    except Exception as exc:
+        return {"module": comm.__name__, "error": _error(exc)}
+    flags = [str(f) for f in (getattr(spec, "extra_cuda_cflags", None) or [])]
+    return {
+        "module": comm.__name__,
+        "archs": [f.split("arch=")[1].split(",")[0] for f in flags if "arch=compute_" in f],
+        "flags": flags,
+    }
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _devices(launches: dict[str, list[str]]) -> int:
+    """Enough simulated GPUs for the largest --tp asked for."""
+    most = 1
+    for argv in launches.values():
+        for flag in ("--tp", "--tp-size", "--tensor-parallel-size"):
+            if flag in argv:
+                i = argv.index(flag)
+                with contextlib.suppress(IndexError, ValueError):
+                    most = max(most, int(argv[i + 1]))
+    return most
+
+
+def run(request: dict[str, Any]) -> dict[str, Any]:
+    for entry in reversed(request.get("sys_path", [])):
+        sys.path.insert(0, entry)
+    overlay = request.get("overlay", {})
+    if overlay:
+        sys.meta_path.insert(0, OverlayFinder(overlay))
+    arch = request.get("simulate")
+    launches: dict[str, list[str]] = request.get("launches", {})
+    try:
+        import torch
+    except Exception as exc:
+        raise Fatal(f"cannot import torch in {sys.executable}: {_error(exc)}") from None
+    if arch:
+        simulate(torch, arch, request.get("cuda_version", "12.9"), _devices(launches))
+        tolerate_missing_ops(torch, {"torchvision", *GPU_EXTENSIONS})
+        load_cuda_runtime()
+        missing = _unimportable(GPU_EXTENSIONS)
+        if missing:
+            sys.meta_path.append(PlaceholderFinder(missing))
+    result: dict[str, Any] = {
+        "python": sys.executable,
+        "torch": torch.__version__,
+        "simulate": arch,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "capability": list(torch.cuda.get_device_capability(0))
+        if torch.cuda.is_available()
+        else None,
+    }
+    if request.get("sglang", True):
+        try:
+            sglang = importlib.import_module("sglang")
+            importlib.import_module("sglang.srt.server_args")
+        except Exception as exc:
+            raise Fatal(f"cannot import sglang.srt.server_args: {_error(exc)}") from None
+        if arch:
+            simulate_sglang(arch)
+        result["sglang"] = {"version": getattr(sglang, "__version__", None),
+                            "file": sglang.__file__}
+        result["predicates"] = predicates()
+        result["launches"] = {name: server_args(argv) for name, argv in launches.items()}
+        result["gate"] = _guarded(gate)
+        result["resolve_backend"] = _guarded(resolve_backend)
+        result["fp4_gemm"] = _guarded(fp4_gemm)
+    if request.get("flashinfer", False):
+        try:
+            flashinfer = importlib.import_module("flashinfer")
+        except Exception as exc:
+            raise Fatal(f"cannot import flashinfer: {_error(exc)}") from None
+        result["flashinfer"] = {"version": getattr(flashinfer, "__version__", None),
+                                "file": flashinfer.__file__}
+        result["comm_arch"] = _guarded(comm_arch)
+    return result
+
+
+def _guarded(check: Any) -> dict[str, Any]:
+    try:
+        return dict(check())
+    except Exception as exc:
+        return {"error": _error(exc), "where": _where()}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: probe.py REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    with open(argv[1], encoding="utf-8") as fh:
+        request = json.load(fh)
+    if request.get("env"):
+        os.environ.update(request["env"])
+    try:
+        result = run(request)
+        code = EXIT_OK
+    except Fatal as exc:
+        if os.environ.get("SM120PATCH_DEBUG"):
+            traceback.print_exception(exc.__context__ or exc)
+        result, code = {"fatal": str(exc)}, EXIT_CANNOT_IMPORT
+    with open(argv[2], "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=1, sort_keys=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
