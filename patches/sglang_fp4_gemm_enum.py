@@ -212,9 +212,10 @@ PATCH = Patch(
     target="sglang",
     title="Add flashinfer_b12x to SGLang's FP4 GEMM runner backends",
     why=(
-        "FlashInfer's mm_fp4 has a b12x backend for SM120/SM121 (NVFP4, CUDA 13, 128x4 scale "
-        "layout), but SGLang's Fp4GemmRunnerBackend has no member for it, so neither "
-        "--fp4-gemm-backend nor auto can reach it. The patch adds FLASHINFER_B12X = "
+        "FlashInfer's mm_fp4 has a b12x backend for SM120/SM121 from FlashInfer 0.6.9 (CUDA 13, "
+        "12.9 for NVFP4 from FlashInfer 0.7; the 128x4 scale layout), but SGLang's "
+        "Fp4GemmRunnerBackend has no member for it, so neither --fp4-gemm-backend nor auto "
+        "can reach it. The patch adds FLASHINFER_B12X = "
         '"flashinfer_b12x" and is_flashinfer_b12x(), as sgl-project/sglang PR 38170 does; '
         'get_flashinfer_backend() already maps it to FlashInfer\'s "b12x" by stripping the '
         "flashinfer_ prefix. The weights are prepared as for flashinfer_cutlass (the 128x4 "
