@@ -10,7 +10,7 @@ import envs
 import pytest
 from click.testing import CliRunner
 
-from sm120patch import releases
+from sm120patch.maintain import releases
 from sm120patch.cli import main
 
 pytestmark = pytest.mark.behaviour
