@@ -362,11 +362,18 @@ def matrix(
 
 
 def explain(
-    session: Session, python: str | None, simulate: str | None, launch: tuple[str, ...]
+    session: Session,
+    python: str | None,
+    simulate: str | None,
+    launch: tuple[str, ...],
+    profile: str = "all",
 ) -> Explanation:
+    """Pristine against patched; where nothing is applied the patched side is `profile`'s."""
     from sm120patch.explain import explain as explaining
 
-    return explaining.explain(session.paths, python=python, simulate=simulate, launch=launch)
+    return explaining.explain(
+        session.paths, python=python, simulate=simulate, launch=launch, profile=profile
+    )
 
 
 # ---- trial ---------------------------------------------------------------------------------
