@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +32,7 @@ from sm120patch.assess import Assessment
 from sm120patch.errors import Refused, Sm120Error
 from sm120patch.layouts import InstalledLayout, layout_of
 from sm120patch.plan import Plan, PlanRefused
-from sm120patch.state import FileRecord, Journal, Manifest, Peer, TargetState, sha256
+from sm120patch.state import FileRecord, Journal, Manifest, Peer, TargetState, sha256, trial_key
 from sm120patch.targets import Target
 from sm120patch.transform import Outcome
 
@@ -1052,3 +1052,19 @@ def record_trial(
         st = TargetState.of(target.root, target.layout, target.kind)
         with st.locked():
             st.add_trial(trial)
+
+
+def forget_trials(paths: Mapping[str, str | Path | None], keys: Collection[str]) -> int:
+    """Remove the trials named by `keys` (`state.trial_key`) from every target found in
+    `paths` (a trial is kept on each target of its profile); how many records went."""
+    dropped = 0
+    for kind in targets.KINDS:
+        target = targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
+        if target is None:
+            continue
+        st = TargetState.of(target.root, target.layout, target.kind)
+        if not any(trial_key(t) in keys for t in st.trials()):
+            continue  # nothing to remove: no lock taken, no state directory made
+        with st.locked():
+            dropped += st.drop_trials(keys)
+    return dropped

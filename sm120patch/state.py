@@ -25,7 +25,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -625,6 +625,14 @@ class TargetState:
     def add_trial(self, trial: dict[str, Any]) -> None:
         self._write(TRIALS, {"trials": [*self.trials(), trial]})
 
+    def drop_trials(self, keys: Collection[str]) -> int:
+        """Remove the trials whose `trial_key` is in `keys`; how many went."""
+        trials = self.trials()
+        kept = [t for t in trials if trial_key(t) not in keys]
+        if len(kept) != len(trials):
+            self._write(TRIALS, {"trials": kept})
+        return len(trials) - len(kept)
+
     # ---- file copies -------------------------------------------------------------------
     def _copy_path(self, kind: str, rel: str, base: Path | None = None) -> Path:
         return inside(base or self.dir, f"{kind}/{safe_relpath(rel)}")
@@ -748,10 +756,17 @@ def check_journal(doc: dict[str, Any]) -> str:
     return _check_files(doc.get("files")) or _check_git(doc.get("git"), commits=False)
 
 
+def trial_key(trial: dict[str, Any]) -> str:
+    """What names one trial across targets (it is kept on each target of its profile)."""
+    return str(trial.get("id") or f"{trial.get('started')}:{trial.get('profile')}")
+
+
 def check_trials(doc: dict[str, Any]) -> str:
     trials = doc.get("trials", [])
     if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
         return "trials is not a list of records"
+    if any(not isinstance(t.get("id", ""), str) for t in trials):
+        return "a trial's id is not a string"
     return ""
 
 
