@@ -132,7 +132,7 @@ def _interrupt_notice(signum: int, count: int) -> None:
 
 
 def _install_interrupt_notice() -> None:
-    from sm120patch import interrupts
+    from sm120patch.engine import interrupts
 
     interrupts.notice = _interrupt_notice
 
@@ -190,7 +190,7 @@ def emit_json(doc: Any) -> None:
 def main(pack_dirs: tuple[str, ...]) -> None:
     """Apply, review and revert the patches that enable SGLang and FlashInfer fast paths on
     NVIDIA SM120 GPUs (RTX PRO 6000, RTX 5090)."""
-    from sm120patch import catalog
+    from sm120patch.plan import catalog
 
     catalog.use_packs(pack_dirs)  # also when empty: one process may run several commands
 
@@ -199,7 +199,7 @@ def main(pack_dirs: tuple[str, ...]) -> None:
 @json_option
 def list_cmd(as_json: bool) -> None:
     """List the profiles and the patches they apply."""
-    from sm120patch import catalog
+    from sm120patch.plan import catalog
 
     cat = catalog.load()
     if as_json:
@@ -244,7 +244,7 @@ def list_cmd(as_json: bool) -> None:
 @click.argument("profile")
 def show_cmd(profile: str) -> None:
     """Show a profile: its patches, why each exists, the shapes each knows, its pins."""
-    from sm120patch import catalog
+    from sm120patch.plan import catalog
 
     cat = catalog.load()
     prof = cat.profile(profile)
@@ -284,7 +284,7 @@ def _lock_for(
         if not profile:
             raise UsageError("give a PROFILE (see `sm120patch list`) or --locked LOCKFILE")
         return profile, None, None
-    from sm120patch import lockfile
+    from sm120patch.plan import lockfile
 
     lock = lockfile.read(Path(locked))
     if profile and profile != lock.profile:
@@ -336,7 +336,8 @@ def apply_cmd(
     as_json: bool,
 ) -> None:
     """Apply PROFILE (moe, fusion, all) to SGLang and FlashInfer."""
-    from sm120patch import engine, gpu
+    from sm120patch.engine import apply
+    from sm120patch.trial import gpu
 
     paths = {"sglang": sglang, "flashinfer": flashinfer}
     profile, lock, check_plan = _lock_for(profile, locked)
@@ -346,7 +347,7 @@ def apply_cmd(
     print_known(profile, paths, err=dry_run, quiet=as_json, probe=probe)  # issue 11
     if dry_run:
         # The apply minus the writes: the same preflight refuses the same way.
-        prep = engine.dry_run(profile, paths, force=force, check_plan=check_plan, lock=lock)
+        prep = apply.dry_run(profile, paths, force=force, check_plan=check_plan, lock=lock)
         gpu_doc = None
         if not no_gpu_check:
             found = probe()
@@ -372,7 +373,7 @@ def apply_cmd(
         if not prep.nothing_to_do:
             click.echo(plan.diff(), nl=False)
         return
-    report = engine.apply(
+    report = apply.apply(
         profile,
         paths,
         force=force,
@@ -417,10 +418,11 @@ def ensure_cmd(
 ) -> None:
     """For service start-up: exit 0 when the trees are exactly as wanted (applying first if
     they are pristine or the patch is gone), exit 1 changing nothing otherwise."""
-    from sm120patch import engine, gpu
+    from sm120patch.engine import ensure
+    from sm120patch.trial import gpu
 
     profile, lock, check_plan = _lock_for(profile, locked)
-    report = engine.ensure(
+    report = ensure.ensure(
         profile,
         {"sglang": sglang, "flashinfer": flashinfer},
         force=force,
@@ -464,14 +466,14 @@ def revert_cmd(
     as_json: bool,
 ) -> None:
     """Revert PROFILE, or --all: every touched file back byte for byte."""
-    from sm120patch import engine
+    from sm120patch.engine import revert
     from sm120patch.errors import UsageError
 
     if bool(profile) == all_:
         raise UsageError("give exactly one of PROFILE or --all")
     if dry_run:
         paths = {"sglang": sglang, "flashinfer": flashinfer}
-        report = engine.revert_dry_run(None if all_ else profile, paths, force=force)
+        report = revert.revert_dry_run(None if all_ else profile, paths, force=force)
         if as_json:
             emit_json(report.to_dict())
             return
@@ -484,7 +486,7 @@ def revert_cmd(
                            f"{len(t.files)} file(s)", err=True)  # fmt: skip
         click.echo(report.restores, nl=False)
         return
-    report = engine.revert(
+    report = revert.revert(
         None if all_ else profile,
         {"sglang": sglang, "flashinfer": flashinfer},
         force=force,
@@ -519,7 +521,7 @@ def _file_line(f: dict[str, Any]) -> str:
 @json_option
 def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """The state of each target, decided from the bytes on disk, and of every touched file."""
-    from sm120patch import assess
+    from sm120patch.engine import assess
 
     found = assess.status({"sglang": sglang, "flashinfer": flashinfer})
     if as_json:
@@ -547,9 +549,9 @@ def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
 @json_option
 def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """Finish an interrupted apply (roll back) or revert (roll forward)."""
-    from sm120patch import engine
+    from sm120patch.engine import recover
 
-    report = engine.recover({"sglang": sglang, "flashinfer": flashinfer})
+    report = recover.recover({"sglang": sglang, "flashinfer": flashinfer})
     if as_json:
         emit_json(report.to_dict())
         return
@@ -588,7 +590,7 @@ def print_known(
     """One line per known outcome (patches/known.toml) and per trial measured here that match
     this box, before acting; `apply` and `trial` call it. On stdout by default: stderr stays
     the one clear error line when the command then fails; `err` where stdout is a diff."""
-    from sm120patch import known
+    from sm120patch.trial import known
 
     if quiet:
         return
@@ -693,8 +695,8 @@ def trial_cmd(
     """
     from pathlib import Path
 
-    from sm120patch import gpu, trial
     from sm120patch.errors import TrialCrashed, UsageError
+    from sm120patch.trial import gpu, serve
 
     paths = {"sglang": sglang, "flashinfer": flashinfer}
     if export_path and not measure:
@@ -705,7 +707,7 @@ def trial_cmd(
     probe = functools.cache(gpu.probe)  # one NVML start for the known outcomes and the check
     print_known(profile, paths, list(command), err=as_json, probe=probe)
     if measure:
-        from sm120patch import measure as measuring
+        from sm120patch.trial import measure as measuring
 
         opts = measuring.Options(
             api=api,
@@ -746,7 +748,7 @@ def trial_cmd(
             sys.exit(measured.exit_code)
         return
     try:
-        result = trial.run(
+        result = serve.run(
             profile,
             paths,
             list(command),
@@ -799,7 +801,7 @@ def trial_show_cmd(
     """Show a recorded trial (the latest, or ID or a prefix of it); --html draws a report."""
     from pathlib import Path
 
-    from sm120patch import known, report
+    from sm120patch.trial import known, report
 
     found = known.find_trial(known.history({"sglang": sglang, "flashinfer": flashinfer}), trial_id)
     if html_path:
@@ -817,7 +819,7 @@ def trial_show_cmd(
 
 
 def write_export(doc: dict[str, Any], path: Any) -> None:
-    from sm120patch import known
+    from sm120patch.trial import known
 
     path.write_text(known.export_record(doc), encoding="utf-8")
     click.echo(f"wrote {path}: one known.toml record", err=True)
@@ -836,7 +838,7 @@ def trial_line(t: dict[str, Any]) -> str:
 
 def measured_lines(doc: dict[str, Any]) -> list[str]:
     """A measured trial in words: each run's figures and power, then the verdict."""
-    from sm120patch import gpu
+    from sm120patch.trial import gpu
 
     lines = [f"trial {doc['id']} of {doc['profile']}: {' '.join(doc['command'])}"]
     if doc.get("versions") or doc.get("gpu_names"):
@@ -891,7 +893,7 @@ def power_lines(samples: list[dict[str, Any]]) -> list[str]:
 @json_option
 def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """What this machine has (GPUs, SGLang, FlashInfer) and what each profile would do here."""
-    from sm120patch import doctor
+    from sm120patch.explain import doctor
 
     found = doctor.examine({"sglang": sglang, "flashinfer": flashinfer})
     if as_json:
@@ -942,9 +944,9 @@ def pin_cmd(
     """Write a lock file freezing versions, patch digests and file hashes of PROFILE here."""
     from pathlib import Path
 
-    from sm120patch import lockfile
+    from sm120patch.engine import pin
 
-    lock = lockfile.make(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
+    lock = pin.make(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
     Path(output).write_text(lock.to_toml(), encoding="utf-8")
     versions = ", ".join(f"{k} {v}" for k, v in lock.versions.items())
     click.echo(f"wrote {output}: {profile} on {versions}, {len(lock.files)} file(s)")
@@ -974,8 +976,7 @@ def export_cmd(
     """Write one mail-format patch per applied patch per target (for git am / git apply)."""
     from pathlib import Path
 
-    from sm120patch import export
-    from sm120patch import plan as planner
+    from sm120patch.plan import export, planner
 
     plan = planner.checked(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
     for item in export.write(plan, Path(out_dir), overwrite=overwrite):
@@ -1006,8 +1007,8 @@ def new_patch_cmd(
     """Write a patch module, its facts table, a profile and a test into a pack directory."""
     from pathlib import Path
 
-    from sm120patch import scaffold
     from sm120patch.errors import UsageError
+    from sm120patch.patchkit import newpatch
 
     try:
         majors = tuple(int(x) for x in expect.split(",")) if expect else ()
@@ -1015,10 +1016,10 @@ def new_patch_cmd(
         raise UsageError(
             f"--expect '{expect}' is not a list of integers", "e.g. --expect 9,10"
         ) from None
-    spec = scaffold.NewPatch(
+    spec = newpatch.NewPatch(
         patch_id, target, rel, function, pins, profile or "", keyword, majors, add
     )
-    written = scaffold.write(spec, Path(directory), force=force)
+    written = newpatch.write(spec, Path(directory), force=force)
     for path in (written.module, written.test, written.profiles):
         click.echo(f"wrote {path}")
     click.echo(f"next: fill in the TODOs, then `python -m pytest {written.test}` and "
@@ -1063,10 +1064,10 @@ def matrix_cmd(
     cache; offline, the cached release list is used with a warning."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-    from sm120patch import catalog
     from sm120patch.errors import UsageError
     from sm120patch.maintain import matrix
     from sm120patch.maintain.progress import Progress
+    from sm120patch.plan import catalog
 
     if as_json and as_markdown:
         raise UsageError("give at most one of --json and --markdown")
@@ -1135,7 +1136,7 @@ def explain_cmd(
     Runs SGLang's server-argument resolution, the allreduce-fusion gate, _resolve_backend and
     FlashInfer's comm module flags in the target's interpreter: no weights, no server.
     """
-    from sm120patch import explain
+    from sm120patch.explain import explain
 
     found = explain.explain(
         {"sglang": sglang, "flashinfer": flashinfer},

@@ -15,9 +15,9 @@ from typing import Any
 
 from packaging.version import Version
 
-from sm120patch import catalog
 from sm120patch.errors import UsageError
 from sm120patch.maintain import releases
+from sm120patch.plan import catalog
 
 DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
 
@@ -34,9 +34,9 @@ class Row:
 
 def plan_release(kind: str, version: str) -> Row:
     """Fetch (or reuse) one release and plan every profile's patches for its kind on it."""
-    from sm120patch import plan as planner
     from sm120patch import targets
-    from sm120patch.transform import Status
+    from sm120patch.patchkit.model import Status
+    from sm120patch.plan import planner
 
     row = Row(kind, version)
     try:

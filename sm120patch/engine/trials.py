@@ -1,0 +1,42 @@
+"""Where a trial's record is kept: on every target of its profile, beside the state, across
+reverts."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from sm120patch import targets
+from sm120patch.engine.records import trial_key
+from sm120patch.engine.store import TargetState
+from sm120patch.plan import catalog
+
+
+def record_trial(
+    paths: Mapping[str, str | Path | None], profile: str, trial: dict[str, Any]
+) -> None:
+    """Keep a trial's record on every target of its profile (it survives the revert)."""
+    for kind in catalog.load().profile(profile).targets:
+        target = targets.find_quiet(kind, paths.get(kind), required=False)
+        if target is None:
+            continue
+        st = TargetState.of(target.root, target.layout, target.kind)
+        with st.locked():
+            st.add_trial(trial)
+
+
+def forget_trials(paths: Mapping[str, str | Path | None], keys: Collection[str]) -> int:
+    """Remove the trials named by `keys` (`records.trial_key`) from every target found in
+    `paths` (a trial is kept on each target of its profile); how many records went."""
+    dropped = 0
+    for kind in targets.KINDS:
+        target = targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
+        if target is None:
+            continue
+        st = TargetState.of(target.root, target.layout, target.kind)
+        if not any(trial_key(t) in keys for t in st.trials()):
+            continue  # nothing to remove: no lock taken, no state directory made
+        with st.locked():
+            dropped += st.drop_trials(keys)
+    return dropped

@@ -1,0 +1,796 @@
+"""`trial PROFILE --measure`: the patch judged by measurement, baseline against patched.
+
+The same server command runs without the profile (baseline) and with it (patched), alternated
+ABAB... `repeat` times (default 3 of each). Each run: start the server in its own process group,
+wait for readiness, drive the same load (built-in generator, or `bench_cmd`) while NVML samples
+every GPU, ask the greedy probe prompts and run `eval_cmd` (first run of each side), stop the
+group; every line of its output is read for the profile's wiring evidence (the log lines a
+patch declares to show that its path ran or was skipped). Then, first match wins:
+
+- a crash or no readiness on either side: `crashed` (exit 3), matched against the known
+  failure signatures;
+- nothing answered on the baseline (no load request, no probe): `unreachable` (exit 8), an
+  error of the setup (`--api`, the port), never evidence about the patch;
+- answers that fail `sanity.judge`: `reverted-wrong-output` (exit 6), whatever the speed;
+- a patched run whose log shows a patch's path skipped: `inert` (exit 5), quoting the line;
+- the figures (`decide_gain`): `kept` (exit 0), `reverted-slower` (exit 5) or `inconclusive`
+  (exit 5: inside the noise, or fewer than 2 runs a side).
+
+The profile is left applied only on `kept`. Every trial is recorded with both sides in the
+trial history (`trials.record_trial`); only `kept`, `reverted-slower`, `reverted-wrong-output`
+and a crash of the patched side are evidence (`evidence`: shown as "you measured" lines and
+exportable). The engine never prints: server output goes to `on_line`, progress to `on_event`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from sm120patch.engine import apply, assess, revert, trials
+from sm120patch.errors import Refused, UsageError
+from sm120patch.trial import gpu, loadgen, sanity, serve
+
+EXIT = {
+    "kept": 0,
+    "crashed": 3,
+    "interrupted": 130,
+    "inconclusive": 5,
+    "inert": 5,
+    "reverted-slower": 5,
+    "reverted-wrong-output": 6,
+    "unreachable": 8,
+}
+EXIT_UNREACHABLE = EXIT["unreachable"]
+# Verdicts that say something about the patch: the only "you measured" lines and exports.
+DECIDED = ("kept", "reverted-slower", "reverted-wrong-output")
+REPEAT = 3  # default rounds: ABAB with 3 runs a side
+MIN_RUNS = 2  # a side needs this many runs before its spread means anything
+
+# figure -> (unit shown, higher is better)
+FIGURES: dict[str, tuple[str, bool]] = {
+    "output_tok_s": ("tok/s", True),
+    "req_s": ("req/s", True),
+    "ttft_p50_ms": ("ms TTFT p50", False),
+    "ttft_p99_ms": ("ms TTFT p99", False),
+    "itl_p50_ms": ("ms ITL p50", False),
+    "itl_p99_ms": ("ms ITL p99", False),
+}
+
+# sglang.bench_serving's result keys -> ours
+BENCH_KEYS = {
+    "output_throughput": "output_tok_s",
+    "request_throughput": "req_s",
+    "median_ttft_ms": "ttft_p50_ms",
+    "p99_ttft_ms": "ttft_p99_ms",
+    "median_itl_ms": "itl_p50_ms",
+    "p99_itl_ms": "itl_p99_ms",
+    "completed": "completed",
+    "total_output_tokens": "output_tokens",
+    "duration": "duration_s",
+}
+
+# The mean range of n draws of a normal distribution in standard deviations (d2 of the control
+# chart tables): two runs show a range of 1.13 sigma on average, three 1.69. The noise below
+# is scaled by d2(3) / d2(n), so that it means the same at every number of runs.
+_D2 = {
+    2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326, 6: 2.534, 7: 2.704, 8: 2.847, 9: 2.970, 10: 3.078,
+    11: 3.173, 12: 3.258, 13: 3.336, 14: 3.407, 15: 3.472, 16: 3.532, 17: 3.588, 18: 3.640,
+    19: 3.689, 20: 3.735,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Options:
+    api: str | None = None  # None: from --ready-url, the command's --port, or :30000
+    ready_url: str | None = None
+    ready_pattern: str | None = None
+    timeout: float = 600.0
+    requests: int = 64
+    concurrency: int = 8
+    max_tokens: int = 128
+    warmup: int | None = None
+    repeat: int = REPEAT
+    min_gain: float = 0.02
+    figure: str = "output_tok_s"
+    min_similarity: float = sanity.MIN_SIMILARITY
+    min_agreement: float = sanity.MIN_AGREEMENT
+    model: str | None = None
+    bench_cmd: str | None = None  # a command line with {output} for its JSON result file
+    # A quality command of the user's, run on both sides ({api}, {model}, {output}); its
+    # score is the number at `eval_key` (dotted) in the JSON it writes to {output} or prints
+    # last on stdout; the patched side may not score below the baseline by more than
+    # `eval_tolerance`.
+    eval_cmd: str | None = None
+    eval_key: str = "score"
+    eval_tolerance: float = 0.01
+    sample_every: float = 0.25
+
+
+@dataclass
+class Run:
+    side: str  # "baseline" or "patched"
+    round: int
+    started: float
+    ready_s: float | None = None
+    outcome: str = "ok"  # "ok", "crashed", "timeout", "died-under-load"
+    exit_code: int | None = None
+    figures: dict[str, Any] | None = None
+    # The measured window, seconds since the epoch (time.time()), to align outside telemetry.
+    window_start: float | None = None
+    window_end: float | None = None
+    timeline: list[dict[str, float]] = field(default_factory=list)
+    power: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    nvml_problem: str | None = None
+    answers: list[dict[str, Any]] = field(default_factory=list)
+    eval_score: float | None = None
+    # patch id -> {"seen": "ran" | "skipped" | "not-seen", "line": the line that showed it}
+    wiring: dict[str, dict[str, str]] = field(default_factory=dict)
+    load_errors: list[str] = field(default_factory=list)
+    load_texts: list[str] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+
+    def mean_power_w(self) -> float | None:
+        watts = [g["mean_w"] for g in self.gpus if g.get("mean_w") is not None]
+        return sum(watts) / len(watts) if watts else None
+
+    def answered(self) -> bool:
+        """Whether anything of the API answered: one load request or one probe."""
+        completed = (self.figures or {}).get("completed")
+        return bool(completed) or any(a.get("error") is None for a in self.answers)
+
+
+@dataclass
+class MeasuredTrial:
+    profile: str
+    command: list[str]
+    options: dict[str, Any]
+    started: float
+    versions: dict[str, str] = field(default_factory=dict)
+    gpu_names: list[str] = field(default_factory=list)
+    gpu_family: str | None = None
+    runs: list[Run] = field(default_factory=list)
+    summary: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
+    gain: float | None = None
+    noise: float | None = None
+    # Each patched run's gain over its neighbouring baseline runs (decide_gain).
+    pairs: list[float] = field(default_factory=list)
+    verdict: str = "crashed"
+    message: str = ""
+    reverted: bool = False
+    sanity: dict[str, Any] | None = None
+    signature: dict[str, str] | None = None
+    ended: float | None = None
+    id: str = field(default_factory=serve.new_id)
+    kind: str = "measured"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT[self.verdict]
+
+    @property
+    def evidence(self) -> bool:
+        """Whether this trial says something about the patch (DECIDED, or the patched side
+        crashed): only those are "you measured" lines and exports."""
+        if self.verdict == "crashed":
+            return any(r.side == "patched" and r.outcome != "ok" for r in self.runs)
+        return self.verdict in DECIDED
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        for run in doc["runs"]:
+            run.pop("load_texts")  # checked, not kept: they would swell the history
+        doc["exit_code"] = self.exit_code
+        doc["evidence"] = self.evidence
+        return doc
+
+
+def api_of(opts: Options, command: Sequence[str]) -> str:
+    if opts.api:
+        return opts.api.rstrip("/")
+    if opts.ready_url:
+        parts = urlsplit(opts.ready_url)
+        return f"{parts.scheme}://{parts.netloc}"
+    port = "30000"  # SGLang's default
+    for flag, value in zip(command, command[1:], strict=False):
+        if flag == "--port":
+            port = value
+    return f"http://127.0.0.1:{port}"
+
+
+def check_options(opts: Options) -> None:
+    if opts.figure not in FIGURES:
+        raise UsageError(
+            f"--figure {opts.figure} is not one of {', '.join(FIGURES)}",
+            "the default, output_tok_s, is what the patches are meant to raise",
+        )
+    if opts.repeat < 1 or opts.requests < 1 or opts.concurrency < 1:
+        raise UsageError("--repeat, --requests and --concurrency must be at least 1")
+    if not 0 <= opts.min_agreement <= 1:
+        raise UsageError("--min-agreement is a share between 0 and 1")
+    if opts.eval_tolerance < 0:
+        raise UsageError("--eval-tolerance cannot be negative")
+    if opts.bench_cmd is not None and "{output}" not in opts.bench_cmd:
+        raise UsageError(
+            "--bench-cmd needs {output} where its JSON result file goes",
+            "e.g. --bench-cmd 'python -m sglang.bench_serving --backend sglang "
+            "--num-prompts 200 --output-file {output}'",
+        )
+    for name, cmdline in (("--bench-cmd", opts.bench_cmd), ("--eval-cmd", opts.eval_cmd)):
+        if cmdline is not None:
+            try:
+                shlex.split(cmdline)
+            except ValueError as exc:
+                raise UsageError(f"{name}: {exc}") from None
+    if opts.ready_pattern:
+        try:
+            re.compile(opts.ready_pattern)
+        except re.error as exc:
+            raise UsageError(f"--ready-pattern is not a valid regular expression: {exc}") from None
+
+
+def _applied_profiles(paths: Mapping[str, str | Path | None]) -> set[str]:
+    return {s.profile for s in assess.status(paths) if s.profile}
+
+
+def run(
+    profile: str,
+    paths: Mapping[str, str | Path | None],
+    command: Sequence[str],
+    opts: Options,
+    *,
+    force: bool = False,
+    preconditions: Callable[[], None] | None = None,
+    log_path: Path | None = None,
+    on_line: Callable[[str], None] = lambda line: None,
+    on_event: Callable[[str], None] = lambda line: None,
+    on_wait: Callable[[float, str | None], None] | None = None,
+) -> MeasuredTrial:
+    """Baseline and patched, alternated; keep or revert on the figures. Never raises for a
+    slow, wrong, inert, unreachable or crashed server: that is the trial's verdict
+    (`exit_code`). `on_wait(elapsed, last_line)` is called every few seconds while a server
+    is not ready yet."""
+    if not command:
+        raise UsageError("give the server command after `--`")
+    check_options(opts)
+    from sm120patch.plan import catalog
+
+    catalog.load().profile(profile)  # an unknown profile is a usage error before anything runs
+    if preconditions is not None:
+        preconditions()
+    applied = _applied_profiles(paths)
+    others = applied - {profile}
+    if others:
+        raise Refused(
+            f"profile {', '.join(sorted(others))} is applied; the baseline would not be pristine",
+            f"revert it first (`sm120patch revert {sorted(others)[0]}`)",
+        )
+    if profile not in applied:
+        from sm120patch.plan import planner
+
+        planner.checked(profile, paths, force=force)  # refuse now, not after the baseline ran
+    result = MeasuredTrial(profile, list(command), asdict(opts), time.time())
+    result.versions = {s.target.kind: s.target.version for s in assess.status(paths)}
+    probe = gpu.probe()
+    result.gpu_names = [g.name for g in probe.gpus]
+    result.gpu_family = probe.family
+    declared = declared_wiring(profile)
+    is_applied = profile in applied
+    log = serve.open_log(log_path)
+    try:
+        for round_ in range(opts.repeat):
+            for side in ("baseline", "patched"):
+                want = side == "patched"
+                if want and not is_applied:
+                    apply.apply(profile, paths, force=force)
+                elif not want and is_applied:
+                    revert.revert(profile, paths)
+                is_applied = want
+                on_event(f"{side} run {round_ + 1} of {opts.repeat}")
+                one = _one_run(
+                    side, round_, command, opts, on_line, log, declared, on_wait,
+                    first=round_ == 0,
+                )  # fmt: skip
+                result.runs.append(one)
+                if one.outcome != "ok":
+                    raise _Stop
+                if side == "baseline" and round_ == 0 and not one.answered():
+                    raise _Stop  # unreachable: more runs would not answer either
+                if side == "patched" and skipped_patch(one) is not None:
+                    raise _Stop  # inert: the figures would measure the unpatched path
+    except _Stop:
+        pass
+    except KeyboardInterrupt:
+        result.verdict = "interrupted"
+        result.message = "interrupted: the profile was reverted"
+    except Exception:
+        # A refusal between runs (a benchmark that fails, an apply that refuses): never leave
+        # the profile applied by a trial that did not finish.
+        if is_applied:
+            revert.revert(profile, paths)
+        raise
+    finally:
+        if log:
+            log.close()
+    if result.verdict != "interrupted":
+        _decide(result, opts)
+    if result.verdict != "kept" and is_applied:
+        revert.revert(profile, paths)
+        result.reverted = True
+    elif result.verdict == "kept" and not is_applied:  # pragma: no cover - ABAB ends patched
+        apply.apply(profile, paths, force=force)
+    result.ended = time.time()
+    trials.record_trial(paths, profile, result.to_dict())
+    if result.verdict == "interrupted":
+        raise KeyboardInterrupt
+    return result
+
+
+class _Stop(Exception):
+    """No further runs: a side crashed, nothing answers, or the patched path did not run."""
+
+
+def _one_run(
+    side: str,
+    round_: int,
+    command: Sequence[str],
+    opts: Options,
+    on_line: Callable[[str], None],
+    log: Any,
+    declared: Sequence[Wiring],
+    on_wait: Callable[[float, str | None], None] | None,
+    *,
+    first: bool,
+) -> Run:
+    api = api_of(opts, command)
+    ready_url = opts.ready_url or (None if opts.ready_pattern else f"{api}/health")
+    pattern = re.compile(opts.ready_pattern) if opts.ready_pattern else None
+    started = time.time()
+    one = Run(side, round_, started)
+    scan = WiringScan(declared)
+
+    def each_line(line: str) -> None:
+        scan.feed(line)
+        on_line(line)
+
+    proc = serve.spawn(command)
+    watcher = serve._Watcher(proc, pattern, each_line, log)
+    try:
+        verdict, ready_at = serve._judge(
+            proc, watcher, ready_url, pattern is not None, opts.timeout, started, on_wait
+        )
+        if verdict == "interrupted":
+            raise KeyboardInterrupt
+        if verdict != "ready":
+            one.outcome = "timeout" if verdict == "timeout" else "crashed"
+            one.exit_code = proc.poll()
+            return one
+        one.ready_s = None if ready_at is None else round(ready_at - started, 2)
+        sampler = gpu.Sampler(opts.sample_every)
+
+        def window_start() -> None:
+            one.window_start = time.time()
+            sampler.start()
+
+        def window_end() -> None:
+            sampler.stop()
+            one.window_end = time.time()
+
+        model = opts.model or loadgen.resolve_model(api)
+        spec = loadgen.LoadSpec(
+            api=api,
+            model=model,
+            requests=opts.requests,
+            concurrency=opts.concurrency,
+            max_tokens=opts.max_tokens,
+            warmup=opts.warmup,
+        )
+        if opts.bench_cmd:
+            one.figures = _bench(opts.bench_cmd, spec, window_start, window_end)
+        else:
+            measured = loadgen.run(spec, on_start=window_start, on_end=window_end)
+            one.figures = measured.figures.to_dict()
+            one.timeline = measured.timeline
+            one.load_errors = measured.errors
+            one.load_texts = measured.texts
+        one.power = sampler.samples
+        one.nvml_problem = sampler.problem
+        one.gpus = [asdict(g) for g in gpu.summarise(sampler.samples)]
+        if first and proc.poll() is None:
+            one.answers = [asdict(a) for a in loadgen.probe(api, model)]
+            if opts.eval_cmd and proc.poll() is None and one.answered():
+                one.eval_score = _eval(opts, api, model)
+        if proc.poll() is not None:
+            one.outcome = "died-under-load"
+            one.exit_code = proc.returncode
+        return one
+    finally:
+        serve._stop(proc)
+        watcher.thread.join(timeout=5)
+        one.tail = list(watcher.tail)
+        one.wiring = scan.result()
+
+
+def _bench(
+    bench_cmd: str,
+    spec: loadgen.LoadSpec,
+    on_start: Callable[[], None],
+    on_end: Callable[[], None],
+) -> dict[str, Any]:
+    """Run the field's own benchmark after the built-in warm-up; read its JSON result."""
+    loadgen.run(loadgen.LoadSpec(**{**asdict(spec), "requests": 1, "warmup": None}))
+    with tempfile.TemporaryDirectory(prefix="sm120patch-bench-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        argv = [part.replace("{output}", out) for part in shlex.split(bench_cmd)]
+        on_start()
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        finally:
+            on_end()
+        if done.returncode != 0 or not os.path.exists(out):
+            raise Refused(
+                f"--bench-cmd exited with code {done.returncode} and wrote no result",
+                _last_line(done) or "run the benchmark by hand against the server",
+            )
+        lines = [ln for ln in Path(out).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    doc = json.loads(lines[-1])  # bench_serving appends one JSON line per run
+    figures: dict[str, Any] = {ours: doc.get(theirs) for theirs, ours in BENCH_KEYS.items()}
+    figures["source"] = "bench-cmd"
+    return figures
+
+
+def _last_line(done: subprocess.CompletedProcess[str]) -> str:
+    text = (done.stderr or done.stdout or "").strip()
+    return text.splitlines()[-1] if text else ""
+
+
+def _eval(opts: Options, api: str, model: str) -> float:
+    """Run the user's quality command against this side's server; its score at `eval_key`."""
+    assert opts.eval_cmd is not None
+    with tempfile.TemporaryDirectory(prefix="sm120patch-eval-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        values = {"{output}": out, "{api}": api, "{model}": model}
+        argv = []
+        for part in shlex.split(opts.eval_cmd):
+            for key, value in values.items():
+                part = part.replace(key, value)
+            argv.append(part)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        except OSError as exc:
+            raise Refused(f"--eval-cmd cannot start {argv[0]}: {exc.strerror}") from None
+        if done.returncode != 0:
+            raise Refused(
+                f"--eval-cmd exited with code {done.returncode}",
+                _last_line(done) or "run the quality command by hand against the server",
+            )
+        text = Path(out).read_text(encoding="utf-8") if os.path.exists(out) else done.stdout
+    return eval_score(text, opts.eval_key)
+
+
+def eval_score(text: str, key: str) -> float:
+    """The number at dotted `key` in a JSON document, or in the last line of `text` that is
+    one (a command that prints progress first)."""
+    doc: Any = None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        for line in reversed(text.strip().splitlines()):
+            try:
+                doc = json.loads(line)
+                break
+            except ValueError:
+                continue
+    if doc is None:
+        raise Refused(
+            "--eval-cmd gave no JSON result",
+            "write it to {output}, or print it as the last line of standard output",
+        )
+    value = doc
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise Refused(
+                f"--eval-cmd's JSON has no {key!r}",
+                f"its keys are: {', '.join(map(str, doc)) if isinstance(doc, dict) else '?'}; "
+                "choose with --eval-key",
+            )
+        value = value[part]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Refused(f"--eval-cmd's {key!r} is not a number: {value!r}")
+    return float(value)
+
+
+# ---- wiring evidence: did the patched path run? -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """A patch's declared log lines: regular expressions searched in each server line; one
+    matching `ran` shows its path ran, one matching `skipped` that it was turned off."""
+
+    patch: str
+    ran: tuple[str, ...]
+    skipped: tuple[str, ...] = ()
+
+
+def wiring_of(patch: Any) -> Wiring | None:
+    """What a patch declares in its `wiring` attribute (an object with `ran` and `skipped`
+    sequences of regular expressions); None where it declares nothing."""
+    declared = getattr(patch, "wiring", None)
+    if declared is None:
+        return None
+    ran, skipped = getattr(declared, "ran", ()), getattr(declared, "skipped", ())
+    return Wiring(patch.id, tuple(_strings(ran)), tuple(_strings(skipped)))
+
+
+def _strings(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value or ()]
+
+
+def declared_wiring(profile: str) -> list[Wiring]:
+    from sm120patch.plan import catalog
+
+    cat = catalog.load()
+    found = (wiring_of(p) for p in cat.patches_of(cat.profile(profile)))
+    return [w for w in found if w is not None and (w.ran or w.skipped)]
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error:
+        return re.compile(re.escape(pattern))  # a declaration that is not a regex: its text
+
+
+class WiringScan:
+    """Reads a server's output line by line as it comes (a log is never held whole). The last
+    line matching either side decides, per patch: a path that ran and was turned off later
+    counts as skipped, and the other way round."""
+
+    def __init__(self, declared: Sequence[Wiring]) -> None:
+        self.declared = [
+            (w.patch, [_compile(p) for p in w.ran], [_compile(p) for p in w.skipped])
+            for w in declared
+        ]
+        self.seen: dict[str, dict[str, str]] = {
+            w.patch: {"seen": "not-seen", "line": ""} for w in declared
+        }
+
+    def feed(self, line: str) -> None:
+        for patch, ran, skipped in self.declared:
+            if any(p.search(line) for p in skipped):
+                self.seen[patch] = {"seen": "skipped", "line": line.strip()}
+            elif any(p.search(line) for p in ran):
+                self.seen[patch] = {"seen": "ran", "line": line.strip()}
+
+    def result(self) -> dict[str, dict[str, str]]:
+        return {k: dict(v) for k, v in self.seen.items()}
+
+
+def read_wiring(declared: Sequence[Wiring], lines: Iterable[str]) -> dict[str, dict[str, str]]:
+    """Per declared patch: ran, skipped or not-seen in `lines` (a server's output)."""
+    scan = WiringScan(declared)
+    for line in lines:
+        scan.feed(line)
+    return scan.result()
+
+
+def skipped_patch(run: Run) -> tuple[str, str] | None:
+    """(patch, line) of the first patch whose path this run's log shows skipped."""
+    for patch, ev in run.wiring.items():
+        if ev.get("seen") == "skipped":
+            return patch, ev.get("line", "")
+    return None
+
+
+# ---- the verdict --------------------------------------------------------------------------
+
+
+def _stats(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "min": None, "max": None, "spread": None, "runs": 0}
+    med = statistics.median(values)
+    spread = (max(values) - min(values)) / med if med else 0.0
+    return {
+        "median": round(med, 3),
+        "min": min(values),
+        "max": max(values),
+        # None with one run: one value has no spread (0 would read as "no noise").
+        "spread": round(spread, 4) if len(values) > 1 else None,
+        "runs": len(values),
+    }
+
+
+@dataclass(frozen=True)
+class GainDecision:
+    verdict: str  # "kept", "reverted-slower", "inconclusive"
+    gain: float | None  # the median paired gain
+    noise: float | None
+    pairs: list[float]
+    why: str  # for an inconclusive verdict, in words
+
+
+def paired_gains(baseline: Sequence[float], patched: Sequence[float], higher: bool) -> list[float]:
+    """Each patched run against its neighbouring baseline runs (the one before it and, where
+    there is one, the one after: ABAB puts a baseline on both sides), as a gain: a slow drift
+    of the box (clocks, heat, a cache warming) shifts both neighbours and cancels out."""
+    gains = []
+    for i, p in enumerate(patched):
+        neighbours = baseline[i : i + 2]
+        if not neighbours or not p:
+            continue
+        b = statistics.fmean(neighbours)
+        gains.append((p / b if higher else b / p) - 1)
+    return gains
+
+
+def decide_gain(
+    baseline: Sequence[float], patched: Sequence[float], higher: bool, min_gain: float
+) -> GainDecision:
+    """Kept, slower or inconclusive, from each side's runs in ABAB order.
+
+    The gain is the median of the paired gains (`paired_gains`). The noise is the larger
+    side's run-to-run spread ((max - min) / median) plus how far the paired gains scatter from
+    their median (the larger of median - lowest and highest - median), scaled by
+    d2(3) / d2(n) for n runs a side so that it means the same at any n (the range of few
+    draws underestimates their spread: two runs show two thirds of what three show). Kept:
+    gain >= min_gain + noise; slower: gain <= -(min_gain + noise); else inconclusive. With
+    fewer than MIN_RUNS runs a side nothing is measured of the noise: inconclusive."""
+    n = min(len(baseline), len(patched))
+    if n < MIN_RUNS:
+        pairs = paired_gains(baseline, patched, higher)
+        gain = round(statistics.median(pairs), 4) if pairs else None
+        return GainDecision("inconclusive", gain, None, [round(p, 4) for p in pairs], "few")
+    pairs = paired_gains(baseline, patched, higher)
+    gain = statistics.median(pairs)
+    spread = max(
+        (max(v) - min(v)) / statistics.median(v)
+        for v in (baseline, patched)
+        if statistics.median(v)
+    )
+    scatter = max(gain - min(pairs), max(pairs) - gain)
+    noise = (spread + scatter) * _D2[3] / _D2.get(n, _D2[max(_D2)])
+    if gain >= min_gain + noise:
+        verdict = "kept"
+    elif gain <= -(min_gain + noise):
+        verdict = "reverted-slower"
+    else:
+        verdict = "inconclusive"
+    return GainDecision(
+        verdict, round(gain, 4), round(noise, 4), [round(p, 4) for p in pairs], "noise"
+    )
+
+
+def _crash(result: MeasuredTrial, bad: Run) -> None:
+    sig = serve.diagnose(bad.tail)
+    result.signature = asdict(sig) if sig else None
+    what = {
+        "timeout": "was not ready before the timeout",
+        "died-under-load": f"died under load (exit {bad.exit_code})",
+    }.get(bad.outcome, f"exited with code {bad.exit_code}")
+    head = f"{bad.side} server {what} in run {bad.round + 1}"
+    if sig:
+        head += f": {sig.diagnosis}"
+    tail = "reverted" if bad.side == "patched" else "the command fails without the patch too"
+    result.verdict = "crashed"
+    result.message = f"{head}: {tail}"
+
+
+def _decide(result: MeasuredTrial, opts: Options) -> None:
+    bad = next((r for r in result.runs if r.outcome != "ok"), None)
+    if bad is not None:
+        _crash(result, bad)
+        return
+    base = [r for r in result.runs if r.side == "baseline"]
+    patched = [r for r in result.runs if r.side == "patched"]
+    if base and not base[0].answered():
+        api = api_of(opts, result.command)
+        first = next((e for e in base[0].load_errors), None) or next(
+            (a.get("error") for a in base[0].answers if a.get("error")), "no answer"
+        )
+        result.verdict = "unreachable"
+        result.message = (
+            f"nothing answered at {api} on the baseline (no load request, no probe: {first}); "
+            "this says nothing about the patch: reverted"
+        )
+        return
+    for side, runs in (("baseline", base), ("patched", patched)):
+        result.summary[side] = {
+            name: _stats([r.figures[name] for r in runs if (r.figures or {}).get(name) is not None])
+            for name in FIGURES
+        }
+        result.summary[side]["power_w"] = _stats(
+            [p for r in runs if (p := r.mean_power_w()) is not None]
+        )
+    scores = None
+    if opts.eval_cmd and base[0].eval_score is not None and patched[0].eval_score is not None:
+        scores = sanity.EvalScores(
+            base[0].eval_score, patched[0].eval_score, opts.eval_tolerance, opts.eval_key
+        )
+    verdict = sanity.judge(
+        [loadgen.Answer(**a) for a in base[0].answers],
+        [loadgen.Answer(**a) for a in patched[0].answers],
+        patched_load_texts=[t for r in patched for t in r.load_texts],
+        patched_load_errors=[e for r in patched for e in r.load_errors],
+        baseline_load_errors=[e for r in base for e in r.load_errors],
+        min_similarity=opts.min_similarity,
+        min_agreement=opts.min_agreement,
+        scores=scores,
+    )
+    result.sanity = asdict(verdict)
+    unit, higher = FIGURES[opts.figure]
+
+    def values(runs: list[Run]) -> list[float]:
+        return [float(r.figures[opts.figure]) for r in runs if (r.figures or {}).get(opts.figure)]
+
+    decision = decide_gain(values(base), values(patched), higher, opts.min_gain)
+    result.gain, result.noise, result.pairs = decision.gain, decision.noise, decision.pairs
+    figures = _figures_line(result, opts.figure, unit)
+    skipped = next((s for r in patched if (s := skipped_patch(r)) is not None), None)
+    if not verdict.ok:
+        result.verdict = "reverted-wrong-output"
+        result.message = f"{figures}, but the output is wrong ({verdict.reasons[0]}): reverted"
+    elif skipped is not None:
+        patch, line = skipped
+        run = next(r for r in patched if skipped_patch(r) is not None)
+        result.verdict = "inert"
+        result.message = (
+            f"the patched server skipped {patch}'s path in run {run.round + 1} "
+            f"(its log: {line!r}); the figures measure the unpatched path: reverted"
+        )
+    elif decision.gain is None:
+        result.verdict = "inconclusive"
+        result.message = f"no {opts.figure} was measured on one side: reverted"
+    elif decision.why == "few":
+        result.verdict = "inconclusive"
+        result.message = (
+            f"{figures}: one run a side, no spread measured; a keep needs at least "
+            f"{MIN_RUNS} runs a side (--repeat {REPEAT}, the default): reverted"
+        )
+    else:
+        result.verdict = decision.verdict
+        noise = f"±{100 * (decision.noise or 0):.1f}% noise + --min-gain {100 * opts.min_gain:g}%"
+        if decision.verdict == "inconclusive":
+            result.message = f"{figures}: inside the {noise}: reverted"
+        elif decision.verdict == "kept":
+            result.message = f"{figures}: beyond the {noise}: kept"
+        else:
+            result.message = f"{figures}: slower beyond the {noise}: reverted"
+    unseen = [
+        p for p, ev in (patched[0].wiring if patched else {}).items() if ev["seen"] == "not-seen"
+    ]
+    if unseen and result.verdict != "inert":
+        result.message += f" (the log showed neither ran nor skipped for {', '.join(unseen)})"
+
+
+def _figures_line(result: MeasuredTrial, figure: str, unit: str) -> str:
+    """'patched 236 tok/s vs baseline 880 tok/s (-73%), power 125 W vs 250 W'."""
+    b = result.summary["baseline"][figure]["median"]
+    p = result.summary["patched"][figure]["median"]
+    gain = "" if result.gain is None else f" ({100 * result.gain:+.0f}%)"
+    if result.gain is not None and abs(result.gain) < 0.1:
+        gain = f" ({100 * result.gain:+.1f}%)"
+    line = f"patched {_num(p)} {unit} vs baseline {_num(b)} {unit}{gain}"
+    pb = result.summary["baseline"]["power_w"]["median"]
+    pp = result.summary["patched"]["power_w"]["median"]
+    if pb is not None and pp is not None:
+        line += f", power {pp:.0f} W vs {pb:.0f} W"
+    return line
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
