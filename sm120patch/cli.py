@@ -1,9 +1,9 @@
 """The command line: parse, call the library, render. Nothing else lives here.
 
 Exit codes (README): 0 success, 1 refused or precondition failed (nothing changed), 2 usage,
-3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted: not
-faster beyond the spread) and 6 (reverted: wrong output); 75 a run left its journal
-(`recover`), 130 interrupted.
+3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted:
+inconclusive, slower or inert), 6 (reverted: wrong output) and 8 (nothing answered at the
+API); 75 a run left its journal (`recover`), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -534,14 +534,27 @@ def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
         click.echo(f"{t.name} {t.version} ({t.layout}) at {t.root}: {s.state}")
         if s.state != "pristine":
             click.echo(f"  {s.assessment.message}")
-        for trial in s.trials[-5:]:
-            click.echo("  " + trial_line(trial))
+        for line in _trial_lines(s.trials):
+            click.echo("  " + line)
         if s.profile is None:
             continue
         branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
         click.echo(f"  profile {s.profile}{branch}")
         for f in s.files:
             click.echo(_file_line(f))
+
+
+def _trial_lines(trials: list[dict[str, Any]], shown: int = 3) -> list[str]:
+    """The last few trials of a target, and how many more there are."""
+    from sm120patch.trial import report
+
+    lines = [report.trial_line(t) for t in trials[-shown:]]
+    if len(trials) > shown:
+        lines.append(
+            f"... and {len(trials) - shown} earlier trial(s): `sm120patch trial show ID`, "
+            "`sm120patch trial forget ID` (or --all)"
+        )
+    return lines
 
 
 @main.command("recover")
@@ -564,7 +577,8 @@ def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> No
 
 class _TrialGroup(click.Group):
     """`trial PROFILE ...` runs a trial (the `run` subcommand by default); `trial show [ID]`
-    shows recorded ones. No profile is called `show` or `run`."""
+    shows recorded ones, `trial forget ID` removes them. No profile is called `show`, `run` or
+    `forget`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
@@ -575,7 +589,8 @@ class _TrialGroup(click.Group):
 @main.group("trial", cls=_TrialGroup)
 def trial_group() -> None:
     """Apply a profile, run a server under it, judge it, keep or revert: `trial PROFILE -- CMD`
-    (see `trial run --help`); `trial show [ID]` for recorded trials."""
+    (see `trial run --help`); `trial show [ID]` for recorded trials, `trial forget ID` (or
+    --all) to remove them."""
 
 
 def print_known(
@@ -623,13 +638,19 @@ def print_known(
 @click.option("--concurrency", type=int, default=8, show_default=True, help="Requests in flight.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per request.")
 @click.option("--warmup", type=int, default=None, help="Uncounted requests first [concurrency].")
-@click.option("--repeat", type=int, default=1, show_default=True, help="ABAB rounds.")
+@click.option(
+    "--repeat",
+    type=int,
+    default=3,
+    show_default=True,
+    help="ABAB rounds: runs a side (a keep needs 2 at least).",
+)
 @click.option(
     "--min-gain",
     type=float,
     default=2.0,
     show_default=True,
-    help="Percent the figure must improve beyond the measured spread to keep the patch.",
+    help="Percent the figure must improve beyond the measured noise to keep the patch.",
 )
 @click.option(
     "--figure",
@@ -643,6 +664,27 @@ def print_known(
     default=0.5,
     show_default=True,
     help="Least word similarity of the patched greedy answers to the baseline's.",
+)
+@click.option(
+    "--min-agreement",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="Least greedy top-1 token agreement with the baseline (where logprobs are served).",
+)
+@click.option(
+    "--eval-cmd",
+    default=None,
+    metavar="CMDLINE",
+    help="A quality command run on both sides ({api}, {model}, {output}); JSON score.",
+)
+@click.option("--eval-key", default="score", show_default=True, help="Dotted key of its score.")
+@click.option(
+    "--eval-tolerance",
+    type=float,
+    default=0.01,
+    show_default=True,
+    help="How far the patched score may fall below the baseline's.",
 )
 @click.option("--model", default=None, help="Model name for the API (default: /v1/models).")
 @click.option(
@@ -681,6 +723,10 @@ def trial_cmd(
     min_gain: float,
     figure: str,
     min_similarity: float,
+    min_agreement: float,
+    eval_cmd: str | None,
+    eval_key: str,
+    eval_tolerance: float,
     model: str | None,
     bench_cmd: str | None,
     export_path: str | None,
@@ -689,14 +735,15 @@ def trial_cmd(
 ) -> None:
     """Apply PROFILE, run COMMAND (after --), keep the patch if it gets ready, else revert.
 
-    With --measure: baseline and patched runs of COMMAND under the same load, kept only when
-    the figure improves by --min-gain beyond the spread and the answers are sane. Exit 0 kept,
-    3 crashed, 5 reverted as not faster, 6 reverted as wrong output.
+    With --measure: baseline and patched runs of COMMAND under the same load (ABAB, --repeat a
+    side), kept only when the figure improves by --min-gain beyond the measured noise, the
+    answers are sane and the patched path was not skipped. Exit 0 kept, 3 crashed, 5 reverted
+    (inconclusive, slower or inert), 6 reverted as wrong output, 8 nothing answered at the API.
     """
     from pathlib import Path
 
-    from sm120patch.errors import TrialCrashed, UsageError
-    from sm120patch.trial import gpu, serve
+    from sm120patch.errors import TrialCrashed, TrialUnreachable, UsageError
+    from sm120patch.trial import gpu, report, serve
 
     paths = {"sglang": sglang, "flashinfer": flashinfer}
     if export_path and not measure:
@@ -722,6 +769,10 @@ def trial_cmd(
             min_gain=min_gain / 100,
             figure=figure,
             min_similarity=min_similarity,
+            min_agreement=min_agreement,
+            eval_cmd=eval_cmd,
+            eval_key=eval_key,
+            eval_tolerance=eval_tolerance,
             model=model,
             bench_cmd=bench_cmd,
         )
@@ -735,14 +786,29 @@ def trial_cmd(
             log_path=Path(log_path) if log_path else None,
             on_line=lambda line: click.echo(line, err=True),
             on_event=lambda line: click.echo(f"sm120patch: {line}", err=True),
+            on_wait=_waiting(),
         )
         doc = measured.to_dict()
-        if export_path:
+        if export_path and measured.evidence:
             write_export(doc, Path(export_path))
+        elif export_path:
+            click.echo(
+                f"sm120patch: nothing exported: {measured.verdict} is not evidence", err=True
+            )
+        if measured.verdict == "unreachable":
+            if not as_json:
+                for line in report.measured_lines(doc):
+                    click.echo(line)
+            raise TrialUnreachable(
+                measured.message,
+                "check --api (or --ready-url, or the command's --port): the server must answer "
+                "/v1/completions there",
+                details=doc if as_json else None,
+            )
         if as_json:
             emit_json(doc)
         else:
-            for line in measured_lines(doc):
+            for line in report.measured_lines(doc):
                 click.echo(line)
         if measured.exit_code:
             sys.exit(measured.exit_code)
@@ -761,6 +827,7 @@ def trial_cmd(
             force=force,
             preconditions=None if no_gpu_check else lambda: gpu.require_sm120(probe()),
             on_line=lambda line: click.echo(line, err=as_json),
+            on_wait=_waiting(),
         )
     except TrialCrashed as exc:
         if as_json and exc.record is not None:
@@ -775,8 +842,19 @@ def trial_cmd(
         + (f" in {result.time_to_ready_s:.1f}s" if result.time_to_ready_s else "")
         + f"; the profile stays applied (`sm120patch revert {profile}` to undo)"
     )
-    for line in power_lines(result.power_samples):
+    for line in report.power_lines(result.power_samples):
         click.echo(line)
+
+
+def _waiting() -> Callable[[float, str | None], None] | None:
+    """Readiness progress on stderr every few seconds, on a terminal only."""
+    if not sys.stderr.isatty():
+        return None
+    from sm120patch.trial import serve
+
+    return lambda elapsed, last: click.echo(
+        f"sm120patch: {serve.waiting_line(elapsed, last)}", err=True
+    )
 
 
 @trial_group.command("show")
@@ -811,11 +889,39 @@ def trial_show_cmd(
     if as_json:
         emit_json(found)
         return
-    lines = measured_lines(found) if found.get("kind") == "measured" else [trial_line(found)]
+    measured = found.get("kind") == "measured"
+    lines = report.measured_lines(found) if measured else [report.trial_line(found)]
     for line in lines:
         click.echo(line)
     if html_path:
         click.echo(f"report: {html_path}")
+
+
+@trial_group.command("forget")
+@click.argument("trial_ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", "everything", is_flag=True, help="Forget every recorded trial.")
+@with_targets
+@json_option
+def trial_forget_cmd(
+    trial_ids: tuple[str, ...],
+    everything: bool,
+    sglang: str | None,
+    flashinfer: str | None,
+    as_json: bool,
+) -> None:
+    """Remove recorded trials (each ID or a unique prefix of one, or --all) from the history
+    of every target: they are shown and exported no more."""
+    from sm120patch.errors import UsageError
+    from sm120patch.trial import known
+
+    if everything and trial_ids:
+        raise UsageError("give trial IDs or --all, not both")
+    paths = {"sglang": sglang, "flashinfer": flashinfer}
+    gone = known.forget(paths, list(trial_ids), everything=everything)
+    if as_json:
+        emit_json({"forgotten": gone})
+        return
+    click.echo(f"forgot {len(gone)} trial(s)" + (f": {', '.join(gone)}" if gone else ""))
 
 
 def write_export(doc: dict[str, Any], path: Any) -> None:
@@ -823,69 +929,6 @@ def write_export(doc: dict[str, Any], path: Any) -> None:
 
     path.write_text(known.export_record(doc), encoding="utf-8")
     click.echo(f"wrote {path}: one known.toml record", err=True)
-
-
-def trial_line(t: dict[str, Any]) -> str:
-    """One line of a recorded trial, for `status` and `trial show`."""
-    if t.get("kind") == "measured":
-        return f"trial {t.get('id')} {t.get('profile')} measured: {t.get('message')}"
-    head = f"trial {t['id']} " if t.get("id") else "trial "
-    return (
-        f"{head}{t.get('profile')}: {t.get('verdict')}, "
-        f"exit {t.get('exit_code')}: {' '.join(t.get('command', []))}"
-    )
-
-
-def measured_lines(doc: dict[str, Any]) -> list[str]:
-    """A measured trial in words: each run's figures and power, then the verdict."""
-    from sm120patch.trial import gpu
-
-    lines = [f"trial {doc['id']} of {doc['profile']}: {' '.join(doc['command'])}"]
-    if doc.get("versions") or doc.get("gpu_names"):
-        versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
-        lines.append(f"  {versions}; GPUs: {', '.join(doc.get('gpu_names') or ['none seen'])}")
-    for run in doc["runs"]:
-        head = f"  {run['side']:8} run {run['round'] + 1}: "
-        f = run.get("figures")
-        if run["outcome"] != "ok" or not f:
-            lines.append(head + f"{run['outcome']} (exit {run.get('exit_code')})")
-            continue
-        lines.append(
-            head + f"{f['output_tok_s']:.1f} tok/s, {f['req_s']:.2f} req/s, "
-            f"TTFT p50/p99 {_ms(f.get('ttft_p50_ms'))}/{_ms(f.get('ttft_p99_ms'))} ms, "
-            f"ITL p50/p99 {_ms(f.get('itl_p50_ms'))}/{_ms(f.get('itl_p99_ms'))} ms"
-        )
-        for g in run.get("gpus", []):
-            lines.append("    " + gpu.GpuFigures(**g).describe())
-        if run.get("nvml_problem"):
-            lines.append(f"    no GPU figures: {run['nvml_problem']}")
-    for reason in (doc.get("sanity") or {}).get("reasons", []):
-        lines.append(f"  wrong output: {reason}")
-    if doc.get("signature"):
-        lines.append(f"  next: {doc['signature']['action']}")
-    lines.append(f"verdict: {doc['verdict']}: {doc['message']}")
-    return lines
-
-
-def _ms(value: float | None) -> str:
-    return "?" if value is None else f"{value:.1f}"
-
-
-def power_lines(samples: list[dict[str, Any]]) -> list[str]:
-    """Mean and peak draw per GPU against its limit."""
-    per: dict[int, list[tuple[float, float | None]]] = {}
-    for sample in samples:
-        for g in sample["gpus"]:
-            if g["power_w"] is not None:
-                per.setdefault(g["index"], []).append((g["power_w"], g["limit_w"]))
-    lines = []
-    for index, values in sorted(per.items()):
-        draws = [v[0] for v in values]
-        limit = values[-1][1]
-        mean = sum(draws) / len(draws)
-        share = f" ({100 * mean / limit:.0f}% of its {limit:.0f} W limit)" if limit else ""
-        lines.append(f"GPU {index}: mean {mean:.0f} W, peak {max(draws):.0f} W{share}")
-    return lines
 
 
 @main.command("doctor")

@@ -6,8 +6,16 @@ when they differ. What it does then comes from the options for that side, so an 
 by the real trial code sees exactly the difference the patch made:
   --delay-ms-patched / --delay-ms-pristine  per-token delay; a comma list is taken in turn by
                                             successive start-ups (counted in --counter FILE)
+  --noise F --seed N                        each start's delay times 1 + uniform(-F, F), drawn
+                                            from (seed, side, start): run-to-run noise
   --degenerate-when-patched                 answer "!!!!..." when patched
   --crash-when-patched                      print FlashInfer's arch error and exit 1 when patched
+  --log-line TEXT / --log-when-patched TEXT print TEXT at start (always / when patched): the
+                                            lines a patch's wiring evidence is read from
+  --logprobs                                send OpenAI logprobs (the greedy tokens) on request
+  --flip-first-when-patched                 patched answers start with another word
+  --drift-when-patched K                    patched answers go another way from word K on
+  --eval-wrong-when-patched                 answer prompts starting "EVAL:" wrongly when patched
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -45,6 +54,14 @@ def main() -> None:
     ap.add_argument("--delay-ms-patched", default="4")
     ap.add_argument("--degenerate-when-patched", action="store_true")
     ap.add_argument("--crash-when-patched", action="store_true")
+    ap.add_argument("--noise", type=float, default=0.0)
+    ap.add_argument("--seed", default="0")
+    ap.add_argument("--log-line", action="append", default=[])
+    ap.add_argument("--log-when-patched", action="append", default=[])
+    ap.add_argument("--logprobs", action="store_true")
+    ap.add_argument("--flip-first-when-patched", action="store_true")
+    ap.add_argument("--drift-when-patched", type=int, default=None)
+    ap.add_argument("--eval-wrong-when-patched", action="store_true")
     ap.add_argument("--counter", default=None)
     ap.add_argument("--lifetime", type=float, default=60.0)
     ap.add_argument("--pidfile", default=None)
@@ -60,8 +77,27 @@ def main() -> None:
         turn = int(counter.read_text()) if counter.exists() else 0
         counter.write_text(str(turn + 1))
     delay = pick(args.delay_ms_patched if patched else args.delay_ms_pristine, turn)
+    if args.noise:
+        delay *= 1 + random.Random(f"{args.seed}:{side}:{turn}").uniform(-args.noise, args.noise)
     degenerate = patched and args.degenerate_when_patched
     print(f"fake server: {side}, {delay * 1000:.1f} ms per token", flush=True)
+    for line in args.log_line + (args.log_when_patched if patched else []):
+        print(line, flush=True)
+
+    def answer(prompt: str, n: int) -> list[str]:
+        if prompt.startswith("EVAL:"):
+            wrong = patched and args.eval_wrong_when_patched
+            return ([" wrong"] if wrong else [" right"]) + [" ."] * (n - 1)
+        if degenerate:
+            return ["!!!!"] * n
+        words = greedy_answer(prompt, n)
+        if patched and args.flip_first_when_patched:
+            words[0] = " elsewhere"
+        if patched and args.drift_when_patched is not None:
+            k = args.drift_when_patched
+            words[k:] = greedy_answer("drift:" + prompt, n)[k:]
+        return words
+
     if patched and args.crash_when_patched:
         print("loading model", flush=True)
         print(
@@ -101,11 +137,17 @@ def main() -> None:
                 return
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             n = int(req.get("max_tokens", 16))
-            words = ["!!!!"] * n if degenerate else greedy_answer(req["prompt"], n)
+            words = answer(req["prompt"], n)
             if not req.get("stream"):  # the probes: only the streamed load is timed
-                self._json(
-                    {"choices": [{"text": "".join(words)}], "usage": {"completion_tokens": n}}
-                )
+                choice: dict[str, object] = {"text": "".join(words)}
+                if args.logprobs and req.get("logprobs"):
+                    choice["logprobs"] = {
+                        "tokens": words,
+                        "token_logprobs": [-0.1] * n,
+                        "top_logprobs": [{w: -0.1} for w in words],
+                        "text_offset": [sum(map(len, words[:i])) for i in range(n)],
+                    }
+                self._json({"choices": [choice], "usage": {"completion_tokens": n}})
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

@@ -356,4 +356,3 @@ def export_record(trial: dict[str, Any]) -> str:
     record["source"] = f"sm120patch trial {trial.get('id')}: {' '.join(command)}"
     body = "\n".join(f"{k} = {_toml_value(v)}" for k, v in record.items())
     return f"# exported by sm120patch; add it to patches/known.toml\n[[outcome]]\n{body}\n"
-
