@@ -1,4 +1,5 @@
-"""`trial` end to end with real child processes: crash, HTTP readiness, timeout, interrupt."""
+"""`trial` end to end with real child processes: crash, HTTP readiness, timeout, interrupt,
+readiness progress."""
 
 from __future__ import annotations
 
@@ -142,6 +143,54 @@ def test_sample_power_reports_draw_against_the_limit(trees, mocker):
         "--ready-pattern", "^ready$", "--sample-power", "--", sys.executable, "-c", cmd,
     )
     assert code == 0, err
-    assert "GPU 0: mean 240 W, peak 240 W (40% of its 600 W limit)" in out
+    assert "GPU 0: mean 240 W (40% of the 600 W limit), max 240 W" in out
     samples = status_of(sg, fi)[0]["trials"][-1]["power_samples"]
     assert samples and samples[0]["gpus"][0]["power_w"] == 240.0
+
+
+def test_readiness_progress_every_few_seconds_with_the_last_line(mocker):
+    """While a server loads, `on_wait` hears how long it has been and its last line (the CLI
+    prints it on a terminal)."""
+    mocker.patch.object(serve, "PROGRESS_EVERY", 0.3)
+    cmd = (
+        "import time; print('loading weights', flush=True); time.sleep(1.2); "
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    proc = serve.spawn([sys.executable, "-c", cmd])
+    heard: list[tuple[float, str | None]] = []
+    import re
+
+    watcher = serve._Watcher(proc, re.compile("^ready$"), lambda line: None, None)
+    try:
+        verdict, _ = serve._judge(
+            proc, watcher, None, True, 20, 0.0, lambda s, last: heard.append((s, last))
+        )
+    finally:
+        serve._stop(proc)
+    assert verdict == "ready"
+    assert len(heard) >= 2
+    assert all(0.25 < s < 5 for s, _ in heard)
+    assert heard[0][1] == "loading weights"
+
+
+def test_waiting_line():
+    assert serve.waiting_line(35.2, None) == "waiting for readiness: 35 s, no output yet"
+    assert serve.waiting_line(5, "  Load weight: 40%  ") == (
+        "waiting for readiness: 5 s, last line: Load weight: 40%"
+    )
+    assert serve.waiting_line(5, "x" * 200).endswith("x" * 117 + "...")
+
+
+def test_the_cli_prints_readiness_progress_on_a_terminal_only(mocker):
+    from sm120patch import cli
+
+    mocker.patch.object(cli.sys.stderr, "isatty", return_value=False)
+    assert cli._waiting() is None
+    mocker.patch.object(cli.sys.stderr, "isatty", return_value=True)
+    printed = mocker.patch.object(cli.click, "echo")
+    progress = cli._waiting()
+    assert progress is not None
+    progress(12.0, "Capture cuda graph")
+    printed.assert_called_once_with(
+        "sm120patch: waiting for readiness: 12 s, last line: Capture cuda graph", err=True
+    )

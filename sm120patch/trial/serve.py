@@ -315,10 +315,6 @@ def _judge(
     next_progress = begun + PROGRESS_EVERY
     try:
         while True:
-            now = time.monotonic()
-            if on_wait is not None and now >= next_progress:
-                next_progress = now + PROGRESS_EVERY
-                on_wait(now - begun, watcher.tail[-1] if watcher.tail else None)
             if watcher.ready.is_set():
                 return "ready", time.time()
             code = proc.poll()
@@ -331,8 +327,12 @@ def _judge(
                 return "crashed", None
             if ready_url and _url_ready(ready_url):
                 return "ready", time.time()
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 return "timeout", None
+            if on_wait is not None and now >= next_progress:
+                next_progress = now + PROGRESS_EVERY
+                on_wait(now - begun, watcher.tail[-1] if watcher.tail else None)
             watcher.ready.wait(0.25)
     except KeyboardInterrupt:
         return "interrupted", None
