@@ -628,8 +628,8 @@ def paired_gains(baseline: Sequence[float], patched: Sequence[float], higher: bo
     of the box (clocks, heat, a cache warming) shifts both neighbours and cancels out."""
     gains = []
     for i, p in enumerate(patched):
-        neighbours = baseline[i : i + 2]
-        if not neighbours or not p:
+        neighbours = [b for b in baseline[i : i + 2] if b > 0]  # 0: the run measured nothing
+        if not neighbours or p <= 0:
             continue
         b = statistics.fmean(neighbours)
         gains.append((p / b if higher else b / p) - 1)
@@ -648,18 +648,14 @@ def decide_gain(
     draws underestimates their spread: two runs show two thirds of what three show). Kept:
     gain >= min_gain + noise; slower: gain <= -(min_gain + noise); else inconclusive. With
     fewer than MIN_RUNS runs a side nothing is measured of the noise: inconclusive."""
-    n = min(len(baseline), len(patched))
-    if n < MIN_RUNS:
-        pairs = paired_gains(baseline, patched, higher)
+    pairs = paired_gains(baseline, patched, higher)
+    measured = [[v for v in side if v > 0] for side in (baseline, patched)]
+    n = min(len(m) for m in measured)
+    if n < MIN_RUNS or not pairs:
         gain = round(statistics.median(pairs), 4) if pairs else None
         return GainDecision("inconclusive", gain, None, [round(p, 4) for p in pairs], "few")
-    pairs = paired_gains(baseline, patched, higher)
     gain = statistics.median(pairs)
-    spread = max(
-        (max(v) - min(v)) / statistics.median(v)
-        for v in (baseline, patched)
-        if statistics.median(v)
-    )
+    spread = max((max(m) - min(m)) / statistics.median(m) for m in measured)
     scatter = max(gain - min(pairs), max(pairs) - gain)
     noise = (spread + scatter) * _D2[3] / _D2.get(n, _D2[max(_D2)])
     if gain >= min_gain + noise:
@@ -708,7 +704,7 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
         return
     for side, runs in (("baseline", base), ("patched", patched)):
         result.summary[side] = {
-            name: _stats([r.figures[name] for r in runs if (r.figures or {}).get(name) is not None])
+            name: _stats([v for r in runs if (v := (r.figures or {}).get(name)) is not None])
             for name in FIGURES
         }
         result.summary[side]["power_w"] = _stats(
@@ -733,7 +729,8 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
     unit, higher = FIGURES[opts.figure]
 
     def values(runs: list[Run]) -> list[float]:
-        return [float(r.figures[opts.figure]) for r in runs if (r.figures or {}).get(opts.figure)]
+        """In ABAB order, 0 where a run measured nothing (kept, so the pairs stay aligned)."""
+        return [float((r.figures or {}).get(opts.figure) or 0.0) for r in runs]
 
     decision = decide_gain(values(base), values(patched), higher, opts.min_gain)
     result.gain, result.noise, result.pairs = decision.gain, decision.noise, decision.pairs
