@@ -31,9 +31,17 @@ from sm120patch.patchkit.model import TARGETS, Patch, Status
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
-    import tomllib
+    import tomllib as tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+TOMLDecodeError = tomllib.TOMLDecodeError
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """TOML text as a document (the one place that picks the reader)."""
+    return dict(tomllib.loads(text))
+
 
 PROFILES_SCHEMA = 1
 
@@ -149,18 +157,6 @@ class Catalog:
         found += [self.source(pid) for pid in profile.patches]
         return list({p.name: p for p in found}.values())
 
-    def resolve(self, name: str, versions: Mapping[str, str]) -> Resolution:
-        """The profile `name`, its patches, and what of `versions` (kind -> version) lies
-        outside its pins: the one place a profile is looked up and its pins checked."""
-        profile = self.profile(name)
-        return Resolution(profile, self.patches_of(profile), pin_problems(profile, versions))
-
-
-@dataclass(frozen=True)
-class Resolution:
-    profile: Profile
-    patches: list[Patch]
-    outside_pins: list[str]  # one line per target kind whose version is outside the pins
 
 
 def pin_problems(
@@ -215,7 +211,7 @@ def load() -> Catalog:
 
 @lru_cache(maxsize=4)
 def _load(dirs: tuple[str, ...]) -> Catalog:
-    from sm120patch import patches as package
+    from sm120patch import patches as package  # type: ignore[attr-defined]  # from patches/ (package-dir)
 
     builtin = Pack(BUILT_IN, str(Path(package.__path__[0])))
     packs: list[tuple[Pack, list[Patch], str | None]] = [
@@ -292,7 +288,7 @@ def _load_dir(directory: str) -> tuple[Pack, list[Patch], str | None]:
     package = sys.modules.get(name)
     if package is None:
         package = types.ModuleType(name)
-        package.__path__ = [str(path)]  # type: ignore[attr-defined]
+        package.__path__ = [str(path)]
         sys.modules[name] = package
     profiles = path / "profiles.toml"
     return pack, _patches_in(package, pack), (

@@ -82,12 +82,12 @@ class Box:
 
 
 def entries(text: str | None = None) -> list[Entry]:
-    from sm120patch import patches
-    from sm120patch.plan.catalog import tomllib
+    from sm120patch import patches  # type: ignore[attr-defined]  # shipped from patches/ (package-dir)
+    from sm120patch.plan.catalog import parse_toml
 
     if text is None:
         text = (Path(patches.__file__ or "").parent / "known.toml").read_text(encoding="utf-8")
-    doc = tomllib.loads(text)
+    doc = parse_toml(text)
     out = []
     for raw in doc.get("outcome", []):
         missing = [k for k in RECORD if not raw.get(k)]

@@ -39,7 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sm120patch.engine import apply, assess, revert, trials
-from sm120patch.errors import Refused, UsageError
+from sm120patch.errors import Refused, TrialUnreachable, UsageError
 from sm120patch.trial import gpu, loadgen, sanity, serve
 
 EXIT = {
@@ -195,6 +195,16 @@ class MeasuredTrial:
         doc["exit_code"] = self.exit_code
         doc["evidence"] = self.evidence
         return doc
+
+    def unreachable(self, *, with_record: bool) -> TrialUnreachable:
+        """The error an `unreachable` verdict is shown as (exit 8); `with_record`: the trial's
+        record rides along in the error's JSON."""
+        return TrialUnreachable(
+            self.message,
+            "check --api (or --ready-url, or the command's --port): the server must answer "
+            "/v1/completions there",
+            details=self.to_dict() if with_record else None,
+        )
 
 
 def api_of(opts: Options, command: Sequence[str]) -> str:
