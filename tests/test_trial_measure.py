@@ -96,6 +96,19 @@ def server(trees, tmp_path, *options: str, port: int | None = None) -> list[str]
 # 4 requests of 8 tokens at once: a run's measured window is 8 of the stand-in's per-token
 # delays, which set the pace (sleeping, not this busy CPU).
 LOAD = ("--requests", "4", "--concurrency", "4", "--max-tokens", "8", "--warmup", "0")
+# For a verdict that must be decided: windows long enough (16 tokens of 12 or 60 ms) that a
+# stall of this shared machine does not swamp a 5-fold difference.
+DECIDED = ("--requests", "4", "--concurrency", "4", "--max-tokens", "16", "--warmup", "0")
+FAST, SLOW = "12", "60"
+
+
+def figures(doc) -> tuple:
+    """What a failed verdict assertion shows."""
+    return (
+        doc["message"],
+        doc["pairs"],
+        [(r.get("figures") or {}).get("output_tok_s") for r in doc["runs"]],
+    )
 
 
 def measure(trees, tmp_path, *options: str, repeat: int | None = None, extra=(), load=LOAD):
@@ -140,12 +153,13 @@ def text_of(trees, trial_id: str) -> str:
 def test_patched_faster_is_kept_at_default_settings(trees, tmp_path, fake_nvml, wired):
     sg, fi = trees
     code, doc, err = measure(
-        trees, tmp_path, "--delay-ms-pristine", "40", "--delay-ms-patched", "8",
-        "--log-when-patched", FUSED,
+        trees, tmp_path, "--delay-ms-pristine", SLOW, "--delay-ms-patched", FAST,
+        "--log-when-patched", FUSED, load=DECIDED,
     )  # fmt: skip
+    assert doc["verdict"] == "kept", figures(doc)
     assert code == 0, err
     assert "known: moe wrong-output" in err.split("fake server")[0]  # shown before acting
-    assert doc["verdict"] == "kept" and doc["evidence"] is True
+    assert doc["evidence"] is True
     assert [r["side"] for r in doc["runs"]] == ["baseline", "patched"] * 3  # ABAB, 3 a side
     assert doc["message"].startswith("patched ") and "beyond the ±" in doc["message"]
     assert "power 126 W vs 250 W" in doc["message"]  # mean over the two GPUs
@@ -154,7 +168,7 @@ def test_patched_faster_is_kept_at_default_settings(trees, tmp_path, fake_nvml, 
     base, patched = doc["runs"][:2]
     assert patched["figures"]["output_tok_s"] > 1.5 * base["figures"]["output_tok_s"]
     assert base["figures"]["tokens_from_usage"] is True
-    assert base["figures"]["output_tokens"] == 4 * 8  # no warm-up counted
+    assert base["figures"]["output_tokens"] == 4 * 16  # no warm-up counted
     assert base["gpus"][0]["mean_w"] == 250.0 and patched["gpus"][0]["mean_w"] == 125.0
     assert base["gpus"][0]["limit_share"] == pytest.approx(250 / 300, abs=1e-3)
     assert patched["gpus"][1]["mean_util_pct"] == 42.0
@@ -422,9 +436,10 @@ def test_crash_with_json_prints_verdict_and_signature(trees, tmp_path, fake_nvml
 def test_report_and_export_and_local_evidence(trees, tmp_path, fake_nvml):
     sg, fi = trees
     code, doc, err = measure(
-        trees, tmp_path, "--delay-ms-pristine", "8", "--delay-ms-patched", "40",
+        trees, tmp_path, "--delay-ms-pristine", FAST, "--delay-ms-patched", SLOW, load=DECIDED,
         extra=("--export", str(tmp_path / "mine.toml")),
     )  # fmt: skip
+    assert doc["verdict"] == "reverted-slower", figures(doc)
     assert code == 5, err
     page = tmp_path / "report.html"
     code, out, err = run_cli(
@@ -734,7 +749,9 @@ def test_the_timeline_has_no_bucket_past_the_window():
         done = [req(*[duration * (i + 0.5) / 50 for i in range(50)])]
         points = loadgen.timeline(done, duration)
         assert points[-1]["t"] < duration and points[-1]["tok_s"] > 0, (duration, points[-3:])
-        assert sum(p["tok_s"] for p in points) * (duration / len(points)) == pytest.approx(50, rel=1e-3)
+        assert sum(p["tok_s"] for p in points) * (duration / len(points)) == pytest.approx(
+            50, rel=1e-3
+        )
 
 
 def test_sampler_reads_power_and_utilisation_of_every_gpu(fake_nvml):
