@@ -27,7 +27,7 @@ import pynvml  # noqa: E402
 from trees import make_tree  # noqa: E402
 from trialkit import free_port, run_cli  # noqa: E402
 
-from sm120patch.trial import measure  # noqa: E402
+from sm120patch.trial import wiring  # noqa: E402
 
 FUSED = "FlashInfer AllReduce Fusion enabled and workspace initialized"
 
@@ -63,9 +63,9 @@ def main() -> None:
         "nvmlSystemGetCudaDriverVersion": lambda: 12080,
     }
     patches = [mock.patch.object(pynvml, k, side_effect=v) for k, v in fake.items()]
-    if not measure.declared_wiring("fusion"):  # until the patches declare their log lines
-        wiring = [measure.Wiring("sglang.fusion-gate", (FUSED,), ("Skipping allreduce fusion",))]
-        patches.append(mock.patch.object(measure, "declared_wiring", return_value=wiring))
+    if not wiring.declared("fusion"):  # until the patches declare their log lines
+        lines = [wiring.Wiring("sglang.fusion-gate", (FUSED,), ("Skipping allreduce fusion",))]
+        patches.append(mock.patch.object(wiring, "declared", return_value=lines))
     for p in patches:
         p.start()
     port = free_port()

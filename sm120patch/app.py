@@ -400,13 +400,18 @@ def trial(
     on_known: Lines,
     on_line: Lines,
     on_event: Lines,
-    on_wait: Callable[[float, str | None], None] | None = None,
+    on_progress: Lines | None = None,
 ) -> Trialled:
     """Apply, run the command, judge, keep or revert. `measure` (trial.measure.Options) makes
     it an A/B measurement. The known outcomes go to `on_known` before anything runs;
-    `on_wait(elapsed, last line)` hears every few seconds while a server is not ready. A
-    measured trial is exported (`export_path`) only when it is evidence."""
+    `on_progress` hears a line every few seconds while a server is not ready. A measured trial
+    is exported (`export_path`) only when it is evidence; one that found nothing answering at
+    the API is the error TrialUnreachable (exit 8), its record in the error's JSON."""
     from sm120patch.trial import serve
+
+    def on_wait(elapsed: float, last: str | None) -> None:
+        if on_progress is not None:
+            on_progress(f"sm120patch: {serve.waiting_line(elapsed, last)}")
 
     if request.export_path and measure is None:
         raise UsageError(
@@ -429,8 +434,10 @@ def trial(
             log_path=log_path,
             on_line=on_line,
             on_event=on_event,
-            on_wait=on_wait,
+            on_wait=on_wait if on_progress else None,
         )
+        if measured.verdict == "unreachable":
+            raise measured.unreachable(with_record=True)
         exported = bool(request.export_path) and measured.evidence
         if exported:
             write_export(measured.to_dict(), Path(str(request.export_path)))
@@ -448,7 +455,7 @@ def trial(
         force=request.force,
         preconditions=session.sm120_check(request.gpu_check),
         on_line=on_line,
-        on_wait=on_wait,
+        on_wait=on_wait if on_progress else None,
     )
     return Trialled(result=result)
 

@@ -411,9 +411,7 @@ MEASURE_OPTIONS = (
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Append output here.")
 @click.option("--force", is_flag=True, help="Apply outside the profile's pinned versions.")
 @click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
-@click.option(
-    "--measure", is_flag=True, help="Judge by measurement: baseline vs patched under load."
-)
+@click.option("--measure", is_flag=True, help="Judge by measurement: baseline against patched.")
 @click.option("--api", "api", metavar="URL", help="Server base URL (default: from --ready-url).")
 @click.option("--requests", type=int, default=64, show_default=True, help="Measured requests.")
 @click.option("--concurrency", type=int, default=8, show_default=True, help="Requests in flight.")
@@ -423,12 +421,8 @@ MEASURE_OPTIONS = (
               help="ABAB rounds: runs a side (a keep needs 2 at least).")
 @click.option("--min-gain", type=float, default=2.0, show_default=True,
               help="Percent the figure must improve beyond the measured noise to keep the patch.")
-@click.option(
-    "--figure",
-    default="output_tok_s",
-    show_default=True,
-    help="output_tok_s, req_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms or itl_p99_ms.",
-)
+@click.option("--figure", default="output_tok_s", show_default=True,
+              help="output_tok_s, req_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms or itl_p99_ms.")
 @click.option("--min-similarity", type=float, default=0.5, show_default=True,
               help="Least word similarity of the patched greedy answers to the baseline's.")
 @click.option("--min-agreement", type=float, default=0.9, show_default=True,
@@ -439,18 +433,10 @@ MEASURE_OPTIONS = (
 @click.option("--eval-tolerance", type=float, default=0.01, show_default=True,
               help="How far the patched score may fall below the baseline's.")
 @click.option("--model", default=None, help="Model name for the API (default: /v1/models).")
-@click.option(
-    "--bench-cmd",
-    default=None,
-    metavar="CMDLINE",
-    help="Measure with this benchmark instead (JSON result at {output}).",
-)
-@click.option(
-    "--export",
-    "export_path",
-    type=click.Path(dir_okay=False),
-    help="Write this trial as a known.toml record.",
-)
+@click.option("--bench-cmd", default=None, metavar="CMDLINE",
+              help="Measure with this benchmark instead (JSON result at {output}).")
+@click.option("--export", "export_path", type=click.Path(dir_okay=False),
+              help="Write this trial as a known.toml record (when it is evidence).")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trial_cmd(
@@ -465,10 +451,9 @@ def trial_cmd(
 ) -> None:
     """Apply PROFILE, run COMMAND (after --), keep the patch if it gets ready, else revert.
 
-    With --measure: baseline and patched runs of COMMAND under the same load (ABAB, --repeat a
-    side), kept only when the figure improves by --min-gain beyond the measured noise, the
-    answers are sane and the patched path was not skipped. Exit 0 kept, 3 crashed, 5 reverted
-    (inconclusive, slower or inert), 6 reverted as wrong output, 8 nothing answered at the API.
+    With --measure: baseline and patched under the same load, ABAB, kept only when the figure
+    improves by --min-gain beyond the measured noise, the answers are sane and the patched path
+    ran. Exit 0 kept, 3 crashed, 5 inconclusive, slower or inert, 6 wrong output, 8 no API.
     """
     from sm120patch.errors import TrialCrashed
 
@@ -483,21 +468,15 @@ def trial_cmd(
             on_known=echo_err if as_json else echo_out,
             on_line=echo_err if (measure or as_json) else echo_out,
             on_event=lambda line: click.echo(f"sm120patch: {line}", err=True),
-            on_wait=_waiting(),
+            on_progress=echo_err if sys.stderr.isatty() else None,
         )
     except TrialCrashed as exc:
         if as_json and exc.record is not None:
             emit_json({**exc.record, "error": exc.message, "next": exc.hint, "exit_code": 3})
             sys.exit(exc.exit_code)
         raise
-    if request.export_path and found.exported:
-        click.echo(f"wrote {request.export_path}: one known.toml record", err=True)
-    elif request.export_path and found.measured is not None:
-        echo_err(f"sm120patch: nothing exported: {found.measured.verdict} is not evidence")
-    if found.measured is not None and found.measured.verdict == "unreachable":
-        if not as_json:
-            show(render.trialled(found, profile))
-        raise found.measured.unreachable(with_record=as_json)
+    if request.export_path:
+        show(render.exported(found, request.export_path))
     if as_json:
         doc = found.measured.to_dict() if found.measured else found.result.to_dict()  # type: ignore[union-attr]  # one of the two is set
         emit_json(doc)
@@ -511,12 +490,8 @@ def trial_cmd(
 @click.argument("trial_id", required=False)
 @with_targets
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a report.")
-@click.option(
-    "--export",
-    "export_path",
-    type=click.Path(dir_okay=False),
-    help="Write the trial as a known.toml record.",
-)
+@click.option("--export", "export_path", type=click.Path(dir_okay=False),
+              help="Write the trial as a known.toml record.")
 @json_option
 def trial_show_cmd(
     trial_id: str | None,
@@ -548,22 +523,12 @@ def trial_forget_cmd(
     flashinfer: str | None,
     as_json: bool,
 ) -> None:
-    """Remove recorded trials (each ID or a unique prefix of one, or --all) from the history
-    of every target: they are shown and exported no more."""
+    """Remove recorded trials (IDs or unique prefixes of them, or --all) from every target."""
     gone = app.trial_forget(session(sglang, flashinfer), trial_ids, everything=everything)
     if as_json:
         emit_json({"forgotten": gone})
         return
     show(render.forgotten(gone))
-
-
-def _waiting() -> Callable[[float, str | None], None] | None:
-    """Readiness progress on stderr every few seconds, on a terminal only."""
-    if not sys.stderr.isatty():
-        return None
-    return lambda elapsed, last: click.echo(
-        f"sm120patch: {render.waiting(elapsed, last)}", err=True
-    )
 
 
 @main.command("doctor")

@@ -256,11 +256,12 @@ def power_lines(samples: list[dict[str, Any]]) -> list[str]:
     return report.power_lines(samples)
 
 
-def waiting(elapsed: float, last: str | None) -> str:
-    """One readiness progress line: how long, and the server's last line."""
-    from sm120patch.trial import serve
-
-    return serve.waiting_line(elapsed, last)
+def exported(found: Trialled, path: str) -> Text:
+    """What `trial --measure --export FILE` says of the export."""
+    if found.exported:
+        return Text(err=[f"wrote {path}: one known.toml record"])
+    verdict = found.measured.verdict if found.measured else "?"
+    return Text(err=[f"sm120patch: nothing exported: {verdict} is not evidence"])
 
 
 def forgotten(ids: list[str]) -> Text:

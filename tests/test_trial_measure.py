@@ -25,7 +25,7 @@ from trialkit import free_port, gone, run_cli, two_trees
 
 from sm120patch.engine import trials
 from sm120patch.errors import Refused
-from sm120patch.trial import gpu, known, loadgen, sanity
+from sm120patch.trial import decide, gpu, known, loadgen, sanity, wiring
 from sm120patch.trial import measure as measure_
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
@@ -133,8 +133,8 @@ def wired(mocker):
         id="sglang.moe-backend",
         wiring=SimpleNamespace(ran=(FUSED,), skipped=(r"Skipping allreduce fusion",)),
     )
-    declared = [measure_.wiring_of(patch)]
-    mocker.patch.object(measure_, "declared_wiring", return_value=declared)
+    declared = [wiring.wiring_of(patch)]
+    mocker.patch.object(wiring, "declared", return_value=declared)
     return declared
 
 
@@ -366,14 +366,14 @@ def test_eval_cmd_scores_both_sides_and_fails_a_drop(trees, tmp_path, fake_nvml)
 
 
 def test_eval_score_from_stdout_and_its_errors():
-    assert measure_.eval_score('step 1\n{"score": 0.5}\n', "score") == 0.5
-    assert measure_.eval_score('{"a": {"b": 2}}', "a.b") == 2.0
+    assert sanity.eval_score('step 1\n{"score": 0.5}\n', "score") == 0.5
+    assert sanity.eval_score('{"a": {"b": 2}}', "a.b") == 2.0
     with pytest.raises(Refused, match="no 'a.c'"):
-        measure_.eval_score('{"a": {"b": 2}}', "a.c")
+        sanity.eval_score('{"a": {"b": 2}}', "a.c")
     with pytest.raises(Refused, match="no JSON result"):
-        measure_.eval_score("done", "score")
+        sanity.eval_score("done", "score")
     with pytest.raises(Refused, match="not a number"):
-        measure_.eval_score('{"score": "high"}', "score")
+        sanity.eval_score('{"score": "high"}', "score")
 
 
 def test_a_skipped_path_is_inert_and_quotes_the_line(trees, tmp_path, fake_nvml, wired):
@@ -664,10 +664,10 @@ def test_evidence_of_records_written_before_verdicts_said_so():
 
 def test_paired_gains_take_each_patched_run_against_its_neighbours():
     # ABABAB: b1 p1 b2 p2 b3 p3; p1 against the mean of b1 and b2, p3 against b3 alone.
-    gains = measure_.paired_gains([100.0, 120.0, 110.0], [132.0, 115.0, 121.0], higher=True)
+    gains = decide.paired_gains([100.0, 120.0, 110.0], [132.0, 115.0, 121.0], higher=True)
     assert gains == pytest.approx([0.2, 0.0, 0.1])
     # Lower is better (latency): the gain is baseline over patched.
-    assert measure_.paired_gains([10.0], [8.0], higher=False) == pytest.approx([0.25])
+    assert decide.paired_gains([10.0], [8.0], higher=False) == pytest.approx([0.25])
 
 
 def test_a_steady_drift_of_the_box_cancels_in_the_pairs():
@@ -675,23 +675,23 @@ def test_a_steady_drift_of_the_box_cancels_in_the_pairs():
     # medians of the sides read +15.5%, the pairs with a baseline on both sides +9.9%.
     runs = [100 * 1.05**i for i in range(6)]
     base, patched = runs[0::2], [r * 1.1 for r in runs[1::2]]
-    gains = measure_.paired_gains(base, patched, higher=True)
+    gains = decide.paired_gains(base, patched, higher=True)
     assert gains[:2] == pytest.approx([1.1 * 1.05 / (1 + 1.05**2) * 2 - 1] * 2)
     assert gains[2] == pytest.approx(1.1 * 1.05 - 1)  # the last patched run has one neighbour
-    decided = measure_.decide_gain(base, patched, True, 0.02)
+    decided = decide.decide_gain(base, patched, True, 0.02)
     assert decided.gain == pytest.approx(0.0988, abs=1e-3)
 
 
 def test_decide_gain_keeps_only_beyond_the_noise_and_two_runs():
-    assert measure_.decide_gain([100.0], [150.0], True, 0.02).verdict == "inconclusive"
-    steady = measure_.decide_gain([100.0, 101.0, 99.0], [130.0, 131.0, 129.0], True, 0.02)
+    assert decide.decide_gain([100.0], [150.0], True, 0.02).verdict == "inconclusive"
+    steady = decide.decide_gain([100.0, 101.0, 99.0], [130.0, 131.0, 129.0], True, 0.02)
     assert steady.verdict == "kept" and steady.gain == pytest.approx(0.3, abs=0.01)
-    noisy = measure_.decide_gain([100.0, 120.0, 90.0], [108.0, 112.0, 125.0], True, 0.02)
+    noisy = decide.decide_gain([100.0, 120.0, 90.0], [108.0, 112.0, 125.0], True, 0.02)
     assert noisy.verdict == "inconclusive" and noisy.noise > 0.3
-    slower = measure_.decide_gain([100.0, 101.0, 99.0], [70.0, 71.0, 69.0], True, 0.02)
+    slower = decide.decide_gain([100.0, 101.0, 99.0], [70.0, 71.0, 69.0], True, 0.02)
     assert slower.verdict == "reverted-slower"
     # The field's H200 pairs, -10%, +8.3%, +19.3%: inconclusive, not kept.
-    field = measure_.decide_gain([100.0, 100.0, 100.0], [90.0, 108.3, 119.3], True, 0.02)
+    field = decide.decide_gain([100.0, 100.0, 100.0], [90.0, 108.3, 119.3], True, 0.02)
     assert field.verdict == "inconclusive"
 
 
@@ -704,7 +704,7 @@ def test_no_effect_is_seldom_kept_at_any_number_of_runs():
         for _ in range(4000):
             base = [100 * (1 + rng.uniform(-0.12, 0.12)) for _ in range(runs)]
             patched = [100 * (1 + rng.uniform(-0.12, 0.12)) for _ in range(runs)]
-            kept += measure_.decide_gain(base, patched, True, 0.02).verdict == "kept"
+            kept += decide.decide_gain(base, patched, True, 0.02).verdict == "kept"
         assert kept / 4000 <= most, (runs, kept)
 
 
@@ -713,22 +713,22 @@ def test_no_effect_is_seldom_kept_at_any_number_of_runs():
 
 def test_wiring_scan_reads_ran_skipped_and_not_seen():
     declared = [
-        measure_.Wiring("a", (r"Fusion enabled",), (r"Skipping allreduce fusion",)),
-        measure_.Wiring("b", (r"b ran",)),
-        measure_.Wiring("c", (r"c ran (",)),  # not a regular expression: matched as text
+        wiring.Wiring("a", (r"Fusion enabled",), (r"Skipping allreduce fusion",)),
+        wiring.Wiring("b", (r"b ran",)),
+        wiring.Wiring("c", (r"c ran (",)),  # not a regular expression: matched as text
     ]
-    seen = measure_.read_wiring(
+    seen = wiring.read(
         declared,
         ["start", "Fusion enabled", "b ran", "later: Skipping allreduce fusion", "c ran ("],
     )
     assert seen["a"] == {"seen": "skipped", "line": "later: Skipping allreduce fusion"}
     assert seen["b"] == {"seen": "ran", "line": "b ran"}
     assert seen["c"]["seen"] == "ran"
-    assert measure_.read_wiring(declared[:1], ["nothing"])["a"] == {"seen": "not-seen", "line": ""}
+    assert wiring.read(declared[:1], ["nothing"])["a"] == {"seen": "not-seen", "line": ""}
     # A patch's `wiring` read by shape; none declared, none read.
     patch = SimpleNamespace(id="p", wiring=SimpleNamespace(ran=["x"], skipped="y"))
-    assert measure_.wiring_of(patch) == measure_.Wiring("p", ("x",), ("y",))
-    assert measure_.wiring_of(SimpleNamespace(id="q")) is None
+    assert wiring.wiring_of(patch) == wiring.Wiring("p", ("x",), ("y",))
+    assert wiring.wiring_of(SimpleNamespace(id="q")) is None
 
 
 def test_agreement_counts_positions_up_to_the_first_difference():

@@ -13,7 +13,7 @@ patch declares to show that its path ran or was skipped). Then, first match wins
   error of the setup (`--api`, the port), never evidence about the patch;
 - answers that fail `sanity.judge`: `reverted-wrong-output` (exit 6), whatever the speed;
 - a patched run whose log shows a patch's path skipped: `inert` (exit 5), quoting the line;
-- the figures (`decide_gain`): `kept` (exit 0), `reverted-slower` (exit 5) or `inconclusive`
+- the figures (`decide.decide_gain`): `kept` (exit 0), `reverted-slower` (exit 5) or `inconclusive`
   (exit 5: inside the noise, or fewer than 2 runs a side).
 
 The profile is left applied only on `kept`. Every trial is recorded with both sides in the
@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 from sm120patch.engine import apply, assess, revert, trials
 from sm120patch.errors import Refused, TrialUnreachable, UsageError
-from sm120patch.trial import gpu, loadgen, sanity, serve
+from sm120patch.trial import decide, gpu, loadgen, sanity, serve, wiring
 
 EXIT = {
     "kept": 0,
@@ -56,7 +56,7 @@ EXIT_UNREACHABLE = EXIT["unreachable"]
 # Verdicts that say something about the patch: the only "you measured" lines and exports.
 DECIDED = ("kept", "reverted-slower", "reverted-wrong-output")
 REPEAT = 3  # default rounds: ABAB with 3 runs a side
-MIN_RUNS = 2  # a side needs this many runs before its spread means anything
+MIN_RUNS = decide.MIN_RUNS
 
 # figure -> (unit shown, higher is better)
 FIGURES: dict[str, tuple[str, bool]] = {
@@ -80,15 +80,6 @@ BENCH_KEYS = {
     "total_output_tokens": "output_tokens",
     "duration": "duration_s",
 }
-
-# The mean range of n draws of a normal distribution in standard deviations (d2 of the control
-# chart tables): two runs show a range of 1.13 sigma on average, three 1.69. The noise below
-# is scaled by d2(3) / d2(n), so that it means the same at every number of runs.
-_D2 = {
-    2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326, 6: 2.534, 7: 2.704, 8: 2.847, 9: 2.970, 10: 3.078,
-    11: 3.173, 12: 3.258, 13: 3.336, 14: 3.407, 15: 3.472, 16: 3.532, 17: 3.588, 18: 3.640,
-    19: 3.689, 20: 3.735,
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -296,7 +287,7 @@ def run(
     probe = gpu.probe()
     result.gpu_names = [g.name for g in probe.gpus]
     result.gpu_family = probe.family
-    declared = declared_wiring(profile)
+    declared = wiring.declared(profile)
     is_applied = profile in applied
     log = serve.open_log(log_path)
     try:
@@ -318,7 +309,7 @@ def run(
                     raise _Stop
                 if side == "baseline" and round_ == 0 and not one.answered():
                     raise _Stop  # unreachable: more runs would not answer either
-                if side == "patched" and skipped_patch(one) is not None:
+                if side == "patched" and wiring.skipped(one.wiring) is not None:
                     raise _Stop  # inert: the figures would measure the unpatched path
     except _Stop:
         pass
@@ -359,7 +350,7 @@ def _one_run(
     opts: Options,
     on_line: Callable[[str], None],
     log: Any,
-    declared: Sequence[Wiring],
+    declared: Sequence[wiring.Wiring],
     on_wait: Callable[[float, str | None], None] | None,
     *,
     first: bool,
@@ -369,7 +360,7 @@ def _one_run(
     pattern = re.compile(opts.ready_pattern) if opts.ready_pattern else None
     started = time.time()
     one = Run(side, round_, started)
-    scan = WiringScan(declared)
+    scan = wiring.Scan(declared)
 
     def each_line(line: str) -> None:
         scan.feed(line)
@@ -487,122 +478,7 @@ def _eval(opts: Options, api: str, model: str) -> float:
                 _last_line(done) or "run the quality command by hand against the server",
             )
         text = Path(out).read_text(encoding="utf-8") if os.path.exists(out) else done.stdout
-    return eval_score(text, opts.eval_key)
-
-
-def eval_score(text: str, key: str) -> float:
-    """The number at dotted `key` in a JSON document, or in the last line of `text` that is
-    one (a command that prints progress first)."""
-    doc: Any = None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        for line in reversed(text.strip().splitlines()):
-            try:
-                doc = json.loads(line)
-                break
-            except ValueError:
-                continue
-    if doc is None:
-        raise Refused(
-            "--eval-cmd gave no JSON result",
-            "write it to {output}, or print it as the last line of standard output",
-        )
-    value = doc
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            raise Refused(
-                f"--eval-cmd's JSON has no {key!r}",
-                f"its keys are: {', '.join(map(str, doc)) if isinstance(doc, dict) else '?'}; "
-                "choose with --eval-key",
-            )
-        value = value[part]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise Refused(f"--eval-cmd's {key!r} is not a number: {value!r}")
-    return float(value)
-
-
-# ---- wiring evidence: did the patched path run? -------------------------------------------
-
-
-@dataclass(frozen=True)
-class Wiring:
-    """A patch's declared log lines: regular expressions searched in each server line; one
-    matching `ran` shows its path ran, one matching `skipped` that it was turned off."""
-
-    patch: str
-    ran: tuple[str, ...]
-    skipped: tuple[str, ...] = ()
-
-
-def wiring_of(patch: Any) -> Wiring | None:
-    """What a patch declares in its `wiring` attribute (an object with `ran` and `skipped`
-    sequences of regular expressions); None where it declares nothing."""
-    declared = getattr(patch, "wiring", None)
-    if declared is None:
-        return None
-    ran, skipped = getattr(declared, "ran", ()), getattr(declared, "skipped", ())
-    return Wiring(patch.id, tuple(_strings(ran)), tuple(_strings(skipped)))
-
-
-def _strings(value: Any) -> list[str]:
-    return [value] if isinstance(value, str) else [str(v) for v in value or ()]
-
-
-def declared_wiring(profile: str) -> list[Wiring]:
-    from sm120patch.plan import catalog
-
-    cat = catalog.load()
-    found = (wiring_of(p) for p in cat.patches_of(cat.profile(profile)))
-    return [w for w in found if w is not None and (w.ran or w.skipped)]
-
-
-def _compile(pattern: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except re.error:
-        return re.compile(re.escape(pattern))  # a declaration that is not a regex: its text
-
-
-class WiringScan:
-    """Reads a server's output line by line as it comes (a log is never held whole). The last
-    line matching either side decides, per patch: a path that ran and was turned off later
-    counts as skipped, and the other way round."""
-
-    def __init__(self, declared: Sequence[Wiring]) -> None:
-        self.declared = [
-            (w.patch, [_compile(p) for p in w.ran], [_compile(p) for p in w.skipped])
-            for w in declared
-        ]
-        self.seen: dict[str, dict[str, str]] = {
-            w.patch: {"seen": "not-seen", "line": ""} for w in declared
-        }
-
-    def feed(self, line: str) -> None:
-        for patch, ran, skipped in self.declared:
-            if any(p.search(line) for p in skipped):
-                self.seen[patch] = {"seen": "skipped", "line": line.strip()}
-            elif any(p.search(line) for p in ran):
-                self.seen[patch] = {"seen": "ran", "line": line.strip()}
-
-    def result(self) -> dict[str, dict[str, str]]:
-        return {k: dict(v) for k, v in self.seen.items()}
-
-
-def read_wiring(declared: Sequence[Wiring], lines: Iterable[str]) -> dict[str, dict[str, str]]:
-    """Per declared patch: ran, skipped or not-seen in `lines` (a server's output)."""
-    scan = WiringScan(declared)
-    for line in lines:
-        scan.feed(line)
-    return scan.result()
-
-
-def skipped_patch(run: Run) -> tuple[str, str] | None:
-    """(patch, line) of the first patch whose path this run's log shows skipped."""
-    for patch, ev in run.wiring.items():
-        if ev.get("seen") == "skipped":
-            return patch, ev.get("line", "")
-    return None
+    return sanity.eval_score(text, opts.eval_key)
 
 
 # ---- the verdict --------------------------------------------------------------------------
@@ -621,62 +497,6 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
         "spread": round(spread, 4) if len(values) > 1 else None,
         "runs": len(values),
     }
-
-
-@dataclass(frozen=True)
-class GainDecision:
-    verdict: str  # "kept", "reverted-slower", "inconclusive"
-    gain: float | None  # the median paired gain
-    noise: float | None
-    pairs: list[float]
-    why: str  # for an inconclusive verdict, in words
-
-
-def paired_gains(baseline: Sequence[float], patched: Sequence[float], higher: bool) -> list[float]:
-    """Each patched run against its neighbouring baseline runs (the one before it and, where
-    there is one, the one after: ABAB puts a baseline on both sides), as a gain: a slow drift
-    of the box (clocks, heat, a cache warming) shifts both neighbours and cancels out."""
-    gains = []
-    for i, p in enumerate(patched):
-        neighbours = [b for b in baseline[i : i + 2] if b > 0]  # 0: the run measured nothing
-        if not neighbours or p <= 0:
-            continue
-        b = statistics.fmean(neighbours)
-        gains.append((p / b if higher else b / p) - 1)
-    return gains
-
-
-def decide_gain(
-    baseline: Sequence[float], patched: Sequence[float], higher: bool, min_gain: float
-) -> GainDecision:
-    """Kept, slower or inconclusive, from each side's runs in ABAB order.
-
-    The gain is the median of the paired gains (`paired_gains`). The noise is the larger
-    side's run-to-run spread ((max - min) / median) plus how far the paired gains scatter from
-    their median (the larger of median - lowest and highest - median), scaled by
-    d2(3) / d2(n) for n runs a side so that it means the same at any n (the range of few
-    draws underestimates their spread: two runs show two thirds of what three show). Kept:
-    gain >= min_gain + noise; slower: gain <= -(min_gain + noise); else inconclusive. With
-    fewer than MIN_RUNS runs a side nothing is measured of the noise: inconclusive."""
-    pairs = paired_gains(baseline, patched, higher)
-    measured = [[v for v in side if v > 0] for side in (baseline, patched)]
-    n = min(len(m) for m in measured)
-    if n < MIN_RUNS or not pairs:
-        gain = round(statistics.median(pairs), 4) if pairs else None
-        return GainDecision("inconclusive", gain, None, [round(p, 4) for p in pairs], "few")
-    gain = statistics.median(pairs)
-    spread = max((max(m) - min(m)) / statistics.median(m) for m in measured)
-    scatter = max(gain - min(pairs), max(pairs) - gain)
-    noise = (spread + scatter) * _D2[3] / _D2.get(n, _D2[max(_D2)])
-    if gain >= min_gain + noise:
-        verdict = "kept"
-    elif gain <= -(min_gain + noise):
-        verdict = "reverted-slower"
-    else:
-        verdict = "inconclusive"
-    return GainDecision(
-        verdict, round(gain, 4), round(noise, 4), [round(p, 4) for p in pairs], "noise"
-    )
 
 
 def _crash(result: MeasuredTrial, bad: Run) -> None:
@@ -742,16 +562,16 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
         """In ABAB order, 0 where a run measured nothing (kept, so the pairs stay aligned)."""
         return [float((r.figures or {}).get(opts.figure) or 0.0) for r in runs]
 
-    decision = decide_gain(values(base), values(patched), higher, opts.min_gain)
+    decision = decide.decide_gain(values(base), values(patched), higher, opts.min_gain)
     result.gain, result.noise, result.pairs = decision.gain, decision.noise, decision.pairs
     figures = _figures_line(result, opts.figure, unit)
-    skipped = next((s for r in patched if (s := skipped_patch(r)) is not None), None)
+    skipped = next((s for r in patched if (s := wiring.skipped(r.wiring)) is not None), None)
     if not verdict.ok:
         result.verdict = "reverted-wrong-output"
         result.message = f"{figures}, but the output is wrong ({verdict.reasons[0]}): reverted"
     elif skipped is not None:
         patch, line = skipped
-        run = next(r for r in patched if skipped_patch(r) is not None)
+        run = next(r for r in patched if wiring.skipped(r.wiring) is not None)
         result.verdict = "inert"
         result.message = (
             f"the patched server skipped {patch}'s path in run {run.round + 1} "

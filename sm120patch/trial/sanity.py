@@ -25,12 +25,14 @@ baseline's greedy answers to the same probe prompts:
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sm120patch.errors import Refused
 from sm120patch.trial.loadgen import Answer
 
 MIN_SIMILARITY = 0.5
@@ -180,3 +182,35 @@ def judge(
         notes=notes,
         eval=judged_eval,
     )
+
+
+def eval_score(text: str, key: str) -> float:
+    """The number at dotted `key` in a JSON document, or in the last line of `text` that is
+    one (a command that prints progress first)."""
+    doc: Any = None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        for line in reversed(text.strip().splitlines()):
+            try:
+                doc = json.loads(line)
+                break
+            except ValueError:
+                continue
+    if doc is None:
+        raise Refused(
+            "--eval-cmd gave no JSON result",
+            "write it to {output}, or print it as the last line of standard output",
+        )
+    value = doc
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise Refused(
+                f"--eval-cmd's JSON has no {key!r}",
+                f"its keys are: {', '.join(map(str, doc)) if isinstance(doc, dict) else '?'}; "
+                "choose with --eval-key",
+            )
+        value = value[part]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Refused(f"--eval-cmd's {key!r} is not a number: {value!r}")
+    return float(value)
