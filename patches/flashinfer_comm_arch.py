@@ -44,10 +44,19 @@ PATCH = Patch(
         "which raises 'RuntimeError: No supported CUDA architectures found for major versions "
         "[9, 10].' when only SM120 is targeted: the allreduce-fusion kernels then crash at the "
         "first forward. Adding 12 builds them for SM120. Only this module's list is widened; "
-        "the other comm modules keep theirs."
+        "the other comm modules keep theirs. FlashInfer PR 3903, which made the same change "
+        "upstream (first released in 0.6.17), warns that widening the list alone builds the "
+        "lamport kernel of trtllm_allreduce.cuh with an empty body on SM12x: small-batch calls "
+        "of that plain allreduce return garbage with no error (0.6.0 to 0.6.16 exclude SM12x "
+        "there with `__CUDA_ARCH__ < 1200`; 0.6.17 drops that). SGLang's fused path calls "
+        "allreduce_fusion, whose kernels (trtllm_allreduce_fusion.cuh) carry no such exclusion "
+        "in those releases. The same PR fixes, for every architecture, lamport buffer pointers "
+        "that its host wrapper laid out differently from the kernels except at world size 16. "
+        "Prefer FlashInfer 0.6.17 or later, where this patch is not needed."
     ),
     files=("flashinfer/jit/comm.py", "flashinfer/comm/trtllm_ar.py"),
     marker=f"def {SITE}",
     facts=FACTS,
     transform=transform,
+    upstream="https://github.com/flashinfer-ai/flashinfer/pull/3903 (first released in 0.6.17)",
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Result, Status, applied, refused
+from sm120patch.patchkit.model import Patch, Result, Status, Wiring, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -18,6 +18,24 @@ METHOD = "_gather_hidden_states_and_residual"
 ARCH_FLAGS = frozenset({"_is_sm90_supported", "_is_sm100_supported"})
 SM120 = "_is_sm120_supported"
 EXPECTED = "`(_is_sm90_supported or _is_sm100_supported)` as the first operand of the gate"
+# What the server logs once FlashInfer's fusion workspace exists (0.5.14 on, and up to 0.5.13),
+# and where fusion is turned off at run time: by the workspace preflight (0.5.11 on), a failed
+# workspace creation (0.5.10 on), a group that spans NVLink cliques (0.5.23) or a FlashInfer
+# without the comm API (every release). Read off sglang/srt/layers/flashinfer_comm_fusion.py.
+FUSION_WIRING = Wiring(
+    ran=(
+        r"FlashInfer AllReduce Fusion enabled and workspace initialized",
+        r"FlashInfer workspace initialized for rank",
+    ),
+    skipped=(
+        r"Skipping allreduce fusion",
+        r"Disabling flashinfer allreduce fusion permanently",
+        r"FlashInfer allreduce fusion disabled globally",
+        r"FlashInfer AllReduce fusion disabled",
+        r"FlashInfer comm not available, skipping workspace initialization",
+        r"flashinfer\.comm (unified allreduce_fusion API )?is not available",
+    ),
+)
 
 
 def _mentions_flags(node: cst.CSTNode) -> bool:
@@ -119,4 +137,5 @@ PATCH = Patch(
     marker="_is_sm100_supported = ",
     facts=FACTS,
     transform=transform,
+    wiring=FUSION_WIRING,
 )

@@ -184,6 +184,7 @@ class Decision:
     gate: str
     resolve_backend: str
     comm_arch: str
+    preflight: str = "not checked"  # the fusion workspace preflight (0.5.11 on)
 
 
 def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decision:
@@ -202,7 +203,9 @@ def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decisi
             fusion = "on" if on else "off"
             if backend is not None:
                 fusion += f" (backend {backend})"
-    return Decision(moe, quant, fusion, _gate(result), _resolve(result), _comm(result))
+    return Decision(
+        moe, quant, fusion, _gate(result), _resolve(result), _comm(result), _preflight(result)
+    )
 
 
 def _gate(result: Mapping[str, Any]) -> str:
@@ -222,6 +225,22 @@ def _resolve(result: Mapping[str, Any]) -> str:
         return "not in this release" if "cannot import name" in res["error"] else res["error"]
     auto = res["backends"]["auto"]
     return f"returns {auto['value']}" if "value" in auto else f"raises {auto['error']}"
+
+
+def _preflight(result: Mapping[str, Any]) -> str:
+    pre = result.get("preflight")
+    if pre is None:
+        return "not checked"
+    if pre.get("error") == "not in this release":
+        return "not in this release"
+    driver = "" if pre.get("driver") == "real" else (
+        " (simulated driver, multicast)" if pre.get("multicast") else
+        " (simulated driver, no multicast)"
+    )
+    if pre.get("proceeds"):
+        return "creates the workspace" + driver
+    why = pre.get("error") or next(iter(pre.get("log") or []), "")
+    return "skips allreduce fusion" + driver + (f": {why}" if why else "")
 
 
 def _comm(result: Mapping[str, Any]) -> str:
@@ -253,6 +272,7 @@ class Explanation:
         ("allreduce_fusion", "allreduce fusion"),
         ("gate", "runtime fusion gate"),
         ("resolve_backend", "_resolve_backend('auto')"),
+        ("preflight", "fusion workspace preflight"),
         ("comm_arch", "FlashInfer trtllm comm archs"),
     )
 

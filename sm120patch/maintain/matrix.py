@@ -58,6 +58,8 @@ def plan_release(kind: str, version: str) -> Row:
                 row.notes.setdefault(o.patch, o.note)
         if any(o.status is Status.REFUSED for o in outcomes):
             verdict = "refused"
+        elif profile.refusals(kind, version):
+            verdict = "refuses"  # inside the pins or not, apply refuses it unless --force
         elif profile.pinned(kind, version):
             verdict = "pinned"
         else:

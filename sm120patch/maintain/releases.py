@@ -89,10 +89,12 @@ DEFAULT_RELEASES: dict[str, tuple[str, ...]] = {
         "0.5.7",
         "0.5.8",
         "0.5.9",
+        "0.5.11",
         "0.5.13",
         "0.5.14",
         "0.5.16",
         "0.5.19",
+        "0.5.21",
         "0.5.22",
         "0.5.23",
     ),
@@ -125,9 +127,17 @@ SITE_FILES: dict[str, tuple[str, ...]] = {
 
 
 # Files that say what a patched site may rely on: sglang.srt.utils defines the
-# `is_sm120_supported` the SM120 flag imports (a module up to 0.4.x, a package after).
+# `is_sm120_supported` the SM120 flag imports (a module up to 0.4.x, a package after);
+# environ.py and parallel_state.py say where upstream's PCIe-IPC allreduce exists (0.5.21 on)
+# and that the custom allreduce is tried before it (pcie-allreduce's refusal).
 SUPPORT_FILES: dict[str, tuple[str, ...]] = {
-    "sglang": ("sglang/srt/utils.py", "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py"),
+    "sglang": (
+        "sglang/srt/utils.py",
+        "sglang/srt/utils/__init__.py",
+        "sglang/srt/utils/common.py",
+        "sglang/srt/environ.py",
+        "sglang/srt/distributed/parallel_state.py",
+    ),
     "flashinfer": (),
 }
 
