@@ -27,8 +27,6 @@ import pynvml  # noqa: E402
 from trees import make_tree  # noqa: E402
 from trialkit import free_port, run_cli  # noqa: E402
 
-from sm120patch.trial import wiring  # noqa: E402
-
 FUSED = "FlashInfer AllReduce Fusion enabled and workspace initialized"
 
 
@@ -63,9 +61,6 @@ def main() -> None:
         "nvmlSystemGetCudaDriverVersion": lambda: 12080,
     }
     patches = [mock.patch.object(pynvml, k, side_effect=v) for k, v in fake.items()]
-    if not wiring.declared("fusion"):  # until the patches declare their log lines
-        lines = [wiring.Wiring("sglang.fusion-gate", (FUSED,), ("Skipping allreduce fusion",))]
-        patches.append(mock.patch.object(wiring, "declared", return_value=lines))
     for p in patches:
         p.start()
     port = free_port()
@@ -90,9 +85,7 @@ def main() -> None:
     html = html.replace(str(base) + "/", "")
     (ROOT / "docs/trial-report-example.html").write_text(html, encoding="utf-8")
     svgs = re.findall(r"<svg.*?</svg>", html, re.S)
-    stacked = "".join(
-        s.replace("<svg ", f'<svg y="{260 * i}" ', 1) for i, s in enumerate(svgs[:2])
-    )
+    stacked = "".join(s.replace("<svg ", f'<svg y="{260 * i}" ', 1) for i, s in enumerate(svgs[:2]))
     (ROOT / "docs/trial-report-example.svg").write_text(
         '<svg xmlns="http://www.w3.org/2000/svg" width="720" height="520" '
         f'viewBox="0 0 720 520"><rect width="720" height="520" fill="white"/>{stacked}</svg>\n',

@@ -375,9 +375,8 @@ def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> No
 
 
 class _TrialGroup(click.Group):
-    """`trial PROFILE ...` runs a trial (the `run` subcommand by default); `trial show [ID]`
-    shows recorded ones, `trial forget ID` removes them. No profile is called `show`, `run` or
-    `forget`."""
+    """`trial PROFILE ...` runs a trial (the `run` subcommand by default); `trial show|forget`
+    shows or removes recorded ones. No profile is called `show`, `run` or `forget`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):

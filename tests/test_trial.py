@@ -181,16 +181,22 @@ def test_waiting_line():
     assert serve.waiting_line(5, "x" * 200).endswith("x" * 117 + "...")
 
 
-def test_the_cli_prints_readiness_progress_on_a_terminal_only(mocker):
-    from sm120patch import cli
+def test_a_trial_says_how_long_it_has_waited(trees, mocker):
+    """The command layer turns readiness progress into lines (the CLI passes its stderr on a
+    terminal)."""
+    from sm120patch import app
 
-    mocker.patch.object(cli.sys.stderr, "isatty", return_value=False)
-    assert cli._waiting() is None
-    mocker.patch.object(cli.sys.stderr, "isatty", return_value=True)
-    printed = mocker.patch.object(cli.click, "echo")
-    progress = cli._waiting()
-    assert progress is not None
-    progress(12.0, "Capture cuda graph")
-    printed.assert_called_once_with(
-        "sm120patch: waiting for readiness: 12 s, last line: Capture cuda graph", err=True
+    mocker.patch.object(serve, "PROGRESS_EVERY", 0.3)
+    sg, fi = trees
+    cmd = "import time; print('Load weight begin', flush=True); time.sleep(1.2); print('ready', flush=True); time.sleep(30)"
+    said: list[str] = []
+    request = app.TrialRequest(
+        "moe", (sys.executable, "-c", cmd), ready_pattern="^ready$", timeout=20, gpu_check=False
     )
+    found = app.trial(
+        app.Session(str(sg), str(fi)), request, None, on_known=lambda line: None,
+        on_line=lambda line: None, on_event=lambda line: None, on_progress=said.append,
+    )  # fmt: skip
+    assert found.result is not None and found.result.verdict == "ready"
+    assert said and said[0].startswith("sm120patch: waiting for readiness: ")
+    assert said[0].endswith("s, last line: Load weight begin")

@@ -25,6 +25,7 @@ from trialkit import free_port, gone, run_cli, two_trees
 
 from sm120patch.engine import trials
 from sm120patch.errors import Refused
+from sm120patch.patchkit.model import Wiring
 from sm120patch.trial import decide, gpu, known, loadgen, sanity, wiring
 from sm120patch.trial import measure as measure_
 
@@ -128,12 +129,10 @@ def measure(trees, tmp_path, *options: str, repeat: int | None = None, extra=(),
 
 @pytest.fixture
 def wired(mocker):
-    """The moe profile's patch declares fusion's wiring lines (as a patch's `wiring` does)."""
-    patch = SimpleNamespace(
-        id="sglang.moe-backend",
-        wiring=SimpleNamespace(ran=(FUSED,), skipped=(r"Skipping allreduce fusion",)),
-    )
-    declared = [wiring.wiring_of(patch)]
+    """The moe profile's patch declares fusion's wiring lines, as fusion's patches do."""
+    declared = [
+        ("sglang.moe-backend", Wiring(ran=(FUSED,), skipped=(r"Skipping allreduce fusion",)))
+    ]
     mocker.patch.object(wiring, "declared", return_value=declared)
     return declared
 
@@ -158,7 +157,7 @@ def test_patched_faster_is_kept_at_default_settings(trees, tmp_path, fake_nvml, 
     )  # fmt: skip
     assert doc["verdict"] == "kept", figures(doc)
     assert code == 0, err
-    assert "known: moe wrong-output" in err.split("fake server")[0]  # shown before acting
+    assert "known: moe " in err.split("fake server")[0]  # shown before acting
     assert doc["evidence"] is True
     assert [r["side"] for r in doc["runs"]] == ["baseline", "patched"] * 3  # ABAB, 3 a side
     assert doc["message"].startswith("patched ") and "beyond the ±" in doc["message"]
@@ -173,7 +172,7 @@ def test_patched_faster_is_kept_at_default_settings(trees, tmp_path, fake_nvml, 
     assert base["gpus"][0]["limit_share"] == pytest.approx(250 / 300, abs=1e-3)
     assert patched["gpus"][1]["mean_util_pct"] == 42.0
     assert doc["sanity"]["ok"] and doc["sanity"]["similarity"] == 1.0
-    assert doc["versions"] == {"sglang": "0.5.8", "flashinfer": "0.6.1"}
+    assert doc["versions"] == {"sglang": "0.5.8", "flashinfer": "0.6.7"}
     assert doc["gpu_names"] == ["NVIDIA RTX PRO 6000 Blackwell"] * 2
     # Each window's absolute start and end, in order, inside the trial.
     for run in doc["runs"]:
@@ -713,22 +712,30 @@ def test_no_effect_is_seldom_kept_at_any_number_of_runs():
 
 def test_wiring_scan_reads_ran_skipped_and_not_seen():
     declared = [
-        wiring.Wiring("a", (r"Fusion enabled",), (r"Skipping allreduce fusion",)),
-        wiring.Wiring("b", (r"b ran",)),
-        wiring.Wiring("c", (r"c ran (",)),  # not a regular expression: matched as text
+        ("a", Wiring((r"Fusion enabled",), (r"Skipping allreduce fusion",))),
+        ("b", Wiring((r"b ran",))),
     ]
     seen = wiring.read(
-        declared,
-        ["start", "Fusion enabled", "b ran", "later: Skipping allreduce fusion", "c ran ("],
+        declared, ["start", "Fusion enabled", "b ran", "later: Skipping allreduce fusion"]
     )
     assert seen["a"] == {"seen": "skipped", "line": "later: Skipping allreduce fusion"}
     assert seen["b"] == {"seen": "ran", "line": "b ran"}
-    assert seen["c"]["seen"] == "ran"
     assert wiring.read(declared[:1], ["nothing"])["a"] == {"seen": "not-seen", "line": ""}
-    # A patch's `wiring` read by shape; none declared, none read.
-    patch = SimpleNamespace(id="p", wiring=SimpleNamespace(ran=["x"], skipped="y"))
-    assert wiring.wiring_of(patch) == wiring.Wiring("p", ("x",), ("y",))
-    assert wiring.wiring_of(SimpleNamespace(id="q")) is None
+    # Line by line, the same answer as the model's reading of the whole log.
+    log = ["Fusion enabled", "later: Skipping allreduce fusion", "Fusion enabled again"]
+    assert wiring.read(declared[:1], log)["a"] == declared[0][1].read("\n".join(log)).to_dict()
+    assert wiring.skipped(seen) == ("a", "later: Skipping allreduce fusion")
+
+
+def test_fusion_declares_its_wiring():
+    declared = dict(wiring.declared("fusion"))
+    assert "sglang.fusion-gate" in declared
+    fusion = declared["sglang.fusion-gate"]
+    assert fusion.read(FUSED).seen == "ran"
+    assert fusion.read("Skipping allreduce fusion: workspace preflight probe failed").seen == (
+        "skipped"
+    )
+    assert wiring.declared("moe") == []
 
 
 def test_agreement_counts_positions_up_to_the_first_difference():

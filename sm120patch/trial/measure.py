@@ -350,7 +350,7 @@ def _one_run(
     opts: Options,
     on_line: Callable[[str], None],
     log: Any,
-    declared: Sequence[wiring.Wiring],
+    declared: Sequence[wiring.Declared],
     on_wait: Callable[[float, str | None], None] | None,
     *,
     first: bool,
