@@ -10,6 +10,7 @@ from typing import Any
 from sm120patch import targets
 from sm120patch.engine.records import trial_key
 from sm120patch.engine.store import TargetState
+from sm120patch.errors import Refused
 from sm120patch.plan import catalog
 
 
@@ -23,7 +24,13 @@ def record_trial(
             continue
         st = TargetState.of(target.root, target.layout, target.kind)
         with st.locked():
-            st.add_trial(trial)
+            try:
+                st.add_trial(trial)
+            except OSError as exc:  # a full disk: one line, the trees are as the trial left them
+                raise Refused(
+                    f"cannot record the trial in {st.dir} ({exc.strerror})",
+                    "free some space; `sm120patch status` shows the trees",
+                ) from None
 
 
 def forget_trials(paths: Mapping[str, str | Path | None], keys: Collection[str]) -> int:

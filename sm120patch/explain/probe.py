@@ -57,12 +57,18 @@ DEVICE_NAME = {
 }
 MEMORY_MIB = {"sm120": 97887, "sm100": 183359, "sm90": 81559}
 
-# The gate module: communicator.py up to 0.5.20, layer_boundary/residual/add_norm.py after.
+# Where the sites this probe runs live, newest release first. The patches' facts say the same
+# (this script cannot import them: it runs in the target's interpreter);
+# tests/test_release_table.py holds the two to each other.
+# The fusion gate (sglang.fusion-gate): its modules and the names of its function.
 GATE_MODULES = (
     "sglang.srt.layers.layer_boundary.residual.add_norm",
     "sglang.srt.layers.communicator",
 )
 GATE_FUNCTIONS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
+# FlashInfer's TRT-LLM comm module (flashinfer.comm-arch).
+COMM_MODULES = ("flashinfer.jit.comm", "flashinfer.comm.trtllm_ar")
+COMM_FUNCTION = "gen_trtllm_comm_module"
 # Compiled GPU-only extensions: on a CPU-only machine their import fails; under simulation a
 # placeholder module stands in (any use of it raises). Decision code never calls them.
 GPU_EXTENSIONS = ("sgl_kernel", "deep_gemm", "flash_mla", "sgl_deep_gemm", "sgl_flash_mla")
@@ -486,16 +492,18 @@ def preflight(multicast: bool | None) -> dict[str, Any]:
 
 
 def comm_arch() -> dict[str, Any]:
-    try:
-        comm = importlib.import_module("flashinfer.jit.comm")
-    except ImportError:
+    comm = None
+    for name in COMM_MODULES:
         try:
-            comm = importlib.import_module("flashinfer.comm.trtllm_ar")  # 0.3.x
+            comm = importlib.import_module(name)
+            break
         except ImportError as exc:
-            return {"error": _error(exc)}
-    gen = getattr(comm, "gen_trtllm_comm_module", None)
+            problem = _error(exc)
+    if comm is None:
+        return {"error": problem}
+    gen = getattr(comm, COMM_FUNCTION, None)
     if gen is None:
-        return {"error": f"{comm.__name__} has no gen_trtllm_comm_module"}
+        return {"error": f"{comm.__name__} has no {COMM_FUNCTION}"}
     try:
         spec = gen()
     except Exception as exc:

@@ -164,10 +164,13 @@ def _in(spec: str, value: str | int) -> bool:
         return False
 
 
-def _release(version: str) -> str:
-    """0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as the pins do."""
-    release = versions.base_release(version)
-    return version if release is None else str(release)
+def _release_in(spec: str, version: str) -> bool:
+    """Whether `version`, as its release (0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as
+    the pins do), is inside `spec`."""
+    try:
+        return versions.contains(spec, versions.base_release(version))
+    except InvalidSpecifier:
+        return False
 
 
 def _names(value: Any) -> list[str]:
@@ -182,7 +185,7 @@ def matches(entry: Entry, profile: str | None, box: Box) -> bool:
         # A condition on a release this box does not have (FlashInfer not installed, say)
         # does not describe this box.
         if kind in c and (
-            kind not in box.versions or not _in(c[kind], _release(box.versions[kind]))
+            kind not in box.versions or not _release_in(c[kind], box.versions[kind])
         ):
             return False
     if "gpu_family" in c and box.gpu_family and c["gpu_family"].lower() != box.gpu_family:
