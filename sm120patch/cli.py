@@ -1104,6 +1104,28 @@ def matrix_cmd(
         sys.exit(1)
 
 
+@main.command("scan")
+@with_targets
+@json_option
+@click.option("--all", "all_", is_flag=True, help="List the upstream and kernel gates too.")
+@click.option("--fail-on-candidate", is_flag=True, help="Exit 1 when a candidate is found.")
+def scan_cmd(
+    sglang: str | None, flashinfer: str | None, as_json: bool, all_: bool,
+    fail_on_candidate: bool,
+) -> None:  # fmt: skip
+    """The GPU-arch gates of SGLang and FlashInfer that leave SM120 out, read from their sources
+    (nothing is imported): candidates, gates a patch covers, upstream, kernel."""
+    from sm120patch.scan import report, run
+
+    found = run.scan({"sglang": sglang, "flashinfer": flashinfer})
+    if as_json:
+        emit_json(found.to_dict())
+    else:
+        click.echo(report.text(found, all_=all_), nl=False)
+    if fail_on_candidate and found.counts()["candidate"]:
+        sys.exit(1)
+
+
 # ---------------------------------------------------------------------------- explain (issue 10)
 
 

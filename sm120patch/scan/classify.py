@@ -1,0 +1,275 @@
+"""What each gate is: covered, upstream, kernel or candidate.
+
+- covered: a patch of a profile changes the gate so that it no longer leaves SM120 out. Found
+  by running each profile's patches on the file, as `apply` would (one parse, in profile
+  order), and scanning what each step leaves: a gate that leaves SM120 out before a step and
+  not after it is that patch's. Nothing here names a site: the catalog's patches say it by
+  what they change, on this release's text, so a new patch or a moved site needs no table.
+- upstream: the expression already admits SM120 (it takes the path of the archs it favours),
+  or a sibling test (same if/elif chain, same block, an `if` around it whose other branch
+  SM120 takes, an SM120 twin of its function) gives SM120 a path of its own.
+- kernel: it selects or guards a kernel family SM120 cannot run (patches/kernels.toml: the
+  maintainers' table, with reasons), compile targets of another arch's `a` feature set, or it
+  names SM120 to leave it out.
+- candidate: none of these: a place a patch may belong.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm120patch.scan import gates as g
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+COVERED, UPSTREAM, KERNEL, CANDIDATE = "covered", "upstream", "kernel", "candidate"
+CLASSES = (CANDIDATE, COVERED, UPSTREAM, KERNEL)  # the order a report lists them in
+KERNELS_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Family:
+    id: str
+    reason: str
+    match: tuple[re.Pattern[str], ...] = ()
+    sm120: str = ""  # what SM120 runs instead, where the family has an SM120 counterpart
+    archs: tuple[str, ...] = ()  # or: gates that favour exactly these archs
+    where: str = ""  # "names": look in the file and function names only
+
+    def matches(self, text: str) -> bool:
+        return any(p.search(text) for p in self.match)
+
+
+def load_kernels(text: str | None = None) -> tuple[Family, ...]:
+    """The kernel families of patches/kernels.toml (or of `text`)."""
+    if text is None:
+        text = _kernels_path().read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    if data.get("schema") != KERNELS_SCHEMA:
+        raise ValueError(f"kernels.toml: schema {data.get('schema')!r}, not {KERNELS_SCHEMA}")
+    out = []
+    for raw in data.get("family", []):
+        out.append(
+            Family(
+                id=raw["id"],
+                reason=raw["reason"],
+                match=tuple(re.compile(p, re.IGNORECASE) for p in raw.get("match", [])),
+                sm120=raw.get("sm120", ""),
+                archs=tuple(raw.get("archs", [])),
+                where=raw.get("where", ""),
+            )
+        )
+    return tuple(out)
+
+
+def _kernels_path() -> Path:
+    from sm120patch import patches
+
+    return Path(next(iter(patches.__path__))) / "kernels.toml"
+
+
+# ----------------------------------------------------------------------------- coverage
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """A patch of a profile that makes a gate admit SM120, and its outcome on this release."""
+
+    profile: str
+    patch: str
+    outcome: str  # applied, already-applied, upstream, refused...
+    pinned: bool  # the release is inside the profile's pins
+
+    def describe(self) -> str:
+        pins = "" if self.pinned else ", outside its pins"
+        return f"{self.profile}: {self.patch} ({self.outcome}{pins})"
+
+
+@dataclass(frozen=True)
+class SiteOutcome:
+    """One patch of one profile on this release (every patch the catalog has for the kind)."""
+
+    profile: str
+    patch: str
+    file: str | None
+    site: str
+    outcome: str
+    pinned: bool
+
+
+@dataclass
+class Coverages:
+    by_gate: dict[tuple[str, tuple[str, str, str, int]], list[Coverage]] = field(
+        default_factory=dict
+    )
+    outcomes: list[SiteOutcome] = field(default_factory=list)
+
+
+def leaves_out(gate: g.Gate) -> bool:
+    """Whether a gate still keeps SM120 away (no sibling gives it a path)."""
+    return gate.verdict in (g.LEAVES_OUT, g.EXCLUDES) and not gate.sibling
+
+
+def coverage(
+    kind: str,
+    version: str,
+    read: Callable[[str], str | None],
+    scans: Mapping[str, g.FileScan],
+    catalog: Any,
+) -> Coverages:
+    """Which gates each profile's patches change, run on this release's texts (`read` gives
+    a file's text by its path relative to the package's parent, None if it is absent)."""
+    from sm120patch.transform import Status, transform_text
+
+    out = Coverages()
+    texts: dict[str, str | None] = {}
+
+    def cached(rel: str) -> str | None:
+        if rel not in texts:
+            texts[rel] = read(rel)
+        return texts[rel]
+
+    for profile in catalog.profiles.values():
+        patches = [p for p in catalog.patches_of(profile) if p.target == kind]
+        if not patches:
+            continue
+        pinned = profile.pinned(kind, version)
+        groups: dict[str | None, list[Any]] = {}
+        for patch in patches:
+            groups.setdefault(patch.pick_file(cached), []).append(patch)
+        for rel, group in groups.items():
+            text = cached(rel) if rel else None
+            if rel is None or text is None:
+                for patch in group:
+                    out.outcomes.append(
+                        SiteOutcome(profile.name, patch.id, None, "", "not-applicable", pinned)
+                    )
+                continue
+            result = transform_text(group, rel, text)
+            by_id = {p.id: p for p in group}
+            for o in result.outcomes:
+                status = o.status
+                if status is Status.ALREADY_APPLIED and by_id[o.patch].upstream_at(version):
+                    status = Status.UPSTREAM
+                out.outcomes.append(
+                    SiteOutcome(profile.name, o.patch, rel, o.site, status.value, pinned)
+                )
+            outcome_of = {s.patch: s.outcome for s in out.outcomes if s.profile == profile.name}
+            before = scans.get(rel) or g.scan_text(rel, text)
+            keys = {x.key for x in before.gates if leaves_out(x)}
+            for patch_id, step_text in result.step_texts():
+                after = g.scan_text(rel, step_text)
+                still = {x.key for x in after.gates if leaves_out(x)}
+                for key in keys - still:
+                    out.by_gate.setdefault((rel, key), []).append(
+                        Coverage(profile.name, patch_id, outcome_of.get(patch_id, ""), pinned)
+                    )
+                keys &= still
+    return out
+
+
+# ----------------------------------------------------------------------------- classes
+
+
+@dataclass(frozen=True)
+class Classified:
+    gate: g.Gate
+    cls: str
+    reason: str
+    covered_by: tuple[Coverage, ...] = ()
+    family: str = ""  # the kernel family, where one decided
+
+    def to_dict(self) -> dict[str, Any]:
+        gate = self.gate
+        return {
+            "class": self.cls,
+            "file": gate.file,
+            "line": gate.line,
+            "function": gate.function,
+            "kind": gate.kind,
+            "expression": gate.expression,
+            "gates": gate.gates,
+            "favours": list(gate.favoured),
+            "verdict": gate.verdict,
+            "reason": self.reason,
+            "family": self.family or None,
+            "choices": list(gate.choices),
+            "covered_by": [
+                {"profile": c.profile, "patch": c.patch, "outcome": c.outcome,
+                 "pinned": c.pinned}
+                for c in self.covered_by
+            ],
+        }  # fmt: skip
+
+
+def classify(
+    gate: g.Gate, families: Iterable[Family], covered: Iterable[Coverage] = ()
+) -> Classified:
+    """The class of one gate, with its reason in words."""
+    covered = tuple(covered)
+    if covered and leaves_out(gate):
+        return Classified(gate, COVERED, "; ".join(c.describe() for c in covered), covered)
+    if gate.verdict == g.ADMITS:
+        return Classified(gate, UPSTREAM, "SM120 takes the path of the archs it favours")
+    if gate.sibling:
+        return Classified(gate, UPSTREAM, f"SM120 has a path of its own: {gate.sibling}")
+    families = tuple(families)
+    if gate.verdict == g.EXCLUDES:
+        return Classified(gate, KERNEL, "the code names SM120 to leave it out here")
+    if gate.arch_specific:
+        targets = ", ".join(gate.arch_specific)
+        return Classified(
+            gate, KERNEL, f"arch-specific compile targets ({targets}): code for that GPU alone"
+        )
+    return _by_family(gate, families)
+
+
+def _by_family(gate: g.Gate, families: tuple[Family, ...]) -> Classified:
+    names = f"{gate.file} {gate.function}"
+    for family in families:
+        if family.archs and tuple(family.archs) == gate.favoured:
+            return Classified(gate, KERNEL, family.reason, family=family.id)
+    if gate.choices:
+        # A choice: a kernel gate only when everything it chooses is a kernel SM120 lacks.
+        found = [_family_of(c, families, choice=True) for c in gate.choices]
+        if all(found):
+            counterpart = next((f for f in found if f and f.sm120), None)
+            if counterpart is not None:
+                return Classified(
+                    gate,
+                    CANDIDATE,
+                    f"chooses {counterpart.id} for the archs it favours and nothing for SM120; "
+                    f"SM120's counterpart: {counterpart.sm120}",
+                    family=counterpart.id,
+                )
+            family = found[0]
+            assert family is not None
+            return Classified(gate, KERNEL, family.reason, family=family.id)
+        return Classified(gate, CANDIDATE, _candidate(gate))
+    for family in families:
+        if not family.match:
+            continue
+        text = names if family.where == "names" else f"{names} {gate.context}"
+        if family.matches(text):
+            return Classified(gate, KERNEL, family.reason, family=family.id)
+    return Classified(gate, CANDIDATE, _candidate(gate))
+
+
+def _family_of(text: str, families: tuple[Family, ...], *, choice: bool) -> Family | None:
+    for family in families:
+        if family.match and family.matches(text):
+            return family
+    return None
+
+
+def _candidate(gate: g.Gate) -> str:
+    favours = "/".join(gate.favoured)
+    return f"favours {favours}; no patch, no SM120 path, no kernel family known to need it"
