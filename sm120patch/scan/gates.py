@@ -674,8 +674,9 @@ class _Finder:
         elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             names = [spelled(t) or ast.unparse(t) for t in targets]
-            if not any(arch.arch_predicate(n, self.file) for n in names):
-                self._value(stmt.value, "assign", f"sets {', '.join(names)}", where, names)
+            if any(arch.arch_predicate(n, self.file) for n in names):
+                return  # `_is_sm100_supported = ...` defines a word: its uses are the gates
+            self._value(stmt.value, "assign", f"sets {', '.join(names)}", where, names)
         self._inner(stmt, where)
         for name in ("body", "orelse", "handlers", "finalbody"):
             inner = getattr(stmt, name, None)
@@ -788,8 +789,7 @@ class _Finder:
             context = " ".join(names) or what
             self._list(value, kind, what, where, context)
             return
-        if isinstance(value, (ast.BoolOp, ast.Compare, ast.UnaryOp, ast.Name, ast.Attribute,
-                              ast.Call, ast.Subscript)):  # fmt: skip
+        if isinstance(value, _TESTS):
             self._test(value, kind, what, where, [])
 
     def _ifexp(self, node: ast.IfExp, what: str, where: tuple) -> None:
@@ -834,7 +834,7 @@ class _Finder:
                         self._list(kw.value, "argument", what, where, f"{kw.arg} {func}")
                     elif isinstance(kw.value, ast.IfExp):
                         self._ifexp(kw.value, f"{kw.arg}=", where)
-                    elif isinstance(kw.value, (ast.BoolOp, ast.Compare, ast.UnaryOp)):
+                    elif isinstance(kw.value, _TESTS):
                         self._test(kw.value, "argument", what, where, [])
                 for arg in node.args:
                     if isinstance(arg, (ast.List, ast.Tuple, ast.Set)):
@@ -1005,6 +1005,8 @@ class _Finder:
         return b"\n".join(chunk).decode(errors="replace")
 
 
+# Expressions that can be a yes/no test (a call may be an arch check: `is_sm100_supported()`).
+_TESTS = (ast.BoolOp, ast.Compare, ast.UnaryOp, ast.Name, ast.Attribute, ast.Call, ast.Subscript)
 _NAME_VALUE = re.compile(r"[A-Za-z][\w.+-]{0,48}")
 
 
