@@ -715,30 +715,46 @@ def arch_twin_names(name: str) -> list[str]:
 # Bytes that every spelling above contains: a file without them holds no arch check, and a
 # file with them is parsed only around the lines that have them. Each pattern starts with a
 # literal that is looked for first (one alternation of them all reads a release 3x slower).
-ARCH_TEXT: tuple[tuple[bytes, re.Pattern[bytes]], ...] = tuple(
-    (literal, re.compile(pattern))
-    for literal, pattern in (
-        (b"is_", rb"is_(?:sm_?\d|blackwell|hopper|ampere)"),
-        (b"major", rb"major"),
-        (b"capabilit", rb"capabilit"),
-        (b"device_sm", rb"device_sm"),
-        (b"sm_version", rb"sm_version"),
-        (b"compute_", rb"compute_\d{2,3}"),
-        (b"sm", rb"sm_?\d{2,3}[af]?\b|sm\s*(?:==|!=|>=|<=|[<>]|in\b|not\b)"),
-        (b"arch", rb"archs\b|arch_list"),
-        (b".", rb"\.\d[af][\"']"),
+# The quantities (`major`, `capability`, ...) count only near a number an arch can be
+# (`sm_major == 10`, `(10, 0) > cap`, `supported_major_versions=[9, 10]`): `major` alone is
+# mostly a version's.
+ARCH_TEXT: tuple[tuple[bytes, re.Pattern[bytes], bool], ...] = tuple(
+    (literal, re.compile(pattern), quantity)
+    for literal, pattern, quantity in (
+        (b"is_", rb"is_(?:sm_?\d|blackwell|hopper|ampere)", False),
+        (b"major", rb"major", True),
+        (b"capabilit", rb"capabilit", True),
+        (b"device_sm", rb"device_sm", True),
+        (b"sm_version", rb"sm_version", True),
+        (b"compute_", rb"compute_\d{2,3}", False),
+        (b"sm", rb"sm_?\d{2,3}[af]?\b", False),
+        (b"sm", rb"sm\s*(?:==|!=|>=|<=|[<>]|in\b|not\b)", True),
+        (b"arch", rb"archs\b|arch_list", True),
+        (b".", rb"\.\d[af][\"']", False),
     )
 )
+_ARCH_NUMBER = re.compile(rb"(?<![\w.])(?:[7-9]|1[0-3]|[7-9]\d|1[0-2]\d|130)(?![\w.])")
 
 
 def arch_text_hits(data: bytes) -> list[int]:
     """Offsets in `data` where an arch word may be (see ARCH_TEXT), in no particular order."""
-    return [
-        m.start()
-        for literal, pattern in ARCH_TEXT
-        if literal in data
-        for m in pattern.finditer(data)
-    ]
+    out = []
+    for literal, pattern, quantity in ARCH_TEXT:
+        if literal not in data:
+            continue
+        for m in pattern.finditer(data):
+            if quantity:  # the number on this line or the next two (`== (\n 10,\n 3,\n)`)
+                start = data.rfind(b"\n", 0, m.start()) + 1
+                end = m.end()
+                for _ in range(3):
+                    end = data.find(b"\n", end + 1)
+                    if end < 0:
+                        end = len(data)
+                        break
+                if not _ARCH_NUMBER.search(data, start, end):
+                    continue
+            out.append(m.start())
+    return out
 
 
 def import_sources(module: cst.Module, name: str) -> list[str]:

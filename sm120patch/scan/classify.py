@@ -126,9 +126,12 @@ def coverage(
     catalog: Any,
 ) -> Coverages:
     """Which gates each profile's patches change, run on this release's texts (`read` gives
-    a file's text by its path relative to the package's parent, None if it is absent)."""
-    from sm120patch.transform import Status, transform_text
+    a file's text by its path relative to the package's parent, None if it is absent).
 
+    Each patch runs once, in the chain of the smallest profile holding it (the patches of that
+    profile before it in the same file run first, as `apply` runs them): a patch sees only
+    the text the earlier ones left, so the larger profiles holding it change the same gates.
+    """
     out = Coverages()
     texts: dict[str, str | None] = {}
 
@@ -137,42 +140,72 @@ def coverage(
             texts[rel] = read(rel)
         return texts[rel]
 
-    for profile in catalog.profiles.values():
-        patches = [p for p in catalog.patches_of(profile) if p.target == kind]
-        if not patches:
-            continue
+    profiles = [p for p in catalog.profiles.values() if kind in p.targets]
+    runs: dict[str, tuple[str | None, str, str, list[g.Gate]]] = {}  # id -> file, site, ...
+    for chain in _chains(kind, profiles, catalog):
+        runs.update(_run_chain(chain, version, cached, scans))
+    for profile in profiles:
         pinned = profile.pinned(kind, version)
-        groups: dict[str | None, list[Any]] = {}
-        for patch in patches:
-            groups.setdefault(patch.pick_file(cached), []).append(patch)
-        for rel, group in groups.items():
-            text = cached(rel) if rel else None
-            if rel is None or text is None:
-                for patch in group:
-                    out.outcomes.append(
-                        SiteOutcome(profile.name, patch.id, None, "", "not-applicable", pinned)
-                    )
+        for pid in profile.patches:
+            if pid not in runs:
                 continue
-            result = transform_text(group, rel, text)
-            by_id = {p.id: p for p in group}
-            for o in result.outcomes:
-                status = o.status
-                if status is Status.ALREADY_APPLIED and by_id[o.patch].upstream_at(version):
-                    status = Status.UPSTREAM
-                out.outcomes.append(
-                    SiteOutcome(profile.name, o.patch, rel, o.site, status.value, pinned)
+            rel, site, outcome, removed = runs[pid]
+            out.outcomes.append(SiteOutcome(profile.name, pid, rel, site, outcome, pinned))
+            for gate in removed:
+                out.by_gate.setdefault((gate.file, gate.key), []).append(
+                    Coverage(profile.name, pid, outcome, pinned)
                 )
-            outcome_of = {s.patch: s.outcome for s in out.outcomes if s.profile == profile.name}
-            before = scans.get(rel) or g.scan_text(rel, text)
-            keys = {x.key for x in before.gates if leaves_out(x)}
-            for patch_id, step_text in result.step_texts():
-                after = g.scan_text(rel, step_text)
-                still = {x.key for x in after.gates if leaves_out(x)}
-                for key in keys - still:
-                    out.by_gate.setdefault((rel, key), []).append(
-                        Coverage(profile.name, patch_id, outcome_of.get(patch_id, ""), pinned)
-                    )
-                keys &= still
+    return out
+
+
+def _chains(kind: str, profiles: list[Any], catalog: Any) -> list[list[Any]]:
+    """For each patch of `kind`, the patches of the smallest profile holding it (of that
+    kind, in order); each chain once."""
+    chains: dict[tuple[str, ...], list[Any]] = {}
+    for patch in (p for p in catalog.patches.values() if p.target == kind):
+        holding = sorted(
+            (p for p in profiles if patch.id in p.patches), key=lambda p: (len(p.patches), p.name)
+        )
+        if not holding:
+            continue
+        chain = [catalog.patches[pid] for pid in holding[0].patches]
+        chain = [p for p in chain if p.target == kind]
+        chains.setdefault(tuple(p.id for p in chain), chain)
+    return list(chains.values())
+
+
+def _run_chain(
+    chain: list[Any],
+    version: str,
+    read: Callable[[str], str | None],
+    scans: Mapping[str, g.FileScan],
+) -> dict[str, tuple[str | None, str, str, list[g.Gate]]]:
+    """patch id -> (file, site, outcome, the gates its step stops leaving SM120 out)."""
+    from sm120patch.transform import Status, transform_text
+
+    out: dict[str, tuple[str | None, str, str, list[g.Gate]]] = {}
+    groups: dict[str | None, list[Any]] = {}
+    for patch in chain:
+        groups.setdefault(patch.pick_file(read), []).append(patch)
+    for rel, group in groups.items():
+        text = read(rel) if rel else None
+        if rel is None or text is None:
+            out.update((p.id, (None, "", Status.NOT_APPLICABLE.value, [])) for p in group)
+            continue
+        result = transform_text(group, rel, text)
+        by_id = {p.id: p for p in group}
+        before = scans.get(rel) or g.scan_text(rel, text)
+        left = [x for x in before.gates if leaves_out(x)]
+        removed: dict[str, list[g.Gate]] = {}
+        for patch_id, step_text in result.step_texts():
+            still = {x.key for x in g.scan_text(rel, step_text).gates if leaves_out(x)}
+            removed[patch_id] = [x for x in left if x.key not in still]
+            left = [x for x in left if x.key in still]
+        for o in result.outcomes:
+            status = o.status
+            if status is Status.ALREADY_APPLIED and by_id[o.patch].upstream_at(version):
+                status = Status.UPSTREAM
+            out[o.patch] = (rel, o.site, status.value, removed.get(o.patch, []))
     return out
 
 

@@ -384,6 +384,7 @@ class _Atom:
 
     value: Callable[[arch.Capability], bool]
     names_sm120: bool
+    minor: bool = False  # a test of the minor version alone says nothing without a major
 
 
 def _fits(kind: str, const: object) -> str | None:
@@ -436,7 +437,7 @@ def _compare_atom(left: ast.AST, op: ast.cmpop, right: ast.AST) -> _Atom | None:
         except TypeError:
             return False
 
-    return _Atom(value, _mentions_12(as_kind, const))
+    return _Atom(value, _mentions_12(as_kind, const), as_kind == "minor")
 
 
 class _Expr:
@@ -487,7 +488,7 @@ class _Expr:
 
     def _leaf(self, ident: tuple[int, ...], atom: _Atom | None, node: ast.AST) -> None:
         if atom is not None:
-            self.atoms += 1
+            self.atoms += not atom.minor
             self.names_sm120 |= atom.names_sm120
             self.leaves[ident] = atom
             return
