@@ -1049,6 +1049,9 @@ def new_patch_cmd(
 @json_option
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown tables (default).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr.")
+@click.option(
+    "--scan", "scan", is_flag=True, help="Scan each whole release too: its new candidate gates."
+)
 def matrix_cmd(
     sglang_spec: str | None,
     flashinfer_spec: str | None,
@@ -1057,6 +1060,7 @@ def matrix_cmd(
     as_json: bool,
     as_markdown: bool,
     quiet: bool,
+    scan: bool,
 ) -> None:
     """Plan every profile on every SGLang and FlashInfer release on pip's index: outcome per
     site. Releases come from pip's configured index (pip config, PIP_INDEX_URL) into the release
@@ -1093,7 +1097,10 @@ def matrix_cmd(
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
     with progress.phase("planning releases", len(work)):
         rows = matrix.run(
-            work, jobs, progress=lambda row: progress.advance(f"{row.kind} {row.version}")
+            work,
+            jobs,
+            progress=lambda row: progress.advance(f"{row.kind} {row.version}"),
+            scan=scan,
         )
     chosen = list(profiles) or None
     if as_json:

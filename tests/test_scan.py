@@ -473,3 +473,20 @@ def test_skipped_paths() -> None:
     assert run.skipped("sglang/test/runners.py")
     assert not run.skipped("sglang/srt/layers/x.py")
     assert run.skipped("sglang/srt/layers/test_x.py")
+
+
+def test_the_target_is_read_never_imported(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    tree = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    (tree / "sglang" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    probe = (
+        "import sys; from sm120patch.scan import run; "
+        f"found = run.scan({{'sglang': {str(tree)!r}, 'flashinfer': None}}); "
+        "assert found.targets[0].gates; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'flashinfer')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

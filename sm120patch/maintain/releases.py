@@ -630,6 +630,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+# For what the other maintainer tools keep in the cache (matrix's scans).
+write_atomic = _write_atomic
+
+
 # ----------------------------------------------------------------------------- trees
 
 
