@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sm120patch import plan as planner
 from sm120patch.maintain import releases
+from sm120patch.plan import planner
 
 SM = [sys.executable, "-m", "sm120patch"]
 
@@ -92,7 +92,7 @@ def main() -> None:
 
     from sm120patch import patches
 
-    for package in (Path(planner.__file__).parent, Path(next(iter(patches.__path__)))):
+    for package in (Path(planner.__file__).parents[1], Path(next(iter(patches.__path__)))):
         compileall.compile_dir(str(package), quiet=1)
     base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env = {**base, "SM120PATCH_CACHE": str(tmp / "cache")}

@@ -1,4 +1,4 @@
-"""Real NVML sampling through sm120patch.gpu.Sampler while a torch matmul loop loads GPU 0 (a
+"""Real NVML sampling through sm120patch.trial.gpu.Sampler while a torch matmul loop loads GPU 0 (a
 stand-in for a server under load), to show the sampler reads real watts and utilisation.
 
 Run on a machine with an NVIDIA GPU and torch: `python benchmarks/nvml_under_load.py`. Prints
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from sm120patch import gpu
+from sm120patch.trial import gpu
 
 LOAD = r"""
 import sys, time, torch

@@ -4,8 +4,9 @@
     python benchmarks/output_hashes.py -o after.json      # with the new code
     python benchmarks/output_hashes.py --compare before.json after.json
 
-Plans each profile on each release of the full range (`sm120patch.releases.available`, fetched
-into the release cache once) with `plan.plan_target`, and records per (profile, kind, version)
+Plans each profile on each release of the full range
+(`sm120patch.maintain.releases.available`, fetched into the release cache once) with
+`plan.plan_target`, and records per (profile, kind, version)
 each site's status and, per file, the sha256 of the text after every applied patch (the texts
 the engine commits one by one) and after the last. Not a test: the full range downloads about
 a gigabyte on a cold cache and takes minutes.
@@ -25,8 +26,10 @@ def _sha(text: str) -> str:
 
 
 def one_release(job: tuple[str, str]) -> dict[str, object]:
-    from sm120patch import catalog, releases, targets
-    from sm120patch.plan import plan_target
+    from sm120patch import targets
+    from sm120patch.maintain import releases
+    from sm120patch.plan import catalog
+    from sm120patch.plan.planner import plan_target
 
     kind, version = job
     cat = catalog.load()
@@ -56,7 +59,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.compare:
         return compare(*args.compare)
-    from sm120patch import releases
+    from sm120patch.maintain import releases
 
     jobs = [(k, v) for k in releases.KINDS for v in releases.available(k)]
     # Download and unpack first, one at a time (the cache locks per release anyway).

@@ -1,10 +1,11 @@
 """The patch library: one module per patch, each declaring `PATCH = Patch(...)`, plus profiles.toml.
 
 Shipped inside the wheel as `sm120patch.patches`. Conventions for a patch module:
-- metadata at module level (`PATCH`), with the patch's facts table (`FACTS`, sm120patch.facts:
-  release ranges -> shape -> outcome), and the transform as a plain function made of the
-  operations in `sm120patch.operations` where they fit;
-- import libcst and `sm120patch.cst_helpers` inside the transform, not at module level, so that
+- metadata at module level (`PATCH`), with the patch's facts table (`FACTS`,
+  sm120patch.patchkit.facts: release ranges -> shape -> outcome), and the transform as a plain
+  function made of the
+  operations in `sm120patch.patchkit.operations` where they fit;
+- import libcst and `sm120patch.patchkit.syntax` inside the transform, not at module level, so that
   `sm120patch list`, `status` and `--help` start without loading libcst;
 - return a `Result` for every input, never raise for a shape the patch does not know.
 """

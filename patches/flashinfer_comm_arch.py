@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -15,7 +15,7 @@ KEYWORD = "supported_major_versions"
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
 
     return op.extend_keyword_list(module, function=SITE, keyword=KEYWORD, expect=[9, 10], add=12)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -48,8 +48,9 @@ class Gate(NamedTuple):
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     name = next((s for s in SITES if h.functions(module, s)), None)
     if name is None:
@@ -65,7 +66,7 @@ def transform(module: cst.Module) -> Result:
     # several statements may share one gate.
     gates: list[Gate] = []
     for node, ifs in enables:
-        gate = next((i for i in reversed(ifs) if h.mentions_sglang_arch(i.test)), None)
+        gate = next((i for i in reversed(ifs) if arch.mentions_sglang_arch(i.test)), None)
         if gate is None:
             return refused(name, EXPECTED, f"`{h.code(node)}` under no GPU-arch check")
         if not any(g.node is gate for g in gates):
@@ -122,7 +123,7 @@ def transform(module: cst.Module) -> Result:
         new_operand = cst.BooleanOperation(
             left=operand,
             operator=cst.Or(),
-            right=h.sglang_arch_check("sm120", gate.form),
+            right=arch.sglang_arch_check("sm120", gate.form),
             lpar=[cst.LeftParen()] if parens else [],
             rpar=[cst.RightParen()] if parens else [],
         )
@@ -173,23 +174,24 @@ def _turns_fusion_on(node: object) -> bool:
 
 def _judge(gate: cst.If) -> Gate:
     """Find the one arch operand among the gate's `and` operands and say what it is."""
-    from sm120patch import cst_helpers as h
-    from sm120patch.operations import read_arch_group
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import syntax as h
+    from sm120patch.patchkit.operations import read_arch_group
 
     arch_ops: list[cst.BaseExpression] = []
     for op in h.and_operands(gate.test):
         parts = h.or_operands(op) or [op]
-        archs = [h.sglang_arch(p) for p in parts]
+        archs = [arch.sglang_arch(p) for p in parts]
         if all(a is not None for a in archs):
             arch_ops.append(op)
         elif len(parts) > 1 and not any(
-            h.mentions_sglang_arch(p) for p, a in zip(parts, archs, strict=True) if a is None
+            arch.mentions_sglang_arch(p) for p, a in zip(parts, archs, strict=True) if a is None
         ):
             # A group mixing arch and other tests, `(self.nnodes == 1 or is_sm100_supported())`
             # (0.5.14 on): multi-node fusion resolves to MNNVL, which only SM100 systems have,
             # and the backend refuses multi-node on SM120. Left as it is.
             continue
-        elif h.mentions_sglang_arch(op):
+        elif arch.mentions_sglang_arch(op):
             return Gate(gate, "unknown", op)
     if len(arch_ops) != 1:
         return Gate(gate, "unknown", None)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status, refused
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -21,8 +21,9 @@ EXPECTED = (
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.14 on)")
     if isinstance(func, Result):
@@ -33,7 +34,7 @@ def transform(module: cst.Module) -> Result:
     checks = [
         stmt
         for stmt in func.body.body
-        if isinstance(stmt, cst.If) and h.mentions_sglang_arch(stmt.test)
+        if isinstance(stmt, cst.If) and arch.mentions_sglang_arch(stmt.test)
     ]
     if len(checks) != 1:
         found = "; ".join(f"`if {h.code(c.test)}`" for c in checks) or "no GPU-arch check"
@@ -62,7 +63,7 @@ def transform(module: cst.Module) -> Result:
 
 
 def _import(res: Result) -> Result:
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
 
     if res.status is not Status.APPLIED:
         return res
@@ -78,7 +79,7 @@ def _import(res: Result) -> Result:
 def _raises(check: cst.If) -> list[cst.CSTNode]:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return h.find(check.body, cst.Raise)
 

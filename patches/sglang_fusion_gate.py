@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status, applied, refused
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -23,7 +23,7 @@ EXPECTED = "`(_is_sm90_supported or _is_sm100_supported)` as the first operand o
 def _mentions_flags(node: cst.CSTNode) -> bool:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     names = ARCH_FLAGS | {SM120}
     return bool(h.find(node, cst.Name, lambda n: n.value in names))  # type: ignore[attr-defined]
@@ -32,7 +32,7 @@ def _mentions_flags(node: cst.CSTNode) -> bool:
 def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
     """(site name, the function holding the gate or None, why not found)."""
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     funcs = [(name, f) for name in FUNCTIONS for f in h.functions(module, name)]
     if len(funcs) > 1:
@@ -53,8 +53,8 @@ def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     site, scope, problem = _site(module)
     if scope is None:

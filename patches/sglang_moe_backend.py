@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -47,8 +47,9 @@ QUANT_TARGETS = {
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     # 1. The site: the Glm4Moe branch of server_args (0.5.8-0.5.14) or the overrides
     # function (0.5.15 on). Exactly one of them.
@@ -89,7 +90,7 @@ def transform(module: cst.Module) -> Result:
     anchor = sm100[0]
     sm100_key = h.key(anchor.test)
     assert sm100_key is not None
-    sm120_key = h.sglang_arch_twin(sm100_key)
+    sm120_key = arch.sglang_arch_twin(sm100_key)
     assert sm120_key is not None
 
     # 3. An SM120 branch already there: ours (already applied) or someone else's (refused).
@@ -200,7 +201,7 @@ def _target_key(node: cst.BaseAssignTargetExpression) -> str | None:
     """`x`, `self.x` or `overrides["x"]`, spelled canonically; None for anything else."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name):
         if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
@@ -243,7 +244,7 @@ def _chooses(branch: cst.If, backend: str) -> bool:
     """Whether the branch assigns `backend` to the MoE runner backend somewhere inside."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return any(
         isinstance(a, cst.Assign)
@@ -265,7 +266,7 @@ def _sm120_body(body: cst.BaseSuite) -> tuple[cst.IndentedBlock, list[str]] | st
     """
     import libcst as cst
 
-    from sm120patch import cst_helpers as hh
+    from sm120patch.patchkit import syntax as hh
 
     if not isinstance(body, cst.IndentedBlock):
         return f"`{hh.code(body)}`"
@@ -356,7 +357,7 @@ def _local_quantization(
     empty. A body that only reads the field is kept as it is."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     class Localize(cst.CSTTransformer):
         def __init__(self) -> None:
@@ -408,7 +409,7 @@ def _choice_operands(test: cst.BaseExpression) -> list[cst.Comparison] | None:
     """The three comparisons of the choice `if`, or None when `test` is not of that shape."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     ops = h.and_operands(test)
     if len(ops) != 3 or not all(
@@ -465,7 +466,7 @@ def _choose_cutlass(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement] |
     """`<backend> = "flashinfer_trtllm"` then `logger.info("...")`, retargeted to cutlass."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     found = "`" + "; ".join(h.code(s) for s in stmts) + "`"
     if len(stmts) != 2:
@@ -502,7 +503,7 @@ def _self_check(branch: cst.If, sm120_key: str) -> str | None:
     """Say what is wrong with the built branch, if anything (a guard against our own bugs)."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as hh
+    from sm120patch.patchkit import syntax as hh
 
     if hh.key(branch.test) != sm120_key:
         return f"test `{hh.code(branch.test)}`"

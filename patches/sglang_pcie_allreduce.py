@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import (
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
     Patch,
     Result,
     Status,
@@ -49,7 +49,7 @@ def _is_gate(test: cst.BaseExpression, extra: bool = False) -> bool:
     """`world_size > 2 and not full_nvlink` (with `extra`: `... and <one more operand>`)."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     ops = h.and_operands(test)
     if len(ops) != (3 if extra else 2):
@@ -72,7 +72,7 @@ def _is_override(stmt: cst.CSTNode) -> bool:
     """Our statement: `if <gate> and os.environ.get(ENV) != "0": full_nvlink = True`."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     return (
         isinstance(stmt, cst.If)
@@ -86,8 +86,8 @@ def _is_override(stmt: cst.CSTNode) -> bool:
 def transform(module: cst.Module) -> Result:
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     gates = [n for n in h.statements(module) if isinstance(n, cst.If) and _is_gate(n.test)]
     if not gates:
@@ -137,7 +137,7 @@ def _where(module: cst.Module, node: cst.CSTNode) -> str:
     """The qualified name of the function around `node` (`CustomAllreduce.__init__`)."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     names = []
     current = h.parent_of(module, node)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Result, Status, already_applied, applied, refused
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status, already_applied, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -35,7 +35,7 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
     """(left, right) of a module flag `name = left and right`, each as `cst_helpers.key`."""
     import libcst as cst
 
-    from sm120patch import cst_helpers as h
+    from sm120patch.patchkit import syntax as h
 
     value = stmt.body[0].value  # type: ignore[attr-defined]
     if not (isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.And)):
@@ -44,8 +44,9 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch import cst_helpers as h
-    from sm120patch import operations as op
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
 
     anchors = h.module_assignments(module, ANCHOR)
     if len(anchors) == 1:
@@ -53,7 +54,7 @@ def transform(module: cst.Module) -> Result:
         if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
             return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
         cuda, sm100 = keys
-        sm120, needs = h.sglang_arch_twin(sm100), ARCH_FORMS[sm100]  # type: ignore[index]
+        sm120, needs = arch.sglang_arch_twin(sm100), ARCH_FORMS[sm100]  # type: ignore[index]
     else:
         cuda, sm120, needs = "", "", None  # add_module_flag refuses
     form = f"{cuda} and {sm120}"

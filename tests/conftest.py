@@ -5,7 +5,8 @@ import textwrap
 
 import pytest
 
-from sm120patch.transform import FileResult, Patch, transform_text
+from sm120patch.patchkit.model import Patch
+from sm120patch.patchkit.runner import FileResult, transform_text
 
 
 def pytest_configure(config):

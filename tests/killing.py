@@ -15,8 +15,8 @@ from pathlib import Path
 from click.testing import CliRunner
 from trees import git, tree_hash
 
-from sm120patch import procscan
 from sm120patch.cli import main
+from sm120patch.targets import procscan
 
 KILL_ENV = "SM120PATCH_KILL_AT"
 TRACE_ENV = "SM120PATCH_TRACE_STEPS"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sm120patch import catalog
-from sm120patch.transform import Patch
+from sm120patch.patchkit.model import Patch
+from sm120patch.plan import catalog
 
 
 def load_patch(patch_id: str) -> Patch:

@@ -466,10 +466,11 @@ def manifest_naming_a_directory(tmp: Path) -> Case:
 def pristine_copy_missing(tmp: Path) -> Case:
     sg = make_tree(tmp, "sglang", "0.5.8", "installed")
     assert invoke(apply_moe(sg)).exit_code == 0
-    from sm120patch import state, targets
+    from sm120patch import targets
+    from sm120patch.engine import store
 
     t = targets.find("sglang", sg)
-    shutil.rmtree(state.state_dir_for(t.root, t.layout, t.kind) / "pristine")
+    shutil.rmtree(store.state_dir_for(t.root, t.layout, t.kind) / "pristine")
     return Case(["revert", "moe", "--sglang", str(sg)], [sg], 1, "cannot be restored")
 
 
@@ -479,7 +480,7 @@ def index_lock_while_the_journaling_run_lives(tmp: Path) -> Case:
     one, pid and start time)."""
     from killing import KILL_ENV, run
 
-    from sm120patch import procscan
+    from sm120patch.targets import procscan
 
     sg = make_tree(tmp, "sglang", "0.5.8", "git")
     assert run(*apply_moe(sg), env={KILL_ENV: "after-commit"}).returncode == -9
@@ -509,9 +510,9 @@ def truncated_trials(tmp: Path) -> Case:
 
 def full_disk_at_write(tmp: Path) -> Case:
     sg, fi = pair(tmp, "installed")
-    from sm120patch import state
+    from sm120patch.targets import files
 
-    real = state.atomic_write
+    real = files.atomic_write
 
     def full(path, data, mode=None, **kwargs):
         if path.name == "comm.py":
@@ -523,15 +524,15 @@ def full_disk_at_write(tmp: Path) -> Case:
         [sg, fi],
         1,
         "No space left on device",
-        [lambda: ("sm120patch.state.atomic_write", full)],
+        [lambda: ("sm120patch.targets.files.atomic_write", full)],
     )
 
 
 def full_disk_at_the_journal(tmp: Path) -> Case:
     sg, fi = pair(tmp, "git")
-    from sm120patch import state
+    from sm120patch.targets import files
 
-    real = state.atomic_write
+    real = files.atomic_write
 
     def full(path, data, mode=None, **kwargs):
         if path.name in ("journal.json", "server_args.py") and "flashinfer" in str(path):
@@ -543,7 +544,7 @@ def full_disk_at_the_journal(tmp: Path) -> Case:
         [sg, fi],
         1,
         "No space left on device",
-        [lambda: ("sm120patch.state.atomic_write", full)],
+        [lambda: ("sm120patch.targets.files.atomic_write", full)],
     )
 
 
@@ -783,10 +784,11 @@ def test_read_only_file_is_patched_keeping_its_mode(tmp_path):
 @pytest.mark.parametrize("layout", ["git", "installed"])
 def test_stale_lock_file_from_a_dead_process_is_no_obstacle(layout, tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", layout)
-    from sm120patch import state, targets
+    from sm120patch import targets
+    from sm120patch.engine import store
 
     t = targets.find("sglang", sg)
-    d = state.state_dir_for(t.root, t.layout, t.kind)
+    d = store.state_dir_for(t.root, t.layout, t.kind)
     d.mkdir(parents=True, exist_ok=True)
     (d / "lock").write_text("12345\n")  # left by a run that died; no process holds it
     roundtrip(apply_moe(sg), ["revert", "moe", "--sglang", str(sg)], [sg])

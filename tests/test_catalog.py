@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sm120patch import catalog
 from sm120patch.errors import UsageError
-from sm120patch.plan import check_pins
+from sm120patch.plan import catalog
+from sm120patch.plan.planner import check_pins
 
 
 def test_resolve_names_the_patches_and_what_is_outside_the_pins():

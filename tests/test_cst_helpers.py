@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from sm120patch import cst_helpers as h
+from sm120patch.patchkit import syntax as h
 
 
 def widen(src: str) -> str:

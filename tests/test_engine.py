@@ -141,16 +141,16 @@ def test_keep_branch(tmp_path):
 def test_failure_in_second_target_rolls_back_the_first(trees, mocker):
     _, sg, fi = trees
     before = hashes(sg, fi)
-    from sm120patch import state
+    from sm120patch.targets import files
 
-    real = state.atomic_write
+    real = files.atomic_write
 
     def failing(path, data, mode=None):
         if path.name == "comm.py":
             raise OSError(28, "No space left on device")
         return real(path, data, mode)
 
-    mocker.patch.object(state, "atomic_write", side_effect=failing)
+    mocker.patch.object(files, "atomic_write", side_effect=failing)
     code, _, err = cli("apply", "all", *targets(sg, fi), "--no-gpu-check")
     assert code != 0
     assert "Traceback" not in err
@@ -199,10 +199,11 @@ def test_kill_during_apply_then_recover(trees, step):
 
 def test_lock_held_refuses(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    from sm120patch import state, targets
+    from sm120patch import targets
+    from sm120patch.engine import store
 
     t = targets.find("sglang", sg)
-    st = state.TargetState(state.state_dir_for(t.root, t.layout, t.kind), t.root)
+    st = store.TargetState(store.state_dir_for(t.root, t.layout, t.kind), t.root)
     before = tree_hash(sg)
     with st.locked():
         code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")

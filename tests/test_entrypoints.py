@@ -8,7 +8,7 @@ from importlib import metadata
 
 import pytest
 
-from sm120patch import entrypoints
+from sm120patch.plan import entrypoints
 
 GROUP = "sm120patch.patches"
 

@@ -14,7 +14,9 @@ import pytest
 from test_bad_input import assert_one_clear_line, invoke
 from trees import make_tree
 
-from sm120patch import engine, explain, targets
+from sm120patch import targets
+from sm120patch.engine import apply
+from sm120patch.explain import explain
 
 
 def test_probe_imports_nothing_of_sm120patch_nor_upstream_at_top() -> None:
@@ -78,7 +80,7 @@ def test_sides_of_an_applied_target_come_from_the_pristine_text(tmp_path: Path,
     target = targets.find("sglang", root)
     before = {f: target.path_of(f).read_bytes() for f in explain.patched_texts(target)}
     # preconditions=None: no GPU check, as `--no-gpu-check` does.
-    report = engine.apply("moe", {"sglang": str(root), "flashinfer": None}, force=True,
+    report = apply.apply("moe", {"sglang": str(root), "flashinfer": None}, force=True,
                           preconditions=None)
     assert report.action == "applied"
     target = targets.find("sglang", root)

@@ -4,7 +4,7 @@ import textwrap
 
 from patches_under_test import load_patch
 
-from sm120patch.transform import Status
+from sm120patch.patchkit.model import Status
 
 PATCH = load_patch("flashinfer.comm-arch")
 

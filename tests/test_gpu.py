@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from trees import make_tree, tree_hash
 
-from sm120patch import gpu
 from sm120patch.cli import main
 from sm120patch.errors import Refused
+from sm120patch.trial import gpu
 
 FIXTURE = Path(__file__).parent / "fixtures" / "nvml_h200.json"
 
@@ -177,7 +177,7 @@ def test_probe_without_the_binding_says_what_pynvml_says(tmp_path):
     binding reaches on this machine: the same problem line, or the same GPUs."""
     script = (
         "import json, sys\n"
-        "from sm120patch import gpu\n"
+        "from sm120patch.trial import gpu\n"
         "if sys.argv[1] == 'binding':\n"
         "    import pynvml\n"
         "p = gpu.probe()\n"

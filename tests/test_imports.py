@@ -1,6 +1,8 @@
-"""The import graph of sm120patch/ has no cycle, counting the imports inside functions too
-(only `if TYPE_CHECKING:` blocks and `__main__` guards are left out: they never run on import
-or in a call). Runtime code never imports torch, SGLang or FlashInfer."""
+"""The house's import rules, read from the code: the import graph of sm120patch/ (and of the
+patch library) has no circle and no import from a wing to a wing after it, counting the imports
+inside functions and under `if TYPE_CHECKING:` (a type-only import is a dependency a reader
+follows too; only `__main__` guards are left out). Runtime code never imports torch, SGLang
+or FlashInfer. docs/ARCHITECTURE.md describes the wings and their order."""
 
 from __future__ import annotations
 
@@ -20,10 +22,7 @@ def _modules() -> dict[str, Path]:
 
 
 def _skipped(node: ast.AST) -> bool:
-    if not isinstance(node, ast.If):
-        return False
-    test = ast.unparse(node.test)
-    return test in ("TYPE_CHECKING", "typing.TYPE_CHECKING") or "__name__" in test
+    return isinstance(node, ast.If) and "__name__" in ast.unparse(node.test)
 
 
 def _imports(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
@@ -39,14 +38,6 @@ def _imports(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
             found.update(a.name for a in node.names)
         found |= _imports(node, modules)
     return found
-
-
-def graph() -> dict[str, set[str]]:
-    modules = _modules()
-    return {
-        name: {m for m in _imports(ast.parse(path.read_text()), modules) if m in modules} - {name}
-        for name, path in modules.items()
-    }
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -81,10 +72,77 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# The wings in import order: a module may import only its own wing and the wings before it.
+# `sm120patch` is the package's face (its version) and errors.py the typed errors every wing
+# raises; the patch library (patches/, shipped as sm120patch.patches) stands on the kit alone.
+WINGS = (
+    "sm120patch",
+    "sm120patch.errors",
+    "sm120patch.patchkit",
+    "sm120patch.patches",
+    "sm120patch.targets",
+    "sm120patch.plan",
+    "sm120patch.engine",
+    "sm120patch.trial",
+    "sm120patch.explain",
+    "sm120patch.scan",
+    "sm120patch.maintain",
+    "sm120patch.app",
+    "sm120patch.render",
+    "sm120patch.cli",
+    "sm120patch.__main__",
+)
+LIBRARY = PACKAGE.parent / "patches"
+
+
+def wing_of(module: str) -> int:
+    """The floor of `module`: the index of the longest wing name that contains it."""
+    best = max((w for w in WINGS if module == w or module.startswith(w + ".")), key=len)
+    return WINGS.index(best)
+
+
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    for path in LIBRARY.glob("*.py"):
+        stem = path.stem
+        modules["sm120patch.patches" + ("" if stem == "__init__" else f".{stem}")] = path
+    return {
+        name: {m for m in _imports(ast.parse(path.read_text()), modules) if m in modules} - {name}
+        for name, path in modules.items()
+    }
+
+
+def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (a, b) for a, deps in edges.items() for b in deps if wing_of(b) > wing_of(a)
+    )
+
+
 def test_the_import_graph_has_no_cycle():
     edges = graph()
-    assert edges["sm120patch.engine"] >= {"sm120patch.state", "sm120patch.layouts"}  # it reads
+    # the graph reads what it should: the engine's apply reads the store and the layouts
+    assert any("sm120patch.engine.store" in deps for name, deps in edges.items()
+               if name.startswith("sm120patch.engine"))  # fmt: skip
     assert cycles(edges) == []
+
+
+def test_no_wing_imports_a_later_wing():
+    edges = graph()
+    assert {wing_of(m) for m in edges} >= {WINGS.index(w) for w in ("sm120patch.patchkit",
+        "sm120patch.targets", "sm120patch.plan", "sm120patch.engine", "sm120patch.cli")}  # fmt: skip
+    assert upward(edges) == []
+
+
+def test_the_order_check_finds_an_upward_import():
+    edges = {"sm120patch.plan.lockfile": {"sm120patch.engine.assess"},
+             "sm120patch.engine.assess": {"sm120patch.targets"}}  # fmt: skip
+    assert upward(edges) == [("sm120patch.plan.lockfile", "sm120patch.engine.assess")]
+
+
+def test_every_module_has_a_wing():
+    for name in graph():
+        assert wing_of(name) >= 0, name
+        assert name == "sm120patch" or wing_of(name) > 0, f"{name} belongs to no wing"
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -93,7 +151,16 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_runtime_code_never_imports_torch_sglang_or_flashinfer():
     for name, path in _modules().items():
-        if name == "sm120patch.probe":
+        if name == "sm120patch.explain.probe":
             continue  # run by path in the target's own interpreter (explain), never imported
         top = {m.split(".")[0] for m in _imports(ast.parse(path.read_text()), {})}
         assert not top & {"torch", "sglang", "flashinfer"}, name
+
+
+def test_the_cli_imports_only_the_command_layer_the_renderer_and_errors():
+    """cli.py parses and renders: everything it does goes through app.py."""
+    edges = graph()
+    assert edges["sm120patch.cli"] <= {
+        "sm120patch", "sm120patch.app", "sm120patch.render", "sm120patch.errors"
+    }  # fmt: skip
+    assert "sm120patch.app" in edges["sm120patch.cli"]

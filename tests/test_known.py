@@ -8,8 +8,8 @@ from packaging.specifiers import SpecifierSet
 from trees import make_tree
 from trialkit import run_cli
 
-from sm120patch import gpu, known
 from sm120patch.errors import UsageError
+from sm120patch.trial import gpu, known
 
 MOE_GARBAGE = "flashinfer-nvfp4-moe-grouped-gemm-garbage"
 

@@ -29,7 +29,7 @@ for argv in json.loads(sys.argv[1]):
         codes.append(0)
     except SystemExit as exc:
         codes.append(exc.code or 0)
-names = ("sm120patch.maintain", "sm120patch.releases", "sm120patch.matrix")
+names = ("sm120patch.maintain", "sm120patch.maintain.releases", "sm120patch.matrix")
 print(json.dumps([codes, sorted(m for m in sys.modules if m.startswith(names))]))
 """
 

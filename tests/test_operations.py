@@ -1,4 +1,4 @@
-"""Before/after tests of the declared operations (sm120patch.operations), in the style of
+"""Before/after tests of the declared operations (sm120patch.patchkit.operations), in the style of
 libcst's CodemodTest: source in, expected source (or outcome) out, one case per shape."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import textwrap
 import libcst as cst
 import pytest
 
-from sm120patch import cst_helpers as h
-from sm120patch import operations as op
-from sm120patch.transform import Result, Status
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import syntax as h
+from sm120patch.patchkit.model import Result, Status
 
 
 def src(text: str) -> str:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from sm120patch import catalog, codedigest, lockfile
 from sm120patch.cli import main
+from sm120patch.plan import catalog, codedigest, lockfile
 
 MODULE = '''
-from sm120patch.facts import Fact
-from sm120patch.transform import Patch, Status, not_applicable
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Status, not_applicable
 
 FACTS = (Fact(">=0.6.1", Status.NOT_APPLICABLE, "nothing"),)
 
@@ -182,7 +182,7 @@ def test_new_patch_writes_module_facts_profile_and_test(tmp_path):
     assert patch.facts[0].releases == ">=0.6.1,<0.6.16"
     assert cat.profile("moe-arch").pins["flashinfer"] == catalog.SpecifierSet(">=0.6.1,<0.6.16")
     # The issue's example: one element, `[10]` -> `[10, 12]` with its space.
-    from sm120patch.transform import transform_text
+    from sm120patch.patchkit.runner import transform_text
 
     res = transform_text([patch], "f.py", "def gen_trtllm_gen_fused_moe_sm100_module():\n"
                                           "    return g(supported_major_versions=[10])\n")
@@ -232,7 +232,7 @@ def _sources() -> tuple[dict[str, str], dict[str, str]]:
         pid: Path(__import__(p.transform.__module__, fromlist=["x"]).__file__).read_text()
         for pid, p in cat.patches.items()
     }
-    helpers = {name: codedigest._source(name) for name in codedigest.HELPER_MODULES}
+    helpers = {name: codedigest._source(name) for name in codedigest.kit_modules()}
     return patches, helpers
 
 
@@ -241,13 +241,13 @@ def test_patch_digest_ignores_comments_docstrings_and_unused_helpers():
     before = {pid: codedigest.digest_of(text, helpers) for pid, text in patches.items()}
     assert before == {pid: codedigest.patch_digest(p) for pid, p in catalog.load().patches.items()}
     edited = dict(helpers)
-    h = edited["sm120patch.cst_helpers"]
+    h = edited["sm120patch.patchkit.syntax"]
     # a comment, a docstring, and a line inside a helper no built-in patch uses
     h = h.replace("# Nodes that can hold statements.", "# Nodes (edited comment) that hold...")
     h = h.replace('"""Every class called `name`', '"""Each class named `name` (edited)')
     assert h.count("(edited") == 2
-    edited["sm120patch.cst_helpers"] = h
-    edited["sm120patch.operations"] += "\n\ndef unused_new_helper():\n    return 1\n"
+    edited["sm120patch.patchkit.syntax"] = h
+    edited["sm120patch.patchkit.operations"] += "\n\ndef unused_new_helper():\n    return 1\n"
     assert {pid: codedigest.digest_of(t, edited) for pid, t in patches.items()} == before
     # A patch module's own comments do not count either.
     assert codedigest.digest_of("# hi\n" + patches["flashinfer.comm-arch"], helpers) == before[
@@ -259,20 +259,39 @@ def test_patch_digest_follows_the_helpers_a_patch_uses():
     before = {pid: codedigest.digest_of(text, helpers) for pid, text in patches.items()}
     edited = dict(helpers)
     # widen_or is used by the widening patches, not by the keyword-list patch.
-    edited["sm120patch.cst_helpers"] = helpers["sm120patch.cst_helpers"].replace(
+    edited["sm120patch.patchkit.syntax"] = helpers["sm120patch.patchkit.syntax"].replace(
         "    last_or = node.operator\n", "    last_or = node.operator\n    last_or = last_or\n"
     )
-    assert edited["sm120patch.cst_helpers"] != helpers["sm120patch.cst_helpers"]
+    assert edited["sm120patch.patchkit.syntax"] != helpers["sm120patch.patchkit.syntax"]
     after = {pid: codedigest.digest_of(text, edited) for pid, text in patches.items()}
     changed = {pid for pid in before if before[pid] != after[pid]}
     assert changed == {"sglang.fusion-gate", "sglang.fusion-backend", "sglang.fusion-autoenable"}
     # A change to the runner counts for every patch.
-    edited["sm120patch.transform"] = helpers["sm120patch.transform"].replace(
+    edited["sm120patch.patchkit.runner"] = helpers["sm120patch.patchkit.runner"].replace(
         "result.after = spliced_code(result.tree, text, module)",
         "result.after = str(spliced_code(result.tree, text, module))",
     )
-    assert edited["sm120patch.transform"] != helpers["sm120patch.transform"]
+    assert edited["sm120patch.patchkit.runner"] != helpers["sm120patch.patchkit.runner"]
     assert all(codedigest.digest_of(t, edited) != before[pid] for pid, t in patches.items())
+
+
+def test_a_new_kit_module_is_digested_without_being_listed():
+    """The digest boundary is the kit package: a helper module added to sm120patch.patchkit
+    is part of every digest of a patch that uses it, with no list to keep."""
+    kit = Path(codedigest.__file__).resolve().parents[1] / "patchkit"
+    new = kit / "zz_new_helper_for_test.py"
+    patch = "from sm120patch.patchkit import zz_new_helper_for_test as z\n\ndef t(m):\n    return z.f(m)\n"
+    try:
+        new.write_text("def f(m):\n    return m\n")
+        codedigest.kit_modules.cache_clear()
+        assert "sm120patch.patchkit.zz_new_helper_for_test" in codedigest.kit_modules()
+        helpers = {name: codedigest._source(name) for name in codedigest.kit_modules()}
+        before = codedigest.digest_of(patch, helpers)
+        helpers["sm120patch.patchkit.zz_new_helper_for_test"] = "def f(m):\n    return None\n"
+        assert codedigest.digest_of(patch, helpers) != before
+    finally:
+        new.unlink(missing_ok=True)
+        codedigest.kit_modules.cache_clear()
 
 
 PYTHONS = sorted(
@@ -296,11 +315,11 @@ def test_patch_digest_is_the_same_on_every_python():
         pytest.skip("no other Python 3.10+ interpreter on this machine to compare digests with")
     patches, helpers = _sources()
     here = {pid: codedigest.digest_of(text, helpers) for pid, text in patches.items()}
-    root = Path(codedigest.__file__).parent.parent
+    root = Path(codedigest.__file__).parents[2]
     script = (
         "import json, sys\n"
         f"sys.path[:0] = [{str(root)!r}]\n"
-        "from sm120patch import codedigest\n"
+        "from sm120patch.plan import codedigest\n"
         "patches, helpers = json.load(sys.stdin)\n"
         "print(json.dumps({p: codedigest.digest_of(t, helpers) for p, t in patches.items()}))\n"
     )

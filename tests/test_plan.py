@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from trees import make_tree
 
-from sm120patch import plan
-from sm120patch.transform import Status
+from sm120patch.patchkit.model import Status
+from sm120patch.plan import planner
 
 
 def test_an_import_the_release_lacks_refuses_the_file(tmp_path):
@@ -13,7 +13,7 @@ def test_an_import_the_release_lacks_refuses_the_file(tmp_path):
     fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
     common = sg / "sglang/srt/utils/common.py"
     common.write_text(common.read_text().replace("def is_sm120_supported(): ...\n", ""))
-    p = plan.plan("fusion", {"sglang": sg, "flashinfer": fi})
+    p = planner.plan("fusion", {"sglang": sg, "flashinfer": fi})
     by_patch = {o.patch: o for o in p.outcomes}
     flag = by_patch["sglang.sm120-flag"]
     assert flag.status is Status.REFUSED
@@ -27,7 +27,7 @@ def test_an_import_the_release_lacks_refuses_the_file(tmp_path):
 def test_imports_resolve_through_star_imports(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
-    p = plan.plan("fusion", {"sglang": sg, "flashinfer": fi})
+    p = planner.plan("fusion", {"sglang": sg, "flashinfer": fi})
     assert not p.refused
     assert "+    is_sm120_supported,\n" in p.diff()
 
@@ -60,4 +60,4 @@ def test_defines_fast_path_agrees_with_the_tree(tmp_path):
     pkg.mkdir()
     for i, (source, binds) in enumerate(cases.items()):
         (pkg / f"m{i}.py").write_text(source)
-        assert plan._defines(_At(tmp_path), f"pkg.m{i}", "name", depth=0) is binds, source
+        assert planner._defines(_At(tmp_path), f"pkg.m{i}", "name", depth=0) is binds, source

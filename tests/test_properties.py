@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from patches_under_test import load_patch
 
-from sm120patch.transform import Patch, Status, transform_text
+from sm120patch.patchkit.model import Patch, Status
+from sm120patch.patchkit.runner import transform_text
 
 # A few seconds per property by default; SM120PATCH_EXAMPLES=500 for a thorough run.
 EXAMPLES = settings(
@@ -511,6 +512,7 @@ def test_engine_apply_then_revert_is_the_identity(source):
     from trees import make_tree
 
     from sm120patch import engine
+    from sm120patch.engine import apply, revert
 
     with tempfile.TemporaryDirectory() as tmp:
         sg = make_tree(Path(tmp), "sglang", "0.5.8", "installed")
@@ -518,15 +520,15 @@ def test_engine_apply_then_revert_is_the_identity(source):
         path.write_bytes(source.encode())
         paths = {"sglang": sg}
         try:
-            report = engine.apply("moe", paths)
+            report = apply.apply("moe", paths)
         except engine.PlanRefused:
             event("engine: refused")
             assert path.read_bytes() == source.encode()
             return
         assert report.action == "applied"
-        again = engine.apply("moe", paths)
+        again = apply.apply("moe", paths)
         assert again.action == "nothing-to-do"
-        engine.revert("moe", paths)
+        revert.revert("moe", paths)
         assert path.read_bytes() == source.encode()
 
 

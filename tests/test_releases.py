@@ -154,7 +154,7 @@ def test_select_takes_every_release_and_its_latest_post() -> None:
 
 
 def test_the_old_module_name_is_the_same_module() -> None:
-    import sm120patch.releases as old
+    import sm120patch.maintain.releases as old
 
     assert old is releases
 

@@ -78,9 +78,10 @@ def test_four_simultaneous_applies_one_wins(layout, tmp_path):
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from sm120patch import state, targets
+    from sm120patch.engine import store
+    from sm120patch import targets
     t = targets.find("sglang", sys.argv[1])
-    with state.TargetState(state.state_dir_for(t.root, t.layout, t.kind), t.root).locked():
+    with store.TargetState(store.state_dir_for(t.root, t.layout, t.kind), t.root).locked():
         print("held", flush=True)
         time.sleep(120)
     """
@@ -103,10 +104,11 @@ def test_lock_of_a_killed_holder_is_taken_over(layout, tmp_path):
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
     # The lock file is still there; the dead holder's OS lock is not.
-    from sm120patch import state, targets
+    from sm120patch import targets
+    from sm120patch.engine import store
 
     t = targets.find("sglang", sg)
-    assert (state.state_dir_for(t.root, t.layout, t.kind) / "lock").exists()
+    assert (store.state_dir_for(t.root, t.layout, t.kind) / "lock").exists()
     code, out, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
     assert code == 0, err
     assert cli("revert", "moe", "--sglang", str(sg))[0] == 0

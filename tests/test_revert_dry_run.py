@@ -11,7 +11,7 @@ import pytest
 from test_states import SERVER_ARGS, cli, error_lines, everything, module_path, pair, where  # noqa: F401
 from trees import git, make_tree, tree_hash
 
-from sm120patch import state
+from sm120patch.engine import store
 
 
 def test_the_diff_is_what_the_revert_writes_back(pair, tmp_path):  # noqa: F811
@@ -71,7 +71,7 @@ def _unfinished(sg, fi, layout):
     from sm120patch import targets
 
     t = targets.find("sglang", sg)
-    st = state.TargetState.of(t.root, t.layout, "sglang")
+    st = store.TargetState.of(t.root, t.layout, "sglang")
     (st.dir / "journal.json").write_text(json.dumps(
         {"schema": 1, "op": "apply", "files": [], "git": None, "peers": []}))  # fmt: skip
     return ["moe", *where(sg, fi)]
@@ -100,7 +100,7 @@ def test_force_shows_the_edit_it_would_discard(pair, tmp_path):  # noqa: F811
 def test_a_held_lock_refuses_as_the_revert_does(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
-    st = state.TargetState.of(sg, "installed", "sglang")
+    st = store.TargetState.of(sg, "installed", "sglang")
     with st.locked():
         dry = cli("revert", "moe", "--sglang", str(sg), "--dry-run")
         real = cli("revert", "moe", "--sglang", str(sg))

@@ -5,7 +5,7 @@ import textwrap
 import pytest
 from patches_under_test import load_patch
 
-from sm120patch.transform import Status
+from sm120patch.patchkit.model import Status
 
 PATCH = load_patch("sglang.fusion-backend")
 

@@ -5,7 +5,8 @@ import textwrap
 import pytest
 from patches_under_test import load_patch
 
-from sm120patch.transform import Status, transform_text
+from sm120patch.patchkit.model import Status
+from sm120patch.patchkit.runner import transform_text
 
 PATCH = load_patch("sglang.fusion-gate")
 FLAG = load_patch("sglang.sm120-flag")

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from patches_under_test import load_patch
 
-from sm120patch.transform import Status
+from sm120patch.patchkit.model import Status
 
 PATCH = load_patch("sglang.pcie-allreduce")
 
@@ -180,7 +180,7 @@ def test_escape_hatch_at_run_time(run_patch, monkeypatch, world_size, nvlink, en
 
 
 def test_profile_is_trial_only_and_never_in_all():
-    from sm120patch import catalog
+    from sm120patch.plan import catalog
 
     cat = catalog.load()
     prof = cat.profile("pcie-allreduce")

@@ -33,7 +33,8 @@ from test_reliability_kill import (
 )
 from trees import make_tree
 
-from sm120patch import interrupts, procscan, vcs
+from sm120patch.engine import interrupts
+from sm120patch.targets import git, procscan
 
 SIGNAL_ENV = interrupts.SIGNAL_ENV
 
@@ -184,12 +185,12 @@ def test_sigint_to_the_whole_group_at_real_moments(trees, tmp_path):  # noqa: F8
 def test_a_failing_rollback_after_sigint_keeps_its_journal_and_exits_75(tmp_path, monkeypatch):
     """When the rollback itself cannot finish (a full disk), the run says `recover`, exit 75,
     and `recover` finishes once the cause is gone."""
-    from sm120patch import state
+    from sm120patch.targets import files
 
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
     states = States([sg, fi])
-    real = state.atomic_write
+    real = files.atomic_write
     comm = fi / "flashinfer/jit/comm.py"
     pristine = comm.read_bytes()
 
@@ -199,10 +200,10 @@ def test_a_failing_rollback_after_sigint_keeps_its_journal_and_exits_75(tmp_path
         return real(path, data, *args, **kwargs)
 
     with monkeypatch.context() as mp:
-        mp.setattr("sm120patch.state.atomic_write", full_on_rollback)
+        mp.setattr("sm120patch.targets.files.atomic_write", full_on_rollback)
         # In this process: the hook signals this process only, and the engine defers it.
         mp.setenv(SIGNAL_ENV, "after-write:3")  # the last write: FlashInfer's comm.py
-        mp.setattr("sm120patch.state._passed", {})  # count the steps of this run only
+        mp.setattr("sm120patch.engine.interrupts._passed", {})  # count the steps of this run only
         code, _, err = cli(*apply_args(sg, fi))
     assert code == interrupts.EXIT_UNFINISHED == 75, err
     assert "interrupted (SIGINT), and the apply of all could not finish" in err, err
@@ -270,7 +271,7 @@ def test_recover_refuses_while_a_git_process_works_there(tmp_path, monkeypatch):
         while not (holders := procscan.users_of([sg / ".git"], sg)):
             assert time.monotonic() < deadline, "the git process did not start"
             time.sleep(0.02)
-        monkeypatch.setattr(vcs, "SETTLE_WAIT_S", 0.3)
+        monkeypatch.setattr(git, "SETTLE_WAIT_S", 0.3)
         code, _, err = cli("recover", *targets_of(sg, fi))
         assert code == 75, err
         assert "a git command is still running in" in err and "(index.lock is there)" in err
@@ -316,7 +317,7 @@ def test_git_children_run_in_sessions_of_their_own(tmp_path):
     """Neither a one-off git command nor GitPython's long-lived cat-file shares our session,
     so the terminal's Ctrl-C (or SIGHUP) never reaches them."""
     root = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
-    repo = vcs.Repo(root)
+    repo = git.Repo(root)
     sid = repo.repo.git.execute([sys.executable, "-c", "import os; print(os.getsid(0))"])
     assert int(sid) != os.getsid(0)
     repo.head()  # starts `git cat-file --batch-check`
@@ -328,7 +329,7 @@ def test_head_survives_a_killed_cat_file(tmp_path):
     """A signal to the whole control group kills git cat-file too: the next read starts it
     again instead of failing a rollback with "Broken pipe"."""
     root = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
-    repo = vcs.Repo(root)
+    repo = git.Repo(root)
     before = repo.head()
     proc = repo.repo.git.cat_file_header.proc
     proc.kill()

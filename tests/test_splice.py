@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trees import FLASHINFER_FILES, SGLANG_FILES
 
-from sm120patch import catalog
-from sm120patch.transform import _changed_statements, spliced_code, transform_text
+from sm120patch.patchkit.runner import _changed_statements, spliced_code, transform_text
+from sm120patch.plan import catalog
 
 
 def test_every_patch_on_the_fixtures_splices_as_the_whole_module_generates():

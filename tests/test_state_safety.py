@@ -13,13 +13,15 @@ import pytest
 from killing import KILL_ENV, cli, run
 from trees import make_tree, tree_hash
 
-from sm120patch import state, targets
+from sm120patch import targets
+from sm120patch.engine import store
 from sm120patch.errors import Refused
+from sm120patch.targets import files
 
 
 def state_dir_of(root: Path) -> Path:
     t = targets.find("sglang", root)
-    return state.state_dir_for(t.root, t.layout, t.kind)
+    return store.state_dir_for(t.root, t.layout, t.kind)
 
 
 def mode(path: Path) -> int:
@@ -94,15 +96,15 @@ def test_copies_are_never_written_through_a_link_leaving_the_state(tmp_path):
 )
 def test_paths_from_state_stay_inside(rel, tmp_path):
     with pytest.raises(Refused, match="outside its target|not a plain relative path"):
-        state.inside(tmp_path, rel)
+        files.inside(tmp_path, rel)
 
 
 def test_a_link_inside_the_target_leading_out_is_refused(tmp_path):
     (tmp_path / "root").mkdir()
     (tmp_path / "root" / "out").symlink_to(tmp_path)
     with pytest.raises(Refused, match="outside the target"):
-        state.inside(tmp_path / "root", "out/secret.py")
-    assert state.inside(tmp_path / "root", "pkg/mod.py") == tmp_path / "root" / "pkg" / "mod.py"
+        files.inside(tmp_path / "root", "out/secret.py")
+    assert files.inside(tmp_path / "root", "pkg/mod.py") == tmp_path / "root" / "pkg" / "mod.py"
 
 
 def interrupted(tmp_path: Path) -> tuple[Path, Path, dict]:
@@ -174,7 +176,7 @@ def test_two_state_directories_one_lock_one_state(tmp_path, monkeypatch):
                        "--no-gpu-check")  # fmt: skip
     assert code == 1 and "profile moe is applied" in err
     # The lock is the target's, whatever the state directory: a second run is refused.
-    with state.TargetState.of(sg, "installed", "sglang").locked():
+    with store.TargetState.of(sg, "installed", "sglang").locked():
         monkeypatch.setenv("SM120PATCH_STATE_DIR", str(tmp_path / "third-state"))
         code, _, err = cli("revert", "moe", "--sglang", str(sg))
         assert code == 1 and "another sm120patch run holds the lock" in err

@@ -17,8 +17,10 @@ import pytest
 from click.testing import CliRunner
 from trees import git, make_tree, tree_hash
 
-from sm120patch import state, targets
+from sm120patch import targets
 from sm120patch.cli import main
+from sm120patch.engine import store
+from sm120patch.targets import files
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 COMM = "flashinfer/jit/comm.py"
@@ -159,7 +161,7 @@ def test_apply_locked_whose_result_differs_rolls_back_naming_the_file(pair, tmp_
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 1 and "patched text would differ" in err
     # ... and were it not there, the written bytes are checked against the lock.
-    from sm120patch import lockfile
+    from sm120patch.plan import lockfile
 
     monkeypatch.setattr(lockfile, "check", lambda lock, path: None)
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
@@ -349,7 +351,7 @@ def _dirty(sg, fi, layout):
 
 
 def _unfinished(sg, fi, layout):
-    st = state.TargetState.of(*_root_layout(sg, layout), "sglang")
+    st = store.TargetState.of(*_root_layout(sg, layout), "sglang")
     st.dir.mkdir(parents=True, exist_ok=True)
     (st.dir / "journal.json").write_text(json.dumps(
         {"schema": 1, "op": "apply", "files": [], "git": None, "peers": []}))  # fmt: skip
@@ -402,7 +404,7 @@ def test_the_dry_run_refuses_exactly_as_the_apply_and_writes_nothing(make, pair,
 
 def test_the_dry_run_refuses_while_another_run_holds_the_lock(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    st = state.TargetState.of(sg, "installed", "sglang")
+    st = store.TargetState.of(sg, "installed", "sglang")
     with st.locked():
         dry = cli("apply", "moe", "--sglang", str(sg), "--dry-run", "--no-gpu-check")
         real = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
@@ -567,7 +569,7 @@ def test_state_of_0_1_0_is_read_and_migrated(tmp_path, monkeypatch):
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SM120PATCH_STATE_DIR", "relative-state")  # resolved once, absolutely
-    legacy = state.legacy_state_dir_for(sg, "sglang")
+    legacy = store.legacy_state_dir_for(sg, "sglang")
     assert legacy is not None and legacy.is_absolute()
     legacy.parent.mkdir(parents=True)
     shutil.move(str(sg / ".sm120patch" / "sglang"), str(legacy))
@@ -598,17 +600,17 @@ def test_an_unwritable_directory_during_recover_is_one_line(tmp_path, monkeypatc
         capture_output=True,
     )
     assert proc.returncode == -9
-    real = state.atomic_write
+    real = files.atomic_write
 
     def refused(path, data, *args, **kwargs):
         if path.name == "server_args.py":  # the restore of the pristine bytes
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(state, "atomic_write", refused)
+    monkeypatch.setattr(files, "atomic_write", refused)
     code, _, err = cli("recover", "--sglang", str(sg))
     assert code in (1, 75) and "internal error" not in err and "Traceback" not in err, err
     assert "Permission denied" in err and "recover" in err
-    monkeypatch.setattr(state, "atomic_write", real)
+    monkeypatch.setattr(files, "atomic_write", real)
     assert cli("recover", "--sglang", str(sg))[0] == 0
     assert status_of("--sglang", str(sg))["sglang"]["state"] == "pristine"

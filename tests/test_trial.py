@@ -12,7 +12,7 @@ import pytest
 from trees import tree_hash
 from trialkit import free_port, gone, run_cli, two_trees
 
-from sm120patch import trial
+from sm120patch.trial import serve
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def status_of(sg, fi) -> list[dict]:
 def test_crash_with_flashinfer_message_reverts_and_diagnoses(trees, tmp_path):
     sg, fi = trees
     before = [tree_hash(sg), tree_hash(fi)]
-    log = tmp_path / "trial.log"
+    log = tmp_path / "serve.log"
     code, out, err = run_cli(
         "trial", "fusion", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check",
         "--timeout", "30", "--log", str(log), "--", sys.executable, "-c", FI_CRASH,
@@ -123,15 +123,15 @@ def test_interrupt_stops_the_command_and_reverts(trees, tmp_path):
 
 
 def test_unknown_output_has_no_diagnosis():
-    assert trial.diagnose(["all good", "exit"]) is None
-    assert trial.diagnose(["torch.OutOfMemoryError: CUDA out of memory."]).id == "cuda-oom"
-    assert trial.diagnose(["SM 12.x requires CUDA >= 12.9"]).id == "flashinfer-cuda-too-old"
-    assert trial.diagnose(["ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."]).id == "sglang-fusion-backend"
-    assert trial.diagnose(["CUDA error: no kernel image is available for execution on the device"]).id == "cuda-no-kernel-image"
+    assert serve.diagnose(["all good", "exit"]) is None
+    assert serve.diagnose(["torch.OutOfMemoryError: CUDA out of memory."]).id == "cuda-oom"
+    assert serve.diagnose(["SM 12.x requires CUDA >= 12.9"]).id == "flashinfer-cuda-too-old"
+    assert serve.diagnose(["ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."]).id == "sglang-fusion-backend"
+    assert serve.diagnose(["CUDA error: no kernel image is available for execution on the device"]).id == "cuda-no-kernel-image"
 
 
 def test_sample_power_reports_draw_against_the_limit(trees, mocker):
-    from sm120patch import gpu
+    from sm120patch.trial import gpu
 
     probe = gpu.Probe(gpus=[gpu.Gpu(0, "NVIDIA RTX PRO 6000", 12, 0, 240.0, 600.0, 98304, 1024)])
     mocker.patch.object(gpu, "probe", return_value=probe)

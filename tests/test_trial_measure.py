@@ -20,7 +20,7 @@ import pytest
 from trees import tree_hash
 from trialkit import free_port, gone, run_cli, two_trees
 
-from sm120patch import gpu, known, load, sanity
+from sm120patch.trial import gpu, known, loadgen, sanity
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
 WATCHED = "python/sglang/srt/server_args.py"  # the file the moe profile patches
@@ -349,18 +349,18 @@ def test_degenerate_answers():
 
 
 def test_divergence_beyond_the_threshold_fails():
-    base = [load.Answer("p1", " one two three four five six"), load.Answer("p2", " alpha beta")]
-    close = [load.Answer("p1", " one two three four five seven"), load.Answer("p2", " alpha beta")]
-    other = [load.Answer("p1", " lorem ipsum dolor sit amet"), load.Answer("p2", " zeta eta")]
+    base = [loadgen.Answer("p1", " one two three four five six"), loadgen.Answer("p2", " alpha beta")]
+    close = [loadgen.Answer("p1", " one two three four five seven"), loadgen.Answer("p2", " alpha beta")]
+    other = [loadgen.Answer("p1", " lorem ipsum dolor sit amet"), loadgen.Answer("p2", " zeta eta")]
     assert sanity.judge(base, close).ok
     bad = sanity.judge(base, other)
     assert not bad.ok and "differ from the baseline" in bad.reasons[0]
     # A degenerate baseline makes the comparison meaningless: skipped, and said.
-    skipped = sanity.judge([load.Answer("p1", "!!!!!!!!!!"), base[1]], other[:1] + base[1:])
+    skipped = sanity.judge([loadgen.Answer("p1", "!!!!!!!!!!"), base[1]], other[:1] + base[1:])
     assert skipped.ok and skipped.similarity is None and skipped.baseline_reasons
 
 
 def test_percentile_interpolates():
-    assert load.percentile([], 50) is None
-    assert load.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert load.percentile([float(i) for i in range(101)], 99) == 99.0
+    assert loadgen.percentile([], 50) is None
+    assert loadgen.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert loadgen.percentile([float(i) for i in range(101)], 99) == 99.0

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from trees import make_tree
 
-from sm120patch.plan import apply_diff, diff_texts
+from sm120patch.plan.diffs import apply_diff, diff_texts
 
 PROBE = """
 import json, sys

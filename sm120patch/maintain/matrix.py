@@ -17,9 +17,9 @@ from typing import Any
 
 from packaging.version import Version
 
-from sm120patch import catalog
 from sm120patch.errors import UsageError
 from sm120patch.maintain import releases
+from sm120patch.plan import catalog
 
 DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
 
@@ -51,9 +51,9 @@ def plan_release(kind: str, version: str, scan: bool = False) -> Row:
 
 
 def _plan_release(kind: str, version: str) -> Row:
-    from sm120patch import plan as planner
     from sm120patch import targets
-    from sm120patch.transform import Status
+    from sm120patch.patchkit.model import Status
+    from sm120patch.plan import planner
 
     row = Row(kind, version)
     try:
@@ -195,11 +195,12 @@ def _scan_key(source: Path) -> str:
     """sha256 over the distribution, the scanner's code and every pack's patches and tables."""
     import hashlib
 
-    from sm120patch import __version__, cst_helpers, scan
+    from sm120patch import __version__, scan
+    from sm120patch.patchkit import arch, runner
 
     h = hashlib.sha256(f"{__version__}\0{releases.sha256_file(source)}\0".encode())
     here = Path(next(iter(scan.__path__)))
-    for code in [*sorted(here.glob("*.py")), Path(cst_helpers.__file__)]:
+    for code in [*sorted(here.glob("*.py")), Path(arch.__file__), Path(runner.__file__)]:
         h.update(code.name.encode() + b"\0" + code.read_bytes())
     cat = catalog.load()
     for pack in {p.name: p for p in cat.sources.values()}.values():

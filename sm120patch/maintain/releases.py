@@ -640,7 +640,7 @@ write_atomic = _write_atomic
 def wanted_files(kind: str) -> tuple[str, ...]:
     """Every file a tree of `kind` holds, relative to the package's parent: the files any patch
     of the catalog may read, the known site files, the support files and the version files."""
-    from sm120patch import catalog
+    from sm120patch.plan import catalog
 
     pkg = PACKAGE[kind]
     files = set(SITE_FILES[kind]) | set(SUPPORT_FILES[kind])

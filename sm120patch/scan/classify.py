@@ -181,7 +181,8 @@ def _run_chain(
     scans: Mapping[str, g.FileScan],
 ) -> dict[str, tuple[str | None, str, str, list[g.Gate]]]:
     """patch id -> (file, site, outcome, the gates its step stops leaving SM120 out)."""
-    from sm120patch.transform import Status, transform_text
+    from sm120patch.patchkit.facts import Status
+    from sm120patch.patchkit.runner import transform_text
 
     out: dict[str, tuple[str | None, str, str, list[g.Gate]]] = {}
     groups: dict[str | None, list[Any]] = {}

@@ -1,6 +1,6 @@
 """Find the GPU-arch gates in one file's text: text first, syntax only around the arch words.
 
-A file whose bytes hold none of the arch words (`cst_helpers.ARCH_TEXT`) is never parsed. In
+A file whose bytes hold none of the arch words (`patchkit.arch.ARCH_TEXT`) is never parsed. In
 one that does, only the innermost function around each such line (or, outside any function,
 the module-level statement holding it) goes through Python's own parser, `ast`: a whole
 SGLang release is 4,700 files and 68 MB, 400 of them naming an arch, and libcst reads a few
@@ -9,7 +9,7 @@ sends the whole file to the parser instead.
 
 Every test found (an `if`/`elif`/`while` test, an `assert`, a returned or assigned value, a
 keyword argument, an `x if test else y`, a list of majors or compile targets) is evaluated on
-the GPUs of `cst_helpers.ARCH_POINTS`, every operand that is no arch check taking both values.
+the GPUs of `patchkit.arch.ARCH_POINTS`, every operand that is no arch check taking both values.
 A test is a gate when SM120 gets a different answer than one of the archs upstream favours
 (SM90, SM100, SM103, SM110). It leaves SM120 out when SM120 then gets what an older GPU
 (SM80) gets; otherwise it admits SM120 (it takes the path of the archs it favours). A test that
@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sm120patch import cst_helpers as arch
+from sm120patch.patchkit import arch
 
 LEAVES_OUT = "leaves-out"  # SM120 answered as an older GPU is
 ADMITS = "admits"  # SM120 answered as an arch upstream favours is
@@ -318,7 +318,7 @@ def _parse_region(lines: list[str], start: int, end: int) -> tuple[ast.AST, int,
 
 
 def spelled(node: ast.AST) -> str | None:
-    """`cst_helpers.key` spelling of an ast node, arguments of calls left out:
+    """`patchkit.syntax.key` spelling of an ast node, arguments of calls left out:
     `get_platform().is_sm100`, `is_sm100a_supported()` for `is_sm100a_supported(device)`,
     `torch.cuda.get_device_capability()[0]`."""
     if isinstance(node, ast.Name):
@@ -337,7 +337,7 @@ def spelled(node: ast.AST) -> str | None:
 
 
 def _quantity(node: ast.AST) -> str | None:
-    """The arch quantity an operand holds (see `cst_helpers.arch_quantity`), including
+    """The arch quantity an operand holds (see `patchkit.arch.arch_quantity`), including
     `major * 10 + minor`."""
     if (
         isinstance(node, ast.BinOp)

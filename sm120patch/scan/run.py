@@ -115,7 +115,7 @@ def scan_files(
     classified. `read` gives any file's text for the patches (default: from `files`)."""
     start = time.perf_counter()
     if catalog is None:
-        from sm120patch import catalog as catalogs
+        from sm120patch.plan import catalog as catalogs
 
         catalog = catalogs.load()
     if families is None:
@@ -194,9 +194,10 @@ def scan_target(target: Any, **kwargs: Any) -> TargetScan:
     )
 
 
-def scan(paths: Mapping[str, str | None]) -> Report:
+def scan(paths: Mapping[str, str | None], *, catalog: Any = None) -> Report:
     """Scan the SGLang and FlashInfer targets at `paths` (kind -> path; None: the installed
-    one, left out when not installed; a path given must hold its kind)."""
+    one, left out when not installed; a path given must hold its kind), classifying with
+    `catalog` (default: the built-in library and the packs in effect)."""
     from sm120patch import targets
     from sm120patch.errors import Refused
 
@@ -210,4 +211,4 @@ def scan(paths: Mapping[str, str | None]) -> Report:
             "neither SGLang nor FlashInfer is installed in this Python",
             "pass --sglang PATH or --flashinfer PATH",
         )
-    return Report([scan_target(t) for t in found])
+    return Report([scan_target(t, catalog=catalog) for t in found])

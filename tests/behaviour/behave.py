@@ -18,7 +18,9 @@ from typing import Any
 
 import envs
 
-from sm120patch import explain, releases, targets
+from sm120patch import targets
+from sm120patch.explain import explain
+from sm120patch.maintain import releases
 
 FULL_ENV = "SM120PATCH_FULL_BEHAVIOUR"
 WORKERS_ENV = "SM120PATCH_BEHAVIOUR_WORKERS"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from behave import ARCHS, SIDES, Behaviour, Case, release_set
 
-from sm120patch import releases
+from sm120patch.maintain import releases
 
 SUMMARY_ENV = "SM120PATCH_BEHAVIOUR_RESULTS"  # write every probe result to this JSON file
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from sm120patch import releases
+from sm120patch.maintain import releases
 
 TORCH = "2.13.0"
 # What `import sglang.srt.server_args`, the fusion gate modules, `flashinfer_comm_fusion` and

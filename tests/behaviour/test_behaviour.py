@@ -76,7 +76,7 @@ def test_upstream_flag_path_is_known(behaviour: Behaviour, sglang_version: str) 
     (from 0.5.13), the plan's MoE outcome says so; before, it does not pick it."""
     from packaging.version import Version
 
-    from sm120patch import explain
+    from sm120patch.explain import explain
 
     args = args_of(get(behaviour, sglang_version, "pristine", "sm120"), UPSTREAM_CUTLASS_WITH_FLAG)
     upstream_picks = args is not None and args["moe_runner_backend"] == "flashinfer_cutlass"
@@ -87,8 +87,8 @@ def test_upstream_flag_path_is_known(behaviour: Behaviour, sglang_version: str) 
 
 
 def _moe_note(behaviour: Behaviour, version: str) -> str:
-    from sm120patch import catalog
-    from sm120patch.plan import plan_target
+    from sm120patch.plan import catalog
+    from sm120patch.plan.planner import plan_target
 
     cat = catalog.load()
     profile = cat.profile("moe")

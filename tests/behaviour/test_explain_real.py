@@ -12,8 +12,8 @@ import pytest
 from behave import GLM, NVFP4, Behaviour, write_model
 from click.testing import CliRunner
 
-from sm120patch import engine
 from sm120patch.cli import main
+from sm120patch.engine import apply
 
 pytestmark = pytest.mark.behaviour
 
@@ -52,7 +52,7 @@ def test_explain_on_an_applied_install(behaviour: Behaviour, sglang_version: str
     other: the same decisions as planned, the other way round in where they come from."""
     site = tmp_path / "site-packages"
     shutil.copytree(envs.release_prefix("sglang", VERSION), site, symlinks=True)
-    report = engine.apply("moe", {"sglang": str(site), "flashinfer": None}, preconditions=None)
+    report = apply.apply("moe", {"sglang": str(site), "flashinfer": None}, preconditions=None)
     assert report.action == "applied"
     doc = explain_json(behaviour, site, write_model(tmp_path / "glm", GLM, NVFP4))
     assert doc["applied"] is True

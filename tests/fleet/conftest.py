@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from fleetkit import COLLECTION, EXAMPLES, Image, ansible_bin, build_context, run_containerfile
 
-from sm120patch import releases
+from sm120patch.maintain import releases
 
 SGLANG, FLASHINFER = "0.5.8", "0.6.1"
 IMAGE_PROFILE = "all"  # the lock the image tests build with: both targets touched

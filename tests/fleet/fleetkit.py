@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,12 +71,16 @@ def run_containerfile(
     build_args: dict[str, str],
     run_env: dict[str, str],
     log: Path,
+    only: Callable[[str, str], bool] | None = None,
 ) -> Image:
     """Perform the Containerfile's steps on this host: RUN in `sh -c` with `run_env` (PATH first
-    to the fresh venv, standing in for the image's Python), COPY from `context`."""
+    to the fresh venv, standing in for the image's Python), COPY from `context`. With `only`,
+    just the COPY and RUN steps it takes (word, rest) for, ARG and ENV all the same."""
     scope: dict[str, str] = {}
     image = Image(env={})
     for word, rest in instructions(containerfile):
+        if word in ("COPY", "RUN") and only is not None and not only(word, rest):
+            continue
         if word == "FROM":
             scope = {}  # build arguments declared before FROM are out of scope after it
         elif word == "ARG":
@@ -116,20 +121,80 @@ def run_containerfile(
     return image
 
 
-def build_context(dest: Path) -> Path:
-    """What `docker build .` in a checkout sends: the files git tracks or would track."""
+# What a checkout that has been worked in holds besides its files (a virtual environment, the
+# git directory, a stale build, caches): the build context starts from these too, so the tests
+# see what .dockerignore keeps out of the image and the wheel.
+LEFTOVERS = {
+    ".venv/pyvenv.cfg": "home = /usr/bin\n",
+    ".git/HEAD": "ref: refs/heads/main\n",
+    "build/lib/sm120patch/stale_leftover.py": "raise SystemExit('a stale build/ reached the wheel')\n",
+    "sm120patch.egg-info/PKG-INFO": "Metadata-Version: 2.1\nName: sm120patch\nVersion: 0.0.0\n",
+    "sm120patch/__pycache__/stale_leftover.cpython-311.pyc": "not bytecode\n",
+}
+
+
+def _ignore_pattern(pattern: str) -> re.Pattern[str]:
+    """One .dockerignore line as Docker reads it: relative to the context root, `*` and `?`
+    within a path segment, `**` across segments."""
+    out, i = "", 0
+    pattern = pattern.strip("/")
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out)
+
+
+def dockerignored(rel: str, lines: list[str]) -> bool:
+    """Whether Docker leaves `rel` out of the context: the last pattern matching it or one of
+    its parent directories decides, `!` patterns taking back in."""
+    parents = ["/".join(rel.split("/")[: n + 1]) for n in range(rel.count("/") + 1)]
+    ignored = False
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        keep = line.startswith("!")
+        pattern = _ignore_pattern(line[1:] if keep else line)
+        if any(pattern.fullmatch(p) for p in parents):
+            ignored = not keep
+    return ignored
+
+
+def checkout_files() -> list[str]:
+    """The files of this checkout git tracks or would track, relative to its root."""
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT,
         capture_output=True,
         check=True,
     ).stdout.decode()
-    for rel in filter(None, listed.split("\0")):
+    return list(filter(None, listed.split("\0")))
+
+
+def build_context(dest: Path, rules: list[str] | None = None) -> Path:
+    """What `docker build .` sends from a checkout: the files git tracks or would track, and
+    a worked-in checkout's LEFTOVERS, less what the .dockerignore `rules` leave out (by
+    default the repository's)."""
+    if rules is None:
+        rules = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    for rel in checkout_files():
         source = ROOT / rel
-        if source.is_file():
+        if source.is_file() and not dockerignored(rel, rules):
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
+    for rel, text in LEFTOVERS.items():
+        if not dockerignored(rel, rules):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_text(text, encoding="utf-8")
     return dest
 
 
@@ -174,25 +239,23 @@ def ansible_bin(name: str) -> str:
     return str(here) if here.exists() else (shutil.which(name) or name)
 
 
-def playbook(
-    name: str,
+def ansible_playbook(
+    book: Path,
     collections: Path,
     extra: dict,
     tmp: Path,
     *flags: str,
     env: dict[str, str] | None = None,
-) -> PlaybookRun:
-    """ansible-playbook PLAYBOOKS/name against localhost; `result` is what the playbook wrote
-    to `result_file` (the module's registered result), or {} when it wrote nothing."""
-    result_file = tmp / f"result-{len(list(tmp.glob('result-*')))}.json"
-    vars_file = result_file.with_suffix(".vars.json")
-    vars_file.write_text(json.dumps({**extra, "result_file": str(result_file)}))
-    proc = subprocess.run(
+) -> subprocess.CompletedProcess:
+    """ansible-playbook BOOK against localhost, with `extra` as its extra variables."""
+    vars_file = tmp / f"vars-{len(list(tmp.glob('vars-*')))}.json"
+    vars_file.write_text(json.dumps(extra))
+    return subprocess.run(
         [
             ansible_bin("ansible-playbook"),
             "-i",
             "localhost,",
-            str(PLAYBOOKS / name),
+            str(book),
             "-e",
             f"@{vars_file}",
             *flags,
@@ -209,6 +272,27 @@ def playbook(
         capture_output=True,
         text=True,
         timeout=300,
+    )
+
+
+def playbook(
+    name: str,
+    collections: Path,
+    extra: dict,
+    tmp: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+) -> PlaybookRun:
+    """ansible-playbook PLAYBOOKS/name against localhost; `result` is what the playbook wrote
+    to `result_file` (the module's registered result), or {} when it wrote nothing."""
+    result_file = tmp / f"result-{len(list(tmp.glob('result-*')))}.json"
+    proc = ansible_playbook(
+        PLAYBOOKS / name,
+        collections,
+        {**extra, "result_file": str(result_file)},
+        tmp,
+        *flags,
+        env=env,
     )
     result = json.loads(result_file.read_text()) if result_file.exists() else {}
     return PlaybookRun(proc.returncode, proc.stdout + proc.stderr, result)

@@ -18,10 +18,9 @@ import yaml
 from conftest import FLASHINFER, IMAGE_PROFILE, SGLANG, Fleet
 from fleetkit import EXAMPLES, snapshot
 
-from sm120patch import lockfile
+from sm120patch.plan import lockfile
 
 pytestmark = [pytest.mark.real, pytest.mark.fleet]
-
 
 
 def _sha(path: Path) -> str:
@@ -149,7 +148,8 @@ def test_kubernetes_init_container_ensures_the_image_lock():
     ]
 
 
-def test_kubernetes_init_container_command_passes_on_the_image(fleet: Fleet):
+def _init_container(fleet: Fleet, *extra: str) -> subprocess.CompletedProcess:
+    """The init container's command, with this "image"'s binary and lock (no GPU here)."""
     init = _deployment()["spec"]["template"]["spec"]["initContainers"][0]
     argv = [
         str(fleet.python.parent / "sm120patch"),
@@ -157,6 +157,21 @@ def test_kubernetes_init_container_command_passes_on_the_image(fleet: Fleet):
         str(fleet.lock),
         *init["command"][4:],
         "--no-gpu-check",
+        *extra,
     ]
-    proc = subprocess.run(argv, env=fleet.image_env(), capture_output=True, text=True)
+    return subprocess.run(argv, env=fleet.image_env(), capture_output=True, text=True)
+
+
+def test_kubernetes_init_container_command_passes_on_the_image(fleet: Fleet):
+    proc = _init_container(fleet)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_kubernetes_init_container_only_verifies(fleet: Fleet, site: Path):
+    """On packages that are not the locked tree the init container's command exits 1 (the
+    pod's Init:Error) and writes nothing: it never makes its own copy right and passes."""
+    assert "--no-apply" in _deployment()["spec"]["template"]["spec"]["initContainers"][0]["command"]
+    before = snapshot(site, with_state=True)
+    proc = _init_container(fleet, "--sglang", str(site), "--flashinfer", str(site))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert snapshot(site, with_state=True) == before

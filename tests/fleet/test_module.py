@@ -25,10 +25,10 @@ from fleetkit import (
     snapshot,
 )
 
-from sm120patch import lockfile, releases
+from sm120patch.maintain import releases
+from sm120patch.plan import lockfile
 
 pytestmark = [pytest.mark.real, pytest.mark.fleet]
-
 
 
 def _module():
@@ -199,7 +199,7 @@ def test_lock_for_another_release_fails_in_check_mode(fleet: Fleet, site: Path, 
 
 
 def test_gpu_check_fails_in_check_mode_as_the_apply_does(fleet: Fleet, site: Path, tmp_path: Path):
-    from sm120patch import gpu
+    from sm120patch.trial import gpu
 
     if gpu.probe().has_sm120:
         pytest.skip("this machine has an SM120 GPU: the GPU precondition holds here")
@@ -286,7 +286,17 @@ def test_collection_documents_its_arguments_and_builds(fleet: Fleet, tmp_path: P
     assert doc.returncode == 0, doc.stderr
     options = json.loads(doc.stdout)[FQCN]["doc"]["options"]
     assert sorted(options) == sorted(
-        ["profile", "lock", "state", "sglang", "flashinfer", "python", "force", "gpu_check"]
+        [
+            "profile",
+            "lock",
+            "lock_content",
+            "state",
+            "sglang",
+            "flashinfer",
+            "python",
+            "force",
+            "gpu_check",
+        ]
     )
     built = subprocess.run(
         [

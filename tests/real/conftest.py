@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from realcache import FULL_ENV, RealReleases, SiteCase, full_run, patches_of, release_set
 
-from sm120patch import catalog
 from sm120patch.maintain import releases
+from sm120patch.plan import catalog
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """What each patch must do on each real release: the facts of DESIGN.md s4, as a table.
 
-The facts live with the patches (`FACTS` in each module under patches/, see sm120patch.facts);
+The facts live with the patches (`FACTS` in each module under patches/, see sm120patch.patchkit.facts);
 this module gathers them for the real-release tier. Every fact names the releases it covers (a
 PEP 440 specifier on the release, so 0.5.9.post1 counts as 0.5.9), the outcome, the file holding
 the site (relative to the package's parent) and the function around it. `source` says where the
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from sm120patch import catalog
-from sm120patch.catalog import Profile
-from sm120patch.facts import Fact
-from sm120patch.transform import Status
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Status
+from sm120patch.plan import catalog
+from sm120patch.plan.catalog import Profile
 
 __all__ = ["FACTS", "OBSERVED", "Fact", "Status", "fact", "judged", "pinned_by"]
 

@@ -19,12 +19,14 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from sm120patch import catalog, targets
-from sm120patch.catalog import Profile
+from sm120patch import targets
 from sm120patch.maintain import releases
-from sm120patch.plan import plan_target
+from sm120patch.patchkit.model import Outcome, Patch, Status
+from sm120patch.patchkit.runner import FileResult, transform_text
+from sm120patch.plan import catalog
+from sm120patch.plan.catalog import Profile
+from sm120patch.plan.planner import plan_target
 from sm120patch.targets import Target
-from sm120patch.transform import FileResult, Outcome, Patch, Status, transform_text
 
 FULL_ENV = "SM120PATCH_FULL_RELEASES"
 WORKERS_ENV = "SM120PATCH_REAL_WORKERS"

@@ -1,6 +1,6 @@
-"""The facts tables (sm120patch.facts, `FACTS` in each patch module) as the real tier uses them:
+"""The facts tables (`FACTS` in each patch module, sm120patch.patchkit.facts) as the real tier uses them:
 every release a profile pins is covered, a missing fact fails instead of skipping, and the
-README's per-site tables are the facts."""
+per-site tables of docs/compatibility.md are the facts."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from expected import FACTS, judged, pinned_by
 from packaging.specifiers import SpecifierSet
 from realcache import release_set
 
-from sm120patch import catalog, facts
-from sm120patch.transform import Status
+from sm120patch.maintain import tables
+from sm120patch.patchkit import facts
+from sm120patch.patchkit.model import Status
+from sm120patch.plan import catalog
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+COMPAT = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 
 
 def test_missing_fact_inside_the_pins_fails_outside_is_unjudged() -> None:
@@ -64,12 +66,12 @@ def test_derived_tables_match_the_facts() -> None:
         assert {f.status for f in patch.facts} <= set(Status)
 
 
-def test_readme_tables_are_the_facts() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_compatibility_site_tables_are_the_facts() -> None:
+    text = COMPAT.read_text(encoding="utf-8")
     found = re.search(r"<!-- facts:begin -->\n(.*?)<!-- facts:end -->", text, re.S)
-    assert found, "README has no <!-- facts:begin --> ... <!-- facts:end --> section"
-    want = facts.markdown(catalog.load().patches.values())
+    assert found, "docs/compatibility.md has no <!-- facts:begin --> ... <!-- facts:end --> section"
+    want = tables.markdown(catalog.load().patches.values())
     assert found.group(1) == want, (
-        "README per-site tables differ from the patches' FACTS; regenerate with "
-        "`python -m sm120patch.facts` and paste between the markers"
+        "docs/compatibility.md per-site tables differ from the patches' FACTS; regenerate with "
+        "`python -m sm120patch.maintain.tables` and paste between the markers"
     )

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from test_engine_real import cli, git
 
-from sm120patch import catalog, lockfile, releases
+from sm120patch.maintain import releases
+from sm120patch.plan import catalog, lockfile
 
 pytestmark = pytest.mark.real
 
@@ -98,7 +99,7 @@ def test_new_patch_pack_applies_and_reverts_on_a_real_release(tmp_path: Path, ch
 
 
 def _plan(pack: Path, checkout: Path):
-    from sm120patch.plan import plan
+    from sm120patch.plan.planner import plan
 
     catalog.use_packs([str(pack)])
     return plan("mnnvl-arch", {"flashinfer": checkout})

@@ -14,9 +14,11 @@ import sitechecks
 from expected import fact
 from realcache import RealReleases, SiteCase, chain_of, release_set
 
-from sm120patch import catalog
-from sm120patch.plan import Plan, plan, unified_diff
-from sm120patch.transform import Status
+from sm120patch.patchkit.model import Status
+from sm120patch.plan import catalog
+from sm120patch.plan.diffs import unified_diff
+from sm120patch.plan.planner import plan
+from sm120patch.plan.plans import Plan
 
 pytestmark = pytest.mark.real
 
@@ -126,7 +128,7 @@ def git_repo_of(tree: Path, dest: Path) -> Path:
 def test_plan_on_git_repos(
     real: RealReleases, tmp_path: Path, profile: str, sglang: str, flashinfer: str | None
 ) -> None:
-    """The planner itself (sm120patch.plan.plan) on git repositories of pinned releases: no
+    """The planner itself (sm120patch.plan.planner.plan) on git repositories of pinned releases: no
     refusal, the same outcome per site as the site runs, and a diff `git apply` accepts."""
     paths = {"sglang": git_repo_of(real.tree("sglang", sglang), tmp_path / "sglang")}
     if flashinfer:

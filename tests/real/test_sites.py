@@ -9,7 +9,7 @@ import sitechecks
 from expected import Fact, judged
 from realcache import RealReleases, SiteCase, SiteRun
 
-from sm120patch.transform import Status
+from sm120patch.patchkit.model import Status
 
 pytestmark = pytest.mark.real
 

@@ -28,14 +28,27 @@ description:
     the apply) fails the task with the tool's one-line message and its C(next) hint.
 options:
   profile:
-    description: Profile to apply or revert (C(moe), C(fusion), C(all)). Exclusive with O(lock).
+    description:
+      - Profile to apply or revert (C(moe), C(fusion), C(all), C(pcie-allreduce)).
+      - Exclusive with O(lock) and O(lock_content).
     type: str
   lock:
     description:
       - Path on the managed host of a lock file written by C(sm120patch pin). The host gets
         exactly what the lock records or the task fails, changing nothing.
       - With O(state=absent), whatever sm120patch applied on the targets is reverted.
+      - Exclusive with O(profile) and O(lock_content).
     type: path
+  lock_content:
+    description:
+      - The text of a lock file, for a lock that is not on the host (yet), typically
+        C(lookup('ansible.builtin.file', 'sm120patch.lock', rstrip=false)) on the controller.
+        The module hands it to the tool as a file in its own temporary directory, removed
+        when the task ends, and otherwise acts as with O(lock).
+      - In check mode this is what lets a play predict a rollout whose copy of the lock has
+        not been written yet (check mode copies nothing).
+      - Exclusive with O(profile) and O(lock).
+    type: str
   state:
     description: C(present) applies, C(absent) reverts.
     type: str
@@ -82,6 +95,11 @@ EXAMPLES = r"""
     python: /opt/sglang/venv/bin/python
   notify: restart sglang
 
+- name: Predict and apply the lock on the controller, before it is copied to the host
+  sm120.sm120patch.sm120patch:
+    lock_content: "{{ lookup('ansible.builtin.file', 'sm120patch.lock', rstrip=false) }}"
+    python: /opt/sglang/venv/bin/python
+
 - name: Apply a profile to a checkout, without the GPU check (CI)
   sm120.sm120patch.sm120patch:
     profile: moe
@@ -113,7 +131,8 @@ outcomes:
 targets:
   description: >-
     C(sm120patch status --json) per target after the task (in check mode, before; on a
-    failure, as the refusal left them).
+    failure, as the refusal left them), without the trial history (C(sm120patch trial show)
+    on the host has it).
   returned: always
   type: list
   elements: dict
@@ -262,7 +281,9 @@ class Tool:
 
     @staticmethod
     def states(doc):
-        found = doc.get("targets", [])
+        # Each target's status without its trial records: every trial ever run on the host
+        # would otherwise land in the task's result (and in a failure's output).
+        found = [{k: v for k, v in t.items() if k != "trials"} for t in doc.get("targets", [])]
         return {"targets": found, "state": {t["kind"]: t.get("state") for t in found}}
 
     def status(self):
@@ -272,9 +293,20 @@ class Tool:
 
     def wanted(self):
         """The apply arguments for the profile or the lock."""
+        if self.params["lock_content"] is not None:
+            return ["--locked", self.lock_file()]
         if self.params["lock"]:
             return ["--locked", os.path.abspath(self.params["lock"])]
         return [self.params["profile"]]
+
+    def lock_file(self):
+        """`lock_content` as a file the tool reads, in the module's own temporary directory
+        (private to the user running the module; Ansible removes it when the module exits)."""
+        path = os.path.join(self.module.tmpdir, "sm120patch.lock")
+        if not os.path.exists(path):
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(self.params["lock_content"])
+        return path
 
     def apply_flags(self):
         flags = []
@@ -377,6 +409,7 @@ def main():
         argument_spec=dict(
             profile=dict(type="str"),
             lock=dict(type="path"),
+            lock_content=dict(type="str"),
             state=dict(type="str", choices=["present", "absent"], default="present"),
             sglang=dict(type="path"),
             flashinfer=dict(type="path"),
@@ -384,8 +417,8 @@ def main():
             force=dict(type="bool", default=False),
             gpu_check=dict(type="bool", default=True),
         ),
-        mutually_exclusive=[("profile", "lock")],
-        required_if=[("state", "present", ("profile", "lock"), True)],
+        mutually_exclusive=[("profile", "lock", "lock_content")],
+        required_if=[("state", "present", ("profile", "lock", "lock_content"), True)],
         supports_check_mode=True,
     )
     tool = Tool(module)

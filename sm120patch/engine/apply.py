@@ -1,0 +1,488 @@
+"""`apply` and its dry run: one transaction over every target of a profile.
+
+preflight (shared with the dry run, so it refuses exactly as the apply would) -> journal (+
+pristine copies) -> write (+ one commit per patch on a checkout) -> verify -> manifest -> close
+the journal. Any failure before the journal is closed rolls every target back; a kill leaves
+the journal behind for `recover`. Across targets, the journals of one run share a transaction
+id and name each other (peers): the apply is committed once every manifest of that id is
+written.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sm120patch import __version__
+from sm120patch.engine import assess, interrupts, store
+from sm120patch.engine.assess import Assessment
+from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
+from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.engine.run import (
+    TargetRun,
+    check_restored,
+    locked,
+    new_txn,
+    refuse_unfinished,
+    remove_temps,
+    same_run,
+    start_time,
+)
+from sm120patch.errors import Refused
+from sm120patch.plan import catalog, planner, plans
+from sm120patch.plan.plans import Plan, PlanRefused
+from sm120patch.targets import Target, files, procscan
+from sm120patch.targets.files import sha256
+
+if TYPE_CHECKING:
+    from sm120patch.plan.lockfile import Lock
+
+
+@dataclass
+class Prepared:
+    """What an apply would do, decided with nothing written: the dry run shows it."""
+
+    profile: catalog.Profile
+    ctxs: list[TargetRun]
+    plan: Plan | None
+    notes: list[str] = field(default_factory=list)
+    # targets whose manifest describes a patch that is gone or replaced: dropped on apply
+    stale: list[TargetRun] = field(default_factory=list)
+    branches: dict[str, str | None] = field(default_factory=dict)
+    nothing_to_do: bool = False
+
+
+def runs_for(
+    profile: catalog.Profile,
+    paths: Mapping[str, str | Path | None],
+    force: bool,
+    lock: Lock | None = None,
+) -> list[TargetRun]:
+    found = planner.resolve_targets(profile, paths)
+    outside = planner.check_pins(profile, found)
+    if outside and not force:
+        raise Refused("; ".join(outside), "use a pinned release, or --force to apply anyway")
+    if lock is not None:
+        # Before anything is locked or read: a lock for another release is refused at once.
+        other = [
+            f"{t.kind} version: lock has {lock.versions.get(t.kind)}, found {t.version}"
+            for t in found
+            if lock.versions.get(t.kind) != t.version
+        ]
+        if other:
+            raise Refused(
+                "the lock does not match these trees: " + "; ".join(other),
+                "nothing was changed; use the releases the lock was made on, or make a new lock",
+            )
+    git_roots = [t.root for t in found if t.layout == "git"]
+    if len(git_roots) != len(set(git_roots)):
+        # One branch per target is the contract; two targets in one work tree would need one
+        # branch for both, which revert could not undo one target at a time.
+        raise Refused(
+            f"SGLang and FlashInfer are in the same git repository ({git_roots[0]}); "
+            "sm120patch makes one branch per repository and target",
+            "apply to separate checkouts, or to installed packages",
+        )
+    return [TargetRun(t) for t in found]
+
+
+def _preflight(
+    profile: catalog.Profile,
+    ctxs: list[TargetRun],
+    *,
+    check_plan: Callable[[Plan], None] | None,
+    lock: Lock | None,
+) -> Prepared:
+    refuse_unfinished(ctxs)
+    prep = Prepared(profile, ctxs, None)
+    applied = []
+    for ctx in ctxs:
+        found = ctx.assess()
+        other = found.profile
+        if found.state == assess.PRISTINE:
+            continue
+        if found.state == assess.APPLIED and other == profile.name:
+            applied.append((ctx, found))
+            continue
+        if found.state in (assess.GONE, assess.REPLACED):
+            prep.notes.append(f"{ctx.target.name} at {ctx.target.root}: {found.message}")
+            prep.stale.append(ctx)
+            continue
+        if other != profile.name:
+            raise Refused(
+                f"profile {other} is applied on {ctx.target.root} ({found.state})",
+                f"revert it first (`sm120patch revert {other}`), then "
+                f"`sm120patch apply {profile.name}`",
+            )
+        raise Refused(
+            f"{ctx.target.root}: {found.message}",
+            f"see `sm120patch status`; `sm120patch revert {other} --force` discards the "
+            "edits, then apply again",
+        )
+    if lock is not None:
+        for ctx, found in applied:
+            check_applied_matches_lock(ctx, found, lock)
+    if len(applied) == len(ctxs):
+        prep.nothing_to_do = True
+        prep.notes.append(
+            f"profile {profile.name} is already applied: every touched file has the bytes "
+            "sm120patch wrote" + (" and the lock's" if lock is not None else "")
+        )
+        return prep
+    cat = catalog.load()
+    for ctx in ctxs:
+        # Before planning: a user's uncommitted edit must be named as such, not reported as an
+        # unknown shape.
+        ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
+    # A lock carries its reviewed result: where the files match it, no parse is needed.
+    plan = lock.plan(profile, [c.target for c in ctxs]) if lock is not None else None
+    if plan is None:
+        plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
+    prep.plan = plan
+    if plan.refused:
+        raise PlanRefused(plan)
+    if check_plan is not None:
+        if lock is not None:
+            check_plan(plan, frozenset(c.target.kind for c, _ in applied))  # type: ignore[call-arg]
+        else:
+            check_plan(plan)
+    if not plan.applies:
+        prep.nothing_to_do = True
+        prep.notes.append("every site is already SM120-ready; nothing was changed")
+        return prep
+    tplans = {tp.target.kind: tp for tp in plan.targets}
+    for ctx in ctxs:
+        tp = tplans[ctx.target.kind]
+        if not tp.changed:
+            continue
+        for f in tp.changed:
+            _check_writable(ctx.path(tp.target.rel(f.file)))
+        prep.branches[ctx.target.kind] = ctx.layout.patch_branch(profile.name)
+    return prep
+
+
+def check_applied_matches_lock(ctx: TargetRun, found: Assessment, lock: Lock) -> None:
+    assert found.manifest is not None
+    want = {f["path"]: f["after"] for f in lock.files if f["target"] == ctx.target.kind}
+    have = {f.module: f.after for f in found.manifest.files}
+    if want != have or lock.versions.get(ctx.target.kind) != ctx.target.version:
+        raise Refused(
+            f"{ctx.target.root}: profile {found.profile} is applied, but not as the lock says "
+            "(other files, bytes or version)",
+            f"revert it (`sm120patch revert {found.profile}`), then apply the lock",
+        )
+
+
+def _check_writable(path: Path) -> None:
+    """Before the journal: every file we will write can be written, as a regular file."""
+    if path.is_symlink():
+        raise Refused(
+            f"{path} is a symbolic link; sm120patch writes regular files only",
+            "replace the link by the file it points to, or patch the tree it points into",
+        )
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise Refused(
+            f"cannot write in {path.parent} (permission denied); nothing was changed",
+            "run sm120patch as a user who can write there, or make it writable",
+        )
+
+
+def _candidate_files(cat: catalog.Catalog, profile: catalog.Profile, target: Target) -> list[str]:
+    """Every existing file the profile's patches may touch on this target."""
+    rels = {
+        target.rel(f)
+        for p in cat.patches_of(profile)
+        if p.target == target.kind
+        for f in p.files
+        if target.path_of(f).exists()
+    }
+    return sorted(rels)
+
+
+def dry_run(
+    profile_name: str,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    check_plan: Callable[[Plan], None] | None = None,
+    lock: Lock | None = None,
+) -> Prepared:
+    """The apply minus the writes: the same preflight, the same refusals; writes nothing."""
+    profile = catalog.load().profile(profile_name)
+    ctxs = runs_for(profile, paths, force, lock)
+    for ctx in ctxs:
+        ctx.state.check_unlocked()
+    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock)
+    if prep.plan is None:
+        prep.plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
+    return prep
+
+
+def apply(
+    profile_name: str,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    preconditions: Callable[[], None] | None = None,
+    check_plan: Callable[[Plan], None] | None = None,
+    lock: Lock | None = None,
+) -> Report:
+    """Apply a profile to its targets as one transaction. Raises Refused with nothing changed.
+
+    `check_plan` sees the plan before anything is written (a lock file's comparison); with
+    `lock`, every written file must end with the lock's after-hash or the apply rolls back.
+    """
+    profile = catalog.load().profile(profile_name)
+    ctxs = runs_for(profile, paths, force, lock)
+    with locked(ctxs):
+        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock)
+        if prep.nothing_to_do:
+            for ctx in prep.stale:
+                # The new release needs nothing (upstream has it): the old record goes.
+                ctx.state.remove_manifest()
+                ctx.state.drop_copies()
+            return Report(
+                "nothing-to-do",
+                profile.name,
+                [TargetReport(c.target, state=assess.APPLIED) for c in ctxs],
+                outcomes=prep.plan.outcomes if prep.plan else [],
+                notes=prep.notes,
+                plan=prep.plan,
+            )
+        if preconditions is not None:
+            preconditions()
+        assert prep.plan is not None
+        report = _transaction(prep, lock)
+        report.notes[:0] = [*prep.notes, *(
+            [f"re-applied {profile.name}"] if prep.stale else []
+        )]  # fmt: skip
+        return report
+
+
+def _transaction(prep: Prepared, lock: Lock | None) -> Report:
+    plan = prep.plan
+    assert plan is not None
+    profile = prep.profile
+    tplans = {tp.target.kind: tp for tp in plan.targets}
+    work = [(ctx, tplans[ctx.target.kind]) for ctx in prep.ctxs if tplans[ctx.target.kind].changed]
+    for ctx in prep.stale:
+        # The record of a patch that is gone (or of another release) describes nothing on
+        # disk: dropping it loses nothing, and a kill from here leaves the true state.
+        ctx.state.remove_manifest()
+        ctx.state.drop_copies()
+    journals: dict[str, Journal] = {}
+    reports: list[TargetReport] = []
+    txn = new_txn()
+    peers = tuple(ctx.peer() for ctx, _ in work)
+    # [signals] SIGINT/SIGTERM/SIGHUP are deferred from here to the last journal's close.
+    with interrupts.critical(
+        "apply",
+        profile.name,
+        abortable=True,
+        unfinished=lambda: any(c.state.journal() is not None for c, _ in work),
+    ) as guard:
+        try:
+            for ctx, tp in work:
+                journals[ctx.target.kind] = _start_apply(
+                    ctx, tp, profile.name, prep.branches.get(ctx.target.kind), txn, peers
+                )
+            for ctx, tp in work:
+                reports.append(_write_target(ctx, tp, journals[ctx.target.kind], plan))
+            for ctx, tp in work:
+                _verify(ctx, tp, lock)
+            for (ctx, _), report in zip(work, reports, strict=True):
+                interrupts.kill_point("before-manifest")
+                _write_manifest(ctx, journals[ctx.target.kind], report, profile, lock)
+                interrupts.kill_point("after-manifest")
+        except BaseException as exc:
+            guard.rolling_back()  # [signals] nothing aborts the rollback
+            _roll_back_all([ctx for ctx, _ in work], exc)
+            if isinstance(exc, OSError):
+                raise Refused(
+                    f"apply failed writing {exc.filename or 'a file'}: {exc.strerror}; "
+                    "every file was put back as it was",
+                    "fix the cause (disk space, permissions), then apply again",
+                ) from exc
+            raise
+        # Every manifest is written: the apply is committed (see the module's docstring).
+        guard.commit()  # [signals] from here a signal no longer rolls back
+        for ctx, _ in work:
+            ctx.state.close_journal()
+            interrupts.kill_point("after-close")
+    for r in reports:
+        r.state = assess.APPLIED
+    return Report("applied", profile.name, reports, outcomes=plan.outcomes, plan=plan)
+
+
+def _roll_back_all(ctxs: list[TargetRun], cause: BaseException) -> None:
+    """Undo every target that has a journal of this run; if that fails too, say so."""
+    for ctx in reversed(ctxs):
+        try:
+            journal = ctx.state.journal()
+            if journal is not None:
+                rollback_apply(ctx, journal)
+        except Exception as exc:
+            raise Refused(
+                f"apply failed ({cause}) and rolling back {ctx.target.root} failed too ({exc})",
+                "the journal is kept: fix the cause, then run `sm120patch recover`",
+            ) from exc
+
+
+def _start_apply(
+    ctx: TargetRun,
+    tp: plans.TargetPlan,
+    profile: str,
+    branch: str | None,
+    txn: str,
+    peers: tuple[Peer, ...],
+) -> Journal:
+    files = []
+    for f in tp.changed:
+        rel = tp.target.rel(f.file)
+        path = ctx.path(rel)
+        data = path.read_bytes()
+        planned = sha256(f.before.encode("utf-8"))
+        if sha256(data) != planned:
+            # Read again for the journal: an install that landed since the plan must not get a
+            # patch of the old text written over it.
+            raise Refused(
+                f"{path} changed since it was planned (an install or an editor wrote it); "
+                "nothing was changed",
+                "run the apply again once nothing else is writing the tree",
+            )
+        files.append(
+            FileRecord(rel, f.file, planned, sha256(f.after.encode("utf-8")),
+                       path.stat().st_mode & 0o7777)  # fmt: skip
+        )
+    journal = Journal(
+        op="apply",
+        profile=profile,
+        started=time.time(),
+        pid=os.getpid(),
+        pid_start=start_time(),
+        boot_id=procscan.boot_id(),  # [signals] with pid_start: recover's proof the run is dead
+        txn=txn,
+        peers=peers,
+        tool_version=__version__,
+        target=tp.target.to_dict(),
+        files=tuple(files),
+        git=ctx.layout.base(branch) if branch else None,
+    )
+    # The journal comes first: a kill while copying then finds the files still pristine.
+    ctx.state.write_journal(journal)
+    if ctx.layout.keeps_pristine():
+        for f in files:
+            ctx.state.keep_copy("pristine", f.path, ctx.path(f.path).read_bytes())
+            interrupts.kill_point("after-copy")
+    interrupts.kill_point("after-journal")
+    return journal
+
+
+def _write_target(
+    ctx: TargetRun, tp: plans.TargetPlan, journal: Journal, plan: Plan
+) -> TargetReport:
+    cat = catalog.load()
+    order = {pid: i for i, pid in enumerate(plan.profile.patches)}
+    if journal.git is not None:
+        # One commit per patch: every step's text, in profile order.
+        steps = sorted(
+            ((pid, f, text) for f in tp.changed for pid, text in f.step_texts()),
+            key=lambda s: order[s[0]],
+        )
+    else:
+        # No commits to make: each file is written once, with its final text.
+        steps = [(f.step_texts()[-1][0], f, f.after) for f in tp.changed]
+    report = TargetReport(tp.target)
+    if journal.git is not None:
+        ctx.layout.begin(journal.git.patch_branch)
+        report.branch = journal.git.patch_branch
+        interrupts.kill_point("after-branch")
+    for pid, f, text in steps:
+        rel = tp.target.rel(f.file)
+        path = ctx.path(rel)
+        files.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
+        files.drop_pycache(path)
+        interrupts.kill_point("after-write")
+        patch = cat.patches[pid]
+        message = (
+            f"sm120patch: {patch.title}\n\n{patch.why}\n\n"
+            f"Sm120patch-Patch: {pid}\n"
+            f"Sm120patch-Profile: {plan.profile.name}\n"
+            f"Sm120patch-Version: {__version__}\n"
+        )
+        commit = ctx.layout.record_step(rel, message)
+        if commit is not None:
+            report.commits.append(commit)
+            interrupts.kill_point("after-commit")
+    for f in tp.changed:
+        rel = tp.target.rel(f.file)
+        ctx.state.keep_copy("patched", rel, f.after.encode("utf-8"))
+        report.files.append({"path": rel, "state": "patched"})
+    return report
+
+
+def _verify(ctx: TargetRun, tp: plans.TargetPlan, lock: Lock | None) -> None:
+    """The bytes on disk are exactly the planned text (and the lock's, when applying one).
+
+    The plan already compiled that text and ran every patch on it again (each said
+    already-applied): those checks hold for the file."""
+    locked = {}
+    if lock is not None:
+        locked = {f["path"]: f["after"] for f in lock.files if f["target"] == ctx.target.kind}
+    for f in tp.changed:
+        path = ctx.path(tp.target.rel(f.file))
+        data = path.read_bytes()
+        if data != f.after.encode("utf-8"):
+            raise Refused(
+                f"verify: {path} does not hold the planned text after writing",
+                "something else is writing this file; everything was rolled back",
+            )
+        if lock is not None and locked.get(f.file) != sha256(data):
+            raise Refused(
+                f"verify: {path} does not have the lock's after-hash "
+                f"({str(locked.get(f.file))[:12]} locked, {sha256(data)[:12]} written); "
+                "everything was rolled back",
+                "make a new lock with `sm120patch pin` on the reference box",
+            )
+
+
+def _write_manifest(
+    ctx: TargetRun,
+    journal: Journal,
+    report: TargetReport,
+    profile: catalog.Profile,
+    lock: Lock | None,
+) -> None:
+    from dataclasses import replace
+
+    git = journal.git
+    manifest = Manifest(
+        profile=journal.profile,
+        patches=tuple(sorted(set(profile.patches))),
+        tool_version=__version__,
+        applied_at=time.time(),
+        target=journal.target,
+        files=journal.files,
+        git=None if git is None else replace(git, commits=tuple(report.commits)),
+        txn=journal.txn,
+        lock=lock.digest() if lock is not None else None,
+    )
+    ctx.state.write_manifest(manifest)
+
+
+def rollback_apply(ctx: TargetRun, journal: Journal) -> None:
+    """Put every file of an unfinished apply back as it was, and git where it was."""
+    remove_temps(ctx, journal.files)
+    ctx.layout.roll_back(journal.files, journal.git)
+    if not ctx.layout.keeps_pristine():
+        # Git put the files back (the branch switch); check it did, byte for byte.
+        check_restored(ctx, journal.files)
+    manifest = ctx.state.manifest() if (ctx.state.dir / store.MANIFEST).exists() else None
+    if manifest is not None and same_run(manifest, journal):
+        ctx.state.remove_manifest()
+    ctx.state.drop_copies()
+    ctx.state.close_journal()

@@ -1,0 +1,266 @@
+"""The state of a target, decided every time from what is on disk (DESIGN.md s3, "states").
+
+A manifest says what sm120patch once did; only the bytes say what the server will run. Each
+touched file's sha256 is compared with the manifest's before/after hashes, the installed
+version with the manifest's, and on a checkout the branch checked out with the patch branch:
+
+    pristine    nothing applied (no manifest)
+    applied     every touched file has the bytes the apply wrote
+    drifted     a touched file was edited after the apply (neither its before nor after bytes)
+    gone        every touched file is back to its before bytes (a reinstall of the same
+                release, a checkout of another branch, a deleted patch branch)
+    replaced    another release is installed (or checked out) than the one patched
+    missing     a touched file was deleted
+    unfinished  a journal is open: an interrupted run; `recover` finishes it
+
+No parse and no git process: `status` and `ensure` run this at every service start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm120patch import targets
+from sm120patch.engine.records import Journal, Manifest
+from sm120patch.engine.store import TargetState
+from sm120patch.targets import Target, files, git
+from sm120patch.targets.files import file_sha256
+
+PRISTINE = "pristine"
+APPLIED = "applied"
+DRIFTED = "drifted"
+GONE = "gone"
+REPLACED = "replaced"
+MISSING = "missing"
+UNFINISHED = "unfinished"
+STATES = (PRISTINE, APPLIED, DRIFTED, GONE, REPLACED, MISSING, UNFINISHED)
+
+
+@dataclass(frozen=True)
+class FileState:
+    path: str
+    module: str
+    state: str  # "patched", "pristine", "drifted" or "missing"
+    sha256: str | None
+    # Whether the file matches the dist-info RECORD (as pip installed it); None: no RECORD.
+    as_installed: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "module": self.module,
+            "state": self.state,
+            "sha256": self.sha256,
+            "as_installed": self.as_installed,
+        }
+
+
+@dataclass(frozen=True)
+class Assessment:
+    target: Target
+    state: str
+    message: str
+    manifest: Manifest | None = None
+    journal: Journal | None = None
+    files: tuple[FileState, ...] = ()
+    branch_now: str | None = None  # checkouts: the branch checked out now
+    patch_branch_exists: bool | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def profile(self) -> str | None:
+        return self.manifest.profile if self.manifest else None
+
+    def files_in(self, *states: str) -> list[FileState]:
+        return [f for f in self.files if f.state in states]
+
+
+def version_changed(target: Target, manifest: Manifest) -> bool:
+    """Whether the release on disk is another one than the manifest's.
+
+    An installed package compares its whole version string (a `+cu128` build is another
+    build). A checkout compares the public version: the commits an apply makes change what
+    `git describe` says (`0.5.8` -> `0.5.8+1.gabc`) without changing the release.
+    """
+    before, now = manifest.version, target.version
+    if target.layout == "installed":
+        return before != now
+    from sm120patch.patchkit import versions
+
+    was, is_ = versions.own_release(before), versions.own_release(now)
+    return before != now if was is None or is_ is None else was != is_
+
+
+def assess(target: Target, st: TargetState | None = None) -> Assessment:
+    st = st or TargetState.of(target.root, target.layout, target.kind)
+    journal = st.journal()
+    manifest = st.manifest()
+    if journal is not None:
+        what = f"an interrupted {journal.op} of profile {journal.profile}"
+        return Assessment(
+            target,
+            UNFINISHED,
+            f"{what} left a journal: run `sm120patch recover` to finish it",
+            manifest,
+            journal,
+            _files(target, manifest) if manifest else (),
+        )
+    if manifest is None:
+        return Assessment(target, PRISTINE, "nothing applied")
+    files = _files(target, manifest)
+    name, profile = target.name, manifest.profile
+    branch_now = exists = None
+    if manifest.git is not None:
+        branch_now = git.head_branch(target.root)
+        exists = git.branch_exists_light(target.root, manifest.git.patch_branch)
+    common = dict(manifest=manifest, files=files, branch_now=branch_now,
+                  patch_branch_exists=exists)  # fmt: skip
+    if version_changed(target, manifest):
+        return Assessment(
+            target,
+            REPLACED,
+            f"{name} was {manifest.version} when profile {profile} was applied, "
+            f"{target.version} is installed now: the patches are gone",
+            **common,  # type: ignore[arg-type]
+        )
+    words = {f.state for f in files}
+    if "missing" in words:
+        gone = ", ".join(f.path for f in files if f.state == "missing")
+        return Assessment(
+            target,
+            MISSING,
+            f"touched file(s) deleted since profile {profile} was applied: {gone}",
+            **common,  # type: ignore[arg-type]
+        )
+    if words == {"patched"}:
+        where = ""
+        if manifest.git is not None and branch_now != manifest.git.patch_branch:
+            where = f" (checked out: {branch_now or 'a detached HEAD'})"
+        return Assessment(
+            target,
+            APPLIED,
+            f"profile {profile} applied: every touched file has the bytes sm120patch wrote{where}",
+            **common,  # type: ignore[arg-type]
+        )
+    if manifest.git is not None and branch_now != manifest.git.patch_branch:
+        # The patches live on their branch, which is not checked out (or was deleted): this
+        # work tree holds whatever the checked-out branch has, edits of the user's included.
+        why = (
+            f"branch {manifest.git.patch_branch} was deleted"
+            if not exists
+            else f"{branch_now or 'a detached HEAD'} is checked out, not "
+            f"{manifest.git.patch_branch}"
+        )
+        return Assessment(
+            target,
+            GONE,
+            f"profile {profile} was applied, but {why}: the patches are not in this work tree",
+            **common,  # type: ignore[arg-type]
+        )
+    if words == {"pristine"}:
+        return Assessment(
+            target,
+            GONE,
+            f"profile {profile} was applied, but every touched file is back to its original "
+            "bytes (a reinstall of the same release?): the patches are gone",
+            **common,  # type: ignore[arg-type]
+        )
+    changed = ", ".join(f.path for f in files if f.state != "patched")
+    return Assessment(
+        target,
+        DRIFTED,
+        f"changed since profile {profile} was applied: {changed}",
+        **common,  # type: ignore[arg-type]
+    )
+
+
+def _files(target: Target, manifest: Manifest) -> tuple[FileState, ...]:
+    record = targets.record_hashes(target)
+    out = []
+    for f in manifest.files:
+        now = file_sha256(files.inside(target.root, f.path))
+        if now is None:
+            word = "missing"
+        elif now == f.after:
+            word = "patched"
+        elif now == f.before:
+            word = "pristine"
+        else:
+            word = "drifted"
+        installed = record.get(f.module)
+        out.append(
+            FileState(
+                f.path,
+                f.module,
+                word,
+                now,
+                None if installed is None or now is None else now == installed,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass
+class TargetStatus:
+    target: Target
+    assessment: Assessment
+    trials: list[dict[str, Any]]
+
+    @property
+    def state(self) -> str:
+        return self.assessment.state
+
+    @property
+    def profile(self) -> str | None:
+        return self.assessment.profile
+
+    @property
+    def branch(self) -> str | None:
+        m = self.assessment.manifest
+        return m.git.patch_branch if m and m.git else None
+
+    @property
+    def base(self) -> str | None:
+        m = self.assessment.manifest
+        return m.git.head if m and m.git else None
+
+    @property
+    def unfinished(self) -> str | None:
+        j = self.assessment.journal
+        return j.op if j else None
+
+    @property
+    def files(self) -> list[dict[str, Any]]:
+        return [f.to_dict() for f in self.assessment.files]
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.assessment
+        return {
+            **self.target.to_dict(),
+            "state": a.state,
+            "message": a.message,
+            "profile": self.profile,
+            "applied_version": a.manifest.version if a.manifest else None,
+            "branch": self.branch,
+            "branch_now": a.branch_now,
+            "patch_branch_exists": a.patch_branch_exists,
+            "base": self.base,
+            "files": self.files,
+            "unfinished": self.unfinished,
+            "trials": self.trials,
+        }
+
+
+def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
+    """What is applied where, from hashes only (no parsing, no git process)."""
+    out = []
+    for kind in targets.KINDS:
+        target = targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
+        if target is None:
+            continue
+        st = TargetState.of(target.root, target.layout, target.kind)
+        out.append(TargetStatus(target, assess(target, st), st.trials()))
+    return out

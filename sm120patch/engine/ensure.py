@@ -1,0 +1,81 @@
+"""`ensure`: at service start, the trees exactly as wanted (applying if needed), or a refusal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sm120patch.engine import assess
+from sm120patch.engine.apply import apply, check_applied_matches_lock, runs_for
+from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.errors import Refused
+from sm120patch.plan import catalog
+from sm120patch.plan.plans import Plan
+
+if TYPE_CHECKING:
+    from sm120patch.plan.lockfile import Lock
+
+
+def ensure(
+    profile_name: str,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    preconditions: Callable[[], None] | None = None,
+    check_plan: Callable[[Plan], None] | None = None,
+    lock: Lock | None = None,
+    apply_if_needed: bool = True,
+) -> Report:
+    """For service start-up: the target ends exactly as wanted, or nothing changes (Refused).
+
+    `apply_if_needed=False` only verifies (a Kubernetes init container, which cannot patch the
+    server container's files): anything but "applied as wanted" is refused.
+
+    Pristine or gone: applied first. Applied as wanted: nothing to do. Drifted, missing,
+    unfinished, another profile, another release outside the pins or than the lock's:
+    refused with nothing changed (apply's own preflight). Then the result is checked from the
+    bytes again.
+    """
+    profile = catalog.load().profile(profile_name)
+    ctxs = runs_for(profile, paths, force, lock)
+    # At every service start: when the bytes already say "as wanted", answer without the lock
+    # (reading is safe; a run in progress would show as unfinished).
+    found = [ctx.assess() for ctx in ctxs]
+    if all(a.state == assess.APPLIED and a.profile == profile.name for a in found):
+        try:
+            if lock is not None:
+                for ctx, a in zip(ctxs, found, strict=True):
+                    check_applied_matches_lock(ctx, a, lock)
+            return Report(
+                "nothing-to-do",
+                profile.name,
+                [TargetReport(c.target, state=assess.APPLIED) for c in ctxs],
+                notes=[
+                    f"profile {profile.name} is already applied: every touched file has the "
+                    "bytes sm120patch wrote" + (" and the lock's" if lock is not None else "")
+                ],
+            )
+        except Refused:
+            if not apply_if_needed:
+                raise
+            # not as the lock says: apply's preflight refuses with the full story
+    if not apply_if_needed:
+        wrong = next(a for a in found if not (a.state == assess.APPLIED
+                                              and a.profile == profile.name))  # fmt: skip
+        raise Refused(
+            f"{wrong.target.root}: {wrong.state}: {wrong.message}",
+            "apply it where the files can be written (`sm120patch ensure` without --no-apply)",
+        )
+    report = apply(
+        profile_name, paths, force=force, preconditions=preconditions, check_plan=check_plan,
+        lock=lock,
+    )  # fmt: skip
+    for ctx in ctxs:  # the same targets, their bytes read again after the apply
+        found = ctx.assess()
+        if found.state != assess.APPLIED or found.profile != profile.name:
+            raise Refused(
+                f"{ctx.target.root}: {found.message}",
+                "see `sm120patch status`",
+            )
+    return report

@@ -1,0 +1,223 @@
+"""Signals during the critical section of apply, revert and recover.
+
+From before the first journal write to the journal's close, SIGINT, SIGTERM and SIGHUP (Ctrl-C,
+`kill`, a closed terminal) are deferred: the handler only records them. An apply then stops at
+its next step boundary (`checkpoint`, from the engine's kill points) and rolls back; a revert
+and a recover run to their end (both are rolled forward by design). When the section ends the
+signal is raised again, as:
+- `Interrupted` (exit 130): the run finished; the trees are pristine (the apply was rolled
+  back, the revert or recover was finished) or, for a signal that came after the apply's
+  commit point, fully applied, and the message says which;
+- `Unfinished` (exit 75): the run could not finish (the rollback itself failed) and left its
+  journal: `sm120patch recover` finishes it. Any run that leaves a journal behind exits 75,
+  with or without a signal: exit 1 promises that nothing was changed.
+Further signals while deferring are recorded and change nothing: a second Ctrl-C cannot cut a
+rollback short. `kill -9` still can; the journal and `recover` cover that.
+
+Python runs signal handlers in the main thread only: elsewhere a section defers nothing (the
+signal interrupts the main thread, not the section). A signal the process ignores (`nohup`)
+stays ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from sm120patch.errors import Sm120Error
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+EXIT_INTERRUPTED = 130
+EXIT_UNFINISHED = 75
+# Test hook, like the engine's SM120PATCH_KILL_AT: `STEP[:N][=SIG[xK]]` makes this process
+# send itself SIG (INT, TERM or HUP; default INT) K times at that kill point. (A terminal's
+# Ctrl-C signals the whole foreground group; the tests send that one from outside, with killpg.)
+SIGNAL_ENV = "SM120PATCH_SIGNAL_AT"
+RECOVER_HINT = "run `sm120patch recover` (with the same --sglang/--flashinfer) to finish it"
+
+
+class Interrupted(Sm120Error):
+    """A signal came during a run, which finished first (trees pristine or fully applied)."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+class Unfinished(Sm120Error):
+    """A run could not finish and left its journal: `recover` finishes it."""
+
+    exit_code = EXIT_UNFINISHED
+
+
+# Told of every deferred signal (its number, how many so far): the CLI's acknowledgment. Runs
+# inside the signal handler: it must only write with os.write, never through sys.stderr.
+notice: Callable[[int, int], None] | None = None
+
+
+class Section:
+    """One critical section: what it is, whether a signal may still abort it, and what came."""
+
+    def __init__(self, op: str, profile: str | None, *, abortable: bool) -> None:
+        self.op = op  # "apply", "revert", "recover"
+        self.profile = profile
+        self.abortable = abortable
+        self.committed = False
+        self.received: list[int] = []
+
+    def commit(self) -> None:
+        """The apply's commit point: every manifest is written; a signal no longer aborts."""
+        self.abortable = False
+        self.committed = True
+
+    def rolling_back(self) -> None:
+        """Rolling back: nothing may abort that (a second Ctrl-C included)."""
+        self.abortable = False
+
+    def what(self) -> str:
+        return f"the {self.op}" + (f" of {self.profile}" if self.profile else "")
+
+
+_active: list[Section] = []
+
+
+def _name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    if not _active:  # cannot happen: handlers are restored before the section is dropped
+        raise KeyboardInterrupt
+    section = _active[-1]
+    section.received.append(signum)
+    if notice is not None:
+        try:
+            notice(signum, len(section.received))
+        except Exception:  # a closed terminal: the acknowledgment is not worth a failure
+            pass
+
+
+def checkpoint() -> None:
+    """At a step boundary of an apply: stop here if a signal came (the caller rolls back)."""
+    section = _active[-1] if _active else None
+    if section is not None and section.abortable and section.received:
+        section.abortable = False
+        raise Interrupted(f"interrupted ({_name(section.received[0])})")
+
+
+@contextmanager
+def critical(
+    op: str, profile: str | None, *, abortable: bool, unfinished: Callable[[], bool]
+) -> Iterator[Section]:
+    """Defer SIGINT/SIGTERM/SIGHUP over the block; raise them again at its end (see above).
+
+    `abortable`: an apply (a signal stops it at the next `checkpoint`); a revert or recover
+    is finished instead. `unfinished()`: whether a journal of this run is still open.
+    """
+    section = Section(op, profile, abortable=abortable)
+    main = threading.current_thread() is threading.main_thread()
+    previous: dict[int, Any] = {}
+    if main and not _active:
+        for signum in SIGNALS:
+            old = signal.getsignal(signum)
+            if old is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, _handler)
+    outer = _active[-1] if _active else None
+    _active.append(section)
+    try:
+        yield section
+    except BaseException as exc:
+        _end(section, previous)
+        if outer is not None:
+            outer.received.extend(section.received)
+            raise
+        _raise_for(section, exc, unfinished)
+        raise
+    _end(section, previous)
+    if outer is not None:
+        outer.received.extend(section.received)
+        return
+    _raise_for(section, None, unfinished)
+
+
+def _end(section: Section, previous: dict[int, Any]) -> None:
+    # Handlers first: a signal from here on is handled as before the section.
+    for signum, old in previous.items():
+        signal.signal(signum, old)
+    _active.remove(section)
+
+
+def _raise_for(section: Section, exc: BaseException | None, unfinished: Callable[[], bool]) -> None:
+    """The exit of a finished section: Unfinished, Interrupted, or nothing (exc goes on)."""
+    if exc is not None and not isinstance(exc, Exception):
+        return  # SystemExit and the like: not ours to rename
+    if exc is not None or section.received:
+        try:
+            left = unfinished()
+        except Exception:
+            left = False  # the journal cannot even be read: the error in flight says why
+        if left and (section.received or isinstance(exc, Sm120Error)):
+            signame = _name(section.received[0]) if section.received else None
+            cause = getattr(exc, "message", None) or (str(exc) if exc else "")
+            if signame:
+                message = f"interrupted ({signame}), and {section.what()} could not finish"
+                message += f" ({cause}); its journal is kept" if cause else "; its journal is kept"
+                raise Unfinished(message, RECOVER_HINT) from exc
+            raise Unfinished(cause, getattr(exc, "hint", "") or RECOVER_HINT) from exc
+    if not section.received:
+        return
+    signame = _name(section.received[0])
+    if section.op == "apply" and not section.committed:
+        raise Interrupted(
+            f"interrupted ({signame}): {section.what()} was rolled back; nothing was changed",
+            "apply again when you want it",
+        ) from exc
+    if section.op == "apply":
+        raise Interrupted(
+            f"interrupted ({signame}) after {section.what()} had completed: it stays applied",
+            f"`sm120patch revert {section.profile}` undoes it",
+        ) from exc
+    if exc is not None:
+        return  # a revert or recover that failed but left no journal: its error says more
+    raise Interrupted(
+        f"interrupted ({signame}): {section.what()} was finished first",
+        "`sm120patch status` shows the trees",
+    )
+
+
+def at_step(step: str, count: int) -> None:
+    """The engine's kill point `step` (its `count`-th passage): the test hook, then a
+    checkpoint."""
+    spec = os.environ.get(SIGNAL_ENV)
+    if spec:
+        where, _, how = spec.partition("=")
+        if where in (step, f"{step}:{count}"):
+            name, _, times = how.partition("x")
+            signum = signal.Signals["SIG" + (name or "INT")]
+            for _ in range(int(times or 1)):
+                os.kill(os.getpid(), signum)
+    checkpoint()
+
+
+# Test hooks for the kill-anywhere tests: the step at which the process kills itself (`step`,
+# or `step:N` for its N-th passage), and a file to which every step passed is appended as
+# `step:N` (so that the tests learn every boundary of a run).
+KILL_ENV = "SM120PATCH_KILL_AT"
+TRACE_ENV = "SM120PATCH_TRACE_STEPS"
+_passed: dict[str, int] = {}
+
+
+def kill_point(step: str) -> None:
+    count = _passed[step] = _passed.get(step, 0) + 1
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        with open(trace, "a", encoding="utf-8") as fh:
+            fh.write(f"{step}:{count}\n")
+    if os.environ.get(KILL_ENV) in (step, f"{step}:{count}"):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    at_step(step, count)  # [signals] a deferred SIGINT stops an apply here

@@ -1,0 +1,293 @@
+"""The two layouts of a target and how each records, rolls back and reverts an apply.
+
+- `GitLayout` (a checkout): the apply is a branch `sm120patch/<profile>` made from the user's
+  HEAD with one commit per patch; git restores. Revert returns to the user's branch as it is
+  now (their commits made since are kept) and checks each touched file equals that branch's
+  content; sm120patch never writes pristine bytes over a branch.
+- `InstalledLayout` (a package in site-packages): pristine copies kept in the target's state
+  directory; revert writes them back, each checked against the manifest's before-hash.
+
+The engine drives both through the same few methods; neither prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sm120patch.engine import interrupts, records
+from sm120patch.engine.records import FileRecord, GitBase, Journal
+from sm120patch.engine.store import TargetState
+from sm120patch.errors import Refused
+from sm120patch.targets import Target, files, git
+from sm120patch.targets.files import file_sha256, sha256
+
+# Path -> the bytes a revert leaves there (None: none to be had).
+Restored = dict[str, bytes | None]
+
+
+class InstalledLayout:
+    name = "installed"
+
+    def __init__(self, target: Target, st: TargetState) -> None:
+        self.target = target
+        self.state = st
+
+    def path(self, rel: str) -> Path:
+        return files.inside(self.target.root, rel)
+
+    # ---- apply ------------------------------------------------------------------------
+    def check_ready(self, rels: list[str]) -> None:
+        """Nothing to check beyond what the plan read: no version control here."""
+
+    def patch_branch(self, profile: str) -> str | None:
+        return None
+
+    def base(self, patch_branch: str | None) -> GitBase | None:
+        return None
+
+    def keeps_pristine(self) -> bool:
+        return True
+
+    def begin(self, patch_branch: str | None) -> None:
+        """Nothing to set up before the first write."""
+
+    def record_step(self, rel: str, message: str) -> str | None:
+        return None
+
+    def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+        self.restore_pristine(files)
+
+    # ---- revert -----------------------------------------------------------------------
+    def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+        for f in files:
+            if file_sha256(self.path(f.path)) == f.before:
+                continue
+            copy = self.state.copy("pristine", f.path)
+            if copy is None or sha256(copy) != f.before:
+                raise Refused(
+                    f"{self.target.root}: the state of the apply does not match the tree: "
+                    f"{f.path} cannot be restored from it",
+                    f"restore the file by hand, then move {self.state.dir} aside",
+                )
+
+    def changes_since_apply(self, git: GitBase | None) -> list[str]:
+        """What the user did to this target after the apply besides editing its files."""
+        return []
+
+    def finish_revert(
+        self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
+    ) -> str | None:
+        self.restore_pristine(files)
+        return None
+
+    def settle_after_kill(self, journal: Journal) -> list[str]:
+        """Before `recover` finishes a killed run: what the run's tools left (notes)."""
+        return []
+
+    def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored:
+        """What each file will hold once a revert has run (for its dry run): the pristine copy
+        where the file is not pristine already."""
+        out: Restored = {}
+        for f in files:
+            path = self.path(f.path)
+            out[f.path] = path.read_bytes() if file_sha256(path) == f.before else self.state.copy(
+                "pristine", f.path)  # fmt: skip
+        return out
+
+    def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]:
+        return []
+
+    def restore_pristine(self, touched: tuple[FileRecord, ...]) -> None:
+        for f in touched:
+            path = self.path(f.path)
+            if file_sha256(path) == f.before:
+                continue
+            data = self.state.copy("pristine", f.path)
+            if data is None or sha256(data) != f.before:
+                raise Refused(
+                    f"the pristine copy of {path} is missing or damaged",
+                    f"restore the file by hand (state in {self.state.dir})",
+                )
+            files.atomic_write(path, data, mode=f.mode)
+            files.drop_pycache(path)
+            interrupts.kill_point("after-write")
+
+
+class GitLayout(InstalledLayout):
+    name = "git"
+
+    def __init__(self, target: Target, st: TargetState) -> None:
+        super().__init__(target, st)
+        self.repo = git.Repo(target.root)
+
+    # ---- apply ------------------------------------------------------------------------
+    def check_ready(self, rels: list[str]) -> None:
+        self.repo.check_ready(rels)
+
+    def patch_branch(self, profile: str) -> str:
+        """`sm120patch/<profile>`, or the first free `sm120patch/<profile>-N`.
+
+        A branch left by `revert --keep-branch` (or a reinstall under it) that carries only
+        sm120patch's own commits is reused: it holds nothing of the user's. One with anything
+        else, or checked out in another worktree, is left alone and a fresh name is taken.
+        """
+        base = records.BRANCH_PREFIX + profile
+        for n in range(1, 100):
+            name = base if n == 1 else f"{base}-{n}"
+            if not self.repo.branch_exists(name):
+                return name
+            if self.repo.only_ours(name) and self.repo.worktree_of(name) is None:
+                return name
+        raise Refused(
+            f"{self.target.root}: 99 branches {base}-N exist already",
+            f"delete the ones you do not need (`git branch -D {base}-2 ...`)",
+        )
+
+    def base(self, patch_branch: str | None) -> GitBase:
+        assert patch_branch is not None
+        branch, head = self.repo.head()
+        return GitBase(branch, head, patch_branch)
+
+    def keeps_pristine(self) -> bool:
+        return False  # git restores
+
+    def begin(self, patch_branch: str | None) -> None:
+        assert patch_branch is not None
+        self.repo.create_branch_here(patch_branch, reset=self.repo.branch_exists(patch_branch))
+
+    def record_step(self, rel: str, message: str) -> str | None:
+        return self.repo.commit([rel], message)
+
+    def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+        if git is None:
+            return
+        current, _ = self.repo.head()
+        if current == git.patch_branch:
+            self._switch_back(files, git)
+        self.repo.delete_branch(git.patch_branch)
+
+    # ---- revert -----------------------------------------------------------------------
+    def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+        """Before the journal: the revert can be finished by git alone."""
+        if git is None:
+            return
+        self.repo.check_idle()
+        for f in files:
+            # What git will restore must be in git: a damaged record is refused here, with
+            # nothing changed, not found halfway through.
+            if self.repo.show(git.patch_branch, f.path) is None:
+                raise Refused(
+                    f"{self.target.root}: the state of the apply does not match the tree: "
+                    f"{f.path} cannot be restored from it",
+                    f"restore the file by hand, then move {self.state.dir} aside",
+                )
+        current, _ = self.repo.head()
+        if current != git.patch_branch:
+            return  # nothing to switch; only the branch to drop
+        if git.branch is not None and not self.repo.branch_exists(git.branch):
+            raise Refused(
+                f"{self.target.root}: your branch {git.branch} no longer exists, so there is "
+                "nothing to go back to",
+                f"finish by hand: `git checkout -b {git.branch} {git.head[:12]}` (the commit "
+                f"the apply started from), then `sm120patch revert`",
+            )
+        target = git.branch or git.head
+        mine = {f.path for f in files}
+        dirty = [p for p in self.repo.dirty_all() if p not in mine]
+        crossing = sorted(set(dirty) & set(self.repo.changed_between(git.patch_branch, target)))
+        if crossing:
+            raise Refused(
+                f"{self.target.root}: switching back to {target} would overwrite your "
+                "uncommitted changes in " + ", ".join(crossing),
+                "commit or stash them (`git stash`), then revert again",
+            )
+
+    def changes_since_apply(self, git: GitBase | None) -> list[str]:
+        """Commits made on the patch branch after sm120patch's own."""
+        if git is None:
+            return []
+        branch, head = self.repo.head()
+        if branch == git.patch_branch and git.commits and head != git.commits[-1]:
+            return [f"{git.patch_branch} has commits after sm120patch's ({head[:12]})"]
+        return []
+
+    def finish_revert(
+        self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
+    ) -> str | None:
+        """Idempotent: run again from the journal, it converges."""
+        if git is None:
+            return None
+        current, _ = self.repo.head()
+        if current == git.patch_branch:
+            self._switch_back(files, git)
+        self._check_matches_head(files)
+        return None
+
+    def settle_after_kill(self, journal: Journal) -> list[str]:
+        """[signals] A git killed with the run may have left `index.lock`: removed once the
+        run and every git process in the repository are provably gone; then git must be idle
+        (no merge or rebase under way) for recover to go on."""
+        owner = (journal.pid, journal.pid_start, journal.boot_id)
+        notes = [
+            f"{self.target.root}: removed {lock}, left by a killed git"
+            for lock in self.repo.settle_after_kill(*owner)
+        ]
+        self.repo.check_idle()
+        return notes
+
+    def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored:
+        """What each file will hold once a revert has run: the content of the branch it
+        switches back to (as that branch is now), or, already off the patch branch, what is
+        checked out."""
+        if git is None:
+            return super().restores(files, git)
+        current, _ = self.repo.head()
+        if current != git.patch_branch:
+            return {f.path: self.repo.show("HEAD", f.path) for f in files}
+        back = git.branch or git.head
+        return {f.path: self.repo.show(back, f.path) for f in files}
+
+    def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]:
+        """Delete the patch branch unless asked to keep it; notes for what could not be."""
+        if git is None or keep_branch or not self.repo.branch_exists(git.patch_branch):
+            return []
+        holder = self.repo.worktree_of(git.patch_branch)
+        if holder is not None:
+            return [
+                f"kept branch {git.patch_branch}: it is checked out in the worktree {holder} "
+                f"(delete it there: `git -C {holder} switch --detach && git -C {holder} "
+                f"branch -D {git.patch_branch}`)"
+            ]
+        if not self.repo.only_ours(git.patch_branch):
+            return [
+                f"kept branch {git.patch_branch}: it has commits that are not sm120patch's"
+            ]
+        self.repo.delete_branch(git.patch_branch)
+        return []
+
+    def _switch_back(self, files: tuple[FileRecord, ...], git: GitBase) -> None:
+        # Reset our files to the patch branch so the switch is clean (a revert with edits
+        # there got --force); other dirty files ride along untouched.
+        self.repo.discard([f.path for f in files if self.path(f.path)])
+        interrupts.kill_point("during-switch")
+        self.repo.switch(git.branch, git.head)
+        interrupts.kill_point("after-switch")
+
+    def _check_matches_head(self, files: tuple[FileRecord, ...]) -> None:
+        """Every touched file equals the checked-out branch's content (git restored it)."""
+        for f in files:
+            blob = self.repo.show("HEAD", f.path)
+            now = self.path(f.path)
+            data = now.read_bytes() if now.is_file() else None
+            if blob != data:
+                branch, head = self.repo.head()
+                raise Refused(
+                    f"{self.target.root}: after switching back to {branch or head[:12]}, "
+                    f"{f.path} differs from that branch's content",
+                    f"inspect it (`git diff HEAD -- {f.path}`); `git checkout HEAD -- {f.path}` "
+                    "restores the branch's version",
+                )
+
+
+def layout_of(target: Target, st: TargetState) -> InstalledLayout:
+    return GitLayout(target, st) if target.layout == "git" else InstalledLayout(target, st)

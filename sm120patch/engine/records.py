@@ -1,0 +1,263 @@
+"""TODO: sm120patch.engine.records."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sm120patch.targets.files import safe_relpath
+
+SCHEMA = 1
+BRANCH_PREFIX = "sm120patch/"
+
+
+# What a state file may name, checked on every read: a value that reaches git or the disk
+# must not be able to name another branch, an option, or a path outside the target.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_COMMIT = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+_PATCH_BRANCH = re.compile(re.escape(BRANCH_PREFIX) + r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+_BRANCH = re.compile(r"[^-.\s~^:?*\[\\][^\s~^:?*\[\\]*")
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One touched file: where it is and its bytes before and after the apply."""
+
+    path: str  # relative to the target root (what git and the disk see)
+    module: str  # relative to the package's parent (`sglang/srt/server_args.py`)
+    before: str  # sha256 of the bytes before the apply
+    after: str  # sha256 of the bytes the apply wrote
+    mode: int | None = None
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> FileRecord:
+        return cls(doc["path"], doc.get("module", doc["path"]), doc["before"], doc["after"],
+                   doc.get("mode"))  # fmt: skip
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GitBase:
+    """Where a checkout was when the apply began, and what the apply made there."""
+
+    branch: str | None  # the user's branch, None when HEAD was detached
+    head: str
+    patch_branch: str
+    commits: tuple[str, ...] = ()
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any] | None) -> GitBase | None:
+        if doc is None:
+            return None
+        return cls(doc.get("branch"), doc["head"], doc["patch_branch"],
+                   tuple(doc.get("commits", [])))  # fmt: skip
+
+    def to_doc(self) -> dict[str, Any]:
+        return {**asdict(self), "commits": list(self.commits)}
+
+
+@dataclass(frozen=True)
+class Peer:
+    """How a journal names another target of its transaction."""
+
+    kind: str
+    root: str
+    layout: str
+
+    def to_doc(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What is applied to a target (manifest.json)."""
+
+    profile: str
+    patches: tuple[str, ...]
+    tool_version: str
+    applied_at: float
+    target: dict[str, str]  # the target as found at apply time (kind, root, layout, version)
+    files: tuple[FileRecord, ...]
+    git: GitBase | None = None
+    txn: str | None = None
+    lock: str | None = None  # digest of the lock file applied, when `--locked`
+
+    @property
+    def version(self) -> str:
+        return str(self.target.get("version", "unknown"))
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Manifest:
+        return cls(
+            profile=doc["profile"],
+            patches=tuple(doc.get("patches", [])),
+            tool_version=str(doc.get("tool_version", "")),
+            applied_at=float(doc.get("applied_at", 0)),
+            target=dict(doc.get("target") or {}),
+            files=tuple(FileRecord.from_doc(f) for f in doc["files"]),
+            git=GitBase.from_doc(doc.get("git")),
+            txn=doc.get("txn"),
+            lock=doc.get("lock"),
+        )
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "patches": list(self.patches),
+            "tool_version": self.tool_version,
+            "applied_at": self.applied_at,
+            "target": self.target,
+            "files": [f.to_doc() for f in self.files],
+            "git": None if self.git is None else self.git.to_doc(),
+            "txn": self.txn,
+            "lock": self.lock,
+        }
+
+
+@dataclass(frozen=True)
+class Journal:
+    """An apply or revert in progress (journal.json): what `recover` needs to finish it."""
+
+    op: str  # "apply" or "revert"
+    profile: str
+    started: float
+    pid: int
+    txn: str | None
+    peers: tuple[Peer, ...]
+    tool_version: str = ""
+    # apply: the files to write, each with its planned before-hash, and the git base
+    target: dict[str, str] = field(default_factory=dict)
+    files: tuple[FileRecord, ...] = ()
+    git: GitBase | None = None
+    # revert: the manifest being reverted
+    manifest: Manifest | None = None
+    keep_branch: bool = False
+    pid_start: str | None = None  # the process's start time, to tell a reused pid apart
+    boot_id: str | None = None  # [signals] the boot it ran in: a pid of another boot is not it
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Journal:
+        manifest = doc.get("manifest")
+        return cls(
+            op=doc["op"],
+            profile=str(doc.get("profile") or (manifest or {}).get("profile", "")),
+            started=float(doc.get("started", 0)),
+            pid=int(doc.get("pid", 0)),
+            txn=doc.get("txn"),
+            peers=tuple(Peer(p["kind"], p["root"], p["layout"]) for p in doc.get("peers", [])),
+            tool_version=str(doc.get("tool_version", "")),
+            target=dict(doc.get("target") or {}),
+            files=tuple(FileRecord.from_doc(f) for f in doc.get("files", [])),
+            git=GitBase.from_doc(doc.get("git")),
+            manifest=None if manifest is None else Manifest.from_doc(manifest),
+            keep_branch=bool(doc.get("keep_branch", False)),
+            pid_start=doc.get("pid_start"),
+            boot_id=doc.get("boot_id"),  # [signals]
+        )
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "profile": self.profile,
+            "started": self.started,
+            "pid": self.pid,
+            "pid_start": self.pid_start,
+            "boot_id": self.boot_id,  # [signals]
+            "txn": self.txn,
+            "peers": [p.to_doc() for p in self.peers],
+            "tool_version": self.tool_version,
+            "target": self.target,
+            "files": [f.to_doc() for f in self.files],
+            "git": None if self.git is None else self.git.to_doc(),
+            "manifest": None if self.manifest is None else self.manifest.to_doc(),
+            "keep_branch": self.keep_branch,
+        }
+
+    @property
+    def touched(self) -> tuple[FileRecord, ...]:
+        return self.manifest.files if self.manifest is not None else self.files
+
+
+def _check_files(files: object) -> str:
+    if not isinstance(files, list):
+        return "files is not a list"
+    for f in files:
+        if not isinstance(f, dict) or not isinstance(f.get("path"), str):
+            return "a file entry without a path"
+        safe_relpath(f["path"])
+        for key in ("before", "after"):
+            if not isinstance(f.get(key), str) or not _SHA256.fullmatch(f[key]):
+                return f"{f['path']}: {key} is not a sha256"
+        mode = f.get("mode")
+        if mode is not None and (type(mode) is not int or not 0 <= mode <= 0o7777):
+            return f"{f['path']}: mode is not a permission mode"
+    return ""
+
+
+def _check_git(git: object, *, commits: bool) -> str:
+    if git is None:
+        return ""
+    if not isinstance(git, dict):
+        return "git is not an object"
+    branch = git.get("branch")
+    if branch is not None and (not isinstance(branch, str) or not _BRANCH.fullmatch(branch)):
+        return f"git.branch {branch!r} is not a branch name"
+    if not isinstance(git.get("head"), str) or not _COMMIT.fullmatch(git["head"]):
+        return "git.head is not a commit id"
+    patch = git.get("patch_branch")
+    if not isinstance(patch, str) or not _PATCH_BRANCH.fullmatch(patch):
+        return f"git.patch_branch {patch!r} is not an {BRANCH_PREFIX}<profile> branch"
+    if commits:
+        found = git.get("commits", [])
+        if not isinstance(found, list) or not all(
+            isinstance(c, str) and _COMMIT.fullmatch(c) for c in found
+        ):
+            return "git.commits is not a list of commit ids"
+    return ""
+
+
+def _check_peers(peers: object) -> str:
+    if not isinstance(peers, list):
+        return "peers is not a list"
+    for p in peers:
+        if (
+            not isinstance(p, dict)
+            or p.get("kind") not in ("sglang", "flashinfer")
+            or p.get("layout") not in ("git", "installed")
+            or not isinstance(p.get("root"), str)
+            or not os.path.isabs(p["root"])
+        ):
+            return "a peer that is not a target"
+    return ""
+
+
+def check_manifest(doc: dict[str, Any]) -> str:
+    if not isinstance(doc.get("profile"), str):
+        return "no profile"
+    return _check_files(doc.get("files")) or _check_git(doc.get("git"), commits=True)
+
+
+def check_journal(doc: dict[str, Any]) -> str:
+    op = doc.get("op")
+    if op not in ("apply", "revert"):
+        return f"op {op!r} is neither apply nor revert"
+    problem = _check_peers(doc.get("peers", []))
+    if problem:
+        return problem
+    if op == "revert":
+        manifest = doc.get("manifest")
+        if not isinstance(manifest, dict):
+            return "a revert without its manifest"
+        return check_manifest(manifest)
+    return _check_files(doc.get("files")) or _check_git(doc.get("git"), commits=False)
+
+
+def check_trials(doc: dict[str, Any]) -> str:
+    trials = doc.get("trials", [])
+    if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
+        return "trials is not a list of records"
+    return ""

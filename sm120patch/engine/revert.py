@@ -1,0 +1,254 @@
+"""`revert` and its dry run: every touched file back byte for byte, rolled forward by `recover`
+after a kill (every target's journal is written before anything changes)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from sm120patch import __version__, targets
+from sm120patch.engine import assess, interrupts, store
+from sm120patch.engine.assess import Assessment
+from sm120patch.engine.records import FileRecord, Journal, Manifest
+from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.engine.run import (
+    TargetRun,
+    locked,
+    new_txn,
+    refuse_unfinished,
+    remove_temps,
+    start_time,
+)
+from sm120patch.errors import Refused
+from sm120patch.plan import catalog
+from sm120patch.targets import procscan
+
+
+def revert(
+    profile_name: str | None,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    keep_branch: bool = False,
+) -> Report:
+    """Revert `profile_name` (None: whatever is applied) on the targets at `paths`."""
+    ctxs = _revert_targets(profile_name, paths)
+    reports: list[TargetReport] = []
+    notes: list[str] = []
+    with locked(ctxs):
+        todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
+        if nothing is not None:
+            return nothing
+        for ctx, found_state in stale:
+            # Never write one release's bytes into another, nor pristine bytes over a branch:
+            # the patch is already gone, only its record is left.
+            assert found_state.manifest is not None
+            notes.append(_dropped_note(ctx, found_state))
+            if found_state.state == assess.GONE:
+                notes.extend(ctx.layout.drop_branch(found_state.manifest.git, keep_branch))
+            ctx.state.remove_manifest()
+            ctx.state.drop_copies()
+            reports.append(TargetReport(ctx.target, state=found_state.state))
+        txn = new_txn()
+        peers = tuple(ctx.peer() for ctx, _ in todo)
+        journals = []
+        # [signals] deferred from the first journal write to the last close: a revert is
+        # finished, never cut short.
+        with interrupts.critical(
+            "revert",
+            profile_name,
+            abortable=False,
+            unfinished=lambda: any(c.state.journal() is not None for c, _ in todo),
+        ):
+            for ctx, manifest in todo:
+                journal = Journal(
+                    op="revert",
+                    profile=manifest.profile,
+                    started=time.time(),
+                    pid=os.getpid(),
+                    pid_start=start_time(),
+                    boot_id=procscan.boot_id(),  # [signals] as in _start_apply
+                    txn=txn,
+                    peers=peers,
+                    tool_version=__version__,
+                    manifest=manifest,
+                    keep_branch=keep_branch,
+                )
+                ctx.state.write_journal(journal)
+                interrupts.kill_point("after-journal")
+                journals.append((ctx, journal))
+            # Every journal is written before anything changes: from here on, recover rolls the
+            # whole revert forward.
+            try:
+                for ctx, journal in journals:
+                    report, more = finish_revert(ctx, journal)
+                    reports.append(report)
+                    notes.extend(more)
+            except OSError as exc:
+                raise Refused(
+                    f"revert failed writing {exc.filename or 'a file'}: {exc.strerror}",
+                    "the journal is kept: fix the cause (disk space, permissions), then run "
+                    "`sm120patch recover` to finish the revert",
+                ) from exc
+    return Report("reverted" if todo else "dropped", profile_name, reports, notes=notes)
+
+
+def revert_dry_run(
+    profile_name: str | None,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+) -> Report:
+    """The revert minus the writes: the same preflight refuses the same way; the report says
+    what the revert would do, and `restores` is the diff of what it would write back."""
+    from sm120patch.plan.diffs import diff_texts
+
+    ctxs = _revert_targets(profile_name, paths)
+    for ctx in ctxs:
+        ctx.state.check_unlocked()
+    todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
+    if nothing is not None:
+        nothing.dry_run = True
+        return nothing
+    reports: list[TargetReport] = []
+    notes = [_dropped_note(ctx, found, dry_run=True) for ctx, found in stale]
+    reports += [TargetReport(ctx.target, state=found.state) for ctx, found in stale]
+    diffs = []
+    for ctx, manifest in todo:
+        report = TargetReport(ctx.target, state=assess.PRISTINE)
+        restored = ctx.layout.restores(manifest.files, manifest.git)
+        for f in manifest.files:
+            now = ctx.path(f.path)
+            data = now.read_bytes() if now.is_file() else b""
+            after = restored[f.path]
+            report.files.append({"path": f.path, "state": "pristine"})
+            if after is not None and after != data:
+                diffs.append(diff_texts(f.path, data.decode("utf-8", "replace"),
+                                        after.decode("utf-8", "replace")))  # fmt: skip
+        reports.append(report)
+    return Report("reverted" if todo else "dropped", profile_name, reports, notes=notes,
+                  dry_run=True, restores="".join(diffs))  # fmt: skip
+
+
+def _revert_targets(
+    profile_name: str | None, paths: Mapping[str, str | Path | None]
+) -> list[TargetRun]:
+    kinds = catalog.TARGETS if profile_name is None else catalog.load().profile(
+        profile_name).targets  # fmt: skip
+    found = [targets.find_quiet(k, paths.get(k), required=paths.get(k) is not None) for k in kinds]
+    return [TargetRun(t) for t in found if t is not None]
+
+
+def _revert_preflight(
+    profile_name: str | None, ctxs: list[TargetRun], force: bool
+) -> tuple[list[tuple[TargetRun, Manifest]], list[tuple[TargetRun, Assessment]], Report | None]:
+    """What a revert restores (`todo`), what records it only drops (`stale`), or the report
+    that there is nothing to revert; refuses as the revert would, before anything is written."""
+    refuse_unfinished(ctxs)
+    todo: list[tuple[TargetRun, Manifest]] = []
+    stale: list[tuple[TargetRun, Assessment]] = []
+    for ctx in ctxs:
+        found_state = ctx.assess()
+        manifest = found_state.manifest
+        if manifest is None:
+            continue
+        if profile_name is not None and manifest.profile != profile_name:
+            raise Refused(
+                f"profile {manifest.profile} is applied on {ctx.target.root}, "
+                f"not {profile_name}",
+                f"run `sm120patch revert {manifest.profile}` or `revert --all`",
+            )
+        if found_state.state in (assess.GONE, assess.REPLACED):
+            stale.append((ctx, found_state))
+        else:
+            todo.append((ctx, manifest))
+    if not todo and not stale:
+        what = f"profile {profile_name}" if profile_name else "anything"
+        where = ", ".join(f"{c.target.name} at {c.target.root}" for c in ctxs)
+        return todo, stale, Report(
+            "nothing-to-do",
+            profile_name,
+            [TargetReport(c.target, state=assess.PRISTINE) for c in ctxs],
+            notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
+        )
+    for ctx, manifest in todo:
+        _check_revertable(ctx, manifest, force)
+    return todo, stale, None
+
+
+def _dropped_note(ctx: TargetRun, found: Assessment, *, dry_run: bool = False) -> str:
+    done = "the revert would drop the record" if dry_run else "dropped the record"
+    return f"{ctx.target.name} at {ctx.target.root}: {found.message}; nothing to restore, {done}"
+
+
+def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
+    from sm120patch.targets.files import file_sha256
+
+    for f in manifest.files:
+        path = ctx.path(f.path)
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise Refused(
+                f"{ctx.target.root}: the state of the apply names {f.path}, which is not a "
+                "regular file",
+                f"inspect {ctx.state.dir / store.MANIFEST}; if it is damaged, move it aside",
+            )
+    changed = [
+        f for f in manifest.files if file_sha256(ctx.path(f.path)) not in (f.after, f.before)
+    ]
+    problems = []
+    missing = [f.path for f in changed if not ctx.path(f.path).exists()]
+    if missing:
+        problems.append("deleted since the apply: " + ", ".join(missing))
+    drifted = [f for f in changed if ctx.path(f.path).exists()]
+    if drifted:
+        problems.append(_drift_diff(ctx, drifted))
+    git = manifest.git
+    problems.extend(ctx.layout.changes_since_apply(git))
+    ctx.layout.check_revertable(manifest.files, git)
+    if problems and not force:
+        raise Refused(
+            f"{ctx.target.root}: changed since the apply; refusing to throw that away:\n"
+            + "\n".join(problems),
+            "keep your edits elsewhere, or `revert --force` to discard them",
+        )
+
+
+def _drift_diff(ctx: TargetRun, drifted: list[FileRecord]) -> str:
+    import difflib
+
+    out = []
+    for f in drifted:
+        ours = (ctx.state.copy("patched", f.path) or b"").decode("utf-8", "replace")
+        now = ctx.path(f.path).read_bytes().decode("utf-8", "replace")
+        out.extend(
+            difflib.unified_diff(
+                ours.splitlines(True),
+                now.splitlines(True),
+                f"sm120patch/{f.path}",
+                f"yours/{f.path}",
+            )
+        )
+    return "".join(out).rstrip("\n")
+
+
+def finish_revert(ctx: TargetRun, journal: Journal) -> tuple[TargetReport, list[str]]:
+    """Idempotent: run again from the journal, it converges."""
+    manifest = journal.manifest
+    assert manifest is not None
+    report = TargetReport(ctx.target, state=assess.PRISTINE)
+    remove_temps(ctx, manifest.files)
+    ctx.layout.finish_revert(manifest.files, manifest.git, journal.keep_branch)
+    notes = ctx.layout.drop_branch(manifest.git, journal.keep_branch)
+    if manifest.git is not None and journal.keep_branch:
+        report.branch = manifest.git.patch_branch
+    for f in manifest.files:
+        report.files.append({"path": f.path, "state": "pristine"})
+    interrupts.kill_point("before-manifest")
+    ctx.state.remove_manifest()
+    interrupts.kill_point("after-manifest")
+    ctx.state.drop_copies()
+    ctx.state.close_journal()
+    interrupts.kill_point("after-close")
+    return report, notes

@@ -1,0 +1,97 @@
+"""One target during a run (its state and its layout), the locks of a run, and what apply,
+revert and recover share about journals and temp files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from sm120patch.engine import assess
+from sm120patch.engine.assess import Assessment
+from sm120patch.engine.layouts import InstalledLayout, layout_of
+from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
+from sm120patch.engine.store import TargetState
+from sm120patch.errors import Refused
+from sm120patch.targets import Target, files, procscan
+
+
+class TargetRun:
+    """One target during a run: its state directory and its layout (git or installed)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.state = TargetState.of(target.root, target.layout, target.kind)
+        self._layout: InstalledLayout | None = None
+
+    @property
+    def layout(self) -> InstalledLayout:
+        # Made on first use: GitPython is imported only by runs that touch git.
+        if self._layout is None:
+            self._layout = layout_of(self.target, self.state)
+        return self._layout
+
+    def path(self, rel: str) -> Path:
+        return files.inside(self.target.root, rel)
+
+    def peer(self) -> Peer:
+        t = self.target
+        return Peer(t.kind, str(t.root), t.layout)
+
+    def assess(self) -> Assessment:
+        return assess.assess(self.target, self.state)
+
+
+@contextmanager
+def locked(ctxs: list[TargetRun]) -> Iterator[None]:
+    with ExitStack() as stack:
+        for ctx in ctxs:
+            stack.enter_context(ctx.state.locked())
+        yield
+
+
+def refuse_unfinished(ctxs: list[TargetRun]) -> None:
+    for ctx in ctxs:
+        journal = ctx.state.journal()
+        if journal is not None:
+            raise Refused(
+                f"an interrupted sm120patch {journal.op} left a journal on {ctx.target.root}",
+                "run `sm120patch recover` (with the same --sglang/--flashinfer) first",
+            )
+
+
+def new_txn() -> str:
+    # uuid4's 122 random bits, from the same source; `import uuid` brings `platform` (3 ms).
+    return os.urandom(16).hex()
+
+
+def start_time() -> str | None:
+    """This process's start time (field 22 of /proc/self/stat), to tell a reused pid apart."""
+    return procscan.start_time(os.getpid())  # [signals] one /proc parser
+
+
+def check_restored(ctx: TargetRun, files: tuple[FileRecord, ...]) -> None:
+    from sm120patch.targets.files import file_sha256
+
+    for f in files:
+        if file_sha256(ctx.path(f.path)) != f.before:
+            raise Refused(
+                f"{ctx.target.root}: after rolling back, {f.path} does not have its original "
+                "bytes",
+                f"inspect it (`git -C {ctx.target.root} status`); the journal is kept",
+            )
+
+
+def same_run(manifest: Manifest, journal: Journal) -> bool:
+    """Whether `manifest` was written by the apply of `journal` (not one applied before)."""
+    if journal.txn:
+        return manifest.txn == journal.txn
+    return manifest.applied_at >= journal.started
+
+
+def remove_temps(ctx: TargetRun, touched: tuple[FileRecord, ...]) -> None:
+    """A run killed inside a write leaves a temp file next to the file: not the user's."""
+    for f in touched:
+        files.remove_temps(ctx.path(f.path))
+    ctx.state.remove_temps()

@@ -1,0 +1,25 @@
+"""Where a trial's record is kept: on every target of its profile, beside the state, across
+reverts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sm120patch import targets
+from sm120patch.engine.store import TargetState
+from sm120patch.plan import catalog
+
+
+def record_trial(
+    paths: Mapping[str, str | Path | None], profile: str, trial: dict[str, Any]
+) -> None:
+    """Keep a trial's record on every target of its profile (it survives the revert)."""
+    for kind in catalog.load().profile(profile).targets:
+        target = targets.find_quiet(kind, paths.get(kind), required=False)
+        if target is None:
+            continue
+        st = TargetState.of(target.root, target.layout, target.kind)
+        with st.locked():
+            st.add_trial(trial)

@@ -1,0 +1,91 @@
+"""`doctor`: the GPUs, the targets found, and what each profile would do here. Reads only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm120patch import targets
+from sm120patch.engine import assess
+from sm120patch.errors import Sm120Error
+from sm120patch.plan import catalog, planner
+from sm120patch.trial import gpu
+
+RECOMMENDATION = (
+    "moe is the recommended profile on SM120. fusion is experimental: without the FlashInfer "
+    "arch patch it crashes at the first forward, and with it it was measured slower than no "
+    "fusion over PCIe."
+)
+
+
+@dataclass
+class ProfileCheck:
+    name: str
+    status: str
+    pinned: bool | None
+    problems: list[str] = field(default_factory=list)
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Examination:
+    probe: gpu.Probe
+    targets: list[dict[str, Any]]
+    missing: list[str]
+    profiles: list[ProfileCheck]
+    applied: list[dict[str, Any]]
+    recommendation: str = RECOMMENDATION
+    known: list[str] = field(default_factory=list)  # known outcomes and trials matching here
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.probe.to_dict(),
+            "targets": self.targets,
+            "missing": self.missing,
+            "profiles": [p.__dict__ for p in self.profiles],
+            "applied": self.applied,
+            "recommendation": self.recommendation,
+            "known": self.known,
+        }
+
+
+def examine(paths: Mapping[str, str | Path | None]) -> Examination:
+    probe = gpu.probe()
+    found: dict[str, targets.Target] = {}
+    missing = []
+    for kind in catalog.TARGETS:
+        try:
+            found[kind] = targets.find(kind, paths.get(kind))
+        except Sm120Error as exc:
+            missing.append(f"{targets.DISPLAY[kind]}: {exc.message}")
+    checks = []
+    for profile in catalog.load().profiles.values():
+        have = [found[k] for k in profile.targets if k in found]
+        check = ProfileCheck(profile.name, profile.status, None)
+        if len(have) < len(profile.targets):
+            check.problems.append("needs " + " and ".join(profile.targets) + " to be found")
+        else:
+            check.problems = planner.check_pins(profile, have)
+            check.pinned = not check.problems
+            try:
+                plan = planner.plan(profile.name, found=have, force=True)
+                check.outcomes = [o.to_dict() for o in plan.outcomes]
+            except Sm120Error as exc:
+                check.problems.append(exc.message)
+        checks.append(check)
+    try:
+        applied = [s.to_dict() for s in assess.status(paths)]
+    except Sm120Error as exc:
+        applied = [{"problem": exc.message}]
+    from sm120patch.trial import known
+
+    return Examination(
+        probe,
+        [t.to_dict() for t in found.values()],
+        missing,
+        checks,
+        applied,
+        known=known.lines(None, paths),
+    )

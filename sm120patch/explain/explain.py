@@ -1,0 +1,360 @@
+"""What the pristine and the patched upstream code decide, on this machine or a simulated GPU.
+
+The deciding is done by `probe.py`, a script run by path in the interpreter that owns the
+target (the venv's `python` beside its site-packages, or `--python`), once with the pristine
+text of the touched modules and once with the patched text. sm120patch itself never imports
+torch, SGLang or FlashInfer: the probe does, in that other interpreter, and the alternate text
+of a module reaches it as a file in a temporary directory (an import finder in the probe),
+never by touching the user's files.
+
+Which text is which: when a profile is applied, the files on disk are the patched side and
+the pristine side is the engine's pristine copy (installed target) or the original branch's
+blob (git target), read through `pristine_bytes`; when nothing is applied, the files on disk
+are the pristine side and the patched side is what the planner would write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm120patch.errors import Sm120Error, UsageError
+from sm120patch.targets import Target
+
+PROBE = Path(__file__).with_name("probe.py")
+PROFILE = "all"  # every patch: explain shows each site's decision
+ARCHS = ("sm120", "sm100", "sm90")
+TIMEOUT_S = 300.0
+
+
+class ProbeCannotImport(Sm120Error):
+    """The target's interpreter cannot import what the probe needs (torch, SGLang, ...)."""
+
+    exit_code = 7  # 5 and 6 are trial --measure verdicts
+
+
+# ----------------------------------------------------------------------------- the probe
+
+
+def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float = TIMEOUT_S
+              ) -> dict[str, Any]:
+    """Run the probe in `python` with `request` (see probe.py); its result, parsed."""
+    with tempfile.TemporaryDirectory(prefix="sm120patch-probe-") as tmp:
+        req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
+        req.write_text(json.dumps(request), encoding="utf-8")
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        # Quiet the upstream modules' own warnings; the result is in the file.
+        env.setdefault("PYTHONWARNINGS", "ignore")
+        try:
+            proc = subprocess.run(
+                [str(python), str(PROBE), str(req), str(res)],
+                capture_output=True, text=True, timeout=timeout, env=env, check=False,
+            )
+        except FileNotFoundError:
+            raise UsageError(f"no interpreter at {python}", "pass --python PATH") from None
+        except subprocess.TimeoutExpired:
+            raise ProbeCannotImport(
+                f"the probe in {python} did not finish in {timeout:.0f} s",
+                "rerun with SM120PATCH_DEBUG=1 to see where it stops",
+            ) from None
+        try:
+            result = json.loads(res.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ProbeCannotImport(
+                f"the probe in {python} stopped (exit {proc.returncode}): {last}",
+                "rerun with SM120PATCH_DEBUG=1 for the whole output",
+            ) from None
+    if proc.returncode == 5 or "fatal" in result:
+        raise ProbeCannotImport(
+            result.get("fatal", f"the probe exited {proc.returncode}"),
+            f"check that {python} is the interpreter SGLang runs in (or pass --python PATH)",
+        )
+    return result
+
+
+def module_name(file: str) -> str:
+    """`sglang/srt/server_args.py` -> `sglang.srt.server_args` (package __init__ too)."""
+    parts = file[: -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def write_overlay(texts: Mapping[str, str | bytes], directory: Path) -> dict[str, str]:
+    """Write each (package-parent-relative) file's text under `directory`; module -> file."""
+    overlay = {}
+    for file, text in texts.items():
+        path = directory / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        path.write_bytes(text)
+        overlay[module_name(file)] = str(path)
+    return overlay
+
+
+# ----------------------------------------------------------------------------- the two texts
+
+
+def patched_texts(target: Target, profile_name: str = PROFILE) -> dict[str, str]:
+    """What the planner would write into `target` for `profile_name`: file -> new text."""
+    from sm120patch.plan import catalog
+    from sm120patch.plan.planner import plan_target
+
+    cat = catalog.load()
+    profile = cat.profile(profile_name)
+    planned = plan_target(profile, cat.patches_of(profile), target)
+    return {f.file: f.after for f in planned.files if f.changed}
+
+
+def pristine_bytes(target: Target, rel: str) -> bytes | None:
+    """The pristine bytes of `rel` (relative to the target root) of an applied target: the
+    engine's pristine copy, or on a checkout the blob of the commit the apply started from."""
+    from sm120patch.engine import store
+
+    st = store.TargetState.of(target.root, target.layout, target.kind)
+    manifest = st.manifest()
+    if target.layout == "git" and manifest is not None and manifest.git is not None:
+        from sm120patch.targets import git
+
+        return git.Repo(target.root).show(manifest.git.head, rel)
+    return st.copy("pristine", rel)
+
+
+def applied_files(target: Target) -> list[dict[str, Any]] | None:
+    """The touched files when the bytes say a profile is applied to `target`, else None (the
+    planner then makes the patched side). Drifted, missing or unfinished trees are refused:
+    neither side would be what a server runs."""
+    from sm120patch.engine import assess
+
+    found = assess.assess(target)
+    if found.state == assess.APPLIED and found.manifest is not None:
+        return [{"path": f.path, "module": f.module} for f in found.manifest.files]
+    if found.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):
+        return None
+    raise UsageError(
+        f"{target.name} at {target.root} is {found.state}: {found.message}",
+        "see `sm120patch status`; explain compares a pristine or an applied tree",
+    )
+
+
+@dataclass
+class Sides:
+    """The overlay (module -> file) that makes each side's code, for one target."""
+
+    applied: bool
+    pristine: dict[str, str] = field(default_factory=dict)
+    patched: dict[str, str] = field(default_factory=dict)
+
+
+def sides(target: Target, directory: Path) -> Sides:
+    files = applied_files(target)
+    if files is None:
+        texts = patched_texts(target)
+        return Sides(False, patched=write_overlay(texts, directory / "patched"))
+    texts: dict[str, str | bytes] = {}
+    for f in files:
+        data = pristine_bytes(target, f["path"])
+        if data is None:
+            raise UsageError(
+                f"no pristine copy of {f['path']} for the applied {target.name}",
+                "run `sm120patch status` to see the target's state",
+            )
+        texts[f["module"]] = data
+    return Sides(True, pristine=write_overlay(texts, directory / "pristine"))
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one side decides, in the words `explain` prints."""
+
+    moe_runner_backend: str | None
+    quantization: str | None
+    allreduce_fusion: str | None  # "on (backend auto)", "off", or the launch's error
+    gate: str
+    resolve_backend: str
+    comm_arch: str
+
+
+def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decision:
+    """The summary of one probe result (for the named launch, when there is one)."""
+    moe = quant = fusion = None
+    run = (result.get("launches") or {}).get(launch) if launch else None
+    if run is not None:
+        if "error" in run:
+            fusion = moe = quant = f"error: {run['error'].splitlines()[0]}"
+        else:
+            args = run["server_args"]
+            moe, quant = args.get("moe_runner_backend"), args.get("quantization")
+            backend = args.get("flashinfer_allreduce_fusion_backend")
+            # Up to 0.5.13 a flag; from 0.5.14 a backend (the flag is deprecated, then gone).
+            on = bool(args.get("enable_flashinfer_allreduce_fusion")) or backend is not None
+            fusion = "on" if on else "off"
+            if backend is not None:
+                fusion += f" (backend {backend})"
+    return Decision(moe, quant, fusion, _gate(result), _resolve(result), _comm(result))
+
+
+def _gate(result: Mapping[str, Any]) -> str:
+    gate = result.get("gate")
+    if gate is None:
+        return "not checked"
+    if "error" in gate:
+        return f"error: {gate['error']}"
+    return ("passes" if gate["passes"] else "closed") + f" ({gate['function']})"
+
+
+def _resolve(result: Mapping[str, Any]) -> str:
+    res = result.get("resolve_backend")
+    if res is None:
+        return "not checked"
+    if "error" in res:
+        return "not in this release" if "cannot import name" in res["error"] else res["error"]
+    auto = res["backends"]["auto"]
+    return f"returns {auto['value']}" if "value" in auto else f"raises {auto['error']}"
+
+
+def _comm(result: Mapping[str, Any]) -> str:
+    comm = result.get("comm_arch")
+    if comm is None:
+        return "not checked"
+    if "error" in comm:
+        return f"raises {comm['error']}"
+    return ", ".join(comm["archs"]) or "(none)"
+
+
+# ----------------------------------------------------------------------------- explain
+
+
+@dataclass
+class Explanation:
+    python: str
+    simulate: str | None
+    launch: list[str]
+    targets: list[dict[str, Any]]
+    applied: bool
+    pristine: Decision
+    patched: Decision
+    notes: list[str] = field(default_factory=list)
+
+    ROWS = (
+        ("moe_runner_backend", "MoE runner backend"),
+        ("quantization", "quantization"),
+        ("allreduce_fusion", "allreduce fusion"),
+        ("gate", "runtime fusion gate"),
+        ("resolve_backend", "_resolve_backend('auto')"),
+        ("comm_arch", "FlashInfer trtllm comm archs"),
+    )
+
+    LAUNCH_ROWS = ("moe_runner_backend", "quantization", "allreduce_fusion")
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(what, pristine, patched) for each decision the probe could make here."""
+        out = []
+        for key, label in self.ROWS:
+            before, after = getattr(self.pristine, key), getattr(self.patched, key)
+            if key in self.LAUNCH_ROWS and not self.launch:
+                continue
+            if before == after == "not checked":
+                continue
+            out.append((label, "none" if before is None else before,
+                        "none" if after is None else after))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "python": self.python,
+            "simulate": self.simulate,
+            "launch": self.launch,
+            "targets": self.targets,
+            "applied": self.applied,
+            "pristine": asdict(self.pristine),
+            "patched": asdict(self.patched),
+            "notes": self.notes,
+        }
+
+
+def interpreter_for(target: Target) -> Path:
+    """The `python` of the virtual environment whose site-packages holds the target; else
+    the interpreter running sm120patch."""
+    for up in (target.parent, *target.parent.parents[:4]):
+        if (up / "pyvenv.cfg").is_file():
+            for name in ("bin/python", "bin/python3", "Scripts/python.exe"):
+                if (up / name).exists():
+                    return up / name
+    return Path(sys.executable)
+
+
+def explain(
+    paths: Mapping[str, str | Path | None],
+    *,
+    python: str | Path | None = None,
+    simulate: str | None = None,
+    launch: Sequence[str] = (),
+) -> Explanation:
+    """Run the probe on the pristine and the patched code of the targets at `paths`."""
+    from sm120patch import targets as targets_mod
+
+    if simulate is not None and simulate not in ARCHS:
+        raise UsageError(f"--simulate {simulate!r}", f"use one of {', '.join(ARCHS)}")
+    found: list[Target] = []
+    for kind in ("sglang", "flashinfer"):
+        try:
+            found.append(targets_mod.find(kind, paths.get(kind)))
+        except Sm120Error:
+            if paths.get(kind) is not None:
+                raise
+    if not found:
+        raise UsageError("found neither SGLang nor FlashInfer", "pass --sglang/--flashinfer PATH")
+    interp = Path(python) if python else interpreter_for(found[0])
+    launch = list(launch)
+    notes = []
+    if not launch:
+        notes.append("no launch arguments: give `-- --model-path DIR [...]` for the server "
+                     "argument decisions")
+    with tempfile.TemporaryDirectory(prefix="sm120patch-explain-") as tmp:
+        overlay: dict[str, dict[str, str]] = {"pristine": {}, "patched": {}}
+        applied = False
+        for target in found:
+            s = sides(target, Path(tmp) / target.kind)
+            applied = applied or s.applied
+            overlay["pristine"].update(s.pristine)
+            overlay["patched"].update(s.patched)
+        base = {
+            "simulate": simulate,
+            "sys_path": [str(t.parent) for t in found],
+            "launches": {"launch": launch} if launch else {},
+            "sglang": any(t.kind == "sglang" for t in found),
+            "flashinfer": any(t.kind == "flashinfer" for t in found),
+        }
+        # The two sides are independent processes: run them side by side.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = {
+                side: pool.submit(run_probe, interp, {**base, "overlay": overlay[side]})
+                for side in ("pristine", "patched")
+            }
+            results = {side: f.result() for side, f in futures.items()}
+    key = "launch" if launch else None
+    return Explanation(
+        python=str(interp),
+        simulate=simulate,
+        launch=launch,
+        targets=[t.to_dict() for t in found],
+        applied=applied,
+        pristine=decision(results["pristine"], key),
+        patched=decision(results["patched"], key),
+        notes=notes,
+    )

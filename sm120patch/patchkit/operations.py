@@ -1,0 +1,333 @@
+"""Declared operations: the few shapes SM120 patches keep needing, each a libcst transform.
+
+Each operation takes a parsed module (and, where the site is the patch's to find, the node it
+works on) and returns a `transform.Result`: `applied` with the new module, `already-applied`,
+`upstream`, `not-applicable` or `refused` with what it expected and what it found. A patch is
+then mostly a declaration: which function, which keyword, which sibling, in which order.
+
+- `one_def`: the one `def NAME` of a module (not-applicable when absent, refused when several).
+- `widen_arch_or`: `(sm90 or sm100)` gains one more check, SM120, in the release's own spelling
+  (`is_sm120_supported()`, `get_platform().is_sm120`, `_is_sm120_supported`).
+- `extend_keyword_list`: `f(..., keyword=[9, 10])` inside one named function gains an element,
+  the list keeping its layout for one element or many.
+- `add_module_flag`: `NEW = <expr>` right after its sibling module flag.
+- `add_import`: `name` imported next to a sibling name, from the module that brings the sibling.
+- `add_elif`: a branch right after a branch found by its test.
+- `insert_before`: statements right before a statement of a block (after its comments).
+
+Like the patches, this module imports libcst inside the functions, so that loading the
+catalog (`list`, `status`, `--help`) stays free of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sm120patch.patchkit.model import (
+    Result,
+    Status,
+    already_applied,
+    applied,
+    not_applicable,
+    refused,
+    upstream,
+)
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+SM120 = "sm120"
+
+
+# ----------------------------------------------------------------------------- finding a site
+
+
+def one_def(
+    module: cst.Module, name: str, absent: str | None = None, *, site: str | None = None
+) -> cst.FunctionDef | Result:
+    """The one `def name` (at any depth): not-applicable when there is none (`absent` says
+    why), refused when there are several."""
+    from sm120patch.patchkit import syntax as h
+
+    site = site or name
+    funcs = h.functions(module, name)
+    if not funcs:
+        return not_applicable(site, absent or f"no `def {name}` in this file")
+    if len(funcs) > 1:
+        return refused(site, f"one `def {name}`", f"{len(funcs)} definitions")
+    return funcs[0]
+
+
+# ----------------------------------------------------------------------------- widen an `or`
+
+
+@dataclass(frozen=True)
+class ArchGroup:
+    """What an `or` of GPU-arch checks is, read with `cst_helpers.sglang_arch`."""
+
+    archs: tuple[str, ...]  # in operand order; empty when an operand is not an arch check
+    form: str  # "call", "platform" or "flag"; "" when operands mix forms or none is a check
+
+    @property
+    def known(self) -> bool:
+        return bool(self.archs) and bool(self.form)
+
+
+def read_arch_group(group: cst.BaseExpression) -> ArchGroup:
+    """The archs and the one spelling of `a or b or ...` (a lone check counts as a group)."""
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import syntax as h
+
+    operands = h.or_operands(group) or [group]
+    found = [arch.sglang_arch(op) for op in operands]
+    if any(f is None for f in found):
+        return ArchGroup((), "")
+    forms = {f[1] for f in found if f is not None}
+    archs = tuple(f[0] for f in found if f is not None)
+    return ArchGroup(archs, forms.pop() if len(forms) == 1 else "")
+
+
+def widen_arch_or(
+    module: cst.Module,
+    group: cst.BaseExpression,
+    scope: cst.CSTNode,
+    *,
+    site: str,
+    expected: str,
+    forms: Sequence[str] = ("call", "platform"),
+    widen: frozenset[str] = frozenset({"sm90", "sm100"}),
+    others_ok: bool = True,
+    upstream_ok: bool = True,
+    found: str | None = None,
+) -> Result:
+    """`(sm90 or sm100)` -> `(sm90 or sm100 or sm120)`, SM120 spelled as the group spells SM100.
+
+    `group` lies inside `scope` (a statement: only it is rebuilt). Already-applied where the
+    group tests SM120 (with `others_ok` False, only beside archs of `widen`); upstream where it
+    tests every Blackwell (`is_blackwell_supported()`, when `upstream_ok`); refused for a group
+    that is not exactly the archs of `widen` in one of `forms`. The applied shape reads
+    `<old> -> <new>`. `found` overrides the text quoted in a refusal.
+    """
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import syntax as h
+
+    read = read_arch_group(group)
+    shape = h.code(group)
+    quoted = found or f"`{shape}`"
+    if not read.known or read.form not in forms:
+        return refused(site, expected, quoted)
+    if SM120 in read.archs and (others_ok or set(read.archs) - {SM120} <= widen):
+        return already_applied(site, shape)
+    if "blackwell" in read.archs and upstream_ok:
+        return upstream(
+            site, f"the release accepts every Blackwell GPU (SM120 included): `{shape}`"
+        )
+    if len(read.archs) != len(widen) or set(read.archs) != widen:  # any order
+        return refused(site, expected, quoted)
+    new_group = h.widen_or(group, arch.sglang_arch_check(SM120, read.form))  # type: ignore[arg-type]
+    new_module = h.replace(module, group, new_group, scope=scope)
+    return applied(site, new_module, f"{shape} -> {h.code(new_group)}")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- a list keyword
+
+
+def extend_keyword_list(
+    module: cst.Module, *, function: str, keyword: str, expect: Sequence[int], add: int,
+    absent: str | None = None,
+) -> Result:
+    """`keyword=[*expect]` in the one call of the one `def function` -> `[*expect, add]`.
+
+    The new element takes the separator the others use (`[9, 10]` -> `[9, 10, 12]`); a
+    one-element list gets `, ` (`[10]` -> `[10, 12]`), and a trailing comma stays last.
+    Already-applied where `add` is in the list; refused for any other list or call.
+    """
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    func = one_def(module, function, absent)
+    if isinstance(func, Result):
+        return func
+    want = f"`{keyword}={list(expect)}`"
+    args = h.keyword_args(func, keyword)
+    if len(args) != 1:
+        return refused(function, f"one {want} argument", f"{len(args)} such arguments")
+    value = args[0].value
+    if not isinstance(value, cst.List) or not all(
+        isinstance(el.value, cst.Integer) for el in value.elements
+    ):
+        return refused(function, want, f"`{h.code(args[0])}`")
+    found = [el.value.evaluated_value for el in value.elements]  # type: ignore[attr-defined]
+    if add in found:
+        return already_applied(function, f"{keyword}={found}")
+    if found != list(expect):
+        return refused(function, want, f"`{h.code(args[0])}`")
+    last = value.elements[-1]
+    if len(value.elements) > 1:
+        sep = value.elements[0].comma
+    else:
+        sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    elements = [
+        *value.elements[:-1],
+        last.with_changes(comma=sep),
+        cst.Element(cst.Integer(str(add)), comma=last.comma),
+    ]
+    new_module = h.replace(module, value, value.with_changes(elements=elements), scope=func)
+    new = [*expect, add]
+    return applied(
+        function, new_module, f"{keyword}={list(expect)} -> {new}"  # type: ignore[arg-type]
+    )
+
+
+# ----------------------------------------------------------------------------- a module flag
+
+
+def add_module_flag(
+    module: cst.Module, *, name: str, sibling: str, value: str, same: bool,
+    expected: str | None = None,
+) -> Result:
+    """`name = value` right after the module-level `sibling = ...`.
+
+    `same` says whether an existing `name = ...` is the intended one (the caller compares it):
+    already-applied then, refused otherwise, as when `sibling` is not assigned exactly once.
+    """
+    from sm120patch.patchkit import syntax as h
+
+    anchors = h.module_assignments(module, sibling)
+    if len(anchors) != 1:
+        found = "none" if not anchors else f"{len(anchors)} assignments of {sibling}"
+        return refused(name, expected or f"one module flag `{sibling} = ...`", found)
+    existing = h.module_assignments(module, name)
+    if len(existing) > 1:
+        return refused(name, f"at most one `{name} = {value}`", f"{len(existing)} assignments")
+    if existing:
+        if not same:
+            return refused(name, f"`{name} = {value}`", f"`{h.code(existing[0])}`")
+        return already_applied(name, f"{name} = {value}")
+    flag = h.parse_statement(f"{name} = {value}{module.default_newline}", module)
+    return applied(name, h.insert_after(module, anchors[0], [flag]), f"{name} = {value}")
+
+
+# ----------------------------------------------------------------------------- an import
+
+
+def add_import(
+    module: cst.Module,
+    name: str,
+    *,
+    next_to: str,
+    site: str,
+    from_module: str | None = None,
+    expected: str | None = None,
+    found: str = "none or several",
+) -> Result:
+    """`name` imported right after `next_to`, in the one module-level `from ... import` that
+    brings `next_to` (from `from_module` when given). Already-applied where `name` is imported
+    (from `from_module`, when given, else from anywhere); refused without a single such import.
+    """
+    from sm120patch.patchkit import syntax as h
+
+    sources = h.import_sources(module, name)
+    if from_module is None:
+        if sources:
+            return already_applied(site, f"{name} imported")
+        new = h.import_next_to(module, name, next_to)
+    else:
+        if h.binds_at_module_level(module, name):
+            return already_applied(site, f"{name} imported")
+        new = h.add_import_after(module, from_module, name, after=next_to)
+    if new is None:
+        where = f"`from {from_module} import (...)`" if from_module else "`from ... import`"
+        return refused(site, expected or f"one {where} naming {next_to}, to add {name}", found)
+    return applied(site, new, f"{name} imported next to {next_to}")
+
+
+def then(first: Result, second: Result, *, shape: str | None = None) -> Result:
+    """`first` followed by `second` on first's module: applied when `first` applied and
+    `second` applied or had nothing to do; `first` unchanged when it did not apply; `second`
+    when it refused. The shape and reason stay `first`'s (or `shape`)."""
+    if first.status is not Status.APPLIED:
+        return first
+    if second.status is Status.REFUSED:
+        return second
+    module = second.module if second.status is Status.APPLIED else first.module
+    if shape is None:
+        return applied(first.site, module, first.shape, first.reason)
+    return applied(first.site, module, shape)
+
+
+# ----------------------------------------------------------------------------- an elif branch
+
+
+def if_chain(node: cst.If) -> list[cst.If]:
+    """An if statement and its elif branches, in order."""
+    import libcst as cst
+
+    out = [node]
+    while isinstance(out[-1].orelse, cst.If):
+        out.append(out[-1].orelse)
+    return out
+
+
+def branches_in(suite: cst.BaseSuite) -> list[cst.If]:
+    """The if and elif branches of the if statements directly in `suite`."""
+    import libcst as cst
+
+    body = suite.body if isinstance(suite, cst.IndentedBlock) else ()
+    return [b for stmt in body if isinstance(stmt, cst.If) for b in if_chain(stmt)]
+
+
+def new_elif(after: cst.If, test: cst.BaseExpression, body: cst.BaseSuite) -> cst.If:
+    """The branch `elif test: body` to follow `after`, keeping `after`'s whitespace around the
+    test; an elif or else that followed `after` follows the new branch."""
+    import libcst as cst
+
+    return cst.If(
+        test=test,
+        body=body,
+        orelse=after.orelse,
+        whitespace_before_test=after.whitespace_before_test,
+        whitespace_after_test=after.whitespace_after_test,
+    )
+
+
+def add_elif(module: cst.Module, after: cst.If, branch: cst.If, *, site: str, shape: str) -> Result:
+    """`branch` (made by `new_elif`, checked by the caller) right after the branch `after`."""
+    from sm120patch.patchkit import syntax as h
+
+    new_module = h.replace(module, after, after.with_changes(orelse=branch), scope=after)
+    return applied(site, new_module, shape)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- before a statement
+
+
+def insert_before(
+    module: cst.Module, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement], *,
+    site: str, shape: str,
+) -> Result:
+    """`new` right before `anchor`, a compound statement of a block (or of the module), after
+    the comment lines above `anchor`: those stay on top, `new` then `anchor` follow them."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    block = h.parent_of(module, anchor)
+    if not isinstance(block, (cst.Module, cst.IndentedBlock)):
+        return refused(site, "a statement of an indented block", f"`{h.code(anchor)}`")
+    body = list(block.body)
+    index = next(i for i, stmt in enumerate(body) if stmt is anchor)
+    first, *rest = new
+    moved = [
+        first.with_changes(leading_lines=[*anchor.leading_lines, *first.leading_lines]),
+        *rest,
+        anchor.with_changes(leading_lines=()),
+    ]
+    body[index : index + 1] = moved
+    new_block = block.with_changes(body=body)
+    if isinstance(block, cst.Module):
+        return applied(site, new_block, shape)  # type: ignore[arg-type]
+    return applied(site, h.replace(module, block, new_block, scope=block), shape)

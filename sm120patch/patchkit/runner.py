@@ -1,0 +1,251 @@
+"""The runner: every patch of a profile that touches one file, run in order on one parse.
+
+Text in, outcomes out, no I/O. A crash inside a transform becomes a refusal (a wrong patch is
+worse than no patch), the result must parse and compile, and a second run of the same patches
+must find everything already applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+from sm120patch.patchkit.model import Outcome, Patch, Status, refused
+
+
+@dataclass
+class FileResult:
+    """All patches of a profile that touch one file, run in order on one parse."""
+
+    file: str
+    before: str
+    after: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    # The module after each applied patch, in order: the engine commits one patch at a time.
+    # Kept as trees: turning a 5,000-line module back into text is the costly part of a plan,
+    # and a dry run needs only the last one (`after`).
+    steps: list[tuple[str, Any]] = field(default_factory=list)
+    tree: Any = None  # the parsed original, for checks that compare before and after
+
+    @property
+    def changed(self) -> bool:
+        return self.after != self.before
+
+    def step_texts(self) -> list[tuple[str, str]]:
+        """(patch id, text after it) for each applied patch, in order."""
+        texts = []
+        tree, text = self.tree, self.before
+        for pid, module in self.steps[:-1]:
+            text = spliced_code(tree, text, module) if tree is not None else module.code
+            tree = module
+            texts.append((pid, text))
+        if self.steps:
+            texts.append((self.steps[-1][0], self.after))
+        return texts
+
+
+@lru_cache(maxsize=4)
+def _parsed(text: str) -> cst.Module:
+    """The tree of `text`. libcst trees are immutable, so the plans of one text share it:
+    `matrix` plans every profile on each release, and parsing server_args.py once instead of
+    once per profile is most of its time. (A text that does not parse raises every time.)"""
+    import libcst as cst
+
+    return cst.parse_module(text)
+
+
+def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult:
+    """Parse `text` once and run each patch on it in order, chaining the applied changes."""
+    import libcst as cst
+
+    result = FileResult(file=file, before=text, after=text)
+    try:
+        module = _parsed(text)
+        result.tree = module
+    except cst.ParserSyntaxError as exc:
+        line = f"line {exc.raw_line}" if exc.raw_line else "unknown line"
+        for patch in patches:
+            result.outcomes.append(
+                Outcome(
+                    patch.id,
+                    patch.target,
+                    file,
+                    "<module>",
+                    Status.REFUSED,
+                    f"the file does not parse ({line}: {exc.message}); fix or restore it first",
+                )
+            )
+        return result
+
+    for patch in patches:
+        try:
+            res = patch.transform(module)
+        except Exception as exc:  # a patch bug must not half-apply anything
+            res = refused(
+                "<module>",
+                "a shape this patch knows",
+                f"an error inside the patch ({type(exc).__name__}: {exc})",
+            )
+        if res.status is Status.APPLIED:
+            module = res.module
+            result.steps.append((patch.id, module))
+        result.outcomes.append(
+            Outcome(patch.id, patch.target, file, res.site, res.status, res.reason, res.shape)
+        )
+    if result.steps:
+        result.after = spliced_code(result.tree, text, module)
+        problem = _compile_problem(result.after, file) or _rerun_problem(patches, result, module)
+        if problem:
+            # A bug in the library: apply none of this file's patches rather than guess.
+            refuse_all(result, problem)
+    return result
+
+
+def spliced_code(before: Any, before_text: str, after: Any) -> str:
+    """`after.code`, generated only for the statements that differ from `before` (whose code is
+    `before_text`) and spliced into that text.
+
+    A patch rebuilds a few statements of a 5,000-line module; generating the whole module's
+    text again was the costliest part of a plan. libcst keeps every untouched node as the
+    same object, so the changed statements are found by identity (down through blocks and
+    `elif` chains), generated with the indentation of the blocks around them (the same
+    tokens the whole module's codegen emits there), and their old text, which must occur
+    exactly once, is replaced. Anything else (a changed module header, an ambiguous old text,
+    a libcst without this internal API) falls back to generating the whole module.
+    """
+    try:
+        from libcst._nodes.internal import CodegenState
+
+        spans = _changed_statements(before, after)
+        if spans is None:
+            return str(after.code)
+        old_nodes, new_nodes, indents, elif_ = spans
+
+        def generate(nodes: Sequence[Any]) -> str:
+            state = CodegenState(
+                default_indent=after.default_indent, default_newline=after.default_newline
+            )
+            state.indent_tokens.extend(indents)
+            for node in nodes:
+                if elif_:
+                    node._codegen(state, is_elif=True)
+                else:
+                    node._codegen(state)
+            return "".join(state.tokens)
+
+        old, new = generate(old_nodes), generate(new_nodes)
+        if not old or before_text.count(old) != 1:
+            return str(after.code)
+        return before_text.replace(old, new, 1)
+    except Exception:  # an internal API that moved: the whole module, as before
+        return str(after.code)
+
+
+def _only_changed(old: Any, new: Any, field_name: str) -> bool:
+    """Whether `old` and `new` (one node type) differ in `field_name` alone, by identity."""
+    return type(old) is type(new) and all(
+        getattr(old, f) is getattr(new, f) for f in old.__dataclass_fields__ if f != field_name
+    )
+
+
+def _changed_statements(
+    before: Any, after: Any
+) -> tuple[list[Any], list[Any], list[str], bool] | None:
+    """The smallest run of statements (or one `elif`) that differ, in both trees, the
+    indentation of the blocks holding them, and whether it is an `elif`; None when the change
+    is not inside statement lists alone."""
+    import libcst as cst
+
+    if before is after or (before.header, before.footer) != (after.header, after.footer):
+        return None
+    old_body, new_body = list(before.body), list(after.body)
+    indents: list[str] = []
+    while True:
+        a = 0
+        while a < min(len(old_body), len(new_body)) and old_body[a] is new_body[a]:
+            a += 1
+        b = 0
+        while (
+            b < min(len(old_body), len(new_body)) - a
+            and old_body[len(old_body) - 1 - b] is new_body[len(new_body) - 1 - b]
+        ):
+            b += 1
+        old_run, new_run = old_body[a : len(old_body) - b], new_body[a : len(new_body) - b]
+        if not old_run:
+            # A pure insertion: anchor it on a neighbour that did not change.
+            if a > 0:
+                a -= 1
+            elif b > 0:
+                b -= 1
+            else:
+                return None
+            old_run, new_run = old_body[a : len(old_body) - b], new_body[a : len(new_body) - b]
+        if len(old_run) != 1 or len(new_run) != 1:
+            return old_run, new_run, indents, False
+        old, new = old_run[0], new_run[0]
+        elif_ = False
+        # Down an `elif` chain whose earlier branches did not change.
+        while isinstance(old, cst.If) and _only_changed(old, new, "orelse"):
+            if isinstance(old.orelse, cst.If) and isinstance(new.orelse, cst.If):
+                old, new, elif_ = old.orelse, new.orelse, True
+                continue
+            if isinstance(old.orelse, cst.Else) and _only_changed(old.orelse, new.orelse, "body"):
+                old, new = old.orelse, new.orelse
+            break
+        block_old, block_new = getattr(old, "body", None), getattr(new, "body", None)
+        if (
+            isinstance(block_old, cst.IndentedBlock)
+            and isinstance(block_new, cst.IndentedBlock)
+            and _only_changed(old, new, "body")
+            and _only_changed(block_old, block_new, "body")
+        ):
+            # Only the statements inside this block changed: look inside it.
+            indent = block_old.indent
+            indents.append(before.default_indent if indent is None else indent)
+            old_body, new_body = list(block_old.body), list(block_new.body)
+            continue
+        if isinstance(old, cst.Else):
+            return None  # an `else:` header alone is not a statement to generate
+        return [old], [new], indents, elif_
+
+
+def refuse_all(result: FileResult, reason: str) -> None:
+    """Turn every applied patch of `result` into a refusal and drop its changes."""
+    applied_ids = {pid for pid, _ in result.steps}
+    result.outcomes = [
+        replace(o, status=Status.REFUSED, reason=reason) if o.patch in applied_ids else o
+        for o in result.outcomes
+    ]
+    result.after = result.before
+    result.steps = []
+
+
+def _rerun_problem(patches: Sequence[Patch], result: FileResult, final: cst.Module) -> str | None:
+    """Running the patches again on their own result must change nothing (DESIGN s3 verify)."""
+    applied_ids = {pid for pid, _ in result.steps}
+    for patch in patches:
+        if patch.id not in applied_ids:
+            continue
+        try:
+            again = patch.transform(final)
+        except Exception as exc:
+            return f"expected a second run to be a no-op; {patch.id} raised {exc!r}"
+        if again.status not in (Status.ALREADY_APPLIED, Status.UPSTREAM):
+            return (
+                f"expected a second run to be a no-op; {patch.id} said {again.status.value} "
+                f"({again.reason})"
+            )
+    return None
+
+
+def _compile_problem(text: str, file: str) -> str | None:
+    try:
+        compile(text, file, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"a syntax error at line {exc.lineno}: {exc.msg}"
+    return None

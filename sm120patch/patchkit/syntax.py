@@ -1,0 +1,504 @@
+"""Small libcst helpers shared by the patches under patches/.
+
+Everything works on syntax trees, never on text: operands are compared by their shape
+(`key`), nodes are replaced by identity (`Module.deep_replace`), and new code is made of
+libcst nodes whose whitespace is copied from the neighbours so diffs stay minimal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import libcst as cst
+
+
+def code(node: cst.CSTNode, limit: int = 100) -> str:
+    """The source of `node` on one line, shortened: for 'found ...' in refusal messages."""
+    text = " ".join(cst.Module(body=[]).code_for_node(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def find(
+    root: cst.CSTNode,
+    kinds: type[cst.CSTNode] | tuple[type[cst.CSTNode], ...],
+    want: Callable[[cst.CSTNode], bool] | None = None,
+) -> list[cst.CSTNode]:
+    """Every node of `kinds` under `root` (itself included), in pre-order, for which `want`
+    holds. A plain visitor: for the small nodes it is meant for (a test, a branch), it costs
+    a fraction of `libcst.matchers.findall`, and importing the matchers costs more still."""
+    found: list[cst.CSTNode] = []
+
+    class _Visitor(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kinds) and (want is None or want(node)):
+                found.append(node)
+            return True
+
+    root.visit(_Visitor())
+    return found
+
+
+def keyword_args(scope: cst.CSTNode, keyword: str) -> list[cst.Arg]:
+    """Every `keyword=...` argument of a call in the simple statements and the compound
+    statements' headers under `scope`, without walking nested blocks twice."""
+    out: list[cst.Arg] = []
+    for stmt in statements(scope):
+        for part in _headers_and_lines(stmt):
+            out += find(part, cst.Arg, lambda a: _is_keyword(a, keyword))  # type: ignore[misc]
+    return out  # type: ignore[return-value]
+
+
+def _is_keyword(arg: cst.CSTNode, keyword: str) -> bool:
+    return isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == keyword
+
+
+def conditions(scope: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The test of every `if` and `elif` and the value of every `return` under `scope`, found
+    by walking statements only (a condition is always an if's test or a returned value)."""
+    out: list[cst.BaseExpression] = []
+    for stmt in statements(scope):
+        if isinstance(stmt, cst.If):
+            out.append(stmt.test)
+        for line in _headers_and_lines(stmt):
+            if isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+                out += [s.value for s in line.body if isinstance(s, cst.Return) and s.value]
+    return out
+
+
+def _headers_and_lines(stmt: cst.CSTNode) -> list[cst.CSTNode]:
+    """The expressions a statement-level node holds outside its blocks: an `if`'s test, a
+    def's decorators and parameters, the simple statement lines of a suite."""
+    if isinstance(stmt, (cst.Module, cst.IndentedBlock)):
+        return [s for s in stmt.body if isinstance(s, cst.SimpleStatementLine)]
+    if isinstance(stmt, cst.SimpleStatementSuite):
+        return [stmt]
+    if isinstance(stmt, (cst.If, cst.While)):
+        return [stmt.test]
+    if isinstance(stmt, cst.FunctionDef):
+        return [*stmt.decorators, stmt.params]
+    if isinstance(stmt, cst.For):
+        return [stmt.target, stmt.iter]
+    if isinstance(stmt, cst.With):
+        return list(stmt.items)
+    return []
+
+
+def functions(module: cst.CSTNode, name: str) -> list[cst.FunctionDef]:
+    """Every function or method called `name`, at any depth of statement nesting."""
+    return [
+        n for n in statements(module) if isinstance(n, cst.FunctionDef) and n.name.value == name
+    ]
+
+
+def classes(module: cst.CSTNode, name: str) -> list[cst.ClassDef]:
+    """Every class called `name`, at any depth of statement nesting."""
+    return [n for n in statements(module) if isinstance(n, cst.ClassDef) and n.name.value == name]
+
+
+# Nodes that can hold statements. A def or class can only appear as a statement, so walking
+# these alone finds every one of them without visiting a single expression: on a 5,000-line
+# server_args.py that is the difference between milliseconds and most of a second.
+# (`Module.deep_replace` likewise rebuilds every node of the file; `replace` below does not.)
+_BLOCKS = (
+    cst.Module,
+    cst.BaseSuite,
+    cst.BaseCompoundStatement,
+    cst.Else,
+    cst.Finally,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.MatchCase,
+)
+
+
+_BLOCK_FIELDS = ("body", "orelse", "handlers", "finalbody", "cases")
+
+
+def _blocks_under(node: cst.CSTNode) -> list[cst.CSTNode]:
+    # Read the block fields directly: `CSTNode.children` runs a visitor over every
+    # expression of the node, which is what we are avoiding.
+    out: list[cst.CSTNode] = []
+    for name in _BLOCK_FIELDS:
+        value = getattr(node, name, None)
+        if isinstance(value, (tuple, list)):
+            out.extend(v for v in value if isinstance(v, _BLOCKS))
+        elif isinstance(value, _BLOCKS):
+            out.append(value)
+    return out
+
+
+def statements(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Every statement-level node under `node` (compound statements and their blocks), in order."""
+    return [n for n, _ in _walk(node)]
+
+
+# The last few walks, by node identity. Nodes are immutable and the cache holds a reference
+# to each, so an id cannot be reused while its entry lives: patches of one file share walks.
+_WALKS: dict[int, tuple[cst.CSTNode, list[tuple[cst.CSTNode, cst.CSTNode | None]]]] = {}
+
+
+def _walk(node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode | None]]:
+    hit = _WALKS.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    out = _walk_uncached(node)
+    if len(_WALKS) >= 8:
+        _WALKS.pop(next(iter(_WALKS)))
+    _WALKS[id(node)] = (node, out)
+    return out
+
+
+def _walk_uncached(node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode | None]]:
+    out: list[tuple[cst.CSTNode, cst.CSTNode | None]] = []
+    stack: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(node, None)]
+    while stack:
+        current, parent = stack.pop()
+        out.append((current, parent))
+        stack.extend((child, current) for child in reversed(_blocks_under(current)))
+    return out
+
+
+def parent_of(module: cst.Module, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The statement-level node holding `node` (a block, for a statement), by the walk."""
+    for n, parent in _walk(module):
+        if n is node:
+            return parent
+    return None
+
+
+def replace(
+    module: cst.Module, old: cst.CSTNode, new: cst.CSTNode, scope: cst.CSTNode
+) -> cst.Module:
+    """`module.deep_replace(old, new)` where `old` lies inside `scope`, a statement-level node
+    (a def, a class, an if...): only `scope` is rebuilt, then the chain of blocks above it, so
+    the cost is that of `scope`, not of the whole file."""
+    parents = {id(n): p for n, p in _walk(module)}
+    if id(scope) not in parents:
+        raise ValueError("scope is not a statement of this module")
+    current: cst.CSTNode = scope
+    replacement = new if scope is old else scope.deep_replace(old, new)
+    while True:
+        parent = parents[id(current)]
+        if parent is None:
+            return replacement  # type: ignore[return-value]
+        replacement = _with_child(parent, current, replacement)
+        current = parent
+
+
+def _with_child(parent: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
+    for name in _BLOCK_FIELDS:
+        value = getattr(parent, name, None)
+        if value is old:
+            return parent.with_changes(**{name: new})
+        if isinstance(value, (tuple, list)) and any(v is old for v in value):
+            return parent.with_changes(**{name: type(value)(new if v is old else v for v in value)})
+    raise ValueError(f"{type(old).__name__} is not a block of {type(parent).__name__}")
+
+
+def key(node: cst.BaseExpression) -> str | None:
+    """A canonical spelling of a simple operand, ignoring whitespace, comments and parentheses.
+
+    `x`, `f()`, `a.b`, `get_platform().is_sm90`; None for anything else (an operand we do not
+    recognise is never silently treated as one we do).
+    """
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = key(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    if isinstance(node, cst.Call) and not node.args:
+        base = key(node.func)
+        return None if base is None else f"{base}()"
+    return None
+
+
+def or_operands(node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
+    """The operands of a flat `a or b or c` chain (any parenthesisation inside), else None."""
+    if not (isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or)):
+        return None
+    out: list[cst.BaseExpression] = []
+    for side in (node.left, node.right):
+        inner = or_operands(side)
+        out.extend(inner if inner is not None else [side])
+    return out
+
+
+def and_operands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The operands of an `a and b and c` chain, left to right (a single operand otherwise)."""
+    if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+        left = and_operands(node.left) if not node.left.lpar else [node.left]
+        return [*left, node.right]
+    return [node]
+
+
+def or_keys(node: cst.BaseExpression) -> list[str | None] | None:
+    ops = or_operands(node)
+    return None if ops is None else [key(op) for op in ops]
+
+
+def widen_or(node: cst.BooleanOperation, extra: cst.BaseExpression) -> cst.BooleanOperation:
+    """`(a or b)` -> `(a or b or extra)`, keeping the outer parentheses and their whitespace.
+
+    The new `or` copies the whitespace of the chain's last `or`, so a one-line chain stays
+    on one line and a chain broken over lines gets the new operand on a line of its own.
+    """
+    last_or = node.operator
+    # Copy the layout of the last `or`, not its comments: a comment belongs to its own line.
+    new_or = last_or.with_changes(
+        whitespace_before=_no_comments(last_or.whitespace_before),
+        whitespace_after=_no_comments(last_or.whitespace_after),
+    )
+    inner = node.with_changes(lpar=(), rpar=())
+    return cst.BooleanOperation(
+        left=inner,
+        operator=new_or,
+        right=extra,
+        lpar=node.lpar,
+        rpar=node.rpar,
+    )
+
+
+def _no_comments(ws: cst.BaseParenthesizableWhitespace) -> cst.BaseParenthesizableWhitespace:
+    if isinstance(ws, cst.ParenthesizedWhitespace):
+        return ws.with_changes(
+            first_line=cst.TrailingWhitespace(newline=ws.first_line.newline),
+            empty_lines=[line for line in ws.empty_lines if line.comment is None],
+        )
+    return ws
+
+
+def module_imports(module: cst.Module) -> list[cst.Import | cst.ImportFrom]:
+    """Every module-level `import` and `from ... import` statement, in order: the one scanner
+    the import helpers below share."""
+    return [
+        small
+        for stmt in module.body
+        if isinstance(stmt, cst.SimpleStatementLine)
+        for small in stmt.body
+        if isinstance(small, (cst.Import, cst.ImportFrom))
+    ]
+
+
+def _absolute_froms(module: cst.Module) -> list[cst.ImportFrom]:
+    """Module-level absolute `from x import a, b` (not `*`)."""
+    return [
+        imp
+        for imp in module_imports(module)
+        if isinstance(imp, cst.ImportFrom)
+        and not imp.relative
+        and not isinstance(imp.names, cst.ImportStar)
+    ]
+
+
+def imported_from(module: cst.Module) -> set[tuple[str, str]]:
+    """(module, name) for each name of each module-level absolute `from module import name`."""
+    return {
+        (_dotted(imp.module), a.evaluated_name)
+        for imp in _absolute_froms(module)
+        if imp.module
+        for a in imp.names  # type: ignore[union-attr]
+    }
+
+
+def imports_module(module: cst.Module, name: str) -> bool:
+    """Whether a module-level `import name` (not aliased) binds `name`."""
+    return any(
+        isinstance(imp, cst.Import)
+        and any(a.evaluated_name == name and a.asname is None for a in imp.names)
+        for imp in module_imports(module)
+    )
+
+
+def add_import_after(
+    module: cst.Module, from_module: str, name: str, after: str
+) -> cst.Module | None:
+    """Insert `name` right after `after` in the one `from <from_module> import (...)` holding it.
+
+    The new alias takes `after`'s comma (and so its line break and indent), and `after` gets
+    a plain comma followed by the same whitespace; in a one-name-per-line import the diff is
+    one added line. Returns None when no single such import exists: the caller refuses.
+    """
+    holders = [
+        imp
+        for imp in _import_froms(module, from_module)
+        if not isinstance(imp.names, cst.ImportStar)
+        and any(a.evaluated_name == after and a.asname is None for a in imp.names)
+    ]
+    if len(holders) != 1:
+        return None
+    imp = holders[0]
+    aliases = list(imp.names)
+    index = next(i for i, a in enumerate(aliases) if a.evaluated_name == after)
+    anchor = aliases[index]
+    new_alias = cst.ImportAlias(name=cst.Name(name), comma=anchor.comma)
+    if isinstance(anchor.comma, cst.Comma):
+        anchor_comma = anchor.comma
+        if index == len(aliases) - 1 and imp.lpar is not None:
+            # `after` is the last name, with a trailing comma: that comma leads to the
+            # closing parenthesis, so the new name keeps it and `after` gets a line break
+            # (its own comment kept) indented like the separator that comes before it.
+            prev_comma = aliases[index - 1].comma if index > 0 else None
+            before = (
+                prev_comma.whitespace_after
+                if isinstance(prev_comma, cst.Comma)
+                else imp.lpar.whitespace_after
+            )
+            own = anchor.comma.whitespace_after
+            if isinstance(own, cst.ParenthesizedWhitespace) and isinstance(
+                before, cst.ParenthesizedWhitespace
+            ):
+                own = own.with_changes(indent=before.indent, last_line=before.last_line)
+            elif isinstance(own, cst.SimpleWhitespace) and isinstance(before, cst.SimpleWhitespace):
+                own = before
+            anchor_comma = anchor.comma.with_changes(whitespace_after=own)
+    else:
+        # `after` was the last name without a trailing comma: give it one, single space.
+        anchor_comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        if imp.lpar is not None and _is_multiline(imp):
+            # Keep one name per line when the import is laid out that way.
+            prev_comma = aliases[index - 1].comma if index > 0 else None
+            if isinstance(prev_comma, cst.Comma):
+                anchor_comma = prev_comma
+    aliases[index] = anchor.with_changes(comma=anchor_comma)
+    aliases.insert(index + 1, new_alias)
+    new_imp = imp.with_changes(names=aliases)
+    # The import is a module-level statement: rebuild that line only, not the whole file.
+    body = [
+        stmt.with_changes(body=[new_imp if small is imp else small for small in stmt.body])
+        if isinstance(stmt, cst.SimpleStatementLine) and any(small is imp for small in stmt.body)
+        else stmt
+        for stmt in module.body
+    ]
+    return module.with_changes(body=body)
+
+
+def _is_multiline(imp: cst.ImportFrom) -> bool:
+    return "\n" in cst.Module(body=[]).code_for_node(imp)
+
+
+def _dotted(node: cst.BaseExpression | None) -> str:
+    if node is None:
+        return ""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return ""
+
+
+def _import_froms(module: cst.Module, from_module: str) -> list[cst.ImportFrom]:
+    return [
+        imp
+        for imp in module_imports(module)
+        if isinstance(imp, cst.ImportFrom)
+        and not imp.relative
+        and _dotted(imp.module) == from_module
+    ]
+
+
+def module_assignments(module: cst.Module, target: str) -> list[cst.SimpleStatementLine]:
+    """Module-level statements `target = ...` (exactly one target)."""
+    out = []
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+            small = stmt.body[0]
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)
+                and small.targets[0].target.value == target
+            ):
+                out.append(stmt)
+    return out
+
+
+def insert_after(
+    module: cst.Module, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement]
+) -> cst.Module:
+    """Insert statements right after a module-level statement."""
+    body = list(module.body)
+    index = next(i for i, s in enumerate(body) if s is anchor)
+    body[index + 1 : index + 1] = list(new)
+    return module.with_changes(body=body)
+
+
+def parse_statement(source: str, like: cst.Module) -> cst.BaseStatement:
+    """Parse one statement with the module's own newline and indentation conventions."""
+    return cst.parse_statement(source, config=like.config_for_parsing)
+
+
+def guarded_nodes(
+    root: cst.CSTNode, want: Callable[[cst.CSTNode], bool]
+) -> list[tuple[cst.CSTNode, list[cst.If]]]:
+    """Each statement under `root` for which `want` holds, with the `if`s whose body holds it.
+
+    The `if`s come outermost first. Only an `if`'s body counts: a node in its `elif` or
+    `else` branch does not run when that `if`'s test is true, so that `if` does not guard it.
+    Walks statements only (never into expressions): `want` looks for statements, and a
+    whole-function visit of SGLang's 1,000-line argument handlers was most of a plan's time.
+    """
+    found: list[tuple[cst.CSTNode, list[cst.If]]] = []
+    blocks = (
+        cst.IndentedBlock, cst.SimpleStatementSuite, cst.Else, cst.Finally, cst.ExceptHandler,
+        cst.ExceptStarHandler, cst.MatchCase, cst.BaseCompoundStatement,
+    )  # fmt: skip
+
+    def walk(node: cst.CSTNode, stack: list[cst.If]) -> None:
+        if want(node):
+            found.append((node, list(stack)))
+        if isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            for small in node.body:
+                if want(small):
+                    found.append((small, list(stack)))
+            return
+        if isinstance(node, cst.If):
+            walk(node.body, [*stack, node])
+            if node.orelse is not None:
+                walk(node.orelse, stack)
+            return
+        # The block fields only (`children` would visit every expression too).
+        for name in _BLOCK_FIELDS:
+            value = getattr(node, name, None)
+            for child in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(child, (*blocks, cst.SimpleStatementLine)):
+                    walk(child, stack)
+
+    walk(root, [])
+    return found
+
+
+def import_sources(module: cst.Module, name: str) -> list[str]:
+    """The modules `name` is imported from by module-level `from ... import` statements.
+
+    Only plain imports count (`from m import name`, not `import other as name`); relative
+    imports are not looked at.
+    """
+    return [
+        _dotted(imp.module)
+        for imp in _absolute_froms(module)
+        if any(a.evaluated_name == name and a.asname is None for a in imp.names)  # type: ignore[union-attr]
+    ]
+
+
+def binds_at_module_level(module: cst.Module, name: str) -> bool:
+    """Whether a module-level `from ... import` binds `name` (as itself or as an alias),
+    whichever module it comes from."""
+    return any(
+        isinstance(imp, cst.ImportFrom)
+        and not isinstance(imp.names, cst.ImportStar)
+        and any((a.evaluated_alias or a.evaluated_name) == name for a in imp.names)
+        for imp in module_imports(module)
+    )
+
+
+def import_next_to(module: cst.Module, name: str, like: str) -> cst.Module | None:
+    """`module` importing `name`: as it is when it does, else with `name` added right after
+    `like` in the one module-level `from ... import` that brings `like` (see
+    `add_import_after`). None when there is no single such import: the caller refuses.
+    """
+    if import_sources(module, name):
+        return module
+    sources = import_sources(module, like)
+    if len(sources) != 1:
+        return None
+    return add_import_after(module, sources[0], name, like)

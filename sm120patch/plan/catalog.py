@@ -1,0 +1,392 @@
+"""Load the patch library (patches/*.py, patches/profiles.toml) and patch packs from outside.
+
+A pack is a package of patch modules (each declaring `PATCH = Patch(...)`) with an optional
+profiles.toml, in the layout of the built-in library. Packs come from the entry point group
+`sm120patch.patches` (each entry point names a package) and from directories (`--patches DIR`,
+`SM120PATCH_PATCHES`), and are validated as the built-in library is: ids unique across every
+pack, pins that parse, every patch a profile names known.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import pkgutil
+import sys
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from sm120patch.errors import UsageError
+from sm120patch.patchkit import versions
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import TARGETS, Patch, Status
+
+# The one place that picks the TOML reader (lockfile.py and trial.py use it too).
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PROFILES_SCHEMA = 1
+
+
+def release_of(version: str) -> Version:
+    """The release a version counts as for pins (`versions.base_release`); raises
+    InvalidVersion for a string that is not a version."""
+    release = versions.base_release(version)
+    if release is None:
+        raise InvalidVersion(version)
+    return release
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    title: str
+    status: str  # "recommended" or "experimental"
+    patches: tuple[str, ...]
+    pins: dict[str, SpecifierSet]
+    # patch id -> versions where its site does not exist and that is fine for this profile,
+    # beyond what the patch's own facts say (its `not-applicable` facts count everywhere)
+    absent: dict[str, SpecifierSet] = field(default_factory=dict)
+    known: str = ""
+    # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
+    facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(t for t in TARGETS if t in self.pins)
+
+    def pinned(self, target: str, version: str) -> bool:
+        try:
+            return self.pins[target].contains(release_of(version), prereleases=True)
+        except InvalidVersion:
+            return False
+
+    def absent_ok(self, patch_id: str, version: str) -> bool:
+        """Whether a missing site of `patch_id` is fine in `version`: a `not-applicable` fact
+        of the patch covers it, or the profile's own `absent` table does."""
+        if any(
+            f.status is Status.NOT_APPLICABLE and f.covers(version)
+            for f in self.facts.get(patch_id, ())
+        ):
+            return True
+        spec = self.absent.get(patch_id)
+        if spec is None:
+            return False
+        try:
+            return spec.contains(release_of(version), prereleases=True)
+        except InvalidVersion:
+            return False
+
+
+BUILT_IN = "built-in"
+ENTRY_POINT_GROUP = "sm120patch.patches"
+PACKS_ENV = "SM120PATCH_PATCHES"  # directories of patch packs, os.pathsep-separated
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Where patches and profiles come from: the built-in library or a pack from outside."""
+
+    name: str  # "built-in", "entry point <name>" or "directory <path>"
+    location: str  # the package's or directory's path
+
+    @property
+    def built_in(self) -> bool:
+        return self.name == BUILT_IN
+
+    def digest(self) -> str:
+        """sha256 over the pack's modules and profiles.toml (its tests left out)."""
+        return _digest_dir(self.location) if self.location else ""
+
+
+class PackError(UsageError):
+    """A patch pack (or the built-in library) that does not load or does not validate."""
+
+    def __init__(self, pack: Pack | str, problem: str) -> None:
+        name = pack.name if isinstance(pack, Pack) else pack
+        where = "the built-in patch library" if name == BUILT_IN else f"patch pack {name}"
+        super().__init__(
+            f"{where}: {problem}",
+            "fix the pack, or leave it out (--patches, SM120PATCH_PATCHES, or uninstall the "
+            "distribution providing the sm120patch.patches entry point)",
+        )
+
+
+@dataclass(frozen=True)
+class Catalog:
+    patches: dict[str, Patch]
+    profiles: dict[str, Profile]
+    # patch id / profile name -> the pack it comes from
+    sources: dict[str, Pack] = field(default_factory=dict)
+    profile_sources: dict[str, Pack] = field(default_factory=dict)
+
+    def profile(self, name: str) -> Profile:
+        try:
+            return self.profiles[name]
+        except KeyError:
+            known = ", ".join(sorted(self.profiles))
+            raise UsageError(f"unknown profile '{name}'; known profiles: {known}") from None
+
+    def patches_of(self, profile: Profile) -> list[Patch]:
+        return [self.patches[pid] for pid in profile.patches]
+
+    def source(self, patch_id: str) -> Pack:
+        return self.sources.get(patch_id, Pack(BUILT_IN, ""))
+
+    def packs_of(self, profile: Profile) -> list[Pack]:
+        """The packs a profile's patches and the profile itself come from, each once."""
+        found = [self.profile_sources.get(profile.name, Pack(BUILT_IN, ""))]
+        found += [self.source(pid) for pid in profile.patches]
+        return list({p.name: p for p in found}.values())
+
+    def resolve(self, name: str, versions: Mapping[str, str]) -> Resolution:
+        """The profile `name`, its patches, and what of `versions` (kind -> version) lies
+        outside its pins: the one place a profile is looked up and its pins checked."""
+        profile = self.profile(name)
+        return Resolution(profile, self.patches_of(profile), pin_problems(profile, versions))
+
+
+@dataclass(frozen=True)
+class Resolution:
+    profile: Profile
+    patches: list[Patch]
+    outside_pins: list[str]  # one line per target kind whose version is outside the pins
+
+
+def pin_problems(
+    profile: Profile,
+    versions: Mapping[str, str],
+    labels: Mapping[str, tuple[str, str]] | None = None,
+) -> list[str]:
+    """One line per kind whose version is outside the profile's pins (or is no version).
+
+    `labels` may give each kind (name in the message, where its version was read); by default
+    (the kind, nothing).
+    """
+    problems = []
+    for kind, version in versions.items():
+        if kind not in profile.pins:
+            continue
+        spec = profile.pins[kind]
+        label, source = (labels or {}).get(kind, (kind, ""))
+        try:
+            release_of(version)
+        except InvalidVersion:
+            problems.append(
+                f"{label} version '{version}'" + (f" (from {source})" if source else "")
+                + f" is not a PEP 440 version; profile {profile.name} is pinned to {spec}"
+            )
+            continue
+        if not profile.pinned(kind, version):
+            problems.append(
+                f"{label} {version} is outside the pins of profile {profile.name} ({kind} {spec})"
+            )
+    return problems
+
+
+def pack_dirs() -> tuple[str, ...]:
+    """The pack directories in effect: `use_packs` (--patches), then SM120PATCH_PATCHES."""
+    env = tuple(d for d in os.environ.get(PACKS_ENV, "").split(os.pathsep) if d)
+    return (*_CHOSEN, *env)
+
+
+_CHOSEN: list[str] = []
+
+
+def use_packs(dirs: Iterable[str]) -> None:
+    """Load the pack directories `dirs` too (the CLI's --patches), before SM120PATCH_PATCHES."""
+    _CHOSEN[:] = [str(d) for d in dirs]
+
+
+def load() -> Catalog:
+    """The built-in library plus every pack from outside (entry points, directories)."""
+    return _load(pack_dirs())
+
+
+@lru_cache(maxsize=4)
+def _load(dirs: tuple[str, ...]) -> Catalog:
+    from sm120patch import patches as package
+
+    builtin = Pack(BUILT_IN, str(Path(package.__path__[0])))
+    packs: list[tuple[Pack, list[Patch], str | None]] = [
+        (builtin, _patches_in(package, builtin), _read_profiles(package))
+    ]
+    for ep in _entry_points():
+        pack = Pack(f"entry point {ep.name}", "")
+        try:
+            module = ep.load()
+        except Exception as exc:  # a third party's import error must not be a traceback
+            raise PackError(pack, f"does not import ({type(exc).__name__}: {exc})") from None
+        where = getattr(module, "__path__", None)
+        root = str(list(where)[0]) if where else str(Path(module.__file__ or "").parent)
+        pack = Pack(pack.name, root)
+        packs.append((pack, _patches_in(module, pack), _read_profiles(module)))
+    for d in dirs:
+        packs.append(_load_dir(d))
+    return _combine(packs)
+
+
+def _entry_points() -> list[Any]:
+    from sm120patch.plan.entrypoints import entry_points
+
+    return sorted(entry_points(ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def _patches_in(module: Any, pack: Pack) -> list[Patch]:
+    """The `PATCH` of every module of a package (or of the module itself)."""
+    found: list[Patch] = []
+    if isinstance(getattr(module, "PATCH", None), Patch):
+        found.append(module.PATCH)
+    for info in sorted(pkgutil.iter_modules(getattr(module, "__path__", [])), key=lambda i: i.name):
+        if info.name.startswith("test_"):
+            continue  # a pack's own tests (new-patch writes one next to the module)
+        try:
+            sub = importlib.import_module(f"{module.__name__}.{info.name}")
+        except Exception as exc:
+            raise PackError(
+                pack, f"module {info.name} does not import ({type(exc).__name__}: {exc})"
+            ) from None
+        patch = getattr(sub, "PATCH", None)
+        if isinstance(patch, Patch):
+            found.append(patch)
+    return found
+
+
+def _read_profiles(package: Any) -> str | None:
+    """A pack's profiles.toml, None when it has none (or is a plain module). A package on
+    disk is read directly: `importlib.resources`, which also reads zipped packages, brings
+    `zipfile`, `tempfile` and `shutil` (4 ms) to every command."""
+    if not hasattr(package, "__path__"):
+        return None  # a plain module
+    init = getattr(package, "__file__", None)
+    if init and os.path.isfile(init):
+        path = Path(init).parent / "profiles.toml"
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+    from importlib import resources
+
+    try:
+        entry = resources.files(package).joinpath("profiles.toml")
+        return entry.read_text(encoding="utf-8") if entry.is_file() else None
+    except (TypeError, ModuleNotFoundError, FileNotFoundError):
+        return None
+
+
+def _load_dir(directory: str) -> tuple[Pack, list[Patch], str | None]:
+    path = Path(directory).expanduser().resolve()
+    pack = Pack(f"directory {path}", str(path))
+    if not path.is_dir():
+        raise PackError(pack, "is not a directory")
+    # The directory becomes a package of its own name, so its modules import as
+    # `sm120patch_pack_<digest>.<module>` and may import each other relatively.
+    name = f"sm120patch_pack_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    package = sys.modules.get(name)
+    if package is None:
+        package = types.ModuleType(name)
+        package.__path__ = [str(path)]  # type: ignore[attr-defined]
+        sys.modules[name] = package
+    profiles = path / "profiles.toml"
+    return pack, _patches_in(package, pack), (
+        profiles.read_text(encoding="utf-8") if profiles.is_file() else None
+    )
+
+
+@lru_cache(maxsize=16)
+def _digest_dir(directory: str) -> str:
+    h = hashlib.sha256()
+    root = Path(directory)
+    for f in sorted([*root.glob("*.py"), *root.glob("*.toml")]):
+        if f.name.startswith("test_"):
+            continue
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def _combine(packs: list[tuple[Pack, list[Patch], str | None]]) -> Catalog:
+    """One catalog from every pack: ids and profile names unique, every profile's patches
+    known (from any pack), pins that parse; the first problem raises naming its pack."""
+    patches: dict[str, Patch] = {}
+    sources: dict[str, Pack] = {}
+    for pack, found, _ in packs:
+        for patch in found:
+            if patch.id in patches:
+                other = sources[patch.id].name
+                raise PackError(pack, f"two patches declare the id {patch.id} (also in {other})")
+            problems = _patch_problems(patch)
+            if problems:
+                raise PackError(pack, f"patch {patch.id}: {problems[0]}")
+            patches[patch.id] = patch
+            sources[patch.id] = pack
+    profiles: dict[str, Profile] = {}
+    profile_sources: dict[str, Pack] = {}
+    for pack, _, text in packs:
+        if text is None:
+            continue
+        try:
+            found_profiles = parse_profiles(text, patches)
+        except RuntimeError as exc:
+            raise PackError(pack, str(exc)) from None
+        for name, prof in found_profiles.items():
+            if name in profiles:
+                other = profile_sources[name].name
+                raise PackError(pack, f"profiles.toml: profile {name} is also defined in {other}")
+            profiles[name] = prof
+            profile_sources[name] = pack
+    return Catalog(patches, profiles, sources, profile_sources)
+
+
+def _patch_problems(patch: Patch) -> list[str]:
+    from sm120patch.patchkit import facts
+
+    problems = []
+    if patch.target not in TARGETS:
+        problems.append(f"target {patch.target!r} is not one of {', '.join(TARGETS)}")
+    if not patch.files:
+        problems.append("names no files")
+    if not callable(patch.transform):
+        problems.append("has no transform")
+    return problems + facts.check(patch.facts)
+
+
+def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
+    data = tomllib.loads(text)
+    if data.get("schema") != PROFILES_SCHEMA:
+        raise RuntimeError(
+            f"profiles.toml: schema {data.get('schema')!r}, expected {PROFILES_SCHEMA}"
+        )
+    profiles: dict[str, Profile] = {}
+    for name, raw in data.get("profiles", {}).items():
+        ids = tuple(raw["patches"])
+        for pid in ids:
+            if pid not in patches:
+                raise RuntimeError(f"profiles.toml: profile {name} names unknown patch {pid}")
+        try:
+            pins = {t: SpecifierSet(raw["pins"][t]) for t in TARGETS if t in raw.get("pins", {})}
+            absent = {pid: SpecifierSet(spec) for pid, spec in raw.get("absent", {}).items()}
+        except InvalidSpecifier as exc:
+            raise RuntimeError(f"profiles.toml: profile {name}: {exc}") from None
+        needed = {patches[pid].target for pid in ids}
+        if needed - set(pins):
+            raise RuntimeError(
+                f"profiles.toml: profile {name} lacks pins for {sorted(needed - set(pins))}"
+            )
+        profiles[name] = Profile(
+            name=name,
+            title=raw.get("title", name),
+            status=raw.get("status", "experimental"),
+            patches=ids,
+            pins=pins,
+            absent=absent,
+            known=raw.get("known", "").strip(),
+            facts={pid: patches[pid].facts for pid in ids},
+        )
+    return profiles

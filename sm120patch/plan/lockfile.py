@@ -1,0 +1,304 @@
+"""Lock files (`sm120patch.lock`): freeze, for one deployment, the SGLang and FlashInfer versions,
+the profile, each patch's code digest and each touched file's hash before and after, so that
+`apply --locked` on another machine reproduces exactly that, or refuses saying what differs.
+
+File paths in a lock are module paths (`sglang/srt/server_args.py`), so a lock made on a git
+checkout applies to an installed package of the same release and the other way round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sm120patch import __version__
+from sm120patch.errors import Refused, UsageError
+from sm120patch.plan import catalog
+from sm120patch.plan.codedigest import patch_digest, source_key
+from sm120patch.plan.planner import Plan
+
+SCHEMA = 1
+
+
+@dataclass
+class Lock:
+    profile: str
+    versions: dict[str, str]
+    patches: dict[str, str]  # id -> digest
+    files: list[dict[str, str]] = field(default_factory=list)  # target, path, before, after
+    tool_version: str = __version__
+    # The reviewed result, step by step (target, path, patch, after, diff): a node whose files
+    # have the locked before-hashes writes exactly these bytes without parsing anything.
+    steps: list[dict[str, str]] = field(default_factory=list)
+    # id -> codedigest.source_key on the box that pinned: a node with the same key runs the
+    # same code, byte for byte, so has the same digest without computing it.
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def digest(self) -> str:
+        """What the lock pins, as one digest (recorded in the manifest of an `--locked` apply)."""
+        return "sha256:" + hashlib.sha256(self.to_toml().encode("utf-8")).hexdigest()
+
+    # id -> the pack it came from ("built-in", "entry point X", "directory /p"); pack -> its
+    # digest (catalog.Pack.digest), recorded to say which version of a pack made the lock.
+    # A lock without them (written before packs) reads as all built-in.
+    pack_of: dict[str, str] = field(default_factory=dict)
+    packs: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A lock made here (not read from a file) names the packs of the catalog in effect,
+        # whichever code path built it; `read` passes what the file says.
+        if self.patches and not self.pack_of:
+            cat = catalog.load()
+            self.pack_of = {pid: cat.source(pid).name for pid in self.patches}
+            if not self.packs and self.profile in cat.profiles:
+                self.packs = {p.name: p.digest() for p in cat.packs_of(cat.profile(self.profile))}
+
+    def to_toml(self) -> str:
+        q = json.dumps  # a TOML basic string is a JSON string for the text we write
+        out = [
+            "# sm120patch lock file: `sm120patch apply --locked <this file>` reproduces exactly",
+            "# this patch set, or refuses (changing nothing) when anything below differs.",
+            f"schema = {SCHEMA}",
+            f"tool_version = {q(self.tool_version)}",
+            f"profile = {q(self.profile)}",
+            "",
+            "[versions]",
+            *(f"{kind} = {q(v)}" for kind, v in sorted(self.versions.items())),
+        ]
+        for pid, digest in self.patches.items():
+            out += ["", "[[patches]]", f"id = {q(pid)}", f"digest = {q(digest)}"]
+            out.append(f"pack = {q(self.pack_of.get(pid, catalog.BUILT_IN))}")
+            if pid in self.sources:
+                out.append(f"source = {q(self.sources[pid])}")
+        for name, digest in self.packs.items():
+            out += ["", "[[packs]]", f"name = {q(name)}", f"digest = {q(digest)}"]
+        for f in self.files:
+            out += [
+                "",
+                "[[files]]",
+                *(f"{k} = {q(f[k])}" for k in ("target", "path", "before", "after")),
+            ]
+        for s in self.steps:
+            out += [
+                "",
+                "[[steps]]",
+                *(f"{k} = {q(s[k])}" for k in ("target", "path", "patch", "after", "diff")),
+            ]
+        return "\n".join(out) + "\n"
+
+    def plan(self, profile: Any, found: list[Any]) -> Plan | None:
+        """The plan this lock records, on `found` targets whose files have the locked
+        before-hashes; None (plan instead) where anything does not match exactly."""
+        from sm120patch.patchkit.model import Outcome, Status
+        from sm120patch.plan.diffs import apply_diff
+        from sm120patch.plan.plancache import CachedFileResult
+        from sm120patch.plan.plans import Plan, TargetPlan
+
+        if not self.steps or {t.kind for t in found} != set(self.versions):
+            return None
+        plans = []
+        outcomes = []
+        for target in found:
+            tp = TargetPlan(target)
+            for f in (f for f in self.files if f["target"] == target.kind):
+                try:
+                    before = target.path_of(f["path"]).read_bytes().decode("utf-8")
+                except (OSError, UnicodeDecodeError):
+                    return None
+                if _sha(before) != f["before"]:
+                    return None
+                text, texts = before, []
+                for s in self.steps:
+                    if (s["target"], s["path"]) != (target.kind, f["path"]):
+                        continue
+                    nxt = apply_diff(text, s["diff"])
+                    if nxt is None or _sha(nxt) != s["after"]:
+                        return None
+                    texts.append((s["patch"], nxt))
+                    outcomes.append(
+                        Outcome(s["patch"], target.kind, f["path"], "(as locked)",
+                                Status.APPLIED, "the lock's reviewed change")
+                    )  # fmt: skip
+                    text = nxt
+                if not texts or _sha(text) != f["after"]:
+                    return None
+                result = CachedFileResult(file=f["path"], before=before, after=text)
+                result.texts = texts
+                result.outcomes = [o for o in outcomes if o.file == f["path"]]
+                tp.files.append(result)
+            plans.append(tp)
+        order = {pid: i for i, pid in enumerate(profile.patches)}
+        return Plan(profile, plans, sorted(outcomes, key=lambda o: order.get(o.patch, 0)))
+
+
+def patch_digests(ids: Any, known: Lock | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Each patch's digest and source key. Where `known` (the lock being checked) has this
+    very source key, its digest is this code's digest: equal bytes of every module the digest
+    reads compute it equal, and a fleet node need not walk the trees again (a tenth of a
+    second, most of an `apply --locked`)."""
+    cat = catalog.load()
+    digests, sources = {}, {}
+    for pid in ids:
+        patch = cat.patches[pid]
+        sources[pid] = source_key(patch)
+        if known is not None and known.sources.get(pid) == sources[pid] and pid in known.patches:
+            digests[pid] = known.patches[pid]
+        else:
+            digests[pid] = patch_digest(patch, sources[pid])
+    return digests, sources
+
+
+def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> Lock:
+    """The lock of `plan`; `steps=False` leaves out the reviewed diffs (a comparison with
+    another lock reads none of them, and they are a fifth of an `apply --locked`)."""
+    files = [
+        {
+            "target": tp.target.kind,
+            "path": f.file,
+            "before": _sha(f.before),
+            "after": _sha(f.after),
+        }
+        for tp in plan.targets
+        for f in tp.changed
+    ]
+    from sm120patch.plan.diffs import diff_texts
+
+    reviewed = []
+    for tp in plan.targets if steps else ():
+        for f in tp.changed:
+            before = f.before
+            for pid, text in f.step_texts():
+                reviewed.append({"target": tp.target.kind, "path": f.file, "patch": pid,
+                              "after": _sha(text),
+                              "diff": diff_texts(f.file, before, text)})  # fmt: skip
+                before = text
+    digests, sources = patch_digests(plan.profile.patches, known)
+    return Lock(
+        profile=plan.profile.name,
+        versions={tp.target.kind: tp.target.version for tp in plan.targets},
+        patches=digests,
+        files=files,
+        steps=reviewed,
+        sources=sources,
+    )
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def read(path: Path) -> Lock:
+    from sm120patch.plan.catalog import tomllib
+
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"lock file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Refused(f"cannot read lock file {path} ({exc})") from None
+    try:
+        doc: dict[str, Any] = tomllib.loads(raw)
+        schema = doc["schema"]
+        if not isinstance(schema, int) or schema > SCHEMA:
+            raise Refused(
+                f"lock file {path} has schema {schema!r}; this sm120patch reads up to {SCHEMA}",
+                "use the sm120patch version that wrote it",
+            )
+        return Lock(
+            profile=str(doc["profile"]),
+            versions={str(k): str(v) for k, v in doc["versions"].items()},
+            patches={str(p["id"]): str(p["digest"]) for p in doc.get("patches", [])},
+            pack_of={
+                str(p["id"]): str(p.get("pack", catalog.BUILT_IN)) for p in doc.get("patches", [])
+            },
+            packs={str(p["name"]): str(p["digest"]) for p in doc.get("packs", [])},
+            sources={
+                str(p["id"]): str(p["source"]) for p in doc.get("patches", []) if "source" in p
+            },
+            files=[
+                {k: str(f[k]) for k in ("target", "path", "before", "after")}
+                for f in doc.get("files", [])
+            ],
+            tool_version=str(doc.get("tool_version", "")),
+            steps=[
+                {k: str(s[k]) for k in ("target", "path", "patch", "after", "diff")}
+                for s in doc.get("steps", [])
+            ],
+        )
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise Refused(
+            f"lock file {path} is not a valid sm120patch lock ({exc})",
+            "regenerate it with `sm120patch pin`",
+        ) from None
+
+
+def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> list[str]:
+    """Everything in which `plan` (on pristine trees) differs from `lock`; empty when identical.
+
+    `skip`: target kinds already applied exactly as the lock says (checked from their bytes).
+    """
+    now = from_plan(plan, known=lock, steps=False)
+    if skip:
+        lock = replace(lock, versions={k: v for k, v in lock.versions.items() if k not in skip},
+                       files=[f for f in lock.files if f["target"] not in skip])  # fmt: skip
+        now.versions = {k: v for k, v in now.versions.items() if k not in skip}
+        now.files = [f for f in now.files if f["target"] not in skip]
+    problems = []
+    if lock.profile != now.profile:
+        problems.append(f"profile: lock has {lock.profile}, asked for {now.profile}")
+    for kind in sorted(set(lock.versions) | set(now.versions)):
+        a, b = lock.versions.get(kind), now.versions.get(kind)
+        if a != b:
+            problems.append(f"{kind} version: lock has {a}, found {b}")
+    for pid in sorted(set(lock.pack_of) & set(now.pack_of)):
+        a, b = lock.pack_of[pid], now.pack_of[pid]
+        if a != b:
+            problems.append(f"patch {pid}: lock has it from {a}, here it comes from {b}")
+    for pid in sorted(set(lock.patches) | set(now.patches)):
+        a, b = lock.patches.get(pid), now.patches.get(pid)
+        if a != b:
+            problems.append(
+                f"patch {pid}: lock digest {_short(a)}, this sm120patch has {_short(b)}"
+            )
+    locked = {(f["target"], f["path"]): f for f in lock.files}
+    found = {(f["target"], f["path"]): f for f in now.files}
+    for key in sorted(set(locked) | set(found)):
+        a, b = locked.get(key), found.get(key)
+        where = f"{key[0]} {key[1]}"
+        if a is None:
+            problems.append(f"{where}: would be patched but is not in the lock")
+        elif b is None:
+            problems.append(f"{where}: in the lock but would not be patched here")
+        elif a["before"] != b["before"]:
+            problems.append(
+                f"{where}: file differs from the locked original "
+                f"({_short(a['before'])} locked, {_short(b['before'])} here)"
+            )
+        elif a["after"] != b["after"]:
+            problems.append(f"{where}: patched text would differ from the locked result")
+    return problems
+
+
+def _short(digest: str | None) -> str:
+    if digest is None:
+        return "none"
+    return digest.removeprefix("sha256:")[:12]
+
+
+def check(lock: Lock, path: Path) -> Any:
+    """A plan check for `engine.apply`: refuse, naming each difference, unless identical.
+
+    The check is called with the kinds of the targets already applied as the lock says."""
+
+    def verify(plan: Plan, skip: frozenset[str] = frozenset()) -> None:
+        problems = differences(lock, plan, skip)
+        if problems:
+            raise Refused(
+                f"{path} does not match these trees: " + "; ".join(problems),
+                "nothing was changed; use the releases the lock was made on, or make a new lock",
+            )
+
+    return verify

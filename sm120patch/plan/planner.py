@@ -1,0 +1,306 @@
+"""Plan a profile on its targets without touching anything: outcomes per site and the unified diff.
+
+Each file is read once and parsed once; every patch of the profile that lives in it runs on
+that one parse, in profile order.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from sm120patch import targets
+from sm120patch.errors import Refused
+from sm120patch.patchkit.model import Outcome, Patch, Status
+from sm120patch.patchkit.runner import FileResult, refuse_all, transform_text
+from sm120patch.plan import catalog
+from sm120patch.plan.catalog import Profile
+from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
+from sm120patch.targets import Target
+
+
+def checked(
+    profile_name: str, paths: Mapping[str, str | Path | None], *, force: bool = False
+) -> Plan:
+    """`plan`, raising PlanRefused when any site refuses (for pin, export)."""
+    result = plan(profile_name, paths, force=force)
+    if result.refused:
+        raise PlanRefused(result)
+    return result
+
+
+def resolve_targets(profile: Profile, paths: Mapping[str, str | Path | None]) -> list[Target]:
+    return [targets.find(kind, paths.get(kind)) for kind in profile.targets]
+
+
+def check_pins(profile: Profile, found: list[Target]) -> list[str]:
+    """One line per target whose version is outside the profile's pins (catalog.pin_problems)."""
+    problems = []
+    for target in found:  # one target per kind in a plan; a list keeps each target's line
+        problems += catalog.pin_problems(
+            profile,
+            {target.kind: target.version},
+            {target.kind: (target.name, target.version_source)},
+        )
+    return problems
+
+
+@contextmanager
+def no_cycle_collection() -> Iterator[None]:
+    """The cyclic garbage collector off while files are parsed and patched: a parse of
+    server_args.py builds about a million objects, none in a cycle (libcst trees hold no
+    parent links), and the collector walking them again and again as they are made was 45 ms
+    of a 700 ms cold plan. Reference counting still frees everything; cycles made meanwhile
+    wait for the collector's next run once it is back on."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def plan(
+    profile_name: str,
+    paths: Mapping[str, str | Path | None] | None = None,
+    *,
+    force: bool = False,
+    found: list[Target] | None = None,
+) -> Plan:
+    """Outcomes and diff of `profile_name` on the targets at `paths` (None: installed ones).
+
+    Raises Refused when a target is outside the profile's pins, unless `force`.
+    """
+    cat = catalog.load()
+    profile = cat.profile(profile_name)
+    found = found if found is not None else resolve_targets(profile, paths or {})
+    outside = check_pins(profile, found)
+    if outside and not force:
+        raise Refused("; ".join(outside), "use a pinned release, or --force to plan anyway")
+    with no_cycle_collection():
+        plans = [_plan_target_cached(profile, cat.patches_of(profile), t) for t in found]
+    order = {pid: i for i, pid in enumerate(profile.patches)}
+    outcomes = sorted(
+        (o for tp in plans for f in tp.files for o in f.outcomes), key=lambda o: order[o.patch]
+    )
+    return Plan(profile, plans, outcomes, outside)
+
+
+def _plan_target_cached(profile: Profile, patches: list[Patch], target: Target) -> TargetPlan:
+    """`plan_target`, or the same plan from the plan cache when the bytes it read are the same."""
+    from sm120patch.plan import plancache
+
+    files = [f for p in patches if p.target == target.kind for f in p.files]
+    entry = plancache.key(profile, files, target)
+    cached = plancache.load(entry, target) if entry else None
+    if cached is not None:
+        return TargetPlan(target, cached)
+    result = plan_target(profile, patches, target)
+    if entry and not any(o.status is Status.REFUSED for f in result.files for o in f.outcomes):
+        # A refusal is not kept: what it depends on (an import the release lacks, a file that
+        # does not parse) is for the user to fix, and the next run must see the fix.
+        plancache.store(entry, result, plancache.import_deps(target, result))
+    return result
+
+
+def plan_target(profile: Profile, patches: list[Patch], target: Target) -> TargetPlan:
+    mine = [p for p in patches if p.target == target.kind]
+    texts: dict[str, str | None] = {}
+    problems: dict[str, str] = {}
+
+    def read(rel: str) -> str | None:
+        if rel not in texts:
+            texts[rel] = None
+            path = target.path_of(rel)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                problems[rel] = f"cannot read {path} ({exc.strerror})"
+                texts[rel] = ""
+                return ""
+            try:
+                # newline="" semantics: keep \r\n exactly as it is in the file.
+                texts[rel] = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                problems[rel] = f"{path} is not UTF-8 (byte {exc.start}); restore it first"
+                texts[rel] = ""
+        return texts[rel]
+
+    by_file: dict[str | None, list[Patch]] = {}
+    for patch in mine:
+        by_file.setdefault(patch.pick_file(read), []).append(patch)
+
+    result = TargetPlan(target)
+    for rel, group in by_file.items():
+        if rel is None:
+            names = ", ".join(group[0].files)
+            result.files.append(_missing(group, names))
+        elif rel in problems:
+            result.files.append(_unreadable(group, rel, problems[rel], texts[rel] or ""))
+        else:
+            result.files.append(
+                _check_imports(target, transform_text(group, rel, texts[rel] or ""))
+            )
+    by_id = {p.id: p for p in mine}
+    for file_result in result.files:
+        file_result.outcomes = [
+            _judge(profile, by_id[o.patch], target, o) for o in file_result.outcomes
+        ]
+    return result
+
+
+def _check_imports(target: Target, result: FileResult) -> FileResult:
+    """Every name a patch imports from the target's own package must exist in this release.
+
+    A patch sees one file; whether `sglang.srt.utils` defines `is_sm120_supported` (it does
+    from 0.5.4 on) is only known here. An import that would fail at start-up refuses every
+    patch of the file, nothing half-applied.
+    """
+    if not result.steps:
+        return result
+    missing = [
+        f"{module}.{name}"
+        for module, name in sorted(_imports(result.steps[-1][1]) - _imports(result.tree))
+        if (module == target.kind or module.startswith(target.kind + "."))
+        and not _defines(target, module, name, depth=0)
+    ]
+    if not missing:
+        return result
+    refuse_all(
+        result,
+        f"expected {', '.join(missing)} to exist in {target.name} {target.version}; found no "
+        "such name, so the import the patch adds would fail at start-up",
+    )
+    return result
+
+
+def _imports(module: object) -> set[tuple[str, str]]:
+    """(module, name) of each module-level `from <absolute module> import name`."""
+    from sm120patch.patchkit import syntax
+
+    return syntax.imported_from(module)  # type: ignore[arg-type]
+
+
+def _defines(target: Target, module: str, name: str, depth: int) -> bool:
+    """Whether `module` (of the target's package) binds `name`, following `import *`."""
+    import ast
+    import re
+
+    base = target.parent.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        # Fast path: a top-level `def name(`, `class name` or `name = ...` outside a triple-quoted
+        # string is a binding; anything else needs the tree (40 ms for sglang's utils/common.py).
+        n = re.escape(name.encode())
+        found = re.search(
+            rb"^(?:(?:async\s+)?def\s+" + n + rb"\s*\(|class\s+" + n + rb"\b|"
+            + n + rb"\s*(?::[^=\n]*)?=(?!=))",
+            data,
+            re.M,
+        )
+        if found and all(data.count(q, 0, found.start()) % 2 == 0 for q in (b'"""', b"'''")):
+            return True
+        try:
+            tree = ast.parse(data)
+        except (SyntaxError, ValueError):
+            continue
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if node.name == name:
+                    return True
+            elif isinstance(node, ast.Assign):
+                if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                    return True
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        return True
+                    if alias.name == "*" and isinstance(node, ast.ImportFrom) and depth < 3:
+                        source = _absolute(package, node)
+                        if source and _defines(target, source, name, depth + 1):
+                            return True
+        return False
+    return False
+
+
+def _absolute(package: str, node: object) -> str | None:
+    import ast
+
+    assert isinstance(node, ast.ImportFrom)
+    if node.level == 0:
+        return node.module
+    parts = package.split(".")
+    if node.level - 1 > len(parts):
+        return None
+    base = parts[: len(parts) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _missing(group: list[Patch], names: str) -> FileResult:
+    res = FileResult(file="", before="", after="")
+    for p in group:
+        res.outcomes.append(
+            Outcome(
+                p.id,
+                p.target,
+                None,
+                "<file>",
+                Status.NOT_APPLICABLE,
+                f"none of its files exist ({names})",
+            )
+        )
+    return res
+
+
+def _unreadable(group: list[Patch], rel: str, problem: str, text: str) -> FileResult:
+    res = FileResult(file=rel, before=text, after=text)
+    for p in group:
+        res.outcomes.append(Outcome(p.id, p.target, rel, "<file>", Status.REFUSED, problem))
+    return res
+
+
+def _judge(profile: Profile, patch: Patch, target: Target, outcome: Outcome) -> Outcome:
+    """Apply what the profile and the patch's facts know about this release to a raw outcome."""
+    from dataclasses import replace
+
+    outcome = _with_note(patch, target, outcome)
+    if outcome.status is Status.NOT_APPLICABLE and not profile.absent_ok(patch.id, target.version):
+        return replace(
+            outcome,
+            status=Status.REFUSED,
+            reason=f"{outcome.reason}, but profile {profile.name} expects this site in "
+            f"{target.name} {target.version}",
+        )
+    if outcome.status is Status.ALREADY_APPLIED and patch.upstream_at(target.version):
+        return replace(
+            outcome,
+            status=Status.UPSTREAM,
+            reason=f"{target.name} {target.version} already enables SM120 here",
+        )
+    return outcome
+
+
+def _with_note(patch: Patch, target: Target, outcome: Outcome) -> Outcome:
+    """The patch's note for this release on an outcome that changes or found the site."""
+    from dataclasses import replace
+
+    if outcome.status not in (Status.APPLIED, Status.ALREADY_APPLIED) or not patch.notes:
+        return outcome
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion
+
+    try:
+        release = catalog.release_of(target.version)
+    except InvalidVersion:
+        return outcome
+    texts = [text for spec, text in patch.notes if SpecifierSet(spec).contains(release, True)]
+    return replace(outcome, note=" ".join(texts)) if texts else outcome

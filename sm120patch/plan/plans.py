@@ -1,0 +1,63 @@
+"""What a plan is: per target the files the patches change, their outcomes, the diff."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sm120patch.errors import Refused
+from sm120patch.patchkit.model import Outcome, Status
+from sm120patch.patchkit.runner import FileResult
+from sm120patch.plan.catalog import Profile
+from sm120patch.plan.diffs import unified_diff
+from sm120patch.targets import Target
+
+
+class PlanRefused(Refused):
+    """The plan has refused sites; nothing was touched."""
+
+    def __init__(self, plan: Plan) -> None:
+        lines = [o.describe() for o in plan.refused]
+        super().__init__(
+            f"profile {plan.profile.name} refused at {len(lines)} site(s): " + "; ".join(lines),
+            "nothing was changed; see `sm120patch apply PROFILE --dry-run` for every site",
+            {"outcomes": [o.to_dict() for o in plan.outcomes]},
+        )
+        self.plan = plan
+
+
+@dataclass
+class TargetPlan:
+    target: Target
+    files: list[FileResult] = field(default_factory=list)
+
+    @property
+    def changed(self) -> list[FileResult]:
+        return [f for f in self.files if f.changed]
+
+
+@dataclass
+class Plan:
+    profile: Profile
+    targets: list[TargetPlan]
+    outcomes: list[Outcome]
+    outside_pins: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status is Status.REFUSED]
+
+    @property
+    def applies(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status is Status.APPLIED]
+
+    def diff(self) -> str:
+        return "".join(unified_diff(tp.target, f) for tp in self.targets for f in tp.changed)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "profile": self.profile.name,
+            "targets": [tp.target.to_dict() for tp in self.targets],
+            "outside_pins": self.outside_pins,
+            "outcomes": [o.to_dict() for o in self.outcomes],
+            "diff": self.diff(),
+        }

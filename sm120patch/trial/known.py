@@ -1,0 +1,314 @@
+"""Known outcomes (patches/known.toml) and this box's own measured trials, matched to the box.
+
+An entry's condition names what it applies to (profile or patch, SGLang and FlashInfer ranges,
+GPU family and count, TP size, quantization, model architecture). A condition the box cannot
+tell (no GPU visible, no server command to read the TP size from) does not exclude the entry:
+better one line too many before a trial than a known regression unsaid.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from sm120patch.errors import Sm120Error, UsageError
+from sm120patch.patchkit import versions
+
+if TYPE_CHECKING:
+    from sm120patch.trial import gpu
+
+OUTCOMES = ("faster", "slower", "no-gain", "wrong-output", "crash")
+CONDITIONS = (
+    "profile",
+    "patch",
+    "sglang",
+    "flashinfer",
+    "gpu_family",
+    "gpus",
+    "tp",
+    "quantization",
+    "architecture",
+    "topology",
+)
+RECORD = ("id", "outcome", "figure", "date", "source")
+
+# verdict of a trial -> outcome of a record
+_OUTCOME_OF = {
+    "kept": "faster",
+    "reverted-slower": "slower",
+    "reverted-noise": "no-gain",
+    "reverted-wrong-output": "wrong-output",
+    "crashed": "crash",
+    "timeout": "crash",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    outcome: str
+    figure: str
+    date: str
+    source: str
+    condition: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        what = self.condition.get("profile") or self.condition.get("patch") or "any profile"
+        where = ", ".join(
+            f"{k} {v}" if k in ("sglang", "flashinfer", "gpus", "tp") else str(v)
+            for k, v in self.condition.items()
+            if k not in ("profile", "patch", "quantization", "architecture")
+        )
+        return f"known: {what} {self.outcome}: {self.figure} ({where}; {self.date}; {self.source})"
+
+
+@dataclass(frozen=True)
+class Box:
+    """What is known of this box and, in a trial, of the server command."""
+
+    versions: dict[str, str] = field(default_factory=dict)
+    gpu_family: str | None = None
+    gpus: int | None = None
+    tp: int | None = None
+    quantization: str | None = None
+    architecture: list[str] | None = None
+
+
+def entries(text: str | None = None) -> list[Entry]:
+    from sm120patch import patches
+    from sm120patch.plan.catalog import tomllib
+
+    if text is None:
+        text = (Path(patches.__file__ or "").parent / "known.toml").read_text(encoding="utf-8")
+    doc = tomllib.loads(text)
+    out = []
+    for raw in doc.get("outcome", []):
+        missing = [k for k in RECORD if not raw.get(k)]
+        unknown = set(raw) - set(RECORD) - set(CONDITIONS)
+        if missing or unknown or raw["outcome"] not in OUTCOMES:
+            raise UsageError(
+                f"known.toml entry {raw.get('id', '?')}: "
+                + (f"missing {', '.join(missing)}" if missing else "")
+                + (f"unknown keys {', '.join(sorted(unknown))}" if unknown else "")
+                + (f"outcome must be one of {', '.join(OUTCOMES)}" if not missing else "")
+            )
+        out.append(
+            Entry(
+                **{k: str(raw[k]) for k in RECORD},
+                condition={k: raw[k] for k in CONDITIONS if k in raw},
+            )
+        )
+    return out
+
+
+def _in(spec: str, value: str | int) -> bool:
+    try:
+        return SpecifierSet(spec).contains(Version(str(value)), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return False
+
+
+def _release(version: str) -> str:
+    """0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as the pins do."""
+    release = versions.base_release(version)
+    return version if release is None else str(release)
+
+
+def _names(value: Any) -> list[str]:
+    return [str(v).lower() for v in (value if isinstance(value, list) else [value])]
+
+
+def matches(entry: Entry, profile: str | None, box: Box) -> bool:
+    c = entry.condition
+    if profile is not None and not _profile_matches(c, profile):
+        return False
+    for kind in ("sglang", "flashinfer"):
+        # A condition on a release this box does not have (FlashInfer not installed, say)
+        # does not describe this box.
+        if kind in c and (
+            kind not in box.versions or not _in(c[kind], _release(box.versions[kind]))
+        ):
+            return False
+    if "gpu_family" in c and box.gpu_family and c["gpu_family"].lower() != box.gpu_family:
+        return False
+    if "gpus" in c and box.gpus is not None and not _in(c["gpus"], box.gpus):
+        return False
+    if "tp" in c and box.tp is not None and not _in(c["tp"], box.tp):
+        return False
+    if "quantization" in c and box.quantization:
+        if box.quantization.lower() not in _names(c["quantization"]):
+            return False
+    if "architecture" in c and box.architecture:
+        if not {a.lower() for a in box.architecture} & set(_names(c["architecture"])):
+            return False
+    return True
+
+
+def _profile_matches(c: dict[str, Any], profile: str) -> bool:
+    from sm120patch.plan import catalog
+
+    if "profile" not in c and "patch" not in c:
+        return True
+    cat = catalog.load()
+    have = set(cat.profiles[profile].patches) if profile in cat.profiles else set()
+    if "patch" in c:
+        return c["patch"] in have
+    if c["profile"] == profile:
+        return True
+    theirs = cat.profiles.get(c["profile"])
+    return theirs is not None and set(theirs.patches) <= have
+
+
+def _flag(command: Sequence[str], *names: str) -> str | None:
+    for i, part in enumerate(command):
+        for name in names:
+            if part == name and i + 1 < len(command):
+                return command[i + 1]
+            if part.startswith(name + "="):
+                return part.split("=", 1)[1]
+    return None
+
+
+def box_of(
+    paths: Mapping[str, str | Path | None],
+    command: Sequence[str] = (),
+    probe: Callable[[], gpu.Probe] | None = None,
+) -> Box:
+    """This box, as known.toml's conditions read it. `probe`: how to read the GPUs (a command
+    that also checks them passes its own, so that NVML starts once: a tenth of a second)."""
+    from sm120patch.engine import assess
+    from sm120patch.trial import gpu as nvml  # imported here: most commands never read known.toml
+
+    try:
+        versions = {s.target.kind: s.target.version for s in assess.status(paths)}
+    except Sm120Error:
+        versions = {}
+    found = (probe or nvml.probe)()
+    tp = _flag(command, "--tp", "--tp-size", "--tensor-parallel-size")
+    model = _flag(command, "--model-path", "--model")
+    architecture = None
+    if model and (Path(model) / "config.json").is_file():
+        try:
+            doc = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+            architecture = [str(a) for a in doc.get("architectures") or []] or None
+        except (OSError, ValueError):
+            architecture = None
+    return Box(
+        versions=versions,
+        gpu_family=found.family,
+        gpus=len(found.gpus) or None,
+        tp=int(tp) if tp and tp.isdigit() else None,
+        quantization=_flag(command, "--quantization"),
+        architecture=architecture,
+    )
+
+
+def history(paths: Mapping[str, str | Path | None]) -> list[dict[str, Any]]:
+    """Every recorded trial on these targets, once each (a trial of a profile spanning SGLang
+    and FlashInfer is kept on both), oldest first."""
+    from sm120patch.engine import assess
+
+    seen: dict[str, dict[str, Any]] = {}
+    for status in assess.status(paths):
+        for t in status.trials:
+            key = t.get("id") or f"{t.get('started')}:{t.get('profile')}"
+            seen.setdefault(key, t)
+    return sorted(seen.values(), key=lambda t: t.get("started") or 0)
+
+
+def find_trial(trials: list[dict[str, Any]], trial_id: str | None) -> dict[str, Any]:
+    from sm120patch.errors import Refused
+
+    if not trials:
+        raise Refused("no trial recorded on these targets", "run `sm120patch trial ...` first")
+    if trial_id is None:
+        return trials[-1]
+    hits = [t for t in trials if str(t.get("id", "")).startswith(trial_id)]
+    if len(hits) != 1:
+        ids = ", ".join(str(t.get("id")) for t in trials[-5:])
+        raise UsageError(
+            f"{'no' if not hits else 'more than one'} trial matches {trial_id!r}",
+            f"the latest are: {ids}",
+        )
+    return hits[0]
+
+
+def local_lines(trials: list[dict[str, Any]], profile: str | None) -> list[str]:
+    """A user's own measured trials, shown before the next one as evidence."""
+    lines = []
+    for t in trials:
+        if t.get("kind") != "measured" or (profile is not None and t.get("profile") != profile):
+            continue
+        day = time.strftime("%Y-%m-%d", time.localtime(t.get("started") or 0))
+        gain = t.get("gain")
+        change = f" {100 * gain:+.0f}%" if gain is not None else ""
+        lines.append(
+            f"you measured {t.get('profile')}{change} on this box on {day}: "
+            f"{t.get('verdict')} ({t.get('message')})"
+        )
+    return lines
+
+
+def lines(
+    profile: str | None,
+    paths: Mapping[str, str | Path | None],
+    command: Sequence[str] = (),
+    probe: Callable[[], gpu.Probe] | None = None,
+) -> list[str]:
+    """The known entries matching this box, then this box's own measured trials."""
+    box = box_of(paths, command, probe)
+    out = [e.line() for e in entries() if matches(e, profile, box)]
+    try:
+        out += local_lines(history(paths), profile)
+    except Sm120Error:
+        pass
+    return out
+
+
+def _toml_value(value: Any) -> str:
+    # JSON strings are valid TOML basic strings; TOML arrays of strings likewise.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def export_record(trial: dict[str, Any]) -> str:
+    """One `[[outcome]]` record in known.toml's schema from a recorded trial."""
+    verdict = trial.get("verdict")
+    outcome = _OUTCOME_OF.get(str(verdict))
+    if outcome is None:
+        raise UsageError(
+            f"trial {trial.get('id')} ({verdict}) says nothing another box can use",
+            "export a measured trial (`trial PROFILE --measure`) or a crash",
+        )
+    command = trial.get("command", [])
+    record: dict[str, Any] = {"id": f"local-{trial.get('profile')}-{trial.get('id')}"}
+    record["profile"] = trial.get("profile")
+    for kind, version in (trial.get("versions") or {}).items():
+        record[kind] = f"=={version}"
+    if trial.get("gpu_family"):
+        record["gpu_family"] = trial["gpu_family"]
+    if trial.get("gpu_names"):
+        record["gpus"] = f"=={len(trial['gpu_names'])}"
+    tp = _flag(command, "--tp", "--tp-size", "--tensor-parallel-size")
+    if tp:
+        record["tp"] = f"=={tp}"
+    quant = _flag(command, "--quantization")
+    if quant:
+        record["quantization"] = quant
+    if trial.get("gpu_names"):
+        counts = Counter(trial["gpu_names"])
+        record["topology"] = ", ".join(f"{n} x {name}" for name, n in counts.items())
+    record["outcome"] = outcome
+    record["figure"] = trial.get("message") or f"{verdict}, exit {trial.get('exit_code')}"
+    record["date"] = time.strftime("%Y-%m-%d", time.localtime(trial.get("started") or 0))
+    record["source"] = f"sm120patch trial {trial.get('id')}: {' '.join(command)}"
+    body = "\n".join(f"{k} = {_toml_value(v)}" for k, v in record.items())
+    return f"# exported by sm120patch; add it to patches/known.toml\n[[outcome]]\n{body}\n"
+
