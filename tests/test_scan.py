@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from trees import make_tree
 
-from sm120patch.patchkit import arch as words
 from sm120patch.cli import main
+from sm120patch.patchkit import arch as words
 from sm120patch.scan import classify, gates, report, run
 
 

@@ -10,8 +10,8 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from realcache import release_set, workers
 
-from sm120patch.plan import catalog
 from sm120patch.maintain import releases
+from sm120patch.plan import catalog
 from sm120patch.scan import run
 
 pytestmark = pytest.mark.real
