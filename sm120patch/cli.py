@@ -680,7 +680,8 @@ def scan_cmd(
     fail_on_candidate: bool,
 ) -> None:  # fmt: skip
     """The GPU-arch gates of SGLang and FlashInfer that leave SM120 out, read from their sources
-    (nothing is imported): candidates, gates a patch covers, upstream, kernel."""
+    (nothing is imported): candidates, gates a patch covers, upstream, kernel. Given a path,
+    only that target; else the ones installed in this Python."""
     found = app.scan(session(sglang, flashinfer))
     show(render.scan(found, as_json=as_json, all_=all_))
     if fail_on_candidate and found.counts()["candidate"]:

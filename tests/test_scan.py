@@ -483,10 +483,15 @@ def test_the_target_is_read_never_imported(tmp_path: Path) -> None:
     (tree / "sglang" / "__init__.py").write_text("raise SystemExit('imported')\n")
     probe = (
         "import sys; from sm120patch.scan import run; "
-        f"found = run.scan({{'sglang': {str(tree)!r}, 'flashinfer': None}}); "
+        f"found = run.scan({{'sglang': {str(tree)!r}}}); "
         "assert found.targets[0].gates; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'flashinfer')))"
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_only_the_kinds_given_are_scanned(sglang_tree: Path) -> None:
+    found = run.scan({"sglang": str(sglang_tree), "flashinfer": None})
+    assert [t.kind for t in found.targets] == ["sglang"]

@@ -264,7 +264,7 @@ def arch_twin_names(name: str) -> list[str]:
 # The quantities (`major`, `capability`, ...) count only near a number an arch can be
 # (`sm_major == 10`, `(10, 0) > cap`, `supported_major_versions=[9, 10]`): `major` alone is
 # mostly a version's.
-ARCH_TEXT: tuple[tuple[bytes, re.Pattern[bytes], bool], ...] = tuple(
+ARCH_TEXT: tuple[tuple[bytes, re.Pattern[bytes], bool | None], ...] = tuple(
     (literal, re.compile(pattern), quantity)
     for literal, pattern, quantity in (
         (b"is_", rb"is_(?:sm_?\d|blackwell|hopper|ampere)", False),
@@ -273,10 +273,9 @@ ARCH_TEXT: tuple[tuple[bytes, re.Pattern[bytes], bool], ...] = tuple(
         (b"device_sm", rb"device_sm", True),
         (b"sm_version", rb"sm_version", True),
         (b"compute_", rb"compute_\d{2,3}", False),
-        (b"sm", rb"sm_?\d{2,3}[af]?\b", False),
-        (b"sm", rb"sm\s*(?:==|!=|>=|<=|[<>]|in\b|not\b)", True),
+        # `sm_100a`, `sm100` (a target) or `sm == 100` (a quantity): one pass over the text.
+        (b"sm", rb"sm(?:_?\d{2,3}[af]?\b|(\s*(?:==|!=|>=|<=|[<>]|in\b|not\b)))", None),
         (b"arch", rb"archs\b|arch_list", True),
-        (b".", rb"\.\d[af][\"']", False),
     )
 )
 _ARCH_NUMBER = re.compile(rb"(?<![\w.])(?:[7-9]|1[0-3]|[7-9]\d|1[0-2]\d|130)(?![\w.])")
@@ -289,7 +288,8 @@ def arch_text_hits(data: bytes) -> list[int]:
         if literal not in data:
             continue
         for m in pattern.finditer(data):
-            if quantity:  # the number on this line or the next two (`== (\n 10,\n 3,\n)`)
+            if quantity or (quantity is None and m.group(1) is not None):
+                # the number on this line or the next two (`== (\n 10,\n 3,\n)`)
                 start = data.rfind(b"\n", 0, m.start()) + 1
                 end = m.end()
                 for _ in range(3):

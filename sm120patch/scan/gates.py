@@ -63,14 +63,24 @@ class FileScan:
     skipped: list[tuple[int, int]] = field(default_factory=list)  # (line, bytes) not parsed
 
 
-def scan_text(file: str, text: str) -> FileScan:
-    """The gates of one file (`file` relative to the package's parent)."""
+def scan_text(file: str, text: str | bytes) -> FileScan:
+    """The gates of one file (`file` relative to the package's parent; its text, or its bytes
+    in UTF-8: most files are never decoded)."""
     out = FileScan(file)
-    data = text.encode("utf-8", "surrogatepass")
-    strings = _string_spans(data)
-    hits = _outside(strings, _outside_comments(data, arch.arch_text_hits(data)))
+    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    hits = arch.arch_text_hits(data)
+    if hits:
+        hits = _outside_comments(data, hits)
+    strings = _string_spans(data) if hits else []
+    hits = _outside(strings, hits)
     if not hits:
         return out
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            out.problem = f"not UTF-8 (byte {exc.start})"
+            return out
     lines = text.split("\n")
     starts = _line_offsets(data)
     wanted = sorted({bisect.bisect_right(starts, h) - 1 for h in hits})

@@ -6,6 +6,7 @@ text (gates.py), the patches of every profile run on the texts they pick (classi
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -122,17 +123,13 @@ def scan_files(
         families = c.load_kernels()
     out = TargetScan(kind, version, root, layout)
     scans: dict[str, g.FileScan] = {}
-    texts: dict[str, str] = {}
+    contents: dict[str, bytes] = {}
     for rel, data in files:
         if skipped(rel):
             continue
         out.files_read += 1
-        text = _decode(data)
-        if text is None:
-            out.problems.append((rel, "not UTF-8"))
-            continue
-        texts[rel] = text
-        found = g.scan_text(rel, text)
+        contents[rel] = data
+        found = g.scan_text(rel, data)
         if found.problem:
             out.problems.append((rel, found.problem))
         out.skipped += [(rel, line, size) for line, size in found.skipped]
@@ -141,8 +138,8 @@ def scan_files(
             scans[rel] = found
 
     def read_text(rel: str) -> str | None:
-        if rel in texts:
-            return texts[rel]
+        if rel in contents:
+            return _decode(contents[rel])
         return read(rel) if read is not None else None
 
     cover = c.coverage(kind, version, read_text, scans, catalog)
@@ -163,15 +160,21 @@ def _decode(data: bytes) -> str | None:
 
 
 def tree_files(package_dir: Path, parent: Path) -> Iterator[tuple[str, bytes]]:
-    """(path relative to `parent`, bytes) of every .py file under a package directory."""
-    for path in sorted(package_dir.rglob("*.py")):
-        rel = path.relative_to(parent).as_posix()
-        if skipped(rel):
-            continue
-        try:
-            yield rel, path.read_bytes()
-        except OSError:
-            continue
+    """(path relative to `parent`, bytes) of every .py file under a package directory, the
+    skipped directories not walked."""
+    base = str(parent)
+    for folder, dirs, names in os.walk(package_dir):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and d != "__pycache__")
+        prefix = os.path.relpath(folder, base).replace(os.sep, "/")
+        for name in sorted(names):
+            rel = f"{prefix}/{name}"
+            if skipped(rel):
+                continue
+            try:
+                with open(os.path.join(folder, name), "rb") as f:
+                    yield rel, f.read()
+            except OSError:
+                continue
 
 
 def scan_target(target: Any, **kwargs: Any) -> TargetScan:
@@ -195,15 +198,17 @@ def scan_target(target: Any, **kwargs: Any) -> TargetScan:
 
 
 def scan(paths: Mapping[str, str | None], *, catalog: Any = None) -> Report:
-    """Scan the SGLang and FlashInfer targets at `paths` (kind -> path; None: the installed
-    one, left out when not installed; a path given must hold its kind), classifying with
-    `catalog` (default: the built-in library and the packs in effect)."""
+    """Scan the targets at `paths` (kind -> path), classifying with `catalog` (default: the
+    built-in library and the packs in effect). Where a path is given, only the kinds given
+    are scanned (a maintainer points at one checkout); with none, the SGLang and FlashInfer
+    installed in this Python, whichever are there."""
     from sm120patch import targets
     from sm120patch.errors import Refused
 
+    given = [kind for kind in targets.KINDS if paths.get(kind) is not None]
     found = []
-    for kind in targets.KINDS:
-        target = targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
+    for kind in given or targets.KINDS:
+        target = targets.find_quiet(kind, paths.get(kind), required=bool(given))
         if target is not None:
             found.append(target)
     if not found:
