@@ -126,7 +126,7 @@ def test_a_check_for_sm100_leaves_sm120_out_and_says_what_it_sets() -> None:
     )
     assert gate.favoured == ("sm100", "sm103")
     assert gate.gates == "sets cfg.backend = 'fast_sm100_kernel'"
-    assert gate.choices == ("fast_sm100_kernel",)
+    assert gate.choices == ("backend=fast_sm100_kernel",)
     assert gate.expression == "is_sm100_supported()"
 
 
@@ -401,10 +401,39 @@ def test_classes_from_the_verdict_the_sibling_and_the_arch() -> None:
     assert sibling.cls == "upstream" and "line 4" in sibling.reason
 
 
+def test_what_the_release_itself_refuses_on_sm120_is_kernel() -> None:
+    text = textwrap.dedent(
+        """
+        class Args:
+            def defaults(self):
+                if is_sm100_supported():
+                    self.attention_backend = "fast"
+                if is_sm100_supported():
+                    self.moe_backend = "fast"
+
+            def check(self):
+                if self.attention_backend == "fast":
+                    if not is_sm100_supported():
+                        raise ValueError("fast needs SM100")
+                if self.moe_backend == "fast" and self.nodes > 1 and not is_sm100_supported():
+                    raise ValueError("fast across nodes needs SM100")
+        """
+    )
+    found = gates.scan_text("sglang/srt/server_args.py", text).gates
+    refused = classify.required(found)
+    assert list(refused) == ["attention_backend=fast"]  # the other check has a condition more
+    classes = [classify.classify(x, FAMILIES, (), refused) for x in found]
+    assert [(x.gate.line, x.cls) for x in classes] == [
+        (4, "kernel"), (6, "candidate"), (11, "candidate"), (13, "candidate")
+    ]
+    assert "this release refuses attention_backend=fast on SM120" in classes[0].reason
+    assert "server_args.py:11" in classes[0].reason
+
+
 def test_the_shipped_kernel_table_loads() -> None:
     families = classify.load_kernels()
     assert {"trtllm-gen", "fa3", "capability-declaration"} <= {f.id for f in families}
-    assert all(f.reason and (f.match or f.archs) for f in families)
+    assert all(f.reason and (f.match or f.archs or f.paths) for f in families)
 
 
 # ----------------------------------------------------------------------------- a target

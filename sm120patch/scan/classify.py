@@ -43,9 +43,17 @@ class Family:
     sm120: str = ""  # what SM120 runs instead, where the family has an SM120 counterpart
     archs: tuple[str, ...] = ()  # or: gates that favour exactly these archs
     where: str = ""  # "names": look in the file and function names only
+    paths: tuple[re.Pattern[str], ...] = ()  # only gates in files matching one of these
+    refuses: bool = False  # only gates that refuse (raise, assert, return False or None)
 
     def matches(self, text: str) -> bool:
         return any(p.search(text) for p in self.match)
+
+    def admits(self, gate: g.Gate) -> bool:
+        """Whether the family's conditions other than `match` hold for a gate."""
+        if self.paths and not any(p.search(gate.file) for p in self.paths):
+            return False
+        return gate.refuses or not self.refuses
 
 
 def load_kernels(text: str | None = None) -> tuple[Family, ...]:
@@ -65,6 +73,8 @@ def load_kernels(text: str | None = None) -> tuple[Family, ...]:
                 sm120=raw.get("sm120", ""),
                 archs=tuple(raw.get("archs", [])),
                 where=raw.get("where", ""),
+                paths=tuple(re.compile(p) for p in raw.get("paths", [])),
+                refuses=bool(raw.get("refuses", False)),
             )
         )
     return tuple(out)
@@ -244,10 +254,24 @@ class Classified:
         }  # fmt: skip
 
 
+def required(gates: Iterable[g.Gate]) -> dict[str, g.Gate]:
+    """name -> the check of this release that refuses it outside the archs it favours (see
+    `Gate.requires`): what the release itself says SM120 cannot run."""
+    out: dict[str, g.Gate] = {}
+    for gate in gates:
+        for name in gate.requires:
+            out.setdefault(name, gate)
+    return out
+
+
 def classify(
-    gate: g.Gate, families: Iterable[Family], covered: Iterable[Coverage] = ()
+    gate: g.Gate,
+    families: Iterable[Family],
+    covered: Iterable[Coverage] = (),
+    refused: Mapping[str, g.Gate] | None = None,
 ) -> Classified:
-    """The class of one gate, with its reason in words."""
+    """The class of one gate, with its reason in words; `refused` (see `required`) holds what
+    the release itself refuses on SM120."""
     covered = tuple(covered)
     if covered and leaves_out(gate):
         return Classified(gate, COVERED, "; ".join(c.describe() for c in covered), covered)
@@ -263,17 +287,27 @@ def classify(
         return Classified(
             gate, KERNEL, f"arch-specific compile targets ({targets}): code for that GPU alone"
         )
-    return _by_family(gate, families)
+    return _by_family(gate, families, refused or {})
 
 
-def _by_family(gate: g.Gate, families: tuple[Family, ...]) -> Classified:
+def _by_family(
+    gate: g.Gate, families: tuple[Family, ...], refused: Mapping[str, g.Gate]
+) -> Classified:
     names = f"{gate.file} {gate.function}"
     for family in families:
-        if family.archs and tuple(family.archs) == gate.favoured:
+        if family.archs and tuple(family.archs) == gate.favoured and family.admits(gate):
             return Classified(gate, KERNEL, family.reason, family=family.id)
     if gate.choices:
         # A choice: a kernel gate only when everything it chooses is a kernel SM120 lacks.
-        found = [_family_of(c, families, choice=True) for c in gate.choices]
+        found = [_family_of(_value(c), families) for c in gate.choices]
+        if all(c in refused for c in gate.choices) and not any(found):
+            check = refused[gate.choices[0]]
+            return Classified(
+                gate,
+                KERNEL,
+                f"this release refuses {', '.join(gate.choices)} on SM120 "
+                f"({check.file}:{check.line}: {check.gates})",
+            )
         if all(found):
             counterpart = next((f for f in found if f and f.sm120), None)
             if counterpart is not None:
@@ -289,19 +323,24 @@ def _by_family(gate: g.Gate, families: tuple[Family, ...]) -> Classified:
             return Classified(gate, KERNEL, family.reason, family=family.id)
         return Classified(gate, CANDIDATE, _candidate(gate))
     for family in families:
-        if not family.match:
+        if family.archs or not family.admits(gate):
             continue
         text = names if family.where == "names" else f"{names} {gate.context}"
-        if family.matches(text):
+        if not family.match or family.matches(text):
             return Classified(gate, KERNEL, family.reason, family=family.id)
     return Classified(gate, CANDIDATE, _candidate(gate))
 
 
-def _family_of(text: str, families: tuple[Family, ...], *, choice: bool) -> Family | None:
+def _family_of(text: str, families: tuple[Family, ...]) -> Family | None:
     for family in families:
         if family.match and family.matches(text):
             return family
     return None
+
+
+def _value(choice: str) -> str:
+    """The value of a choice, "attention_backend=fa3" -> "fa3"."""
+    return choice.rpartition("=")[2]
 
 
 def _candidate(gate: g.Gate) -> str:

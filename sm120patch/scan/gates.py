@@ -50,6 +50,11 @@ class Gate:
     sibling: str = ""  # a sibling test routing SM120 elsewhere: "line N: <test>"
     arch_specific: tuple[str, ...] = ()  # `a` compile targets it names ("sm_100a")
     choices: tuple[str, ...] = ()  # the values (backend names...) the guarded code chooses
+    # The names (backends...) this gate refuses outside the archs it favours: a check that
+    # raises when `backend == "x"` and the GPU is not one of them, nothing else asked.
+    requires: tuple[str, ...] = ()
+    # It refuses the GPUs it leaves out: raises, asserts, or returns False or None there.
+    refuses: bool = False
     context: str = field(default="", repr=False)  # what the kernel table is matched against
     key: tuple[str, str, str, int] = ("", "", "", 0)  # identity across two texts of a file
 
@@ -360,6 +365,12 @@ def _quantity(node: ast.AST) -> str | None:
         and _quantity(node.right) == "minor"
     ):
         return "sm"
+    if (
+        isinstance(node, ast.Tuple)
+        and len(node.elts) == 2
+        and [_quantity(e) for e in node.elts] == ["major", "minor"]
+    ):
+        return "capability"  # `(target.major, target.minor)`
     return arch.arch_quantity(spelled(node))
 
 
@@ -687,7 +698,8 @@ class _Finder:
             names = [spelled(t) or ast.unparse(t) for t in targets]
             if any(arch.arch_predicate(n, self.file) for n in names):
                 return  # `_is_sm100_supported = ...` defines a word: its uses are the gates
-            self._value(stmt.value, "assign", f"sets {', '.join(names)}", where, names)
+            into = setting(targets[0]) if len(targets) == 1 else ""
+            self._value(stmt.value, "assign", f"sets {', '.join(names)}", where, names, into)
         self._inner(stmt, where)
         for name in ("body", "orelse", "handlers", "finalbody"):
             inner = getattr(stmt, name, None)
@@ -720,11 +732,20 @@ class _Finder:
             if not self._line_text(nxt).lstrip().startswith("elif"):
                 break
             chain.append(nxt)
-        others = [s.test for s in block if isinstance(s, ast.If) and s is not head]
-        tests = [c.test for c in chain]
+        # The other `if`s of the block give SM120 a path only where their branch does not
+        # refuse, and only to a gate that does not refuse itself: a check refusing SM120
+        # something beside a check refusing it something else is no path.
+        others = [
+            s.test
+            for s in block
+            if isinstance(s, ast.If) and s is not head and not _refuses(s.body)
+        ]
+        tests = [c.test for c in chain if not _refuses(c.body)]
         branches = list(around)
         for i, node in enumerate(chain):
-            siblings = [t for t in tests if t is not node.test] + others
+            siblings = [t for t in tests if t is not node.test]
+            if not _refuses(node.body):
+                siblings += others
             self._test(node.test, "elif" if i else "if", self._what(node.body),
                        (qual, func, branches), node.body, siblings)  # fmt: skip
             self._block(node.body, qual, func, [*branches, (node, True)])
@@ -765,6 +786,10 @@ class _Finder:
         context = " ".join([self._shown(node), what, body_text])
         if not choices and body and not any(isinstance(s, ast.Raise) for s in body):
             choices = tuple(dict.fromkeys(v for _, v in _chosen(body)))
+        requires: tuple[str, ...] = ()
+        refuses = kind == "assert" or _refuses(body)
+        if reading.verdict == LEAVES_OUT and refuses:
+            requires = self._required(node, around)
         self.gates.append(
             Gate(
                 file=self.file,
@@ -778,6 +803,8 @@ class _Finder:
                 sibling=sibling,
                 arch_specific=tuple(dict.fromkeys(arch_specific)),
                 choices=choices,
+                requires=requires,
+                refuses=refuses or _declines(body),
                 context=context,
                 key=("", "", ast.unparse(node), 0),
             )
@@ -790,11 +817,12 @@ class _Finder:
         what: str,
         where: tuple,
         names: list[str] = (),  # type: ignore[assignment]
+        into: str = "",
     ) -> None:
-        """A returned or assigned value: a yes/no test, a choice (`a if test else b`), or a
-        list of archs."""
+        """A returned or assigned value (into the setting `into`): a yes/no test, a choice
+        (`a if test else b`), or a list of archs."""
         if isinstance(value, ast.IfExp):
-            self._ifexp(value, what, where)
+            self._ifexp(value, what, where, into)
             return
         if isinstance(value, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
             context = " ".join(names) or what
@@ -803,7 +831,7 @@ class _Finder:
         if isinstance(value, _TESTS):
             self._test(value, kind, what, where, [])
 
-    def _ifexp(self, node: ast.IfExp, what: str, where: tuple) -> None:
+    def _ifexp(self, node: ast.IfExp, what: str, where: tuple, into: str = "") -> None:
         chain = [node]
         while isinstance(chain[-1].orelse, ast.IfExp):
             chain.append(chain[-1].orelse)
@@ -811,6 +839,7 @@ class _Finder:
         for c in chain:
             picked = _short(ast.unparse(c.body), 60)
             value = _choice(c.body)
+            value = f"{into}={value}" if value and into else value
             self._test(c.test, "ifexp", f"{what} = {picked}", where, [],
                        [t for t in tests if t is not c.test],
                        (value,) if value else ())  # fmt: skip
@@ -844,7 +873,7 @@ class _Finder:
                     if isinstance(kw.value, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
                         self._list(kw.value, "argument", what, where, f"{kw.arg} {func}")
                     elif isinstance(kw.value, ast.IfExp):
-                        self._ifexp(kw.value, f"{kw.arg}=", where)
+                        self._ifexp(kw.value, f"{kw.arg}=", where, kw.arg)
                     elif isinstance(kw.value, _TESTS):
                         self._test(kw.value, "argument", what, where, [])
                 for arg in node.args:
@@ -881,7 +910,10 @@ class _Finder:
         ]
         targets = [(s, arch.arch_string(s)) for s in strings]
         found = [(s, t) for s, t in targets if t is not None]
-        if found:
+        # A list of targets, or of compiler flags with targets among them; not a tuple of
+        # settings or tags that names an arch beside other things.
+        others = [s for s, t in targets if t is None and not s.startswith("-")]
+        if found and not others and len(strings) == len(elts):
             caps = frozenset().union(*(t[0] for _, t in found))
             names_sm120 = any(c[0] == 12 for c in caps)
             return caps, names_sm120, [s for s, t in found if t[1]]
@@ -896,6 +928,18 @@ class _Finder:
         return caps, any(i in (12, 120, 121) for i in ints), []
 
     # -------------------------------------------------------------------- around a gate
+
+    def _required(self, node: ast.AST, around: list[tuple[ast.If, bool]]) -> tuple[str, ...]:
+        """The names a refusing check is about, where nothing but them and the GPU decides:
+        `if backend == "x": if not is_sm100(): raise` (0.5.8's trtllm_mha) names "backend=x";
+        with another condition beside or around it (`and cp_size > 1`) it names nothing."""
+        names: list[str] = []
+        for test in [node, *(n.test for n, branch in around if branch)]:
+            found = _name_tests(test)
+            if found is None:
+                return ()  # something else decides too
+            names += found
+        return tuple(dict.fromkeys(names))
 
     def _unreachable_on_sm120(self, around: list[tuple[ast.If, bool]]) -> bool:
         for node, branch in around:
@@ -1032,10 +1076,20 @@ def _choice(value: ast.AST) -> str | None:
     return None
 
 
+def setting(target: ast.AST | None) -> str:
+    """The name of what a value is set into: `self.attention_backend` -> "attention_backend",
+    `overrides["moe_runner_backend"]` -> "moe_runner_backend"; "" when unknown."""
+    if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant):
+        key = target.slice.value
+        return key if isinstance(key, str) else ""
+    name = spelled(target) if target is not None else None
+    return name.rsplit(".", 1)[-1] if name else ""
+
+
 def _chosen(body: list[ast.stmt], budget: int = 40) -> list[tuple[ast.stmt, str]]:
-    """(statement, value) for each value a branch sets or returns: `x = "a"`, `return "a"`,
-    `return {"attention_backend": "a"}`, `x = "a" if t else "b"`; nested blocks included,
-    nested functions not."""
+    """(statement, "setting=value" or "value") for each value a branch sets or returns:
+    `x = "a"`, `return "a"`, `return {"attention_backend": "a"}`, `x = "a" if t else "b"`;
+    nested blocks included, nested functions not."""
     out: list[tuple[ast.stmt, str]] = []
     stack = list(reversed(body))
     while stack and budget > 0:
@@ -1043,12 +1097,20 @@ def _chosen(body: list[ast.stmt], budget: int = 40) -> list[tuple[ast.stmt, str]
         budget -= 1
         value = s.value if isinstance(s, (ast.Assign, ast.AnnAssign, ast.Return)) else None
         if value is not None:
-            parts = [value]
+            target = s.targets[0] if isinstance(s, ast.Assign) else getattr(s, "target", None)
+            into = setting(target)
+            parts = [(into, value)]
             if isinstance(value, ast.IfExp):
-                parts = [value.body, value.orelse]
+                parts = [(into, value.body), (into, value.orelse)]
             elif isinstance(value, ast.Dict):
-                parts = [v for v in value.values if v is not None]
-            out += [(s, c) for c in map(_choice, parts) if c]
+                parts = [
+                    (setting(ast.Subscript(ast.Name("_"), k)) if k is not None else "", v)
+                    for k, v in zip(value.keys, value.values, strict=True)
+                ]
+            for name, part in parts:
+                chosen = _choice(part)
+                if chosen:
+                    out.append((s, f"{name}={chosen}" if name else chosen))
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         for name in ("orelse", "body"):
@@ -1056,6 +1118,58 @@ def _chosen(body: list[ast.stmt], budget: int = 40) -> list[tuple[ast.stmt, str]
             if isinstance(inner, list):
                 stack.extend(x for x in reversed(inner) if isinstance(x, ast.stmt))
     return out
+
+
+def _refuses(body: list[ast.stmt]) -> bool:
+    """Whether a branch refuses: its first statement that is not logging raises."""
+    for s in body:
+        if isinstance(s, ast.Expr) and isinstance(s.value, (ast.Constant, ast.Call)):
+            if isinstance(s.value, ast.Constant) or _LOGGING.search(spelled(s.value.func) or ""):
+                continue
+        return isinstance(s, ast.Raise)
+    return False
+
+
+def _declines(body: list[ast.stmt]) -> bool:
+    """Whether a branch declines: it returns False, None or nothing else first."""
+    for s in body:
+        if isinstance(s, ast.Expr):
+            continue
+        if isinstance(s, ast.Return):
+            value = s.value
+            return value is None or (
+                isinstance(value, ast.Constant) and value.value in (None, False)
+            )
+        return False
+    return False
+
+
+def _name_tests(test: ast.AST) -> list[str] | None:
+    """The string constants a test compares with (`backend == "x"`, `b in ("x", "y")`), when
+    every operand of it that is no arch check is such a comparison; else None."""
+    names: list[str] = []
+    stack = [test]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.BoolOp):
+            stack += node.values
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            stack.append(node.operand)
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1:
+            if _compare_atom(node.left, node.ops[0], node.comparators[0]) is not None:
+                continue
+            if not isinstance(node.ops[0], (ast.Eq, ast.In)):
+                return None
+            right = node.comparators[0]
+            items = right.elts if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else [right]
+            found = [_choice(x) for x in items if isinstance(x, ast.Constant)]
+            into = setting(node.left)
+            if not found or not all(found) or not into:
+                return None
+            names += [f"{into}={f}" for f in found if f]
+        elif arch.arch_predicate(spelled(node)) is None:
+            return None
+    return names
 
 
 def _exits(body: list[ast.stmt]) -> bool:

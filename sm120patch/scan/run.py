@@ -144,10 +144,11 @@ def scan_files(
 
     cover = c.coverage(kind, version, read_text, scans, catalog)
     out.outcomes = cover.outcomes
+    refused = c.required(gate for found in scans.values() for gate in found.gates)
     for rel in sorted(scans):
         for gate in scans[rel].gates:
             covered = cover.by_gate.get((rel, gate.key), ())
-            out.gates.append(c.classify(gate, families, covered))
+            out.gates.append(c.classify(gate, families, covered, refused))
     out.seconds = time.perf_counter() - start
     return out
 
