@@ -424,7 +424,10 @@ def test_what_the_release_itself_refuses_on_sm120_is_kernel() -> None:
     assert list(refused) == ["attention_backend=fast"]  # the other check has a condition more
     classes = [classify.classify(x, FAMILIES, (), refused) for x in found]
     assert [(x.gate.line, x.cls) for x in classes] == [
-        (4, "kernel"), (6, "candidate"), (11, "candidate"), (13, "candidate")
+        (4, "kernel"),
+        (6, "candidate"),
+        (11, "candidate"),
+        (13, "candidate"),
     ]
     assert "this release refuses attention_backend=fast on SM120" in classes[0].reason
     assert "server_args.py:11" in classes[0].reason
