@@ -43,6 +43,7 @@ def one(text: str, **kwargs: str) -> gates.Gate:
         ("is_sm12x_supported()", {12}),
         ("is_blackwell()", {10, 11, 12}),
         ("get_platform().is_hopper_with_cuda_12_3", {9}),
+        ("_is_sm100_or_newer()", {10, 11, 12}),
     ],
 )
 def test_arch_predicates_in_any_spelling(spelled: str, majors: set[int]) -> None:
@@ -51,7 +52,7 @@ def test_arch_predicates_in_any_spelling(spelled: str, majors: set[int]) -> None
 
 
 @pytest.mark.parametrize(
-    "spelled", ["is_cuda()", "is_sm100_or_newer()", "is_blackwell_msa_device()", "x.is_hip"]
+    "spelled", ["is_cuda()", "is_sm100_or_greener()", "is_blackwell_msa_device()", "x.is_hip"]
 )
 def test_other_checks_are_no_arch_words(spelled: str) -> None:
     assert words.arch_predicate(spelled) is None

@@ -122,10 +122,17 @@ def arch_word(word: str, path: str = "", *, exact_a: bool = False) -> frozenset[
 
     `sm100`, `sm100a`, `sm100f` -> capability major 10 (FlashInfer's is_sm100a_supported()
     tests the major); `sm103a` -> 10.3 alone; `sm120a` -> 12.0; `sm12x` -> major 12;
-    `sm100_or_sm110` -> majors 10 and 11; `hopper`, `blackwell`, `ampere` (as used under
-    `path`). With `exact_a`, an `a` suffix names one capability (`sm_100a` code runs on 10.0
-    only): for compile targets rather than predicates.
+    `sm100_or_sm110` -> majors 10 and 11; `sm100_or_newer` -> major 10 and later; `hopper`,
+    `blackwell`, `ampere` (as used under `path`). With `exact_a`, an `a` suffix names one
+    capability (`sm_100a` code runs on 10.0 only): for compile targets rather than predicates.
     """
+    newer = word.endswith(("_or_newer", "_or_later", "_or_above", "_plus"))
+    if newer:  # `is_sm100_or_newer`: that arch and every later one
+        base = arch_word(word.rsplit("_or_", 1)[0].removesuffix("_plus"), path, exact_a=exact_a)
+        if base is None or not base:
+            return None
+        first = min(base)
+        return frozenset(c for c in ARCH_POINTS if c >= first)
     out: set[Capability] = set()
     for part in word.split("_or_"):
         named = _SCOPED_ARCHS.get(_scope(path), {}).get(part, _NAMED_ARCHS.get(part))

@@ -44,7 +44,9 @@ class Family:
     archs: tuple[str, ...] = ()  # or: gates that favour exactly these archs
     where: str = ""  # "names": look in the file and function names only
     paths: tuple[re.Pattern[str], ...] = ()  # only gates in files matching one of these
-    refuses: bool = False  # only gates that refuse (raise, assert, return False or None)
+    # True: only gates that refuse (raise, assert, return False or None); False: only the
+    # others; None: either.
+    refuses: bool | None = None
 
     def matches(self, text: str) -> bool:
         return any(p.search(text) for p in self.match)
@@ -53,7 +55,7 @@ class Family:
         """Whether the family's conditions other than `match` hold for a gate."""
         if self.paths and not any(p.search(gate.file) for p in self.paths):
             return False
-        return gate.refuses or not self.refuses
+        return self.refuses is None or gate.refuses == self.refuses
 
 
 def load_kernels(text: str | None = None) -> tuple[Family, ...]:
@@ -74,7 +76,7 @@ def load_kernels(text: str | None = None) -> tuple[Family, ...]:
                 archs=tuple(raw.get("archs", [])),
                 where=raw.get("where", ""),
                 paths=tuple(re.compile(p) for p in raw.get("paths", [])),
-                refuses=bool(raw.get("refuses", False)),
+                refuses=raw.get("refuses"),
             )
         )
     return tuple(out)

@@ -16,9 +16,10 @@ from typing import Any
 from sm120patch.scan import classify as c
 from sm120patch.scan import gates as g
 
-# Directories of a package that hold no code a server runs: tests, benchmarks, and the kernel
-# sources and generated artifacts FlashInfer ships as data (`flashinfer/data/csrc/...`,
-# `fused_moe/backends/cudnn_frost/artifacts/...`: 26 MB of per-arch kernel source in 0.7.4).
+# Directories (and files: test_*, bench_*, benchmark_*) of a package that hold no code a server
+# runs: tests, benchmarks, and the kernel sources and generated artifacts FlashInfer ships as
+# data (`flashinfer/data/csrc/...`, `fused_moe/backends/cudnn_frost/artifacts/...`: 26 MB of
+# per-arch kernel source in 0.7.4).
 SKIPPED_DIRS = frozenset({"test", "tests", "testing", "benchmarks", "data", "artifacts"})
 
 
@@ -28,7 +29,7 @@ def skipped(rel: str) -> bool:
     name = parts[-1]
     return (
         not name.endswith(".py")
-        or name.startswith("test_")
+        or name.startswith(("test_", "bench_", "benchmark_"))
         or name == "conftest.py"
         or any(p in SKIPPED_DIRS for p in parts[1:-1])
     )
