@@ -300,30 +300,31 @@ def _by_family(
         if family.archs and tuple(family.archs) == gate.favoured and family.admits(gate):
             return Classified(gate, KERNEL, family.reason, family=family.id)
     if gate.choices:
-        # A choice: a kernel gate only when everything it chooses is a kernel SM120 lacks.
+        # A choice: a kernel gate only when everything it chooses is a kernel SM120 lacks, by
+        # the table or by what this release itself refuses on SM120.
         found = [_family_of(_value(c), families) for c in gate.choices]
-        if all(c in refused for c in gate.choices) and not any(found):
-            check = refused[gate.choices[0]]
+        if not all(f is not None or c in refused for c, f in zip(gate.choices, found, strict=True)):
+            return Classified(gate, CANDIDATE, _candidate(gate))
+        counterpart = next((f for f in found if f and f.sm120), None)
+        if counterpart is not None:
+            return Classified(
+                gate,
+                CANDIDATE,
+                f"chooses {counterpart.id} for the archs it favours and nothing for SM120; "
+                f"SM120's counterpart: {counterpart.sm120}",
+                family=counterpart.id,
+            )
+        by_release = [c for c in gate.choices if c in refused]
+        if by_release:
+            check = refused[by_release[0]]
             return Classified(
                 gate,
                 KERNEL,
-                f"this release refuses {', '.join(gate.choices)} on SM120 "
+                f"this release refuses {', '.join(by_release)} on SM120 "
                 f"({check.file}:{check.line}: {check.gates})",
             )
-        if all(found):
-            counterpart = next((f for f in found if f and f.sm120), None)
-            if counterpart is not None:
-                return Classified(
-                    gate,
-                    CANDIDATE,
-                    f"chooses {counterpart.id} for the archs it favours and nothing for SM120; "
-                    f"SM120's counterpart: {counterpart.sm120}",
-                    family=counterpart.id,
-                )
-            family = found[0]
-            assert family is not None
-            return Classified(gate, KERNEL, family.reason, family=family.id)
-        return Classified(gate, CANDIDATE, _candidate(gate))
+        family = next(f for f in found if f is not None)
+        return Classified(gate, KERNEL, family.reason, family=family.id)
     for family in families:
         if family.archs or not family.admits(gate):
             continue

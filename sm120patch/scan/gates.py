@@ -1100,7 +1100,13 @@ def _chosen(body: list[ast.stmt], budget: int = 40) -> list[tuple[ast.stmt, str]
             target = s.targets[0] if isinstance(s, ast.Assign) else getattr(s, "target", None)
             into = setting(target)
             parts = [(into, value)]
-            if isinstance(value, ast.IfExp):
+            if (
+                isinstance(target, ast.Tuple)
+                and isinstance(value, ast.Tuple)
+                and len(target.elts) == len(value.elts)
+            ):  # `self.attention_backend, platform = "trtllm_mha", "sm100"`
+                parts = [(setting(t), v) for t, v in zip(target.elts, value.elts, strict=True)]
+            elif isinstance(value, ast.IfExp):
                 parts = [(into, value.body), (into, value.orelse)]
             elif isinstance(value, ast.Dict):
                 parts = [
