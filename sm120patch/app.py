@@ -341,11 +341,24 @@ def matrix(
     return Matrix(rows, warning, list(profiles) or None)
 
 
-def scan(session: Session) -> ScanReport:
-    """The GPU-arch gates of the session's targets, each classified (nothing is imported)."""
+def scan(session: Session, known: str | None = None) -> ScanReport:
+    """The GPU-arch gates of the session's targets, each classified (nothing is imported);
+    `known`: an earlier `scan --json` whose candidates are not new."""
+    import json
+
     from sm120patch.scan import run as scanning
 
-    return scanning.scan(session.paths, catalog=session.catalog)
+    seen = None
+    if known is not None:
+        try:
+            seen = scanning.known_candidates(json.loads(Path(known).read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise UsageError(
+                f"--known {known}: {exc}", "give the output of `sm120patch scan --json`"
+            ) from None
+    found = scanning.scan(session.paths, catalog=session.catalog)
+    found.known = seen
+    return found
 
 
 def explain(

@@ -487,6 +487,35 @@ def test_cli_text_json_and_the_exit_code(sglang_tree: Path, flashinfer_tree: Pat
     assert (gate["file"], gate["function"]) == ("flashinfer/jit/comm.py", "gen_vllm_comm_module")
 
 
+def test_known_candidates_are_not_new(
+    sglang_tree: Path, flashinfer_tree: Path, tmp_path: Path
+) -> None:
+    args = ["scan", "--sglang", str(sglang_tree), "--flashinfer", str(flashinfer_tree)]
+    baseline = tmp_path / "known.json"
+    baseline.write_text(CliRunner().invoke(main, [*args, "--json"]).output)
+    again = CliRunner().invoke(main, [*args, "--known", str(baseline), "--fail-on-candidate"])
+    assert again.exit_code == 0, again.output
+    assert "(known)" in again.output
+    assert again.output.splitlines()[-1].endswith("(0 candidates not known before)")
+    # A new candidate in the next release: the same comm list in another module.
+    comm = flashinfer_tree / "flashinfer" / "jit" / "comm.py"
+    comm.write_text(
+        comm.read_text()
+        + (
+            "\n\ndef gen_nvshmem_module():\n"
+            "    return spec(ctx.get_nvcc_flags_list(supported_major_versions=[10]))\n"
+        )
+    )
+    failing = CliRunner().invoke(main, [*args, "--known", str(baseline), "--fail-on-candidate"])
+    assert failing.exit_code == 1
+    doc = json.loads(CliRunner().invoke(main, [*args, "--known", str(baseline), "--json"]).output)
+    assert doc["new_candidates"] == 1
+    new = [g for t in doc["targets"] for g in t["gates"] if g.get("known") is False]
+    assert [g["function"] for g in new] == ["gen_nvshmem_module"]
+    bad = CliRunner().invoke(main, [*args, "--known", str(tmp_path / "missing.json")])
+    assert bad.exit_code == 2 and "--known" in bad.output
+
+
 def test_a_patched_tree_says_what_is_already_applied(
     sglang_tree: Path, flashinfer_tree: Path
 ) -> None:

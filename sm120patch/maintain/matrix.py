@@ -161,7 +161,7 @@ def run(
 # ----------------------------------------------------------------------------- candidates
 
 
-SCAN_SCHEMA = 1
+SCAN_SCHEMA = 2
 
 
 def scan_release(kind: str, version: str) -> list[dict[str, Any]]:
@@ -180,11 +180,8 @@ def scan_release(kind: str, version: str) -> list[dict[str, Any]]:
     from sm120patch.scan import run as scanning
 
     found = scanning.scan_files(kind, version, releases.package_files(kind, version))
-    candidates = [
-        {k: x.to_dict()[k] for k in ("file", "line", "function", "expression", "gates", "reason")}
-        | {"key": list(x.gate.key[:3])}
-        for x in found.of("candidate")
-    ]
+    wanted = ("file", "line", "function", "expression", "gates", "reason", "key")
+    candidates = [{k: x.to_dict()[k] for k in wanted} for x in found.of("candidate")]
     doc = {"schema": SCAN_SCHEMA, "key": key, "candidates": candidates}
     with contextlib.suppress(OSError):  # a read-only cache still scans
         releases.write_atomic(path, json.dumps(doc, indent=1).encode())
@@ -208,16 +205,12 @@ def _scan_key(source: Path) -> str:
     return h.hexdigest()
 
 
-def _candidate_keys(c: dict[str, Any]) -> set[tuple[str, ...]]:
-    """What identifies a candidate across releases: its file, function and expression, any
-    two of them (files move and functions are renamed between releases)."""
-    file, (function, kind, expression) = c["file"], c["key"]
-    return {(file, function, kind), (function, kind, expression), (file, kind, expression)}
-
-
 def mark_new(rows: list[Row]) -> None:
     """Each scanned row's candidates that the previous scanned release of its kind lacks
-    (rows sorted by version); the first release of each kind has no previous one."""
+    (rows sorted by version; `scan.classify.identities`); the first release of each kind has
+    no previous one."""
+    from sm120patch.scan.classify import identities
+
     previous: dict[str, set[tuple[str, ...]]] = {}
     for row in rows:
         if row.candidates is None:
@@ -225,7 +218,7 @@ def mark_new(rows: list[Row]) -> None:
         seen = previous.get(row.kind)
         keys: set[tuple[str, ...]] = set()
         for c in row.candidates:
-            mine = _candidate_keys(c)
+            mine = identities(c["file"], c["key"])
             if seen is not None and not mine & seen:
                 row.new_candidates.append(c)
             keys |= mine

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,6 +225,16 @@ def _run_chain(
 # ----------------------------------------------------------------------------- classes
 
 
+def identities(file: str, key: Sequence[str]) -> set[tuple[str, ...]]:
+    """What identifies a gate across two releases or two scans: its expression and kind with
+    its file and function, or with either of them (files move and functions are renamed
+    between releases; two gates of one function differ by their expressions). `key` is a
+    gate's `key` (function, kind, expression), or its first three items from JSON."""
+    function, kind, expression = key[0], key[1], key[2]
+    return {(file, function, kind, expression), ("", function, kind, expression),
+            (file, "", kind, expression)}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Classified:
     gate: g.Gate
@@ -248,6 +258,7 @@ class Classified:
             "reason": self.reason,
             "family": self.family or None,
             "choices": list(gate.choices),
+            "key": list(gate.key[:3]),
             "covered_by": [
                 {"profile": c.profile, "patch": c.patch, "outcome": c.outcome,
                  "pinned": c.pinned}

@@ -13,13 +13,16 @@ LISTED = (c.CANDIDATE, c.COVERED)  # without --all; the other classes are counte
 def text(report: Report, *, all_: bool = False) -> str:
     out: list[str] = []
     for target in report.targets:
-        out += _target(target, all_)
+        out += _target(target, all_, report)
         out.append("")
-    out.append("summary: " + _counts(report.counts()))
+    summary = "summary: " + _counts(report.counts())
+    if report.known is not None:
+        summary += f" ({len(report.new_candidates())} candidates not known before)"
+    out.append(summary)
     return "\n".join(out) + "\n"
 
 
-def _target(t: TargetScan, all_: bool) -> list[str]:
+def _target(t: TargetScan, all_: bool, report: Report) -> list[str]:
     where = f" ({t.layout})" if t.layout else ""
     out = [f"{DISPLAY.get(t.kind, t.kind)} {t.version}{where} at {t.root}"]
     hidden = []
@@ -33,7 +36,7 @@ def _target(t: TargetScan, all_: bool) -> list[str]:
             continue
         out.append(f"{cls} ({len(gates)})")
         for x in gates:
-            out += _gate(x)
+            out += _gate(x, known=report.is_known(x))
     if hidden:
         out.append(f"not listed: {', '.join(hidden)} (--all lists them)")
     for o in t.already_applied():
@@ -49,15 +52,16 @@ def _target(t: TargetScan, all_: bool) -> list[str]:
     return out
 
 
-def _gate(x: c.Classified) -> list[str]:
+def _gate(x: c.Classified, known: bool = False) -> list[str]:
     g = x.gate
     favours = "/".join(g.favoured)
     if x.covered_by:
         reason = "covered by " + _covered(x.covered_by)
     else:
         reason = x.reason
+    mark = " (known)" if known else ""
     return [
-        f"  {g.file}:{g.line} {g.function}: {g.gates} [{favours}] - {reason}",
+        f"  {g.file}:{g.line} {g.function}: {g.gates} [{favours}] - {reason}{mark}",
         f"      {g.kind} {g.expression}",
     ]
 

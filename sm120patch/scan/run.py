@@ -90,6 +90,9 @@ class TargetScan:
 @dataclass
 class Report:
     targets: list[TargetScan]
+    # The candidates of an earlier scan (`--known FILE`, a `scan --json`): identities
+    # (`classify.identities`); None when none was given.
+    known: set[tuple[str, ...]] | None = None
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(c.CLASSES, 0)
@@ -98,8 +101,40 @@ class Report:
                 out[cls] += n
         return out
 
+    def is_known(self, x: c.Classified) -> bool:
+        return self.known is not None and bool(c.identities(x.gate.file, x.gate.key) & self.known)
+
+    def new_candidates(self) -> list[c.Classified]:
+        """The candidates the known ones do not hold (all of them, with none known)."""
+        return [x for t in self.targets for x in t.of(c.CANDIDATE) if not self.is_known(x)]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"targets": [t.to_dict() for t in self.targets], "counts": self.counts()}
+        doc: dict[str, Any] = {
+            "targets": [t.to_dict() for t in self.targets],
+            "counts": self.counts(),
+        }
+        if self.known is not None:
+            doc["new_candidates"] = len(self.new_candidates())
+            for t, t_doc in zip(self.targets, doc["targets"], strict=True):
+                for x, g_doc in zip(t.gates, t_doc["gates"], strict=True):
+                    if x.cls == c.CANDIDATE:
+                        g_doc["known"] = self.is_known(x)
+        return doc
+
+
+def known_candidates(doc: Any) -> set[tuple[str, ...]]:
+    """The identities of the candidates in a `scan --json` document; ValueError when it is
+    not one."""
+    try:
+        gates = [g for t in doc["targets"] for g in t["gates"]]
+        return {
+            ident
+            for g in gates
+            if g["class"] == c.CANDIDATE
+            for ident in c.identities(g["file"], g["key"])
+        }
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"not the JSON of `sm120patch scan --json` ({exc!r})") from None
 
 
 def scan_files(
