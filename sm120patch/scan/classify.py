@@ -83,7 +83,7 @@ def load_kernels(text: str | None = None) -> tuple[Family, ...]:
 
 
 def _kernels_path() -> Path:
-    from sm120patch import patches
+    from sm120patch import patches  # type: ignore[attr-defined]  # a package-dir mapping
 
     return Path(next(iter(patches.__path__))) / "kernels.toml"
 
@@ -225,12 +225,12 @@ def _run_chain(
 # ----------------------------------------------------------------------------- classes
 
 
-def identities(file: str, key: Sequence[str]) -> set[tuple[str, ...]]:
+def identities(file: str, key: Sequence[object]) -> set[tuple[str, ...]]:
     """What identifies a gate across two releases or two scans: its expression and kind with
     its file and function, or with either of them (files move and functions are renamed
     between releases; two gates of one function differ by their expressions). `key` is a
     gate's `key` (function, kind, expression), or its first three items from JSON."""
-    function, kind, expression = key[0], key[1], key[2]
+    function, kind, expression = str(key[0]), str(key[1]), str(key[2])
     return {(file, function, kind, expression), ("", function, kind, expression),
             (file, "", kind, expression)}  # fmt: skip
 

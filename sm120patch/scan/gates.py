@@ -97,13 +97,13 @@ def scan_text(file: str, text: str | bytes) -> FileScan:
         in_strings.update(range(first, last + 1))
     shape = _Shape(lines, in_strings)
     found_regions: set[tuple[int, int, str]] = set()
-    last = (-1, -1)
+    span = (-1, -1)
     for n in wanted:
-        if last[0] <= n < last[1]:
+        if span[0] <= n < span[1]:
             continue  # inside the region of an earlier line
         region = shape.region(n)
         found_regions.add(region)
-        last = region[:2]
+        span = region[:2]
     regions = _outermost(found_regions)
     # (tree, line offset, qualified name outside it, source, wrapped in `if 1:`)
     found: list[tuple[ast.AST, int, str, str, bool]] = []
@@ -702,13 +702,13 @@ class _Finder:
             self._value(stmt.value, "assign", f"sets {', '.join(names)}", where, names, into)
         self._inner(stmt, where)
         for name in ("body", "orelse", "handlers", "finalbody"):
-            inner = getattr(stmt, name, None)
-            if isinstance(inner, list) and inner and isinstance(inner[0], ast.AST):
-                for s in inner:
+            stmts = getattr(stmt, name, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.AST):
+                for s in stmts:
                     if isinstance(s, ast.ExceptHandler):
                         self._block(s.body, qual, func, around)
                     elif isinstance(s, ast.stmt):
-                        self._stmt(s, inner, qual, func, around)
+                        self._stmt(s, stmts, qual, func, around)
         for case in getattr(stmt, "cases", []) or []:
             self._block(case.body, qual, func, around)
 
@@ -735,12 +735,12 @@ class _Finder:
         # The other `if`s of the block give SM120 a path only where their branch does not
         # refuse, and only to a gate that does not refuse itself: a check refusing SM120
         # something beside a check refusing it something else is no path.
-        others = [
+        others: list[ast.AST] = [
             s.test
             for s in block
             if isinstance(s, ast.If) and s is not head and not _refuses(s.body)
         ]
-        tests = [c.test for c in chain if not _refuses(c.body)]
+        tests: list[ast.AST] = [c.test for c in chain if not _refuses(c.body)]
         branches = list(around)
         for i, node in enumerate(chain):
             siblings = [t for t in tests if t is not node.test]
@@ -923,8 +923,9 @@ class _Finder:
         kinds = {arch.plausible_arch_number("major", i) for i in ints}
         if len(kinds) != 1 or None in kinds:
             return None
-        kind = kinds.pop()
-        caps = frozenset(c for c in arch.ARCH_POINTS if arch.arch_value(kind, c) in ints)  # type: ignore[arg-type]
+        kind = kinds.pop() or "major"
+        numbers: set[object] = set(ints)
+        caps = frozenset(c for c in arch.ARCH_POINTS if arch.arch_value(kind, c) in numbers)
         return caps, any(i in (12, 120, 121) for i in ints), []
 
     # -------------------------------------------------------------------- around a gate
