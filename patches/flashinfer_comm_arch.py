@@ -24,14 +24,14 @@ TRTLLM_AR = "flashinfer/comm/trtllm_ar.py"
 JIT_COMM = "flashinfer/jit/comm.py"
 FACTS = (
     Fact(">=0.3.1,<0.4.0", Status.APPLIED, "`gen_trtllm_comm_module(..., "
-         "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="DESIGN s4 F"),
+         "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="released files"),
     Fact(">=0.4.0,<0.6.16", Status.APPLIED, "same call, moved to jit/comm.py", JIT_COMM, SITE,
-         source="DESIGN s4 F"),
+         source="released files"),
     Fact(">=0.6.16,<0.6.17", Status.APPLIED, "same call, still [9, 10]", JIT_COMM, SITE,
          source="real files",
-         note="DESIGN names 0.4.0 to 0.6.15 and 0.6.17 on; 0.6.16 still passes [9, 10]"),
+         note="0.6.16 (and its posts) still pass [9, 10]; 0.6.17 on pass [9, 10, 12]"),
     Fact(">=0.6.17", Status.UPSTREAM, "`supported_major_versions=[9, 10, 12]` upstream",
-         JIT_COMM, SITE, source="DESIGN s4 F"),
+         JIT_COMM, SITE, source="released files"),
 )
 
 
@@ -44,10 +44,19 @@ PATCH = Patch(
         "which raises 'RuntimeError: No supported CUDA architectures found for major versions "
         "[9, 10].' when only SM120 is targeted: the allreduce-fusion kernels then crash at the "
         "first forward. Adding 12 builds them for SM120. Only this module's list is widened; "
-        "the other comm modules keep theirs."
+        "the other comm modules keep theirs. FlashInfer PR 3903, which made the same change "
+        "upstream (first released in 0.6.17), warns that widening the list alone builds the "
+        "lamport kernel of trtllm_allreduce.cuh with an empty body on SM12x: small-batch calls "
+        "of that plain allreduce return garbage with no error (0.6.0 to 0.6.16 exclude SM12x "
+        "there with `__CUDA_ARCH__ < 1200`; 0.6.17 drops that). SGLang's fused path calls "
+        "allreduce_fusion, whose kernels (trtllm_allreduce_fusion.cuh) carry no such exclusion "
+        "in those releases. The same PR fixes, for every architecture, lamport buffer pointers "
+        "that its host wrapper laid out differently from the kernels except at world size 16. "
+        "Prefer FlashInfer 0.6.17 or later, where this patch is not needed."
     ),
     files=("flashinfer/jit/comm.py", "flashinfer/comm/trtllm_ar.py"),
     marker=f"def {SITE}",
     facts=FACTS,
     transform=transform,
+    upstream="https://github.com/flashinfer-ai/flashinfer/pull/3903 (first released in 0.6.17)",
 )

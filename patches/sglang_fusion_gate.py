@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Result, Status, applied, refused
+from sm120patch.patchkit.model import Patch, Result, Status, Wiring, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -18,6 +18,24 @@ METHOD = "_gather_hidden_states_and_residual"
 ARCH_FLAGS = frozenset({"_is_sm90_supported", "_is_sm100_supported"})
 SM120 = "_is_sm120_supported"
 EXPECTED = "`(_is_sm90_supported or _is_sm100_supported)` as the first operand of the gate"
+# What the server logs once FlashInfer's fusion workspace exists (0.5.14 on, and up to 0.5.13),
+# and where fusion is turned off at run time: by the workspace preflight (0.5.11 on), a failed
+# workspace creation (0.5.10 on), a group that spans NVLink cliques (0.5.23) or a FlashInfer
+# without the comm API (every release). Read off sglang/srt/layers/flashinfer_comm_fusion.py.
+FUSION_WIRING = Wiring(
+    ran=(
+        r"FlashInfer AllReduce Fusion enabled and workspace initialized",
+        r"FlashInfer workspace initialized for rank",
+    ),
+    skipped=(
+        r"Skipping allreduce fusion",
+        r"Disabling flashinfer allreduce fusion permanently",
+        r"FlashInfer allreduce fusion disabled globally",
+        r"FlashInfer AllReduce fusion disabled",
+        r"FlashInfer comm not available, skipping workspace initialization",
+        r"flashinfer\.comm (unified allreduce_fusion API )?is not available",
+    ),
+)
 
 
 def _mentions_flags(node: cst.CSTNode) -> bool:
@@ -87,17 +105,17 @@ COMMUNICATOR = "sglang/srt/layers/communicator.py"
 ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 FACTS = (
     Fact(">=0.5.2,<0.5.4", Status.REFUSED, "as 0.5.4; refused with the flag patch of the same "
-         "file", COMMUNICATOR, f"{CLASS}.{METHOD}", source="DESIGN s4 A"),
+         "file", COMMUNICATOR, f"{CLASS}.{METHOD}", source="released files"),
     Fact(">=0.5.4,<0.5.8", Status.APPLIED, f"{CLASS}.{METHOD}, "
          "`if ((_is_sm100_supported or _is_sm90_supported) and ...)`", COMMUNICATOR,
-         f"{CLASS}.{METHOD}", source="DESIGN s4 B"),
+         f"{CLASS}.{METHOD}", source="released files"),
     Fact(">=0.5.8,<0.5.21", Status.APPLIED, "apply_flashinfer_allreduce_fusion(batch_size) "
          "returns `(_is_sm90_supported or _is_sm100_supported) and ...`", COMMUNICATOR,
-         "apply_flashinfer_allreduce_fusion", source="DESIGN s4 B"),
+         "apply_flashinfer_allreduce_fusion", source="released files"),
     Fact("==0.5.21", Status.APPLIED, "same function, in layer_boundary/residual/add_norm.py",
-         ADD_NORM, "apply_flashinfer_allreduce_fusion", source="DESIGN s4 B"),
+         ADD_NORM, "apply_flashinfer_allreduce_fusion", source="released files"),
     Fact(">=0.5.22,<0.5.24", Status.APPLIED, "renamed flashinfer_ar_fusion_applies", ADD_NORM,
-         "flashinfer_ar_fusion_applies", source="DESIGN s4 B"),
+         "flashinfer_ar_fusion_applies", source="released files"),
 )
 
 
@@ -119,4 +137,5 @@ PATCH = Patch(
     marker="_is_sm100_supported = ",
     facts=FACTS,
     transform=transform,
+    wiring=FUSION_WIRING,
 )

@@ -166,4 +166,12 @@ PATCH = Patch(
     marker=f"if {GATE}:",
     transform=transform,
     facts=FACTS,
+    notes=(
+        (
+            ">=0.5.21",
+            "this SGLang ships FlashInfer's PCIe-IPC allreduce for PCIe-only GPUs "
+            "(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1), and parallel_state.py tries the custom "
+            "allreduce kept on here before it: the profile refuses this release unless --force",
+        ),
+    ),
 )

@@ -86,7 +86,10 @@ class Session:
             return None
         from sm120patch.trial import gpu
 
-        return lambda: gpu.require_sm120(self.probe())
+        def check() -> None:
+            gpu.require_sm120(self.probe())
+
+        return check
 
     def known_lines(self, profile: str | None, command: list[str] | None = None) -> list[str]:
         """The known outcomes and the trials measured here that match this box."""
@@ -127,6 +130,28 @@ def locked(profile: str | None, lock_path: str | None) -> Locked:
 
 def list_profiles(session: Session) -> Catalog:
     return session.catalog
+
+
+def held_here(cat: Catalog) -> dict[str, list[str]]:
+    """Per recommended profile, why not to recommend it with the SGLang and FlashInfer
+    installed here: a release it refuses, or a wrong-output known entry about it that matches
+    (no GPU probe: `list` stays quick, and an unknown GPU does not exclude an entry)."""
+    recommended = [p for p in cat.profiles.values() if p.status == "recommended"]
+    if not recommended:
+        return {}
+    from sm120patch.plan import planner
+    from sm120patch.trial import known
+
+    found = known.installed_targets()
+    box = known.Box(versions={t.kind: t.version for t in found})
+    shipped = known.entries()
+    held = {}
+    for p in recommended:
+        why = planner.refusal_lines(p, found)
+        why += [e.line() for e in known.condemning(p.name, box, shipped)]
+        if why:
+            held[p.name] = why
+    return held
 
 
 def show(session: Session, name: str) -> Profile:

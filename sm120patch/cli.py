@@ -207,12 +207,11 @@ def echo_err(line: str) -> None:
     click.echo(line, err=True)
 
 
-def echo_out(line: str) -> None:
-    click.echo(line)
+echo_out: Callable[[str], None] = click.echo
 
 
-def quiet(line: str) -> None:
-    """Where --json keeps stdout a single document."""
+def quiet(line: str) -> None:  # --json keeps stdout one document
+    pass
 
 
 @main.command("list")
@@ -220,10 +219,11 @@ def quiet(line: str) -> None:
 def list_cmd(as_json: bool) -> None:
     """List the profiles and the patches they apply."""
     cat = app.list_profiles(session())
+    held = app.held_here(cat)
     if as_json:
-        emit_json(render.profiles_doc(cat))
+        emit_json(render.profiles_doc(cat, held))
         return
-    show(render.profiles(cat))
+    show(render.profiles(cat, held))
 
 
 @main.command("show")
@@ -402,13 +402,8 @@ MEASURE_OPTIONS = (
 @with_targets
 @click.option("--ready-url", metavar="URL", help="Ready when this URL answers 2xx.")
 @click.option("--ready-pattern", metavar="REGEX", help="Ready when an output line matches.")
-@click.option(
-    "--timeout",
-    type=float,
-    default=600.0,
-    show_default=True,
-    help="Seconds to wait for readiness (or for the command to finish).",
-)
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for readiness (or for the command to finish).")
 @click.option("--leave-running", is_flag=True, help="Keep the command running once ready.")
 @click.option("--sample-power", is_flag=True, help="Sample GPU power draw through NVML.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Append output here.")
@@ -423,26 +418,16 @@ MEASURE_OPTIONS = (
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per request.")
 @click.option("--warmup", type=int, default=None, help="Uncounted requests first [concurrency].")
 @click.option("--repeat", type=int, default=1, show_default=True, help="ABAB rounds.")
-@click.option(
-    "--min-gain",
-    type=float,
-    default=2.0,
-    show_default=True,
-    help="Percent the figure must improve beyond the measured spread to keep the patch.",
-)
+@click.option("--min-gain", type=float, default=2.0, show_default=True,
+              help="Percent the figure must improve beyond the measured spread to keep the patch.")
 @click.option(
     "--figure",
     default="output_tok_s",
     show_default=True,
     help="output_tok_s, req_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms or itl_p99_ms.",
 )
-@click.option(
-    "--min-similarity",
-    type=float,
-    default=0.5,
-    show_default=True,
-    help="Least word similarity of the patched greedy answers to the baseline's.",
-)
+@click.option("--min-similarity", type=float, default=0.5, show_default=True,
+              help="Least word similarity of the patched greedy answers to the baseline's.")
 @click.option("--model", default=None, help="Model name for the API (default: /v1/models).")
 @click.option(
     "--bench-cmd",

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from sm120patch import __version__
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
-from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
+from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
     check_restored,
@@ -35,7 +35,7 @@ from sm120patch.engine.run import (
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
-from sm120patch.targets import Target, files, procscan
+from sm120patch.targets import Target, procscan
 from sm120patch.targets.files import sha256
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def runs_for(
     lock: Lock | None = None,
 ) -> list[TargetRun]:
     found = planner.resolve_targets(profile, paths)
-    outside = planner.check_pins(profile, found)
+    outside = planner.check_pins(profile, found, paths)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to apply anyway")
     if lock is not None:
@@ -103,12 +103,12 @@ def _preflight(
     for ctx in ctxs:
         found = ctx.assess()
         other = found.profile
-        if found.state == assess.PRISTINE:
+        if found.state == assess.State.PRISTINE:
             continue
-        if found.state == assess.APPLIED and other == profile.name:
+        if found.state == assess.State.APPLIED and other == profile.name:
             applied.append((ctx, found))
             continue
-        if found.state in (assess.GONE, assess.REPLACED):
+        if found.state in (assess.State.GONE, assess.State.REPLACED):
             prep.notes.append(f"{ctx.target.name} at {ctx.target.root}: {found.message}")
             prep.stale.append(ctx)
             continue
@@ -246,9 +246,9 @@ def apply(
                 ctx.state.remove_manifest()
                 ctx.state.drop_copies()
             return Report(
-                "nothing-to-do",
+                Action.NOTHING_TO_DO,
                 profile.name,
-                [TargetReport(c.target, state=assess.APPLIED) for c in ctxs],
+                [TargetReport(c.target, state=assess.State.APPLIED) for c in ctxs],
                 outcomes=prep.plan.outcomes if prep.plan else [],
                 notes=prep.notes,
                 plan=prep.plan,
@@ -314,8 +314,8 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
             ctx.state.close_journal()
             interrupts.kill_point("after-close")
     for r in reports:
-        r.state = assess.APPLIED
-    return Report("applied", profile.name, reports, outcomes=plan.outcomes, plan=plan)
+        r.state = assess.State.APPLIED
+    return Report(Action.APPLIED, profile.name, reports, outcomes=plan.outcomes, plan=plan)
 
 
 def _roll_back_all(ctxs: list[TargetRun], cause: BaseException) -> None:
@@ -359,7 +359,7 @@ def _start_apply(
                        path.stat().st_mode & 0o7777)  # fmt: skip
         )
     journal = Journal(
-        op="apply",
+        op=Op.APPLY,
         profile=profile,
         started=time.time(),
         pid=os.getpid(),
@@ -375,8 +375,8 @@ def _start_apply(
     # The journal comes first: a kill while copying then finds the files still pristine.
     ctx.state.write_journal(journal)
     if ctx.layout.keeps_pristine():
-        for f in files:
-            ctx.state.keep_copy("pristine", f.path, ctx.path(f.path).read_bytes())
+        for record in files:
+            ctx.state.keep_copy("pristine", record.path, ctx.path(record.path).read_bytes())
             interrupts.kill_point("after-copy")
     interrupts.kill_point("after-journal")
     return journal
@@ -387,25 +387,15 @@ def _write_target(
 ) -> TargetReport:
     cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
-    if journal.git is not None:
-        # One commit per patch: every step's text, in profile order.
-        steps = sorted(
-            ((pid, f, text) for f in tp.changed for pid, text in f.step_texts()),
-            key=lambda s: order[s[0]],
-        )
-    else:
-        # No commits to make: each file is written once, with its final text.
-        steps = [(f.step_texts()[-1][0], f, f.after) for f in tp.changed]
+    steps = ctx.layout.steps(tp.changed, order)
     report = TargetReport(tp.target)
-    if journal.git is not None:
-        ctx.layout.begin(journal.git.patch_branch)
-        report.branch = journal.git.patch_branch
+    patch_branch = journal.git.patch_branch if journal.git is not None else None
+    if ctx.layout.begin(patch_branch):
+        report.branch = patch_branch
         interrupts.kill_point("after-branch")
     for pid, f, text in steps:
         rel = tp.target.rel(f.file)
-        path = ctx.path(rel)
-        files.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
-        files.drop_pycache(path)
+        ctx.layout.write(rel, text)
         interrupts.kill_point("after-write")
         patch = cat.patches[pid]
         message = (

@@ -7,22 +7,53 @@
 - `InstalledLayout` (a package in site-packages): pristine copies kept in the target's state
   directory; revert writes them back, each checked against the manifest's before-hash.
 
-The engine drives both through the same few methods; neither prints.
+The engine drives both through one interface (`TargetLayout`) and never asks which it has: the
+layout is the only writer of a target's files, on apply, rollback, revert and recover. Neither
+prints.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from sm120patch.engine import interrupts, records
 from sm120patch.engine.records import FileRecord, GitBase, Journal
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
+from sm120patch.patchkit.runner import FileResult
 from sm120patch.targets import Target, files, git
 from sm120patch.targets.files import file_sha256, sha256
 
 # Path -> the bytes a revert leaves there (None: none to be had).
 Restored = dict[str, bytes | None]
+# (patch id, the file's plan, the text to write) for each write an apply makes, in order.
+Step = tuple[str, FileResult, str]
+
+
+class TargetLayout(Protocol):
+    """How a target records, rolls back and reverts an apply (a checkout, an installed package)."""
+
+    def path(self, rel: str) -> Path: ...
+    def check_ready(self, rels: list[str]) -> None: ...
+    def patch_branch(self, profile: str) -> str | None: ...
+    def base(self, patch_branch: str | None) -> GitBase | None: ...
+    def keeps_pristine(self) -> bool: ...
+    def steps(self, changed: Sequence[FileResult], order: Mapping[str, int]) -> list[Step]: ...
+    def begin(self, patch_branch: str | None) -> bool: ...
+    def write(self, rel: str, text: str) -> None: ...
+    def record_step(self, rel: str, message: str) -> str | None: ...
+    def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
+    def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
+    def changes_since_apply(self, git: GitBase | None) -> list[str]: ...
+    def finish_revert(
+        self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
+    ) -> str | None: ...
+    def settle_after_kill(self, journal: Journal) -> list[str]: ...
+    def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored: ...
+    def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]: ...
+    def restore_pristine(self, touched: tuple[FileRecord, ...]) -> None: ...
 
 
 class InstalledLayout:
@@ -48,8 +79,20 @@ class InstalledLayout:
     def keeps_pristine(self) -> bool:
         return True
 
-    def begin(self, patch_branch: str | None) -> None:
-        """Nothing to set up before the first write."""
+    def steps(self, changed: Sequence[FileResult], order: Mapping[str, int]) -> list[Step]:
+        """No commits to make: each file is written once, with its final text."""
+        return [(f.step_texts()[-1][0], f, f.after) for f in changed]
+
+    def begin(self, patch_branch: str | None) -> bool:
+        """Nothing to set up before the first write (False: no branch was made)."""
+        return False
+
+    def write(self, rel: str, text: str) -> None:
+        """One planned text into the target, atomically, with the file's mode bits kept; the
+        stale bytecode of the module goes with the old text."""
+        path = self.path(rel)
+        files.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
+        files.drop_pycache(path)
 
     def record_step(self, rel: str, message: str) -> str | None:
         return None
@@ -151,9 +194,17 @@ class GitLayout(InstalledLayout):
     def keeps_pristine(self) -> bool:
         return False  # git restores
 
-    def begin(self, patch_branch: str | None) -> None:
+    def steps(self, changed: Sequence[FileResult], order: Mapping[str, int]) -> list[Step]:
+        """One commit per patch: every patch's text of every file, in profile order."""
+        return sorted(
+            ((pid, f, text) for f in changed for pid, text in f.step_texts()),
+            key=lambda s: order[s[0]],
+        )
+
+    def begin(self, patch_branch: str | None) -> bool:
         assert patch_branch is not None
         self.repo.create_branch_here(patch_branch, reset=self.repo.branch_exists(patch_branch))
+        return True
 
     def record_step(self, rel: str, message: str) -> str | None:
         return self.repo.commit([rel], message)
@@ -289,5 +340,5 @@ class GitLayout(InstalledLayout):
                 )
 
 
-def layout_of(target: Target, st: TargetState) -> InstalledLayout:
+def layout_of(target: Target, st: TargetState) -> TargetLayout:
     return GitLayout(target, st) if target.layout == "git" else InstalledLayout(target, st)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sm120patch.engine import assess
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.layouts import InstalledLayout, layout_of
+from sm120patch.engine.layouts import TargetLayout, layout_of
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
@@ -23,10 +23,10 @@ class TargetRun:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.state = TargetState.of(target.root, target.layout, target.kind)
-        self._layout: InstalledLayout | None = None
+        self._layout: TargetLayout | None = None
 
     @property
-    def layout(self) -> InstalledLayout:
+    def layout(self) -> TargetLayout:
         # Made on first use: GitPython is imported only by runs that touch git.
         if self._layout is None:
             self._layout = layout_of(self.target, self.state)

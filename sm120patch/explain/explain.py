@@ -77,7 +77,7 @@ def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float 
             result.get("fatal", f"the probe exited {proc.returncode}"),
             f"check that {python} is the interpreter SGLang runs in (or pass --python PATH)",
         )
-    return result
+    return dict(result)
 
 
 def module_name(file: str) -> str:
@@ -136,9 +136,9 @@ def applied_files(target: Target) -> list[dict[str, Any]] | None:
     from sm120patch.engine import assess
 
     found = assess.assess(target)
-    if found.state == assess.APPLIED and found.manifest is not None:
+    if found.state == assess.State.APPLIED and found.manifest is not None:
         return [{"path": f.path, "module": f.module} for f in found.manifest.files]
-    if found.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):
+    if found.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
         return None
     raise UsageError(
         f"{target.name} at {target.root} is {found.state}: {found.message}",
@@ -158,8 +158,7 @@ class Sides:
 def sides(target: Target, directory: Path) -> Sides:
     files = applied_files(target)
     if files is None:
-        texts = patched_texts(target)
-        return Sides(False, patched=write_overlay(texts, directory / "patched"))
+        return Sides(False, patched=write_overlay(patched_texts(target), directory / "patched"))
     texts: dict[str, str | bytes] = {}
     for f in files:
         data = pristine_bytes(target, f["path"])
@@ -185,6 +184,7 @@ class Decision:
     gate: str
     resolve_backend: str
     comm_arch: str
+    preflight: str = "not checked"  # the fusion workspace preflight (0.5.11 on)
 
 
 def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decision:
@@ -203,7 +203,9 @@ def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decisi
             fusion = "on" if on else "off"
             if backend is not None:
                 fusion += f" (backend {backend})"
-    return Decision(moe, quant, fusion, _gate(result), _resolve(result), _comm(result))
+    return Decision(
+        moe, quant, fusion, _gate(result), _resolve(result), _comm(result), _preflight(result)
+    )
 
 
 def _gate(result: Mapping[str, Any]) -> str:
@@ -223,6 +225,22 @@ def _resolve(result: Mapping[str, Any]) -> str:
         return "not in this release" if "cannot import name" in res["error"] else res["error"]
     auto = res["backends"]["auto"]
     return f"returns {auto['value']}" if "value" in auto else f"raises {auto['error']}"
+
+
+def _preflight(result: Mapping[str, Any]) -> str:
+    pre = result.get("preflight")
+    if pre is None:
+        return "not checked"
+    if pre.get("error") == "not in this release":
+        return "not in this release"
+    driver = "" if pre.get("driver") == "real" else (
+        " (simulated driver, multicast)" if pre.get("multicast") else
+        " (simulated driver, no multicast)"
+    )
+    if pre.get("proceeds"):
+        return "creates the workspace" + driver
+    why = pre.get("error") or next(iter(pre.get("log") or []), "")
+    return "skips allreduce fusion" + driver + (f": {why}" if why else "")
 
 
 def _comm(result: Mapping[str, Any]) -> str:
@@ -254,6 +272,7 @@ class Explanation:
         ("allreduce_fusion", "allreduce fusion"),
         ("gate", "runtime fusion gate"),
         ("resolve_backend", "_resolve_backend('auto')"),
+        ("preflight", "fusion workspace preflight"),
         ("comm_arch", "FlashInfer trtllm comm archs"),
     )
 

@@ -22,7 +22,10 @@ The request (JSON) says:
 
 The result (JSON) has `predicates`, per launch the whole resolved `server_args` (or `error`),
 `gate` (the runtime allreduce-fusion gate, with every condition that is not about the GPU
-held true), `resolve_backend` (per requested backend: the value or the error), and
+held true), `resolve_backend` (per requested backend: the value or the error), `preflight`
+(whether the fusion workspace preflight of 0.5.11 on lets SGLang create the workspace: under
+simulation with a driver binding without multicast on SM120, with it on SM100/SM90, or as
+`multicast` in the request says; on a real GPU the real driver's buffer sizes or error), and
 `comm_arch` (FlashInfer's `gen_trtllm_comm_module` nvcc arch flags, or its error).
 
 Exit codes: 0 done (per-check errors are in the result); 5 the target could not be imported
@@ -94,7 +97,7 @@ class OverlayFinder(importlib.abc.MetaPathFinder):
         spec = importlib.util.spec_from_file_location(
             name,
             source,
-            submodule_search_locations=list(real.submodule_search_locations)
+            submodule_search_locations=list(real.submodule_search_locations or [])
             if is_package and real
             else None,
         )
@@ -115,7 +118,7 @@ class Placeholder:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"{self._name} is not available (simulated GPU, no compiled kernels)")
 
-    def __mro_entries__(self, bases: tuple) -> tuple:
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         return (object,)
 
 
@@ -142,7 +145,7 @@ class PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 raise AttributeError(f"module {name!r} has no attribute {attr!r}")
             return Placeholder(f"{name}.{attr}")
 
-        module.__getattr__ = attribute  # type: ignore[attr-defined]
+        module.__getattr__ = attribute  # type: ignore[method-assign,unused-ignore]  # PEP 562
 
 
 def _unimportable(names: tuple[str, ...]) -> set[str]:
@@ -244,7 +247,7 @@ def simulate_sglang(arch: str) -> None:
     """What SGLang asks outside torch: GPU memory through nvidia-smi."""
     common = sys.modules.get("sglang.srt.utils.common")
     if common is not None and hasattr(common, "get_nvgpu_memory_capacity"):
-        common.get_nvgpu_memory_capacity = lambda: float(MEMORY_MIB[arch])
+        setattr(common, "get_nvgpu_memory_capacity", lambda: float(MEMORY_MIB[arch]))  # noqa: B010
 
 
 # ----------------------------------------------------------------------------- checks
@@ -380,6 +383,108 @@ def resolve_backend() -> dict[str, Any]:
     return {"backends": out}
 
 
+class NoMulticastDriver:
+    """A CUDA driver binding (cuda-python's `cuda.bindings.driver` names) for a simulated GPU:
+    allocation granularity 2 MiB, cuMemCreate succeeds, and cuMulticastGetGranularity answers
+    (a GPU with multicast: NVLink) or fails with CUDA_ERROR_NOT_SUPPORTED (PCIe-only GPUs)."""
+
+    NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUmemAllocationGranularity_flags:  # noqa: N801 (the binding's names)
+        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+
+    class CUmulticastGranularity_flags:  # noqa: N801
+        CU_MULTICAST_GRANULARITY_RECOMMENDED = 1
+
+    class CUmulticastObjectProp:
+        pass
+
+    def __init__(self, multicast: bool) -> None:
+        self.multicast = multicast
+
+    def cuMemGetAllocationGranularity(self, prop: Any, flag: Any) -> tuple[int, int]:  # noqa: N802
+        return 0, 1 << 21
+
+    def cuMulticastGetGranularity(self, prop: Any, flag: Any) -> tuple[int, int]:  # noqa: N802
+        return (0, 1 << 21) if self.multicast else (self.NOT_SUPPORTED, 0)
+
+    def cuMemCreate(self, size: int, prop: Any, flags: int) -> tuple[int, int]:  # noqa: N802
+        return 0, size
+
+    def cuMemRelease(self, handle: Any) -> None:  # noqa: N802
+        return None
+
+
+PREFLIGHT_SHAPE = {"world_size": 2, "max_token_num": 128, "hidden_dim": 1024}
+
+
+def preflight(multicast: bool | None) -> dict[str, Any]:
+    """FlashInfer's TRT-LLM workspace preflight (0.5.11 on): whether SGLang would go on to
+    create the allreduce-fusion workspace. `multicast` None: the real driver, and only the
+    buffer sizes (no allocation, no process group); True/False: a simulated driver with or
+    without multicast, and the whole collective preflight on a one-rank gloo group."""
+    import logging
+
+    import torch
+
+    try:
+        fusion = importlib.import_module("sglang.srt.layers.flashinfer_comm_fusion")
+    except Exception as exc:
+        return {"error": _error(exc)}
+    sizes = getattr(fusion, "_flashinfer_trtllm_workspace_allocation_sizes", None)
+    check = getattr(fusion, "_preflight_check_workspace_memory", None)
+    if sizes is None or check is None:
+        return {"error": "not in this release"}
+    shape = dict(PREFLIGHT_SHAPE, dtype=torch.bfloat16)
+    if multicast is None:
+        try:
+            driver = fusion.get_cuda_driver_bindings()
+            prop = fusion._make_flashinfer_workspace_allocation_prop(driver)
+            found = sizes(driver, prop, *shape.values())
+        except Exception as exc:
+            return {"driver": "real", "proceeds": False, "error": _error(exc)}
+        return {"driver": "real", "proceeds": True, "sizes": list(found)}
+    import tempfile
+    import types
+
+    import torch.distributed as dist  # type: ignore[import-not-found]
+
+    driver = NoMulticastDriver(multicast)
+    prop = SimpleNamespace(requestedHandleTypes=1)
+    if not dist.is_initialized():
+        import atexit
+        import shutil
+
+        where = tempfile.mkdtemp(prefix="sm120patch-probe-")
+        atexit.register(shutil.rmtree, where, True)
+        store = os.path.join(where, "store")
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    scope = dict(fusion.__dict__)
+    scope["get_cuda_driver_bindings"] = lambda: driver
+    scope["_make_flashinfer_workspace_allocation_prop"] = lambda d: prop
+    copy = types.FunctionType(check.__code__, scope, check.__name__, check.__defaults__)
+    logs = io.StringIO()
+    handler = logging.StreamHandler(logs)
+    logger = logging.getLogger("sglang")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        proceeds = bool(copy(**shape, cpu_group=dist.group.WORLD))
+    except Exception as exc:
+        return {"driver": "simulated", "multicast": multicast, "error": _error(exc)}
+    finally:
+        logger.removeHandler(handler)
+    try:
+        simulated: Any = list(sizes(driver, prop, *shape.values()))
+    except Exception as exc:
+        simulated = _error(exc)
+    return {"driver": "simulated", "multicast": multicast, "proceeds": proceeds,
+            "sizes": simulated, "log": logs.getvalue().splitlines()}
+
+
 def comm_arch() -> dict[str, Any]:
     try:
         comm = importlib.import_module("flashinfer.jit.comm")
@@ -460,6 +565,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         result["launches"] = {name: server_args(argv) for name, argv in launches.items()}
         result["gate"] = _guarded(gate)
         result["resolve_backend"] = _guarded(resolve_backend)
+        # Simulated GPUs: SM120 boxes are PCIe (no multicast), SM100/SM90 ones NVLink.
+        multicast = request.get("multicast", arch != "sm120") if arch else None
+        result["preflight"] = _guarded(lambda: preflight(multicast))
     if request.get("flashinfer", False):
         try:
             flashinfer = importlib.import_module("flashinfer")
@@ -473,7 +581,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
 def _guarded(check: Any) -> dict[str, Any]:
     try:
-        return check()
+        return dict(check())
     except Exception as exc:
         return {"error": _error(exc), "where": _where()}
 

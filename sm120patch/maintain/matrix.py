@@ -18,7 +18,7 @@ from typing import Any
 from packaging.version import Version
 
 from sm120patch.errors import UsageError
-from sm120patch.maintain import releases
+from sm120patch.maintain import releases, trees
 from sm120patch.plan import catalog
 
 DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
@@ -57,7 +57,7 @@ def _plan_release(kind: str, version: str) -> Row:
 
     row = Row(kind, version)
     try:
-        tree = releases.tree(kind, version)
+        tree = trees.tree(kind, version)
         target = targets.find(kind, tree)
     except Exception as exc:  # a release we cannot fetch is a row that says so
         row.error = f"{type(exc).__name__}: {exc}"
@@ -75,6 +75,8 @@ def _plan_release(kind: str, version: str) -> Row:
                 row.notes.setdefault(o.patch, o.note)
         if any(o.status is Status.REFUSED for o in outcomes):
             verdict = "refused"
+        elif profile.refusals(kind, version):
+            verdict = "refuses"  # inside the pins or not, apply refuses it unless --force
         elif profile.pinned(kind, version):
             verdict = "pinned"
         else:
@@ -179,7 +181,7 @@ def scan_release(kind: str, version: str) -> list[dict[str, Any]]:
         pass
     from sm120patch.scan import run as scanning
 
-    found = scanning.scan_files(kind, version, releases.package_files(kind, version))
+    found = scanning.scan_files(kind, version, trees.package_files(kind, version))
     wanted = ("file", "line", "function", "expression", "gates", "reason", "key")
     candidates = [{k: x.to_dict()[k] for k in wanted} for x in found.of("candidate")]
     doc = {"schema": SCAN_SCHEMA, "key": key, "candidates": candidates}

@@ -9,11 +9,14 @@ because a wrong patch is worse than no patch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from sm120patch.patchkit.facts import Fact, Status
+# Status is named here too: a patch module takes its result vocabulary from the model.
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.facts import Status as Status
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -56,6 +59,71 @@ def refused(site: str, expected: str, found: str) -> Result:
 Transform = Callable[["cst.Module"], Result]
 
 
+class Seen(str, Enum):
+    """What a server's log says of one patch's path."""
+
+    RAN = "ran"
+    SKIPPED = "skipped"
+    NOT_SEEN = "not-seen"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a log showed of one patch's path, and the line that showed it."""
+
+    seen: Seen
+    line: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"seen": self.seen.value, "line": self.line}
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """The server log lines that show at run time whether a patch's path ran or was skipped:
+    regular expressions searched in each line (`re.search`), one list per side. A patch can
+    apply and start cleanly and still never run its path (a runtime check upstream turns the
+    feature off): only the log tells."""
+
+    ran: tuple[str, ...]
+    skipped: tuple[str, ...] = ()
+
+    def problems(self) -> list[str]:
+        import re
+
+        out = [] if self.ran else ["wiring: no `ran` pattern"]
+        for pattern in (*self.ran, *self.skipped):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                out.append(f"wiring: {pattern!r} is not a regular expression ({exc})")
+        return out
+
+    def read(self, log: str) -> Evidence:
+        """The last line matching either side decides: a path that ran and was turned off
+        later (a workspace that failed to grow) counts as skipped, and the other way round."""
+        import re
+
+        ran = [re.compile(p) for p in self.ran]
+        skipped = [re.compile(p) for p in self.skipped]
+        seen, line = Seen.NOT_SEEN, ""
+        for text in log.splitlines():
+            if any(p.search(text) for p in skipped):
+                seen, line = Seen.SKIPPED, text.strip()
+            elif any(p.search(text) for p in ran):
+                seen, line = Seen.RAN, text.strip()
+        return Evidence(seen, line)
+
+
+def wiring_evidence(patches: Sequence[Patch], log: str) -> dict[str, Evidence]:
+    """Per patch that declares its wiring: ran, skipped or not-seen in `log` (a server's
+    output). Patches that declare none are left out: their log says nothing either way."""
+    return {p.id: p.wiring.read(log) for p in patches if p.wiring is not None}
+
+
 @dataclass(frozen=True)
 class Patch:
     """One site, one transform. Declared by a module under patches/ as `PATCH = Patch(...)`."""
@@ -83,6 +151,8 @@ class Patch:
     # site on those releases, e.g. where upstream already takes the SM120 path for a common
     # launch; the plan puts the text on the outcome (`Outcome.note`).
     notes: tuple[tuple[str, str], ...] = ()
+    # The server log lines that show its path ran or was skipped (`wiring_evidence`).
+    wiring: Wiring | None = None
 
     def __post_init__(self) -> None:
         from dataclasses import replace as _replace
@@ -94,10 +164,6 @@ class Patch:
 
     def facts_at(self, version: str) -> list[Fact]:
         return [f for f in self.facts if f.covers(version)]
-
-    def absent_at(self, version: str) -> bool:
-        """Whether a fact says the site does not exist in `version` (and that is fine)."""
-        return any(f.status is Status.NOT_APPLICABLE for f in self.facts_at(version))
 
     def upstream_at(self, version: str) -> bool:
         """Whether `version` itself carries this patch's change (an `upstream` fact, or

@@ -27,13 +27,21 @@ from packaging.version import InvalidVersion, Version
 from sm120patch.errors import UsageError
 from sm120patch.patchkit import versions
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import TARGETS, Patch, Status
+from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
-    import tomllib
+    import tomllib as tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+TOMLDecodeError = tomllib.TOMLDecodeError
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """TOML text as a document (the one place that picks the reader)."""
+    return dict(tomllib.loads(text))
+
 
 PROFILES_SCHEMA = 1
 
@@ -48,6 +56,23 @@ def release_of(version: str) -> Version:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A release range inside (or beside) a profile's pins where applying it is refused with
+    a reason unless --force: a known wrong output, or an upstream path this profile would
+    shadow. `kind` need not be a target the profile patches (moe refuses a FlashInfer)."""
+
+    kind: str
+    releases: SpecifierSet
+    reason: str
+
+    def refuses(self, version: str) -> bool:
+        try:
+            return self.releases.contains(release_of(version), prereleases=True)
+        except InvalidVersion:
+            return False
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     title: str
@@ -58,12 +83,17 @@ class Profile:
     # beyond what the patch's own facts say (its `not-applicable` facts count everywhere)
     absent: dict[str, SpecifierSet] = field(default_factory=dict)
     known: str = ""
+    refuse: tuple[Refusal, ...] = ()
     # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
     facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def targets(self) -> tuple[str, ...]:
         return tuple(t for t in TARGETS if t in self.pins)
+
+    def refusals(self, kind: str, version: str) -> list[Refusal]:
+        """The refusals of this profile that take `kind` `version`."""
+        return [r for r in self.refuse if r.kind == kind and r.refuses(version)]
 
     def pinned(self, target: str, version: str) -> bool:
         try:
@@ -149,18 +179,11 @@ class Catalog:
         found += [self.source(pid) for pid in profile.patches]
         return list({p.name: p for p in found}.values())
 
-    def resolve(self, name: str, versions: Mapping[str, str]) -> Resolution:
-        """The profile `name`, its patches, and what of `versions` (kind -> version) lies
-        outside its pins: the one place a profile is looked up and its pins checked."""
-        profile = self.profile(name)
-        return Resolution(profile, self.patches_of(profile), pin_problems(profile, versions))
-
-
-@dataclass(frozen=True)
-class Resolution:
-    profile: Profile
-    patches: list[Patch]
-    outside_pins: list[str]  # one line per target kind whose version is outside the pins
+    def wiring(self, profile: Profile | str, log: str) -> dict[str, Evidence]:
+        """What a server's `log` shows of each patch of `profile` that declares its wiring:
+        ran, skipped or not-seen (`patchkit.model.wiring_evidence`)."""
+        prof = self.profile(profile) if isinstance(profile, str) else profile
+        return wiring_evidence(self.patches_of(prof), log)
 
 
 def pin_problems(
@@ -194,6 +217,24 @@ def pin_problems(
     return problems
 
 
+def refusal_problems(
+    profile: Profile,
+    versions: Mapping[str, str],
+    labels: Mapping[str, tuple[str, str]] | None = None,
+) -> list[str]:
+    """One line per refusal of `profile` that takes a version of `versions`: what it is and
+    why (`--force` applies anyway, as outside the pins)."""
+    problems = []
+    for kind, version in versions.items():
+        label = (labels or {}).get(kind, (kind, ""))[0]
+        for r in profile.refusals(kind, version):
+            problems.append(
+                f"profile {profile.name} refuses {label} {version} ({kind} {r.releases}): "
+                f"{r.reason}"
+            )
+    return problems
+
+
 def pack_dirs() -> tuple[str, ...]:
     """The pack directories in effect: `use_packs` (--patches), then SM120PATCH_PATCHES."""
     env = tuple(d for d in os.environ.get(PACKS_ENV, "").split(os.pathsep) if d)
@@ -215,7 +256,7 @@ def load() -> Catalog:
 
 @lru_cache(maxsize=4)
 def _load(dirs: tuple[str, ...]) -> Catalog:
-    from sm120patch import patches as package
+    from sm120patch import patches as package  # type: ignore[attr-defined]  # from patches/ (package-dir)
 
     builtin = Pack(BUILT_IN, str(Path(package.__path__[0])))
     packs: list[tuple[Pack, list[Patch], str | None]] = [
@@ -292,7 +333,7 @@ def _load_dir(directory: str) -> tuple[Pack, list[Patch], str | None]:
     package = sys.modules.get(name)
     if package is None:
         package = types.ModuleType(name)
-        package.__path__ = [str(path)]  # type: ignore[attr-defined]
+        package.__path__ = [str(path)]
         sys.modules[name] = package
     profiles = path / "profiles.toml"
     return pack, _patches_in(package, pack), (
@@ -354,6 +395,8 @@ def _patch_problems(patch: Patch) -> list[str]:
         problems.append("names no files")
     if not callable(patch.transform):
         problems.append("has no transform")
+    if patch.wiring is not None:
+        problems += patch.wiring.problems()
     return problems + facts.check(patch.facts)
 
 
@@ -372,6 +415,7 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
         try:
             pins = {t: SpecifierSet(raw["pins"][t]) for t in TARGETS if t in raw.get("pins", {})}
             absent = {pid: SpecifierSet(spec) for pid, spec in raw.get("absent", {}).items()}
+            refuse = tuple(_refusal(name, r) for r in raw.get("refuse", []))
         except InvalidSpecifier as exc:
             raise RuntimeError(f"profiles.toml: profile {name}: {exc}") from None
         needed = {patches[pid].target for pid in ids}
@@ -387,6 +431,20 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             pins=pins,
             absent=absent,
             known=raw.get("known", "").strip(),
+            refuse=refuse,
             facts={pid: patches[pid].facts for pid in ids},
         )
     return profiles
+
+
+def _refusal(profile: str, raw: Any) -> Refusal:
+    """One `[[profiles.NAME.refuse]]` table: exactly one target kind = specifier, and a reason."""
+    kinds = [k for k in TARGETS if k in raw] if isinstance(raw, dict) else []
+    reason = raw.get("reason", "") if isinstance(raw, dict) else ""
+    unknown = set(raw) - {*TARGETS, "reason"} if isinstance(raw, dict) else set()
+    if len(kinds) != 1 or not isinstance(reason, str) or not reason.strip() or unknown:
+        raise RuntimeError(
+            f"profiles.toml: profile {profile}: each refuse table names one of "
+            f"{', '.join(TARGETS)} (a specifier) and a reason"
+        )
+    return Refusal(kinds[0], SpecifierSet(raw[kinds[0]]), " ".join(reason.split()))

@@ -43,11 +43,11 @@ class Signature:
 
 
 def signatures() -> list[Signature]:
-    from sm120patch import patches
-    from sm120patch.plan.catalog import tomllib
+    from sm120patch import patches  # type: ignore[attr-defined]  # shipped from patches/ (package-dir)
+    from sm120patch.plan.catalog import parse_toml
 
     text = (Path(patches.__file__ or "").parent / "signatures.toml").read_text(encoding="utf-8")
-    return [Signature(**raw) for raw in tomllib.loads(text)["signature"]]
+    return [Signature(**raw) for raw in parse_toml(text)["signature"]]
 
 
 def diagnose(lines: Sequence[str]) -> Signature | None:
@@ -147,7 +147,7 @@ def _url_ready(url: str) -> bool:
 
     try:
         with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - user's URL
-            return 200 <= response.status < 300
+            return bool(200 <= response.status < 300)
     except (urllib.error.URLError, OSError, ValueError):
         return False
 

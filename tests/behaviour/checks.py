@@ -117,8 +117,8 @@ def same_problems(pristine: Result, patched: Result) -> list[str]:
     """Off SM120 the patched code decides exactly as the pristine code: every launch's whole
     ServerArgs, the gate, _resolve_backend, the comm arch list."""
     problems = field_problems(pristine, patched, set()) if "launches" in pristine else []
-    for key in ("predicates", "resolve_backend", "comm_arch"):
-        if pristine.get(key) != patched.get(key):
+    for key in ("predicates", "resolve_backend", "comm_arch", "preflight"):
+        if _unplaced(pristine.get(key)) != _unplaced(patched.get(key)):
             problems.append(f"{key}: {pristine.get(key)} -> {patched.get(key)}")
     if "gate" in pristine:
         # The patched module has one flag more (_is_sm120_supported); the others must agree.
@@ -131,6 +131,15 @@ def same_problems(pristine: Result, patched: Result) -> list[str]:
     return problems
 
 
+def _unplaced(value: Any) -> Any:
+    """`value` with the paths of source files left out of its text: an import error names the
+    file it read, which for the patched side is the overlay's copy of the same module."""
+    import json
+    import re
+
+    return re.sub(r"\(/[^()]*\.py\)", "(<file>)", json.dumps(value, sort_keys=True))
+
+
 def comm_problems(pristine: Result, patched: Result) -> list[str]:
     problems = []
     error = pristine["comm_arch"].get("error", "")
@@ -139,4 +148,28 @@ def comm_problems(pristine: Result, patched: Result) -> list[str]:
     archs = patched["comm_arch"].get("archs", [])
     if "error" in patched["comm_arch"] or not any(a.startswith("compute_120") for a in archs):
         problems.append(f"patched SM120 comm module: {patched['comm_arch']}")
+    return problems
+
+
+def has_preflight(result: Result) -> bool:
+    """Whether the release has the fusion workspace preflight (0.5.11 on)."""
+    return result.get("preflight", {}).get("error") != "not in this release"
+
+
+def preflight_problems(pristine: Result, patched: Result) -> list[str]:
+    """On simulated SM120 (a driver without multicast): the pristine preflight turns fusion
+    off and says so in the log; the patched one lets SGLang create the workspace."""
+    problems = []
+    before, after = pristine.get("preflight", {}), patched.get("preflight", {})
+    if before.get("multicast") is not False or after.get("multicast") is not False:
+        problems.append(f"not a driver without multicast: {before} / {after}")
+    if before.get("proceeds") is not False or not any(
+        "Skipping allreduce fusion" in line for line in before.get("log", [])
+    ):
+        problems.append(f"pristine SM120 preflight did not skip fusion: {before}")
+    if after.get("proceeds") is not True or after.get("log"):
+        problems.append(f"patched SM120 preflight did not proceed: {after}")
+    sizes = after.get("sizes")
+    if not isinstance(sizes, list) or not sizes or any(s % (1 << 21) for s in sizes):
+        problems.append(f"patched SM120 preflight sizes: {sizes}")
     return problems

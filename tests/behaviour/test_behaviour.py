@@ -9,6 +9,8 @@ from checks import (
     args_of,
     comm_problems,
     control_problems,
+    has_preflight,
+    preflight_problems,
     same_problems,
     sm120_problems,
 )
@@ -61,6 +63,28 @@ def test_patched_sm120_takes_the_sm120_path(behaviour: Behaviour, sglang_version
     patched = get(behaviour, sglang_version, "patched", "sm120")
     sm100 = get(behaviour, sglang_version, "pristine", "sm100")
     assert sm120_problems(pristine, patched, sm100) == []
+
+
+def test_patched_preflight_proceeds_without_multicast(behaviour: Behaviour,
+                                                     sglang_version: str) -> None:
+    """From 0.5.11 the workspace preflight asks the driver for multicast granularity: with a
+    driver binding whose query fails (PCIe-only SM120), pristine skips fusion on every rank,
+    patched goes on to create the workspace. Before 0.5.11 there is no preflight."""
+    from packaging.version import Version
+
+    pristine = get(behaviour, sglang_version, "pristine", "sm120")
+    patched = get(behaviour, sglang_version, "patched", "sm120")
+    assert has_preflight(pristine) is (Version(sglang_version) >= Version("0.5.11"))
+    if not has_preflight(pristine):
+        assert patched["preflight"] == pristine["preflight"]
+        return
+    assert preflight_problems(pristine, patched) == []
+
+
+def test_preflight_checks_can_fail(behaviour: Behaviour) -> None:
+    """The check fails on the pristine code taken as the patched side."""
+    pristine = get(behaviour, "0.5.23", "pristine", "sm120")
+    assert preflight_problems(pristine, pristine) != []
 
 
 @pytest.mark.parametrize("arch", ["sm100", "sm90"])

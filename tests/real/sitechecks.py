@@ -395,6 +395,44 @@ def _is_pcie_gate(node: ast.AST) -> bool:
     )
 
 
+def check_preflight(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """fusion-preflight: in the fact's function, the `if err != ...CUDA_SUCCESS:` right after
+    `err, mc_granularity = cuda_driver.cuMulticastGetGranularity(...)` had one `raise` and now
+    has `mc_granularity = alloc_granularity`; with that body put back, the file is the
+    release's. The query itself stays."""
+
+    def check_after_query(tree: ast.Module) -> ast.If:
+        func = one_function(tree, fact.function or "")
+        found = []
+        for node in ast.walk(func):
+            body = getattr(node, "body", None)
+            if not isinstance(body, list):
+                continue
+            for i, stmt in enumerate(body[:-1]):
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and isinstance(stmt.value, ast.Call)
+                    and ast.unparse(stmt.value.func) == "cuda_driver.cuMulticastGetGranularity"
+                    and ast.unparse(stmt.targets[0]) == "(err, mc_granularity)"
+                ):
+                    found.append(body[i + 1])
+        assert len(found) == 1, f"{len(found)} multicast queries"
+        check = found[0]
+        assert isinstance(check, ast.If)
+        assert ast.unparse(check.test) == "err != cuda_driver.CUresult.CUDA_SUCCESS"
+        return check
+
+    old, new = check_after_query(before), check_after_query(after)
+    assert len(old.body) == 1 and isinstance(old.body[0], ast.Raise), ast.unparse(old)
+    assert [ast.unparse(s) for s in new.body] == ["mc_granularity = alloc_granularity"]
+    kept = new.body
+    new.body = old.body
+    assert ast.dump(after) == ast.dump(before), "more than the error branch changed"
+    new.body = kept
+    # the body and the two comment lines above it
+    return Spans([span(old.body[0])], [(new.body[0].lineno - 2, new.body[0].lineno)])
+
+
 CHECKS: dict[str, Callable[[ast.Module, ast.Module, Fact], Spans]] = {
     "sglang.sm120-flag": check_sm120_flag,
     "sglang.fusion-gate": check_widened_or,
@@ -403,6 +441,7 @@ CHECKS: dict[str, Callable[[ast.Module, ast.Module, Fact], Spans]] = {
     "sglang.moe-backend": check_moe_backend,
     "flashinfer.comm-arch": check_comm_arch,
     "sglang.pcie-allreduce": check_pcie_allreduce,
+    "sglang.fusion-preflight": check_preflight,
 }
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from realcache import release_set, workers
 
-from sm120patch.maintain import releases
+from sm120patch.maintain import releases, trees
 from sm120patch.plan import catalog
 from sm120patch.scan import run
 
@@ -41,7 +41,7 @@ CASES = [(kind, v) for kind in releases.KINDS for v in release_set(kind)]
 
 def _scan(case: tuple[str, str]) -> run.TargetScan:
     kind, version = case
-    return run.scan_files(kind, version, releases.package_files(kind, version))
+    return run.scan_files(kind, version, trees.package_files(kind, version))
 
 
 @pytest.fixture(scope="session")
