@@ -602,6 +602,11 @@ _ARCH_CONTEXT = re.compile(r"major|arch|(?:^|_)sm(?:_|s?$)|capabilit|(?:^|_)cc(?
 _LOGGING = re.compile(r"(?:^|\.)(?:logger|logging|log|warnings|print_warning_once)(?:\.|$)|^print$")
 
 
+# Where a statement sits: its qualified name, the innermost def, and the `if` branches around
+# it ((test, which branch) for each, outermost first).
+Where = tuple[list[str], "ast.AST | None", list[tuple[ast.If, bool]]]
+
+
 class _Finder:
     """Every gate of one parsed region."""
 
@@ -712,7 +717,7 @@ class _Finder:
         for case in getattr(stmt, "cases", []) or []:
             self._block(case.body, qual, func, around)
 
-    def _decorators(self, stmt: ast.AST, where: tuple) -> None:
+    def _decorators(self, stmt: ast.AST, where: Where) -> None:
         """`@supported_compute_capability([100, 103])` and the like: the archs a def is for."""
         for deco in getattr(stmt, "decorator_list", []):
             if not (isinstance(deco, ast.Call) and self._mentions(deco)):
@@ -723,7 +728,7 @@ class _Finder:
                 if isinstance(arg, (ast.List, ast.Tuple, ast.Set)):
                     self._list(arg, "decorator", what, where, func)
 
-    def _chain(self, head: ast.If, block: list[ast.stmt], where: tuple) -> None:
+    def _chain(self, head: ast.If, block: list[ast.stmt], where: Where) -> None:
         """An if/elif chain: each test a gate, each branch walked inside it."""
         qual, func, around = where
         chain: list[ast.If] = [head]
@@ -757,7 +762,7 @@ class _Finder:
     # -------------------------------------------------------------------- one test
 
     def _test(
-        self, node: ast.AST, kind: str, what: str, where: tuple, body: list[ast.stmt],
+        self, node: ast.AST, kind: str, what: str, where: Where, body: list[ast.stmt],
         siblings: list[ast.AST] = (),  # type: ignore[assignment]
         choices: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
@@ -772,7 +777,7 @@ class _Finder:
         self._add(node, kind, what, reading, where, body, siblings, (), choices)
 
     def _add(
-        self, node: ast.AST, kind: str, what: str, reading: Reading, where: tuple,
+        self, node: ast.AST, kind: str, what: str, reading: Reading, where: Where,
         body: list[ast.stmt], siblings: list[ast.AST], arch_specific: list[str] | tuple[str, ...],
         choices: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
@@ -815,7 +820,7 @@ class _Finder:
         value: ast.AST,
         kind: str,
         what: str,
-        where: tuple,
+        where: Where,
         names: list[str] = (),  # type: ignore[assignment]
         into: str = "",
     ) -> None:
@@ -831,7 +836,7 @@ class _Finder:
         if isinstance(value, _TESTS):
             self._test(value, kind, what, where, [])
 
-    def _ifexp(self, node: ast.IfExp, what: str, where: tuple, into: str = "") -> None:
+    def _ifexp(self, node: ast.IfExp, what: str, where: Where, into: str = "") -> None:
         chain = [node]
         while isinstance(chain[-1].orelse, ast.IfExp):
             chain.append(chain[-1].orelse)
@@ -844,7 +849,7 @@ class _Finder:
                        [t for t in tests if t is not c.test],
                        (value,) if value else ())  # fmt: skip
 
-    def _inner(self, stmt: ast.stmt, where: tuple) -> None:
+    def _inner(self, stmt: ast.stmt, where: Where) -> None:
         """Keyword arguments, lists and `x if t else y` inside a simple statement's
         expressions (a compound statement's header only)."""
         if isinstance(stmt, (ast.If, ast.While)):
@@ -860,7 +865,7 @@ class _Finder:
         for part in parts:
             self._inner_expr(part, where, top=stmt)
 
-    def _inner_expr(self, root: ast.AST, where: tuple, top: ast.AST | None = None) -> None:
+    def _inner_expr(self, root: ast.AST, where: Where, top: ast.AST | None = None) -> None:
         for node, parent in _walk(root):
             if not self._mentions(node):
                 continue
@@ -886,7 +891,7 @@ class _Finder:
     def _is_value_of(self, node: ast.AST, top: ast.AST | None) -> bool:
         return top is not None and getattr(top, "value", None) is node
 
-    def _list(self, node: ast.AST, kind: str, what: str, where: tuple, context: str) -> None:
+    def _list(self, node: ast.AST, kind: str, what: str, where: Where, context: str) -> None:
         """A list (tuple, set, dict keys) of majors, sm numbers or compile targets."""
         members = self._arch_members(node, context)
         if members is None:

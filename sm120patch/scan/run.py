@@ -219,7 +219,7 @@ def scan_target(target: Any, **kwargs: Any) -> TargetScan:
 
     def read(rel: str) -> str | None:
         try:
-            return target.path_of(rel).read_text(encoding="utf-8")
+            return str(target.path_of(rel).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):
             return None
 
