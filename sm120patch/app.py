@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from sm120patch.plan.export import Exported
     from sm120patch.plan.lockfile import Lock
     from sm120patch.plan.plans import Plan
+    from sm120patch.scan.run import Report as ScanReport
     from sm120patch.trial.gpu import Probe
     from sm120patch.trial.measure import MeasuredTrial
     from sm120patch.trial.serve import TrialResult
@@ -327,8 +328,10 @@ def matrix(
     *,
     on_warning: Lines,
     progress_quiet: bool,
+    scan: bool = False,
 ) -> Matrix:
-    """Every profile on every release matching `specs` (kind -> PEP 440 specifier or None)."""
+    """Every profile on every release matching `specs` (kind -> PEP 440 specifier or None);
+    with `scan`, each release's candidate gates and those new since the previous release."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     from sm120patch.maintain import matrix as planning
@@ -356,9 +359,32 @@ def matrix(
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
     with progress.phase("planning releases", len(work)):
         rows = planning.run(
-            work, jobs, progress=lambda row: progress.advance(f"{row.kind} {row.version}")
+            work,
+            jobs,
+            progress=lambda row: progress.advance(f"{row.kind} {row.version}"),
+            scan=scan,
         )
     return Matrix(rows, warning, list(profiles) or None)
+
+
+def scan(session: Session, known: str | None = None) -> ScanReport:
+    """The GPU-arch gates of the session's targets, each classified (nothing is imported);
+    `known`: an earlier `scan --json` whose candidates are not new."""
+    import json
+
+    from sm120patch.scan import run as scanning
+
+    seen = None
+    if known is not None:
+        try:
+            seen = scanning.known_candidates(json.loads(Path(known).read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise UsageError(
+                f"--known {known}: {exc}", "give the output of `sm120patch scan --json`"
+            ) from None
+    found = scanning.scan(session.paths, catalog=session.catalog)
+    found.known = seen
+    return found
 
 
 def explain(

@@ -638,6 +638,7 @@ def new_patch_cmd(**options: Any) -> None:
 @json_option
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown tables (default).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr.")
+@click.option("--scan", is_flag=True, help="Scan each whole release too: its new candidate gates.")
 def matrix_cmd(
     sglang_spec: str | None,
     flashinfer_spec: str | None,
@@ -646,6 +647,7 @@ def matrix_cmd(
     as_json: bool,
     as_markdown: bool,
     quiet: bool,
+    scan: bool,
 ) -> None:
     """Plan every profile on every SGLang and FlashInfer release on pip's index: outcome per
     site. Releases come from pip's configured index (pip config, PIP_INDEX_URL) into the release
@@ -659,9 +661,29 @@ def matrix_cmd(
         jobs,
         on_warning=lambda line: click.echo(f"sm120patch: warning: {line}", err=True),
         progress_quiet=quiet,
+        scan=scan,
     )
     show(render.matrix(found, as_json))
     if found.failed:
+        sys.exit(1)
+
+
+@main.command("scan")
+@with_targets
+@json_option
+@click.option("--all", "all_", is_flag=True, help="List the upstream and kernel gates too.")
+@click.option("--fail-on-candidate", is_flag=True, help="Exit 1 when a new candidate is found.")
+@click.option("--known", metavar="FILE", help="A `scan --json` whose candidates are not new.")
+def scan_cmd(
+    sglang: str | None, flashinfer: str | None, as_json: bool, all_: bool,
+    fail_on_candidate: bool, known: str | None,
+) -> None:  # fmt: skip
+    """The GPU-arch gates of SGLang and FlashInfer that leave SM120 out, read from their sources
+    (nothing is imported): candidates, gates a patch covers, upstream, kernel. Given a path,
+    only that target; else the ones installed in this Python."""
+    found = app.scan(session(sglang, flashinfer), known)
+    show(render.scan(found, as_json=as_json, all_=all_))
+    if fail_on_candidate and found.new_candidates():
         sys.exit(1)
 
 

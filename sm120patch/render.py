@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from sm120patch.explain.explain import Explanation
     from sm120patch.patchkit.model import Outcome
     from sm120patch.plan.catalog import Catalog, Profile
+    from sm120patch.scan.run import Report as ScanReport
 
 
 @dataclass
@@ -366,3 +367,14 @@ def matrix(found: Matrix, as_json: bool) -> Text:
     if as_json:
         return Text(out=[planning.to_json(found.rows, [found.warning] if found.warning else [])])
     return Text(out=[planning.markdown(found.rows, found.profiles)])
+
+
+def scan(found: ScanReport, *, as_json: bool, all_: bool) -> Text:
+    """A scan: JSON for tools, else the gates by class (sm120patch.scan.report)."""
+    from sm120patch.scan import report
+
+    if as_json:
+        import json
+
+        return Text(out=[json.dumps(found.to_dict(), indent=2)])
+    return Text(raw=report.text(found, all_=all_))
