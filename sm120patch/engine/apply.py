@@ -25,6 +25,7 @@ from sm120patch.engine.reports import Report, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
     check_restored,
+    check_writable,
     locked,
     new_txn,
     refuse_unfinished,
@@ -160,7 +161,7 @@ def _preflight(
         if not tp.changed:
             continue
         for f in tp.changed:
-            _check_writable(ctx.path(tp.target.rel(f.file)))
+            check_writable(ctx.path(tp.target.rel(f.file)))
         prep.branches[ctx.target.kind] = ctx.layout.patch_branch(profile.name)
     return prep
 
@@ -174,20 +175,6 @@ def check_applied_matches_lock(ctx: TargetRun, found: Assessment, lock: Lock) ->
             f"{ctx.target.root}: profile {found.profile} is applied, but not as the lock says "
             "(other files, bytes or version)",
             f"revert it (`sm120patch revert {found.profile}`), then apply the lock",
-        )
-
-
-def _check_writable(path: Path) -> None:
-    """Before the journal: every file we will write can be written, as a regular file."""
-    if path.is_symlink():
-        raise Refused(
-            f"{path} is a symbolic link; sm120patch writes regular files only",
-            "replace the link by the file it points to, or patch the tree it points into",
-        )
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise Refused(
-            f"cannot write in {path.parent} (permission denied); nothing was changed",
-            "run sm120patch as a user who can write there, or make it writable",
         )
 
 
@@ -215,7 +202,7 @@ def dry_run(
     profile = catalog.load().profile(profile_name)
     ctxs = runs_for(profile, paths, force, lock)
     for ctx in ctxs:
-        ctx.state.check_unlocked()
+        ctx.state.check_lockable()
     prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock)
     if prep.plan is None:
         prep.plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)

@@ -15,6 +15,7 @@ from sm120patch.engine.records import FileRecord, Journal, Manifest
 from sm120patch.engine.reports import Report, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
+    check_writable,
     locked,
     new_txn,
     refuse_unfinished,
@@ -107,7 +108,7 @@ def revert_dry_run(
 
     ctxs = _revert_targets(profile_name, paths)
     for ctx in ctxs:
-        ctx.state.check_unlocked()
+        ctx.state.check_lockable()
     todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
     if nothing is not None:
         nothing.dry_run = True
@@ -175,6 +176,8 @@ def _revert_preflight(
         )
     for ctx, manifest in todo:
         _check_revertable(ctx, manifest, force)
+        for f in manifest.files:
+            check_writable(ctx.path(f.path), regular=False)
     return todo, stale, None
 
 

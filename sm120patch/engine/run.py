@@ -61,6 +61,24 @@ def refuse_unfinished(ctxs: list[TargetRun]) -> None:
             )
 
 
+def check_writable(path: Path, *, regular: bool = True) -> None:
+    """Before the journal: a file the run will write can be written (as a regular file unless
+    `regular` is false: a revert puts the file back whatever is there now)."""
+    if regular and path.is_symlink():
+        raise Refused(
+            f"{path} is a symbolic link; sm120patch writes regular files only",
+            "replace the link by the file it points to, or patch the tree it points into",
+        )
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # a directory deleted with the file: made again where it was
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise Refused(
+            f"cannot write in {parent} (permission denied); nothing was changed",
+            "run sm120patch as a user who can write there, or make it writable",
+        )
+
+
 def new_txn() -> str:
     # uuid4's 122 random bits, from the same source; `import uuid` brings `platform` (3 ms).
     return os.urandom(16).hex()
