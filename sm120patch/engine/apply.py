@@ -131,7 +131,7 @@ def _preflight(
         prep.nothing_to_do = True
         prep.notes.append(
             f"profile {profile.name} is already applied: every touched file has the bytes "
-            "sm120patch wrote" + (" and the lock's" if lock is not None else "")
+            "sm120patch wrote" + (", the bytes the lock records" if lock is not None else "")
         )
         return prep
     cat = catalog.load()

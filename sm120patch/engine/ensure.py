@@ -53,7 +53,8 @@ def ensure(
                 [TargetReport(c.target, state=assess.APPLIED) for c in ctxs],
                 notes=[
                     f"profile {profile.name} is already applied: every touched file has the "
-                    "bytes sm120patch wrote" + (" and the lock's" if lock is not None else "")
+                    "bytes sm120patch wrote"
+                    + (", the bytes the lock records" if lock is not None else "")
                 ],
             )
         except Refused:
@@ -65,7 +66,7 @@ def ensure(
                                               and a.profile == profile.name))  # fmt: skip
         raise Refused(
             f"{wrong.target.root}: {wrong.state}: {wrong.message}",
-            "apply it where the files can be written (`sm120patch ensure` without --no-apply)",
+            verify_hint(wrong, profile.name, lock),
         )
     report = apply(
         profile_name, paths, force=force, preconditions=preconditions, check_plan=check_plan,
@@ -79,3 +80,33 @@ def ensure(
                 "see `sm120patch status`",
             )
     return report
+
+
+def verify_hint(found: assess.Assessment, profile: str, lock: Lock | None) -> str:
+    """What to do about a target `ensure --no-apply` found not as wanted, by its state."""
+    wanted = f"apply --locked {lock.path}" if lock is not None and lock.path else f"apply {profile}"
+    where = f"apply it where the files can be written (`sm120patch {wanted}`, in an image build)"
+    other = found.profile
+    if found.state == assess.UNFINISHED:
+        return "an interrupted run left its journal: `sm120patch recover` finishes it"
+    if other is not None and other != profile and found.state not in (assess.GONE, assess.REPLACED):
+        return f"profile {other} is applied instead: `sm120patch revert {other}`, then {where}"
+    if found.state == assess.APPLIED:  # the profile, but not as the lock says
+        return f"`sm120patch revert {other}`, then {where}"
+    if found.state == assess.DRIFTED:
+        return (
+            f"`sm120patch status` shows what changed; `sm120patch revert {other} --force` "
+            f"discards it, then {where}"
+        )
+    if found.state == assess.MISSING:
+        return (
+            f"`sm120patch revert {other} --force` restores the deleted file(s) as they were, "
+            f"then {where}"
+        )
+    if found.state == assess.REPLACED:
+        return (
+            "another release is installed than the one patched: "
+            + where
+            + (" with a lock made on this release" if lock is not None else "")
+        )
+    return where  # pristine, or the patches gone

@@ -86,6 +86,25 @@ def branch_exists_light(root: Path, name: str) -> bool:
     return any(line.endswith(f" refs/heads/{name}") for line in packed.splitlines())
 
 
+def branch_sha_light(root: Path, name: str) -> str | None:
+    """The commit `refs/heads/<name>` points at (loose or packed), without running git; None
+    when the branch does not exist or its ref cannot be read."""
+    common = _common_dir(root)
+    try:
+        return (common / "refs" / "heads" / name).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        pass
+    try:
+        packed = (common / "packed-refs").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    for line in packed.splitlines():
+        sha, _, ref = line.partition(" ")
+        if ref == f"refs/heads/{name}":
+            return sha
+    return None
+
+
 def describe_version(root: Path) -> str | None:
     try:
         import git
