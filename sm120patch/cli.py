@@ -1,4 +1,5 @@
-"""The command line: parse, call the library, render. Nothing else lives here.
+"""The command line: click only. Each command parses its options, calls one function of the
+command layer (app.py) and prints what render.py makes of the result.
 
 Exit codes (README): 0 success, 1 refused or precondition failed (nothing changed), 2 usage,
 3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted: not
@@ -8,7 +9,6 @@ faster beyond the spread) and 6 (reverted: wrong output); 75 a run left its jour
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import click
 
-from sm120patch import __version__
-from sm120patch.errors import Sm120Error
+from sm120patch import __version__, app, render
+from sm120patch.errors import Sm120Error, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -114,7 +114,7 @@ class Group(click.Group):
             sys.exit(4)
 
 
-# ---- signals (issue 9, item 4) ------------------------------------------------------------
+# ---- signals ------------------------------------------------------------------------------
 # During an apply, revert or recover the engine defers SIGINT/SIGTERM/SIGHUP (interrupts.py)
 # and ends as Interrupted (exit 130) or Unfinished (exit 75), both rendered by `handled`.
 # This only acknowledges each signal at once, so that a user does not press Ctrl-C again and
@@ -131,13 +131,7 @@ def _interrupt_notice(signum: int, count: int) -> None:
     os.write(2, text.encode())
 
 
-def _install_interrupt_notice() -> None:
-    from sm120patch.engine import interrupts
-
-    interrupts.notice = _interrupt_notice
-
-
-_install_interrupt_notice()
+app.on_interrupt(_interrupt_notice)
 # ---- end of signals ------------------------------------------------------------------------
 
 
@@ -187,123 +181,57 @@ def emit_json(doc: Any) -> None:
     help="Also load the patch pack in DIR (patch modules + profiles.toml; repeatable; "
     "SM120PATCH_PATCHES adds more).",
 )
-def main(pack_dirs: tuple[str, ...]) -> None:
+@click.pass_context
+def main(ctx: click.Context, pack_dirs: tuple[str, ...]) -> None:
     """Apply, review and revert the patches that enable SGLang and FlashInfer fast paths on
     NVIDIA SM120 GPUs (RTX PRO 6000, RTX 5090)."""
-    from sm120patch.plan import catalog
+    ctx.obj = tuple(pack_dirs)
 
-    catalog.use_packs(pack_dirs)  # also when empty: one process may run several commands
+
+def session(sglang: str | None = None, flashinfer: str | None = None) -> app.Session:
+    """The command's session: its targets and the group's --patches."""
+    packs = click.get_current_context().find_root().obj or ()
+    return app.Session(sglang, flashinfer, packs)
+
+
+def show(text: render.Text) -> None:
+    for line in text.err:
+        click.echo(line, err=True)
+    for line in text.out:
+        click.echo(line)
+    if text.raw:
+        click.echo(text.raw, nl=False)
+
+
+def echo_err(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def echo_out(line: str) -> None:
+    click.echo(line)
+
+
+def quiet(line: str) -> None:
+    """Where --json keeps stdout a single document."""
 
 
 @main.command("list")
 @json_option
 def list_cmd(as_json: bool) -> None:
     """List the profiles and the patches they apply."""
-    from sm120patch.plan import catalog
-
-    cat = catalog.load()
+    cat = app.list_profiles(session())
     if as_json:
-        emit_json(
-            {
-                "profiles": [
-                    {
-                        "name": p.name,
-                        "title": p.title,
-                        "status": p.status,
-                        "patches": list(p.patches),
-                        "pins": {k: str(v) for k, v in p.pins.items()},
-                        "source": cat.profile_sources[p.name].name,
-                    }
-                    for p in cat.profiles.values()
-                ],
-                "patches": [
-                    {
-                        "id": p.id,
-                        "target": p.target,
-                        "title": p.title,
-                        "source": cat.source(p.id).name,
-                    }
-                    for p in cat.patches.values()
-                ],
-            }
-        )
+        emit_json(render.profiles_doc(cat))
         return
-    for p in cat.profiles.values():
-        pins = ", ".join(f"{k} {v}" for k, v in p.pins.items())
-        origin = cat.profile_sources[p.name]
-        click.echo(f"{p.name:8} [{p.status}] {p.title}" + ("" if origin.built_in else
-                                                            f" (from {origin.name})"))
-        click.echo(f"{'':8} pins: {pins}")
-        for pid in p.patches:
-            source = cat.source(pid)
-            where = "" if source.built_in else f" (from {source.name})"
-            click.echo(f"{'':8}   {pid:26} {cat.patches[pid].title}{where}")
+    show(render.profiles(cat))
 
 
 @main.command("show")
 @click.argument("profile")
 def show_cmd(profile: str) -> None:
     """Show a profile: its patches, why each exists, the shapes each knows, its pins."""
-    from sm120patch.plan import catalog
-
-    cat = catalog.load()
-    prof = cat.profile(profile)
-    click.echo(f"{prof.name} [{prof.status}]: {prof.title}")
-    for k, v in prof.pins.items():
-        click.echo(f"  pinned on {k} {v}")
-    if prof.known:
-        click.echo("  known: " + " ".join(prof.known.split()))
-    for patch in cat.patches_of(prof):
-        click.echo(f"\n{patch.id} ({patch.target}, {cat.source(patch.id).name}): {patch.title}")
-        click.echo("  why: " + patch.why)
-        if patch.upstream:
-            click.echo(f"  upstream: {patch.upstream}")
-        for shape in patch.shapes:
-            click.echo(f"  - {shape}")
-
-
-def render_outcomes(outcomes: list[Any]) -> None:
-    for o in outcomes:
-        where = f"{o.file}::{o.site}" if o.file else o.site
-        click.echo(f"  {o.status.value:16} {o.patch:26} {where}", err=True)
-        if o.status.value in ("refused", "upstream", "not-applicable"):
-            click.echo(f"  {'':16} {o.reason}", err=True)
-        if getattr(o, "note", ""):
-            click.echo(f"  {'':16} note: {o.note}", err=True)
-
-
-def _lock_for(
-    profile: str | None, locked: str | None
-) -> tuple[str, Any, Any]:
-    """(profile, lock, plan check) from PROFILE and/or --locked."""
-    from pathlib import Path
-
-    from sm120patch.errors import UsageError
-
-    if not locked:
-        if not profile:
-            raise UsageError("give a PROFILE (see `sm120patch list`) or --locked LOCKFILE")
-        return profile, None, None
-    from sm120patch.plan import lockfile
-
-    lock = lockfile.read(Path(locked))
-    if profile and profile != lock.profile:
-        raise UsageError(f"{locked} locks profile {lock.profile}, not {profile}")
-    return lock.profile, lock, lockfile.check(lock, Path(locked))
-
-
-def render_report(report: Any) -> None:
-    render_outcomes(report.outcomes)
-    for note in report.notes:
-        click.echo(note)
-    for t in report.targets:
-        if not t.files:
-            continue
-        where = f"on branch {t.branch}" if t.branch else "(pristine copies kept for revert)"
-        click.echo(
-            f"{t.target.name} {t.target.version} at {t.target.root}: "
-            f"{len(t.files)} file(s) patched {where}"
-        )
+    s = session()
+    show(render.profile(s.catalog, app.show(s, profile)))
 
 
 locked_option = click.option(
@@ -335,63 +263,23 @@ def apply_cmd(
     no_gpu_check: bool,
     as_json: bool,
 ) -> None:
-    """Apply PROFILE (moe, fusion, all) to SGLang and FlashInfer."""
-    from sm120patch.engine import apply
-    from sm120patch.trial import gpu
-
-    paths = {"sglang": sglang, "flashinfer": flashinfer}
-    profile, lock, check_plan = _lock_for(profile, locked)
-    # One NVML reading for the known outcomes and the GPU check (starting NVML is most of a
-    # tenth of a second on a GPU box).
-    probe = functools.cache(gpu.probe)
-    print_known(profile, paths, err=dry_run, quiet=as_json, probe=probe)  # issue 11
+    """Apply PROFILE (see `sm120patch list`) to SGLang and FlashInfer."""
+    s = session(sglang, flashinfer)
+    want = app.locked(profile, locked)
+    known = quiet if as_json else (echo_err if dry_run else echo_out)
     if dry_run:
-        # The apply minus the writes: the same preflight refuses the same way.
-        prep = apply.dry_run(profile, paths, force=force, check_plan=check_plan, lock=lock)
-        gpu_doc = None
-        if not no_gpu_check:
-            found = probe()
-            gpu_doc = {"has_sm120": found.has_sm120, "summary": found.summary()}
-            if not found.has_sm120:
-                click.echo(
-                    f"warning: no SM120 GPU here ({found.summary()}); a real apply "
-                    "will refuse without --no-gpu-check",
-                    err=True,
-                )
-        plan = prep.plan
-        assert plan is not None
+        found = app.apply_dry_run(s, want, force=force, gpu_check=not no_gpu_check,
+                                  on_known=known)  # fmt: skip
         if as_json:
-            emit_json({**plan.to_dict(), "nothing_to_do": prep.nothing_to_do,
-                       "notes": prep.notes, "gpu": gpu_doc, "error": None})  # fmt: skip
-            return
-        for tp in plan.targets:
-            t = tp.target
-            click.echo(f"# {t.name} {t.version} ({t.layout}) at {t.root}", err=True)
-        render_outcomes(plan.outcomes)
-        for note in prep.notes:
-            click.echo(note, err=True)
-        if not prep.nothing_to_do:
-            click.echo(plan.diff(), nl=False)
+            emit_json(render.dry_run_doc(found))
+        else:
+            show(render.dry_run(found))
         return
-    report = apply.apply(
-        profile,
-        paths,
-        force=force,
-        preconditions=None if no_gpu_check else lambda: gpu.require_sm120(probe()),
-        check_plan=check_plan,
-        lock=lock,
-    )
+    report = app.apply(s, want, force=force, gpu_check=not no_gpu_check, on_known=known)
     if as_json:
         emit_json(report.to_dict())
         return
-    render_report(report)
-    if report.action == "applied":
-        click.echo(
-            f"applied {profile}; restart the server to use it. "
-            f"Undo with `sm120patch revert {profile}`."
-        )
-    elif lock is not None:
-        click.echo(f"already exactly as {locked} says; nothing was changed")
+    show(render.applied(report, want.profile, want.lock_path))
 
 
 @main.command("ensure")
@@ -418,28 +306,13 @@ def ensure_cmd(
 ) -> None:
     """For service start-up: exit 0 when the trees are exactly as wanted (applying first if
     they are pristine or the patch is gone), exit 1 changing nothing otherwise."""
-    from sm120patch.engine import ensure
-    from sm120patch.trial import gpu
-
-    profile, lock, check_plan = _lock_for(profile, locked)
-    report = ensure.ensure(
-        profile,
-        {"sglang": sglang, "flashinfer": flashinfer},
-        force=force,
-        preconditions=None if no_gpu_check else gpu.require_sm120,
-        check_plan=check_plan,
-        lock=lock,
-        apply_if_needed=not no_apply,
-    )
+    want = app.locked(profile, locked)
+    report = app.ensure(session(sglang, flashinfer), want, force=force,
+                        gpu_check=not no_gpu_check, apply_if_needed=not no_apply)  # fmt: skip
     if as_json:
         emit_json(report.to_dict())
         return
-    render_report(report)
-    what = f"{locked}" if locked else f"profile {profile}"
-    if report.action == "applied":
-        click.echo(f"ensured {what}: applied now; the trees are as wanted")
-    else:
-        click.echo(f"ensured {what}: already as wanted; nothing was changed")
+    show(render.ensured(report, f"{locked}" if locked else f"profile {want.profile}"))
 
 
 @main.command("revert")
@@ -466,54 +339,12 @@ def revert_cmd(
     as_json: bool,
 ) -> None:
     """Revert PROFILE, or --all: every touched file back byte for byte."""
-    from sm120patch.engine import revert
-    from sm120patch.errors import UsageError
-
-    if bool(profile) == all_:
-        raise UsageError("give exactly one of PROFILE or --all")
-    if dry_run:
-        paths = {"sglang": sglang, "flashinfer": flashinfer}
-        report = revert.revert_dry_run(None if all_ else profile, paths, force=force)
-        if as_json:
-            emit_json(report.to_dict())
-            return
-        # As apply's dry run: stdout is the diff, what it says about it goes to stderr.
-        for note in report.notes:
-            click.echo(note, err=True)
-        for t in report.targets:
-            if report.action == "reverted" and t.files:
-                click.echo(f"{t.target.name} at {t.target.root}: the revert would restore "
-                           f"{len(t.files)} file(s)", err=True)  # fmt: skip
-        click.echo(report.restores, nl=False)
-        return
-    report = revert.revert(
-        None if all_ else profile,
-        {"sglang": sglang, "flashinfer": flashinfer},
-        force=force,
-        keep_branch=keep_branch,
-    )
+    report = app.revert(session(sglang, flashinfer), profile, every=all_, force=force,
+                        keep_branch=keep_branch, dry_run=dry_run)  # fmt: skip
     if as_json:
         emit_json(report.to_dict())
         return
-    for note in report.notes:
-        click.echo(note)
-    for t in report.targets:
-        if report.action == "reverted" and t.files:
-            kept = f"; branch {t.branch} kept" if t.branch else ""
-            click.echo(
-                f"{t.target.name} at {t.target.root}: {len(t.files)} file(s) restored{kept}"
-            )
-
-
-def _file_line(f: dict[str, Any]) -> str:
-    extra = ""
-    if f["as_installed"] is True and f["state"] != "pristine":
-        extra = " (matches the installed RECORD)"
-    elif f["as_installed"] is False and f["state"] == "drifted":
-        extra = " (matches neither what sm120patch wrote nor the installed RECORD)"
-    elif f["as_installed"] is False and f["state"] == "pristine":
-        extra = " (differs from the installed RECORD)"
-    return f"    {f['state']:9} {f['path']}{extra}"
+    show(render.reverted(report))
 
 
 @main.command("status")
@@ -521,27 +352,11 @@ def _file_line(f: dict[str, Any]) -> str:
 @json_option
 def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """The state of each target, decided from the bytes on disk, and of every touched file."""
-    from sm120patch.engine import assess
-
-    found = assess.status({"sglang": sglang, "flashinfer": flashinfer})
+    found = app.status(session(sglang, flashinfer))
     if as_json:
         emit_json({"targets": [s.to_dict() for s in found]})
         return
-    if not found:
-        click.echo("no SGLang or FlashInfer found; pass --sglang / --flashinfer")
-    for s in found:
-        t = s.target
-        click.echo(f"{t.name} {t.version} ({t.layout}) at {t.root}: {s.state}")
-        if s.state != "pristine":
-            click.echo(f"  {s.assessment.message}")
-        for trial in s.trials[-5:]:
-            click.echo("  " + trial_line(trial))
-        if s.profile is None:
-            continue
-        branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
-        click.echo(f"  profile {s.profile}{branch}")
-        for f in s.files:
-            click.echo(_file_line(f))
+    show(render.status(found))
 
 
 @main.command("recover")
@@ -549,17 +364,14 @@ def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
 @json_option
 def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """Finish an interrupted apply (roll back) or revert (roll forward)."""
-    from sm120patch.engine import recover
-
-    report = recover.recover({"sglang": sglang, "flashinfer": flashinfer})
+    report = app.recover(session(sglang, flashinfer))
     if as_json:
         emit_json(report.to_dict())
         return
-    for note in report.notes:
-        click.echo(note)
+    show(render.recovered(report))
 
 
-# ---- trial: run, measure, show (issue 11) ---------------------------------------------------
+# ---- trial: run, show ---------------------------------------------------------------------
 
 
 class _TrialGroup(click.Group):
@@ -578,24 +390,11 @@ def trial_group() -> None:
     (see `trial run --help`); `trial show [ID]` for recorded trials."""
 
 
-def print_known(
-    profile: str | None,
-    paths: dict[str, str | None],
-    command: list[str] | None = None,
-    *,
-    err: bool = False,
-    quiet: bool = False,
-    probe: Callable[[], Any] | None = None,
-) -> None:
-    """One line per known outcome (patches/known.toml) and per trial measured here that match
-    this box, before acting; `apply` and `trial` call it. On stdout by default: stderr stays
-    the one clear error line when the command then fails; `err` where stdout is a diff."""
-    from sm120patch.trial import known
-
-    if quiet:
-        return
-    for line in known.lines(profile, paths, command or [], probe):
-        click.echo(line, err=err)
+# The options of `trial --measure` only, in the names of trial.measure.Options.
+MEASURE_OPTIONS = (
+    "api", "requests", "concurrency", "max_tokens", "warmup", "repeat", "min_gain", "figure",
+    "min_similarity", "model", "bench_cmd",
+)  # fmt: skip
 
 
 @trial_group.command("run", context_settings={"ignore_unknown_options": True})
@@ -663,29 +462,11 @@ def trial_cmd(
     profile: str,
     sglang: str | None,
     flashinfer: str | None,
-    ready_url: str | None,
-    ready_pattern: str | None,
-    timeout: float,
-    leave_running: bool,
-    sample_power: bool,
-    log_path: str | None,
-    force: bool,
-    no_gpu_check: bool,
     measure: bool,
-    api: str | None,
-    requests: int,
-    concurrency: int,
-    max_tokens: int,
-    warmup: int | None,
-    repeat: int,
-    min_gain: float,
-    figure: str,
-    min_similarity: float,
-    model: str | None,
-    bench_cmd: str | None,
-    export_path: str | None,
+    no_gpu_check: bool,
     as_json: bool,
     command: tuple[str, ...],
+    **options: Any,
 ) -> None:
     """Apply PROFILE, run COMMAND (after --), keep the patch if it gets ready, else revert.
 
@@ -693,90 +474,34 @@ def trial_cmd(
     the figure improves by --min-gain beyond the spread and the answers are sane. Exit 0 kept,
     3 crashed, 5 reverted as not faster, 6 reverted as wrong output.
     """
-    from pathlib import Path
+    from sm120patch.errors import TrialCrashed
 
-    from sm120patch.errors import TrialCrashed, UsageError
-    from sm120patch.trial import gpu, serve
-
-    paths = {"sglang": sglang, "flashinfer": flashinfer}
-    if export_path and not measure:
-        raise UsageError(
-            "--export needs --measure",
-            "or export a recorded trial: `sm120patch trial show ID --export FILE`",
-        )
-    probe = functools.cache(gpu.probe)  # one NVML start for the known outcomes and the check
-    print_known(profile, paths, list(command), err=as_json, probe=probe)
-    if measure:
-        from sm120patch.trial import measure as measuring
-
-        opts = measuring.Options(
-            api=api,
-            ready_url=ready_url,
-            ready_pattern=ready_pattern,
-            timeout=timeout,
-            requests=requests,
-            concurrency=concurrency,
-            max_tokens=max_tokens,
-            warmup=warmup,
-            repeat=repeat,
-            min_gain=min_gain / 100,
-            figure=figure,
-            min_similarity=min_similarity,
-            model=model,
-            bench_cmd=bench_cmd,
-        )
-        measured = measuring.run(
-            profile,
-            paths,
-            list(command),
-            opts,
-            force=force,
-            preconditions=None if no_gpu_check else lambda: gpu.require_sm120(probe()),
-            log_path=Path(log_path) if log_path else None,
-            on_line=lambda line: click.echo(line, err=True),
-            on_event=lambda line: click.echo(f"sm120patch: {line}", err=True),
-        )
-        doc = measured.to_dict()
-        if export_path:
-            write_export(doc, Path(export_path))
-        if as_json:
-            emit_json(doc)
-        else:
-            for line in measured_lines(doc):
-                click.echo(line)
-        if measured.exit_code:
-            sys.exit(measured.exit_code)
-        return
+    measured = {k: options.pop(k) for k in MEASURE_OPTIONS}
+    request = app.TrialRequest(profile, command, gpu_check=not no_gpu_check, **options)
+    measure_options = app.measure_options(request, **measured) if measure else None
     try:
-        result = serve.run(
-            profile,
-            paths,
-            list(command),
-            ready_url=ready_url,
-            ready_pattern=ready_pattern,
-            timeout=timeout,
-            leave_running=leave_running,
-            sample_power=sample_power,
-            log_path=Path(log_path) if log_path else None,
-            force=force,
-            preconditions=None if no_gpu_check else lambda: gpu.require_sm120(probe()),
-            on_line=lambda line: click.echo(line, err=as_json),
+        found = app.trial(
+            session(sglang, flashinfer),
+            request,
+            measure_options,
+            on_known=echo_err if as_json else echo_out,
+            on_line=echo_err if (measure or as_json) else echo_out,
+            on_event=lambda line: click.echo(f"sm120patch: {line}", err=True),
         )
     except TrialCrashed as exc:
         if as_json and exc.record is not None:
             emit_json({**exc.record, "error": exc.message, "next": exc.hint, "exit_code": 3})
             sys.exit(exc.exit_code)
         raise
+    if request.export_path:
+        click.echo(f"wrote {request.export_path}: one known.toml record", err=True)
     if as_json:
-        emit_json(result.to_dict())
-        return
-    click.echo(
-        f"trial of {profile}: {result.verdict}"
-        + (f" in {result.time_to_ready_s:.1f}s" if result.time_to_ready_s else "")
-        + f"; the profile stays applied (`sm120patch revert {profile}` to undo)"
-    )
-    for line in power_lines(result.power_samples):
-        click.echo(line)
+        doc = found.measured.to_dict() if found.measured else found.result.to_dict()  # type: ignore[union-attr]  # one of the two is set
+        emit_json(doc)
+    else:
+        show(render.trialled(found, profile))
+    if found.measured is not None and found.measured.exit_code:
+        sys.exit(found.measured.exit_code)
 
 
 @trial_group.command("show")
@@ -799,93 +524,13 @@ def trial_show_cmd(
     as_json: bool,
 ) -> None:
     """Show a recorded trial (the latest, or ID or a prefix of it); --html draws a report."""
-    from pathlib import Path
-
-    from sm120patch.trial import known, report
-
-    found = known.find_trial(known.history({"sglang": sglang, "flashinfer": flashinfer}), trial_id)
-    if html_path:
-        Path(html_path).write_text(report.html(found), encoding="utf-8")
-    if export_path:
-        write_export(found, Path(export_path))
+    found = app.trial_show(session(sglang, flashinfer), trial_id, html_path, export_path)
     if as_json:
-        emit_json(found)
+        if export_path:
+            echo_err(f"wrote {export_path}: one known.toml record")
+        emit_json(found.trial)
         return
-    lines = measured_lines(found) if found.get("kind") == "measured" else [trial_line(found)]
-    for line in lines:
-        click.echo(line)
-    if html_path:
-        click.echo(f"report: {html_path}")
-
-
-def write_export(doc: dict[str, Any], path: Any) -> None:
-    from sm120patch.trial import known
-
-    path.write_text(known.export_record(doc), encoding="utf-8")
-    click.echo(f"wrote {path}: one known.toml record", err=True)
-
-
-def trial_line(t: dict[str, Any]) -> str:
-    """One line of a recorded trial, for `status` and `trial show`."""
-    if t.get("kind") == "measured":
-        return f"trial {t.get('id')} {t.get('profile')} measured: {t.get('message')}"
-    head = f"trial {t['id']} " if t.get("id") else "trial "
-    return (
-        f"{head}{t.get('profile')}: {t.get('verdict')}, "
-        f"exit {t.get('exit_code')}: {' '.join(t.get('command', []))}"
-    )
-
-
-def measured_lines(doc: dict[str, Any]) -> list[str]:
-    """A measured trial in words: each run's figures and power, then the verdict."""
-    from sm120patch.trial import gpu
-
-    lines = [f"trial {doc['id']} of {doc['profile']}: {' '.join(doc['command'])}"]
-    if doc.get("versions") or doc.get("gpu_names"):
-        versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
-        lines.append(f"  {versions}; GPUs: {', '.join(doc.get('gpu_names') or ['none seen'])}")
-    for run in doc["runs"]:
-        head = f"  {run['side']:8} run {run['round'] + 1}: "
-        f = run.get("figures")
-        if run["outcome"] != "ok" or not f:
-            lines.append(head + f"{run['outcome']} (exit {run.get('exit_code')})")
-            continue
-        lines.append(
-            head + f"{f['output_tok_s']:.1f} tok/s, {f['req_s']:.2f} req/s, "
-            f"TTFT p50/p99 {_ms(f.get('ttft_p50_ms'))}/{_ms(f.get('ttft_p99_ms'))} ms, "
-            f"ITL p50/p99 {_ms(f.get('itl_p50_ms'))}/{_ms(f.get('itl_p99_ms'))} ms"
-        )
-        for g in run.get("gpus", []):
-            lines.append("    " + gpu.GpuFigures(**g).describe())
-        if run.get("nvml_problem"):
-            lines.append(f"    no GPU figures: {run['nvml_problem']}")
-    for reason in (doc.get("sanity") or {}).get("reasons", []):
-        lines.append(f"  wrong output: {reason}")
-    if doc.get("signature"):
-        lines.append(f"  next: {doc['signature']['action']}")
-    lines.append(f"verdict: {doc['verdict']}: {doc['message']}")
-    return lines
-
-
-def _ms(value: float | None) -> str:
-    return "?" if value is None else f"{value:.1f}"
-
-
-def power_lines(samples: list[dict[str, Any]]) -> list[str]:
-    """Mean and peak draw per GPU against its limit."""
-    per: dict[int, list[tuple[float, float | None]]] = {}
-    for sample in samples:
-        for g in sample["gpus"]:
-            if g["power_w"] is not None:
-                per.setdefault(g["index"], []).append((g["power_w"], g["limit_w"]))
-    lines = []
-    for index, values in sorted(per.items()):
-        draws = [v[0] for v in values]
-        limit = values[-1][1]
-        mean = sum(draws) / len(draws)
-        share = f" ({100 * mean / limit:.0f}% of its {limit:.0f} W limit)" if limit else ""
-        lines.append(f"GPU {index}: mean {mean:.0f} W, peak {max(draws):.0f} W{share}")
-    return lines
+    show(render.shown(found))
 
 
 @main.command("doctor")
@@ -893,37 +538,11 @@ def power_lines(samples: list[dict[str, Any]]) -> list[str]:
 @json_option
 def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
     """What this machine has (GPUs, SGLang, FlashInfer) and what each profile would do here."""
-    from sm120patch.explain import doctor
-
-    found = doctor.examine({"sglang": sglang, "flashinfer": flashinfer})
+    found = app.doctor(session(sglang, flashinfer))
     if as_json:
         emit_json(found.to_dict())
         return
-    probe = found.probe
-    if probe.problem or not probe.gpus:
-        click.echo(f"GPUs: {probe.summary()}")
-    else:
-        click.echo(f"GPUs (driver {probe.driver}, CUDA {probe.cuda_driver}):")
-        for g in probe.gpus:
-            mark = "SM120" if g.is_sm120 else "not SM120"
-            click.echo(f"  {g.describe()} ({mark})")
-    for t in found.targets:
-        click.echo(f"{t['kind']}: {t['version']} ({t['layout']}) at {t['root']}")
-    for line in found.missing:
-        click.echo(line)
-    for p in found.profiles:
-        pinned = {True: "inside its pins", False: "OUTSIDE its pins", None: "not checked"}
-        click.echo(f"profile {p.name} [{p.status}]: {pinned[p.pinned]}")
-        for problem in p.problems:
-            click.echo(f"  {problem}")
-        for o in p.outcomes:
-            click.echo(f"  {o['status']:16} {o['patch']:26} {o['file'] or ''}::{o['site']}")
-    for a in found.applied:
-        if a.get("profile"):
-            click.echo(f"applied now on {a['root']}: {a['profile']}")
-    for line in found.known:
-        click.echo(line)
-    click.echo(found.recommendation)
+    show(render.doctor(found))
 
 
 @main.command("pin")
@@ -942,14 +561,7 @@ def pin_cmd(
     profile: str, sglang: str | None, flashinfer: str | None, output: str, force: bool
 ) -> None:
     """Write a lock file freezing versions, patch digests and file hashes of PROFILE here."""
-    from pathlib import Path
-
-    from sm120patch.engine import pin
-
-    lock = pin.make(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
-    Path(output).write_text(lock.to_toml(), encoding="utf-8")
-    versions = ", ".join(f"{k} {v}" for k, v in lock.versions.items())
-    click.echo(f"wrote {output}: {profile} on {versions}, {len(lock.files)} file(s)")
+    show(render.pinned(app.pin(session(sglang, flashinfer), profile, output, force=force), profile))
 
 
 @main.command("export")
@@ -974,16 +586,10 @@ def export_cmd(
     overwrite: bool,
 ) -> None:
     """Write one mail-format patch per applied patch per target (for git am / git apply)."""
-    from pathlib import Path
-
-    from sm120patch.plan import export, planner
-
-    plan = planner.checked(profile, {"sglang": sglang, "flashinfer": flashinfer}, force=force)
-    for item in export.write(plan, Path(out_dir), overwrite=overwrite):
+    written = app.export(session(sglang, flashinfer), profile, out_dir, force=force,
+                         overwrite=overwrite)  # fmt: skip
+    for item in written:
         click.echo(f"{item.target}: {item.path}")
-
-
-# ---- patch packs (issue 12): new-patch -------------------------------------------------------
 
 
 @main.command("new-patch")
@@ -1000,28 +606,12 @@ def export_cmd(
 @click.option("--dir", "directory", default="sm120patch-pack", show_default=True,
               type=click.Path(file_okay=False), help="The pack directory to write into.")
 @click.option("--force", is_flag=True, help="Overwrite files new-patch wrote before.")
-def new_patch_cmd(
-    patch_id: str, target: str, rel: str, function: str, pins: str, keyword: str | None,
-    expect: str | None, add: int | None, profile: str | None, directory: str, force: bool,
-) -> None:
+def new_patch_cmd(**options: Any) -> None:
     """Write a patch module, its facts table, a profile and a test into a pack directory."""
-    from pathlib import Path
-
-    from sm120patch.errors import UsageError
-    from sm120patch.patchkit import newpatch
-
-    try:
-        majors = tuple(int(x) for x in expect.split(",")) if expect else ()
-    except ValueError:
-        raise UsageError(
-            f"--expect '{expect}' is not a list of integers", "e.g. --expect 9,10"
-        ) from None
-    spec = newpatch.NewPatch(
-        patch_id, target, rel, function, pins, profile or "", keyword, majors, add
-    )
-    written = newpatch.write(spec, Path(directory), force=force)
+    written = app.new_patch(app.NewPatchRequest(**options))
     for path in (written.module, written.test, written.profiles):
         click.echo(f"wrote {path}")
+    directory = options["directory"]
     click.echo(f"next: fill in the TODOs, then `python -m pytest {written.test}` and "
                f"`sm120patch --patches {directory} apply {written.profile} --dry-run`")
 
@@ -1062,50 +652,19 @@ def matrix_cmd(
     """Plan every profile on every SGLang and FlashInfer release on pip's index: outcome per
     site. Releases come from pip's configured index (pip config, PIP_INDEX_URL) into the release
     cache; offline, the cached release list is used with a warning."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    from sm120patch.errors import UsageError
-    from sm120patch.maintain import matrix
-    from sm120patch.maintain.progress import Progress
-    from sm120patch.plan import catalog
-
     if as_json and as_markdown:
         raise UsageError("give at most one of --json and --markdown")
-    cat = catalog.load()
-    for name in profiles:
-        cat.profile(name)
-    specs: dict[str, str | None] = {}
-    if sglang_spec is not None or flashinfer_spec is None:
-        specs["sglang"] = sglang_spec
-    if flashinfer_spec is not None or sglang_spec is None:
-        specs["flashinfer"] = flashinfer_spec
-    for kind, spec in specs.items():
-        try:
-            SpecifierSet(spec or "")
-        except InvalidSpecifier:
-            raise UsageError(f"--{kind} {spec!r} is not a PEP 440 specifier") from None
-    progress = Progress(quiet=quiet)
-    with progress.phase("reading the release index", len(specs)):
-        selection = matrix.releases_for(specs, progress=progress.advance)
-    warning = selection.warning()
-    if warning:
-        click.echo(f"sm120patch: warning: {warning}", err=True)
-    work = selection.work
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
-    with progress.phase("planning releases", len(work)):
-        rows = matrix.run(
-            work, jobs, progress=lambda row: progress.advance(f"{row.kind} {row.version}")
-        )
-    chosen = list(profiles) or None
-    if as_json:
-        click.echo(matrix.to_json(rows, [warning] if warning else []))
-    else:
-        click.echo(matrix.markdown(rows, chosen))
-    if any(r.error for r in rows):
+    found = app.matrix(
+        session(),
+        {"sglang": sglang_spec, "flashinfer": flashinfer_spec},
+        profiles,
+        jobs,
+        on_warning=lambda line: click.echo(f"sm120patch: warning: {line}", err=True),
+        progress_quiet=quiet,
+    )
+    show(render.matrix(found, as_json))
+    if found.failed:
         sys.exit(1)
-
-
-# ---------------------------------------------------------------------------- explain (issue 10)
 
 
 @main.command("explain", context_settings={"ignore_unknown_options": True})
@@ -1136,33 +695,8 @@ def explain_cmd(
     Runs SGLang's server-argument resolution, the allreduce-fusion gate, _resolve_backend and
     FlashInfer's comm module flags in the target's interpreter: no weights, no server.
     """
-    from sm120patch.explain import explain
-
-    found = explain.explain(
-        {"sglang": sglang, "flashinfer": flashinfer},
-        python=python,
-        simulate=simulate,
-        launch=launch,
-    )
+    found = app.explain(session(sglang, flashinfer), python, simulate, launch)
     if as_json:
         emit_json(found.to_dict())
         return
-    gpu = f"simulated {simulate.upper()}" if simulate else "this machine's GPU"
-    click.echo(f"# {gpu}, {found.python}")
-    for t in found.targets:
-        click.echo(f"# {t['kind']} {t['version']} at {t['root']}")
-    if found.launch:
-        click.echo(f"# launch: {' '.join(found.launch)}")
-    side = "patched (on disk)" if found.applied else "patched (planned)"
-
-    def cell(text: str, most: int = 56) -> str:
-        return text if len(text) <= most else text[: most - 3] + "..."
-
-    rows = [("", "pristine", side), *((k, cell(a), cell(b)) for k, a, b in found.rows())]
-    width = max(len(r[0]) for r in rows)
-    left = max(len(r[1]) for r in rows)
-    for label, before, after in rows:
-        mark = "  " if before == after or not label else "->"
-        click.echo(f"{label:{width}}  {before:{left}}  {mark} {after}")
-    for note in found.notes:
-        click.echo(f"note: {note}")
+    show(render.explained(found, simulate))

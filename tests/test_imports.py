@@ -155,3 +155,12 @@ def test_runtime_code_never_imports_torch_sglang_or_flashinfer():
             continue  # run by path in the target's own interpreter (explain), never imported
         top = {m.split(".")[0] for m in _imports(ast.parse(path.read_text()), {})}
         assert not top & {"torch", "sglang", "flashinfer"}, name
+
+
+def test_the_cli_imports_only_the_command_layer_the_renderer_and_errors():
+    """cli.py parses and renders: everything it does goes through app.py."""
+    edges = graph()
+    assert edges["sm120patch.cli"] <= {
+        "sm120patch", "sm120patch.app", "sm120patch.render", "sm120patch.errors"
+    }  # fmt: skip
+    assert "sm120patch.app" in edges["sm120patch.cli"]

@@ -1,0 +1,469 @@
+"""The command layer: one plain function per verb over a `Session`, in the manner of Alembic's
+`command.py`. Each function does what its command does and returns a typed result; it never
+prints (render.py turns results into text and JSON) and raises the typed errors of errors.py.
+
+A `Session` is what every command shares: the target paths given on the command line, the
+patch packs, the catalog loaded once with those packs, and one reading of the GPUs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sm120patch.errors import UsageError
+
+if TYPE_CHECKING:
+    from sm120patch.engine.apply import Prepared
+    from sm120patch.engine.assess import TargetStatus
+    from sm120patch.engine.reports import Report
+    from sm120patch.explain.doctor import Examination
+    from sm120patch.explain.explain import Explanation
+    from sm120patch.maintain.matrix import Row
+    from sm120patch.patchkit.newpatch import Written
+    from sm120patch.plan.catalog import Catalog, Profile
+    from sm120patch.plan.export import Exported
+    from sm120patch.plan.lockfile import Lock
+    from sm120patch.plan.plans import Plan
+    from sm120patch.trial.gpu import Probe
+    from sm120patch.trial.measure import MeasuredTrial
+    from sm120patch.trial.serve import TrialResult
+
+Lines = Callable[[str], None]
+
+
+def on_interrupt(notice: Callable[[int, int], None]) -> None:
+    """Have `notice(signal, count)` acknowledge each deferred SIGINT/SIGTERM/SIGHUP at once
+    (it runs inside the signal handler)."""
+    from sm120patch.engine import interrupts
+
+    interrupts.notice = notice
+
+
+@dataclass
+class Session:
+    """What one command works on: targets, packs, the catalog and the GPUs, resolved once."""
+
+    sglang: str | None = None
+    flashinfer: str | None = None
+    packs: tuple[str, ...] = ()
+    _probe: Probe | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        from sm120patch.plan import catalog
+
+        catalog.use_packs(self.packs)  # also when empty: one process may run several commands
+
+    @property
+    def paths(self) -> dict[str, str | None]:
+        return {"sglang": self.sglang, "flashinfer": self.flashinfer}
+
+    @functools.cached_property
+    def catalog(self) -> Catalog:
+        from sm120patch.plan import catalog
+
+        return catalog.load()
+
+    def profile(self, name: str) -> Profile:
+        return self.catalog.profile(name)
+
+    def probe(self) -> Probe:
+        """The GPUs, read once per command (starting NVML is a tenth of a second)."""
+        if self._probe is None:
+            from sm120patch.trial import gpu
+
+            self._probe = gpu.probe()
+        return self._probe
+
+    def sm120_check(self, gpu_check: bool) -> Callable[[], None] | None:
+        """The apply's precondition: an SM120 GPU here, unless the check is off."""
+        if not gpu_check:
+            return None
+        from sm120patch.trial import gpu
+
+        return lambda: gpu.require_sm120(self.probe())
+
+    def known_lines(self, profile: str | None, command: list[str] | None = None) -> list[str]:
+        """The known outcomes and the trials measured here that match this box."""
+        from sm120patch.trial import known
+
+        return known.lines(profile, self.paths, command or [], self.probe)
+
+
+# ---- lock files --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Locked:
+    """The profile a command works on, and the lock it must reproduce (if any)."""
+
+    profile: str
+    lock: Lock | None = None
+    lock_path: str | None = None
+    check_plan: Callable[[Plan], None] | None = None
+
+
+def locked(profile: str | None, lock_path: str | None) -> Locked:
+    """PROFILE and/or --locked LOCKFILE, read and checked against each other."""
+    if not lock_path:
+        if not profile:
+            raise UsageError("give a PROFILE (see `sm120patch list`) or --locked LOCKFILE")
+        return Locked(profile)
+    from sm120patch.plan import lockfile
+
+    lock = lockfile.read(Path(lock_path))
+    if profile and profile != lock.profile:
+        raise UsageError(f"{lock_path} locks profile {lock.profile}, not {profile}")
+    return Locked(lock.profile, lock, lock_path, lockfile.check(lock, Path(lock_path)))
+
+
+# ---- the verbs -----------------------------------------------------------------------------
+
+
+def list_profiles(session: Session) -> Catalog:
+    return session.catalog
+
+
+def show(session: Session, name: str) -> Profile:
+    return session.profile(name)
+
+
+@dataclass
+class DryRun:
+    """`apply --dry-run`: what the apply would do, refused exactly as it would refuse."""
+
+    prepared: Prepared
+    plan: Plan
+    gpu: dict[str, Any] | None  # None when the GPU check is off
+
+
+def apply_dry_run(
+    session: Session, want: Locked, *, force: bool, gpu_check: bool, on_known: Lines
+) -> DryRun:
+    """The known outcomes go to `on_known` before anything is decided (a refusal follows
+    them)."""
+    from sm120patch.engine import apply
+
+    for line in session.known_lines(want.profile):
+        on_known(line)
+    prep = apply.dry_run(
+        want.profile, session.paths, force=force, check_plan=want.check_plan, lock=want.lock
+    )
+    gpu_doc = None
+    if gpu_check:
+        found = session.probe()
+        gpu_doc = {"has_sm120": found.has_sm120, "summary": found.summary()}
+    assert prep.plan is not None  # a dry run always plans (or refuses)
+    return DryRun(prep, prep.plan, gpu_doc)
+
+
+def apply(
+    session: Session, want: Locked, *, force: bool, gpu_check: bool, on_known: Lines
+) -> Report:
+    from sm120patch.engine import apply as applying
+
+    for line in session.known_lines(want.profile):
+        on_known(line)
+    return applying.apply(
+        want.profile,
+        session.paths,
+        force=force,
+        preconditions=session.sm120_check(gpu_check),
+        check_plan=want.check_plan,
+        lock=want.lock,
+    )
+
+
+def ensure(
+    session: Session, want: Locked, *, force: bool, gpu_check: bool, apply_if_needed: bool
+) -> Report:
+    from sm120patch.engine import ensure as ensuring
+
+    return ensuring.ensure(
+        want.profile,
+        session.paths,
+        force=force,
+        preconditions=session.sm120_check(gpu_check),
+        check_plan=want.check_plan,
+        lock=want.lock,
+        apply_if_needed=apply_if_needed,
+    )
+
+
+def revert(
+    session: Session, profile: str | None, *, every: bool, force: bool, keep_branch: bool,
+    dry_run: bool,
+) -> Report:  # fmt: skip
+    """`revert PROFILE` or `revert --all` (`every`); with `dry_run` only what it would do."""
+    from sm120patch.engine import revert as reverting
+
+    if bool(profile) == every:
+        raise UsageError("give exactly one of PROFILE or --all")
+    name = None if every else profile
+    if dry_run:
+        return reverting.revert_dry_run(name, session.paths, force=force)
+    return reverting.revert(name, session.paths, force=force, keep_branch=keep_branch)
+
+
+def status(session: Session) -> list[TargetStatus]:
+    from sm120patch.engine import assess
+
+    return assess.status(session.paths)
+
+
+def recover(session: Session) -> Report:
+    from sm120patch.engine import recover as recovering
+
+    return recovering.recover(session.paths)
+
+
+def doctor(session: Session) -> Examination:
+    from sm120patch.explain import doctor as examining
+
+    return examining.examine(session.paths)
+
+
+@dataclass(frozen=True)
+class Pinned:
+    lock: Lock
+    output: str
+
+
+def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
+    from sm120patch.engine import pin as pinning
+
+    lock = pinning.make(profile, session.paths, force=force)
+    Path(output).write_text(lock.to_toml(), encoding="utf-8")
+    return Pinned(lock, output)
+
+
+def export(
+    session: Session, profile: str, out_dir: str, *, force: bool, overwrite: bool
+) -> list[Exported]:
+    from sm120patch.plan import export as exporting
+    from sm120patch.plan import planner
+
+    plan = planner.checked(profile, session.paths, force=force)
+    return exporting.write(plan, Path(out_dir), overwrite=overwrite)
+
+
+@dataclass(frozen=True)
+class NewPatchRequest:
+    patch_id: str
+    target: str
+    rel: str
+    function: str
+    pins: str
+    keyword: str | None
+    expect: str | None
+    add: int | None
+    profile: str | None
+    directory: str
+    force: bool
+
+
+def new_patch(request: NewPatchRequest) -> Written:
+    from sm120patch.patchkit import newpatch
+
+    try:
+        majors = tuple(int(x) for x in request.expect.split(",")) if request.expect else ()
+    except ValueError:
+        raise UsageError(
+            f"--expect '{request.expect}' is not a list of integers", "e.g. --expect 9,10"
+        ) from None
+    spec = newpatch.NewPatch(
+        request.patch_id, request.target, request.rel, request.function, request.pins,
+        request.profile or "", request.keyword, majors, request.add,
+    )  # fmt: skip
+    return newpatch.write(spec, Path(request.directory), force=request.force)
+
+
+@dataclass
+class Matrix:
+    rows: list[Row]
+    warning: str | None
+    profiles: list[str] | None  # the columns asked for; None: every profile
+
+    @property
+    def failed(self) -> bool:
+        return any(r.error for r in self.rows)
+
+
+def matrix(
+    session: Session,
+    specs: Mapping[str, str | None],
+    profiles: tuple[str, ...],
+    jobs: int | None,
+    *,
+    on_warning: Lines,
+    progress_quiet: bool,
+) -> Matrix:
+    """Every profile on every release matching `specs` (kind -> PEP 440 specifier or None)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    from sm120patch.maintain import matrix as planning
+    from sm120patch.maintain.progress import Progress
+
+    for name in profiles:
+        session.profile(name)
+    chosen: dict[str, str | None] = {}
+    if specs.get("sglang") is not None or specs.get("flashinfer") is None:
+        chosen["sglang"] = specs.get("sglang")
+    if specs.get("flashinfer") is not None or specs.get("sglang") is None:
+        chosen["flashinfer"] = specs.get("flashinfer")
+    for kind, spec in chosen.items():
+        try:
+            SpecifierSet(spec or "")
+        except InvalidSpecifier:
+            raise UsageError(f"--{kind} {spec!r} is not a PEP 440 specifier") from None
+    progress = Progress(quiet=progress_quiet)
+    with progress.phase("reading the release index", len(chosen)):
+        selection = planning.releases_for(chosen, progress=progress.advance)
+    warning = selection.warning()
+    if warning:
+        on_warning(warning)
+    work = selection.work
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    with progress.phase("planning releases", len(work)):
+        rows = planning.run(
+            work, jobs, progress=lambda row: progress.advance(f"{row.kind} {row.version}")
+        )
+    return Matrix(rows, warning, list(profiles) or None)
+
+
+def explain(
+    session: Session, python: str | None, simulate: str | None, launch: tuple[str, ...]
+) -> Explanation:
+    from sm120patch.explain import explain as explaining
+
+    return explaining.explain(session.paths, python=python, simulate=simulate, launch=launch)
+
+
+# ---- trial ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """What `trial PROFILE -- COMMAND` runs, however it is judged."""
+
+    profile: str
+    command: tuple[str, ...]
+    ready_url: str | None = None
+    ready_pattern: str | None = None
+    timeout: float = 600.0
+    log_path: str | None = None
+    force: bool = False
+    gpu_check: bool = True
+    # a crash trial only
+    leave_running: bool = False
+    sample_power: bool = False
+    # a measured trial only
+    export_path: str | None = None
+
+
+def measure_options(request: TrialRequest, *, min_gain: float, **measured: Any) -> Any:
+    """trial.measure.Options from the request and the --measure options (`min_gain` in
+    percent, as the command line takes it)."""
+    from sm120patch.trial import measure as measuring
+
+    return measuring.Options(
+        ready_url=request.ready_url,
+        ready_pattern=request.ready_pattern,
+        timeout=request.timeout,
+        min_gain=min_gain / 100,
+        **measured,
+    )
+
+
+@dataclass
+class Trialled:
+    """A trial run: the crash trial's result or the measured trial."""
+
+    result: TrialResult | None = None
+    measured: MeasuredTrial | None = None
+
+
+def trial(
+    session: Session,
+    request: TrialRequest,
+    measure: Any | None,
+    *,
+    on_known: Lines,
+    on_line: Lines,
+    on_event: Lines,
+) -> Trialled:
+    """Apply, run the command, judge, keep or revert. `measure` (trial.measure.Options) makes
+    it an A/B measurement. The known outcomes go to `on_known` before anything runs."""
+    from sm120patch.trial import serve
+
+    if request.export_path and measure is None:
+        raise UsageError(
+            "--export needs --measure",
+            "or export a recorded trial: `sm120patch trial show ID --export FILE`",
+        )
+    for line in session.known_lines(request.profile, list(request.command)):
+        on_known(line)
+    log_path = Path(request.log_path) if request.log_path else None
+    if measure is not None:
+        from sm120patch.trial import measure as measuring
+
+        measured = measuring.run(
+            request.profile,
+            session.paths,
+            list(request.command),
+            measure,
+            force=request.force,
+            preconditions=session.sm120_check(request.gpu_check),
+            log_path=log_path,
+            on_line=on_line,
+            on_event=on_event,
+        )
+        if request.export_path:
+            write_export(measured.to_dict(), Path(request.export_path))
+        return Trialled(measured=measured)
+    result = serve.run(
+        request.profile,
+        session.paths,
+        list(request.command),
+        ready_url=request.ready_url,
+        ready_pattern=request.ready_pattern,
+        timeout=request.timeout,
+        leave_running=request.leave_running,
+        sample_power=request.sample_power,
+        log_path=log_path,
+        force=request.force,
+        preconditions=session.sm120_check(request.gpu_check),
+        on_line=on_line,
+    )
+    return Trialled(result=result)
+
+
+@dataclass
+class Shown:
+    trial: dict[str, Any]
+    html_path: str | None
+    export_path: str | None
+
+
+def trial_show(
+    session: Session, trial_id: str | None, html_path: str | None, export_path: str | None
+) -> Shown:
+    from sm120patch.trial import known, report
+
+    found = known.find_trial(known.history(session.paths), trial_id)
+    if html_path:
+        Path(html_path).write_text(report.html(found), encoding="utf-8")
+    if export_path:
+        write_export(found, Path(export_path))
+    return Shown(found, html_path, export_path)
+
+
+def write_export(doc: dict[str, Any], path: Path) -> None:
+    """A trial as one known.toml record."""
+    from sm120patch.trial import known
+
+    path.write_text(known.export_record(doc), encoding="utf-8")

@@ -1,0 +1,374 @@
+"""Results in words: each function turns one command's typed result into the lines it prints,
+split into standard output (what a script would capture: a diff, a table) and standard error
+(what is said about it). JSON documents come from each result's `to_dict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sm120patch.app import DryRun, Matrix, Pinned, Shown, Trialled
+    from sm120patch.engine.assess import TargetStatus
+    from sm120patch.engine.reports import Report
+    from sm120patch.explain.doctor import Examination
+    from sm120patch.explain.explain import Explanation
+    from sm120patch.patchkit.model import Outcome
+    from sm120patch.plan.catalog import Catalog, Profile
+
+
+@dataclass
+class Text:
+    out: list[str] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+    # stdout text printed as it is, without a newline added (a diff)
+    raw: str = ""
+
+
+def profiles(cat: Catalog) -> Text:
+    text = Text()
+    width = max([len(p.name) for p in cat.profiles.values()] + [8])
+    for p in cat.profiles.values():
+        pins = ", ".join(f"{k} {v}" for k, v in p.pins.items())
+        origin = cat.profile_sources[p.name]
+        where = "" if origin.built_in else f" (from {origin.name})"
+        text.out.append(f"{p.name:{width}} [{p.status}] {p.title}{where}")
+        text.out.append(f"{'':{width}} pins: {pins}")
+        for pid in p.patches:
+            source = cat.source(pid)
+            where = "" if source.built_in else f" (from {source.name})"
+            text.out.append(f"{'':{width}}   {pid:26} {cat.patches[pid].title}{where}")
+    return text
+
+
+def profiles_doc(cat: Catalog) -> dict[str, Any]:
+    return {
+        "profiles": [
+            {
+                "name": p.name,
+                "title": p.title,
+                "status": p.status,
+                "patches": list(p.patches),
+                "pins": {k: str(v) for k, v in p.pins.items()},
+                "source": cat.profile_sources[p.name].name,
+            }
+            for p in cat.profiles.values()
+        ],
+        "patches": [
+            {"id": p.id, "target": p.target, "title": p.title, "source": cat.source(p.id).name}
+            for p in cat.patches.values()
+        ],
+    }
+
+
+def profile(cat: Catalog, prof: Profile) -> Text:
+    text = Text()
+    text.out.append(f"{prof.name} [{prof.status}]: {prof.title}")
+    for k, v in prof.pins.items():
+        text.out.append(f"  pinned on {k} {v}")
+    if prof.known:
+        text.out.append("  known: " + " ".join(prof.known.split()))
+    for patch in cat.patches_of(prof):
+        text.out.append("")
+        text.out.append(f"{patch.id} ({patch.target}, {cat.source(patch.id).name}): {patch.title}")
+        text.out.append("  why: " + patch.why)
+        if patch.upstream:
+            text.out.append(f"  upstream: {patch.upstream}")
+        for shape in patch.shapes:
+            text.out.append(f"  - {shape}")
+    return text
+
+
+def outcomes(found: Sequence[Outcome]) -> list[str]:
+    lines = []
+    for o in found:
+        where = f"{o.file}::{o.site}" if o.file else o.site
+        lines.append(f"  {o.status.value:16} {o.patch:26} {where}")
+        if o.status.value in ("refused", "upstream", "not-applicable"):
+            lines.append(f"  {'':16} {o.reason}")
+        if getattr(o, "note", ""):
+            lines.append(f"  {'':16} note: {o.note}")
+    return lines
+
+
+def report(found: Report) -> Text:
+    """What an apply or ensure did: outcomes (stderr), notes and each target's files."""
+    text = Text(err=outcomes(found.outcomes))
+    text.out += found.notes
+    for t in found.targets:
+        if not t.files:
+            continue
+        where = f"on branch {t.branch}" if t.branch else "(pristine copies kept for revert)"
+        text.out.append(
+            f"{t.target.name} {t.target.version} at {t.target.root}: "
+            f"{len(t.files)} file(s) patched {where}"
+        )
+    return text
+
+
+def dry_run(found: DryRun) -> Text:
+    """The apply minus the writes: the diff on stdout, what is said about it on stderr."""
+    text = Text()
+    if found.gpu is not None and not found.gpu["has_sm120"]:
+        text.err.append(
+            f"warning: no SM120 GPU here ({found.gpu['summary']}); a real apply "
+            "will refuse without --no-gpu-check"
+        )
+    for tp in found.plan.targets:
+        t = tp.target
+        text.err.append(f"# {t.name} {t.version} ({t.layout}) at {t.root}")
+    text.err += outcomes(found.plan.outcomes)
+    text.err += found.prepared.notes
+    if not found.prepared.nothing_to_do:
+        text.raw = found.plan.diff()
+    return text
+
+
+def dry_run_doc(found: DryRun) -> dict[str, Any]:
+    return {
+        **found.plan.to_dict(),
+        "nothing_to_do": found.prepared.nothing_to_do,
+        "notes": found.prepared.notes,
+        "gpu": found.gpu,
+        "error": None,
+    }
+
+
+def applied(found: Report, profile: str, lock_path: str | None) -> Text:
+    text = report(found)
+    if found.action == "applied":
+        text.out.append(
+            f"applied {profile}; restart the server to use it. "
+            f"Undo with `sm120patch revert {profile}`."
+        )
+    elif lock_path is not None:
+        text.out.append(f"already exactly as {lock_path} says; nothing was changed")
+    return text
+
+
+def ensured(found: Report, what: str) -> Text:
+    text = report(found)
+    if found.action == "applied":
+        text.out.append(f"ensured {what}: applied now; the trees are as wanted")
+    else:
+        text.out.append(f"ensured {what}: already as wanted; nothing was changed")
+    return text
+
+
+def reverted(found: Report) -> Text:
+    text = Text()
+    if found.dry_run:
+        # As apply's dry run: stdout is the diff, what it says about it goes to stderr.
+        text.err += found.notes
+        for t in found.targets:
+            if found.action == "reverted" and t.files:
+                text.err.append(
+                    f"{t.target.name} at {t.target.root}: the revert would restore "
+                    f"{len(t.files)} file(s)"
+                )
+        text.raw = found.restores
+        return text
+    text.out += found.notes
+    for t in found.targets:
+        if found.action == "reverted" and t.files:
+            kept = f"; branch {t.branch} kept" if t.branch else ""
+            text.out.append(
+                f"{t.target.name} at {t.target.root}: {len(t.files)} file(s) restored{kept}"
+            )
+    return text
+
+
+def recovered(found: Report) -> Text:
+    return Text(out=list(found.notes))
+
+
+def _file_line(f: dict[str, Any]) -> str:
+    extra = ""
+    if f["as_installed"] is True and f["state"] != "pristine":
+        extra = " (matches the installed RECORD)"
+    elif f["as_installed"] is False and f["state"] == "drifted":
+        extra = " (matches neither what sm120patch wrote nor the installed RECORD)"
+    elif f["as_installed"] is False and f["state"] == "pristine":
+        extra = " (differs from the installed RECORD)"
+    return f"    {f['state']:9} {f['path']}{extra}"
+
+
+def status(found: list[TargetStatus]) -> Text:
+    text = Text()
+    if not found:
+        text.out.append("no SGLang or FlashInfer found; pass --sglang / --flashinfer")
+    for s in found:
+        t = s.target
+        text.out.append(f"{t.name} {t.version} ({t.layout}) at {t.root}: {s.state}")
+        if s.state != "pristine":
+            text.out.append(f"  {s.assessment.message}")
+        for trial in s.trials[-5:]:
+            text.out.append("  " + trial_line(trial))
+        if s.profile is None:
+            continue
+        branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
+        text.out.append(f"  profile {s.profile}{branch}")
+        text.out += [_file_line(f) for f in s.files]
+    return text
+
+
+def pinned(found: Pinned, profile: str) -> Text:
+    versions = ", ".join(f"{k} {v}" for k, v in found.lock.versions.items())
+    return Text(
+        out=[f"wrote {found.output}: {profile} on {versions}, {len(found.lock.files)} file(s)"]
+    )
+
+
+# ---- trials ----------------------------------------------------------------------------------
+
+
+def trial_line(t: dict[str, Any]) -> str:
+    """One line of a recorded trial, for `status` and `trial show`."""
+    if t.get("kind") == "measured":
+        return f"trial {t.get('id')} {t.get('profile')} measured: {t.get('message')}"
+    head = f"trial {t['id']} " if t.get("id") else "trial "
+    return (
+        f"{head}{t.get('profile')}: {t.get('verdict')}, "
+        f"exit {t.get('exit_code')}: {' '.join(t.get('command', []))}"
+    )
+
+
+def measured_lines(doc: dict[str, Any]) -> list[str]:
+    """A measured trial in words: each run's figures and power, then the verdict."""
+    from sm120patch.trial import gpu
+
+    lines = [f"trial {doc['id']} of {doc['profile']}: {' '.join(doc['command'])}"]
+    if doc.get("versions") or doc.get("gpu_names"):
+        versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
+        lines.append(f"  {versions}; GPUs: {', '.join(doc.get('gpu_names') or ['none seen'])}")
+    for run in doc["runs"]:
+        head = f"  {run['side']:8} run {run['round'] + 1}: "
+        f = run.get("figures")
+        if run["outcome"] != "ok" or not f:
+            lines.append(head + f"{run['outcome']} (exit {run.get('exit_code')})")
+            continue
+        lines.append(
+            head + f"{f['output_tok_s']:.1f} tok/s, {f['req_s']:.2f} req/s, "
+            f"TTFT p50/p99 {_ms(f.get('ttft_p50_ms'))}/{_ms(f.get('ttft_p99_ms'))} ms, "
+            f"ITL p50/p99 {_ms(f.get('itl_p50_ms'))}/{_ms(f.get('itl_p99_ms'))} ms"
+        )
+        for g in run.get("gpus", []):
+            lines.append("    " + gpu.GpuFigures(**g).describe())
+        if run.get("nvml_problem"):
+            lines.append(f"    no GPU figures: {run['nvml_problem']}")
+    for reason in (doc.get("sanity") or {}).get("reasons", []):
+        lines.append(f"  wrong output: {reason}")
+    if doc.get("signature"):
+        lines.append(f"  next: {doc['signature']['action']}")
+    lines.append(f"verdict: {doc['verdict']}: {doc['message']}")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f}"
+
+
+def power_lines(samples: list[dict[str, Any]]) -> list[str]:
+    """Mean and peak draw per GPU against its limit."""
+    per: dict[int, list[tuple[float, float | None]]] = {}
+    for sample in samples:
+        for g in sample["gpus"]:
+            if g["power_w"] is not None:
+                per.setdefault(g["index"], []).append((g["power_w"], g["limit_w"]))
+    lines = []
+    for index, values in sorted(per.items()):
+        draws = [v[0] for v in values]
+        limit = values[-1][1]
+        mean = sum(draws) / len(draws)
+        share = f" ({100 * mean / limit:.0f}% of its {limit:.0f} W limit)" if limit else ""
+        lines.append(f"GPU {index}: mean {mean:.0f} W, peak {max(draws):.0f} W{share}")
+    return lines
+
+
+def trialled(found: Trialled, profile: str) -> Text:
+    text = Text()
+    if found.measured is not None:
+        text.out += measured_lines(found.measured.to_dict())
+        return text
+    result = found.result
+    assert result is not None
+    text.out.append(
+        f"trial of {profile}: {result.verdict}"
+        + (f" in {result.time_to_ready_s:.1f}s" if result.time_to_ready_s else "")
+        + f"; the profile stays applied (`sm120patch revert {profile}` to undo)"
+    )
+    text.out += power_lines(result.power_samples)
+    return text
+
+
+def shown(found: Shown) -> Text:
+    t = found.trial
+    text = Text(out=measured_lines(t) if t.get("kind") == "measured" else [trial_line(t)])
+    if found.export_path:
+        text.err.append(f"wrote {found.export_path}: one known.toml record")
+    if found.html_path:
+        text.out.append(f"report: {found.html_path}")
+    return text
+
+
+# ---- doctor, explain, matrix ------------------------------------------------------------------
+
+
+def doctor(found: Examination) -> Text:
+    text = Text()
+    probe = found.probe
+    if probe.problem or not probe.gpus:
+        text.out.append(f"GPUs: {probe.summary()}")
+    else:
+        text.out.append(f"GPUs (driver {probe.driver}, CUDA {probe.cuda_driver}):")
+        for g in probe.gpus:
+            mark = "SM120" if g.is_sm120 else "not SM120"
+            text.out.append(f"  {g.describe()} ({mark})")
+    for t in found.targets:
+        text.out.append(f"{t['kind']}: {t['version']} ({t['layout']}) at {t['root']}")
+    text.out += found.missing
+    for p in found.profiles:
+        pins = {True: "inside its pins", False: "OUTSIDE its pins", None: "not checked"}
+        text.out.append(f"profile {p.name} [{p.status}]: {pins[p.pinned]}")
+        text.out += [f"  {problem}" for problem in p.problems]
+        for o in p.outcomes:
+            text.out.append(f"  {o['status']:16} {o['patch']:26} {o['file'] or ''}::{o['site']}")
+    for a in found.applied:
+        if a.get("profile"):
+            text.out.append(f"applied now on {a['root']}: {a['profile']}")
+    text.out += found.known
+    text.out.append(found.recommendation)
+    return text
+
+
+def explained(found: Explanation, simulate: str | None) -> Text:
+    text = Text()
+    gpu = f"simulated {simulate.upper()}" if simulate else "this machine's GPU"
+    text.out.append(f"# {gpu}, {found.python}")
+    for t in found.targets:
+        text.out.append(f"# {t['kind']} {t['version']} at {t['root']}")
+    if found.launch:
+        text.out.append(f"# launch: {' '.join(found.launch)}")
+    side = "patched (on disk)" if found.applied else "patched (planned)"
+
+    def cell(value: str, most: int = 56) -> str:
+        return value if len(value) <= most else value[: most - 3] + "..."
+
+    rows = [("", "pristine", side), *((k, cell(a), cell(b)) for k, a, b in found.rows())]
+    width = max(len(r[0]) for r in rows)
+    left = max(len(r[1]) for r in rows)
+    for label, before, after in rows:
+        mark = "  " if before == after or not label else "->"
+        text.out.append(f"{label:{width}}  {before:{left}}  {mark} {after}")
+    text.out += [f"note: {note}" for note in found.notes]
+    return text
+
+
+def matrix(found: Matrix, as_json: bool) -> Text:
+    from sm120patch.maintain import matrix as planning
+
+    if as_json:
+        return Text(out=[planning.to_json(found.rows, [found.warning] if found.warning else [])])
+    return Text(out=[planning.markdown(found.rows, found.profiles)])
