@@ -22,12 +22,22 @@ from sm120patch.errors import Sm120Error, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+PATHS_META = "sm120patch.paths"
+
+
+def _remember_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # Kept where the error rendering finds them: every hint names the same targets.
+    ctx.meta.setdefault(PATHS_META, {})[param.name] = value
+    return value
+
+
 target_options = [
     click.option(
         "--sglang",
         "sglang",
         metavar="PATH",
         default=None,
+        callback=_remember_path,
         help="SGLang checkout root, package parent or site-packages "
         "(default: the one installed in this Python).",
     ),
@@ -36,6 +46,7 @@ target_options = [
         "flashinfer",
         metavar="PATH",
         default=None,
+        callback=_remember_path,
         help="FlashInfer checkout root, package parent or site-packages "
         "(default: the one installed in this Python).",
     ),
@@ -64,15 +75,34 @@ json_option = click.option(
 )
 
 
+def paste(text: str) -> str:
+    """`text` with each `sm120patch ...` in it completed with this command's paths and packs."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return text
+    root = ctx.find_root()
+    return render.pasteable(text, root.meta.get(PATHS_META, {}), root.obj or ())
+
+
+def fallback_hint(error: Sm120Error) -> str:
+    """What to do when an error brings no hint of its own: never a refusal without one."""
+    ctx = click.get_current_context(silent=True)
+    verb = ctx.find_root().invoked_subcommand if ctx is not None else None
+    if error.exit_code == 2:
+        return f"see `sm120patch {verb} --help`" if verb else "see `sm120patch --help`"
+    return "`sm120patch status` shows the state of the trees"
+
+
 def fail(error: Sm120Error, as_json: bool) -> None:
-    click.echo(f"sm120patch: {error.message}", err=True)
-    if error.hint:
-        click.echo(f"  next: {error.hint}", err=True)
+    message, hint = paste(error.message), paste(error.hint or fallback_hint(error))
+    click.echo(f"sm120patch: {message}", err=True)
+    if hint:
+        click.echo(f"  next: {hint}", err=True)
     if as_json:
         emit_json(
             {
-                "error": error.message,
-                "next": error.hint or None,
+                "error": message,
+                "next": hint or None,
                 "exit_code": error.exit_code,
                 **error.details,
             }
@@ -80,15 +110,55 @@ def fail(error: Sm120Error, as_json: bool) -> None:
     sys.exit(error.exit_code)
 
 
+ARGV_META = "sm120patch.argv"
+
+
+def json_wanted(ctx: click.Context) -> bool:
+    """--json asked for, even when the command line failed to parse before its callback ran
+    (words after `--` are a trial's command, not ours)."""
+    if ctx.meta.get(JSON_META):
+        return True
+    argv = ctx.meta.get(ARGV_META, [])
+    return "--json" in (argv[: argv.index("--")] if "--" in argv else argv)
+
+
+def usage_failed(ctx: click.Context, error: click.UsageError) -> None:
+    """A command line click could not parse: its message on stderr, and under --json the
+    same as every other error, a JSON document on stdout, exit 2."""
+    error.show()
+    verb = error.ctx.info_name if error.ctx is not None and error.ctx.parent else None
+    emit_json(
+        {
+            "error": error.format_message(),
+            "next": f"see `sm120patch {verb} --help`" if verb else "see `sm120patch --help`",
+            "exit_code": error.exit_code,
+        }
+    )
+    sys.exit(error.exit_code)
+
+
 class Group(click.Group):
     """Renders every command's errors: a typed error is one line plus what to do (and JSON on
     stdout with --json); anything else is a bug (exit 4)."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta.setdefault(ARGV_META, list(args))
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if json_wanted(ctx):
+                usage_failed(ctx, exc)
+            raise
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            if json_wanted(ctx):
+                usage_failed(ctx, exc)
+            raise
         except Sm120Error as exc:
-            fail(exc, bool(ctx.meta.get(JSON_META)))
+            fail(exc, json_wanted(ctx))
         except KeyboardInterrupt:
             click.echo("sm120patch: interrupted", err=True)
             click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
@@ -188,19 +258,39 @@ def main(ctx: click.Context, pack_dirs: tuple[str, ...]) -> None:
     ctx.obj = tuple(pack_dirs)
 
 
+def complete_profile(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """Shell completion of PROFILE: the names of the profiles, the packs' included."""
+    from click.shell_completion import CompletionItem
+
+    packs = ctx.find_root().params.get("pack_dirs") or ()
+    try:
+        names = app.list_profiles(app.Session(packs=tuple(packs))).profiles
+    except Exception:  # a broken pack: no completion rather than a traceback at the prompt
+        return []
+    return [CompletionItem(name) for name in names if name.startswith(incomplete)]
+
+
 def session(sglang: str | None = None, flashinfer: str | None = None) -> app.Session:
     """The command's session: its targets and the group's --patches."""
     packs = click.get_current_context().find_root().obj or ()
     return app.Session(sglang, flashinfer, packs)
 
 
+def colour_wanted() -> bool:
+    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
 def show(text: render.Text) -> None:
     for line in text.err:
-        click.echo(line, err=True)
+        click.echo(paste(line), err=True)
     for line in text.out:
-        click.echo(line)
+        click.echo(paste(line))
     if text.raw:
-        click.echo(text.raw, nl=False)
+        if colour_wanted():
+            click.echo(render.coloured(text.raw), nl=False, color=True)
+        else:
+            click.echo(text.raw, nl=False)
 
 
 def echo_err(line: str) -> None:
@@ -227,7 +317,7 @@ def list_cmd(as_json: bool) -> None:
 
 
 @main.command("show")
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 def show_cmd(profile: str) -> None:
     """Show a profile: its patches, why each exists, the shapes each knows, its pins."""
     s = session()
@@ -244,7 +334,7 @@ locked_option = click.option(
 
 
 @main.command("apply")
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete_profile)
 @with_targets
 @click.option("--dry-run", is_flag=True, help="Print the unified diff and change nothing.")
 @locked_option
@@ -283,7 +373,7 @@ def apply_cmd(
 
 
 @main.command("ensure")
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete_profile)
 @with_targets
 @locked_option
 @click.option("--force", is_flag=True, help="Allow versions outside the profile's pins.")
@@ -316,7 +406,7 @@ def ensure_cmd(
 
 
 @main.command("revert")
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete_profile)
 @click.option("--all", "all_", is_flag=True, help="Revert whatever sm120patch applied.")
 @with_targets
 @click.option("--force", is_flag=True, help="Discard your edits to patched files.")
@@ -383,6 +473,10 @@ class _TrialGroup(click.Group):
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        # `trial <TAB>`: a profile (the default subcommand's argument) or `show`.
+        return [*complete_profile(ctx, self, incomplete), *super().shell_complete(ctx, incomplete)]
+
 
 @main.group("trial", cls=_TrialGroup)
 def trial_group() -> None:
@@ -398,7 +492,7 @@ MEASURE_OPTIONS = (
 
 
 @trial_group.command("run", context_settings={"ignore_unknown_options": True})
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 @with_targets
 @click.option("--ready-url", metavar="URL", help="Ready when this URL answers 2xx.")
 @click.option("--ready-pattern", metavar="REGEX", help="Ready when an output line matches.")
@@ -490,7 +584,8 @@ def trial_cmd(
         )
     except TrialCrashed as exc:
         if as_json and exc.record is not None:
-            emit_json({**exc.record, "error": exc.message, "next": exc.hint, "exit_code": 3})
+            emit_json({**exc.record, "error": paste(exc.message), "next": paste(exc.hint),
+                       "exit_code": 3})  # fmt: skip
             sys.exit(exc.exit_code)
         raise
     if request.export_path:
@@ -546,7 +641,7 @@ def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
 
 
 @main.command("pin")
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 @with_targets
 @click.option(
     "-o",
@@ -565,7 +660,7 @@ def pin_cmd(
 
 
 @main.command("export")
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 @with_targets
 @click.option(
     "-o",
@@ -633,7 +728,7 @@ def new_patch_cmd(**options: Any) -> None:
 @click.option(
     "-j",
     "--jobs",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Releases planned in parallel (default: the CPU count).",
 )
@@ -653,7 +748,9 @@ def matrix_cmd(
     site. Releases come from pip's configured index (pip config, PIP_INDEX_URL) into the release
     cache; offline, the cached release list is used with a warning."""
     if as_json and as_markdown:
-        raise UsageError("give at most one of --json and --markdown")
+        raise UsageError(
+            "give at most one of --json and --markdown", "Markdown is the default; drop one"
+        )
     found = app.matrix(
         session(),
         {"sglang": sglang_spec, "flashinfer": flashinfer_spec},

@@ -5,7 +5,9 @@ split into standard output (what a script would capture: a diff, a table) and st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,66 @@ if TYPE_CHECKING:
     from sm120patch.plan.catalog import Catalog, Profile
 
 
+# The commands whose --sglang/--flashinfer name targets (matrix's name release specifiers).
+TARGET_VERBS = frozenset(
+    {"apply", "revert", "ensure", "status", "recover", "doctor", "pin", "export", "explain",
+     "trial"}
+)  # fmt: skip
+_COMMAND = re.compile(r"`sm120patch((?: [^`]*)?)`")
+
+
+def pasteable(text: str, paths: Mapping[str, str | None], packs: Sequence[str] = ()) -> str:
+    """Every `sm120patch ...` in `text` as the user can paste it: with the --patches of the
+    command it follows and, for a command on targets, its --sglang/--flashinfer paths (made
+    absolute), where the words do not name them already."""
+    import shlex
+
+    def complete(match: re.Match[str]) -> str:
+        words = match.group(1).split(" ")[1:]
+        if not words:
+            return match.group(0)
+        front = [w for d in packs for w in ("--patches", shlex.quote(os.path.abspath(d)))]
+        if "--patches" in words:
+            front = []
+        targets = []
+        if words[0] in TARGET_VERBS and "--help" not in words:
+            for kind, path in paths.items():
+                if path and f"--{kind}" not in words:
+                    targets += [f"--{kind}", shlex.quote(os.path.abspath(path))]
+        if "--" in words:  # a trial's own options go before its command
+            at = words.index("--")
+            words = [*words[:at], *targets, *words[at:]]
+        else:
+            words = [*words, *targets]
+        return "`" + " ".join(["sm120patch", *front, *words]) + "`"
+
+    return _COMMAND.sub(complete, text)
+
+
+_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),
+                ("+", "green"), ("-", "red"))  # fmt: skip
+
+
+def coloured(diff: str) -> str:
+    """A unified diff with the colours of `git diff` (for a terminal): added lines green,
+    removed red, hunk headers cyan, file headers bold."""
+    import click
+
+    out = []
+    for line in diff.splitlines(True):
+        style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), None)
+        if style is None:
+            out.append(line)
+            continue
+        body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+        out.append(
+            click.style(body, bold=True) + end
+            if style == "bold"
+            else click.style(body, fg=style) + end
+        )
+    return "".join(out)
+
+
 @dataclass
 class Text:
     out: list[str] = field(default_factory=list)
@@ -28,10 +90,12 @@ class Text:
 
 
 def profiles(cat: Catalog) -> Text:
+    from sm120patch.patchkit.versions import range_text
+
     text = Text()
     width = max([len(p.name) for p in cat.profiles.values()] + [8])
     for p in cat.profiles.values():
-        pins = ", ".join(f"{k} {v}" for k, v in p.pins.items())
+        pins = ", ".join(f"{k} {range_text(v)}" for k, v in p.pins.items())
         origin = cat.profile_sources[p.name]
         where = "" if origin.built_in else f" (from {origin.name})"
         text.out.append(f"{p.name:{width}} [{p.status}] {p.title}{where}")
@@ -44,6 +108,8 @@ def profiles(cat: Catalog) -> Text:
 
 
 def profiles_doc(cat: Catalog) -> dict[str, Any]:
+    from sm120patch.patchkit.versions import range_text
+
     return {
         "profiles": [
             {
@@ -51,7 +117,7 @@ def profiles_doc(cat: Catalog) -> dict[str, Any]:
                 "title": p.title,
                 "status": p.status,
                 "patches": list(p.patches),
-                "pins": {k: str(v) for k, v in p.pins.items()},
+                "pins": {k: range_text(v) for k, v in p.pins.items()},
                 "source": cat.profile_sources[p.name].name,
             }
             for p in cat.profiles.values()
@@ -64,10 +130,12 @@ def profiles_doc(cat: Catalog) -> dict[str, Any]:
 
 
 def profile(cat: Catalog, prof: Profile) -> Text:
+    from sm120patch.patchkit.versions import range_text
+
     text = Text()
     text.out.append(f"{prof.name} [{prof.status}]: {prof.title}")
     for k, v in prof.pins.items():
-        text.out.append(f"  pinned on {k} {v}")
+        text.out.append(f"  pinned on {k} {range_text(v)}")
     if prof.known:
         text.out.append("  known: " + " ".join(prof.known.split()))
     for patch in cat.patches_of(prof):
@@ -206,6 +274,11 @@ def status(found: list[TargetStatus]) -> Text:
             text.out.append(f"  {s.assessment.message}")
         for trial in s.trials[-5:]:
             text.out.append("  " + trial_line(trial))
+        if len(s.trials) > 5:
+            text.out.append(
+                f"  ({len(s.trials) - 5} earlier trial(s) not shown: `sm120patch trial show ID` "
+                "shows any of them; `sm120patch status --json` lists them all)"
+            )
         if s.profile is None:
             continue
         branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""

@@ -17,7 +17,7 @@ def test_resolve_names_the_patches_and_what_is_outside_the_pins():
     res = cat.resolve("all", {"sglang": "0.5.7", "flashinfer": "0.6.1"})
     assert [p.id for p in res.patches] == list(cat.profile("all").patches)
     assert res.outside_pins == [
-        "sglang 0.5.7 is outside the pins of profile all (sglang <0.5.24,>=0.5.8)"
+        "sglang 0.5.7 is outside the pins of profile all (sglang >=0.5.8,<0.5.24)"
     ]
     assert cat.resolve("moe", {"sglang": "0.5.9.post1"}).outside_pins == []
     with pytest.raises(UsageError, match="unknown profile 'nope'; known profiles: all, fusion"):
@@ -29,7 +29,7 @@ def test_pin_problems_bad_version_and_labels():
     [line] = catalog.pin_problems(prof, {"sglang": "banana"}, {"sglang": ("SGLang", "version.py")})
     assert line == (
         "SGLang version 'banana' (from version.py) is not a PEP 440 version; "
-        "profile moe is pinned to <0.5.24,>=0.5.8"
+        "profile moe is pinned to >=0.5.8,<0.5.24"
     )
     # a kind the profile does not pin is not its business
     assert catalog.pin_problems(prof, {"flashinfer": "0.1"}) == []
@@ -40,7 +40,7 @@ def test_check_pins_keeps_its_signature_and_messages():
     target = SimpleNamespace(kind="flashinfer", name="FlashInfer", version="0.3.0",
                              version_source="METADATA")
     assert check_pins(prof, [target]) == [
-        "FlashInfer 0.3.0 is outside the pins of profile fusion (flashinfer <0.7.5,>=0.3.1)"
+        "FlashInfer 0.3.0 is outside the pins of profile fusion (flashinfer >=0.3.1,<0.7.5)"
     ]
 
 

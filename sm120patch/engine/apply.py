@@ -110,17 +110,17 @@ def _preflight(
             applied.append((ctx, found))
             continue
         if found.state in (assess.GONE, assess.REPLACED):
-            prep.notes.append(f"{ctx.target.name} at {ctx.target.root}: {found.message}")
+            prep.notes.append(f"{ctx.target.at}: {found.message}")
             prep.stale.append(ctx)
             continue
         if other != profile.name:
             raise Refused(
-                f"profile {other} is applied on {ctx.target.root} ({found.state})",
+                f"profile {other} is applied on {ctx.target.at} ({found.state})",
                 f"revert it first (`sm120patch revert {other}`), then "
                 f"`sm120patch apply {profile.name}`",
             )
         raise Refused(
-            f"{ctx.target.root}: {found.message}",
+            f"{ctx.target.at}: {found.message}",
             f"see `sm120patch status`; `sm120patch revert {other} --force` discards the "
             "edits, then apply again",
         )
@@ -172,7 +172,7 @@ def check_applied_matches_lock(ctx: TargetRun, found: Assessment, lock: Lock) ->
     have = {f.module: f.after for f in found.manifest.files}
     if want != have or lock.versions.get(ctx.target.kind) != ctx.target.version:
         raise Refused(
-            f"{ctx.target.root}: profile {found.profile} is applied, but not as the lock says "
+            f"{ctx.target.at}: profile {found.profile} is applied, but not as the lock says "
             "(other files, bytes or version)",
             f"revert it (`sm120patch revert {found.profile}`), then apply the lock",
         )

@@ -65,7 +65,7 @@ def ensure(
         wrong = next(a for a in found if not (a.state == assess.APPLIED
                                               and a.profile == profile.name))  # fmt: skip
         raise Refused(
-            f"{wrong.target.root}: {wrong.state}: {wrong.message}",
+            f"{wrong.target.at}: {wrong.state}: {wrong.message}",
             verify_hint(wrong, profile.name, lock),
         )
     report = apply(
@@ -76,7 +76,7 @@ def ensure(
         found = ctx.assess()
         if found.state != assess.APPLIED or found.profile != profile.name:
             raise Refused(
-                f"{ctx.target.root}: {found.message}",
+                f"{ctx.target.at}: {found.message}",
                 "see `sm120patch status`",
             )
     return report
@@ -85,23 +85,24 @@ def ensure(
 def verify_hint(found: assess.Assessment, profile: str, lock: Lock | None) -> str:
     """What to do about a target `ensure --no-apply` found not as wanted, by its state."""
     wanted = f"apply --locked {lock.path}" if lock is not None and lock.path else f"apply {profile}"
-    where = f"apply it where the files can be written (`sm120patch {wanted}`, in an image build)"
+    again = f"`sm120patch {wanted}`"
+    where = f"apply it where the files can be written ({again}; in an image, at its build)"
     other = found.profile
     if found.state == assess.UNFINISHED:
         return "an interrupted run left its journal: `sm120patch recover` finishes it"
     if other is not None and other != profile and found.state not in (assess.GONE, assess.REPLACED):
-        return f"profile {other} is applied instead: `sm120patch revert {other}`, then {where}"
+        return f"profile {other} is applied instead: `sm120patch revert {other}`, then {again}"
     if found.state == assess.APPLIED:  # the profile, but not as the lock says
-        return f"`sm120patch revert {other}`, then {where}"
+        return f"`sm120patch revert {other}`, then {again}"
     if found.state == assess.DRIFTED:
         return (
             f"`sm120patch status` shows what changed; `sm120patch revert {other} --force` "
-            f"discards it, then {where}"
+            f"discards it, then {again}"
         )
     if found.state == assess.MISSING:
         return (
             f"`sm120patch revert {other} --force` restores the deleted file(s) as they were, "
-            f"then {where}"
+            f"then {again}"
         )
     if found.state == assess.REPLACED:
         return (

@@ -159,7 +159,7 @@ def _revert_preflight(
             raise Refused(
                 f"profile {manifest.profile} is applied on {ctx.target.root}, "
                 f"not {profile_name}",
-                f"run `sm120patch revert {manifest.profile}` or `revert --all`",
+                f"run `sm120patch revert {manifest.profile}` or `sm120patch revert --all`",
             )
         if found_state.state in (assess.GONE, assess.REPLACED):
             stale.append((ctx, found_state))
@@ -183,7 +183,7 @@ def _revert_preflight(
 
 def _dropped_note(ctx: TargetRun, found: Assessment, *, dry_run: bool = False) -> str:
     done = "the revert would drop the record" if dry_run else "dropped the record"
-    return f"{ctx.target.name} at {ctx.target.root}: {found.message}; nothing to restore, {done}"
+    return f"{ctx.target.at}: {found.message}; nothing to restore, {done}"
 
 
 def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
@@ -193,7 +193,7 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
         path = ctx.path(f.path)
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise Refused(
-                f"{ctx.target.root}: the state of the apply names {f.path}, which is not a "
+                f"{ctx.target.at}: the state of the apply names {f.path}, which is not a "
                 "regular file",
                 f"inspect {ctx.state.dir / store.MANIFEST}; if it is damaged, move it aside",
             )
@@ -212,9 +212,10 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
     ctx.layout.check_revertable(manifest.files, git)
     if problems and not force:
         raise Refused(
-            f"{ctx.target.root}: changed since the apply; refusing to throw that away:\n"
+            f"{ctx.target.at}: changed since the apply; refusing to throw that away:\n"
             + "\n".join(problems),
-            "keep your edits elsewhere, or `revert --force` to discard them",
+            f"keep your edits elsewhere, or `sm120patch revert {manifest.profile} --force` to "
+            "discard them",
         )
 
 

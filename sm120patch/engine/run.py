@@ -57,7 +57,7 @@ def refuse_unfinished(ctxs: list[TargetRun]) -> None:
         if journal is not None:
             raise Refused(
                 f"an interrupted sm120patch {journal.op} left a journal on {ctx.target.root}",
-                "run `sm120patch recover` (with the same --sglang/--flashinfer) first",
+                "run `sm120patch recover` first",
             )
 
 
@@ -95,7 +95,7 @@ def check_restored(ctx: TargetRun, files: tuple[FileRecord, ...]) -> None:
     for f in files:
         if file_sha256(ctx.path(f.path)) != f.before:
             raise Refused(
-                f"{ctx.target.root}: after rolling back, {f.path} does not have its original "
+                f"{ctx.target.at}: after rolling back, {f.path} does not have its original "
                 "bytes",
                 f"inspect it (`git -C {ctx.target.root} status`); the journal is kept",
             )

@@ -293,7 +293,10 @@ class TargetState:
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise Refused(f"cannot read {path} ({exc.strerror})") from None
+            raise Refused(
+                f"cannot read {path} ({exc.strerror})",
+                "run sm120patch as a user who can read the target's state",
+            ) from None
         try:
             doc = json.loads(raw.decode("utf-8"))
             schema = doc["schema"]

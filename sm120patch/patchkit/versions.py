@@ -12,6 +12,7 @@ Both return None for a string that is not a PEP 440 version.
 
 from __future__ import annotations
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 
@@ -35,3 +36,13 @@ def contains(spec: str, version: Version | None) -> bool:
     from packaging.specifiers import SpecifierSet
 
     return version is not None and SpecifierSet(spec).contains(version, prereleases=True)
+
+
+# Lower bounds before upper ones, as people write a range (packaging sorts them as text).
+_ORDER = {">=": 0, ">": 0, "~=": 0, "==": 1, "===": 1, "!=": 2, "<=": 3, "<": 3}
+
+
+def range_text(spec: SpecifierSet) -> str:
+    """A SpecifierSet as a range reads: `>=0.5.4,<0.5.24`, not `<0.5.24,>=0.5.4`."""
+    items = sorted(spec, key=lambda s: (_ORDER.get(s.operator, 4), s.version))
+    return ",".join(str(s) for s in items)

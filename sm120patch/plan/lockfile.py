@@ -198,9 +198,14 @@ def read(path: Path) -> Lock:
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UsageError(f"lock file {path} does not exist") from None
+        raise UsageError(
+            f"lock file {path} does not exist",
+            "check the path (a lock is written by sm120patch pin, on the reference box)",
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise Refused(f"cannot read lock file {path} ({exc})") from None
+        raise Refused(
+            f"cannot read lock file {path} ({exc})", "check that it is a readable text file"
+        ) from None
     try:
         doc: dict[str, Any] = tomllib.loads(raw)
         schema = doc["schema"]

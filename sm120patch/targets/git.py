@@ -241,7 +241,10 @@ class Repo:
         try:
             self.repo: git.Repo = _own_session_repo()(root)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise Refused(f"{root} is not a usable git repository") from None
+            raise Refused(
+                f"{root} is not a usable git repository",
+                f"`git -C {root} status` says what is wrong; or give the installed package",
+            ) from None
         if self.repo.bare:
             raise Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")
         # Paths come from the plan and from state: never let one be read as pathspec magic.

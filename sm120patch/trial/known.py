@@ -82,23 +82,38 @@ class Box:
     architecture: list[str] | None = None
 
 
-def entries(text: str | None = None) -> list[Entry]:
-    from sm120patch import patches
-    from sm120patch.plan.catalog import tomllib
+def entries(text: str | None = None, where: str = "known.toml") -> list[Entry]:
+    """The known outcomes of `text`, or of the built-in library and every pack loaded (each
+    pack's own known.toml beside its profiles.toml)."""
+    from sm120patch.plan import catalog
 
     if text is None:
-        text = (Path(patches.__file__ or "").parent / "known.toml").read_text(encoding="utf-8")
-    doc = tomllib.loads(text)
+        out = []
+        for pack in catalog.load().packs:
+            path = Path(pack.location, "known.toml") if pack.location else None
+            if path is not None and path.is_file():
+                hint = catalog.DAMAGED_HINT if pack.built_in else f"fix {path}, or drop the pack"
+                out += _parse(path.read_text(encoding="utf-8"), str(path), hint)
+        return out
+    return _parse(text, where, "fix the file")
+
+
+def _parse(text: str, where: str, hint: str) -> list[Entry]:
+    from sm120patch.plan import catalog
+
+    doc = catalog.parse_toml(text, where, hint)
     out = []
     for raw in doc.get("outcome", []):
         missing = [k for k in RECORD if not raw.get(k)]
         unknown = set(raw) - set(RECORD) - set(CONDITIONS)
         if missing or unknown or raw["outcome"] not in OUTCOMES:
+            problems = [f"missing {', '.join(missing)}"] if missing else []
+            problems += [f"unknown keys {', '.join(sorted(unknown))}"] if unknown else []
+            if not missing and raw["outcome"] not in OUTCOMES:
+                problems.append(f"outcome must be one of {', '.join(OUTCOMES)}")
             raise UsageError(
-                f"known.toml entry {raw.get('id', '?')}: "
-                + (f"missing {', '.join(missing)}" if missing else "")
-                + (f"unknown keys {', '.join(sorted(unknown))}" if unknown else "")
-                + (f"outcome must be one of {', '.join(OUTCOMES)}" if not missing else "")
+                f"{where} entry {raw.get('id', '?')}: " + "; ".join(problems),
+                hint + " (its header lists every key)",
             )
         out.append(
             Entry(

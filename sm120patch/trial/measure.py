@@ -166,7 +166,10 @@ def check_options(opts: Options) -> None:
             "the default, output_tok_s, is what the patches are meant to raise",
         )
     if opts.repeat < 1 or opts.requests < 1 or opts.concurrency < 1:
-        raise UsageError("--repeat, --requests and --concurrency must be at least 1")
+        raise UsageError(
+            "--repeat, --requests and --concurrency must be at least 1",
+            "leave them out for the defaults (1 round, 64 requests, 8 in flight)",
+        )
     if opts.bench_cmd is not None and "{output}" not in opts.bench_cmd:
         raise UsageError(
             "--bench-cmd needs {output} where its JSON result file goes",
@@ -177,7 +180,10 @@ def check_options(opts: Options) -> None:
         try:
             re.compile(opts.ready_pattern)
         except re.error as exc:
-            raise UsageError(f"--ready-pattern is not a valid regular expression: {exc}") from None
+            raise UsageError(
+                f"--ready-pattern is not a valid regular expression: {exc}",
+                "quote it for the shell, e.g. --ready-pattern 'The server is fired up'",
+            ) from None
 
 
 def _applied_profiles(paths: Mapping[str, str | Path | None]) -> set[str]:
@@ -199,7 +205,10 @@ def run(
     """Baseline and patched, alternated; keep or revert on the figures. Never raises for a
     slow, wrong or crashed server: that is the trial's verdict (`exit_code`)."""
     if not command:
-        raise UsageError("give the server command after `--`")
+        raise UsageError(
+            "give the server command after `--`",
+            "e.g. -- python -m sglang.launch_server --model-path MODEL --port 30000",
+        )
     check_options(opts)
     from sm120patch.plan import catalog
 
