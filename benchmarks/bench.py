@@ -8,7 +8,7 @@ Run: `python benchmarks/bench.py [--runs N] [--skip-matrix]` (not a test: target
   `revert --all` on git checkouts target <= 2.5x the floor;
 - peak RSS of `apply all`: target <= 1.5x the floor's;
 - `--help`, `list`: target <= 2.5x `python -c "import click"`;
-- warm paths, no parse (issue 14): `status`, `ensure all` on an applied tree, `apply all` after a
+- warm paths, no parse: `status`, `ensure all` on an applied tree, `apply all` after a
   `--dry-run` on the same bytes, and `apply --locked` on a node that never planned (the lock
   carries the reviewed result): target <= 3x `python -c "import click"`;
 - `matrix` over every tracked SGLang and FlashInfer release on a warm cache: target <= 25 s
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sm120patch.maintain import releases
+from sm120patch.maintain import releases, trees
 from sm120patch.plan import planner
 
 SM = [sys.executable, "-m", "sm120patch"]
@@ -73,8 +73,8 @@ def main() -> None:
     parser.add_argument("--skip-matrix", action="store_true")
     args = parser.parse_args()
 
-    sg = releases.tree("sglang", "0.5.8")
-    fi = releases.tree("flashinfer", "0.6.1")
+    sg = trees.tree("sglang", "0.5.8")
+    fi = trees.tree("flashinfer", "0.6.1")
     plan = planner.plan("all", {"sglang": sg, "flashinfer": fi})
     files = [str(tp.target.path_of(f.file)) for tp in plan.targets for f in tp.changed]
     floor = [
@@ -182,7 +182,7 @@ def main() -> None:
     if not args.skip_matrix:
         work = [(k, v) for k in ("sglang", "flashinfer") for v in releases.available(k)]
         for kind, version in work:  # warm the cache, untimed
-            releases.tree(kind, version)
+            trees.tree(kind, version)
         # The release cache just warmed is this process's: `env` points elsewhere (plans).
         seconds, _ = timed([*SM, "matrix", "-j", "2", "--json", "--quiet"], base)
         n_sg = sum(1 for k, _ in work if k == "sglang")

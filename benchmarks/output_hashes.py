@@ -27,13 +27,13 @@ def _sha(text: str) -> str:
 
 def one_release(job: tuple[str, str]) -> dict[str, object]:
     from sm120patch import targets
-    from sm120patch.maintain import releases
+    from sm120patch.maintain import trees
     from sm120patch.plan import catalog
     from sm120patch.plan.planner import plan_target
 
     kind, version = job
     cat = catalog.load()
-    target = targets.find(kind, releases.tree(kind, version))
+    target = targets.find(kind, trees.tree(kind, version))
     out: dict[str, object] = {}
     for name, profile in sorted(cat.profiles.items()):
         if kind not in profile.pins:
@@ -59,12 +59,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.compare:
         return compare(*args.compare)
-    from sm120patch.maintain import releases
+    from sm120patch.maintain import releases, trees
 
     jobs = [(k, v) for k in releases.KINDS for v in releases.available(k)]
     # Download and unpack first, one at a time (the cache locks per release anyway).
     for kind, version in jobs:
-        releases.tree(kind, version)
+        trees.tree(kind, version)
     result: dict[str, object] = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for part in pool.map(one_release, jobs):

@@ -24,14 +24,14 @@ TRTLLM_AR = "flashinfer/comm/trtllm_ar.py"
 JIT_COMM = "flashinfer/jit/comm.py"
 FACTS = (
     Fact(">=0.3.1,<0.4.0", Status.APPLIED, "`gen_trtllm_comm_module(..., "
-         "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="DESIGN s4 F"),
+         "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="released files"),
     Fact(">=0.4.0,<0.6.16", Status.APPLIED, "same call, moved to jit/comm.py", JIT_COMM, SITE,
-         source="DESIGN s4 F"),
+         source="released files"),
     Fact(">=0.6.16,<0.6.17", Status.APPLIED, "same call, still [9, 10]", JIT_COMM, SITE,
          source="real files",
-         note="DESIGN names 0.4.0 to 0.6.15 and 0.6.17 on; 0.6.16 still passes [9, 10]"),
+         note="0.6.16 (and its posts) still pass [9, 10]; 0.6.17 on pass [9, 10, 12]"),
     Fact(">=0.6.17", Status.UPSTREAM, "`supported_major_versions=[9, 10, 12]` upstream",
-         JIT_COMM, SITE, source="DESIGN s4 F"),
+         JIT_COMM, SITE, source="released files"),
 )
 
 

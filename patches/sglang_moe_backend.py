@@ -532,20 +532,20 @@ OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 GLM4_MOE = "sglang/srt/arg_groups/model_overrides/glm4_moe.py"
 FACTS = (
     Fact("<0.5.8", Status.NOT_APPLICABLE, "no Glm4MoeForCausalLM MoE branch",
-         source="DESIGN s4 D", note="no Glm4MoeForCausalLM branch before 0.5.8"),
+         source="released files", note="no Glm4MoeForCausalLM branch before 0.5.8"),
     Fact(">=0.5.8,<0.5.10", Status.APPLIED, '`elif model_arch in ["Glm4MoeForCausalLM"]:` '
          '`if is_sm100_supported():` ... flashinfer_trtllm under '
          '`if check_pkg_version_at_least("flashinfer-python", ...):`', SERVER_ARGS,
-         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 D"),
+         "ServerArgs._handle_model_specific_adjustments", "utils", "released files"),
     Fact(">=0.5.10,<0.5.15", Status.APPLIED, "same, without the version gate", SERVER_ARGS,
-         "ServerArgs._handle_model_specific_adjustments", "utils", "DESIGN s4 D"),
+         "ServerArgs._handle_model_specific_adjustments", "utils", "released files"),
     Fact(">=0.5.15,<0.5.19", Status.APPLIED, '`if is_sm100_supported():` ... '
          'overrides["moe_runner_backend"] = "flashinfer_trtllm"', OVERRIDES, OVERRIDES_FUNC,
-         "utils", "DESIGN s4 D",
+         "utils", "released files",
          note="server_args.py keeps an empty `elif model_arch in [\"Glm4MoeForCausalLM\"]: "
          "pass` pointing at overrides.py (real files): the site is in overrides.py"),
     Fact(">=0.5.19,<0.5.24", Status.APPLIED, "`if get_platform().is_sm100:`", GLM4_MOE,
-         OVERRIDES_FUNC, "platform", "DESIGN s4 D"),
+         OVERRIDES_FUNC, "platform", "released files"),
 )
 
 

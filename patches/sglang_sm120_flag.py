@@ -98,19 +98,19 @@ ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 FACTS = (
     Fact(">=0.5.2,<0.5.4", Status.REFUSED, "`_is_sm100_supported = is_cuda() and "
          "is_sm100_supported()`; sglang.srt.utils has no is_sm120_supported to import",
-         COMMUNICATOR, None, "import", "DESIGN s4 A",
+         COMMUNICATOR, None, "import", "released files",
          note="the import it adds does not exist before 0.5.4: the planner refuses every "
          "patch of the file"),
     Fact(">=0.5.4,<0.5.6", Status.APPLIED, "`_is_sm100_supported = is_cuda() and "
          "is_sm100_supported()`, imported from sglang.srt.utils", COMMUNICATOR, None, "import",
-         "DESIGN s4 A"),
+         "released files"),
     Fact(">=0.5.6,<0.5.19", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
-         "is_sm100_supported()`, same import", COMMUNICATOR, None, "import", "DESIGN s4 A"),
+         "is_sm100_supported()`, same import", COMMUNICATOR, None, "import", "released files"),
     Fact(">=0.5.19,<0.5.21", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
          "get_platform().is_sm100`, no import needed", COMMUNICATOR, None, "platform",
-         "DESIGN s4 A"),
+         "released files"),
     Fact(">=0.5.21,<0.5.24", Status.APPLIED, "same, in layer_boundary/residual/add_norm.py",
-         ADD_NORM, None, "platform", "DESIGN s4 A"),
+         ADD_NORM, None, "platform", "released files"),
 )
 
 

@@ -85,7 +85,10 @@ class Session:
             return None
         from sm120patch.trial import gpu
 
-        return lambda: gpu.require_sm120(self.probe())
+        def check() -> None:
+            gpu.require_sm120(self.probe())
+
+        return check
 
     def known_lines(self, profile: str | None, command: list[str] | None = None) -> list[str]:
         """The known outcomes and the trials measured here that match this box."""
@@ -132,6 +135,15 @@ def locked(profile: str | None, lock_path: str | None) -> Locked:
 
 def list_profiles(session: Session) -> Catalog:
     return session.catalog
+
+
+def profile_names(packs: tuple[str, ...]) -> list[str]:
+    """The profiles' names, the packs' included (shell completion); none where a pack is
+    broken: completion is no place for a traceback."""
+    try:
+        return list(Session(packs=packs).catalog.profiles)
+    except Exception:
+        return []
 
 
 def show(session: Session, name: str) -> Profile:

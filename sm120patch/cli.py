@@ -9,7 +9,6 @@ faster beyond the spread) and 6 (reverted: wrong output); 75 a run left its jour
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -18,18 +17,9 @@ from typing import Any, TypeVar
 import click
 
 from sm120patch import __version__, app, render
-from sm120patch.errors import Sm120Error, UsageError
+from sm120patch.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-PATHS_META = "sm120patch.paths"
-
-
-def _remember_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    # Kept where the error rendering finds them: every hint names the same targets.
-    ctx.meta.setdefault(PATHS_META, {})[param.name] = value
-    return value
-
 
 target_options = [
     click.option(
@@ -37,7 +27,6 @@ target_options = [
         "sglang",
         metavar="PATH",
         default=None,
-        callback=_remember_path,
         help="SGLang checkout root, package parent or site-packages "
         "(default: the one installed in this Python).",
     ),
@@ -46,7 +35,6 @@ target_options = [
         "flashinfer",
         metavar="PATH",
         default=None,
-        callback=_remember_path,
         help="FlashInfer checkout root, package parent or site-packages "
         "(default: the one installed in this Python).",
     ),
@@ -59,129 +47,10 @@ def with_targets(fn: F) -> F:
     return fn
 
 
-JSON_META = "sm120patch.json"
-
-
-def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-    # ctx.meta is shared by every context of one invocation: the group's error rendering
-    # reads it to answer in JSON when the command was asked for JSON.
-    if value:
-        ctx.meta[JSON_META] = True
-    return value
-
-
 json_option = click.option(
-    "--json", "as_json", is_flag=True, callback=_remember_json, help="Print JSON for scripts."
+    "--json", "as_json", is_flag=True, callback=render.remember_json, help="Print JSON for scripts."
 )
-
-
-def paste(text: str) -> str:
-    """`text` with each `sm120patch ...` in it completed with this command's paths and packs."""
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return text
-    root = ctx.find_root()
-    return render.pasteable(text, root.meta.get(PATHS_META, {}), root.obj or ())
-
-
-def fallback_hint(error: Sm120Error) -> str:
-    """What to do when an error brings no hint of its own: never a refusal without one."""
-    ctx = click.get_current_context(silent=True)
-    verb = ctx.find_root().invoked_subcommand if ctx is not None else None
-    if error.exit_code == 2:
-        return f"see `sm120patch {verb} --help`" if verb else "see `sm120patch --help`"
-    return "`sm120patch status` shows the state of the trees"
-
-
-def fail(error: Sm120Error, as_json: bool) -> None:
-    message, hint = paste(error.message), paste(error.hint or fallback_hint(error))
-    click.echo(f"sm120patch: {message}", err=True)
-    if hint:
-        click.echo(f"  next: {hint}", err=True)
-    if as_json:
-        emit_json(
-            {
-                "error": message,
-                "next": hint or None,
-                "exit_code": error.exit_code,
-                **error.details,
-            }
-        )
-    sys.exit(error.exit_code)
-
-
-ARGV_META = "sm120patch.argv"
-
-
-def json_wanted(ctx: click.Context) -> bool:
-    """--json asked for, even when the command line failed to parse before its callback ran
-    (words after `--` are a trial's command, not ours)."""
-    if ctx.meta.get(JSON_META):
-        return True
-    argv = ctx.meta.get(ARGV_META, [])
-    return "--json" in (argv[: argv.index("--")] if "--" in argv else argv)
-
-
-def usage_failed(ctx: click.Context, error: click.UsageError) -> None:
-    """A command line click could not parse: its message on stderr, and under --json the
-    same as every other error, a JSON document on stdout, exit 2."""
-    error.show()
-    verb = error.ctx.info_name if error.ctx is not None and error.ctx.parent else None
-    emit_json(
-        {
-            "error": error.format_message(),
-            "next": f"see `sm120patch {verb} --help`" if verb else "see `sm120patch --help`",
-            "exit_code": error.exit_code,
-        }
-    )
-    sys.exit(error.exit_code)
-
-
-class Group(click.Group):
-    """Renders every command's errors: a typed error is one line plus what to do (and JSON on
-    stdout with --json); anything else is a bug (exit 4)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        ctx.meta.setdefault(ARGV_META, list(args))
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            if json_wanted(ctx):
-                usage_failed(ctx, exc)
-            raise
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            if json_wanted(ctx):
-                usage_failed(ctx, exc)
-            raise
-        except Sm120Error as exc:
-            fail(exc, json_wanted(ctx))
-        except KeyboardInterrupt:
-            click.echo("sm120patch: interrupted", err=True)
-            click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
-            sys.exit(130)
-        except BrokenPipeError:
-            # `sm120patch status | head -1`: the reader left. Point stdout at /dev/null so the
-            # interpreter's last flush does not fail a second time.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            click.echo("sm120patch: standard output was closed before all was written", err=True)
-            sys.exit(1)
-        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
-            raise
-        except Exception as exc:
-            if os.environ.get("SM120PATCH_DEBUG"):
-                raise
-            click.echo(f"sm120patch: internal error: {type(exc).__name__}: {exc}", err=True)
-            click.echo(
-                "  next: rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
-                "`sm120patch status` shows the state of your trees",
-                err=True,
-            )
-            sys.exit(4)
+paste, emit_json = render.paste, render.emit_json
 
 
 # ---- signals ------------------------------------------------------------------------------
@@ -237,11 +106,7 @@ def run() -> None:
     os._exit(code)
 
 
-def emit_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, default=str))
-
-
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=render.Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sm120patch")
 @click.option(
     "--patches",
@@ -258,22 +123,19 @@ def main(ctx: click.Context, pack_dirs: tuple[str, ...]) -> None:
     ctx.obj = tuple(pack_dirs)
 
 
-def complete_profile(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    """Shell completion of PROFILE: the names of the profiles, the packs' included."""
+def complete_profile(ctx: click.Context, param: object, incomplete: str) -> list[Any]:
+    """Shell completion of PROFILE: the profile names, the packs' (--patches) included."""
     from click.shell_completion import CompletionItem
 
-    packs = ctx.find_root().params.get("pack_dirs") or ()
-    try:
-        names = app.list_profiles(app.Session(packs=tuple(packs))).profiles
-    except Exception:  # a broken pack: no completion rather than a traceback at the prompt
-        return []
-    return [CompletionItem(name) for name in names if name.startswith(incomplete)]
+    packs = tuple(ctx.find_root().params.get("pack_dirs") or ())
+    return [CompletionItem(n) for n in app.profile_names(packs) if n.startswith(incomplete)]
 
 
 def session(sglang: str | None = None, flashinfer: str | None = None) -> app.Session:
     """The command's session: its targets and the group's --patches."""
-    packs = click.get_current_context().find_root().obj or ()
-    return app.Session(sglang, flashinfer, packs)
+    root = click.get_current_context().find_root()
+    root.meta[render.PATHS_META] = {"sglang": sglang, "flashinfer": flashinfer}  # hints use it
+    return app.Session(sglang, flashinfer, root.obj or ())
 
 
 def colour_wanted() -> bool:
@@ -287,22 +149,19 @@ def show(text: render.Text) -> None:
     for line in text.out:
         click.echo(paste(line))
     if text.raw:
-        if colour_wanted():
-            click.echo(render.coloured(text.raw), nl=False, color=True)
-        else:
-            click.echo(text.raw, nl=False)
+        colour = colour_wanted()
+        click.echo(render.coloured(text.raw) if colour else text.raw, nl=False, color=colour)
 
 
 def echo_err(line: str) -> None:
     click.echo(line, err=True)
 
 
-def echo_out(line: str) -> None:
-    click.echo(line)
+echo_out: Callable[[str], None] = click.echo
 
 
-def quiet(line: str) -> None:
-    """Where --json keeps stdout a single document."""
+def quiet(line: str) -> None:  # --json keeps stdout one document
+    pass
 
 
 @main.command("list")
@@ -496,13 +355,8 @@ MEASURE_OPTIONS = (
 @with_targets
 @click.option("--ready-url", metavar="URL", help="Ready when this URL answers 2xx.")
 @click.option("--ready-pattern", metavar="REGEX", help="Ready when an output line matches.")
-@click.option(
-    "--timeout",
-    type=float,
-    default=600.0,
-    show_default=True,
-    help="Seconds to wait for readiness (or for the command to finish).",
-)
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for readiness (or for the command to finish).")
 @click.option("--leave-running", is_flag=True, help="Keep the command running once ready.")
 @click.option("--sample-power", is_flag=True, help="Sample GPU power draw through NVML.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Append output here.")
@@ -517,26 +371,16 @@ MEASURE_OPTIONS = (
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per request.")
 @click.option("--warmup", type=int, default=None, help="Uncounted requests first [concurrency].")
 @click.option("--repeat", type=int, default=1, show_default=True, help="ABAB rounds.")
-@click.option(
-    "--min-gain",
-    type=float,
-    default=2.0,
-    show_default=True,
-    help="Percent the figure must improve beyond the measured spread to keep the patch.",
-)
+@click.option("--min-gain", type=float, default=2.0, show_default=True,
+              help="Percent the figure must improve beyond the measured spread to keep the patch.")
 @click.option(
     "--figure",
     default="output_tok_s",
     show_default=True,
     help="output_tok_s, req_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms or itl_p99_ms.",
 )
-@click.option(
-    "--min-similarity",
-    type=float,
-    default=0.5,
-    show_default=True,
-    help="Least word similarity of the patched greedy answers to the baseline's.",
-)
+@click.option("--min-similarity", type=float, default=0.5, show_default=True,
+              help="Least word similarity of the patched greedy answers to the baseline's.")
 @click.option("--model", default=None, help="Model name for the API (default: /v1/models).")
 @click.option(
     "--bench-cmd",

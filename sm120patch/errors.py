@@ -33,4 +33,4 @@ class UsageError(Sm120Error):
 
 class TrialCrashed(Sm120Error):
     exit_code = 3
-    record: dict | None = None  # the trial's record, for `--json`
+    record: dict[str, object] | None = None  # the trial's record, for `--json`

@@ -1,15 +1,23 @@
 """Results in words: each function turns one command's typed result into the lines it prints,
 split into standard output (what a script would capture: a diff, a table) and standard error
-(what is said about it). JSON documents come from each result's `to_dict`.
+(what is said about it). JSON documents come from each result's `to_dict`. Errors too: the
+click group every command runs in prints a typed error as one line and what to do next (a
+hint that pastes: the command's own paths and packs), JSON under --json, usage errors included.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import click
+
+from sm120patch.errors import Sm120Error
 
 if TYPE_CHECKING:
     from sm120patch.app import DryRun, Matrix, Pinned, Shown, Trialled
@@ -19,6 +27,26 @@ if TYPE_CHECKING:
     from sm120patch.explain.explain import Explanation
     from sm120patch.patchkit.model import Outcome
     from sm120patch.plan.catalog import Catalog, Profile
+
+
+def error_doc(
+    message: str, hint: str, exit_code: int, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An error as `--json` prints it."""
+    return {"error": message, "next": hint or None, "exit_code": exit_code, **(details or {})}
+
+
+def json_asked(flag: bool, argv: Sequence[str]) -> bool:
+    """--json given: its flag parsed, or in the words before `--` (a trial's command) when
+    the command line failed to parse before the flag's callback ran."""
+    return flag or "--json" in list(argv)[: ([*argv, "--"]).index("--")]
+
+
+def fallback_hint(exit_code: int, verb: str | None) -> str:
+    """What to do after an error that brings no hint of its own."""
+    if exit_code == 2:
+        return f"see `sm120patch {verb} --help`" if verb else "see `sm120patch --help`"
+    return "`sm120patch status` shows the state of the trees"
 
 
 # The commands whose --sglang/--flashinfer name targets (matrix's name release specifiers).
@@ -64,8 +92,6 @@ _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cya
 def coloured(diff: str) -> str:
     """A unified diff with the colours of `git diff` (for a terminal): added lines green,
     removed red, hunk headers cyan, file headers bold."""
-    import click
-
     out = []
     for line in diff.splitlines(True):
         style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), None)
@@ -445,3 +471,102 @@ def matrix(found: Matrix, as_json: bool) -> Text:
     if as_json:
         return Text(out=[planning.to_json(found.rows, [found.warning] if found.warning else [])])
     return Text(out=[planning.markdown(found.rows, found.profiles)])
+
+
+# ---- errors, as every command prints them ---------------------------------------------------
+
+
+def emit_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, default=str))
+
+
+JSON_META = "sm120patch.json"
+
+
+def remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    # ctx.meta is shared by every context of one invocation: the group's error rendering
+    # reads it to answer in JSON when the command was asked for JSON.
+    if value:
+        ctx.meta[JSON_META] = True
+    return value
+
+
+def paste(text: str) -> str:
+    """`text` with each `sm120patch ...` in it completed with this command's paths and packs."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or ()) if root else text
+
+
+def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:
+    """One line and what to do (every refusal has a next), and the same as JSON with --json."""
+    hint = paste(error.hint or fallback_hint(error.exit_code, verb))
+    click.echo(f"sm120patch: {paste(error.message)}", err=True)
+    click.echo(f"  next: {hint}", err=True)
+    if as_json:
+        emit_json(error_doc(paste(error.message), hint, error.exit_code, error.details))
+    sys.exit(error.exit_code)
+
+
+ARGV_META, PATHS_META = "sm120patch.argv", "sm120patch.paths"  # argv; the targets given
+
+
+def json_wanted(ctx: click.Context) -> bool:
+    return json_asked(bool(ctx.meta.get(JSON_META)), ctx.meta.get(ARGV_META, []))
+
+
+def usage_failed(ctx: click.Context, error: click.UsageError) -> None:
+    """A command line click could not parse: its text on stderr and, under --json, a JSON
+    document as for every other error, exit 2."""
+    if not json_wanted(ctx):
+        raise error
+    error.show()
+    verb = error.ctx.info_name if error.ctx is not None and error.ctx.parent else None
+    hint = fallback_hint(error.exit_code, verb)
+    emit_json(error_doc(error.format_message(), hint, error.exit_code))
+    sys.exit(error.exit_code)
+
+
+class Group(click.Group):
+    """Renders every command's errors: a typed error is one line plus what to do (and JSON on
+    stdout with --json); anything else is a bug (exit 4)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta.setdefault(ARGV_META, list(args))
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            usage_failed(ctx, exc)
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            usage_failed(ctx, exc)
+            raise
+        except Sm120Error as exc:
+            fail(exc, json_wanted(ctx), ctx.invoked_subcommand)
+        except KeyboardInterrupt:
+            click.echo("sm120patch: interrupted", err=True)
+            click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
+            sys.exit(130)
+        except BrokenPipeError:
+            # `sm120patch status | head -1`: the reader left. Point stdout at /dev/null so the
+            # interpreter's last flush does not fail a second time.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            click.echo("sm120patch: standard output was closed before all was written", err=True)
+            sys.exit(1)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
+            raise
+        except Exception as exc:
+            if os.environ.get("SM120PATCH_DEBUG"):
+                raise
+            click.echo(f"sm120patch: internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo(
+                "  next: rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
+                "`sm120patch status` shows the state of your trees",
+                err=True,
+            )
+            sys.exit(4)

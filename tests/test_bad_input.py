@@ -1,4 +1,4 @@
-"""Bad input corpus (issue 6, item 2): every kind of broken, odd or hostile input a user can
+"""Bad input corpus: every kind of broken, odd or hostile input a user can
 hand sm120patch. Each refusal is exactly one line on stderr (`sm120patch: ...`, plus an
 optional `  next: ...`), the documented exit code (1 refused, 2 usage), no traceback, and
 every tree byte-identical before and after. The inputs sm120patch must handle (CRLF, tabs,

@@ -12,16 +12,16 @@ from sm120patch.plan import catalog
 from sm120patch.plan.planner import check_pins
 
 
-def test_resolve_names_the_patches_and_what_is_outside_the_pins():
+def test_a_profile_names_its_patches_and_what_is_outside_its_pins():
     cat = catalog.load()
-    res = cat.resolve("all", {"sglang": "0.5.7", "flashinfer": "0.6.1"})
-    assert [p.id for p in res.patches] == list(cat.profile("all").patches)
-    assert res.outside_pins == [
+    prof = cat.profile("all")
+    assert [p.id for p in cat.patches_of(prof)] == list(prof.patches)
+    assert catalog.pin_problems(prof, {"sglang": "0.5.7", "flashinfer": "0.6.1"}) == [
         "sglang 0.5.7 is outside the pins of profile all (sglang >=0.5.8,<0.5.24)"
     ]
-    assert cat.resolve("moe", {"sglang": "0.5.9.post1"}).outside_pins == []
+    assert catalog.pin_problems(cat.profile("moe"), {"sglang": "0.5.9.post1"}) == []
     with pytest.raises(UsageError, match="unknown profile 'nope'; known profiles: all, fusion"):
-        cat.resolve("nope", {})
+        cat.profile("nope")
 
 
 def test_pin_problems_bad_version_and_labels():

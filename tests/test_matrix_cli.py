@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from fakeindex import FakeIndex, closed_port_url, pip_env, serve
 
 from sm120patch.cli import main
-from sm120patch.maintain import pipconfig, releases
+from sm120patch.maintain import pipconfig, releases, trees
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_a_corrupted_cache_entry_is_fetched_again(
     assert after.exit_code == 0, after.output
     # Not `refused`: the same outcomes as on the intact cache.
     assert rows(after.stdout) == rows(before.stdout)
-    assert releases.tree_problem(cache / "trees" / "sglang-0.5.8") is None
+    assert trees.tree_problem(cache / "trees" / "sglang-0.5.8") is None
     wheel = cache / "dist" / "sglang-0.5.8-py3-none-any.whl"
     assert releases.verify("sglang", wheel) is None
 

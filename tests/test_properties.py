@@ -1,4 +1,4 @@
-"""Property tests (issue 6, item 4): formatting variants of every site (comments inside the
+"""Property tests: formatting variants of every site (comments inside the
 condition, extra parentheses, line breaks, trailing commas, operand order, aliased imports,
 `from x import (a,\\n b)` shapes, CRLF). Whatever the variant, a patch either applies exactly
 its intended change (checked on the `ast` syntax tree: the patched tree equals the original
@@ -511,8 +511,8 @@ def test_moe_backend_variants(source):
 def test_engine_apply_then_revert_is_the_identity(source):
     from trees import make_tree
 
-    from sm120patch import engine
     from sm120patch.engine import apply, revert
+    from sm120patch.plan import plans
 
     with tempfile.TemporaryDirectory() as tmp:
         sg = make_tree(Path(tmp), "sglang", "0.5.8", "installed")
@@ -521,7 +521,7 @@ def test_engine_apply_then_revert_is_the_identity(source):
         paths = {"sglang": sg}
         try:
             report = apply.apply("moe", paths)
-        except engine.PlanRefused:
+        except plans.PlanRefused:
             event("engine: refused")
             assert path.read_bytes() == source.encode()
             return

@@ -13,7 +13,7 @@ import pytest
 from fakeindex import pip_env, serve
 
 from sm120patch import targets
-from sm120patch.maintain import index, pipconfig, releases
+from sm120patch.maintain import index, pipconfig, releases, trees
 
 
 @pytest.fixture
@@ -57,13 +57,13 @@ def test_wheel_tree_holds_only_the_wanted_files(cache: Path) -> None:
         "sglang/srt/server_args.py": "x = 1\r\n",  # line endings kept as released
         "sglang/srt/models/llama.py": "unrelated = True\n",
     })
-    tree = releases.tree("sglang", "0.5.8")
+    tree = trees.tree("sglang", "0.5.8")
     assert tree == cache / "trees" / "sglang-0.5.8"
     assert (tree / "sglang/srt/server_args.py").read_bytes() == b"x = 1\r\n"
     assert not (tree / "sglang/srt/models").exists()
     found = targets.find("sglang", tree)
     assert (found.version, found.layout) == ("0.5.8", "installed")
-    assert "sglang/srt/server_args.py" in releases.tree_record(tree)["present"]
+    assert "sglang/srt/server_args.py" in trees.tree_record(tree)["present"]
     # no temporary directories left behind
     assert sorted(p.name for p in (cache / "trees").iterdir() if p.is_dir()) == ["sglang-0.5.8"]
 
@@ -74,7 +74,7 @@ def test_sdist_tree_takes_pkg_info_as_metadata(cache: Path) -> None:
         "flashinfer/comm/trtllm_ar.py": "def gen_trtllm_comm_module(): ...\n",
         "csrc/kernel.cu": "// not ours\n",
     })
-    tree = releases.tree("flashinfer", "0.3.1")
+    tree = trees.tree("flashinfer", "0.3.1")
     assert (tree / "flashinfer/comm/trtllm_ar.py").is_file()
     assert not (tree / "csrc").exists()
     found = targets.find("flashinfer", tree)
@@ -86,12 +86,12 @@ def test_stale_tree_is_rebuilt_whole(cache: Path, monkeypatch: pytest.MonkeyPatc
     make_wheel(cache / "dist", "sglang", "0.5.9", {
         "sglang/__init__.py": "", "sglang/srt/server_args.py": "", "sglang/srt/new_site.py": "",
     })
-    tree = releases.tree("sglang", "0.5.9")
+    tree = trees.tree("sglang", "0.5.9")
     assert not (tree / "sglang/srt/new_site.py").exists()
     # A patch now reads one more file: the tree is rebuilt, by rename, with it.
-    wanted = releases.wanted_files("sglang")
-    monkeypatch.setattr(releases, "wanted_files", lambda kind: (*wanted, "sglang/srt/new_site.py"))
-    assert releases.tree("sglang", "0.5.9") == tree
+    wanted = trees.wanted_files("sglang")
+    monkeypatch.setattr(trees, "wanted_files", lambda kind: (*wanted, "sglang/srt/new_site.py"))
+    assert trees.tree("sglang", "0.5.9") == tree
     assert (tree / "sglang/srt/new_site.py").is_file()
     assert sorted(p.name for p in (cache / "trees").iterdir() if p.is_dir()) == ["sglang-0.5.9"]
 
@@ -99,7 +99,7 @@ def test_stale_tree_is_rebuilt_whole(cache: Path, monkeypatch: pytest.MonkeyPatc
 def test_tree_without_the_package_is_an_error(cache: Path) -> None:
     make_wheel(cache / "dist", "sglang", "0.5.7", {"other/__init__.py": ""})
     with pytest.raises(releases.ReleaseError, match="no sglang/__init__.py"):
-        releases.tree("sglang", "0.5.7")
+        trees.tree("sglang", "0.5.7")
     assert not (cache / "trees" / "sglang-0.5.7").exists()
 
 
@@ -271,18 +271,18 @@ def test_unrecorded_cached_wheel_is_adopted_only_when_whole(cache: Path) -> None
 def test_edited_tree_is_rebuilt(cache: Path) -> None:
     make_wheel(cache / "dist", "sglang", "0.5.8", {
         "sglang/__init__.py": "", "sglang/srt/server_args.py": "x = 1\n"})
-    tree = releases.tree("sglang", "0.5.8")
-    assert releases.tree_problem(tree) is None
+    tree = trees.tree("sglang", "0.5.8")
+    assert trees.tree_problem(tree) is None
     (tree / "sglang/srt/server_args.py").write_text("edited = True\n")
-    assert releases.tree_problem(tree) == "sglang/srt/server_args.py was changed"
-    assert releases.tree("sglang", "0.5.8") == tree
+    assert trees.tree_problem(tree) == "sglang/srt/server_args.py was changed"
+    assert trees.tree("sglang", "0.5.8") == tree
     assert (tree / "sglang/srt/server_args.py").read_text() == "x = 1\n"
     (tree / "sglang/srt/server_args.py").unlink()
-    assert releases.tree_problem(tree) == "sglang/srt/server_args.py is missing"
+    assert trees.tree_problem(tree) == "sglang/srt/server_args.py is missing"
     # A record without digests (an older sm120patch built it) is rebuilt once, with them.
-    record = releases.tree_record(tree)
+    record = trees.tree_record(tree)
     del record["sha256"]
-    (tree / releases.TREE_RECORD).write_text(json.dumps(record))
-    releases.tree("sglang", "0.5.8")
-    assert releases.tree_problem(tree) is None
+    (tree / trees.TREE_RECORD).write_text(json.dumps(record))
+    trees.tree("sglang", "0.5.8")
+    assert trees.tree_problem(tree) is None
     assert (tree / "sglang/srt/server_args.py").read_text() == "x = 1\n"

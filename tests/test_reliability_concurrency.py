@@ -1,4 +1,4 @@
-"""Concurrent runs (issue 6, item 3): one sm120patch run per target at a time, through an OS
+"""Concurrent runs: one sm120patch run per target at a time, through an OS
 lock that a killed holder releases with its process."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Kill anywhere (issue 6, item 1): SIGKILL sm120patch at every step boundary of apply, revert
+"""Kill anywhere: SIGKILL sm120patch at every step boundary of apply, revert
 and recover, on both layouts, then `recover`: the trees are byte-identical to pristine or to
 fully patched (an interrupted revert always ends pristine), and the tool works on from there.
 
 The boundaries are not listed here by hand: an uninterrupted run traces every kill point it
 passes (`SM120PATCH_TRACE_STEPS`), and the test kills at each of them in turn. A slower test
 kills at random moments instead (`-m slow`; a few random kills run by default), killing the
-whole process group, or everything below sm120patch with git (issue 9, item 4): `recover`
+whole process group, or everything below sm120patch with git: `recover`
 alone must settle each, a git lock left behind included.
 """
 
@@ -23,7 +23,7 @@ from killing import KILL_ENV, TRACE_ENV, States, cli, command, kill_after, run, 
 from trees import make_tree
 
 LAYOUTS = ["git", "installed"]
-# The boundaries issue 6 names; each must be among the traced ones of its run.
+# The boundaries of a run; each must be among the traced ones of its run.
 APPLY_STEPS = {"after-journal", "after-write", "before-manifest", "after-manifest", "after-close"}
 GIT_APPLY_STEPS = {"after-branch", "after-commit"}
 REVERT_STEPS = {"after-journal", "before-manifest", "after-manifest", "after-close"}

@@ -1,4 +1,4 @@
-"""sglang.pcie-allreduce on fixtures in the shapes of the releases (DESIGN-style before/after),
+"""sglang.pcie-allreduce on fixtures in the shapes of the releases (before/after),
 and the escape hatch: the patched gate run with and without SM120PATCH_PCIE_ALLREDUCE=0."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Signals and kills (issue 9, item 4): SIGINT/SIGTERM/SIGHUP during apply, revert and recover,
+"""Signals and kills: SIGINT/SIGTERM/SIGHUP during apply, revert and recover,
 git children out of reach of the terminal's Ctrl-C, and stale git locks that `recover` removes
 once it can show that nobody holds them.
 
@@ -153,7 +153,7 @@ def sigint_after(args: list[str], delay: float, times: int) -> subprocess.Comple
 def test_sigint_to_the_whole_group_at_real_moments(trees, tmp_path):  # noqa: F811
     """Ctrl-C at moments of real runs, git children in the group's reach: every run ends with
     the trees pristine or fully applied and no journal; status and recover agree. (Before
-    issue 9: "rolling back ... failed too ([Errno 32] Broken pipe)", exit 1, both targets
+    as once seen: "rolling back ... failed too ([Errno 32] Broken pipe)", exit 1, both targets
     unfinished: the Ctrl-C had killed GitPython's git cat-file.)"""
     layout, sg, fi = trees
     states, _, _ = learn(tmp_path, sg, fi)

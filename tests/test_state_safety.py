@@ -1,4 +1,4 @@
-"""State-file safety (issue 6, item 5): state is private (0700 directories, 0600 files), every
+"""State-file safety: state is private (0700 directories, 0600 files), every
 path read from it stays inside its target, nothing is written through a link leaving the
 target or the state directory, and a damaged state file is one line saying what to do."""
 

@@ -1,4 +1,4 @@
-"""Every verdict from the files on disk (issue 9): each state of a target reached the way a user
+"""Every verdict from the files on disk: each state of a target reached the way a user
 reaches it (a reinstall, an upgrade, a branch switch, a deleted branch, a commit on the user's
 branch), each command's verdict checked against the bytes; the dry run against the apply on
 every refusal; ensure in each state; the smaller truths found on the way."""
@@ -127,7 +127,7 @@ def test_a_lock_applies_again_over_a_reinstall_and_proves_its_result(pair, tmp_p
     code, out, _ = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 0 and "already exactly as" in out
     reinstall(sg, layout, "sglang", SERVER_ARGS, original)
-    # Before issue 9 this exited 0 over pristine files: now it patches them again.
+    # An ensure over pristine files (a reinstall) patches them again, it does not exit 0.
     code, out, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 0, err
     assert hashlib.sha256(sa.read_bytes()).hexdigest() in locked_after
@@ -423,10 +423,10 @@ def test_the_dry_run_says_what_it_found_as_the_apply_does(tmp_path):
 
 
 def test_a_file_changed_between_plan_and_journal_is_refused(tmp_path, monkeypatch):
-    from sm120patch import engine
+    from sm120patch.plan import planner
 
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    real_plan = engine.planner.plan
+    real_plan = planner.plan
 
     def plan_then_install(*args, **kwargs):
         result = real_plan(*args, **kwargs)
@@ -434,7 +434,7 @@ def test_a_file_changed_between_plan_and_journal_is_refused(tmp_path, monkeypatc
         path.write_text(path.read_text() + "# a pip install landed here\n")
         return result
 
-    monkeypatch.setattr(engine.planner, "plan", plan_then_install)
+    monkeypatch.setattr(planner, "plan", plan_then_install)
     code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
     assert code == 1 and "changed since it was planned" in err, err
     assert (sg / SERVER_ARGS).read_text().endswith("# a pip install landed here\n")

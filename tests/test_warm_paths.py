@@ -1,4 +1,4 @@
-"""Warm paths without libcst (issue 14, item 1): the commands that run most often decide from
+"""Warm paths without libcst: the commands that run most often decide from
 hashes, the plan cache and the lock's reviewed result, never from a parse. Each command runs
 in a fresh interpreter that then reports whether libcst was imported."""
 

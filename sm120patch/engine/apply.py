@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from sm120patch import __version__
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
-from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
+from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
     check_restored,
@@ -104,12 +104,12 @@ def _preflight(
     for ctx in ctxs:
         found = ctx.assess()
         other = found.profile
-        if found.state == assess.PRISTINE:
+        if found.state == assess.State.PRISTINE:
             continue
-        if found.state == assess.APPLIED and other == profile.name:
+        if found.state == assess.State.APPLIED and other == profile.name:
             applied.append((ctx, found))
             continue
-        if found.state in (assess.GONE, assess.REPLACED):
+        if found.state in (assess.State.GONE, assess.State.REPLACED):
             prep.notes.append(f"{ctx.target.at}: {found.message}")
             prep.stale.append(ctx)
             continue
@@ -233,9 +233,9 @@ def apply(
                 ctx.state.remove_manifest()
                 ctx.state.drop_copies()
             return Report(
-                "nothing-to-do",
+                Action.NOTHING_TO_DO,
                 profile.name,
-                [TargetReport(c.target, state=assess.APPLIED) for c in ctxs],
+                [TargetReport(c.target, state=assess.State.APPLIED) for c in ctxs],
                 outcomes=prep.plan.outcomes if prep.plan else [],
                 notes=prep.notes,
                 plan=prep.plan,
@@ -301,8 +301,8 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
             ctx.state.close_journal()
             interrupts.kill_point("after-close")
     for r in reports:
-        r.state = assess.APPLIED
-    return Report("applied", profile.name, reports, outcomes=plan.outcomes, plan=plan)
+        r.state = assess.State.APPLIED
+    return Report(Action.APPLIED, profile.name, reports, outcomes=plan.outcomes, plan=plan)
 
 
 def _roll_back_all(ctxs: list[TargetRun], cause: BaseException) -> None:
@@ -346,7 +346,7 @@ def _start_apply(
                        path.stat().st_mode & 0o7777)  # fmt: skip
         )
     journal = Journal(
-        op="apply",
+        op=Op.APPLY,
         profile=profile,
         started=time.time(),
         pid=os.getpid(),
@@ -362,8 +362,8 @@ def _start_apply(
     # The journal comes first: a kill while copying then finds the files still pristine.
     ctx.state.write_journal(journal)
     if ctx.layout.keeps_pristine():
-        for f in files:
-            ctx.state.keep_copy("pristine", f.path, ctx.path(f.path).read_bytes())
+        for record in files:
+            ctx.state.keep_copy("pristine", record.path, ctx.path(record.path).read_bytes())
             interrupts.kill_point("after-copy")
     interrupts.kill_point("after-journal")
     return journal

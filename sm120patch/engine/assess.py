@@ -1,4 +1,5 @@
-"""The state of a target, decided every time from what is on disk (DESIGN.md s3, "states").
+"""The state of a target, decided every time from what is on disk (docs/ARCHITECTURE.md lists
+the states).
 
 A manifest says what sm120patch once did; only the bytes say what the server will run. Each
 touched file's sha256 is compared with the manifest's before/after hashes, the installed
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +32,20 @@ from sm120patch.engine.store import TargetState
 from sm120patch.targets import Target, files, git
 from sm120patch.targets.files import file_sha256
 
-PRISTINE = "pristine"
-APPLIED = "applied"
-DRIFTED = "drifted"
-GONE = "gone"
-REPLACED = "replaced"
-MISSING = "missing"
-UNFINISHED = "unfinished"
-STATES = (PRISTINE, APPLIED, DRIFTED, GONE, REPLACED, MISSING, UNFINISHED)
+
+class State(str, Enum):
+    """The state of a target (docs/ARCHITECTURE.md says what each means for apply and revert)."""
+
+    PRISTINE = "pristine"
+    APPLIED = "applied"
+    DRIFTED = "drifted"
+    GONE = "gone"
+    REPLACED = "replaced"
+    MISSING = "missing"
+    UNFINISHED = "unfinished"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ class FileState:
 @dataclass(frozen=True)
 class Assessment:
     target: Target
-    state: str
+    state: State
     message: str
     manifest: Manifest | None = None
     journal: Journal | None = None
@@ -74,9 +82,6 @@ class Assessment:
     @property
     def profile(self) -> str | None:
         return self.manifest.profile if self.manifest else None
-
-    def files_in(self, *states: str) -> list[FileState]:
-        return [f for f in self.files if f.state in states]
 
 
 def version_changed(target: Target, manifest: Manifest) -> bool:
@@ -103,14 +108,14 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
         what = f"an interrupted {journal.op} of profile {journal.profile}"
         return Assessment(
             target,
-            UNFINISHED,
+            State.UNFINISHED,
             f"{what} left a journal: run `sm120patch recover` to finish it",
             manifest,
             journal,
             _files(target, manifest) if manifest else (),
         )
     if manifest is None:
-        return Assessment(target, PRISTINE, "nothing applied")
+        return Assessment(target, State.PRISTINE, "nothing applied")
     files = _files(target, manifest)
     name, profile = target.name, manifest.profile
     branch_now = exists = None
@@ -122,7 +127,7 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
     if version_changed(target, manifest):
         return Assessment(
             target,
-            REPLACED,
+            State.REPLACED,
             f"{name} was {manifest.version} when profile {profile} was applied, "
             f"{target.version} is installed now: the patches are gone",
             **common,  # type: ignore[arg-type]
@@ -132,7 +137,7 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
         gone = ", ".join(f.path for f in files if f.state == "missing")
         return Assessment(
             target,
-            MISSING,
+            State.MISSING,
             f"touched file(s) deleted since profile {profile} was applied: {gone}",
             **common,  # type: ignore[arg-type]
         )
@@ -144,7 +149,7 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
         if manifest.git.commits and head is not None and head != manifest.git.commits[-1]:
             return Assessment(
                 target,
-                DRIFTED,
+                State.DRIFTED,
                 f"branch {manifest.git.patch_branch} has commits after sm120patch's (now at "
                 f"{head[:12]}): profile {profile} is applied with changes of yours on top",
                 **common,  # type: ignore[arg-type]
@@ -155,7 +160,7 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
             where = f" (checked out: {branch_now or 'a detached HEAD'})"
         return Assessment(
             target,
-            APPLIED,
+            State.APPLIED,
             f"profile {profile} applied: every touched file has the bytes sm120patch wrote{where}",
             **common,  # type: ignore[arg-type]
         )
@@ -170,14 +175,14 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
         )
         return Assessment(
             target,
-            GONE,
+            State.GONE,
             f"profile {profile} was applied, but {why}: the patches are not in this work tree",
             **common,  # type: ignore[arg-type]
         )
     if words == {"pristine"}:
         return Assessment(
             target,
-            GONE,
+            State.GONE,
             f"profile {profile} was applied, but every touched file is back to its original "
             "bytes (a reinstall of the same release?): the patches are gone",
             **common,  # type: ignore[arg-type]
@@ -185,7 +190,7 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
     changed = ", ".join(f.path for f in files if f.state != "patched")
     return Assessment(
         target,
-        DRIFTED,
+        State.DRIFTED,
         f"changed since profile {profile} was applied: {changed}",
         **common,  # type: ignore[arg-type]
     )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from sm120patch.engine import assess
 from sm120patch.engine.apply import apply, check_applied_matches_lock, runs_for
-from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
 from sm120patch.plan.plans import Plan
@@ -42,15 +42,15 @@ def ensure(
     # At every service start: when the bytes already say "as wanted", answer without the lock
     # (reading is safe; a run in progress would show as unfinished).
     found = [ctx.assess() for ctx in ctxs]
-    if all(a.state == assess.APPLIED and a.profile == profile.name for a in found):
+    if all(a.state == assess.State.APPLIED and a.profile == profile.name for a in found):
         try:
             if lock is not None:
                 for ctx, a in zip(ctxs, found, strict=True):
                     check_applied_matches_lock(ctx, a, lock)
             return Report(
-                "nothing-to-do",
+                Action.NOTHING_TO_DO,
                 profile.name,
-                [TargetReport(c.target, state=assess.APPLIED) for c in ctxs],
+                [TargetReport(c.target, state=assess.State.APPLIED) for c in ctxs],
                 notes=[
                     f"profile {profile.name} is already applied: every touched file has the "
                     "bytes sm120patch wrote"
@@ -62,7 +62,7 @@ def ensure(
                 raise
             # not as the lock says: apply's preflight refuses with the full story
     if not apply_if_needed:
-        wrong = next(a for a in found if not (a.state == assess.APPLIED
+        wrong = next(a for a in found if not (a.state == assess.State.APPLIED
                                               and a.profile == profile.name))  # fmt: skip
         raise Refused(
             f"{wrong.target.at}: {wrong.state}: {wrong.message}",
@@ -73,10 +73,10 @@ def ensure(
         lock=lock,
     )  # fmt: skip
     for ctx in ctxs:  # the same targets, their bytes read again after the apply
-        found = ctx.assess()
-        if found.state != assess.APPLIED or found.profile != profile.name:
+        now = ctx.assess()
+        if now.state != assess.State.APPLIED or now.profile != profile.name:
             raise Refused(
-                f"{ctx.target.at}: {found.message}",
+                f"{ctx.target.at}: {now.message}",
                 "see `sm120patch status`",
             )
     return report
@@ -88,23 +88,24 @@ def verify_hint(found: assess.Assessment, profile: str, lock: Lock | None) -> st
     again = f"`sm120patch {wanted}`"
     where = f"apply it where the files can be written ({again}; in an image, at its build)"
     other = found.profile
-    if found.state == assess.UNFINISHED:
+    if found.state == assess.State.UNFINISHED:
         return "an interrupted run left its journal: `sm120patch recover` finishes it"
-    if other is not None and other != profile and found.state not in (assess.GONE, assess.REPLACED):
+    stale = found.state in (assess.State.GONE, assess.State.REPLACED)
+    if other is not None and other != profile and not stale:
         return f"profile {other} is applied instead: `sm120patch revert {other}`, then {again}"
-    if found.state == assess.APPLIED:  # the profile, but not as the lock says
+    if found.state == assess.State.APPLIED:  # the profile, but not as the lock says
         return f"`sm120patch revert {other}`, then {again}"
-    if found.state == assess.DRIFTED:
+    if found.state == assess.State.DRIFTED:
         return (
             f"`sm120patch status` shows what changed; `sm120patch revert {other} --force` "
             f"discards it, then {again}"
         )
-    if found.state == assess.MISSING:
+    if found.state == assess.State.MISSING:
         return (
             f"`sm120patch revert {other} --force` restores the deleted file(s) as they were, "
             f"then {again}"
         )
-    if found.state == assess.REPLACED:
+    if found.state == assess.State.REPLACED:
         return (
             "another release is installed than the one patched: "
             + where

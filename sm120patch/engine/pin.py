@@ -27,11 +27,11 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to pin anyway")
     states = {s.target.kind: s for s in assess.status(paths) if s.target.kind in profile.targets}
-    applied = [s for s in states.values() if s.state == assess.APPLIED]
+    applied = [s for s in states.values() if s.state == assess.State.APPLIED]
     for s in states.values():
-        if s.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):
+        if s.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
             continue
-        if s.state == assess.APPLIED and s.profile == profile.name:
+        if s.state == assess.State.APPLIED and s.profile == profile.name:
             continue
         raise Refused(
             f"{s.target.at}: {s.assessment.message}",

@@ -40,9 +40,9 @@ def export_plan(
     texts: dict[str, dict[str, str]] = {}
     for target in found:
         state = assess.assess(target)
-        if state.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):
+        if state.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
             continue
-        if state.state != assess.APPLIED or state.profile != profile.name:
+        if state.state != assess.State.APPLIED or state.profile != profile.name:
             raise Refused(
                 f"{target.name} at {target.root} is {state.state}: {state.message}",
                 "export from a tree where this profile is applied as sm120patch left it, or "

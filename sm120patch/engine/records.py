@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 from sm120patch.targets.files import safe_relpath
@@ -118,11 +119,21 @@ class Manifest:
         }
 
 
+class Op(str, Enum):
+    """What a journal is the write-ahead record of."""
+
+    APPLY = "apply"
+    REVERT = "revert"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Journal:
     """An apply or revert in progress (journal.json): what `recover` needs to finish it."""
 
-    op: str  # "apply" or "revert"
+    op: Op
     profile: str
     started: float
     pid: int
@@ -143,7 +154,7 @@ class Journal:
     def from_doc(cls, doc: dict[str, Any]) -> Journal:
         manifest = doc.get("manifest")
         return cls(
-            op=doc["op"],
+            op=Op(doc["op"]),
             profile=str(doc.get("profile") or (manifest or {}).get("profile", "")),
             started=float(doc.get("started", 0)),
             pid=int(doc.get("pid", 0)),
@@ -176,10 +187,6 @@ class Journal:
             "manifest": None if self.manifest is None else self.manifest.to_doc(),
             "keep_branch": self.keep_branch,
         }
-
-    @property
-    def touched(self) -> tuple[FileRecord, ...]:
-        return self.manifest.files if self.manifest is not None else self.files
 
 
 def _check_files(files: object) -> str:

@@ -11,19 +11,19 @@ from sm120patch import targets
 from sm120patch.engine import interrupts
 from sm120patch.engine.apply import rollback_apply
 from sm120patch.engine.records import Journal
-from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.revert import finish_revert
 from sm120patch.engine.run import TargetRun, locked, remove_temps
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, Sm120Error
-from sm120patch.plan import catalog
+from sm120patch.patchkit.model import TARGETS
 
 
 def recover(paths: Mapping[str, str | Path | None]) -> Report:
     """Finish what a killed run left: roll an apply back, roll a revert forward."""
     found = [
         targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
-        for kind in catalog.TARGETS
+        for kind in TARGETS
     ]
     ctxs = _with_peers([TargetRun(t) for t in found if t is not None])
     reports = []
@@ -73,7 +73,7 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
             ) from exc
     if not reports:
         notes.append("nothing to recover")
-    return Report("recovered" if reports else "nothing-to-do", None, reports, notes=notes)
+    return Report(Action.RECOVERED if reports else Action.NOTHING_TO_DO, None, reports, notes=notes)
 
 
 def _with_peers(ctxs: list[TargetRun]) -> list[TargetRun]:

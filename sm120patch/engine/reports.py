@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
+from sm120patch.engine.assess import State
 from sm120patch.patchkit.model import Outcome
 from sm120patch.plan.plans import Plan
 from sm120patch.targets import Target
@@ -16,7 +18,7 @@ class TargetReport:
     branch: str | None = None
     commits: list[str] = field(default_factory=list)
     files: list[dict[str, str]] = field(default_factory=list)
-    state: str | None = None  # the target's state when the command finished
+    state: State | None = None  # the target's state when the command finished
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -28,10 +30,22 @@ class TargetReport:
         }
 
 
+class Action(str, Enum):
+    """What an engine command did."""
+
+    APPLIED = "applied"
+    NOTHING_TO_DO = "nothing-to-do"
+    REVERTED = "reverted"
+    DROPPED = "dropped"  # only stale records went
+    RECOVERED = "recovered"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class Report:
-    # "applied", "nothing-to-do", "reverted", "dropped" (only stale records), "recovered"
-    action: str
+    action: Action
     profile: str | None
     targets: list[TargetReport]
     outcomes: list[Outcome] = field(default_factory=list)
@@ -44,10 +58,10 @@ class Report:
 
     @property
     def changed(self) -> bool:
-        return self.action in ("applied", "reverted", "recovered")
+        return self.action in (Action.APPLIED, Action.REVERTED, Action.RECOVERED)
 
     def to_dict(self) -> dict[str, Any]:
-        diff = self.plan.diff() if self.plan is not None and self.action == "applied" else ""
+        diff = self.plan.diff() if self.plan is not None and self.action is Action.APPLIED else ""
         return {
             "action": self.action,
             "changed": self.changed,

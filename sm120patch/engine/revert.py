@@ -11,8 +11,8 @@ from pathlib import Path
 from sm120patch import __version__, targets
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.records import FileRecord, Journal, Manifest
-from sm120patch.engine.reports import Report, TargetReport
+from sm120patch.engine.records import FileRecord, Journal, Manifest, Op
+from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
     check_writable,
@@ -23,6 +23,7 @@ from sm120patch.engine.run import (
     start_time,
 )
 from sm120patch.errors import Refused
+from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog
 from sm120patch.targets import procscan
 
@@ -47,7 +48,7 @@ def revert(
             # the patch is already gone, only its record is left.
             assert found_state.manifest is not None
             notes.append(_dropped_note(ctx, found_state))
-            if found_state.state == assess.GONE:
+            if found_state.state == assess.State.GONE:
                 notes.extend(ctx.layout.drop_branch(found_state.manifest.git, keep_branch))
             ctx.state.remove_manifest()
             ctx.state.drop_copies()
@@ -65,7 +66,7 @@ def revert(
         ):
             for ctx, manifest in todo:
                 journal = Journal(
-                    op="revert",
+                    op=Op.REVERT,
                     profile=manifest.profile,
                     started=time.time(),
                     pid=os.getpid(),
@@ -93,7 +94,7 @@ def revert(
                     "the journal is kept: fix the cause (disk space, permissions), then run "
                     "`sm120patch recover` to finish the revert",
                 ) from exc
-    return Report("reverted" if todo else "dropped", profile_name, reports, notes=notes)
+    return Report(Action.REVERTED if todo else Action.DROPPED, profile_name, reports, notes=notes)
 
 
 def revert_dry_run(
@@ -118,7 +119,7 @@ def revert_dry_run(
     reports += [TargetReport(ctx.target, state=found.state) for ctx, found in stale]
     diffs = []
     for ctx, manifest in todo:
-        report = TargetReport(ctx.target, state=assess.PRISTINE)
+        report = TargetReport(ctx.target, state=assess.State.PRISTINE)
         restored = ctx.layout.restores(manifest.files, manifest.git)
         for f in manifest.files:
             now = ctx.path(f.path)
@@ -129,14 +130,14 @@ def revert_dry_run(
                 diffs.append(diff_texts(f.path, data.decode("utf-8", "replace"),
                                         after.decode("utf-8", "replace")))  # fmt: skip
         reports.append(report)
-    return Report("reverted" if todo else "dropped", profile_name, reports, notes=notes,
+    return Report(Action.REVERTED if todo else Action.DROPPED, profile_name, reports, notes=notes,
                   dry_run=True, restores="".join(diffs))  # fmt: skip
 
 
 def _revert_targets(
     profile_name: str | None, paths: Mapping[str, str | Path | None]
 ) -> list[TargetRun]:
-    kinds = catalog.TARGETS if profile_name is None else catalog.load().profile(
+    kinds = TARGETS if profile_name is None else catalog.load().profile(
         profile_name).targets  # fmt: skip
     found = [targets.find_quiet(k, paths.get(k), required=paths.get(k) is not None) for k in kinds]
     return [TargetRun(t) for t in found if t is not None]
@@ -161,7 +162,7 @@ def _revert_preflight(
                 f"not {profile_name}",
                 f"run `sm120patch revert {manifest.profile}` or `sm120patch revert --all`",
             )
-        if found_state.state in (assess.GONE, assess.REPLACED):
+        if found_state.state in (assess.State.GONE, assess.State.REPLACED):
             stale.append((ctx, found_state))
         else:
             todo.append((ctx, manifest))
@@ -169,9 +170,9 @@ def _revert_preflight(
         what = f"profile {profile_name}" if profile_name else "anything"
         where = ", ".join(f"{c.target.name} at {c.target.root}" for c in ctxs)
         return todo, stale, Report(
-            "nothing-to-do",
+            Action.NOTHING_TO_DO,
             profile_name,
-            [TargetReport(c.target, state=assess.PRISTINE) for c in ctxs],
+            [TargetReport(c.target, state=assess.State.PRISTINE) for c in ctxs],
             notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
         )
     for ctx, manifest in todo:
@@ -222,7 +223,7 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
 def _drift_diff(ctx: TargetRun, drifted: list[FileRecord]) -> str:
     import difflib
 
-    out = []
+    out: list[str] = []
     for f in drifted:
         ours = (ctx.state.copy("patched", f.path) or b"").decode("utf-8", "replace")
         now = ctx.path(f.path).read_bytes().decode("utf-8", "replace")
@@ -241,7 +242,7 @@ def finish_revert(ctx: TargetRun, journal: Journal) -> tuple[TargetReport, list[
     """Idempotent: run again from the journal, it converges."""
     manifest = journal.manifest
     assert manifest is not None
-    report = TargetReport(ctx.target, state=assess.PRISTINE)
+    report = TargetReport(ctx.target, state=assess.State.PRISTINE)
     remove_temps(ctx, manifest.files)
     ctx.layout.finish_revert(manifest.files, manifest.git, journal.keep_branch)
     notes = ctx.layout.drop_branch(manifest.git, journal.keep_branch)

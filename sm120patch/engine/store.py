@@ -318,7 +318,7 @@ class TargetState:
                 f"if no sm120patch run is going on, move it aside ({path}) and check the "
                 "target's files with `sm120patch status`",
             )
-        return doc
+        return dict(doc)
 
     def _write(self, name: str, doc: dict[str, Any]) -> None:
         doc = {"schema": SCHEMA, **doc}

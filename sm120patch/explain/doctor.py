@@ -10,6 +10,7 @@ from typing import Any
 from sm120patch import targets
 from sm120patch.engine import assess
 from sm120patch.errors import Sm120Error
+from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog, planner
 from sm120patch.trial import gpu
 
@@ -55,7 +56,7 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
     probe = gpu.probe()
     found: dict[str, targets.Target] = {}
     missing = []
-    for kind in catalog.TARGETS:
+    for kind in TARGETS:
         try:
             found[kind] = targets.find(kind, paths.get(kind))
         except Sm120Error as exc:

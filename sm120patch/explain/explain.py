@@ -77,7 +77,7 @@ def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float 
             result.get("fatal", f"the probe exited {proc.returncode}"),
             f"check that {python} is the interpreter SGLang runs in (or pass --python PATH)",
         )
-    return result
+    return dict(result)
 
 
 def module_name(file: str) -> str:
@@ -122,9 +122,9 @@ def applied_files(target: Target) -> list[dict[str, Any]] | None:
     from sm120patch.engine import assess
 
     found = assess.assess(target)
-    if found.state == assess.APPLIED and found.manifest is not None:
+    if found.state == assess.State.APPLIED and found.manifest is not None:
         return [{"path": f.path, "module": f.module} for f in found.manifest.files]
-    if found.state in (assess.PRISTINE, assess.GONE, assess.REPLACED):
+    if found.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
         return None
     raise UsageError(
         f"{target.name} at {target.root} is {found.state}: {found.message}",
@@ -146,8 +146,7 @@ def sides(target: Target, directory: Path) -> Sides:
 
     files = applied_files(target)
     if files is None:
-        texts = patched_texts(target)
-        return Sides(False, patched=write_overlay(texts, directory / "patched"))
+        return Sides(False, patched=write_overlay(patched_texts(target), directory / "patched"))
     texts: dict[str, str | bytes] = {}
     for f in files:
         data = pristine.pristine_bytes(target, f["path"])

@@ -94,7 +94,7 @@ class OverlayFinder(importlib.abc.MetaPathFinder):
         spec = importlib.util.spec_from_file_location(
             name,
             source,
-            submodule_search_locations=list(real.submodule_search_locations)
+            submodule_search_locations=list(real.submodule_search_locations or [])
             if is_package and real
             else None,
         )
@@ -115,7 +115,7 @@ class Placeholder:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"{self._name} is not available (simulated GPU, no compiled kernels)")
 
-    def __mro_entries__(self, bases: tuple) -> tuple:
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         return (object,)
 
 
@@ -142,7 +142,7 @@ class PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 raise AttributeError(f"module {name!r} has no attribute {attr!r}")
             return Placeholder(f"{name}.{attr}")
 
-        module.__getattr__ = attribute  # type: ignore[attr-defined]
+        module.__getattr__ = attribute  # type: ignore[method-assign,unused-ignore]  # PEP 562
 
 
 def _unimportable(names: tuple[str, ...]) -> set[str]:
@@ -244,7 +244,7 @@ def simulate_sglang(arch: str) -> None:
     """What SGLang asks outside torch: GPU memory through nvidia-smi."""
     common = sys.modules.get("sglang.srt.utils.common")
     if common is not None and hasattr(common, "get_nvgpu_memory_capacity"):
-        common.get_nvgpu_memory_capacity = lambda: float(MEMORY_MIB[arch])
+        setattr(common, "get_nvgpu_memory_capacity", lambda: float(MEMORY_MIB[arch]))  # noqa: B010
 
 
 # ----------------------------------------------------------------------------- checks
@@ -473,7 +473,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
 def _guarded(check: Any) -> dict[str, Any]:
     try:
-        return check()
+        return dict(check())
     except Exception as exc:
         return {"error": _error(exc), "where": _where()}
 

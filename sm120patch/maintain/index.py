@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import (
     InvalidSdistFilename,
@@ -87,7 +88,7 @@ def redact(url: str) -> str:
 
 def open_url(
     url: str, *, accept: str = "*/*", cert: str | None = None, timeout: float = TIMEOUT_S
-):  # -> a response object (http.client.HTTPResponse or urllib's addinfourl)
+) -> Any:  # a response: http.client.HTTPResponse or urllib's addinfourl
     """urlopen with the credentials a URL carries sent as basic auth, and pip's `cert`."""
     parts = urllib.parse.urlsplit(url)
     headers = {"Accept": accept}
@@ -132,7 +133,7 @@ def parse_html(project: str, text: str, base: str) -> list[IndexFile]:
     return files
 
 
-def parse_json(project: str, data: dict, base: str) -> list[IndexFile]:
+def parse_json(project: str, data: dict[str, Any], base: str) -> list[IndexFile]:
     files = []
     for raw in data.get("files", []):
         url = urllib.parse.urljoin(base, raw.get("url", ""))
@@ -175,7 +176,9 @@ def _remote(project: str, url: str, cert: str | None) -> list[IndexFile]:
     return parse_html(project, body.decode("utf-8", "replace"), base)
 
 
-def read_location(project: str, location: str, *, index: bool, cert: str | None) -> list:
+def read_location(
+    project: str, location: str, *, index: bool, cert: str | None
+) -> list[IndexFile]:
     """The files of `project` at one index URL (`index`: the project page below it) or one
     find-links location (a page or a directory, holding many projects)."""
     if "://" not in location:

@@ -16,7 +16,7 @@ from typing import Any
 from packaging.version import Version
 
 from sm120patch.errors import UsageError
-from sm120patch.maintain import releases
+from sm120patch.maintain import releases, trees
 from sm120patch.plan import catalog
 
 DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
@@ -40,7 +40,7 @@ def plan_release(kind: str, version: str) -> Row:
 
     row = Row(kind, version)
     try:
-        tree = releases.tree(kind, version)
+        tree = trees.tree(kind, version)
         target = targets.find(kind, tree)
     except Exception as exc:  # a release we cannot fetch is a row that says so
         row.error = f"{type(exc).__name__}: {exc}"

@@ -69,7 +69,7 @@ class Progress:
             bar = click.progressbar(
                 length=self._length,
                 label=self._label,
-                file=self.file,
+                file=self.file,  # type: ignore[arg-type]  # click takes any text stream
                 item_show_func=lambda item: item,
             )
             bar.__enter__()

@@ -39,10 +39,10 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -62,15 +62,26 @@ from sm120patch.maintain.index import (
 )
 
 KINDS = ("sglang", "flashinfer")
+
+
 # PyPI project of each target kind, and the import package inside it.
 PROJECT = {"sglang": "sglang", "flashinfer": "flashinfer-python"}
+
+
 PACKAGE = {"sglang": "sglang", "flashinfer": "flashinfer"}
 
+
 DOWNLOAD_TIMEOUT_S = 60.0
+
+
 LISTING_SCHEMA = 1
+
+
 DIGEST_SUFFIX = ".sha256"
 
-# The releases tests/real runs by default: one or two per shape of every site (DESIGN s4).
+
+# The releases tests/real runs by default: one or two per shape of every site
+# (docs/compatibility.md).
 DEFAULT_RELEASES: dict[str, tuple[str, ...]] = {
     "sglang": (
         "0.5.4",
@@ -87,14 +98,17 @@ DEFAULT_RELEASES: dict[str, tuple[str, ...]] = {
     ),
     "flashinfer": ("0.3.1", "0.6.1", "0.6.15", "0.6.17"),
 }
+
+
 # The span of the opt-in full run (SM120PATCH_FULL_RELEASES=1) and of `matrix` by default:
 # every release inside it and the latest post release of each (`select`). The upper bounds
 # are exclusive so that the last release's post releases are inside.
 FULL_RANGE: dict[str, str] = {"sglang": ">=0.4.6,<0.5.24", "flashinfer": ">=0.2.8,<0.7.5"}
 
-# Files that hold a site in some release (DESIGN s4), relative to the package's parent. The
-# catalog's own `Patch.files` are added to these; listing them here as well keeps a tree built
-# while a patch module is still a placeholder complete for the real one.
+
+# Files that hold a site in some release (docs/compatibility.md), relative to the package's
+# parent. The catalog's own `Patch.files` are added to these; listing them here as well keeps
+# a tree built while a patch module is still a placeholder complete for the real one.
 SITE_FILES: dict[str, tuple[str, ...]] = {
     "sglang": (
         "sglang/srt/layers/communicator.py",
@@ -108,23 +122,20 @@ SITE_FILES: dict[str, tuple[str, ...]] = {
     ),
     "flashinfer": ("flashinfer/comm/trtllm_ar.py", "flashinfer/jit/comm.py"),
 }
+
+
 # Files that say what a patched site may rely on: sglang.srt.utils defines the
 # `is_sm120_supported` the SM120 flag imports (a module up to 0.4.x, a package after).
 SUPPORT_FILES: dict[str, tuple[str, ...]] = {
     "sglang": ("sglang/srt/utils.py", "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py"),
     "flashinfer": (),
 }
-TREE_RECORD = ".sm120patch-tree.json"
-TREE_SCHEMA = 1
 
 
 class ReleaseError(Sm120Error):
     """A release could not be listed, fetched or unpacked (exit 1: nothing was changed)."""
 
     exit_code = 1
-
-
-# ----------------------------------------------------------------------------- cache layout
 
 
 def cache_dir() -> Path:
@@ -145,7 +156,7 @@ def trees_dir() -> Path:
     return cache_dir() / "trees"
 
 
-def _check_kind(kind: str) -> None:
+def check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown target kind {kind!r}; expected one of {KINDS}")
 
@@ -153,7 +164,7 @@ def _check_kind(kind: str) -> None:
 STALE_S = 3600.0
 
 
-def _sweep(directory: Path, prefixes: tuple[str, ...]) -> None:
+def sweep(directory: Path, prefixes: tuple[str, ...]) -> None:
     """Remove the staging directories a killed run left behind (never read: their names start
     with a dot and are unique), once they are old enough not to belong to a live run."""
     import time
@@ -172,16 +183,13 @@ def _sweep(directory: Path, prefixes: tuple[str, ...]) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """Serialise work on one release across processes (pytest-xdist workers, parallel CI jobs)."""
     import filelock
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(path)):
         yield
-
-
-# ----------------------------------------------------------------------------- the index
 
 
 @dataclass(frozen=True)
@@ -263,7 +271,7 @@ def listing(kind: str) -> Listing:
     process and saved with its time. When a location cannot be read, the saved listing (else
     the cached distributions) is returned with `stale` saying why; with nothing saved either,
     a ReleaseError."""
-    _check_kind(kind)
+    check_kind(kind)
     config = pipconfig.pip_index()
     if not config.sources:
         raise ReleaseError(
@@ -340,7 +348,7 @@ def select(
     chosen = {v for v in matched if posts or not v.is_postrelease}
     if posts is not None:
         return [str(v) for v in sorted(chosen)]
-    latest: dict[tuple, Version] = {}
+    latest: dict[object, Version] = {}  # keyed by the release without its post part
     for v in matched:
         if v.is_postrelease:
             key = (v.epoch, v.release, v.pre, v.dev)
@@ -360,17 +368,14 @@ def available(
     kind: str, spec: str | SpecifierSet | None = None, *, posts: bool | None = None
 ) -> list[str]:
     """`select` over what the indexes list for `kind` (default: the tracked range)."""
-    _check_kind(kind)
+    check_kind(kind)
     return select(listing(kind).files, spec if spec is not None else FULL_RANGE[kind], posts=posts)
-
-
-# ----------------------------------------------------------------------------- fetch
 
 
 def cached(kind: str, version: str) -> Path | None:
     """The distribution file of this release already in the cache (a wheel before an sdist),
     as it is: `fetch` is the way to a verified one."""
-    _check_kind(kind)
+    check_kind(kind)
     want_name = canonicalize_name(PROJECT[kind])
     want = Version(version)
     directory = dist_dir()
@@ -485,20 +490,20 @@ def fetch(kind: str, version: str) -> Path:
     """The distribution file of `kind` `version` in `<cache>/dist/`, verified against its
     recorded sha256 (`verify`); downloaded when missing, downloaded again when it does not
     match."""
-    _check_kind(kind)
+    check_kind(kind)
     Version(version)  # a clear InvalidVersion before any download
     found = cached(kind, version)
     if found and verify(kind, found) is None:
         return found
     dist = dist_dir()
-    with _locked(dist / f".{kind}-{version}.lock"):
+    with locked(dist / f".{kind}-{version}.lock"):
         # Another process may have fetched it while we waited; a bad file goes, under the lock.
         while (found := cached(kind, version)) is not None:
             if verify(kind, found) is None:
                 return found
             found.unlink(missing_ok=True)
             _digest_path(found).unlink(missing_ok=True)
-        _sweep(dist, (".dl-",))
+        sweep(dist, (".dl-",))
         with tempfile.TemporaryDirectory(prefix=f".dl-{kind}-{version}-", dir=dist) as tmp:
             file = _download(kind, version, Path(tmp))
             final = dist / file.name
@@ -628,175 +633,3 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-# ----------------------------------------------------------------------------- trees
-
-
-def wanted_files(kind: str) -> tuple[str, ...]:
-    """Every file a tree of `kind` holds, relative to the package's parent: the files any patch
-    of the catalog may read, the known site files, the support files and the version files."""
-    from sm120patch.plan import catalog
-
-    pkg = PACKAGE[kind]
-    files = set(SITE_FILES[kind]) | set(SUPPORT_FILES[kind])
-    files |= {f"{pkg}/__init__.py", f"{pkg}/version.py", f"{pkg}/_version.py"}
-    for patch in catalog.load().patches.values():
-        if patch.target == kind:
-            files.update(patch.files)
-    return tuple(sorted(files))
-
-
-def tree(kind: str, version: str) -> Path:
-    """`<cache>/trees/<kind>-<version>/`: the release's `wanted_files` and its dist-info METADATA,
-    laid out like site-packages. Built once, atomically: a temporary directory renamed into
-    place, so a concurrent or killed run never leaves a half tree behind. Rebuilt (again by a
-    rename) when the catalog now reads a file the existing tree was not built with, and when a
-    file of it no longer has the sha256 recorded when it was unpacked (an edited tree)."""
-    _check_kind(kind)
-    wanted = wanted_files(kind)
-    dest = trees_dir() / f"{kind}-{version}"
-    if _tree_covers(dest, wanted):
-        return dest
-    source = fetch(kind, version)
-    with _locked(trees_dir() / f".{kind}-{version}.lock"):
-        if _tree_covers(dest, wanted):
-            return dest
-        _sweep(trees_dir(), (".tmp-", ".old-"))
-        staging = Path(tempfile.mkdtemp(prefix=f".tmp-{kind}-{version}-", dir=trees_dir()))
-        try:
-            written = _unpack(kind, version, source, wanted, staging)
-            present = [rel for rel in wanted if rel in written]
-            record = {
-                "schema": TREE_SCHEMA,
-                "kind": kind,
-                "version": version,
-                "source": source.name,
-                "wanted": list(wanted),
-                "present": present,
-                "source_sha256": sha256_file(source),
-                "sha256": written,
-            }
-            (staging / TREE_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
-            if dest.exists():
-                # A stale tree: move it aside first, since a directory cannot be renamed over a
-                # non-empty one; readers see the old or the new tree, never a mix.
-                old = Path(tempfile.mkdtemp(prefix=f".old-{kind}-{version}-", dir=trees_dir()))
-                os.replace(dest, old / "tree")
-                os.replace(staging, dest)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(staging, dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return dest
-
-
-def tree_record(path: Path) -> dict:
-    """What a tree was built from and with (`source`, `wanted`, `present`, `sha256`)."""
-    return json.loads((path / TREE_RECORD).read_text(encoding="utf-8"))
-
-
-def tree_problem(dest: Path, wanted: Iterable[str] = ()) -> str | None:
-    """None when the tree at `dest` holds `wanted` and every file it was built with still has
-    its recorded sha256, else what is wrong."""
-    try:
-        record = tree_record(dest)
-    except (OSError, ValueError):
-        return "no readable tree record"
-    if record.get("schema") != TREE_SCHEMA:
-        return f"tree schema {record.get('schema')!r}, not {TREE_SCHEMA}"
-    if not set(wanted) <= set(record.get("wanted", [])):
-        return "built without a file the patches now read"
-    digests = record.get("sha256")
-    if not isinstance(digests, dict) or not digests:
-        # Built by an sm120patch that recorded no digests: rebuilt once. The schema stays 1 so
-        # such a version sharing this cache keeps accepting the rebuilt tree.
-        return "no recorded sha256"
-    for rel, digest in digests.items():
-        try:
-            if hashlib.sha256((dest / rel).read_bytes()).hexdigest() != digest:
-                return f"{rel} was changed"
-        except OSError:
-            return f"{rel} is missing"
-    return None
-
-
-def _tree_covers(dest: Path, wanted: Iterable[str]) -> bool:
-    return tree_problem(dest, wanted) is None
-
-
-def _unpack(
-    kind: str, version: str, source: Path, wanted: tuple[str, ...], dest: Path
-) -> dict[str, str]:
-    """Write the wanted files present in `source` and its METADATA under `dest`; the sha256 of
-    each file written, by its path relative to `dest`."""
-    if source.name.endswith(".whl"):
-        members = _wheel_members(source)
-    elif source.name.endswith(".tar.gz"):
-        members = _sdist_members(source, kind)
-    else:
-        raise ReleaseError(f"{source.name}: not a wheel or a .tar.gz sdist")
-    written: dict[str, str] = {}
-
-    def write(rel: str, data: bytes) -> None:
-        path = dest / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)  # bytes as released: line endings and encoding untouched
-        written[rel] = hashlib.sha256(data).hexdigest()
-
-    with members as (read, names, metadata_name):
-        for rel in wanted:
-            if rel in names:
-                write(rel, read(rel))
-        if f"{PACKAGE[kind]}/__init__.py" not in written:
-            raise ReleaseError(f"{source.name}: no {PACKAGE[kind]}/__init__.py inside")
-        info = f"{canonicalize_name(PROJECT[kind]).replace('-', '_')}-{version}.dist-info"
-        write(f"{info}/METADATA", read(metadata_name))
-    return written
-
-
-# (read a member by its path, the member paths, the name of the METADATA member)
-Members = tuple[Callable[[str], bytes], set[str], str]
-
-
-@contextlib.contextmanager
-def _wheel_members(source: Path) -> Iterator[Members]:
-    with zipfile.ZipFile(source) as zf:
-        names = set(zf.namelist())
-        infos = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-        if len(infos) != 1:
-            raise ReleaseError(f"{source.name}: expected one *.dist-info/METADATA, found {infos}")
-        yield zf.read, names, infos[0]
-
-
-@contextlib.contextmanager
-def _sdist_members(source: Path, kind: str) -> Iterator[Members]:
-    """An sdist's files relative to the directory that holds the package (its top directory,
-    or a subdirectory such as `python/`), and its PKG-INFO as the METADATA."""
-    with tarfile.open(source, "r:gz") as tf:
-        members = {m.name: m for m in tf.getmembers() if m.isfile() or m.issym()}
-        init = f"{PACKAGE[kind]}/__init__.py"
-        roots = sorted(
-            (n[: -len(init)] for n in members if n == init or n.endswith("/" + init)),
-            key=lambda r: r.count("/"),
-        )
-        if not roots:
-            raise ReleaseError(f"{source.name}: no {init} inside")
-        root = roots[0]
-        top = PurePosixPath(root).parts[0] if root else ""
-        pkg_info = f"{top}/PKG-INFO" if top else "PKG-INFO"
-        if pkg_info not in members:
-            raise ReleaseError(f"{source.name}: no {pkg_info}")
-        names = {n[len(root) :] for n in members if n.startswith(root)}
-        names.add(pkg_info)  # `read` takes it by its archive name
-
-        def read(rel: str) -> bytes:
-            name = rel if rel == pkg_info else root + rel
-            handle = tf.extractfile(members[name])  # follows symlinks inside the archive
-            if handle is None:
-                raise ReleaseError(f"{source.name}: {name} is not a regular file")
-            with handle:
-                return handle.read()
-
-        yield read, names, pkg_info

@@ -44,7 +44,8 @@ class Fact:
     file: str | None = None  # relative to the package's parent; None where the site is absent
     function: str | None = None  # qualified name of the function holding the site
     form: str = ""  # the spelling at the site, where the real tier's checks depend on it
-    source: str = "DESIGN s4"  # "DESIGN s4 <site>", or "real files" where DESIGN is silent
+    # Where the fact was read: the released files (every fact is held to them by tests/real)
+    source: str = "released files"
     note: str = ""
     patch: str = ""  # filled in by Patch
 

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sm120patch.patchkit.facts import Fact, Status
+# Status is named here too: a patch module takes its result vocabulary from the model.
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.facts import Status as Status
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -94,10 +96,6 @@ class Patch:
 
     def facts_at(self, version: str) -> list[Fact]:
         return [f for f in self.facts if f.covers(version)]
-
-    def absent_at(self, version: str) -> bool:
-        """Whether a fact says the site does not exist in `version` (and that is fine)."""
-        return any(f.status is Status.NOT_APPLICABLE for f in self.facts_at(version))
 
     def upstream_at(self, version: str) -> bool:
         """Whether `version` itself carries this patch's change (an `upstream` fact, or

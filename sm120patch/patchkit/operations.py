@@ -126,9 +126,13 @@ def widen_arch_or(
         )
     if len(read.archs) != len(widen) or set(read.archs) != widen:  # any order
         return refused(site, expected, quoted)
-    new_group = h.widen_or(group, arch.sglang_arch_check(SM120, read.form))  # type: ignore[arg-type]
+    import libcst as cst
+
+    if not isinstance(group, cst.BooleanOperation):
+        return refused(site, expected, quoted)  # one check alone: not an `or` to widen
+    new_group = h.widen_or(group, arch.sglang_arch_check(SM120, read.form))
     new_module = h.replace(module, group, new_group, scope=scope)
-    return applied(site, new_module, f"{shape} -> {h.code(new_group)}")  # type: ignore[arg-type]
+    return applied(site, new_module, f"{shape} -> {h.code(new_group)}")
 
 
 # ----------------------------------------------------------------------------- a list keyword
@@ -177,9 +181,7 @@ def extend_keyword_list(
     ]
     new_module = h.replace(module, value, value.with_changes(elements=elements), scope=func)
     new = [*expect, add]
-    return applied(
-        function, new_module, f"{keyword}={list(expect)} -> {new}"  # type: ignore[arg-type]
-    )
+    return applied(function, new_module, f"{keyword}={list(expect)} -> {new}")
 
 
 # ----------------------------------------------------------------------------- a module flag
@@ -299,7 +301,7 @@ def add_elif(module: cst.Module, after: cst.If, branch: cst.If, *, site: str, sh
     from sm120patch.patchkit import syntax as h
 
     new_module = h.replace(module, after, after.with_changes(orelse=branch), scope=after)
-    return applied(site, new_module, shape)  # type: ignore[arg-type]
+    return applied(site, new_module, shape)
 
 
 # ----------------------------------------------------------------------------- before a statement
@@ -321,6 +323,10 @@ def insert_before(
     body = list(block.body)
     index = next(i for i, stmt in enumerate(body) if stmt is anchor)
     first, *rest = new
+    if not isinstance(anchor, cst.BaseCompoundStatement | cst.SimpleStatementLine) or not (
+        isinstance(first, cst.BaseCompoundStatement | cst.SimpleStatementLine)
+    ):
+        return refused(site, "a statement with its leading lines", f"`{h.code(anchor)}`")
     moved = [
         first.with_changes(leading_lines=[*anchor.leading_lines, *first.leading_lines]),
         *rest,

@@ -226,7 +226,7 @@ def refuse_all(result: FileResult, reason: str) -> None:
 
 
 def _rerun_problem(patches: Sequence[Patch], result: FileResult, final: cst.Module) -> str | None:
-    """Running the patches again on their own result must change nothing (DESIGN s3 verify)."""
+    """Running the patches again on their own result must change nothing (the verify step)."""
     applied_ids = {pid for pid, _ in result.steps}
     for patch in patches:
         if patch.id not in applied_ids:

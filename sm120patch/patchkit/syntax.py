@@ -44,8 +44,10 @@ def keyword_args(scope: cst.CSTNode, keyword: str) -> list[cst.Arg]:
     out: list[cst.Arg] = []
     for stmt in statements(scope):
         for part in _headers_and_lines(stmt):
-            out += find(part, cst.Arg, lambda a: _is_keyword(a, keyword))  # type: ignore[misc]
-    return out  # type: ignore[return-value]
+            out += [
+                a for a in find(part, cst.Arg) if isinstance(a, cst.Arg) and _is_keyword(a, keyword)
+            ]
+    return out
 
 
 def _is_keyword(arg: cst.CSTNode, keyword: str) -> bool:
@@ -231,10 +233,6 @@ def and_operands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [node]
 
 
-def or_keys(node: cst.BaseExpression) -> list[str | None] | None:
-    ops = or_operands(node)
-    return None if ops is None else [key(op) for op in ops]
-
 
 def widen_or(node: cst.BooleanOperation, extra: cst.BaseExpression) -> cst.BooleanOperation:
     """`(a or b)` -> `(a or b or extra)`, keeping the outer parentheses and their whitespace.
@@ -327,6 +325,8 @@ def add_import_after(
     if len(holders) != 1:
         return None
     imp = holders[0]
+    if isinstance(imp.names, cst.ImportStar):
+        return None  # `from m import *` names nothing to place an import after
     aliases = list(imp.names)
     index = next(i for i, a in enumerate(aliases) if a.evaluated_name == after)
     anchor = aliases[index]
@@ -416,7 +416,7 @@ def insert_after(
     module: cst.Module, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement]
 ) -> cst.Module:
     """Insert statements right after a module-level statement."""
-    body = list(module.body)
+    body: list[cst.BaseStatement] = list(module.body)
     index = next(i for i, s in enumerate(body) if s is anchor)
     body[index + 1 : index + 1] = list(new)
     return module.with_changes(body=body)

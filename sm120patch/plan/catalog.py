@@ -32,19 +32,28 @@ from sm120patch.patchkit.versions import range_text
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
-    import tomllib
+    import tomllib as tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+TOMLDecodeError = tomllib.TOMLDecodeError
+
 
 PROFILES_SCHEMA = 1
 DAMAGED_HINT = "reinstall sm120patch: a file it ships with is damaged"
 
 
-def parse_toml(text: str, where: str | Path, hint: str = DAMAGED_HINT) -> dict[str, Any]:
-    """TOML of the library or of a pack (profiles, known outcomes, signatures): a file that
-    does not parse is one line naming it (a usage error, exit 2), never a traceback."""
+def parse_toml(
+    text: str, where: str | Path | None = None, hint: str = DAMAGED_HINT
+) -> dict[str, Any]:
+    """TOML text as a document (the one place that picks the reader). With `where` (a file
+    of the library or of a pack: profiles, known outcomes, signatures), text that does not
+    parse is one line naming the file (a usage error, exit 2), never a traceback; without
+    it the caller handles TOMLDecodeError."""
+    if where is None:
+        return dict(tomllib.loads(text))
     try:
-        return tomllib.loads(text)
+        return dict(tomllib.loads(text))
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{where} is not valid TOML ({exc})", hint) from None
 
@@ -167,18 +176,6 @@ class Catalog:
         found += [self.source(pid) for pid in profile.patches]
         return list({p.name: p for p in found}.values())
 
-    def resolve(self, name: str, versions: Mapping[str, str]) -> Resolution:
-        """The profile `name`, its patches, and what of `versions` (kind -> version) lies
-        outside its pins: the one place a profile is looked up and its pins checked."""
-        profile = self.profile(name)
-        return Resolution(profile, self.patches_of(profile), pin_problems(profile, versions))
-
-
-@dataclass(frozen=True)
-class Resolution:
-    profile: Profile
-    patches: list[Patch]
-    outside_pins: list[str]  # one line per target kind whose version is outside the pins
 
 
 def pin_problems(
@@ -235,7 +232,7 @@ def load() -> Catalog:
 
 @lru_cache(maxsize=4)
 def _load(dirs: tuple[str, ...]) -> Catalog:
-    from sm120patch import patches as package
+    from sm120patch import patches as package  # type: ignore[attr-defined]  # from patches/ (package-dir)
 
     builtin = Pack(BUILT_IN, str(Path(package.__path__[0])))
     packs: list[tuple[Pack, list[Patch], str | None]] = [
@@ -312,7 +309,7 @@ def _load_dir(directory: str) -> tuple[Pack, list[Patch], str | None]:
     package = sys.modules.get(name)
     if package is None:
         package = types.ModuleType(name)
-        package.__path__ = [str(path)]  # type: ignore[attr-defined]
+        package.__path__ = [str(path)]
         sys.modules[name] = package
     profiles = path / "profiles.toml"
     return pack, _patches_in(package, pack), (
@@ -353,7 +350,7 @@ def _combine(packs: list[tuple[Pack, list[Patch], str | None]]) -> Catalog:
             continue
         try:
             found_profiles = parse_profiles(text, patches)
-        except tomllib.TOMLDecodeError as exc:
+        except TOMLDecodeError as exc:
             where = Path(pack.location, "profiles.toml") if pack.location else "profiles.toml"
             raise PackError(pack, f"{where} is not valid TOML ({exc})") from None
         except RuntimeError as exc:

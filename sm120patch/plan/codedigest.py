@@ -233,5 +233,5 @@ def _strip_docstrings(tree: Any) -> Any:
             and isinstance(body[0].value, ast.Constant)
             and isinstance(body[0].value.value, str)
         ):
-            n.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+            n.body = body[1:] or [ast.Pass()]
     return tree

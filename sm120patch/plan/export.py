@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sm120patch import __version__
 from sm120patch.errors import Refused
-from sm120patch.patchkit.model import Patch
+from sm120patch.patchkit.model import TARGETS, Patch
 from sm120patch.plan import catalog
 from sm120patch.plan.diffs import diff_texts
 from sm120patch.plan.plans import Plan
@@ -86,7 +86,7 @@ def write(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[Exporte
                 f"give -o an empty or new directory, or --overwrite to replace {out_dir}'s "
                 "patches",
             )
-        for kind in catalog.TARGETS:
+        for kind in TARGETS:
             for old in (out_dir / kind).glob("*.patch"):
                 old.unlink()
     written = []

@@ -18,7 +18,7 @@ from sm120patch import __version__
 from sm120patch.errors import Refused, UsageError
 from sm120patch.plan import catalog
 from sm120patch.plan.codedigest import patch_digest, source_key
-from sm120patch.plan.planner import Plan
+from sm120patch.plan.plans import Plan
 
 SCHEMA = 1
 
@@ -193,7 +193,7 @@ def _sha(text: str) -> str:
 
 
 def read(path: Path) -> Lock:
-    from sm120patch.plan.catalog import tomllib
+    from sm120patch.plan.catalog import TOMLDecodeError, parse_toml
 
     try:
         raw = path.read_text(encoding="utf-8")
@@ -207,7 +207,7 @@ def read(path: Path) -> Lock:
             f"cannot read lock file {path} ({exc})", "check that it is a readable text file"
         ) from None
     try:
-        doc: dict[str, Any] = tomllib.loads(raw)
+        doc: dict[str, Any] = parse_toml(raw)
         schema = doc["schema"]
         if not isinstance(schema, int) or schema > SCHEMA:
             raise Refused(
@@ -236,7 +236,7 @@ def read(path: Path) -> Lock:
                 for s in doc.get("steps", [])
             ],
         )
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
+    except (TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise Refused(
             f"lock file {path} is not a valid sm120patch lock ({exc})",
             "regenerate it with `sm120patch pin`",
@@ -290,18 +290,18 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
     locked = {(f["target"], f["path"]): f for f in lock.files}
     found = {(f["target"], f["path"]): f for f in now.files}
     for key in sorted(set(locked) | set(found)):
-        a, b = locked.get(key), found.get(key)
+        mine, theirs = locked.get(key), found.get(key)
         where = f"{key[0]} {key[1]}"
-        if a is None:
+        if mine is None:
             problems.append(f"{where}: would be patched but is not in the lock")
-        elif b is None:
+        elif theirs is None:
             problems.append(f"{where}: in the lock but would not be patched here")
-        elif a["before"] != b["before"]:
+        elif mine["before"] != theirs["before"]:
             problems.append(
                 f"{where}: file differs from the locked original "
-                f"({_short(a['before'])} locked, {_short(b['before'])} here)"
+                f"({_short(mine['before'])} locked, {_short(theirs['before'])} here)"
             )
-        elif a["after"] != b["after"]:
+        elif mine["after"] != theirs["after"]:
             problems.append(f"{where}: patched text would differ from the locked result")
     return problems
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from sm120patch.errors import Refused, UsageError
@@ -18,13 +19,24 @@ DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
 DIST_NAMES = {"sglang": ("sglang",), "flashinfer": ("flashinfer_python", "flashinfer")}
 
 
+class Layout(str, Enum):
+    """How a target is kept: a git checkout (git restores), or an installed package (pristine
+    copies in the state directory restore)."""
+
+    GIT = "git"
+    INSTALLED = "installed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Target:
     kind: str  # "sglang" or "flashinfer"
     package_dir: Path  # .../sglang
     parent: Path  # the directory holding the package: patch file paths are relative to it
     root: Path  # git work tree root for a git target, else `parent`; diff paths are relative to it
-    layout: str  # "git" or "installed"
+    layout: Layout
     version: str
     version_source: str
 
@@ -130,7 +142,7 @@ def _describe(kind: str, package_dir: Path) -> Target:
     if git_root is not None and not git.is_tracked(git_root, package_dir / "__init__.py"):
         # An installed package inside some repository (a venv in a project): not a checkout.
         git_root = None
-    layout = "git" if git_root is not None else "installed"
+    layout = Layout.GIT if git_root is not None else Layout.INSTALLED
     version, source = _version(kind, package_dir, git_root)
     return Target(
         kind=kind,

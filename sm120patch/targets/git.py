@@ -411,10 +411,8 @@ class Repo:
             )
         except git.GitCommandError:
             return None
-        return data  # type: ignore[return-value]
-
-    def diff_worktree(self, rels: list[str]) -> str:
-        return self.repo.git.diff("HEAD", "--", *rels)
+        assert isinstance(data, bytes)  # stdout_as_string=False
+        return data
 
     def dirty_all(self) -> list[str]:
         """Every tracked file with uncommitted changes (paths relative to the root)."""

@@ -43,7 +43,7 @@ class Signature:
 
 
 def signatures() -> list[Signature]:
-    from sm120patch import patches
+    from sm120patch import patches  # type: ignore[attr-defined]  # shipped from patches/ (package-dir)
     from sm120patch.plan import catalog
 
     path = Path(patches.__file__ or "").parent / "signatures.toml"
@@ -152,7 +152,7 @@ def _url_ready(url: str) -> bool:
 
     try:
         with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - user's URL
-            return 200 <= response.status < 300
+            return bool(200 <= response.status < 300)
     except (urllib.error.URLError, OSError, ValueError):
         return False
 

@@ -25,7 +25,7 @@ from fleetkit import (
     snapshot,
 )
 
-from sm120patch.maintain import releases
+from sm120patch.maintain import trees
 from sm120patch.plan import lockfile
 
 pytestmark = [pytest.mark.real, pytest.mark.fleet]
@@ -160,7 +160,7 @@ def test_lock_for_another_release_fails_in_check_mode(fleet: Fleet, site: Path, 
         "pin",
         "moe",
         "--sglang",
-        str(releases.tree("sglang", "0.5.9")),
+        str(trees.tree("sglang", "0.5.9")),
         "-o",
         str(other),
         state=tmp_path / "pin-state",
@@ -346,7 +346,7 @@ def test_error_parser_reads_the_tools_errors(fleet: Fleet, tmp_path: Path):
     message, hint = _module().tool_error(bare.stdout, bare.stderr, bare.returncode)
     assert message.startswith("sm120patch exited 1: ") and "No module named" in message
     assert "installed for the interpreter" in hint
-    # The contract of issue 9's JSON errors, as the module must read it.
+    # The contract of the JSON errors, as the module must read it.
     doc = {"error": "profile all is not applied", "next": "see `sm120patch status`", "exit_code": 1}
     assert _module().tool_error(json.dumps(doc), "", 1) == (doc["error"], doc["next"])
     # A multi-line message (revert shows the edit it would discard) keeps its lines.

@@ -1,11 +1,11 @@
-"""What each patch must do on each real release: the facts of DESIGN.md s4, as a table.
+"""What each patch must do on each real release: the patches' facts, as a table.
 
 The facts live with the patches (`FACTS` in each module under patches/, see sm120patch.patchkit.facts);
 this module gathers them for the real-release tier. Every fact names the releases it covers (a
 PEP 440 specifier on the release, so 0.5.9.post1 counts as 0.5.9), the outcome, the file holding
 the site (relative to the package's parent) and the function around it. `source` says where the
-fact comes from: "DESIGN s4 <site>" when the design states it, "real files" when DESIGN is
-silent on that detail and it was read off the released files.
+fact comes from: the released files it was read off (the site letters are those of
+docs/compatibility.md).
 
 A release no fact covers has no recorded expectation. Outside every pin of the profiles holding
 the patch its outcome is reported but not judged; inside one, `judged` fails the test: a patch
@@ -26,18 +26,18 @@ __all__ = ["FACTS", "OBSERVED", "Fact", "Status", "fact", "judged", "pinned_by"]
 FACTS: tuple[Fact, ...] = tuple(f for p in catalog.load().patches.values() for f in p.facts)
 
 
-# Details DESIGN does not state, read off the released files (kept here so a reader of a
-# failing test knows which facts are the design's and which were observed):
+# Details read off the released files that no fact states on its own (kept here so a reader of
+# a failing test knows them):
 OBSERVED = (
     "SGLang 0.5.21 to 0.5.23 no longer ship sglang/srt/layers/communicator.py: flags and gate "
     "live only in add_norm.py.",
     "The auto-enable block (site C) is in ServerArgs._handle_model_specific_adjustments in "
     "0.5.7 to 0.5.14; the Glm4MoeForCausalLM branch (site D) too, in 0.5.8 to 0.5.14.",
     "SGLang 0.5.4 has no unified auto-enable block: only per-model blocks gated on "
-    "is_sm100_supported() (DeepseekV3 with is_cuda(), GptOss bare); DESIGN records no outcome "
+    "is_sm100_supported() (DeepseekV3 with is_cuda(), GptOss bare); no fact records an outcome "
     "for it (see the 0.5.4 fact).",
     "SGLang 0.5.2 and 0.5.3 define no is_sm120_supported (utils/common.py defines it from "
-    "0.5.4); DESIGN records no sm120-flag outcome for them.",
+    "0.5.4); no fact records an sm120-flag outcome for them.",
     "is_sm120_supported is imported in arg_groups/overrides.py in 0.5.15 to 0.5.18, and in "
     "server_args.py from 0.5.4 to 0.5.18.",
     "FlashInfer 0.3.1 ships only flashinfer/comm/trtllm_ar.py; 0.4.0 also keeps "

@@ -20,7 +20,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from sm120patch import targets
-from sm120patch.maintain import releases
+from sm120patch.maintain import releases, trees
 from sm120patch.patchkit.model import Outcome, Patch, Status
 from sm120patch.patchkit.runner import FileResult, transform_text
 from sm120patch.plan import catalog
@@ -130,7 +130,7 @@ RawRuns = dict[str, tuple[Outcome, str, str, str, FileResult | None]]
 
 
 def find_target(kind: str, version: str) -> Target:
-    found = targets.find(kind, releases.tree(kind, version))
+    found = targets.find(kind, trees.tree(kind, version))
     assert found.version == version, f"{found.version} read from {found.version_source}"
     return found
 
@@ -179,7 +179,7 @@ class RealReleases:
         self._sites: dict[SiteCase, SiteRun] = {}
 
     def tree(self, kind: str, version: str) -> Path:
-        return releases.tree(kind, version)  # built once per cache; cheap to look up after
+        return trees.tree(kind, version)  # built once per cache; cheap to look up after
 
     def target(self, kind: str, version: str) -> Target:
         key = (kind, version)

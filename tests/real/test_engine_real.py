@@ -1,4 +1,4 @@
-"""Issue 3's "done when", on real releases: SGLang 0.5.8 + FlashInfer 0.6.1 as git checkouts
+"""The engine on real releases: SGLang 0.5.8 + FlashInfer 0.6.1 as git checkouts
 and as packages pip installed into a virtual environment. apply all, status, revert --all."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from sm120patch.cli import main
-from sm120patch.maintain import releases
+from sm120patch.maintain import releases, trees
 
 pytestmark = pytest.mark.real
 
@@ -51,7 +51,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 def checkout(tmp: Path, kind: str, version: str) -> Path:
     """A git repository laid out like the project's own (SGLang under python/)."""
-    tree = releases.tree(kind, version)
+    tree = trees.tree(kind, version)
     root = tmp / f"{kind}-checkout"
     parent = root / "python" if kind == "sglang" else root
     shutil.copytree(tree / kind, parent / kind)
@@ -136,7 +136,7 @@ def test_pip_installed_into_a_venv(tmp_path, dists):
 
 def test_lock_from_one_tree_applies_on_another_and_refuses_another_release(tmp_path, dists):
     lock = tmp_path / "sm120patch.lock"
-    sg_tree, fi_tree = releases.tree("sglang", SGLANG), releases.tree("flashinfer", FLASHINFER)
+    sg_tree, fi_tree = trees.tree("sglang", SGLANG), trees.tree("flashinfer", FLASHINFER)
     code, _, err = cli("pin", "all", "--sglang", str(sg_tree), "--flashinfer", str(fi_tree),
                        "-o", str(lock))
     assert code == 0, err
@@ -153,7 +153,7 @@ def test_lock_from_one_tree_applies_on_another_and_refuses_another_release(tmp_p
     assert code == 0, err
     assert cli("revert", "--all", "--sglang", str(sg), "--flashinfer", str(fi))[0] == 0
 
-    other = releases.tree("sglang", "0.5.9")
+    other = trees.tree("sglang", "0.5.9")
     before = snapshot(other)
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(other), "--flashinfer",
                        str(fi_tree), "--no-gpu-check")
@@ -163,7 +163,7 @@ def test_lock_from_one_tree_applies_on_another_and_refuses_another_release(tmp_p
 
 
 def test_pip_reinstall_and_upgrade_are_seen_from_the_bytes(tmp_path, dists):
-    """Issue 9 on a real venv: `pip install --force-reinstall` of the same release makes the
+    """States from the bytes on a real venv: `pip install --force-reinstall` of the same release makes the
     patch gone (apply re-applies, `--locked` does not pass over pristine files); an upgrade
     makes it replaced, and `revert --force` never writes 0.5.8's bytes into 0.5.9."""
     env_dir = tmp_path / "venv"

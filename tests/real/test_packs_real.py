@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_engine_real import cli, git
 
-from sm120patch.maintain import releases
+from sm120patch.maintain import releases, trees
 from sm120patch.plan import catalog, lockfile
 
 pytestmark = pytest.mark.real
@@ -31,7 +31,7 @@ def checkout(tmp_path: Path) -> Path:
     if releases.cached("flashinfer", VERSION) is None and not releases.pypi_reachable():
         pytest.skip(f"PyPI is unreachable and FlashInfer {VERSION} is not cached")
     root = tmp_path / "flashinfer-checkout"
-    shutil.copytree(releases.tree("flashinfer", VERSION) / "flashinfer", root / "flashinfer")
+    shutil.copytree(trees.tree("flashinfer", VERSION) / "flashinfer", root / "flashinfer")
     (root / "flashinfer" / "version.py").write_text(f'__version__ = "{VERSION}"\n')
     git(tmp_path, "init", "-q", "-b", "main", str(root))
     git(root, "add", "-A")

@@ -23,7 +23,7 @@ from sm120patch.plan.plans import Plan
 pytestmark = pytest.mark.real
 
 PROFILES = tuple(catalog.load().profiles)  # every profile, pcie-allreduce included
-# The combinations whose `apply all --dry-run` diff must pass `git apply --check` (issue 2).
+# The combinations whose `apply all --dry-run` diff must pass `git apply --check`.
 GIT_APPLY = (("0.5.8", "0.6.1"), ("0.5.22", "0.6.1"))
 
 

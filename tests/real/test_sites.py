@@ -109,7 +109,7 @@ def test_sm120_imports_resolve(real: RealReleases, site_case: SiteCase) -> None:
 
 
 def test_sm120_helper_exists_where_imported(real: RealReleases, sglang_version: str) -> None:
-    """DESIGN s4 A: `is_sm120_supported` is in sglang.srt.utils from 0.5.4 (0.5.2 and 0.5.3
+    """Site A: `is_sm120_supported` is in sglang.srt.utils from 0.5.4 (0.5.2 and 0.5.3
     have none). The import form of the SM120 flag relies on it."""
     from packaging.version import Version
 
@@ -124,4 +124,4 @@ def test_sm120_helper_exists_where_imported(real: RealReleases, sglang_version: 
     if release >= Version("0.5.4"):
         assert has, f"SGLang {sglang_version} defines no is_sm120_supported in sglang.srt.utils"
     elif release >= Version("0.5.2"):
-        assert not has, f"SGLang {sglang_version} defines is_sm120_supported, DESIGN says not"
+        assert not has, f"SGLang {sglang_version} defines is_sm120_supported, the facts say not"

@@ -1,0 +1,206 @@
+"""Unpacked release trees in the release cache: only the files the patches read, from a cached
+wheel or sdist, checked against a record of what was unpacked (a killed unpack is redone)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from sm120patch.maintain.releases import (
+    PACKAGE,
+    PROJECT,
+    SITE_FILES,
+    SUPPORT_FILES,
+    ReleaseError,
+    check_kind,
+    fetch,
+    locked,
+    sha256_file,
+    sweep,
+    trees_dir,
+)
+
+TREE_RECORD = ".sm120patch-tree.json"
+
+
+TREE_SCHEMA = 1
+
+
+def wanted_files(kind: str) -> tuple[str, ...]:
+    """Every file a tree of `kind` holds, relative to the package's parent: the files any patch
+    of the catalog may read, the known site files, the support files and the version files."""
+    from sm120patch.plan import catalog
+
+    pkg = PACKAGE[kind]
+    files = set(SITE_FILES[kind]) | set(SUPPORT_FILES[kind])
+    files |= {f"{pkg}/__init__.py", f"{pkg}/version.py", f"{pkg}/_version.py"}
+    for patch in catalog.load().patches.values():
+        if patch.target == kind:
+            files.update(patch.files)
+    return tuple(sorted(files))
+
+
+def tree(kind: str, version: str) -> Path:
+    """`<cache>/trees/<kind>-<version>/`: the release's `wanted_files` and its dist-info METADATA,
+    laid out like site-packages. Built once, atomically: a temporary directory renamed into
+    place, so a concurrent or killed run never leaves a half tree behind. Rebuilt (again by a
+    rename) when the catalog now reads a file the existing tree was not built with, and when a
+    file of it no longer has the sha256 recorded when it was unpacked (an edited tree)."""
+    check_kind(kind)
+    wanted = wanted_files(kind)
+    dest = trees_dir() / f"{kind}-{version}"
+    if _tree_covers(dest, wanted):
+        return dest
+    source = fetch(kind, version)
+    with locked(trees_dir() / f".{kind}-{version}.lock"):
+        if _tree_covers(dest, wanted):
+            return dest
+        sweep(trees_dir(), (".tmp-", ".old-"))
+        staging = Path(tempfile.mkdtemp(prefix=f".tmp-{kind}-{version}-", dir=trees_dir()))
+        try:
+            written = _unpack(kind, version, source, wanted, staging)
+            present = [rel for rel in wanted if rel in written]
+            record = {
+                "schema": TREE_SCHEMA,
+                "kind": kind,
+                "version": version,
+                "source": source.name,
+                "wanted": list(wanted),
+                "present": present,
+                "source_sha256": sha256_file(source),
+                "sha256": written,
+            }
+            (staging / TREE_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+            if dest.exists():
+                # A stale tree: move it aside first, since a directory cannot be renamed over a
+                # non-empty one; readers see the old or the new tree, never a mix.
+                old = Path(tempfile.mkdtemp(prefix=f".old-{kind}-{version}-", dir=trees_dir()))
+                os.replace(dest, old / "tree")
+                os.replace(staging, dest)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(staging, dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def tree_record(path: Path) -> dict[str, Any]:
+    """What a tree was built from and with (`source`, `wanted`, `present`, `sha256`)."""
+    return dict(json.loads((path / TREE_RECORD).read_text(encoding="utf-8")))
+
+
+def tree_problem(dest: Path, wanted: Iterable[str] = ()) -> str | None:
+    """None when the tree at `dest` holds `wanted` and every file it was built with still has
+    its recorded sha256, else what is wrong."""
+    try:
+        record = tree_record(dest)
+    except (OSError, ValueError):
+        return "no readable tree record"
+    if record.get("schema") != TREE_SCHEMA:
+        return f"tree schema {record.get('schema')!r}, not {TREE_SCHEMA}"
+    if not set(wanted) <= set(record.get("wanted", [])):
+        return "built without a file the patches now read"
+    digests = record.get("sha256")
+    if not isinstance(digests, dict) or not digests:
+        # Built by an sm120patch that recorded no digests: rebuilt once. The schema stays 1 so
+        # such a version sharing this cache keeps accepting the rebuilt tree.
+        return "no recorded sha256"
+    for rel, digest in digests.items():
+        try:
+            if hashlib.sha256((dest / rel).read_bytes()).hexdigest() != digest:
+                return f"{rel} was changed"
+        except OSError:
+            return f"{rel} is missing"
+    return None
+
+
+def _tree_covers(dest: Path, wanted: Iterable[str]) -> bool:
+    return tree_problem(dest, wanted) is None
+
+
+def _unpack(
+    kind: str, version: str, source: Path, wanted: tuple[str, ...], dest: Path
+) -> dict[str, str]:
+    """Write the wanted files present in `source` and its METADATA under `dest`; the sha256 of
+    each file written, by its path relative to `dest`."""
+    if source.name.endswith(".whl"):
+        members = _wheel_members(source)
+    elif source.name.endswith(".tar.gz"):
+        members = _sdist_members(source, kind)
+    else:
+        raise ReleaseError(f"{source.name}: not a wheel or a .tar.gz sdist")
+    written: dict[str, str] = {}
+
+    def write(rel: str, data: bytes) -> None:
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)  # bytes as released: line endings and encoding untouched
+        written[rel] = hashlib.sha256(data).hexdigest()
+
+    with members as (read, names, metadata_name):
+        for rel in wanted:
+            if rel in names:
+                write(rel, read(rel))
+        if f"{PACKAGE[kind]}/__init__.py" not in written:
+            raise ReleaseError(f"{source.name}: no {PACKAGE[kind]}/__init__.py inside")
+        info = f"{canonicalize_name(PROJECT[kind]).replace('-', '_')}-{version}.dist-info"
+        write(f"{info}/METADATA", read(metadata_name))
+    return written
+
+
+# (read a member by its path, the member paths, the name of the METADATA member)
+Members = tuple[Callable[[str], bytes], set[str], str]
+
+
+@contextlib.contextmanager
+def _wheel_members(source: Path) -> Iterator[Members]:
+    with zipfile.ZipFile(source) as zf:
+        names = set(zf.namelist())
+        infos = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        if len(infos) != 1:
+            raise ReleaseError(f"{source.name}: expected one *.dist-info/METADATA, found {infos}")
+        yield zf.read, names, infos[0]
+
+
+@contextlib.contextmanager
+def _sdist_members(source: Path, kind: str) -> Iterator[Members]:
+    """An sdist's files relative to the directory that holds the package (its top directory,
+    or a subdirectory such as `python/`), and its PKG-INFO as the METADATA."""
+    with tarfile.open(source, "r:gz") as tf:
+        members = {m.name: m for m in tf.getmembers() if m.isfile() or m.issym()}
+        init = f"{PACKAGE[kind]}/__init__.py"
+        roots = sorted(
+            (n[: -len(init)] for n in members if n == init or n.endswith("/" + init)),
+            key=lambda r: r.count("/"),
+        )
+        if not roots:
+            raise ReleaseError(f"{source.name}: no {init} inside")
+        root = roots[0]
+        top = PurePosixPath(root).parts[0] if root else ""
+        pkg_info = f"{top}/PKG-INFO" if top else "PKG-INFO"
+        if pkg_info not in members:
+            raise ReleaseError(f"{source.name}: no {pkg_info}")
+        names = {n[len(root) :] for n in members if n.startswith(root)}
+        names.add(pkg_info)  # `read` takes it by its archive name
+
+        def read(rel: str) -> bytes:
+            name = rel if rel == pkg_info else root + rel
+            handle = tf.extractfile(members[name])  # follows symlinks inside the archive
+            if handle is None:
+                raise ReleaseError(f"{source.name}: {name} is not a regular file")
+            with handle:
+                return handle.read()
+
+        yield read, names, pkg_info

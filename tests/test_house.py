@@ -1,0 +1,63 @@
+"""The house's own rules that are not about imports (tests/test_imports.py holds those): no
+module is a warehouse, and nothing cites a document the repository does not hold or an issue
+of this project's tracker, which users cannot open."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MOST_LINES = 700
+# Everything a user or a newcomer reads: the code, the patch library and its data, the docs.
+READ = ("sm120patch", "patches", "docs", "benchmarks", "examples", "ansible_collections", "tests")
+# Issues of upstream projects may be cited: the word before "issue N" names the project.
+UPSTREAM = re.compile(
+    r"(flashinfer|sglang|sgl-project/sglang|flashinfer-ai/flashinfer|cutlass|NVIDIA/cutlass|vllm"
+    r"|vLLM|FlashInfer|SGLang|vllm-project/vllm)$"
+)
+ISSUE = re.compile(r"\b(\S+)\s+issues?\s+#?\d+|\bIssue\s+#?\d+", re.IGNORECASE)
+
+
+def _files() -> list[Path]:
+    out = []
+    for top in READ:
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix in (".py", ".md", ".toml", ".yml", ".yaml", ".j2", ".cfg") and (
+                "__pycache__" not in path.parts
+            ):
+                out.append(path)
+    return out + [ROOT / "README.md"]
+
+
+def citations(text: str) -> list[str]:
+    """The references to DESIGN or to a project issue in `text`."""
+    found = [m.group(0) for m in re.finditer(r"\bDESIGN\b", text)]
+    for m in ISSUE.finditer(text):
+        before = m.group(1) if m.group(1) else ""
+        if not UPSTREAM.search(before.strip("(`'\",")):
+            found.append(m.group(0))
+    return found
+
+
+def test_no_module_over_700_lines():
+    for path in (ROOT / "sm120patch").rglob("*.py"):
+        lines = path.read_text(encoding="utf-8").count("\n")
+        assert lines <= MOST_LINES, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+def test_nothing_cites_a_document_or_issue_users_cannot_open():
+    here = Path(__file__).resolve()
+    bad = {
+        str(p.relative_to(ROOT)): c
+        for p in _files()
+        if p.resolve() != here and (c := citations(p.read_text(encoding="utf-8")))
+    }
+    assert bad == {}
+
+
+def test_the_citation_check_tells_upstream_issues_from_ours():
+    assert citations("see flashinfer issue 2723 and sgl-project/sglang issue 9140") == []
+    assert citations("DESIGN s4 A") == ["DESIGN"]
+    assert citations("reported in sm120patch issue 11") == ["sm120patch issue 11"]
+    assert citations("Issue 3's done when") == ["Issue 3"]
