@@ -54,6 +54,8 @@ TARGET_VERBS = frozenset(
     {"apply", "revert", "ensure", "status", "recover", "doctor", "pin", "export", "explain",
      "trial"}
 )  # fmt: skip
+# ...and those that are no command without an argument (`sm120patch pin` names the tool's verb)
+NEED_ARGUMENT = frozenset({"apply", "revert", "ensure", "pin", "export", "trial"})
 _COMMAND = re.compile(r"`sm120patch((?: [^`]*)?)`")
 
 
@@ -65,7 +67,7 @@ def pasteable(text: str, paths: Mapping[str, str | None], packs: Sequence[str] =
 
     def complete(match: re.Match[str]) -> str:
         words = match.group(1).split(" ")[1:]
-        if not words:
+        if not words or (len(words) == 1 and words[0] in NEED_ARGUMENT):
             return match.group(0)
         front = [w for d in packs for w in ("--patches", shlex.quote(os.path.abspath(d)))]
         if "--patches" in words:
@@ -115,17 +117,22 @@ class Text:
     raw: str = ""
 
 
-def profiles(cat: Catalog) -> Text:
+def profiles(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> Text:
+    """`list`; `held`: per profile, why it is not recommended here (app.held_here)."""
     from sm120patch.patchkit.versions import range_text
 
     text = Text()
+    held = held or {}
     width = max([len(p.name) for p in cat.profiles.values()] + [8])
     for p in cat.profiles.values():
         pins = ", ".join(f"{k} {range_text(v)}" for k, v in p.pins.items())
         origin = cat.profile_sources[p.name]
         where = "" if origin.built_in else f" (from {origin.name})"
-        text.out.append(f"{p.name:{width}} [{p.status}] {p.title}{where}")
+        status = f"{p.status}, not here" if held.get(p.name) else p.status
+        text.out.append(f"{p.name:{width}} [{status}] {p.title}{where}")
         text.out.append(f"{'':{width}} pins: {pins}")
+        for why in held.get(p.name, []):
+            text.out.append(f"{'':{width}} not recommended here: {why}")
         for pid in p.patches:
             source = cat.source(pid)
             where = "" if source.built_in else f" (from {source.name})"
@@ -133,9 +140,10 @@ def profiles(cat: Catalog) -> Text:
     return text
 
 
-def profiles_doc(cat: Catalog) -> dict[str, Any]:
+def profiles_doc(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> dict[str, Any]:
     from sm120patch.patchkit.versions import range_text
 
+    held = held or {}
     return {
         "profiles": [
             {
@@ -145,6 +153,7 @@ def profiles_doc(cat: Catalog) -> dict[str, Any]:
                 "patches": list(p.patches),
                 "pins": {k: range_text(v) for k, v in p.pins.items()},
                 "source": cat.profile_sources[p.name].name,
+                "not_recommended_here": held.get(p.name, []),
             }
             for p in cat.profiles.values()
         ],
@@ -162,6 +171,8 @@ def profile(cat: Catalog, prof: Profile) -> Text:
     text.out.append(f"{prof.name} [{prof.status}]: {prof.title}")
     for k, v in prof.pins.items():
         text.out.append(f"  pinned on {k} {range_text(v)}")
+    for r in prof.refuse:
+        text.out.append(f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}")
     if prof.known:
         text.out.append("  known: " + " ".join(prof.known.split()))
     for patch in cat.patches_of(prof):
@@ -170,6 +181,10 @@ def profile(cat: Catalog, prof: Profile) -> Text:
         text.out.append("  why: " + patch.why)
         if patch.upstream:
             text.out.append(f"  upstream: {patch.upstream}")
+        if patch.wiring is not None:
+            text.out.append("  in the server log, ran: " + " | ".join(patch.wiring.ran))
+            if patch.wiring.skipped:
+                text.out.append("  in the server log, skipped: " + " | ".join(patch.wiring.skipped))
         for shape in patch.shapes:
             text.out.append(f"  - {shape}")
     return text
@@ -202,14 +217,20 @@ def report(found: Report) -> Text:
     return text
 
 
-def dry_run(found: DryRun) -> Text:
-    """The apply minus the writes: the diff on stdout, what is said about it on stderr."""
-    text = Text()
+def dry_run_warnings(found: DryRun) -> list[str]:
+    """What a dry run warns of on stderr, with --json too (the Ansible module's check mode
+    reads the GPU warning there)."""
     if found.gpu is not None and not found.gpu["has_sm120"]:
-        text.err.append(
+        return [
             f"warning: no SM120 GPU here ({found.gpu['summary']}); a real apply "
             "will refuse without --no-gpu-check"
-        )
+        ]
+    return []
+
+
+def dry_run(found: DryRun) -> Text:
+    """The apply minus the writes: the diff on stdout, what is said about it on stderr."""
+    text = Text(err=dry_run_warnings(found))
     for tp in found.plan.targets:
         t = tp.target
         text.err.append(f"# {t.name} {t.version} ({t.layout}) at {t.root}")

@@ -67,25 +67,25 @@ def test_apply_dry_run_refuses_a_symlinked_state_directory(pair, tmp_path):  # n
     state.parent.mkdir(parents=True, exist_ok=True)
     state.symlink_to(elsewhere, target_is_directory=True)
     before = everything(tmp_path)
-    dry = cli("apply", "moe", *where(sg, fi), "--dry-run")
+    dry = cli("apply", "moe", "--sglang", str(sg), "--dry-run")
     assert everything(tmp_path) == before
     assert dry[1] == ""  # no diff for an apply that would refuse
-    real = cli("apply", "moe", *where(sg, fi), "--no-gpu-check")
+    real = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
     assert_same_refusal(dry, real)
     assert "symbolic link" in error_lines(dry[2])[0]
 
 
 def test_revert_dry_run_refuses_a_symlinked_state_directory(pair, tmp_path):  # noqa: F811
     layout, sg, fi = pair
-    assert cli("apply", "moe", *where(sg, fi), "--no-gpu-check")[0] == 0
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
     state = state_of(sg)
     moved = tmp_path / "moved-state"
     shutil.move(state, moved)
     state.symlink_to(moved, target_is_directory=True)
     before = everything(tmp_path)
-    dry = cli("revert", "moe", *where(sg, fi), "--dry-run")
+    dry = cli("revert", "moe", "--sglang", str(sg), "--dry-run")
     assert everything(tmp_path) == before and dry[1] == ""
-    real = cli("revert", "moe", *where(sg, fi))
+    real = cli("revert", "moe", "--sglang", str(sg))
     assert_same_refusal(dry, real)
 
 

@@ -114,18 +114,23 @@ def test_ensure_no_apply_names_the_other_profile_and_the_lock(tmp_path):
 
 
 def test_a_lock_for_another_profile_names_the_real_difference(tmp_path):
+    """A lock of `all` read as one of `moe` (a profile changed since the lock was made): each
+    difference is named as what it is, not 'found None' or 'this sm120patch has none'."""
+    from dataclasses import replace
+
+    from sm120patch.plan import lockfile, planner
+
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
-    lock = tmp_path / "all.lock"
-    assert cli("pin", "all", "--sglang", str(sg), "--flashinfer", str(fi), "-o", str(lock))[0] == 0
-    # The lock says profile moe now (an edit, or the profile changed since it was made).
-    lock.write_text(lock.read_text().replace('profile = "all"', 'profile = "moe"'))
-    code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--flashinfer",
-                       str(fi), "--dry-run")  # fmt: skip
-    assert code == 1, err
-    assert "found None" not in err and "this sm120patch has none" not in err, err
-    assert "the lock pins flashinfer 0.6.1, but profile moe here patches no flashinfer" in err
-    assert "patch sglang.fusion-gate: in the lock, not in profile moe here" in err
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")  # moe wants 0.6.7 or later
+    path = tmp_path / "all.lock"
+    assert cli("pin", "all", "--sglang", str(sg), "--flashinfer", str(fi), "-o", str(path))[0] == 0
+    lock = replace(lockfile.read(path), profile="moe")
+    plan = planner.plan("moe", {"sglang": sg, "flashinfer": fi})
+    problems = lockfile.differences(lock, plan)
+    text = "; ".join(problems)
+    assert "found None" not in text and "has none" not in text, text
+    assert "the lock pins flashinfer 0.6.8, but profile moe here patches no flashinfer" in text
+    assert "patch sglang.fusion-gate: in the lock, not in profile moe here" in text
 
 
 def test_already_applied_by_the_lock_reads_whole(tmp_path):

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from sm120patch.engine import assess
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.layouts import InstalledLayout, layout_of
+from sm120patch.engine.layouts import TargetLayout, layout_of
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
+from sm120patch.plan import catalog
 from sm120patch.targets import Target, files, procscan
 
 
@@ -23,10 +24,10 @@ class TargetRun:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.state = TargetState.of(target.root, target.layout, target.kind)
-        self._layout: InstalledLayout | None = None
+        self._layout: TargetLayout | None = None
 
     @property
-    def layout(self) -> InstalledLayout:
+    def layout(self) -> TargetLayout:
         # Made on first use: GitPython is imported only by runs that touch git.
         if self._layout is None:
             self._layout = layout_of(self.target, self.state)
@@ -77,6 +78,47 @@ def check_writable(path: Path, *, regular: bool = True) -> None:
             f"cannot write in {parent} (permission denied); nothing was changed",
             "run sm120patch as a user who can write there, or make it writable",
         )
+
+
+def check_evidence(
+    ctx: TargetRun,
+    profile: str,
+    touched: tuple[FileRecord, ...],
+    patches: tuple[str, ...] = (),
+    kind: str | None = None,
+) -> None:
+    """State is evidence, not instruction: before a manifest or journal moves a byte, every
+    file it names must be one that a patch of its recorded profile touches (the profile's
+    patches and the ones it records), at that file's place in this target, and a record of
+    another kind of target is not this one's."""
+    where = ctx.state.dir
+    if kind is not None and kind != ctx.target.kind:
+        raise Refused(
+            f"{ctx.target.root}: the state in {where} describes a {kind} target, not "
+            f"{ctx.target.name}",
+            f"the state was edited or is damaged: inspect {where}, then move it aside",
+        )
+    cat = catalog.load()
+    known = cat.profiles.get(profile)
+    if known is None:
+        raise Refused(
+            f"{ctx.target.root}: the state in {where} names profile {profile!r}, which no "
+            "loaded patch library defines",
+            "load the pack that defines it (--patches DIR or SM120PATCH_PATCHES) and run "
+            f"again; if the state is damaged, move {where} aside",
+        )
+    ids = [*known.patches, *(p for p in patches if p in cat.patches)]
+    allowed = {
+        f for pid in ids if cat.patches[pid].target == ctx.target.kind
+        for f in cat.patches[pid].files
+    }  # fmt: skip
+    for f in touched:
+        if f.module not in allowed or f.path != ctx.target.rel(f.module):
+            raise Refused(
+                f"{ctx.target.root}: the state in {where} names {f.path}, which no patch of "
+                f"profile {profile} touches; sm120patch writes only the files of its patches",
+                f"the state was edited or is damaged: inspect {where}, then move it aside",
+            )
 
 
 def new_txn() -> str:
