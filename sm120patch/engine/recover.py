@@ -95,20 +95,20 @@ def _recover(
                 remove_temps(ctx, journal.files)
                 ctx.state.close_journal()
                 notes.append(
-                    f"{ctx.target.root}: the interrupted apply of {journal.profile} had "
+                    f"{ctx.target.at}: the interrupted apply of {journal.profile} had "
                     "written every target; kept it"
                 )
             elif journal.op == Op.APPLY:
                 rollback_apply(ctx, journal)
                 notes.append(
-                    f"{ctx.target.root}: rolled back the interrupted apply of "
+                    f"{ctx.target.at}: rolled back the interrupted apply of "
                     f"{journal.profile}"
                 )
                 notes.extend(ctx.layout.notes)
             else:
                 _, more = finish_revert(ctx, journal)
                 notes.append(
-                    f"{ctx.target.root}: finished the interrupted revert of {journal.profile}"
+                    f"{ctx.target.at}: finished the interrupted revert of {journal.profile}"
                 )
                 notes.extend(more)
             reports.append(TargetReport(ctx.target, state=ctx.assess().state))
