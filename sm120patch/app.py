@@ -131,6 +131,28 @@ def list_profiles(session: Session) -> Catalog:
     return session.catalog
 
 
+def held_here(cat: Catalog) -> dict[str, list[str]]:
+    """Per recommended profile, why not to recommend it with the SGLang and FlashInfer
+    installed here: a release it refuses, or a wrong-output known entry about it that matches
+    (no GPU probe: `list` stays quick, and an unknown GPU does not exclude an entry)."""
+    recommended = [p for p in cat.profiles.values() if p.status == "recommended"]
+    if not recommended:
+        return {}
+    from sm120patch.plan import planner
+    from sm120patch.trial import known
+
+    found = known.installed_targets()
+    box = known.Box(versions={t.kind: t.version for t in found})
+    shipped = known.entries()
+    held = {}
+    for p in recommended:
+        why = planner.refusal_lines(p, found)
+        why += [e.line() for e in known.condemning(p.name, box, shipped)]
+        if why:
+            held[p.name] = why
+    return held
+
+
 def show(session: Session, name: str) -> Profile:
     return session.profile(name)
 
@@ -340,11 +362,18 @@ def matrix(
 
 
 def explain(
-    session: Session, python: str | None, simulate: str | None, launch: tuple[str, ...]
+    session: Session,
+    python: str | None,
+    simulate: str | None,
+    launch: tuple[str, ...],
+    profile: str = "all",
 ) -> Explanation:
+    """Pristine against patched; where nothing is applied the patched side is `profile`'s."""
     from sm120patch.explain import explain as explaining
 
-    return explaining.explain(session.paths, python=python, simulate=simulate, launch=launch)
+    return explaining.explain(
+        session.paths, python=python, simulate=simulate, launch=launch, profile=profile
+    )
 
 
 # ---- trial ---------------------------------------------------------------------------------

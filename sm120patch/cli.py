@@ -219,10 +219,11 @@ def quiet(line: str) -> None:  # --json keeps stdout one document
 def list_cmd(as_json: bool) -> None:
     """List the profiles and the patches they apply."""
     cat = app.list_profiles(session())
+    held = app.held_here(cat)
     if as_json:
-        emit_json(render.profiles_doc(cat))
+        emit_json(render.profiles_doc(cat, held))
         return
-    show(render.profiles(cat))
+    show(render.profiles(cat, held))
 
 
 @main.command("show")
@@ -664,6 +665,15 @@ def matrix_cmd(
     type=click.Choice(["sm120", "sm100", "sm90"]),
     help="Decide as on a GPU of this architecture instead of the real one.",
 )
+@click.option(
+    "--profile",
+    "profile",
+    default="all",
+    show_default=True,
+    metavar="PROFILE",
+    help="Where nothing is applied, the patched side is what this profile would write "
+    "(fp4-gemm and attention are not part of all).",
+)
 @json_option
 @click.argument("launch", nargs=-1, type=click.UNPROCESSED)
 def explain_cmd(
@@ -671,15 +681,17 @@ def explain_cmd(
     flashinfer: str | None,
     python: str | None,
     simulate: str | None,
+    profile: str,
     as_json: bool,
     launch: tuple[str, ...],
 ) -> None:
     """What upstream's own code decides, pristine vs patched, for `-- SGLANG LAUNCH ARGS`.
 
-    Runs SGLang's server-argument resolution, the allreduce-fusion gate, _resolve_backend and
-    FlashInfer's comm module flags in the target's interpreter: no weights, no server.
+    Runs SGLang's server-argument resolution, the allreduce-fusion gate, _resolve_backend, the
+    FP4 GEMM backend `auto` resolves to and FlashInfer's comm module flags in the target's
+    interpreter: no weights, no server.
     """
-    found = app.explain(session(sglang, flashinfer), python, simulate, launch)
+    found = app.explain(session(sglang, flashinfer), python, simulate, launch, profile)
     if as_json:
         emit_json(found.to_dict())
         return

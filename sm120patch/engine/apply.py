@@ -64,7 +64,7 @@ def runs_for(
     lock: Lock | None = None,
 ) -> list[TargetRun]:
     found = planner.resolve_targets(profile, paths)
-    outside = planner.check_pins(profile, found)
+    outside = planner.check_pins(profile, found, paths)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to apply anyway")
     if lock is not None:

@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 
 from sm120patch.errors import UsageError
-from sm120patch.patchkit import versions
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import TARGETS, Patch, Status
+from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
+from sm120patch.patchkit.versions import base_release, contains
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
@@ -51,13 +50,18 @@ def parse_toml(text: str) -> dict[str, Any]:
 PROFILES_SCHEMA = 1
 
 
-def release_of(version: str) -> Version:
-    """The release a version counts as for pins (`versions.base_release`); raises
-    InvalidVersion for a string that is not a version."""
-    release = versions.base_release(version)
-    if release is None:
-        raise InvalidVersion(version)
-    return release
+@dataclass(frozen=True)
+class Refusal:
+    """A release range inside (or beside) a profile's pins where applying it is refused with
+    a reason unless --force: a known wrong output, or an upstream path this profile would
+    shadow. `kind` need not be a target the profile patches (moe refuses a FlashInfer)."""
+
+    kind: str
+    releases: SpecifierSet
+    reason: str
+
+    def refuses(self, version: str) -> bool:
+        return contains(self.releases, base_release(version))
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Profile:
     # beyond what the patch's own facts say (its `not-applicable` facts count everywhere)
     absent: dict[str, SpecifierSet] = field(default_factory=dict)
     known: str = ""
+    refuse: tuple[Refusal, ...] = ()
     # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
     facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -78,11 +83,12 @@ class Profile:
     def targets(self) -> tuple[str, ...]:
         return tuple(t for t in TARGETS if t in self.pins)
 
+    def refusals(self, kind: str, version: str) -> list[Refusal]:
+        """The refusals of this profile that take `kind` `version`."""
+        return [r for r in self.refuse if r.kind == kind and r.refuses(version)]
+
     def pinned(self, target: str, version: str) -> bool:
-        try:
-            return self.pins[target].contains(release_of(version), prereleases=True)
-        except InvalidVersion:
-            return False
+        return contains(self.pins[target], base_release(version))
 
     def absent_ok(self, patch_id: str, version: str) -> bool:
         """Whether a missing site of `patch_id` is fine in `version`: a `not-applicable` fact
@@ -93,12 +99,7 @@ class Profile:
         ):
             return True
         spec = self.absent.get(patch_id)
-        if spec is None:
-            return False
-        try:
-            return spec.contains(release_of(version), prereleases=True)
-        except InvalidVersion:
-            return False
+        return spec is not None and contains(spec, base_release(version))
 
 
 BUILT_IN = "built-in"
@@ -183,6 +184,11 @@ class Catalog:
         found += [self.source(pid) for pid in profile.patches]
         return list({p.name: p for p in found}.values())
 
+    def wiring(self, profile: Profile | str, log: str) -> dict[str, Evidence]:
+        """What a server's `log` shows of each patch of `profile` that declares its wiring:
+        ran, skipped or not-seen (`patchkit.model.wiring_evidence`)."""
+        prof = self.profile(profile) if isinstance(profile, str) else profile
+        return wiring_evidence(self.patches_of(prof), log)
 
 
 def pin_problems(
@@ -201,9 +207,7 @@ def pin_problems(
             continue
         spec = profile.pins[kind]
         label, source = (labels or {}).get(kind, (kind, ""))
-        try:
-            release_of(version)
-        except InvalidVersion:
+        if base_release(version) is None:
             problems.append(
                 f"{label} version '{version}'" + (f" (from {source})" if source else "")
                 + f" is not a PEP 440 version; profile {profile.name} is pinned to {spec}"
@@ -212,6 +216,24 @@ def pin_problems(
         if not profile.pinned(kind, version):
             problems.append(
                 f"{label} {version} is outside the pins of profile {profile.name} ({kind} {spec})"
+            )
+    return problems
+
+
+def refusal_problems(
+    profile: Profile,
+    versions: Mapping[str, str],
+    labels: Mapping[str, tuple[str, str]] | None = None,
+) -> list[str]:
+    """One line per refusal of `profile` that takes a version of `versions`: what it is and
+    why (`--force` applies anyway, as outside the pins)."""
+    problems = []
+    for kind, version in versions.items():
+        label = (labels or {}).get(kind, (kind, ""))[0]
+        for r in profile.refusals(kind, version):
+            problems.append(
+                f"profile {profile.name} refuses {label} {version} ({kind} {r.releases}): "
+                f"{r.reason}"
             )
     return problems
 
@@ -416,9 +438,14 @@ def _patch_problems(patch: Patch) -> list[str]:
     if patch.target not in TARGETS:
         problems.append(f"target {patch.target!r} is not one of {', '.join(TARGETS)}")
     if not patch.files:
-        problems.append("names no files")
+        problems.append("names no files (neither `files` nor a fact with a file)")
+    unlisted = sorted({f.file for f in patch.facts if f.file} - set(patch.files))
+    if unlisted:
+        problems.append(f"facts name files its `files` lacks: {', '.join(unlisted)}")
     if not callable(patch.transform):
         problems.append("has no transform")
+    if patch.wiring is not None:
+        problems += patch.wiring.problems()
     return problems + facts.check(patch.facts)
 
 
@@ -437,6 +464,7 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
         try:
             pins = {t: SpecifierSet(raw["pins"][t]) for t in TARGETS if t in raw.get("pins", {})}
             absent = {pid: SpecifierSet(spec) for pid, spec in raw.get("absent", {}).items()}
+            refuse = tuple(_refusal(name, r) for r in raw.get("refuse", []))
         except InvalidSpecifier as exc:
             raise RuntimeError(f"profiles.toml: profile {name}: {exc}") from None
         needed = {patches[pid].target for pid in ids}
@@ -452,6 +480,20 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             pins=pins,
             absent=absent,
             known=raw.get("known", "").strip(),
+            refuse=refuse,
             facts={pid: patches[pid].facts for pid in ids},
         )
     return profiles
+
+
+def _refusal(profile: str, raw: Any) -> Refusal:
+    """One `[[profiles.NAME.refuse]]` table: exactly one target kind = specifier, and a reason."""
+    kinds = [k for k in TARGETS if k in raw] if isinstance(raw, dict) else []
+    reason = raw.get("reason", "") if isinstance(raw, dict) else ""
+    unknown = set(raw) - {*TARGETS, "reason"} if isinstance(raw, dict) else set()
+    if len(kinds) != 1 or not isinstance(reason, str) or not reason.strip() or unknown:
+        raise RuntimeError(
+            f"profiles.toml: profile {profile}: each refuse table names one of "
+            f"{', '.join(TARGETS)} (a specifier) and a reason"
+        )
+    return Refusal(kinds[0], SpecifierSet(raw[kinds[0]]), " ".join(reason.split()))
