@@ -61,3 +61,16 @@ def test_defines_fast_path_agrees_with_the_tree(tmp_path):
     for i, (source, binds) in enumerate(cases.items()):
         (pkg / f"m{i}.py").write_text(source)
         assert planner._defines(_At(tmp_path), f"pkg.m{i}", "name", depth=0) is binds, source
+
+
+def test_patches_with_no_file_each_name_their_own_files(tmp_path):
+    """Two patches whose files are all absent share one result, and each says which of its own
+    files it looked for (not the first patch's)."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    p = planner.plan("all", {"sglang": sg, "flashinfer": fi})
+    by_patch = {o.patch: o for o in p.outcomes}
+    preflight, minimax = by_patch["sglang.fusion-preflight"], by_patch["sglang.moe-backend-minimax"]
+    assert preflight.status is minimax.status is Status.NOT_APPLICABLE
+    assert "flashinfer_comm_fusion.py" in preflight.reason
+    assert "minimax_m2.py" in minimax.reason and "flashinfer_comm_fusion" not in minimax.reason

@@ -600,10 +600,10 @@ def test_status_shows_the_last_trials_and_how_many_more(trees):
     ids = record(trees, 5)
     code, out, err = run_cli("status", "--sglang", str(sg), "--flashinfer", str(fi))
     assert code == 0, err
-    sglang = out.split("flashinfer")[0]
+    sglang = out.split("\nFlashInfer")[0]
     assert [i for i in ids if i in sglang] == ids[-3:]
-    assert "... and 2 earlier trial(s): `sm120patch trial show ID`" in sglang
-    assert "trial forget ID` (or --all)" in sglang
+    assert "... and 2 earlier trial(s): `sm120patch trial show ID --sglang " in sglang
+    assert "` (or --all)" in sglang and "trial forget ID --sglang " in sglang
     assert f"trial {ids[-1]} moe measured: inconclusive: trial number 4" in sglang
 
 

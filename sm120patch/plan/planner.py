@@ -190,8 +190,7 @@ def plan_target(
     result = TargetPlan(target)
     for rel, group in by_file.items():
         if rel is None:
-            names = ", ".join(group[0].files)
-            result.files.append(_missing(group, names))
+            result.files.append(_missing(group))
         elif rel in problems:
             result.files.append(_unreadable(group, rel, problems[rel], texts[rel] or ""))
         else:
@@ -297,9 +296,11 @@ def _absolute(package: str, node: object) -> str | None:
     return ".".join([*base, node.module] if node.module else base)
 
 
-def _missing(group: list[Patch], names: str) -> FileResult:
+def _missing(group: list[Patch]) -> FileResult:
+    """Patches none of whose files exist, each naming its own files (they share this result)."""
     res = FileResult(file="", before="", after="")
     for p in group:
+        names = ", ".join(p.files)
         res.outcomes.append(
             Outcome(
                 p.id,

@@ -89,10 +89,11 @@ def test_fp4_gemm_pins_and_refusal() -> None:
     for version in flashinfer_releases():
         inside = prof.pinned("flashinfer", version)
         assert inside is (_release(version) >= Version("0.6.13")), version
-    problems = catalog.pin_problems(prof, {"flashinfer": "0.6.12"})
-    assert problems, "FlashInfer 0.6.12 must be refused"
-    if hasattr(catalog, "refusal_problems"):
-        assert any("issues/3398" in p for p in problems), problems
+    # 0.6.12 is outside the pins and refused with the upstream report that says why.
+    assert catalog.pin_problems(prof, {"flashinfer": "0.6.12"})
+    refused = catalog.refusal_problems(prof, {"flashinfer": "0.6.12"})
+    assert any("issues/3398" in p for p in refused), refused
+    assert not catalog.refusal_problems(prof, {"flashinfer": "0.6.13"})
 
 
 @pytest.mark.parametrize("version", ["0.5.8", "0.5.12", "0.5.13", "0.5.23"])
