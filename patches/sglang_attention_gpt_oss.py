@@ -6,7 +6,7 @@ through to triton. The patch adds `elif get_platform().is_sm120:` right after th
 asking the release's own `get_default_attn_backend` (as the Qwen3.5 override does): unpatched,
 that answers triton for GPT-OSS (an attention-sink model) on SM120, so nothing changes; with
 sglang.attention-default it answers trtllm_mha where SM120 can run it (which supports attention
-sinks; FlashInfer fixed sinks on SM12x in 0.6.16, flashinfer issue 4070).
+sinks; FlashInfer fixed sinks on SM12x in 0.6.16, https://github.com/flashinfer-ai/flashinfer/issues/4070).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ PATCH = Patch(
         "makes SM120 ask get_default_attn_backend, as the Qwen3.5 override does: without "
         "sglang.attention-default that is triton for GPT-OSS (a model with attention sinks), "
         "with it trtllm_mha where SM120 can run it. trtllm_mha supports attention sinks; "
-        "FlashInfer fixed sinks on SM12x in 0.6.16 (flashinfer issue 4070)."
+        "FlashInfer fixed sinks on SM12x in 0.6.16 (https://github.com/flashinfer-ai/flashinfer/issues/4070)."
     ),
     files=(GPT_OSS,),
     marker=f"def {SITE}",

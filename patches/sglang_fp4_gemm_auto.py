@@ -250,7 +250,8 @@ FACTS = (
         ">=0.5.10,<0.5.13",
         Status.APPLIED,
         '`if backend == "auto": if is_sm120_supported(): backend = "flashinfer_cudnn"` '
-        "(sglang issue 20043: cutlass NaN on SM120) ... `else: flashinfer_cutlass`",
+        "(cutlass NaN on SM120: https://github.com/sgl-project/sglang/issues/20043) ... `else: "
+        "flashinfer_cutlass`",
         FP4_UTILS,
         SITE,
         "call",
@@ -291,7 +292,8 @@ PATCH = Patch(
         "log line; the helper it adds asks the installed FlashInfer whether mm_fp4 has b12x "
         "for this compute capability and whether CUDA is as new as b12x requires, and answers "
         "no when it cannot tell, so `auto` then keeps upstream's choice. SM100, SM80-SM90 and "
-        "an explicit --fp4-gemm-backend are unchanged, as in sgl-project/sglang PR 38170. "
+        "an explicit --fp4-gemm-backend are unchanged, as in "
+        "https://github.com/sgl-project/sglang/pull/38170. "
         "Needs sglang.fp4-gemm-enum (the member it selects)."
     ),
     files=(FP4_UTILS,),

@@ -4,7 +4,8 @@ From 0.5.13 SGLang runs FlashInfer's autotuner at start-up for an NVFP4 model
 (`fp4_gemm_needs_autotune`) when the FP4 GEMM backend is flashinfer_cutlass or
 flashinfer_cutedsl: with `auto` choosing flashinfer_b12x on SM120 the pass would stop running
 there. The patch adds `or get_fp4_gemm_runner_backend().is_flashinfer_b12x()` to that `or`, in
-the spelling of its other operands, as sgl-project/sglang PR 38170 does. Before 0.5.13 no FP4
+the spelling of its other operands, as https://github.com/sgl-project/sglang/pull/38170
+does. Before 0.5.13 no FP4
 GEMM backend is autotuned (not-applicable). Needs sglang.fp4-gemm-enum (the predicate).
 """
 
@@ -129,7 +130,8 @@ PATCH = Patch(
         "SGLang runs FlashInfer's autotuner for an NVFP4 model only when the FP4 GEMM backend "
         "is flashinfer_cutlass or flashinfer_cutedsl; with flashinfer_b12x the start-up "
         "tuning pass would stop and every GEMM run b12x's default tile. The patch adds "
-        "is_flashinfer_b12x() to that condition, as sgl-project/sglang PR 38170 does."
+        "is_flashinfer_b12x() to that condition, as "
+        "https://github.com/sgl-project/sglang/pull/38170 does."
     ),
     files=(FLASHINFER_AUTOTUNE, BASE_RUNNER, MODEL_RUNNER),
     marker=f"{TARGET} =",

@@ -3,7 +3,8 @@
 The CLI's choices for --fp4-gemm-backend are a module-level list, FP4_GEMM_RUNNER_BACKEND_CHOICES:
 in server_args.py up to 0.5.19, in arg_groups/choices.py from 0.5.20 (server_args.py and
 arg_groups/fields/exec_.py import it there). The patch appends "flashinfer_b12x" to it, as
-sgl-project/sglang PR 38170 does; the list's other users (add_fp4_gemm_runner_backend_choices)
+https://github.com/sgl-project/sglang/pull/38170 does; the list's other users
+(add_fp4_gemm_runner_backend_choices)
 share the same list object.
 """
 

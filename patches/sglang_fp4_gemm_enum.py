@@ -3,7 +3,8 @@
 FlashInfer's `mm_fp4` has a backend written for SM120/SM121, `b12x` (FlashInfer 0.6.9 on);
 SGLang's `Fp4GemmRunnerBackend` has no member that reaches it. The patch adds
 `FLASHINFER_B12X = "flashinfer_b12x"` after `FLASHINFER_TRTLLM` and its predicate
-`is_flashinfer_b12x()` after `is_flashinfer_trtllm()`, as sgl-project/sglang PR 38170 proposes.
+`is_flashinfer_b12x()` after `is_flashinfer_trtllm()`, as
+https://github.com/sgl-project/sglang/pull/38170 proposes.
 The mapping to FlashInfer's name needs no change: `get_flashinfer_backend()` strips the
 `flashinfer_` prefix in every release that has the enum, so the member maps to `b12x`; the patch
 refuses a release where it does not.
@@ -216,7 +217,8 @@ PATCH = Patch(
         "12.9 for NVFP4 from FlashInfer 0.7; the 128x4 scale layout), but SGLang's "
         "Fp4GemmRunnerBackend has no member for it, so neither --fp4-gemm-backend nor auto "
         "can reach it. The patch adds FLASHINFER_B12X = "
-        '"flashinfer_b12x" and is_flashinfer_b12x(), as sgl-project/sglang PR 38170 does; '
+        '"flashinfer_b12x" and is_flashinfer_b12x(), as '
+        "https://github.com/sgl-project/sglang/pull/38170 does; "
         'get_flashinfer_backend() already maps it to FlashInfer\'s "b12x" by stripping the '
         "flashinfer_ prefix. The weights are prepared as for flashinfer_cutlass (the 128x4 "
         "swizzled scales both use)."

@@ -61,3 +61,45 @@ def test_the_citation_check_tells_upstream_issues_from_ours():
     assert citations("DESIGN s4 A") == ["DESIGN"]
     assert citations("reported in sm120patch issue 11") == ["sm120patch issue 11"]
     assert citations("Issue 3's done when") == ["Issue 3"]
+
+
+# An upstream issue or pull request named by number, which a reader has to look up by hand.
+BARE = re.compile(
+    r"\b(?:sgl-project/sglang|flashinfer-ai/flashinfer|sglang|flashinfer|vllm)\s+"
+    r"(?:issue|PR|pull request)\s+#?(\d+)",
+    re.IGNORECASE,
+)
+
+
+def bare_references(text: str) -> list[str]:
+    """Upstream issues and PRs named by number with no link to them nearby (the same number in
+    a github.com URL within the next 160 characters counts as the link)."""
+    found = []
+    for m in BARE.finditer(text):
+        near = text[m.end() : m.end() + 160]
+        if not re.search(rf"github\.com/\S+/(?:issues|pull)/{m.group(1)}\b", near):
+            found.append(m.group(0))
+    return found
+
+
+def test_upstream_issues_and_prs_are_named_by_their_links():
+    """What the tool prints about the field (the patch library: profiles, known outcomes,
+    patch texts) and what users read (README, docs) names upstream issues by URL."""
+    paths = [*(ROOT / "patches").iterdir(), ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    bad = {
+        str(p.relative_to(ROOT)): refs
+        for p in paths
+        if p.suffix in (".py", ".toml", ".md")
+        and (refs := bare_references(p.read_text(encoding="utf-8")))
+    }
+    assert bad == {}
+
+
+def test_the_link_check_finds_bare_numbers():
+    assert bare_references("reported (flashinfer issue 2723), so") == ["flashinfer issue 2723"]
+    assert bare_references("as sgl-project/sglang PR 38170 does") == ["sgl-project/sglang PR 38170"]
+    assert bare_references("https://github.com/flashinfer-ai/flashinfer/issues/2723") == []
+    assert bare_references(
+        "FlashInfer PR 3903 (https://github.com/flashinfer-ai/flashinfer/pull/3903)"
+    ) == []
+    assert bare_references("FlashInfer PR 3903 (https://github.com/x/y/pull/3904)") != []
