@@ -260,8 +260,9 @@ def test_status_shows_the_last_trials_and_says_how_many_more(tmp_path):
                                                     "command": ["x"]})  # fmt: skip
     code, out, _ = cli("status", "--sglang", str(sg))
     assert code == 0
-    assert "trial t7 " in out and "trial t2 " not in out
-    assert "3 earlier trial(s) not shown" in out
+    assert "t7" in out and "t2" not in out
+    assert "and 5 earlier trial(s)" in out
+    assert f"`sm120patch trial show ID --sglang {sg}`" in out  # pastes with the target
 
 
 def test_shell_completion_offers_profile_names_packs_included(tmp_path):
