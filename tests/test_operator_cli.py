@@ -262,6 +262,7 @@ def test_status_shows_the_last_trials_and_says_how_many_more(tmp_path):
     assert code == 0
     assert "trial t5 " in out and "trial t7 " in out and "trial t4 " not in out
     assert "... and 5 earlier trial(s): `sm120patch trial show ID --sglang " in out
+    assert f"`sm120patch trial show ID --sglang {sg}`" in out  # pastes with the target
 
 
 def test_shell_completion_offers_profile_names_packs_included(tmp_path):

@@ -153,9 +153,10 @@ def test_rollout_applies_once_and_restarts_once(fleet: Fleet, site: Path, tmp_pa
 def test_rollout_failure_shows_the_refusal_not_the_trial_history(
     fleet: Fleet, site: Path, tmp_path: Path
 ):
-    # A trial on record (the command exits at once: a crash, reverted, kept in the history).
+    # A trial on record (the command exits at once: a crash, reverted, kept in the history);
+    # fusion, as moe refuses the FlashInfer 0.6.1 of this fleet.
     trial = fleet.tool(
-        "trial", "moe", "--no-gpu-check", "--sglang", str(site), "--flashinfer", str(site),
+        "trial", "fusion", "--no-gpu-check", "--sglang", str(site), "--flashinfer", str(site),
         "--timeout", "30", "--json", "--", sys.executable, "-c", "raise SystemExit(3)",
     )  # fmt: skip
     assert trial.returncode == 3, trial.stdout + trial.stderr

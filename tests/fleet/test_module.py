@@ -158,9 +158,11 @@ def test_lock_for_another_release_fails_in_check_mode(fleet: Fleet, site: Path, 
     other = tmp_path / "0.5.9.lock"
     pinned = fleet.tool(
         "pin",
-        "moe",
+        "fusion",  # moe refuses the FlashInfer 0.6.1 of this fleet
         "--sglang",
         str(trees.tree("sglang", "0.5.9")),
+        "--flashinfer",
+        str(trees.tree("flashinfer", "0.6.1")),
         "-o",
         str(other),
         state=tmp_path / "pin-state",
@@ -204,7 +206,8 @@ def test_gpu_check_fails_in_check_mode_as_the_apply_does(fleet: Fleet, site: Pat
     if gpu.probe().has_sm120:
         pytest.skip("this machine has an SM120 GPU: the GPU precondition holds here")
     before = snapshot(site)
-    args = (fleet.collections, _vars(fleet, site, profile="moe", gpu_check=True), tmp_path)
+    # fusion: moe refuses the FlashInfer 0.6.1 of this fleet before the GPU is asked about
+    args = (fleet.collections, _vars(fleet, site, profile="fusion", gpu_check=True), tmp_path)
 
     check = playbook("patch.yml", *args, "--check")
     assert check.rc == 2, check.output
@@ -213,7 +216,9 @@ def test_gpu_check_fails_in_check_mode_as_the_apply_does(fleet: Fleet, site: Pat
 
     run = playbook("patch.yml", *args)
     assert run.rc == 2, run.output
-    direct = fleet.tool("apply", "moe", "--sglang", str(site), "--json")
+    direct = fleet.tool(
+        "apply", "fusion", "--sglang", str(site), "--flashinfer", str(site), "--json"
+    )
     assert direct.returncode == 1
     assert (run.result["error"], run.result["next"]) == _tool_error(direct)
     assert snapshot(site) == before

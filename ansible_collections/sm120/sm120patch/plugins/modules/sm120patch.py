@@ -86,7 +86,7 @@ author:
 notes:
   - Supports check mode and diff mode.
   - The tool runs with a clean environment (C(PATH) of the system directories, the user's
-    C(HOME), the C locale) in C(/): nothing of the task's or the play's environment reaches
+    C(HOME), the C locale) in C(/); nothing of the task's or the play's environment reaches
     it, so no C(SM120PATCH_PATCHES) pack, C(PYTHONPATH) module or other git is run by it.
   - A handler restarting the server, notified by this task, runs only when files changed.
 """
