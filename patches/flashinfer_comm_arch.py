@@ -23,6 +23,9 @@ def transform(module: cst.Module) -> Result:
 TRTLLM_AR = "flashinfer/comm/trtllm_ar.py"
 JIT_COMM = "flashinfer/jit/comm.py"
 FACTS = (
+    Fact(">=0.2.8,<0.3.1", Status.REFUSED, "`gen_trtllm_comm_module()` passes no "
+         "supported_major_versions (0.2.8 reads the device capability, 0.3.0 filters "
+         "_get_cuda_arch_flags() for SM100): a shape the patch does not know", TRTLLM_AR, SITE),
     Fact(">=0.3.1,<0.4.0", Status.APPLIED, "`gen_trtllm_comm_module(..., "
          "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="released files"),
     Fact(">=0.4.0,<0.6.16", Status.APPLIED, "same call, moved to jit/comm.py", JIT_COMM, SITE,
@@ -44,10 +47,18 @@ PATCH = Patch(
         "which raises 'RuntimeError: No supported CUDA architectures found for major versions "
         "[9, 10].' when only SM120 is targeted: the allreduce-fusion kernels then crash at the "
         "first forward. Adding 12 builds them for SM120. Only this module's list is widened; "
-        "the other comm modules keep theirs."
+        "the other comm modules keep theirs. FlashInfer PR 3903, which made the same change "
+        "upstream (first released in 0.6.17), warns that widening the list alone builds the "
+        "lamport kernel of trtllm_allreduce.cuh with an empty body on SM12x: small-batch calls "
+        "of that plain allreduce return garbage with no error (0.6.0 to 0.6.16 exclude SM12x "
+        "there with `__CUDA_ARCH__ < 1200`; 0.6.17 drops that). SGLang's fused path calls "
+        "allreduce_fusion, whose kernels (trtllm_allreduce_fusion.cuh) carry no such exclusion "
+        "in those releases. The same PR fixes, for every architecture, lamport buffer pointers "
+        "that its host wrapper laid out differently from the kernels except at world size 16. "
+        "Prefer FlashInfer 0.6.17 or later, where this patch is not needed."
     ),
-    files=("flashinfer/jit/comm.py", "flashinfer/comm/trtllm_ar.py"),
     marker=f"def {SITE}",
     facts=FACTS,
     transform=transform,
+    upstream="https://github.com/flashinfer-ai/flashinfer/pull/3903 (first released in 0.6.17)",
 )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
+    Import,
     Patch,
     Result,
     Status,
@@ -88,18 +89,16 @@ def transform(module: cst.Module) -> Result:
     ).body  # type: ignore[attr-defined]
     branch = op.new_elif(sm100[0], cst.parse_expression(SM120), body)
     res = op.add_elif(module, sm100[0], branch, site=SITE, shape="")
-    for name, after in IMPORTS:
-        res = op.then(
-            res, op.add_import(res.module, name, next_to=after, site=SITE, from_module=BASE_MODULE)
-        )
-        if res.status is Status.REFUSED:
-            return res
+    if res.status is not Status.APPLIED:
+        return res
+    # The names the new branch calls: the runner places each next to its sibling import.
+    wanted = (Import(name, next_to=after, module=BASE_MODULE) for name, after in IMPORTS)
     return applied(
         SITE,
         res.module,
         f"`elif {SM120}:` after `if {SM100}:` setting the attention backend to "
         "get_default_attn_backend(...)",
-    )
+    ).needing(*wanted)
 
 
 def _sets_trtllm(branch: cst.If) -> bool:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
+    Import,
     Patch,
     Result,
     Status,
@@ -154,18 +155,12 @@ def transform(module: cst.Module) -> Result:
         f"`def {HELPER}` added after {SITE}",
     ]
     if form == "call" and not h.import_sources(res.module, "is_sm120_supported"):
-        res = op.then(
-            res,
-            op.add_import(
-                res.module, "is_sm120_supported", next_to="is_sm100_supported", site=SITE
-            ),
-        )
-        if res.status is Status.REFUSED:
-            return res
+        # The runner places it next to is_sm100_supported, or refuses where it cannot.
+        res = res.needing(Import("is_sm120_supported", next_to="is_sm100_supported"))
         notes.append("is_sm120_supported imported")
     if res.status is not Status.APPLIED:
         return res
-    return applied(SITE, res.module, "; ".join(notes))
+    return applied(SITE, res.module, "; ".join(notes)).needing(*res.imports)
 
 
 def _is_auto_test(test: cst.BaseExpression) -> bool:

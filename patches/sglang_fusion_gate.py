@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Result, Status, applied, refused
+from sm120patch.patchkit.model import Patch, Result, Status, Wiring, applied, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -18,6 +18,24 @@ METHOD = "_gather_hidden_states_and_residual"
 ARCH_FLAGS = frozenset({"_is_sm90_supported", "_is_sm100_supported"})
 SM120 = "_is_sm120_supported"
 EXPECTED = "`(_is_sm90_supported or _is_sm100_supported)` as the first operand of the gate"
+# What the server logs once FlashInfer's fusion workspace exists (0.5.14 on, and up to 0.5.13),
+# and where fusion is turned off at run time: by the workspace preflight (0.5.11 on), a failed
+# workspace creation (0.5.10 on), a group that spans NVLink cliques (0.5.23) or a FlashInfer
+# without the comm API (every release). Read off sglang/srt/layers/flashinfer_comm_fusion.py.
+FUSION_WIRING = Wiring(
+    ran=(
+        r"FlashInfer AllReduce Fusion enabled and workspace initialized",
+        r"FlashInfer workspace initialized for rank",
+    ),
+    skipped=(
+        r"Skipping allreduce fusion",
+        r"Disabling flashinfer allreduce fusion permanently",
+        r"FlashInfer allreduce fusion disabled globally",
+        r"FlashInfer AllReduce fusion disabled",
+        r"FlashInfer comm not available, skipping workspace initialization",
+        r"flashinfer\.comm (unified allreduce_fusion API )?is not available",
+    ),
+)
 
 
 def _mentions_flags(node: cst.CSTNode) -> bool:
@@ -29,37 +47,14 @@ def _mentions_flags(node: cst.CSTNode) -> bool:
     return bool(h.find(node, cst.Name, lambda n: n.value in names))  # type: ignore[attr-defined]
 
 
-def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
-    """(site name, the function holding the gate or None, why not found)."""
-
-    from sm120patch.patchkit import syntax as h
-
-    funcs = [(name, f) for name in FUNCTIONS for f in h.functions(module, name)]
-    if len(funcs) > 1:
-        names = ", ".join(name for name, _ in funcs)
-        return " / ".join(FUNCTIONS), None, f"{len(funcs)} gate functions ({names})"
-    if funcs:
-        return funcs[0][0], funcs[0][1], ""
-    site = f"{CLASS}.{METHOD}"
-    methods = [
-        f
-        for c in h.classes(module, CLASS)
-        for f in h.functions(c, METHOD)
-    ]
-    if len(methods) != 1:
-        found = "none of them" if not methods else f"{len(methods)} definitions of {site}"
-        return site, None, found
-    return site, methods[0], ""
-
-
 def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    site, scope, problem = _site(module)
-    if scope is None:
-        where = ", ".join(f"def {f}" for f in FUNCTIONS) + f" or {CLASS}.{METHOD}"
-        return refused(site, f"one gate function ({where})", problem)
+    found = op.one_of_defs(module, FUNCTIONS, fallback=(CLASS, METHOD), required=True)
+    if isinstance(found, Result):
+        return found
+    site, scope = found
 
     # The gate is the one condition (an `if` test or a returned value) testing the arch flags.
     tests = [test for test in h.conditions(scope) if _mentions_flags(test)]
@@ -111,12 +106,9 @@ PATCH = Patch(
         "--enable-flashinfer-allreduce-fusion silently does nothing. This widens that operand "
         "with `or _is_sm120_supported` (the flag added by sglang.sm120-flag)."
     ),
-    files=(
-        "sglang/srt/layers/layer_boundary/residual/add_norm.py",
-        "sglang/srt/layers/communicator.py",
-    ),
     # Same files and marker as sglang.sm120-flag: both must pick the same file.
     marker="_is_sm100_supported = ",
     facts=FACTS,
     transform=transform,
+    wiring=FUSION_WIRING,
 )

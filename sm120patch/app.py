@@ -131,6 +131,28 @@ def list_profiles(session: Session) -> Catalog:
     return session.catalog
 
 
+def held_here(cat: Catalog) -> dict[str, list[str]]:
+    """Per recommended profile, why not to recommend it with the SGLang and FlashInfer
+    installed here: a release it refuses, or a wrong-output known entry about it that matches
+    (no GPU probe: `list` stays quick, and an unknown GPU does not exclude an entry)."""
+    recommended = [p for p in cat.profiles.values() if p.status == "recommended"]
+    if not recommended:
+        return {}
+    from sm120patch.plan import planner
+    from sm120patch.trial import known
+
+    found = known.installed_targets()
+    box = known.Box(versions={t.kind: t.version for t in found})
+    shipped = known.entries()
+    held = {}
+    for p in recommended:
+        why = planner.refusal_lines(p, found)
+        why += [e.line() for e in known.condemning(p.name, box, shipped)]
+        if why:
+            held[p.name] = why
+    return held
+
+
 def show(session: Session, name: str) -> Profile:
     return session.profile(name)
 
@@ -238,9 +260,10 @@ class Pinned:
 
 def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
     from sm120patch.engine import pin as pinning
+    from sm120patch.targets.files import write_output  # never through a link at its name
 
     lock = pinning.make(profile, session.paths, force=force)
-    Path(output).write_text(lock.to_toml(), encoding="utf-8")
+    write_output(output, lock.to_toml())
     return Pinned(lock, output)
 
 
@@ -466,7 +489,9 @@ def trial_show(
 
     found = known.find_trial(known.history(session.paths), trial_id)
     if html_path:
-        Path(html_path).write_text(report.html(found), encoding="utf-8")
+        from sm120patch.targets.files import write_output  # never through a link at its name
+
+        write_output(html_path, report.html(found))
     if export_path:
         write_export(found, Path(export_path))
     return Shown(found, html_path, export_path)
@@ -474,6 +499,7 @@ def trial_show(
 
 def write_export(doc: dict[str, Any], path: Path) -> None:
     """A trial as one known.toml record."""
+    from sm120patch.targets.files import write_output  # never through a link at its name
     from sm120patch.trial import known
 
-    path.write_text(known.export_record(doc), encoding="utf-8")
+    write_output(path, known.export_record(doc))

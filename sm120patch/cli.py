@@ -219,10 +219,11 @@ def quiet(line: str) -> None:  # --json keeps stdout one document
 def list_cmd(as_json: bool) -> None:
     """List the profiles and the patches they apply."""
     cat = app.list_profiles(session())
+    held = app.held_here(cat)
     if as_json:
-        emit_json(render.profiles_doc(cat))
+        emit_json(render.profiles_doc(cat, held))
         return
-    show(render.profiles(cat))
+    show(render.profiles(cat, held))
 
 
 @main.command("show")

@@ -5,7 +5,7 @@ split into standard output (what a script would capture: a diff, a table) and st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,15 +27,20 @@ class Text:
     raw: str = ""
 
 
-def profiles(cat: Catalog) -> Text:
+def profiles(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> Text:
+    """`list`; `held`: per profile, why it is not recommended here (app.held_here)."""
     text = Text()
+    held = held or {}
     width = max([len(p.name) for p in cat.profiles.values()] + [8])
     for p in cat.profiles.values():
         pins = ", ".join(f"{k} {v}" for k, v in p.pins.items())
         origin = cat.profile_sources[p.name]
         where = "" if origin.built_in else f" (from {origin.name})"
-        text.out.append(f"{p.name:{width}} [{p.status}] {p.title}{where}")
+        status = f"{p.status}, not here" if held.get(p.name) else p.status
+        text.out.append(f"{p.name:{width}} [{status}] {p.title}{where}")
         text.out.append(f"{'':{width}} pins: {pins}")
+        for why in held.get(p.name, []):
+            text.out.append(f"{'':{width}} not recommended here: {why}")
         for pid in p.patches:
             source = cat.source(pid)
             where = "" if source.built_in else f" (from {source.name})"
@@ -43,7 +48,8 @@ def profiles(cat: Catalog) -> Text:
     return text
 
 
-def profiles_doc(cat: Catalog) -> dict[str, Any]:
+def profiles_doc(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> dict[str, Any]:
+    held = held or {}
     return {
         "profiles": [
             {
@@ -53,6 +59,7 @@ def profiles_doc(cat: Catalog) -> dict[str, Any]:
                 "patches": list(p.patches),
                 "pins": {k: str(v) for k, v in p.pins.items()},
                 "source": cat.profile_sources[p.name].name,
+                "not_recommended_here": held.get(p.name, []),
             }
             for p in cat.profiles.values()
         ],
@@ -68,6 +75,8 @@ def profile(cat: Catalog, prof: Profile) -> Text:
     text.out.append(f"{prof.name} [{prof.status}]: {prof.title}")
     for k, v in prof.pins.items():
         text.out.append(f"  pinned on {k} {v}")
+    for r in prof.refuse:
+        text.out.append(f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}")
     if prof.known:
         text.out.append("  known: " + " ".join(prof.known.split()))
     for patch in cat.patches_of(prof):
@@ -76,6 +85,10 @@ def profile(cat: Catalog, prof: Profile) -> Text:
         text.out.append("  why: " + patch.why)
         if patch.upstream:
             text.out.append(f"  upstream: {patch.upstream}")
+        if patch.wiring is not None:
+            text.out.append("  in the server log, ran: " + " | ".join(patch.wiring.ran))
+            if patch.wiring.skipped:
+                text.out.append("  in the server log, skipped: " + " | ".join(patch.wiring.skipped))
         for shape in patch.shapes:
             text.out.append(f"  - {shape}")
     return text

@@ -33,6 +33,34 @@ def test_pin_problems_bad_version_and_labels():
     )
     # a kind the profile does not pin is not its business
     assert catalog.pin_problems(prof, {"flashinfer": "0.1"}) == []
+    # ... but a release it refuses is (moe refuses FlashInfer before 0.6.7, with the reason)
+    [refused] = catalog.refusal_problems(prof, {"flashinfer": "0.6.6.post1"})
+    assert refused.startswith("profile moe refuses flashinfer 0.6.6.post1 (flashinfer <0.6.7): ")
+    assert "issues/2723" in refused
+    assert catalog.refusal_problems(prof, {"flashinfer": "0.6.7"}) == []
+
+
+def test_pcie_allreduce_steps_aside_from_0_5_21():
+    prof = catalog.load().profile("pcie-allreduce")
+    assert catalog.refusal_problems(prof, {"sglang": "0.5.20"}) == []
+    [line] = catalog.refusal_problems(prof, {"sglang": "0.5.21"})
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in line
+
+
+@pytest.mark.parametrize("table", [
+    'reason = "no kind"',
+    'sglang = ">=0.5.21"\nflashinfer = "<0.6.7"\nreason = "two kinds"',
+    'sglang = ">=0.5.21"',
+    'sglang = ">=0.5.21"\nreason = "r"\nhint = "unknown key"',
+    'sglang = "banana"\nreason = "r"',
+])
+def test_a_bad_refuse_table_is_refused(table):
+    text = (
+        'schema = 1\n[profiles.p]\npatches = []\n[profiles.p.pins]\nsglang = ">=0.5.8"\n'
+        f"[[profiles.p.refuse]]\n{table}\n"
+    )
+    with pytest.raises(RuntimeError, match="profile p"):
+        catalog.parse_profiles(text, {})
 
 
 def test_check_pins_keeps_its_signature_and_messages():

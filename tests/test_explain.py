@@ -92,3 +92,24 @@ def test_sides_of_an_applied_target_come_from_the_pristine_text(tmp_path: Path,
         overlay_file = Path(sides.pristine[explain.module_name(file)])
         assert overlay_file.read_bytes() == before[file]
 
+
+
+@pytest.mark.parametrize(
+    ("preflight", "row"),
+    [
+        (None, "not checked"),
+        ({"error": "not in this release"}, "not in this release"),
+        ({"driver": "simulated", "multicast": False, "proceeds": False,
+          "log": ["FlashInfer workspace preflight probe failed (x). Skipping allreduce fusion."]},
+         "skips allreduce fusion (simulated driver, no multicast): FlashInfer workspace "
+         "preflight probe failed (x). Skipping allreduce fusion."),
+        ({"driver": "simulated", "multicast": False, "proceeds": True, "sizes": [2097152]},
+         "creates the workspace (simulated driver, no multicast)"),
+        ({"driver": "real", "proceeds": False, "error": "RuntimeError: cuMulticast failed"},
+         "skips allreduce fusion: RuntimeError: cuMulticast failed"),
+        ({"driver": "real", "proceeds": True, "sizes": [2097152]}, "creates the workspace"),
+    ],
+)
+def test_the_preflight_row_says_whether_fusion_goes_on(preflight, row) -> None:
+    result = {} if preflight is None else {"preflight": preflight}
+    assert explain.decision(result, None).preflight == row

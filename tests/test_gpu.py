@@ -159,7 +159,8 @@ def test_dry_run_only_warns(tmp_path, mocker):
 def test_doctor_json(tmp_path, mocker):
     fake_nvml(mocker, [RTX])
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
+    old = make_tree(tmp_path / "old", "flashinfer", "0.6.1", "git")
     result = CliRunner().invoke(
         main, ["doctor", "--sglang", str(sg), "--flashinfer", str(fi), "--json"]
     )
@@ -169,7 +170,19 @@ def test_doctor_json(tmp_path, mocker):
     profiles = {p["name"]: p for p in doc["profiles"]}
     assert profiles["moe"]["pinned"] is True
     assert {o["status"] for o in profiles["moe"]["outcomes"]} == {"applied"}
-    assert "moe is the recommended profile" in doc["recommendation"]
+    assert doc["recommendation"].startswith("recommended here: moe.")
+    # With a FlashInfer the moe profile refuses, and a wrong-output entry about it matching
+    # this SM120 box, doctor does not recommend it (its pins still hold).
+    result = CliRunner().invoke(
+        main, ["doctor", "--sglang", str(sg), "--flashinfer", str(old), "--json"]
+    )
+    doc = json.loads(result.stdout)
+    moe = {p["name"]: p for p in doc["profiles"]}["moe"]
+    assert moe["pinned"] is True and moe["refused"] and moe["condemned"]
+    assert "moe is not recommended here: profile moe refuses FlashInfer 0.6.1" in (
+        doc["recommendation"]
+    )
+    assert "recommended here: moe" not in doc["recommendation"]
 
 
 def test_probe_without_the_binding_says_what_pynvml_says(tmp_path):

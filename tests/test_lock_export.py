@@ -86,7 +86,7 @@ def _edit_patch_field(lock, key: str) -> None:
 def test_lock_refuses_another_patch_digest(tmp_path):
     """A lock made by other patch code (another digest, another source key) refuses."""
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "git")  # moe refuses <0.6.7
     lock = pin(tmp_path, sg, fi, profile="moe")
     _edit_patch_field(lock, "digest")
     _edit_patch_field(lock, "source")
@@ -99,7 +99,7 @@ def test_lock_of_other_bytes_of_the_same_code_applies(tmp_path):
     """Another source key (a build that differs in comments, say) is no refusal by itself:
     the digests are computed and compared, and they agree."""
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "git")  # moe refuses <0.6.7
     lock = pin(tmp_path, sg, fi, profile="moe")
     _edit_patch_field(lock, "source")
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
@@ -124,6 +124,7 @@ def test_export_applies_with_git_am(tmp_path):
     assert [p.name.split("-", 1)[1] for p in sg_patches] == [
         "sglang-sm120-flag.patch", "sglang-fusion-gate.patch",
         "sglang-fusion-autoenable.patch", "sglang-moe-backend.patch",
+        "sglang-moe-backend-qwen3.patch",
     ]
     assert len(list((out / "flashinfer").glob("*.patch"))) == 1
     # On another checkout of the same release, `git am` takes them, trailers and all.

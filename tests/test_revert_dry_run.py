@@ -43,7 +43,7 @@ def test_the_diff_is_what_the_revert_writes_back(pair, tmp_path):  # noqa: F811
 
 def test_json_says_what_the_revert_would_do(pair):  # noqa: F811
     layout, sg, fi = pair
-    assert cli("apply", "moe", *where(sg, fi), "--no-gpu-check")[0] == 0
+    assert cli("apply", "moe", *where(sg, fi), "--no-gpu-check", "--force")[0] == 0
     code, out, _ = cli("revert", "moe", *where(sg, fi), "--dry-run", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["dry_run"] is True and doc["action"] == "reverted"
@@ -62,12 +62,12 @@ def _drifted(sg, fi, layout):
 
 
 def _other_profile(sg, fi, layout):
-    assert cli("apply", "moe", *where(sg, fi), "--no-gpu-check")[0] == 0
+    assert cli("apply", "moe", *where(sg, fi), "--no-gpu-check", "--force")[0] == 0
     return ["fusion", *where(sg, fi)]
 
 
 def _unfinished(sg, fi, layout):
-    assert cli("apply", "moe", *where(sg, fi), "--no-gpu-check")[0] == 0
+    assert cli("apply", "moe", *where(sg, fi), "--no-gpu-check", "--force")[0] == 0
     from sm120patch import targets
 
     t = targets.find("sglang", sg)

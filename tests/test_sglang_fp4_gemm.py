@@ -419,7 +419,9 @@ def test_profile_pins_and_the_0612_refusal() -> None:
     assert prof.pinned("sglang", "0.5.8") and prof.pinned("sglang", "0.5.23")
     assert not prof.pinned("sglang", "0.5.7")
     assert prof.pinned("flashinfer", "0.6.13") and prof.pinned("flashinfer", "0.7.4")
-    problems = catalog.pin_problems(prof, {"flashinfer": "0.6.12"})
+    problems = catalog.pin_problems(prof, {"flashinfer": "0.6.12"}) + catalog.refusal_problems(
+        prof, {"flashinfer": "0.6.12"}
+    )
     assert problems and "0.6.12" in problems[0]
     if hasattr(prof, "refusals"):  # refuse tables with their reasons (the moe work adds them)
         assert any("issues/3398" in p for p in problems), problems

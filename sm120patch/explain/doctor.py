@@ -14,10 +14,9 @@ from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog, planner
 from sm120patch.trial import gpu
 
-RECOMMENDATION = (
-    "moe is the recommended profile on SM120. fusion is experimental: without the FlashInfer "
-    "arch patch it crashes at the first forward, and with it it was measured slower than no "
-    "fusion over PCIe."
+EXPERIMENTAL = (
+    "The experimental profiles (fusion, pcie-allreduce, all) are for `sm120patch trial`: "
+    "see the known outcomes."
 )
 
 
@@ -28,6 +27,9 @@ class ProfileCheck:
     pinned: bool | None
     problems: list[str] = field(default_factory=list)
     outcomes: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # releases the profile refuses here
+    # wrong-output known entries about this profile that match this box
+    condemned: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -37,7 +39,7 @@ class Examination:
     missing: list[str]
     profiles: list[ProfileCheck]
     applied: list[dict[str, Any]]
-    recommendation: str = RECOMMENDATION
+    recommendation: str = ""
     known: list[str] = field(default_factory=list)  # known outcomes and trials matching here
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,8 +70,9 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
         if len(have) < len(profile.targets):
             check.problems.append("needs " + " and ".join(profile.targets) + " to be found")
         else:
-            check.problems = planner.check_pins(profile, have)
-            check.pinned = not check.problems
+            check.problems = planner.check_pins(profile, have, paths)
+            check.refused = planner.refusal_lines(profile, have, paths)
+            check.pinned = len(check.problems) == len(check.refused)
             try:
                 plan = planner.plan(profile.name, found=have, force=True)
                 check.outcomes = [o.to_dict() for o in plan.outcomes]
@@ -82,11 +85,37 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
         applied = [{"problem": exc.message}]
     from sm120patch.trial import known
 
+    box = known.box_of(paths, probe=lambda: probe)
+    shipped = known.entries()
+    for check in checks:
+        check.condemned = [e.line() for e in known.condemning(check.name, box, shipped)]
     return Examination(
         probe,
         [t.to_dict() for t in found.values()],
         missing,
         checks,
         applied,
-        known=known.lines(None, paths),
+        recommendation=recommendation(checks),
+        known=known.lines(None, paths, probe=lambda: probe),
     )
+
+
+def recommendation(checks: list[ProfileCheck]) -> str:
+    """Which profiles to use here: the recommended ones that are inside their pins, refused on
+    nothing and condemned by no wrong-output entry matching this box; the others with why."""
+    good, held = [], []
+    for c in checks:
+        if c.status != "recommended":
+            continue
+        why = c.refused or c.condemned or ([] if c.pinned else c.problems)
+        if why:
+            held.append(f"{c.name} is not recommended here: {why[0]}")
+        else:
+            good.append(c.name)
+    lines = []
+    if good:
+        lines.append(f"recommended here: {', '.join(good)}.")
+    lines += held
+    if not good:
+        lines.append("no profile is recommended on this box.")
+    return " ".join([*lines, EXPERIMENTAL])

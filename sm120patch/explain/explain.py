@@ -158,8 +158,8 @@ class Sides:
 def sides(target: Target, directory: Path, profile: str = PROFILE) -> Sides:
     files = applied_files(target)
     if files is None:
-        texts = patched_texts(target, profile)
-        return Sides(False, patched=write_overlay(texts, directory / "patched"))
+        planned = patched_texts(target, profile)
+        return Sides(False, patched=write_overlay(planned, directory / "patched"))
     texts: dict[str, str | bytes] = {}
     for f in files:
         data = pristine_bytes(target, f["path"])
@@ -185,6 +185,7 @@ class Decision:
     gate: str
     resolve_backend: str
     comm_arch: str
+    preflight: str = "not checked"  # the fusion workspace preflight (0.5.11 on)
     attention_backend: str | None = None  # the launch's resolved --attention-backend
     fp4_gemm_backend: str = "not checked"  # what `--fp4-gemm-backend auto` resolves to
 
@@ -207,7 +208,7 @@ def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decisi
             if backend is not None:
                 fusion += f" (backend {backend})"
     return Decision(moe, quant, fusion, _gate(result), _resolve(result), _comm(result),
-                    attention, _fp4(result))
+                    _preflight(result), attention, _fp4(result))
 
 
 def _gate(result: Mapping[str, Any]) -> str:
@@ -227,6 +228,22 @@ def _resolve(result: Mapping[str, Any]) -> str:
         return "not in this release" if "cannot import name" in res["error"] else res["error"]
     auto = res["backends"]["auto"]
     return f"returns {auto['value']}" if "value" in auto else f"raises {auto['error']}"
+
+
+def _preflight(result: Mapping[str, Any]) -> str:
+    pre = result.get("preflight")
+    if pre is None:
+        return "not checked"
+    if pre.get("error") == "not in this release":
+        return "not in this release"
+    driver = "" if pre.get("driver") == "real" else (
+        " (simulated driver, multicast)" if pre.get("multicast") else
+        " (simulated driver, no multicast)"
+    )
+    if pre.get("proceeds"):
+        return "creates the workspace" + driver
+    why = pre.get("error") or next(iter(pre.get("log") or []), "")
+    return "skips allreduce fusion" + driver + (f": {why}" if why else "")
 
 
 def _fp4(result: Mapping[str, Any]) -> str:
@@ -269,6 +286,7 @@ class Explanation:
         ("attention_backend", "attention backend"),
         ("gate", "runtime fusion gate"),
         ("resolve_backend", "_resolve_backend('auto')"),
+        ("preflight", "fusion workspace preflight"),
         ("fp4_gemm_backend", "FP4 GEMM backend (auto)"),
         ("comm_arch", "FlashInfer trtllm comm archs"),
     )

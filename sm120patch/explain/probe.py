@@ -22,9 +22,12 @@ The request (JSON) says:
 
 The result (JSON) has `predicates`, per launch the whole resolved `server_args` (or `error`),
 `gate` (the runtime allreduce-fusion gate, with every condition that is not about the GPU
-held true), `resolve_backend` (per requested backend: the value or the error), `fp4_gemm`
-(the backend `initialize_fp4_gemm_config` resolves `--fp4-gemm-backend auto` to, or its
-error), and `comm_arch` (FlashInfer's `gen_trtllm_comm_module` nvcc arch flags, or its error).
+held true), `resolve_backend` (per requested backend: the value or the error), `preflight`
+(whether the fusion workspace preflight of 0.5.11 on lets SGLang create the workspace: under
+simulation with a driver binding without multicast on SM120, with it on SM100/SM90, or as
+`multicast` in the request says; on a real GPU the real driver's buffer sizes or error),
+`fp4_gemm` (the backend `initialize_fp4_gemm_config` resolves `--fp4-gemm-backend auto` to, or
+its error), and `comm_arch` (FlashInfer's `gen_trtllm_comm_module` nvcc arch flags, or its error).
 
 Exit codes: 0 done (per-check errors are in the result); 5 the target could not be imported
 (torch missing, a broken environment): the result then holds only `fatal`, one line.
@@ -55,12 +58,18 @@ DEVICE_NAME = {
 }
 MEMORY_MIB = {"sm120": 97887, "sm100": 183359, "sm90": 81559}
 
-# The gate module: communicator.py up to 0.5.20, layer_boundary/residual/add_norm.py after.
+# Where the sites this probe runs live, newest release first. The patches' facts say the same
+# (this script cannot import them: it runs in the target's interpreter);
+# tests/test_release_table.py holds the two to each other.
+# The fusion gate (sglang.fusion-gate): its modules and the names of its function.
 GATE_MODULES = (
     "sglang.srt.layers.layer_boundary.residual.add_norm",
     "sglang.srt.layers.communicator",
 )
 GATE_FUNCTIONS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
+# FlashInfer's TRT-LLM comm module (flashinfer.comm-arch).
+COMM_MODULES = ("flashinfer.jit.comm", "flashinfer.comm.trtllm_ar")
+COMM_FUNCTION = "gen_trtllm_comm_module"
 # Compiled GPU-only extensions: on a CPU-only machine their import fails; under simulation a
 # placeholder module stands in (any use of it raises). Decision code never calls them.
 GPU_EXTENSIONS = ("sgl_kernel", "deep_gemm", "flash_mla", "sgl_deep_gemm", "sgl_flash_mla")
@@ -381,6 +390,108 @@ def resolve_backend() -> dict[str, Any]:
     return {"backends": out}
 
 
+class NoMulticastDriver:
+    """A CUDA driver binding (cuda-python's `cuda.bindings.driver` names) for a simulated GPU:
+    allocation granularity 2 MiB, cuMemCreate succeeds, and cuMulticastGetGranularity answers
+    (a GPU with multicast: NVLink) or fails with CUDA_ERROR_NOT_SUPPORTED (PCIe-only GPUs)."""
+
+    NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUmemAllocationGranularity_flags:  # noqa: N801 (the binding's names)
+        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+
+    class CUmulticastGranularity_flags:  # noqa: N801
+        CU_MULTICAST_GRANULARITY_RECOMMENDED = 1
+
+    class CUmulticastObjectProp:
+        pass
+
+    def __init__(self, multicast: bool) -> None:
+        self.multicast = multicast
+
+    def cuMemGetAllocationGranularity(self, prop: Any, flag: Any) -> tuple[int, int]:  # noqa: N802
+        return 0, 1 << 21
+
+    def cuMulticastGetGranularity(self, prop: Any, flag: Any) -> tuple[int, int]:  # noqa: N802
+        return (0, 1 << 21) if self.multicast else (self.NOT_SUPPORTED, 0)
+
+    def cuMemCreate(self, size: int, prop: Any, flags: int) -> tuple[int, int]:  # noqa: N802
+        return 0, size
+
+    def cuMemRelease(self, handle: Any) -> None:  # noqa: N802
+        return None
+
+
+PREFLIGHT_SHAPE = {"world_size": 2, "max_token_num": 128, "hidden_dim": 1024}
+
+
+def preflight(multicast: bool | None) -> dict[str, Any]:
+    """FlashInfer's TRT-LLM workspace preflight (0.5.11 on): whether SGLang would go on to
+    create the allreduce-fusion workspace. `multicast` None: the real driver, and only the
+    buffer sizes (no allocation, no process group); True/False: a simulated driver with or
+    without multicast, and the whole collective preflight on a one-rank gloo group."""
+    import logging
+
+    import torch
+
+    try:
+        fusion = importlib.import_module("sglang.srt.layers.flashinfer_comm_fusion")
+    except Exception as exc:
+        return {"error": _error(exc)}
+    sizes = getattr(fusion, "_flashinfer_trtllm_workspace_allocation_sizes", None)
+    check = getattr(fusion, "_preflight_check_workspace_memory", None)
+    if sizes is None or check is None:
+        return {"error": "not in this release"}
+    shape = dict(PREFLIGHT_SHAPE, dtype=torch.bfloat16)
+    if multicast is None:
+        try:
+            driver = fusion.get_cuda_driver_bindings()
+            prop = fusion._make_flashinfer_workspace_allocation_prop(driver)
+            found = sizes(driver, prop, *shape.values())
+        except Exception as exc:
+            return {"driver": "real", "proceeds": False, "error": _error(exc)}
+        return {"driver": "real", "proceeds": True, "sizes": list(found)}
+    import tempfile
+    import types
+
+    import torch.distributed as dist  # type: ignore[import-not-found]
+
+    driver = NoMulticastDriver(multicast)
+    prop = SimpleNamespace(requestedHandleTypes=1)
+    if not dist.is_initialized():
+        import atexit
+        import shutil
+
+        where = tempfile.mkdtemp(prefix="sm120patch-probe-")
+        atexit.register(shutil.rmtree, where, True)
+        store = os.path.join(where, "store")
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    scope = dict(fusion.__dict__)
+    scope["get_cuda_driver_bindings"] = lambda: driver
+    scope["_make_flashinfer_workspace_allocation_prop"] = lambda d: prop
+    copy = types.FunctionType(check.__code__, scope, check.__name__, check.__defaults__)
+    logs = io.StringIO()
+    handler = logging.StreamHandler(logs)
+    logger = logging.getLogger("sglang")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        proceeds = bool(copy(**shape, cpu_group=dist.group.WORLD))
+    except Exception as exc:
+        return {"driver": "simulated", "multicast": multicast, "error": _error(exc)}
+    finally:
+        logger.removeHandler(handler)
+    try:
+        simulated: Any = list(sizes(driver, prop, *shape.values()))
+    except Exception as exc:
+        simulated = _error(exc)
+    return {"driver": "simulated", "multicast": multicast, "proceeds": proceeds,
+            "sizes": simulated, "log": logs.getvalue().splitlines()}
+
+
 FP4_UTILS = "sglang.srt.layers.quantization.fp4_utils"
 
 
@@ -414,16 +525,18 @@ def fp4_gemm() -> dict[str, Any]:
 
 
 def comm_arch() -> dict[str, Any]:
-    try:
-        comm = importlib.import_module("flashinfer.jit.comm")
-    except ImportError:
+    comm = None
+    for name in COMM_MODULES:
         try:
-            comm = importlib.import_module("flashinfer.comm.trtllm_ar")  # 0.3.x
+            comm = importlib.import_module(name)
+            break
         except ImportError as exc:
-            return {"error": _error(exc)}
-    gen = getattr(comm, "gen_trtllm_comm_module", None)
+            problem = _error(exc)
+    if comm is None:
+        return {"error": problem}
+    gen = getattr(comm, COMM_FUNCTION, None)
     if gen is None:
-        return {"error": f"{comm.__name__} has no gen_trtllm_comm_module"}
+        return {"error": f"{comm.__name__} has no {COMM_FUNCTION}"}
     try:
         spec = gen()
     except Exception as exc:
@@ -493,6 +606,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         result["launches"] = {name: server_args(argv) for name, argv in launches.items()}
         result["gate"] = _guarded(gate)
         result["resolve_backend"] = _guarded(resolve_backend)
+        # Simulated GPUs: SM120 boxes are PCIe (no multicast), SM100/SM90 ones NVLink.
+        multicast = request.get("multicast", arch != "sm120") if arch else None
+        result["preflight"] = _guarded(lambda: preflight(multicast))
         result["fp4_gemm"] = _guarded(fp4_gemm)
     if request.get("flashinfer", False):
         try:

@@ -58,6 +58,8 @@ def plan_release(kind: str, version: str) -> Row:
                 row.notes.setdefault(o.patch, o.note)
         if any(o.status is Status.REFUSED for o in outcomes):
             verdict = "refused"
+        elif profile.refusals(kind, version):
+            verdict = "refuses"  # inside the pins or not, apply refuses it unless --force
         elif profile.pinned(kind, version):
             verdict = "pinned"
         else:
@@ -91,10 +93,10 @@ def releases_for(
     for kind, spec in specs.items():
         listing = releases.listing(kind)
         listings.append(listing)
-        chosen = releases.select(listing.files, spec or releases.FULL_RANGE[kind])
+        chosen = releases.select(listing.files, spec or releases.full_range(kind))
         progress(kind)
         if not chosen:
-            raise _no_match(kind, spec or releases.FULL_RANGE[kind], listing)
+            raise _no_match(kind, spec or releases.full_range(kind), listing)
         work += [(kind, v) for v in chosen]
     return Selection(work, listings)
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sm120patch import targets
-from sm120patch.errors import Refused
+from sm120patch.errors import Refused, Sm120Error
 from sm120patch.patchkit.model import Outcome, Patch, Status
 from sm120patch.patchkit.runner import FileResult, refuse_all, transform_text
 from sm120patch.plan import catalog
@@ -35,8 +35,13 @@ def resolve_targets(profile: Profile, paths: Mapping[str, str | Path | None]) ->
     return [targets.find(kind, paths.get(kind)) for kind in profile.targets]
 
 
-def check_pins(profile: Profile, found: list[Target]) -> list[str]:
-    """One line per target whose version is outside the profile's pins (catalog.pin_problems)."""
+def check_pins(
+    profile: Profile,
+    found: list[Target],
+    paths: Mapping[str, str | Path | None] | None = None,
+) -> list[str]:
+    """One line per target whose version is outside the profile's pins, then one per release
+    the profile refuses (`refusal_lines`): what --force overrides."""
     problems = []
     for target in found:  # one target per kind in a plan; a list keeps each target's line
         problems += catalog.pin_problems(
@@ -44,7 +49,41 @@ def check_pins(profile: Profile, found: list[Target]) -> list[str]:
             {target.kind: target.version},
             {target.kind: (target.name, target.version_source)},
         )
+    return problems + refusal_lines(profile, found, paths)
+
+
+def refusal_lines(
+    profile: Profile,
+    found: list[Target],
+    paths: Mapping[str, str | Path | None] | None = None,
+) -> list[str]:
+    """One line per release of the targets found (or, for a kind the profile does not patch,
+    moe refusing a FlashInfer, of the one `beside` finds) that the profile refuses, with why.
+    Where that other kind is not found, nothing is refused."""
+    have = {t.kind: t for t in found}
+    problems = []
+    for kind in dict.fromkeys(r.kind for r in profile.refuse):
+        target = have.get(kind) or beside(kind, found, (paths or {}).get(kind))
+        if target is not None:
+            problems += catalog.refusal_problems(
+                profile, {kind: target.version}, {kind: (target.name, target.version_source)}
+            )
     return problems
+
+
+def beside(kind: str, found: list[Target], path: str | Path | None) -> Target | None:
+    """The `kind` target at `path` when given (an error if it is not there); else the one in
+    the directory holding a found installed target (SGLang's site-packages holds the FlashInfer
+    it runs with); else the one installed in this interpreter; else None."""
+    if path is not None:
+        return targets.find(kind, path)
+    try:
+        for t in found:
+            if t.layout != "git" and (t.parent / kind).is_dir():
+                return targets.find(kind, t.parent)
+        return targets.find_quiet(kind, None, required=False)
+    except Sm120Error:  # a tree whose version cannot be read: nothing to refuse by
+        return None
 
 
 @contextmanager
@@ -77,7 +116,7 @@ def plan(
     cat = catalog.load()
     profile = cat.profile(profile_name)
     found = found if found is not None else resolve_targets(profile, paths or {})
-    outside = check_pins(profile, found)
+    outside = check_pins(profile, found, paths)
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to plan anyway")
     with no_cycle_collection():
@@ -290,17 +329,11 @@ def _judge(profile: Profile, patch: Patch, target: Target, outcome: Outcome) -> 
 
 
 def _with_note(patch: Patch, target: Target, outcome: Outcome) -> Outcome:
-    """The patch's note for this release on an outcome that changes or found the site."""
+    """The patch's note for this release (its facts' `user_note`) on an outcome that changes
+    or found the site."""
     from dataclasses import replace
 
-    if outcome.status not in (Status.APPLIED, Status.ALREADY_APPLIED) or not patch.notes:
+    if outcome.status not in (Status.APPLIED, Status.ALREADY_APPLIED):
         return outcome
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion
-
-    try:
-        release = catalog.release_of(target.version)
-    except InvalidVersion:
-        return outcome
-    texts = [text for spec, text in patch.notes if SpecifierSet(spec).contains(release, True)]
-    return replace(outcome, note=" ".join(texts)) if texts else outcome
+    note = patch.note_at(target.version)
+    return replace(outcome, note=note) if note else outcome

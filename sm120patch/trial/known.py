@@ -4,6 +4,12 @@ An entry's condition names what it applies to (profile or patch, SGLang and Flas
 GPU family and count, TP size, quantization, model architecture). A condition the box cannot
 tell (no GPU visible, no server command to read the TP size from) does not exclude the entry:
 better one line too many before a trial than a known regression unsaid.
+
+Each entry also says what its figure rests on (`evidence`: measured, reported, inferred, or
+unpublished for the field report this project started from) and what was run, in the
+source's terms (`measured`: engine, kernel, TP, runs); both are printed with it. A wrong-output
+entry about a profile that matches the box condemns the profile there: `doctor` and `list`
+stop recommending it.
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ CONDITIONS = (
     "architecture",
     "topology",
 )
-RECORD = ("id", "outcome", "figure", "date", "source")
-# Optional record keys: how the source knows (measured, reported, inferred, unpublished).
-OPTIONAL = ("evidence",)
+RECORD = ("id", "outcome", "figure", "date", "source", "evidence")
+# What an entry's figure rests on: the source ran it, states it, it was read off code, or it
+# is the unpublished field report this project started from.
+EVIDENCE = ("measured", "reported", "inferred", "unpublished")
+OPTIONAL = ("measured",)  # what was run, in the source's terms
 
 # verdict of a trial -> outcome of a record
 _OUTCOME_OF = {
@@ -60,7 +68,9 @@ class Entry:
     figure: str
     date: str
     source: str
+    evidence: str = "measured"
     condition: dict[str, Any] = field(default_factory=dict)
+    measured: str = ""
 
     def line(self) -> str:
         what = self.condition.get("profile") or self.condition.get("patch") or "any profile"
@@ -69,7 +79,19 @@ class Entry:
             for k, v in self.condition.items()
             if k not in ("profile", "patch", "quantization", "architecture")
         )
-        return f"known: {what} {self.outcome}: {self.figure} ({where}; {self.date}; {self.source})"
+        ran = f" [{self.measured}]" if self.measured else ""
+        return (
+            f"known: {what} {self.outcome} ({self.evidence}): {self.figure}{ran} "
+            f"({where}; {self.date}; {self.source})"
+        )
+
+    def condemns(self, profile: str, box: Box) -> bool:
+        """Whether this entry says `profile` gives wrong output on `box`: a wrong-output
+        entry about the profile (or a patch of it) whose condition matches. An entry about
+        every server (a FlashInfer bug) does not condemn one profile more than not applying
+        it."""
+        about = "profile" in self.condition or "patch" in self.condition
+        return self.outcome == "wrong-output" and about and matches(self, profile, box)
 
 
 @dataclass(frozen=True)
@@ -94,20 +116,45 @@ def entries(text: str | None = None) -> list[Entry]:
     out = []
     for raw in doc.get("outcome", []):
         missing = [k for k in RECORD if not raw.get(k)]
-        unknown = set(raw) - set(RECORD) - set(CONDITIONS) - set(OPTIONAL)
-        if missing or unknown or raw["outcome"] not in OUTCOMES:
-            raise UsageError(
-                f"known.toml entry {raw.get('id', '?')}: "
-                + (f"missing {', '.join(missing)}" if missing else "")
-                + (f"unknown keys {', '.join(sorted(unknown))}" if unknown else "")
-                + (f"outcome must be one of {', '.join(OUTCOMES)}" if not missing else "")
-            )
+        unknown = set(raw) - set(RECORD) - set(OPTIONAL) - set(CONDITIONS)
+        problems = []
+        if missing:
+            problems.append(f"missing {', '.join(missing)}")
+        if unknown:
+            problems.append(f"unknown keys {', '.join(sorted(unknown))}")
+        if not missing and raw["outcome"] not in OUTCOMES:
+            problems.append(f"outcome must be one of {', '.join(OUTCOMES)}")
+        if not missing and raw["evidence"] not in EVIDENCE:
+            problems.append(f"evidence must be one of {', '.join(EVIDENCE)}")
+        if problems:
+            raise UsageError(f"known.toml entry {raw.get('id', '?')}: " + "; ".join(problems))
         out.append(
             Entry(
                 **{k: str(raw[k]) for k in RECORD},
                 condition={k: raw[k] for k in CONDITIONS if k in raw},
+                measured=str(raw.get("measured", "")),
             )
         )
+    return out
+
+
+def condemning(profile: str, box: Box, found: Sequence[Entry] | None = None) -> list[Entry]:
+    """The known entries that say `profile` gives wrong output on `box` (`Entry.condemns`)."""
+    return [e for e in (entries() if found is None else found) if e.condemns(profile, box)]
+
+
+def installed_targets() -> list[Any]:
+    """The SGLang and FlashInfer installed in this interpreter (those found)."""
+    from sm120patch import targets
+
+    out = []
+    for kind in ("sglang", "flashinfer"):
+        try:
+            found = targets.find_quiet(kind, None, required=False)
+        except Sm120Error:
+            found = None
+        if found is not None:
+            out.append(found)
     return out
 
 
@@ -118,10 +165,13 @@ def _in(spec: str, value: str | int) -> bool:
         return False
 
 
-def _release(version: str) -> str:
-    """0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as the pins do."""
-    release = versions.base_release(version)
-    return version if release is None else str(release)
+def _release_in(spec: str, version: str) -> bool:
+    """Whether `version`, as its release (0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as
+    the pins do), is inside `spec`."""
+    try:
+        return versions.contains(spec, versions.base_release(version))
+    except InvalidSpecifier:
+        return False
 
 
 def _names(value: Any) -> list[str]:
@@ -136,7 +186,7 @@ def matches(entry: Entry, profile: str | None, box: Box) -> bool:
         # A condition on a release this box does not have (FlashInfer not installed, say)
         # does not describe this box.
         if kind in c and (
-            kind not in box.versions or not _in(c[kind], _release(box.versions[kind]))
+            kind not in box.versions or not _release_in(c[kind], box.versions[kind])
         ):
             return False
     if "gpu_family" in c and box.gpu_family and c["gpu_family"].lower() != box.gpu_family:
@@ -308,6 +358,8 @@ def export_record(trial: dict[str, Any]) -> str:
         counts = Counter(trial["gpu_names"])
         record["topology"] = ", ".join(f"{n} x {name}" for name, n in counts.items())
     record["outcome"] = outcome
+    record["evidence"] = "measured"
+    record["measured"] = f"sm120patch trial of profile {trial.get('profile')} on this box"
     record["figure"] = trial.get("message") or f"{verdict}, exit {trial.get('exit_code')}"
     record["date"] = time.strftime("%Y-%m-%d", time.localtime(trial.get("started") or 0))
     record["source"] = f"sm120patch trial {trial.get('id')}: {' '.join(command)}"

@@ -294,40 +294,65 @@ def check_comm_arch(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
     return Spans([statement_span(parents_o, call_o)], [statement_span(parents_n, call_n)])
 
 
-def _branch_on(tree: ast.AST, arch: int) -> list[ast.If]:
-    """`if` statements (elif included) whose test is exactly an SM-`arch` check."""
-    return [n for n in ast.walk(tree) if isinstance(n, ast.If) and arch_of(n.test) == arch]
+def _lead(test: ast.AST) -> ast.AST:
+    """The arch check a MoE branch tests: its test, or the first operand of its `and`."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return test.values[0]
+    return test
+
+
+def _branch_on(scope: ast.AST, arch: int) -> list[ast.If]:
+    """The branches (if or elif) of the if statements directly in `scope`'s body testing an
+    SM-`arch` check: exactly, or as the first operand of an `and` (MiniMax-M2's `if <sm100> and
+    ... == "modelopt_fp4":`). A nested check is another site's (Qwen3-Next's attention
+    backend inside the Qwen3 MoE branch, 0.5.10 on)."""
+    branches = []
+    for stmt in getattr(scope, "body", []):
+        while isinstance(stmt, ast.If):
+            branches.append(stmt)
+            stmt = stmt.orelse[0] if len(stmt.orelse) == 1 else None
+    return [b for b in branches if arch_of(_lead(b.test)) == arch]
 
 
 def _scope_of_moe_site(tree: ast.Module, fact: Fact) -> ast.AST:
     func = one_function(tree, fact.function or "")
     if fact.file and fact.file.endswith("server_args.py"):
-        # The Glm4MoeForCausalLM branch of the big model_arch if/elif chain.
+        # The model's branch of the big model_arch if/elif chain.
+        model = _moe_model(fact)
         hits = [n for n in ast.walk(func) if isinstance(n, ast.If)
                 and isinstance(n.test, ast.Compare)
-                and "Glm4MoeForCausalLM" in ast.unparse(n.test)
+                and model in ast.unparse(n.test)
                 and ast.unparse(n.test).startswith("model_arch in")]
-        assert len(hits) == 1, f"{len(hits)} `model_arch in [\"Glm4MoeForCausalLM\"]` branches"
+        assert len(hits) == 1, f"{len(hits)} `model_arch in [\"{model}\"]` branches"
         return ast.Module(body=hits[0].body, type_ignores=[])
     return func
 
 
+def _moe_model(fact: Fact) -> str:
+    """The architecture a MoE patch is about: its marker (`Glm4MoeForCausalLM`, ...)."""
+    from sm120patch.plan import catalog
+
+    return catalog.load().patches[fact.patch].marker
+
+
 def check_moe_backend(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
-    """Site D: beside the unchanged SM100 branch, an SM120 branch that sets the MoE runner
-    backend to flashinfer_cutlass for modelopt_fp4 when the user left it on auto, with its own
-    log line."""
+    """Site D (GLM-4 MoE, the Qwen3 MoE family, MiniMax-M2): beside the unchanged SM100
+    branch, right after it, an SM120 branch that sets the MoE runner backend to
+    flashinfer_cutlass for modelopt_fp4 alone when the user left it on auto, with its own log
+    line, writing no quantization field."""
     old_scope, new_scope = _scope_of_moe_site(before, fact), _scope_of_moe_site(after, fact)
     old100, new100 = _branch_on(old_scope, 100), _branch_on(new_scope, 100)
     assert len(old100) == 1 and len(new100) == 1, f"SM100 branches {len(old100)}/{len(new100)}"
     assert not _branch_on(old_scope, 120), "the release already has an SM120 branch"
-    assert [ast.dump(s) for s in new100[0].body] == [ast.dump(s) for s in old100[0].body], (
-        "the SM100 branch changed"
-    )
+    assert [ast.dump(s) for s in [new100[0].test, *new100[0].body]] == [
+        ast.dump(s) for s in [old100[0].test, *old100[0].body]
+    ], "the SM100 branch changed"
     new120 = _branch_on(new_scope, 120)
     assert len(new120) == 1, f"{len(new120)} SM120 branches"
     branch = new120[0]
+    assert new100[0].orelse[:1] == [branch], "the SM120 branch is not right after the SM100 one"
     want_form = ast.Call if fact.form == "utils" else ast.Attribute
-    assert isinstance(branch.test, want_form), f"SM120 test `{ast.unparse(branch.test)}`"
+    assert isinstance(_lead(branch.test), want_form), f"SM120 test `{ast.unparse(branch.test)}`"
     sets = [n for n in ast.walk(branch) if isinstance(n, ast.Assign)
             and isinstance(n.value, ast.Constant) and n.value.value == "flashinfer_cutlass"
             and any("moe_runner_backend" in ast.unparse(t) for t in n.targets)]
@@ -336,6 +361,11 @@ def check_moe_backend(before: ast.Module, after: ast.Module, fact: Fact) -> Span
     assert {"modelopt_fp4", "auto"} <= constants, (
         "the SM120 branch does not keep the modelopt_fp4 / moe_runner_backend == 'auto' guard"
     )
+    others = {"fp8", "modelopt_mixed", "flashinfer_trtllm", "flashinfer_trtllm_routed", "marlin"}
+    assert not others & constants, f"another choice kept in the SM120 branch: {sorted(constants)}"
+    written = {ast.unparse(t) for n in ast.walk(branch) if isinstance(n, ast.Assign)
+               for t in n.targets}
+    assert not written & {"self.quantization", "overrides['quantization']"}, written
     logs = [n for n in ast.walk(branch) if isinstance(n, ast.Call)
             and isinstance(n.func, ast.Attribute) and n.func.attr == "info"
             and "flashinfer_cutlass" in ast.unparse(n)]
@@ -395,14 +425,55 @@ def _is_pcie_gate(node: ast.AST) -> bool:
     )
 
 
+def check_preflight(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """fusion-preflight: in the fact's function, the `if err != ...CUDA_SUCCESS:` right after
+    `err, mc_granularity = cuda_driver.cuMulticastGetGranularity(...)` had one `raise` and now
+    has `mc_granularity = alloc_granularity`; with that body put back, the file is the
+    release's. The query itself stays."""
+
+    def check_after_query(tree: ast.Module) -> ast.If:
+        func = one_function(tree, fact.function or "")
+        found = []
+        for node in ast.walk(func):
+            body = getattr(node, "body", None)
+            if not isinstance(body, list):
+                continue
+            for i, stmt in enumerate(body[:-1]):
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and isinstance(stmt.value, ast.Call)
+                    and ast.unparse(stmt.value.func) == "cuda_driver.cuMulticastGetGranularity"
+                    and ast.unparse(stmt.targets[0]) == "(err, mc_granularity)"
+                ):
+                    found.append(body[i + 1])
+        assert len(found) == 1, f"{len(found)} multicast queries"
+        check = found[0]
+        assert isinstance(check, ast.If)
+        assert ast.unparse(check.test) == "err != cuda_driver.CUresult.CUDA_SUCCESS"
+        return check
+
+    old, new = check_after_query(before), check_after_query(after)
+    assert len(old.body) == 1 and isinstance(old.body[0], ast.Raise), ast.unparse(old)
+    assert [ast.unparse(s) for s in new.body] == ["mc_granularity = alloc_granularity"]
+    kept = new.body
+    new.body = old.body
+    assert ast.dump(after) == ast.dump(before), "more than the error branch changed"
+    new.body = kept
+    # the body and the two comment lines above it
+    return Spans([span(old.body[0])], [(new.body[0].lineno - 2, new.body[0].lineno)])
+
+
 CHECKS: dict[str, Callable[[ast.Module, ast.Module, Fact], Spans]] = {
     "sglang.sm120-flag": check_sm120_flag,
     "sglang.fusion-gate": check_widened_or,
     "sglang.fusion-autoenable": check_autoenable,
     "sglang.fusion-backend": check_widened_or,
     "sglang.moe-backend": check_moe_backend,
+    "sglang.moe-backend-qwen3": check_moe_backend,
+    "sglang.moe-backend-minimax": check_moe_backend,
     "flashinfer.comm-arch": check_comm_arch,
     "sglang.pcie-allreduce": check_pcie_allreduce,
+    "sglang.fusion-preflight": check_preflight,
 }
 
 

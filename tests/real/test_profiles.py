@@ -14,6 +14,7 @@ import sitechecks
 from expected import fact
 from realcache import RealReleases, SiteCase, chain_of, release_set
 
+from sm120patch.errors import Refused
 from sm120patch.patchkit.model import Status
 from sm120patch.plan import catalog
 from sm120patch.plan.diffs import unified_diff
@@ -134,8 +135,14 @@ def test_plan_on_git_repos(
     if flashinfer:
         paths["flashinfer"] = git_repo_of(real.tree("flashinfer", flashinfer),
                                           tmp_path / "flashinfer")
-    result: Plan = plan(profile, paths)
-    assert not result.outside_pins
+    prof = catalog.load().profile(profile)
+    refused = [r for kind, v in (("sglang", sglang), ("flashinfer", flashinfer)) if v
+               for r in prof.refusals(kind, v)]
+    if refused:  # a release the profile refuses: only with --force, saying why
+        with pytest.raises(Refused, match="refuses"):
+            plan(profile, paths)
+    result: Plan = plan(profile, paths, force=bool(refused))
+    assert len(result.outside_pins) == len(refused)  # what --force overrode, nothing else
     assert not result.refused, "\n".join(o.describe() for o in result.refused)
     for outcome in result.outcomes:
         version = sglang if outcome.target == "sglang" else flashinfer

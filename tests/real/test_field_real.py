@@ -1,0 +1,96 @@
+"""What the field-facing declarations say, checked on the real releases: the server log lines a
+patch's wiring names are strings the release logs, and pcie-allreduce refuses exactly the
+releases that ship upstream's PCIe-IPC allreduce (tried after the custom allreduce)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from expected import fact
+from realcache import RealReleases, release_set
+
+from sm120patch.patchkit.model import Status
+from sm120patch.plan import catalog
+
+pytestmark = pytest.mark.real
+
+PCIE_ENV = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+
+
+def logged_strings(root: Path) -> list[str]:
+    """Every string literal of the release's unpacked files: f-strings with `{}` for their
+    fields (implicit concatenation is one literal already)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out.append(node.value)
+            elif isinstance(node, ast.JoinedStr):
+                out.append(
+                    "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+                )
+    return out
+
+
+def wired() -> list[str]:
+    return sorted(p.id for p in catalog.load().patches.values() if p.wiring is not None)
+
+
+@pytest.mark.parametrize("patch_id", wired())
+def test_wiring_lines_are_logged_by_each_pinned_release(real: RealReleases, patch_id: str):
+    """On every release of the set that a profile holding the patch pins and where its site
+    exists, some `ran` and some `skipped` pattern matches a string the release logs; and
+    every pattern matches on at least one release of the set (no pattern of nothing)."""
+    cat = catalog.load()
+    patch = cat.patches[patch_id]
+    wiring = patch.wiring
+    assert wiring is not None
+    profiles = [p for p in cat.profiles.values() if patch_id in p.patches]
+    used: set[str] = set()
+    checked = 0
+    for version in release_set(patch.target):
+        known = fact(patch_id, version)
+        if known is None or known.status is Status.NOT_APPLICABLE:
+            continue
+        if not any(p.pinned(patch.target, version) for p in profiles):
+            continue
+        strings = logged_strings(real.tree(patch.target, version))
+        hits = {
+            pat for pat in (*wiring.ran, *wiring.skipped) if any(re.search(pat, s) for s in strings)
+        }
+        used |= hits
+        assert hits & set(wiring.ran), f"{patch_id} on {version}: no `ran` line is logged"
+        assert hits & set(wiring.skipped), f"{patch_id} on {version}: no `skipped` line"
+        checked += 1
+    assert checked, "no release of the set to check"
+    if len(release_set(patch.target)) > 3:
+        assert used == {*wiring.ran, *wiring.skipped}, (
+            f"patterns no release logs: {sorted({*wiring.ran, *wiring.skipped} - used)}"
+        )
+
+
+def test_pcie_allreduce_refuses_exactly_where_upstream_ships_pcie_ipc(real: RealReleases):
+    prof = catalog.load().profile("pcie-allreduce")
+    for version in release_set("sglang"):
+        root = real.tree("sglang", version)
+        environ = root / "sglang/srt/environ.py"
+        ships = environ.is_file() and PCIE_ENV in environ.read_text(encoding="utf-8")
+        assert bool(prof.refusals("sglang", version)) is ships, version
+        if not ships:
+            continue
+        # The custom allreduce is chosen before the PCIe-IPC one: kept on, it shadows it.
+        tree = ast.parse((root / "sglang/srt/distributed/parallel_state.py").read_text())
+        [method] = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef) and n.name == "_resolve_outplace_all_reduce_method"
+        ]
+        returned = [
+            n.value.value
+            for n in ast.walk(method)
+            if isinstance(n, ast.Return) and isinstance(n.value, ast.Constant)
+        ]
+        assert returned.index("ca") < returned.index("pcie_ipc"), (version, returned)
