@@ -2,14 +2,13 @@
 command layer (app.py) and prints what render.py makes of the result.
 
 Exit codes (README): 0 success, 1 refused or precondition failed (nothing changed), 2 usage,
-3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted: not
-faster beyond the spread) and 6 (reverted: wrong output); 75 a run left its journal
-(`recover`), 130 interrupted.
+3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted:
+inconclusive, slower or inert), 6 (reverted: wrong output) and 8 (nothing answered at the
+API); 75 a run left its journal (`recover`), 130 interrupted.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from sm120patch import __version__, app, render
-from sm120patch.errors import Sm120Error, UsageError
+from sm120patch.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,70 +47,10 @@ def with_targets(fn: F) -> F:
     return fn
 
 
-JSON_META = "sm120patch.json"
-
-
-def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-    # ctx.meta is shared by every context of one invocation: the group's error rendering
-    # reads it to answer in JSON when the command was asked for JSON.
-    if value:
-        ctx.meta[JSON_META] = True
-    return value
-
-
 json_option = click.option(
-    "--json", "as_json", is_flag=True, callback=_remember_json, help="Print JSON for scripts."
+    "--json", "as_json", is_flag=True, callback=render.remember_json, help="Print JSON for scripts."
 )
-
-
-def fail(error: Sm120Error, as_json: bool) -> None:
-    click.echo(f"sm120patch: {error.message}", err=True)
-    if error.hint:
-        click.echo(f"  next: {error.hint}", err=True)
-    if as_json:
-        emit_json(
-            {
-                "error": error.message,
-                "next": error.hint or None,
-                "exit_code": error.exit_code,
-                **error.details,
-            }
-        )
-    sys.exit(error.exit_code)
-
-
-class Group(click.Group):
-    """Renders every command's errors: a typed error is one line plus what to do (and JSON on
-    stdout with --json); anything else is a bug (exit 4)."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except Sm120Error as exc:
-            fail(exc, bool(ctx.meta.get(JSON_META)))
-        except KeyboardInterrupt:
-            click.echo("sm120patch: interrupted", err=True)
-            click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
-            sys.exit(130)
-        except BrokenPipeError:
-            # `sm120patch status | head -1`: the reader left. Point stdout at /dev/null so the
-            # interpreter's last flush does not fail a second time.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            click.echo("sm120patch: standard output was closed before all was written", err=True)
-            sys.exit(1)
-        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
-            raise
-        except Exception as exc:
-            if os.environ.get("SM120PATCH_DEBUG"):
-                raise
-            click.echo(f"sm120patch: internal error: {type(exc).__name__}: {exc}", err=True)
-            click.echo(
-                "  next: rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
-                "`sm120patch status` shows the state of your trees",
-                err=True,
-            )
-            sys.exit(4)
+paste, emit_json = render.paste, render.emit_json
 
 
 # ---- signals ------------------------------------------------------------------------------
@@ -167,11 +106,7 @@ def run() -> None:
     os._exit(code)
 
 
-def emit_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, default=str))
-
-
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=render.Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sm120patch")
 @click.option(
     "--patches",
@@ -188,19 +123,34 @@ def main(ctx: click.Context, pack_dirs: tuple[str, ...]) -> None:
     ctx.obj = tuple(pack_dirs)
 
 
+def complete_profile(ctx: click.Context, param: object, incomplete: str) -> list[Any]:
+    """Shell completion of PROFILE: the profile names, the packs' (--patches) included."""
+    from click.shell_completion import CompletionItem
+
+    packs = tuple(ctx.find_root().params.get("pack_dirs") or ())
+    return [CompletionItem(n) for n in app.profile_names(packs) if n.startswith(incomplete)]
+
+
 def session(sglang: str | None = None, flashinfer: str | None = None) -> app.Session:
     """The command's session: its targets and the group's --patches."""
-    packs = click.get_current_context().find_root().obj or ()
-    return app.Session(sglang, flashinfer, packs)
+    root = click.get_current_context().find_root()
+    root.meta[render.PATHS_META] = {"sglang": sglang, "flashinfer": flashinfer}  # hints use it
+    return app.Session(sglang, flashinfer, root.obj or ())
+
+
+def colour_wanted() -> bool:
+    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
 def show(text: render.Text) -> None:
     for line in text.err:
-        click.echo(line, err=True)
+        click.echo(paste(line), err=True)
     for line in text.out:
-        click.echo(line)
+        click.echo(paste(line))
     if text.raw:
-        click.echo(text.raw, nl=False)
+        colour = colour_wanted()
+        click.echo(render.coloured(text.raw) if colour else text.raw, nl=False, color=colour)
 
 
 def echo_err(line: str) -> None:
@@ -227,7 +177,7 @@ def list_cmd(as_json: bool) -> None:
 
 
 @main.command("show")
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 def show_cmd(profile: str) -> None:
     """Show a profile: its patches, why each exists, the shapes each knows, its pins."""
     s = session()
@@ -244,7 +194,7 @@ locked_option = click.option(
 
 
 @main.command("apply")
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete_profile)
 @with_targets
 @click.option("--dry-run", is_flag=True, help="Print the unified diff and change nothing.")
 @locked_option
@@ -271,6 +221,7 @@ def apply_cmd(
         found = app.apply_dry_run(s, want, force=force, gpu_check=not no_gpu_check,
                                   on_known=known)  # fmt: skip
         if as_json:
+            show(render.Text(err=render.dry_run_warnings(found)))
             emit_json(render.dry_run_doc(found))
         else:
             show(render.dry_run(found))
@@ -283,7 +234,7 @@ def apply_cmd(
 
 
 @main.command("ensure")
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete_profile)
 @with_targets
 @locked_option
 @click.option("--force", is_flag=True, help="Allow versions outside the profile's pins.")
@@ -316,7 +267,7 @@ def ensure_cmd(
 
 
 @main.command("revert")
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete_profile)
 @click.option("--all", "all_", is_flag=True, help="Revert whatever sm120patch applied.")
 @with_targets
 @click.option("--force", is_flag=True, help="Discard your edits to patched files.")
@@ -371,34 +322,40 @@ def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> No
     show(render.recovered(report))
 
 
-# ---- trial: run, show ---------------------------------------------------------------------
+# ---- trial: run, show, forget ---------------------------------------------------------------
 
 
 class _TrialGroup(click.Group):
-    """`trial PROFILE ...` runs a trial (the `run` subcommand by default); `trial show [ID]`
-    shows recorded ones. No profile is called `show` or `run`."""
+    """`trial PROFILE ...` runs a trial (the `run` subcommand by default); `trial show|forget`
+    shows or removes recorded ones. No profile is called `show`, `run` or `forget`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        # `trial <TAB>`: a profile (the default subcommand's argument) or `show`.
+        return [*complete_profile(ctx, self, incomplete), *super().shell_complete(ctx, incomplete)]
+
 
 @main.group("trial", cls=_TrialGroup)
 def trial_group() -> None:
     """Apply a profile, run a server under it, judge it, keep or revert: `trial PROFILE -- CMD`
-    (see `trial run --help`); `trial show [ID]` for recorded trials."""
+    (see `trial run --help`); `trial show [ID]` for recorded trials, `trial forget ID` (or
+    --all) to remove them."""
 
 
 # The options of `trial --measure` only, in the names of trial.measure.Options.
 MEASURE_OPTIONS = (
     "api", "requests", "concurrency", "max_tokens", "warmup", "repeat", "min_gain", "figure",
-    "min_similarity", "model", "bench_cmd",
+    "min_similarity", "min_agreement", "eval_cmd", "eval_key", "eval_tolerance", "model",
+    "bench_cmd",
 )  # fmt: skip
 
 
 @trial_group.command("run", context_settings={"ignore_unknown_options": True})
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 @with_targets
 @click.option("--ready-url", metavar="URL", help="Ready when this URL answers 2xx.")
 @click.option("--ready-pattern", metavar="REGEX", help="Ready when an output line matches.")
@@ -409,38 +366,32 @@ MEASURE_OPTIONS = (
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Append output here.")
 @click.option("--force", is_flag=True, help="Apply outside the profile's pinned versions.")
 @click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
-@click.option(
-    "--measure", is_flag=True, help="Judge by measurement: baseline vs patched under load."
-)
+@click.option("--measure", is_flag=True, help="Judge by measurement: baseline against patched.")
 @click.option("--api", "api", metavar="URL", help="Server base URL (default: from --ready-url).")
 @click.option("--requests", type=int, default=64, show_default=True, help="Measured requests.")
 @click.option("--concurrency", type=int, default=8, show_default=True, help="Requests in flight.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per request.")
 @click.option("--warmup", type=int, default=None, help="Uncounted requests first [concurrency].")
-@click.option("--repeat", type=int, default=1, show_default=True, help="ABAB rounds.")
+@click.option("--repeat", type=int, default=3, show_default=True,
+              help="ABAB rounds: runs a side (a keep needs 2 at least).")
 @click.option("--min-gain", type=float, default=2.0, show_default=True,
-              help="Percent the figure must improve beyond the measured spread to keep the patch.")
-@click.option(
-    "--figure",
-    default="output_tok_s",
-    show_default=True,
-    help="output_tok_s, req_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms or itl_p99_ms.",
-)
+              help="Percent the figure must improve beyond the measured noise to keep the patch.")
+@click.option("--figure", default="output_tok_s", show_default=True,
+              help="output_tok_s, req_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms or itl_p99_ms.")
 @click.option("--min-similarity", type=float, default=0.5, show_default=True,
               help="Least word similarity of the patched greedy answers to the baseline's.")
+@click.option("--min-agreement", type=float, default=0.9, show_default=True,
+              help="Least top-1 token agreement with the baseline (where logprobs are served).")
+@click.option("--eval-cmd", default=None, metavar="CMDLINE",
+              help="A quality command run on both sides ({api}, {model}, {output}); JSON score.")
+@click.option("--eval-key", default="score", show_default=True, help="Dotted key of its score.")
+@click.option("--eval-tolerance", type=float, default=0.01, show_default=True,
+              help="How far the patched score may fall below the baseline's.")
 @click.option("--model", default=None, help="Model name for the API (default: /v1/models).")
-@click.option(
-    "--bench-cmd",
-    default=None,
-    metavar="CMDLINE",
-    help="Measure with this benchmark instead (JSON result at {output}).",
-)
-@click.option(
-    "--export",
-    "export_path",
-    type=click.Path(dir_okay=False),
-    help="Write this trial as a known.toml record.",
-)
+@click.option("--bench-cmd", default=None, metavar="CMDLINE",
+              help="Measure with this benchmark instead (JSON result at {output}).")
+@click.option("--export", "export_path", type=click.Path(dir_okay=False),
+              help="Write this trial as a known.toml record (when it is evidence).")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trial_cmd(
@@ -455,9 +406,9 @@ def trial_cmd(
 ) -> None:
     """Apply PROFILE, run COMMAND (after --), keep the patch if it gets ready, else revert.
 
-    With --measure: baseline and patched runs of COMMAND under the same load, kept only when
-    the figure improves by --min-gain beyond the spread and the answers are sane. Exit 0 kept,
-    3 crashed, 5 reverted as not faster, 6 reverted as wrong output.
+    With --measure: baseline and patched under the same load, ABAB, kept only when the figure
+    improves by --min-gain beyond the measured noise, the answers are sane and the patched path
+    ran. Exit 0 kept, 3 crashed, 5 inconclusive, slower or inert, 6 wrong output, 8 no API.
     """
     from sm120patch.errors import TrialCrashed
 
@@ -472,14 +423,16 @@ def trial_cmd(
             on_known=echo_err if as_json else echo_out,
             on_line=echo_err if (measure or as_json) else echo_out,
             on_event=lambda line: click.echo(f"sm120patch: {line}", err=True),
+            on_progress=echo_err if sys.stderr.isatty() else None,
         )
     except TrialCrashed as exc:
         if as_json and exc.record is not None:
-            emit_json({**exc.record, "error": exc.message, "next": exc.hint, "exit_code": 3})
+            emit_json({**exc.record, "error": paste(exc.message), "next": paste(exc.hint),
+                       "exit_code": 3})  # fmt: skip
             sys.exit(exc.exit_code)
         raise
     if request.export_path:
-        click.echo(f"wrote {request.export_path}: one known.toml record", err=True)
+        show(render.exported(found, request.export_path))
     if as_json:
         doc = found.measured.to_dict() if found.measured else found.result.to_dict()  # type: ignore[union-attr]  # one of the two is set
         emit_json(doc)
@@ -493,12 +446,8 @@ def trial_cmd(
 @click.argument("trial_id", required=False)
 @with_targets
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a report.")
-@click.option(
-    "--export",
-    "export_path",
-    type=click.Path(dir_okay=False),
-    help="Write the trial as a known.toml record.",
-)
+@click.option("--export", "export_path", type=click.Path(dir_okay=False),
+              help="Write the trial as a known.toml record.")
 @json_option
 def trial_show_cmd(
     trial_id: str | None,
@@ -518,6 +467,26 @@ def trial_show_cmd(
     show(render.shown(found))
 
 
+@trial_group.command("forget")
+@click.argument("trial_ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", "everything", is_flag=True, help="Forget every recorded trial.")
+@with_targets
+@json_option
+def trial_forget_cmd(
+    trial_ids: tuple[str, ...],
+    everything: bool,
+    sglang: str | None,
+    flashinfer: str | None,
+    as_json: bool,
+) -> None:
+    """Remove recorded trials (IDs or unique prefixes of them, or --all) from every target."""
+    gone = app.trial_forget(session(sglang, flashinfer), trial_ids, everything=everything)
+    if as_json:
+        emit_json({"forgotten": gone})
+        return
+    show(render.forgotten(gone))
+
+
 @main.command("doctor")
 @with_targets
 @json_option
@@ -531,7 +500,7 @@ def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
 
 
 @main.command("pin")
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 @with_targets
 @click.option(
     "-o",
@@ -550,7 +519,7 @@ def pin_cmd(
 
 
 @main.command("export")
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 @with_targets
 @click.option(
     "-o",
@@ -618,13 +587,14 @@ def new_patch_cmd(**options: Any) -> None:
 @click.option(
     "-j",
     "--jobs",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Releases planned in parallel (default: the CPU count).",
 )
 @json_option
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown tables (default).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr.")
+@click.option("--scan", is_flag=True, help="Scan each whole release too: its new candidate gates.")
 def matrix_cmd(
     sglang_spec: str | None,
     flashinfer_spec: str | None,
@@ -633,12 +603,15 @@ def matrix_cmd(
     as_json: bool,
     as_markdown: bool,
     quiet: bool,
+    scan: bool,
 ) -> None:
     """Plan every profile on every SGLang and FlashInfer release on pip's index: outcome per
     site. Releases come from pip's configured index (pip config, PIP_INDEX_URL) into the release
     cache; offline, the cached release list is used with a warning."""
     if as_json and as_markdown:
-        raise UsageError("give at most one of --json and --markdown")
+        raise UsageError(
+            "give at most one of --json and --markdown", "Markdown is the default; drop one"
+        )
     found = app.matrix(
         session(),
         {"sglang": sglang_spec, "flashinfer": flashinfer_spec},
@@ -646,9 +619,29 @@ def matrix_cmd(
         jobs,
         on_warning=lambda line: click.echo(f"sm120patch: warning: {line}", err=True),
         progress_quiet=quiet,
+        scan=scan,
     )
     show(render.matrix(found, as_json))
     if found.failed:
+        sys.exit(1)
+
+
+@main.command("scan")
+@with_targets
+@json_option
+@click.option("--all", "all_", is_flag=True, help="List the upstream and kernel gates too.")
+@click.option("--fail-on-candidate", is_flag=True, help="Exit 1 when a new candidate is found.")
+@click.option("--known", metavar="FILE", help="A `scan --json` whose candidates are not new.")
+def scan_cmd(
+    sglang: str | None, flashinfer: str | None, as_json: bool, all_: bool,
+    fail_on_candidate: bool, known: str | None,
+) -> None:  # fmt: skip
+    """The GPU-arch gates of SGLang and FlashInfer that leave SM120 out, read from their sources
+    (nothing is imported): candidates, gates a patch covers, upstream, kernel. Given a path,
+    only that target; else the ones installed in this Python."""
+    found = app.scan(session(sglang, flashinfer), known)
+    show(render.scan(found, as_json=as_json, all_=all_))
+    if fail_on_candidate and found.new_candidates():
         sys.exit(1)
 
 

@@ -25,6 +25,7 @@ from sm120patch.engine import apply, revert, trials
 from sm120patch.errors import Refused, Sm120Error, TrialCrashed, UsageError
 
 TAIL_LINES = 60
+PROGRESS_EVERY = 5.0  # seconds between two `on_wait` calls while a server is not ready
 
 
 def new_id() -> str:
@@ -44,10 +45,15 @@ class Signature:
 
 def signatures() -> list[Signature]:
     from sm120patch import patches  # type: ignore[attr-defined]  # shipped from patches/ (package-dir)
-    from sm120patch.plan.catalog import parse_toml
+    from sm120patch.plan import catalog
 
-    text = (Path(patches.__file__ or "").parent / "signatures.toml").read_text(encoding="utf-8")
-    return [Signature(**raw) for raw in parse_toml(text)["signature"]]
+    path = Path(patches.__file__ or "").parent / "signatures.toml"
+    doc = catalog.parse_toml(path.read_text(encoding="utf-8"), path)
+    try:
+        return [Signature(**raw) for raw in doc["signature"]]
+    except (KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not a list of [[signature]] tables ({exc})",
+                         catalog.DAMAGED_HINT) from None  # fmt: skip
 
 
 def diagnose(lines: Sequence[str]) -> Signature | None:
@@ -228,14 +234,22 @@ def run(
     force: bool = False,
     preconditions: Callable[[], None] | None = None,
     on_line: Callable[[str], None] = lambda line: None,
+    on_wait: Callable[[float, str | None], None] | None = None,
 ) -> TrialResult:
-    """Run one trial. Raises TrialCrashed (after reverting) when the command crashed."""
+    """Run one trial. Raises TrialCrashed (after reverting) when the command crashed.
+    `on_wait(elapsed, last_line)` is called every few seconds until the command is ready."""
     if not command:
-        raise UsageError("give the command to run after `--`")
+        raise UsageError(
+            "give the command to run after `--`",
+            "e.g. -- python -m sglang.launch_server --model-path MODEL --port 30000",
+        )
     try:
         pattern = re.compile(ready_pattern) if ready_pattern else None
     except re.error as exc:
-        raise UsageError(f"--ready-pattern is not a valid regular expression: {exc}") from None
+        raise UsageError(
+            f"--ready-pattern is not a valid regular expression: {exc}",
+            "quote it for the shell, e.g. --ready-pattern 'The server is fired up'",
+        ) from None
     # Before anything is applied: an unwritable log is a usage error, not a patched tree left
     # behind by a crash.
     log = open_log(log_path)
@@ -252,7 +266,9 @@ def run(
         raise
     watcher = _Watcher(proc, pattern, on_line, log)
     sampler = _PowerSampler() if sample_power else None
-    verdict, ready_at = _judge(proc, watcher, ready_url, pattern is not None, timeout, started)
+    verdict, ready_at = _judge(
+        proc, watcher, ready_url, pattern is not None, timeout, started, on_wait
+    )
     samples = sampler.finish() if sampler else []
     if verdict != "ready" or not leave_running:
         _stop(proc)
@@ -288,6 +304,15 @@ def run(
     return result
 
 
+def waiting_line(elapsed: float, last: str | None) -> str:
+    """One progress line while a server loads: how long, and the last thing it printed."""
+    head = f"waiting for readiness: {elapsed:.0f} s"
+    if last is None:
+        return head + ", no output yet"
+    last = last.strip()
+    return head + f", last line: {last[:117] + '...' if len(last) > 120 else last}"
+
+
 def _judge(
     proc: subprocess.Popen[str],
     watcher: _Watcher,
@@ -295,8 +320,13 @@ def _judge(
     has_pattern: bool,
     timeout: float,
     started: float,
+    on_wait: Callable[[float, str | None], None] | None = None,
 ) -> tuple[str, float | None]:
-    deadline = time.monotonic() + timeout
+    """Wait for readiness, an exit or the timeout; `on_wait(elapsed, last line)` every
+    PROGRESS_EVERY seconds meanwhile."""
+    begun = time.monotonic()
+    deadline = begun + timeout
+    next_progress = begun + PROGRESS_EVERY
     try:
         while True:
             if watcher.ready.is_set():
@@ -311,8 +341,12 @@ def _judge(
                 return "crashed", None
             if ready_url and _url_ready(ready_url):
                 return "ready", time.time()
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 return "timeout", None
+            if on_wait is not None and now >= next_progress:
+                next_progress = now + PROGRESS_EVERY
+                on_wait(now - begun, watcher.tail[-1] if watcher.tail else None)
             watcher.ready.wait(0.25)
     except KeyboardInterrupt:
         return "interrupted", None
@@ -333,6 +367,14 @@ def crash_message(result: TrialResult) -> str:
 
 
 def crash_hint(result: TrialResult) -> str:
+    """Where to look: the signature's action, else where the command's output is."""
     if result.signature:
         return result.signature["action"]
-    return "read the log tail above" + (f" or {result.log}" if result.log else "")
+    if result.tail:
+        seen = (f"its last {len(result.tail)} line(s) are printed above and kept in "
+                f"`sm120patch trial show {result.id}`")  # fmt: skip
+    else:
+        seen = "the command printed nothing; run it by hand to see why it stops"
+    if result.log:
+        return f"{seen}; all of its output is in {result.log}"
+    return f"{seen}; `--log FILE` keeps all of its output"
