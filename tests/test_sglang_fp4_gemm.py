@@ -423,8 +423,7 @@ def test_profile_pins_and_the_0612_refusal() -> None:
         prof, {"flashinfer": "0.6.12"}
     )
     assert problems and "0.6.12" in problems[0]
-    if hasattr(prof, "refusals"):  # refuse tables with their reasons (the moe work adds them)
-        assert any("issues/3398" in p for p in problems), problems
+    assert any("issues/3398" in p for p in problems), problems
     others = [
         n
         for n, p in catalog.load().profiles.items()

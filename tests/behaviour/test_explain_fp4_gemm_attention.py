@@ -4,6 +4,7 @@ simulated SM120, through the CLI: the FP4 GEMM line and the attention line say w
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import envs
@@ -28,11 +29,15 @@ def explain_json(sglang: Path, profile: str, model: Path) -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.fixture(scope="module")
-def sglang() -> Path:
+@pytest.fixture
+def sglang(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The release installed by itself; the FlashInfer and transformers it pins reach the
+    probe's interpreter through PYTHONPATH, as they would be installed beside it."""
     if not releases.pypi_reachable() and releases.cached("sglang", VERSION) is None:
         pytest.skip(f"PyPI is unreachable and SGLang {VERSION} is not cached")
-    return envs.release_prefix("sglang", VERSION)
+    prefix, *beside = envs.sys_path_for("sglang", VERSION)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(beside))
+    return Path(prefix)
 
 
 def test_explain_fp4_gemm_and_attention(sglang: Path, tmp_path: Path) -> None:

@@ -89,11 +89,10 @@ def test_fp4_gemm_pins_and_refusal() -> None:
     for version in flashinfer_releases():
         inside = prof.pinned("flashinfer", version)
         assert inside is (_release(version) >= Version("0.6.13")), version
-    # 0.6.12 is outside the pins and refused with the upstream report that says why.
-    assert catalog.pin_problems(prof, {"flashinfer": "0.6.12"})
-    refused = catalog.refusal_problems(prof, {"flashinfer": "0.6.12"})
-    assert any("issues/3398" in p for p in refused), refused
-    assert not catalog.refusal_problems(prof, {"flashinfer": "0.6.13"})
+    assert catalog.pin_problems(prof, {"flashinfer": "0.6.12"}), "0.6.12 is outside the pins"
+    [refusal] = catalog.refusal_problems(prof, {"flashinfer": "0.6.12"})
+    assert "issues/3398" in refusal and "0.6.13" in refusal, refusal
+    assert catalog.refusal_problems(prof, {"flashinfer": "0.6.13"}) == []
 
 
 @pytest.mark.parametrize("version", ["0.5.8", "0.5.12", "0.5.13", "0.5.23"])
@@ -276,9 +275,7 @@ def test_fp4_gemm_refuses_flashinfer_0_6_12(tmp_path: Path) -> None:
         "apply", "fp4-gemm", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check"
     )
     assert code != 0
-    assert "0.6.12" in err and "fp4-gemm" in err
-    if hasattr(catalog, "refusal_problems"):
-        assert "issues/3398" in err
+    assert "0.6.12" in err and "fp4-gemm" in err and "issues/3398" in err
     assert snapshot(sg) == before
 
 
