@@ -260,9 +260,10 @@ class Pinned:
 
 def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
     from sm120patch.engine import pin as pinning
+    from sm120patch.targets.files import write_output  # never through a link at its name
 
     lock = pinning.make(profile, session.paths, force=force)
-    Path(output).write_text(lock.to_toml(), encoding="utf-8")
+    write_output(output, lock.to_toml())
     return Pinned(lock, output)
 
 
@@ -481,7 +482,9 @@ def trial_show(
 
     found = known.find_trial(known.history(session.paths), trial_id)
     if html_path:
-        Path(html_path).write_text(report.html(found), encoding="utf-8")
+        from sm120patch.targets.files import write_output  # never through a link at its name
+
+        write_output(html_path, report.html(found))
     if export_path:
         write_export(found, Path(export_path))
     return Shown(found, html_path, export_path)
@@ -489,6 +492,7 @@ def trial_show(
 
 def write_export(doc: dict[str, Any], path: Path) -> None:
     """A trial as one known.toml record."""
+    from sm120patch.targets.files import write_output  # never through a link at its name
     from sm120patch.trial import known
 
-    path.write_text(known.export_record(doc), encoding="utf-8")
+    write_output(path, known.export_record(doc))

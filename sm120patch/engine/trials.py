@@ -9,6 +9,7 @@ from typing import Any
 
 from sm120patch import targets
 from sm120patch.engine.store import TargetState
+from sm120patch.errors import Refused
 from sm120patch.plan import catalog
 
 
@@ -22,4 +23,10 @@ def record_trial(
             continue
         st = TargetState.of(target.root, target.layout, target.kind)
         with st.locked():
-            st.add_trial(trial)
+            try:
+                st.add_trial(trial)
+            except OSError as exc:  # a full disk: one line, the trees are as the trial left them
+                raise Refused(
+                    f"cannot record the trial in {st.dir} ({exc.strerror})",
+                    "free some space; `sm120patch status` shows the trees",
+                ) from None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120patch.engine import apply, revert, trials
-from sm120patch.errors import Refused, TrialCrashed, UsageError
+from sm120patch.errors import Refused, Sm120Error, TrialCrashed, UsageError
 
 TAIL_LINES = 60
 
@@ -205,10 +205,13 @@ def open_log(log_path: Path | None) -> Any:
     """The trial's log, opened for appending; one clear line when it cannot be."""
     if log_path is None:
         return None
+    from sm120patch.targets.files import append_output
+
     try:
-        return open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the trial
-    except OSError as exc:
-        raise UsageError(f"--log {log_path}: cannot write there ({exc.strerror})") from None
+        return append_output(log_path)  # never through a symbolic link at its name
+    except Sm120Error as exc:
+        why = exc.details.get("reason") or exc.message
+        raise UsageError(f"--log {log_path}: cannot write there ({why})", exc.hint) from None
 
 
 def run(
