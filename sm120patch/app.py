@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from sm120patch.plan.export import Exported
     from sm120patch.plan.lockfile import Lock
     from sm120patch.plan.plans import Plan
+    from sm120patch.scan.run import Report as ScanReport
     from sm120patch.trial.gpu import Probe
     from sm120patch.trial.measure import MeasuredTrial
     from sm120patch.trial.serve import TrialResult
@@ -327,8 +328,10 @@ def matrix(
     *,
     on_warning: Lines,
     progress_quiet: bool,
+    scan: bool = False,
 ) -> Matrix:
-    """Every profile on every release matching `specs` (kind -> PEP 440 specifier or None)."""
+    """Every profile on every release matching `specs` (kind -> PEP 440 specifier or None);
+    with `scan`, each release's candidate gates and those new since the previous release."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     from sm120patch.maintain import matrix as planning
@@ -356,17 +359,47 @@ def matrix(
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
     with progress.phase("planning releases", len(work)):
         rows = planning.run(
-            work, jobs, progress=lambda row: progress.advance(f"{row.kind} {row.version}")
+            work,
+            jobs,
+            progress=lambda row: progress.advance(f"{row.kind} {row.version}"),
+            scan=scan,
         )
     return Matrix(rows, warning, list(profiles) or None)
 
 
+def scan(session: Session, known: str | None = None) -> ScanReport:
+    """The GPU-arch gates of the session's targets, each classified (nothing is imported);
+    `known`: an earlier `scan --json` whose candidates are not new."""
+    import json
+
+    from sm120patch.scan import run as scanning
+
+    seen = None
+    if known is not None:
+        try:
+            seen = scanning.known_candidates(json.loads(Path(known).read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise UsageError(
+                f"--known {known}: {exc}", "give the output of `sm120patch scan --json`"
+            ) from None
+    found = scanning.scan(session.paths, catalog=session.catalog)
+    found.known = seen
+    return found
+
+
 def explain(
-    session: Session, python: str | None, simulate: str | None, launch: tuple[str, ...]
+    session: Session,
+    python: str | None,
+    simulate: str | None,
+    launch: tuple[str, ...],
+    profile: str = "all",
 ) -> Explanation:
+    """Pristine against patched; where nothing is applied the patched side is `profile`'s."""
     from sm120patch.explain import explain as explaining
 
-    return explaining.explain(session.paths, python=python, simulate=simulate, launch=launch)
+    return explaining.explain(
+        session.paths, python=python, simulate=simulate, launch=launch, profile=profile
+    )
 
 
 # ---- trial ---------------------------------------------------------------------------------
@@ -411,6 +444,8 @@ class Trialled:
 
     result: TrialResult | None = None
     measured: MeasuredTrial | None = None
+    # whether --export wrote the record (only a trial that is evidence is exported)
+    exported: bool = False
 
 
 def trial(
@@ -421,10 +456,18 @@ def trial(
     on_known: Lines,
     on_line: Lines,
     on_event: Lines,
+    on_progress: Lines | None = None,
 ) -> Trialled:
     """Apply, run the command, judge, keep or revert. `measure` (trial.measure.Options) makes
-    it an A/B measurement. The known outcomes go to `on_known` before anything runs."""
+    it an A/B measurement. The known outcomes go to `on_known` before anything runs;
+    `on_progress` hears a line every few seconds while a server is not ready. A measured trial
+    is exported (`export_path`) only when it is evidence; one that found nothing answering at
+    the API is the error TrialUnreachable (exit 8), its record in the error's JSON."""
     from sm120patch.trial import serve
+
+    def on_wait(elapsed: float, last: str | None) -> None:
+        if on_progress is not None:
+            on_progress(f"sm120patch: {serve.waiting_line(elapsed, last)}")
 
     if request.export_path and measure is None:
         raise UsageError(
@@ -447,10 +490,14 @@ def trial(
             log_path=log_path,
             on_line=on_line,
             on_event=on_event,
+            on_wait=on_wait if on_progress else None,
         )
-        if request.export_path:
-            write_export(measured.to_dict(), Path(request.export_path))
-        return Trialled(measured=measured)
+        if measured.verdict == "unreachable":
+            raise measured.unreachable(with_record=True)
+        exported = bool(request.export_path) and measured.evidence
+        if exported:
+            write_export(measured.to_dict(), Path(str(request.export_path)))
+        return Trialled(measured=measured, exported=exported)
     result = serve.run(
         request.profile,
         session.paths,
@@ -464,6 +511,7 @@ def trial(
         force=request.force,
         preconditions=session.sm120_check(request.gpu_check),
         on_line=on_line,
+        on_wait=on_wait if on_progress else None,
     )
     return Trialled(result=result)
 
@@ -488,6 +536,16 @@ def trial_show(
     if export_path:
         write_export(found, Path(export_path))
     return Shown(found, html_path, export_path)
+
+
+def trial_forget(session: Session, trial_ids: Sequence[str], *, everything: bool) -> list[str]:
+    """Remove recorded trials (IDs or unique prefixes, or every one) from every target; the
+    ids removed."""
+    from sm120patch.trial import known
+
+    if everything and trial_ids:
+        raise UsageError("give trial IDs or --all, not both")
+    return known.forget(session.paths, list(trial_ids), everything=everything)
 
 
 def write_export(doc: dict[str, Any], path: Path) -> None:

@@ -208,3 +208,37 @@ def test_progress_on_a_terminal_unless_quiet(index: FakeIndex, tmp_path: Path) -
     code, terminal = _run_on_a_terminal([*args, "--quiet"], pip_env(index.url, tmp_path / "b"))
     assert code == 0, terminal
     assert terminal == ""
+
+
+def test_scan_records_the_candidates_new_since_the_previous_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: None
+) -> None:
+    from trees import FLASHINFER_FILES
+
+    later = dict(FLASHINFER_FILES)
+    later["flashinfer/jit/nvshmem.py"] = (
+        "def gen_nvshmem_module():\n"
+        "    return spec(ctx.get_nvcc_flags_list(supported_major_versions=[9, 10]))\n"
+    )
+    with serve(tmp_path / "index") as index:
+        index.add("flashinfer-python", "0.6.1")
+        index.add("flashinfer-python", "0.6.2", files=later)
+        env = pip_env(index.url, tmp_path / "cache")
+        result = matrix(monkeypatch, env, "--flashinfer", ">=0.6.1", "--scan", "--json")
+        assert result.exit_code == 0, result.output
+        got = rows(result.stdout)
+        first, second = got[("flashinfer", "0.6.1")], got[("flashinfer", "0.6.2")]
+        assert first["candidates"] == 1 and first["new_candidates"] == []
+        assert second["candidates"] == 2
+        assert [(c["file"], c["function"]) for c in second["new_candidates"]] == [
+            ("flashinfer/jit/nvshmem.py", "gen_nvshmem_module")
+        ]
+        # The scans are kept in the release cache: a second run reads them.
+        scans = sorted(p.name for p in (tmp_path / "cache" / "scans").iterdir())
+        assert scans == ["flashinfer-0.6.1.json", "flashinfer-0.6.2.json"]
+        text = matrix(monkeypatch, env, "--flashinfer", ">=0.6.1", "--scan", "--markdown")
+        assert "- FlashInfer 0.6.2: 1 new" in text.stdout
+        assert "`flashinfer/jit/nvshmem.py:2` `gen_nvshmem_module`: `[9, 10]`" in text.stdout
+        # Without --scan nothing of it: the compatibility table stays as it was.
+        plain = matrix(monkeypatch, env, "--flashinfer", ">=0.6.1", "--json")
+        assert "candidates" not in rows(plain.stdout)[("flashinfer", "0.6.2")]

@@ -57,6 +57,7 @@ def test_runtime_commands_never_import_maintainer_tooling(tmp_path: Path) -> Non
         ["apply", "all", *targets, "--no-gpu-check"],
         ["status", *targets],
         ["revert", "--all", *targets],
+        ["scan", *targets, "--json"],
         ["matrix", "--help"],
     ]
     codes, modules = imported(commands, env)

@@ -29,6 +29,8 @@ def test_wheel_ships_every_patch_and_the_data_files(tmp_path):
     assert expected <= names, sorted(expected - names)
     assert "sm120patch/patches/profiles.toml" in names
     assert "sm120patch/patches/signatures.toml" in names
+    # `scan`: its wing and the maintainers' table of kernel families.
+    assert {"sm120patch/scan/gates.py", "sm120patch/patches/kernels.toml"} <= names
     # Never a top-level `patches` package in site-packages.
     assert not any(n.startswith("patches/") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

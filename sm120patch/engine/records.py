@@ -321,6 +321,11 @@ def check_journal(doc: dict[str, Any]) -> str:
     return _check_files(doc.get("files")) or _check_git(doc.get("git"), commits=False)
 
 
+def trial_key(trial: dict[str, Any]) -> str:
+    """What names one trial across targets (it is kept on each target of its profile)."""
+    return str(trial.get("id") or f"{trial.get('started')}:{trial.get('profile')}")
+
+
 _TRIAL_WORDS = ("id", "profile", "verdict", "kind", "message", "log")
 _FIGURES = ("output_tok_s", "req_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
 

@@ -32,7 +32,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from sm120patch.engine.records import (
     check_journal,
     check_manifest,
     check_trials,
+    trial_key,
 )
 from sm120patch.errors import Refused
 from sm120patch.targets import files
@@ -419,6 +420,14 @@ class TargetState:
 
     def add_trial(self, trial: dict[str, Any]) -> None:
         self._write(TRIALS, {"trials": [*self.trials(), trial]})
+
+    def drop_trials(self, keys: Collection[str]) -> int:
+        """Remove the trials whose `trial_key` is in `keys`; how many went."""
+        trials = self.trials()
+        kept = [t for t in trials if trial_key(t) not in keys]
+        if len(kept) != len(trials):
+            self._write(TRIALS, {"trials": kept})
+        return len(trials) - len(kept)
 
     # ---- file copies -------------------------------------------------------------------
     def _copy_path(self, kind: str, rel: str, base: Path | None = None) -> Path:

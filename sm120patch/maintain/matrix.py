@@ -7,10 +7,12 @@ pins are made of. Maintainer tooling: only the `matrix` command imports it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
@@ -30,10 +32,25 @@ class Row:
     profiles: dict[str, str] = field(default_factory=dict)  # profile -> verdict
     notes: dict[str, str] = field(default_factory=dict)  # patch id -> the outcome's note
     error: str | None = None
+    # With --scan: the release's candidate gates (`sm120patch scan`), and those of them the
+    # previous release of its kind did not have (`mark_new`).
+    candidates: list[dict[str, Any]] | None = None
+    new_candidates: list[dict[str, Any]] = field(default_factory=list)
 
 
-def plan_release(kind: str, version: str) -> Row:
-    """Fetch (or reuse) one release and plan every profile's patches for its kind on it."""
+def plan_release(kind: str, version: str, scan: bool = False) -> Row:
+    """Fetch (or reuse) one release and plan every profile's patches for its kind on it; with
+    `scan`, scan the whole release for its candidate gates too."""
+    row = _plan_release(kind, version)
+    if scan and row.error is None:
+        try:
+            row.candidates = scan_release(kind, version)
+        except Exception as exc:  # a release we cannot scan is a row that says so
+            row.error = f"scan: {type(exc).__name__}: {exc}"
+    return row
+
+
+def _plan_release(kind: str, version: str) -> Row:
     from sm120patch import targets
     from sm120patch.patchkit.model import Status
     from sm120patch.plan import planner
@@ -121,21 +138,93 @@ def run(
     work: Sequence[tuple[str, str]],
     jobs: int,
     progress: Callable[[Row], None] = lambda row: None,
+    *,
+    scan: bool = False,
 ) -> list[Row]:
-    """A row per (kind, version), planned in `jobs` worker processes."""
+    """A row per (kind, version), planned in `jobs` worker processes (and scanned, with
+    `scan`: then each row also says which candidates are new since the previous release)."""
     rows: list[Row] = []
     if jobs <= 1:
         for kind, v in work:
-            rows.append(plan_release(kind, v))
+            rows.append(plan_release(kind, v, scan))
             progress(rows[-1])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(plan_release, kind, v) for kind, v in work]
+            futures = [pool.submit(plan_release, kind, v, scan) for kind, v in work]
             for future in as_completed(futures):
                 rows.append(future.result())
                 progress(rows[-1])
     rows.sort(key=lambda r: (r.kind != "sglang", Version(r.version)))
+    if scan:
+        mark_new(rows)
     return rows
+
+
+# ----------------------------------------------------------------------------- candidates
+
+
+SCAN_SCHEMA = 2
+
+
+def scan_release(kind: str, version: str) -> list[dict[str, Any]]:
+    """The candidate gates of a whole release (every `.py` of its distribution), kept in the
+    release cache under a key of the distribution, the scanner and the patch library: a
+    scan of a whole release takes seconds, and `matrix --scan` reads dozens."""
+    source = releases.fetch(kind, version)
+    key = _scan_key(source)
+    path = releases.cache_dir() / "scans" / f"{kind}-{version}.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc.get("schema") == SCAN_SCHEMA and doc.get("key") == key:
+            return list(doc["candidates"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    from sm120patch.scan import run as scanning
+
+    found = scanning.scan_files(kind, version, trees.package_files(kind, version))
+    wanted = ("file", "line", "function", "expression", "gates", "reason", "key")
+    candidates = [{k: x.to_dict()[k] for k in wanted} for x in found.of("candidate")]
+    doc = {"schema": SCAN_SCHEMA, "key": key, "candidates": candidates}
+    with contextlib.suppress(OSError):  # a read-only cache still scans
+        releases.write_atomic(path, json.dumps(doc, indent=1).encode())
+    return candidates
+
+
+def _scan_key(source: Path) -> str:
+    """sha256 over the distribution, the scanner's code and every pack's patches and tables."""
+    import hashlib
+
+    from sm120patch import __version__, scan
+    from sm120patch.patchkit import arch, runner
+
+    h = hashlib.sha256(f"{__version__}\0{releases.sha256_file(source)}\0".encode())
+    here = Path(next(iter(scan.__path__)))
+    for code in [*sorted(here.glob("*.py")), Path(arch.__file__), Path(runner.__file__)]:
+        h.update(code.name.encode() + b"\0" + code.read_bytes())
+    cat = catalog.load()
+    for pack in {p.name: p for p in cat.sources.values()}.values():
+        h.update(pack.digest().encode())
+    return h.hexdigest()
+
+
+def mark_new(rows: list[Row]) -> None:
+    """Each scanned row's candidates that the previous scanned release of its kind lacks
+    (rows sorted by version; `scan.classify.identities`); the first release of each kind has
+    no previous one."""
+    from sm120patch.scan.classify import identities
+
+    previous: dict[str, set[tuple[str, ...]]] = {}
+    for row in rows:
+        if row.candidates is None:
+            continue
+        seen = previous.get(row.kind)
+        keys: set[tuple[str, ...]] = set()
+        for c in row.candidates:
+            mine = identities(c["file"], c["key"])
+            if seen is not None and not mine & seen:
+                row.new_candidates.append(c)
+            keys |= mine
+        previous[row.kind] = keys
 
 
 def columns(kind: str, profiles: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
@@ -181,7 +270,29 @@ def markdown(rows: list[Row], profiles: Sequence[str] | None = None) -> str:
         for site, first, note in _notes(mine):
             out.append(f"{NOTE_MARK} `{site}` from {DISPLAY[kind]} {first}: {note}")
             out.append("")
+        out += _new_candidates(mine)
     return "\n".join(out)
+
+
+def _new_candidates(rows: list[Row]) -> list[str]:
+    """With --scan: per release, the candidate gates that appeared since the previous one."""
+    scanned = [r for r in rows if r.candidates is not None]
+    if not scanned:
+        return []
+    kind, first = DISPLAY[scanned[0].kind], scanned[0]
+    out = [
+        f"New candidate gates per {kind} release (`sm120patch scan`; the first release "
+        f"scanned, {first.version}, has {len(first.candidates or [])}):",
+        "",
+    ]
+    for r in scanned[1:]:
+        if not r.new_candidates:
+            continue
+        out.append(f"- {kind} {r.version}: {len(r.new_candidates)} new")
+        for c in r.new_candidates:
+            out.append(f"  - `{c['file']}:{c['line']}` `{c['function']}`: `{c['expression']}`")
+    out.append("")
+    return out
 
 
 NOTE_MARK = "*"
@@ -201,7 +312,7 @@ def to_json(rows: list[Row], warnings: Sequence[str] = ()) -> str:
     doc: dict[str, Any] = {
         "rows": [
             {"kind": r.kind, "version": r.version, "profiles": r.profiles, "sites": r.sites,
-             "notes": r.notes}
+             "notes": r.notes, **_scanned(r)}
             for r in rows
             if not r.error
         ],
@@ -211,3 +322,10 @@ def to_json(rows: list[Row], warnings: Sequence[str] = ()) -> str:
         "warnings": list(warnings),
     }
     return json.dumps(doc, indent=2)
+
+
+def _scanned(row: Row) -> dict[str, Any]:
+    """With --scan: how many candidates a row has, and the new ones."""
+    if row.candidates is None:
+        return {}
+    return {"candidates": len(row.candidates), "new_candidates": row.new_candidates}

@@ -128,7 +128,9 @@ def full_range(kind: str) -> str:
 # Files that say what a patched site may rely on: sglang.srt.utils defines the
 # `is_sm120_supported` the SM120 flag imports (a module up to 0.4.x, a package after);
 # environ.py and parallel_state.py say where upstream's PCIe-IPC allreduce exists (0.5.21 on)
-# and that the custom allreduce is tried before it (pcie-allreduce's refusal).
+# and that the custom allreduce is tried before it (pcie-allreduce's refusal). The fp4-gemm
+# and attention tiers read what their helpers rely on: FlashInfer's mm_fp4 backends and
+# CUDA-version probe, SGLang's attention hook (its SM120 refusals), environ and hybrid_arch.
 SUPPORT_FILES: dict[str, tuple[str, ...]] = {
     "sglang": (
         "sglang/srt/utils.py",
@@ -136,8 +138,11 @@ SUPPORT_FILES: dict[str, tuple[str, ...]] = {
         "sglang/srt/utils/common.py",
         "sglang/srt/environ.py",
         "sglang/srt/distributed/parallel_state.py",
+        "sglang/srt/arg_groups/attention_hook.py",
+        "sglang/srt/configs/hybrid_arch.py",
+        "sglang/srt/layers/quantization/modelopt_quant.py",
     ),
-    "flashinfer": (),
+    "flashinfer": ("flashinfer/gemm/gemm_base.py", "flashinfer/jit/cpp_ext.py"),
 }
 
 
@@ -642,3 +647,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# For what the other maintainer tools keep in the cache (matrix's scans).
+write_atomic = _write_atomic

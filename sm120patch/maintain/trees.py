@@ -138,12 +138,7 @@ def _unpack(
 ) -> dict[str, str]:
     """Write the wanted files present in `source` and its METADATA under `dest`; the sha256 of
     each file written, by its path relative to `dest`."""
-    if source.name.endswith(".whl"):
-        members = _wheel_members(source)
-    elif source.name.endswith(".tar.gz"):
-        members = _sdist_members(source, kind)
-    else:
-        raise ReleaseError(f"{source.name}: not a wheel or a .tar.gz sdist")
+    members = _members(source, kind)
     written: dict[str, str] = {}
 
     def write(rel: str, data: bytes) -> None:
@@ -163,8 +158,30 @@ def _unpack(
     return written
 
 
+def package_files(kind: str, version: str) -> Iterator[tuple[str, bytes]]:
+    """(path relative to the package's parent, bytes) of every `.py` file of the release's
+    package, read from its distribution file in the cache (fetched when missing) without
+    unpacking it: what `sm120patch scan` reads of a whole release (an SGLang wheel holds
+    4,700 of them, 68 MB; a tree of them per release would fill the cache)."""
+    check_kind(kind)
+    prefix = PACKAGE[kind] + "/"
+    with _members(fetch(kind, version), kind) as (read, names, _metadata):
+        for rel in sorted(names):
+            if rel.startswith(prefix) and rel.endswith(".py"):
+                yield rel, read(rel)
+
+
 # (read a member by its path, the member paths, the name of the METADATA member)
 Members = tuple[Callable[[str], bytes], set[str], str]
+
+
+def _members(source: Path, kind: str) -> contextlib.AbstractContextManager[Members]:
+    """The members of a wheel or an sdist, by their path relative to the package's parent."""
+    if source.name.endswith(".whl"):
+        return _wheel_members(source)
+    if source.name.endswith(".tar.gz"):
+        return _sdist_members(source, kind)
+    raise ReleaseError(f"{source.name}: not a wheel or a .tar.gz sdist")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,12 @@ Changing it:
   the list keeping its layout for one element or many.
 - `add_module_flag`: `NEW = <expr>` right after its sibling module flag.
 - `add_elif`: a branch right after a branch found by its test.
+- `add_first_branch`: a branch before the first branch of an if statement (which becomes an elif).
 - `insert_before`: statements right before a statement of a block (after its comments).
+- `insert_after`: statements right after a statement of a block (a class body included).
+- `add_function_after`: a module-level function, from its source, right after a module-level def.
+- `append_to_list`: a string appended to a module-level list of strings.
+- `replace_statement`: a statement-level node (a class, a def) replaced by one the patch built.
 
 Imports are not an operation: a result requests them (`Result.needing(Import(...))`) and the
 runner places them once (`patchkit.runner.settle_imports`).
@@ -34,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.model import (
     Result,
+    Status,
     already_applied,
     applied,
     not_applicable,
@@ -254,6 +260,22 @@ def add_module_flag(
     return applied(name, h.insert_after(module, anchors[0], [flag]), f"{name} = {value}")
 
 
+def then(first: Result, second: Result, *, shape: str | None = None) -> Result:
+    """`first` followed by `second` on first's module, for a site that takes two changes:
+    applied when `first` applied and `second` applied or had nothing to do; `first` unchanged
+    when it did not apply; `second` when it refused. The shape and reason stay `first`'s (or
+    `shape`); the imports both request are kept."""
+    if first.status is not Status.APPLIED:
+        return first
+    if second.status is Status.REFUSED:
+        return second
+    module = second.module if second.status is Status.APPLIED else first.module
+    both = (*first.imports, *second.imports)
+    if shape is None:
+        return applied(first.site, module, first.shape, first.reason).needing(*both)
+    return applied(first.site, module, shape).needing(*both)
+
+
 # ----------------------------------------------------------------------------- an elif branch
 
 
@@ -330,3 +352,132 @@ def insert_before(
     if isinstance(block, cst.Module):
         return applied(site, new_block, shape)  # type: ignore[arg-type]
     return applied(site, h.replace(module, block, new_block, scope=block), shape)
+
+
+# ----------------------------------------------------------------------------- a first branch
+
+
+def add_first_branch(
+    module: cst.Module, chain: cst.If, test: cst.BaseExpression, body: cst.BaseSuite, *,
+    site: str, shape: str,
+) -> Result:
+    """`if test: body` before the first branch of the if statement `chain`, which follows it
+    as an `elif` (its own elif and else branches after it): the comment lines above `chain`
+    stay above the new `if`, and the new `if` takes `chain`'s whitespace around its test."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    new_if = cst.If(
+        test=test,
+        body=body,
+        orelse=chain.with_changes(leading_lines=()),
+        leading_lines=chain.leading_lines,
+        whitespace_before_test=chain.whitespace_before_test,
+        whitespace_after_test=chain.whitespace_after_test,
+    )
+    return applied(site, h.replace(module, chain, new_if, scope=chain), shape)
+
+
+# ----------------------------------------------------------------------------- after a statement
+
+
+def insert_after(
+    module: cst.Module, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement], *,
+    site: str, shape: str,
+) -> Result:
+    """`new` right after `anchor`, a statement of a block (or of the module, or of a class
+    body); the statement that followed `anchor` follows `new`."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    block = h.parent_of(module, anchor)
+    if not isinstance(block, (cst.Module, cst.IndentedBlock)):
+        return refused(site, "a statement of an indented block", f"`{h.code(anchor)}`")
+    body = list(block.body)
+    index = next(i for i, stmt in enumerate(body) if stmt is anchor)
+    body[index + 1 : index + 1] = list(new)
+    new_block = block.with_changes(body=body)
+    if isinstance(block, cst.Module):
+        return applied(site, new_block, shape)  # type: ignore[arg-type]
+    return applied(site, h.replace(module, block, new_block, scope=block), shape)
+
+
+def add_function_after(
+    module: cst.Module, anchor: cst.FunctionDef, source: str, *, site: str, shape: str = ""
+) -> Result:
+    """The function `source` (written with "\\n" newlines) at module level right after the
+    module-level def `anchor`, two blank lines above it, in the module's own newline."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    new = h.parse_statement(source.replace("\n", module.default_newline), module)
+    new = new.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    if not any(stmt is anchor for stmt in module.body):
+        return refused(site, "a module-level function to add the helper after", "a nested one")
+    return insert_after(module, anchor, [new], site=site, shape=shape)
+
+
+# ----------------------------------------------------------------------------- a list of strings
+
+
+def append_to_list(
+    module: cst.Module, *, name: str, add: str, expect: Sequence[str] = (), site: str | None = None,
+) -> Result:
+    """`NAME = [..., "x"]` -> `[..., "x", "add"]`, for the one module-level assignment of NAME
+    to a list of string literals holding every string of `expect`. The new element takes the
+    separator the others use (one per line stays one per line) and the last element's comma;
+    already-applied where `add` is in the list; refused for any other value."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    site = site or name
+    stmts = h.module_assignments(module, name)
+    want = f"one module-level `{name} = [...]` of strings"
+    if len(stmts) != 1:
+        return refused(site, want, f"{len(stmts)} such assignments")
+    assign = stmts[0].body[0]
+    value = assign.value  # type: ignore[attr-defined]
+    if not isinstance(value, cst.List) or not value.elements or not all(
+        isinstance(el.value, cst.SimpleString) for el in value.elements
+    ):
+        return refused(site, want, f"`{h.code(stmts[0])}`")
+    found = [el.value.evaluated_value for el in value.elements]  # type: ignore[attr-defined]
+    if add in found:
+        return already_applied(site, f"{name} holds {add!r}")
+    missing = [s for s in expect if s not in found]
+    if missing:
+        return refused(site, f"{name} holding {', '.join(map(repr, expect))}",
+                       f"{found} (no {', '.join(map(repr, missing))})")
+    last = value.elements[-1]
+    if len(value.elements) > 1:
+        sep = value.elements[0].comma
+    else:
+        sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    quote = last.value.quote  # type: ignore[attr-defined]
+    elements = [
+        *value.elements[:-1],
+        last.with_changes(comma=sep),
+        cst.Element(cst.SimpleString(f"{quote}{add}{quote}"), comma=last.comma),
+    ]
+    new_stmt = stmts[0].with_changes(
+        body=[assign.with_changes(value=value.with_changes(elements=elements))]
+    )
+    body = [new_stmt if s is stmts[0] else s for s in module.body]
+    return applied(site, module.with_changes(body=body), f"{name} += [{add!r}]")
+
+
+# ----------------------------------------------------------------------------- a whole statement
+
+
+def replace_statement(
+    module: cst.Module, old: cst.CSTNode, new: cst.CSTNode, *, site: str, shape: str
+) -> Result:
+    """`module` with the statement-level node `old` (a class, a def, an if) replaced by `new`,
+    which the patch built from it (and checked); only the blocks above `old` are rebuilt."""
+    from sm120patch.patchkit import syntax as h
+
+    return applied(site, h.replace(module, old, new, scope=old), shape)

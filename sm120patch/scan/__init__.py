@@ -1,0 +1,2 @@
+"""`sm120patch scan`: the GPU-arch gates of a target that leave SM120 out, and which patch
+covers each (gates.py finds them, classify.py says what each is, report.py renders)."""

@@ -1,0 +1,130 @@
+"""`scan` on whole real releases (every `.py` of the wheel, read from the release cache): every
+site a patch changes reads `covered` on every release inside the pins of its profile, and the
+gates of SGLang 0.5.23 no profile covered when they were found read `candidate` (or `covered`,
+once a profile's patch changes them: the expectation is read from the catalog)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+from realcache import release_set, workers
+
+from sm120patch.maintain import releases, trees
+from sm120patch.plan import catalog
+from sm120patch.scan import run
+
+pytestmark = pytest.mark.real
+
+# Patches that change no gate, by design, with the reason.
+NOT_GATES = {
+    "sglang.sm120-flag": "defines the module flag the fusion gate tests: a definition of the "
+    "arch words, not a gate",
+    "sglang.pcie-allreduce": "the PCIe GPU-count test (`world_size > 2 and not full_nvlink`) "
+    "names no arch",
+}
+
+# Gates of SGLang 0.5.23 that no profile covered when `scan` first read that release: the FP4
+# GEMM auto choice, GDN's prefill default, the MHA attention default. (file, function, a part of
+# the expression.)
+KNOWN_0523 = [
+    ("sglang/srt/layers/quantization/fp4_utils.py", "initialize_fp4_gemm_config",
+     "get_platform().is_sm100"),
+    ("sglang/srt/layers/attention/linear/gdn_backend.py", "flashinfer_gdn_prefill_default",
+     "sm_major not in (9, 10)"),
+    ("sglang/srt/arg_groups/model_override_base.py", "get_default_attn_backend",
+     "get_platform().is_sm100 and is_no_spec_infer_or_topk_one"),
+]  # fmt: skip
+
+CASES = [(kind, v) for kind in releases.KINDS for v in release_set(kind)]
+
+
+def _scan(case: tuple[str, str]) -> run.TargetScan:
+    kind, version = case
+    return run.scan_files(kind, version, trees.package_files(kind, version))
+
+
+@pytest.fixture(scope="session")
+def scans(real: object) -> dict[tuple[str, str], run.TargetScan]:
+    """Every release of the session scanned once, in parallel (`real` checks the cache)."""
+    n = min(workers(), len(CASES))
+    if n <= 1:
+        return {case: _scan(case) for case in CASES}
+    # SGLang's big releases first, so the pool does not end on a long tail.
+    order = sorted(CASES, key=lambda c: (c[0] != "sglang", c[1]), reverse=False)
+    with ProcessPoolExecutor(max_workers=n) as pool:
+        return dict(zip(order, pool.map(_scan, order), strict=True))
+
+
+def _fact(patch_id: str, version: str):  # noqa: ANN202
+    patch = catalog.load().patches[patch_id]
+    facts = patch.facts_at(version)
+    return facts[0] if facts else None
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_every_site_a_patch_changes_reads_covered(
+    scans: dict[tuple[str, str], run.TargetScan], case: tuple[str, str]
+) -> None:
+    kind, version = case
+    found = scans[case]
+    cat = catalog.load()
+    checked = 0
+    for profile in cat.profiles.values():
+        if kind not in profile.targets or not profile.pinned(kind, version):
+            continue
+        for o in found.outcomes:
+            if o.profile != profile.name or o.outcome != "applied" or o.patch in NOT_GATES:
+                continue
+            covered = [
+                x
+                for x in found.of("covered")
+                if any(c.profile == profile.name and c.patch == o.patch for c in x.covered_by)
+            ]
+            assert covered, (
+                f"{o.patch} applies on {kind} {version} ({profile.name}, {o.file}::{o.site}) "
+                "and the scan reports no gate it covers"
+            )
+            fact = _fact(o.patch, version)
+            for x in covered:
+                assert x.gate.file == o.file, f"{o.patch}: {x.gate.file}:{x.gate.line}"
+                if fact is not None and fact.function:
+                    assert x.gate.function == fact.function, (
+                        f"{o.patch} on {version}: covers {x.gate.function}, its fact names "
+                        f"{fact.function}"
+                    )
+            checked += 1
+    if not checked:
+        pytest.skip(f"no patch changes a gate of {kind} {version} (outside the pins, or upstream)")
+
+
+@pytest.mark.parametrize("where", KNOWN_0523, ids=lambda w: w[1])
+def test_known_gates_of_0523_read_candidate_until_a_profile_covers_them(
+    scans: dict[tuple[str, str], run.TargetScan], where: tuple[str, str, str]
+) -> None:
+    if ("sglang", "0.5.23") not in scans:
+        pytest.skip("SGLang 0.5.23 is not in this session's releases")
+    file, function, part = where
+    found = scans[("sglang", "0.5.23")]
+    gates = [x for x in found.gates if x.gate.file == file and x.gate.function == function]
+    hits = [x for x in gates if part in x.gate.key[2]]  # the whole expression
+    assert len(hits) == 1, [x.gate.expression for x in gates]
+    # Covered once a patch of the catalog changes this function on 0.5.23, else a candidate.
+    patches = [
+        p.id
+        for p in catalog.load().patches.values()
+        if any(f.file == file and f.function == function for f in p.facts_at("0.5.23"))
+    ]
+    if patches:
+        assert hits[0].cls == "covered", hits[0].reason
+        assert {c.patch for c in hits[0].covered_by} & set(patches)
+    else:
+        assert hits[0].cls == "candidate", hits[0].reason
+
+
+def test_a_whole_sglang_release_in_seconds(scans: dict[tuple[str, str], run.TargetScan]) -> None:
+    """Text first: most files are never parsed."""
+    for (kind, version), found in scans.items():
+        if kind == "sglang":
+            assert found.files_parsed < found.files_read / 4, (version, found.files_parsed)
+            assert not found.problems, (version, found.problems[:3])
