@@ -294,7 +294,6 @@ PATCH = Patch(
         "an explicit --fp4-gemm-backend are unchanged, as in sgl-project/sglang PR 38170. "
         "Needs sglang.fp4-gemm-enum (the member it selects)."
     ),
-    files=(FP4_UTILS,),
     marker=f"def {SITE}",
     facts=FACTS,
     upstream="https://github.com/sgl-project/sglang/pull/38170",

@@ -131,7 +131,6 @@ PATCH = Patch(
         "tuning pass would stop and every GEMM run b12x's default tile. The patch adds "
         "is_flashinfer_b12x() to that condition, as sgl-project/sglang PR 38170 does."
     ),
-    files=(FLASHINFER_AUTOTUNE, BASE_RUNNER, MODEL_RUNNER),
     marker=f"{TARGET} =",
     facts=FACTS,
     upstream="https://github.com/sgl-project/sglang/pull/38170",
