@@ -115,13 +115,19 @@ def locked(profile: str | None, lock_path: str | None) -> Locked:
     """PROFILE and/or --locked LOCKFILE, read and checked against each other."""
     if not lock_path:
         if not profile:
-            raise UsageError("give a PROFILE (see `sm120patch list`) or --locked LOCKFILE")
+            raise UsageError(
+                "give a profile or --locked with a lock file",
+                "`sm120patch list` shows the profiles; `moe` is the recommended one",
+            )
         return Locked(profile)
     from sm120patch.plan import lockfile
 
     lock = lockfile.read(Path(lock_path))
     if profile and profile != lock.profile:
-        raise UsageError(f"{lock_path} locks profile {lock.profile}, not {profile}")
+        raise UsageError(
+            f"{lock_path} locks profile {lock.profile}, not {profile}",
+            f"leave the profile out (the lock says {lock.profile}), or use a lock of {profile}",
+        )
     return Locked(lock.profile, lock, lock_path, lockfile.check(lock, Path(lock_path)))
 
 
@@ -152,6 +158,15 @@ def held_here(cat: Catalog) -> dict[str, list[str]]:
         if why:
             held[p.name] = why
     return held
+
+
+def profile_names(packs: tuple[str, ...]) -> list[str]:
+    """The profiles' names, the packs' included (shell completion); none where a pack is
+    broken: completion is no place for a traceback."""
+    try:
+        return list(Session(packs=packs).catalog.profiles)
+    except Exception:
+        return []
 
 
 def show(session: Session, name: str) -> Profile:
@@ -228,7 +243,10 @@ def revert(
     from sm120patch.engine import revert as reverting
 
     if bool(profile) == every:
-        raise UsageError("give exactly one of PROFILE or --all")
+        raise UsageError(
+            "give exactly one of a profile or --all",
+            "`sm120patch status` shows what is applied",
+        )
     name = None if every else profile
     if dry_run:
         return reverting.revert_dry_run(name, session.paths, force=force)
@@ -271,10 +289,11 @@ def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
 def export(
     session: Session, profile: str, out_dir: str, *, force: bool, overwrite: bool
 ) -> list[Exported]:
+    from sm120patch.engine import pristine
     from sm120patch.plan import export as exporting
-    from sm120patch.plan import planner
 
-    plan = planner.checked(profile, session.paths, force=force)
+    # On a reference box the profile is usually applied: planned from the pristine side.
+    plan = pristine.export_plan(profile, session.paths, force=force)
     return exporting.write(plan, Path(out_dir), overwrite=overwrite)
 
 
@@ -348,7 +367,10 @@ def matrix(
         try:
             SpecifierSet(spec or "")
         except InvalidSpecifier:
-            raise UsageError(f"--{kind} {spec!r} is not a PEP 440 specifier") from None
+            raise UsageError(
+                f"--{kind} {spec!r} is not a PEP 440 specifier",
+                f"e.g. --{kind} '>=0.5.8' or --{kind} '==0.5.10.post1'",
+            ) from None
     progress = Progress(quiet=progress_quiet)
     with progress.phase("reading the release index", len(chosen)):
         selection = planning.releases_for(chosen, progress=progress.advance)
@@ -472,7 +494,8 @@ def trial(
     if request.export_path and measure is None:
         raise UsageError(
             "--export needs --measure",
-            "or export a recorded trial: `sm120patch trial show ID --export FILE`",
+            "add --measure, or export the latest recorded trial: "
+            f"`sm120patch trial show --export {request.export_path}`",
         )
     for line in session.known_lines(request.profile, list(request.command)):
         on_known(line)

@@ -9,7 +9,6 @@ API); 75 a run left its journal (`recover`), 130 interrupted.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from sm120patch import __version__, app, render
-from sm120patch.errors import Sm120Error, UsageError
+from sm120patch.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,70 +47,10 @@ def with_targets(fn: F) -> F:
     return fn
 
 
-JSON_META = "sm120patch.json"
-
-
-def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-    # ctx.meta is shared by every context of one invocation: the group's error rendering
-    # reads it to answer in JSON when the command was asked for JSON.
-    if value:
-        ctx.meta[JSON_META] = True
-    return value
-
-
 json_option = click.option(
-    "--json", "as_json", is_flag=True, callback=_remember_json, help="Print JSON for scripts."
+    "--json", "as_json", is_flag=True, callback=render.remember_json, help="Print JSON for scripts."
 )
-
-
-def fail(error: Sm120Error, as_json: bool) -> None:
-    click.echo(f"sm120patch: {error.message}", err=True)
-    if error.hint:
-        click.echo(f"  next: {error.hint}", err=True)
-    if as_json:
-        emit_json(
-            {
-                "error": error.message,
-                "next": error.hint or None,
-                "exit_code": error.exit_code,
-                **error.details,
-            }
-        )
-    sys.exit(error.exit_code)
-
-
-class Group(click.Group):
-    """Renders every command's errors: a typed error is one line plus what to do (and JSON on
-    stdout with --json); anything else is a bug (exit 4)."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except Sm120Error as exc:
-            fail(exc, bool(ctx.meta.get(JSON_META)))
-        except KeyboardInterrupt:
-            click.echo("sm120patch: interrupted", err=True)
-            click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
-            sys.exit(130)
-        except BrokenPipeError:
-            # `sm120patch status | head -1`: the reader left. Point stdout at /dev/null so the
-            # interpreter's last flush does not fail a second time.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            click.echo("sm120patch: standard output was closed before all was written", err=True)
-            sys.exit(1)
-        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
-            raise
-        except Exception as exc:
-            if os.environ.get("SM120PATCH_DEBUG"):
-                raise
-            click.echo(f"sm120patch: internal error: {type(exc).__name__}: {exc}", err=True)
-            click.echo(
-                "  next: rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
-                "`sm120patch status` shows the state of your trees",
-                err=True,
-            )
-            sys.exit(4)
+paste, emit_json = render.paste, render.emit_json
 
 
 # ---- signals ------------------------------------------------------------------------------
@@ -167,11 +106,7 @@ def run() -> None:
     os._exit(code)
 
 
-def emit_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, default=str))
-
-
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=render.Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sm120patch")
 @click.option(
     "--patches",
@@ -188,19 +123,34 @@ def main(ctx: click.Context, pack_dirs: tuple[str, ...]) -> None:
     ctx.obj = tuple(pack_dirs)
 
 
+def complete_profile(ctx: click.Context, param: object, incomplete: str) -> list[Any]:
+    """Shell completion of PROFILE: the profile names, the packs' (--patches) included."""
+    from click.shell_completion import CompletionItem
+
+    packs = tuple(ctx.find_root().params.get("pack_dirs") or ())
+    return [CompletionItem(n) for n in app.profile_names(packs) if n.startswith(incomplete)]
+
+
 def session(sglang: str | None = None, flashinfer: str | None = None) -> app.Session:
     """The command's session: its targets and the group's --patches."""
-    packs = click.get_current_context().find_root().obj or ()
-    return app.Session(sglang, flashinfer, packs)
+    root = click.get_current_context().find_root()
+    root.meta[render.PATHS_META] = {"sglang": sglang, "flashinfer": flashinfer}  # hints use it
+    return app.Session(sglang, flashinfer, root.obj or ())
+
+
+def colour_wanted() -> bool:
+    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
 def show(text: render.Text) -> None:
     for line in text.err:
-        click.echo(line, err=True)
+        click.echo(paste(line), err=True)
     for line in text.out:
-        click.echo(line)
+        click.echo(paste(line))
     if text.raw:
-        click.echo(text.raw, nl=False)
+        colour = colour_wanted()
+        click.echo(render.coloured(text.raw) if colour else text.raw, nl=False, color=colour)
 
 
 def echo_err(line: str) -> None:
@@ -227,7 +177,7 @@ def list_cmd(as_json: bool) -> None:
 
 
 @main.command("show")
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 def show_cmd(profile: str) -> None:
     """Show a profile: its patches, why each exists, the shapes each knows, its pins."""
     s = session()
@@ -244,7 +194,7 @@ locked_option = click.option(
 
 
 @main.command("apply")
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete_profile)
 @with_targets
 @click.option("--dry-run", is_flag=True, help="Print the unified diff and change nothing.")
 @locked_option
@@ -271,6 +221,7 @@ def apply_cmd(
         found = app.apply_dry_run(s, want, force=force, gpu_check=not no_gpu_check,
                                   on_known=known)  # fmt: skip
         if as_json:
+            show(render.Text(err=render.dry_run_warnings(found)))
             emit_json(render.dry_run_doc(found))
         else:
             show(render.dry_run(found))
@@ -283,7 +234,7 @@ def apply_cmd(
 
 
 @main.command("ensure")
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete_profile)
 @with_targets
 @locked_option
 @click.option("--force", is_flag=True, help="Allow versions outside the profile's pins.")
@@ -316,7 +267,7 @@ def ensure_cmd(
 
 
 @main.command("revert")
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete_profile)
 @click.option("--all", "all_", is_flag=True, help="Revert whatever sm120patch applied.")
 @with_targets
 @click.option("--force", is_flag=True, help="Discard your edits to patched files.")
@@ -383,6 +334,10 @@ class _TrialGroup(click.Group):
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        # `trial <TAB>`: a profile (the default subcommand's argument) or `show`.
+        return [*complete_profile(ctx, self, incomplete), *super().shell_complete(ctx, incomplete)]
+
 
 @main.group("trial", cls=_TrialGroup)
 def trial_group() -> None:
@@ -400,7 +355,7 @@ MEASURE_OPTIONS = (
 
 
 @trial_group.command("run", context_settings={"ignore_unknown_options": True})
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 @with_targets
 @click.option("--ready-url", metavar="URL", help="Ready when this URL answers 2xx.")
 @click.option("--ready-pattern", metavar="REGEX", help="Ready when an output line matches.")
@@ -472,7 +427,8 @@ def trial_cmd(
         )
     except TrialCrashed as exc:
         if as_json and exc.record is not None:
-            emit_json({**exc.record, "error": exc.message, "next": exc.hint, "exit_code": 3})
+            emit_json({**exc.record, "error": paste(exc.message), "next": paste(exc.hint),
+                       "exit_code": 3})  # fmt: skip
             sys.exit(exc.exit_code)
         raise
     if request.export_path:
@@ -544,7 +500,7 @@ def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
 
 
 @main.command("pin")
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 @with_targets
 @click.option(
     "-o",
@@ -563,7 +519,7 @@ def pin_cmd(
 
 
 @main.command("export")
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete_profile)
 @with_targets
 @click.option(
     "-o",
@@ -631,7 +587,7 @@ def new_patch_cmd(**options: Any) -> None:
 @click.option(
     "-j",
     "--jobs",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Releases planned in parallel (default: the CPU count).",
 )
@@ -653,7 +609,9 @@ def matrix_cmd(
     site. Releases come from pip's configured index (pip config, PIP_INDEX_URL) into the release
     cache; offline, the cached release list is used with a warning."""
     if as_json and as_markdown:
-        raise UsageError("give at most one of --json and --markdown")
+        raise UsageError(
+            "give at most one of --json and --markdown", "Markdown is the default; drop one"
+        )
     found = app.matrix(
         session(),
         {"sglang": sglang_spec, "flashinfer": flashinfer_spec},

@@ -1,13 +1,23 @@
 """Results in words: each function turns one command's typed result into the lines it prints,
 split into standard output (what a script would capture: a diff, a table) and standard error
-(what is said about it). JSON documents come from each result's `to_dict`.
+(what is said about it). JSON documents come from each result's `to_dict`. Errors too: the
+click group every command runs in prints a typed error as one line and what to do next (a
+hint that pastes: the command's own paths and packs), JSON under --json, usage errors included.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import click
+
+from sm120patch.errors import Sm120Error
 
 if TYPE_CHECKING:
     from sm120patch.app import DryRun, Matrix, Pinned, Shown, Trialled
@@ -20,6 +30,86 @@ if TYPE_CHECKING:
     from sm120patch.scan.run import Report as ScanReport
 
 
+def error_doc(
+    message: str, hint: str, exit_code: int, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An error as `--json` prints it."""
+    return {"error": message, "next": hint or None, "exit_code": exit_code, **(details or {})}
+
+
+def json_asked(flag: bool, argv: Sequence[str]) -> bool:
+    """--json given: its flag parsed, or in the words before `--` (a trial's command) when
+    the command line failed to parse before the flag's callback ran."""
+    return flag or "--json" in list(argv)[: ([*argv, "--"]).index("--")]
+
+
+def fallback_hint(exit_code: int, verb: str | None) -> str:
+    """What to do after an error that brings no hint of its own."""
+    if exit_code == 2:
+        return f"see `sm120patch {verb} --help`" if verb else "see `sm120patch --help`"
+    return "`sm120patch status` shows the state of the trees"
+
+
+# The commands whose --sglang/--flashinfer name targets (matrix's name release specifiers).
+TARGET_VERBS = frozenset(
+    {"apply", "revert", "ensure", "status", "recover", "doctor", "pin", "export", "explain",
+     "trial"}
+)  # fmt: skip
+# ...and those that are no command without an argument (`sm120patch pin` names the tool's verb)
+NEED_ARGUMENT = frozenset({"apply", "revert", "ensure", "pin", "export", "trial"})
+_COMMAND = re.compile(r"`sm120patch((?: [^`]*)?)`")
+
+
+def pasteable(text: str, paths: Mapping[str, str | None], packs: Sequence[str] = ()) -> str:
+    """Every `sm120patch ...` in `text` as the user can paste it: with the --patches of the
+    command it follows and, for a command on targets, its --sglang/--flashinfer paths (made
+    absolute), where the words do not name them already."""
+    import shlex
+
+    def complete(match: re.Match[str]) -> str:
+        words = match.group(1).split(" ")[1:]
+        if not words or (len(words) == 1 and words[0] in NEED_ARGUMENT):
+            return match.group(0)
+        front = [w for d in packs for w in ("--patches", shlex.quote(os.path.abspath(d)))]
+        if "--patches" in words:
+            front = []
+        targets = []
+        if words[0] in TARGET_VERBS and "--help" not in words:
+            for kind, path in paths.items():
+                if path and f"--{kind}" not in words:
+                    targets += [f"--{kind}", shlex.quote(os.path.abspath(path))]
+        if "--" in words:  # a trial's own options go before its command
+            at = words.index("--")
+            words = [*words[:at], *targets, *words[at:]]
+        else:
+            words = [*words, *targets]
+        return "`" + " ".join(["sm120patch", *front, *words]) + "`"
+
+    return _COMMAND.sub(complete, text)
+
+
+_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),
+                ("+", "green"), ("-", "red"))  # fmt: skip
+
+
+def coloured(diff: str) -> str:
+    """A unified diff with the colours of `git diff` (for a terminal): added lines green,
+    removed red, hunk headers cyan, file headers bold."""
+    out = []
+    for line in diff.splitlines(True):
+        style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), None)
+        if style is None:
+            out.append(line)
+            continue
+        body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+        out.append(
+            click.style(body, bold=True) + end
+            if style == "bold"
+            else click.style(body, fg=style) + end
+        )
+    return "".join(out)
+
+
 @dataclass
 class Text:
     out: list[str] = field(default_factory=list)
@@ -30,11 +120,13 @@ class Text:
 
 def profiles(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> Text:
     """`list`; `held`: per profile, why it is not recommended here (app.held_here)."""
+    from sm120patch.patchkit.versions import range_text
+
     text = Text()
     held = held or {}
     width = max([len(p.name) for p in cat.profiles.values()] + [8])
     for p in cat.profiles.values():
-        pins = ", ".join(f"{k} {v}" for k, v in p.pins.items())
+        pins = ", ".join(f"{k} {range_text(v)}" for k, v in p.pins.items())
         origin = cat.profile_sources[p.name]
         where = "" if origin.built_in else f" (from {origin.name})"
         status = f"{p.status}, not here" if held.get(p.name) else p.status
@@ -50,6 +142,8 @@ def profiles(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> Text:
 
 
 def profiles_doc(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> dict[str, Any]:
+    from sm120patch.patchkit.versions import range_text
+
     held = held or {}
     return {
         "profiles": [
@@ -58,7 +152,7 @@ def profiles_doc(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> d
                 "title": p.title,
                 "status": p.status,
                 "patches": list(p.patches),
-                "pins": {k: str(v) for k, v in p.pins.items()},
+                "pins": {k: range_text(v) for k, v in p.pins.items()},
                 "source": cat.profile_sources[p.name].name,
                 "not_recommended_here": held.get(p.name, []),
             }
@@ -72,10 +166,12 @@ def profiles_doc(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> d
 
 
 def profile(cat: Catalog, prof: Profile) -> Text:
+    from sm120patch.patchkit.versions import range_text
+
     text = Text()
     text.out.append(f"{prof.name} [{prof.status}]: {prof.title}")
     for k, v in prof.pins.items():
-        text.out.append(f"  pinned on {k} {v}")
+        text.out.append(f"  pinned on {k} {range_text(v)}")
     for r in prof.refuse:
         text.out.append(f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}")
     if prof.known:
@@ -122,14 +218,20 @@ def report(found: Report) -> Text:
     return text
 
 
-def dry_run(found: DryRun) -> Text:
-    """The apply minus the writes: the diff on stdout, what is said about it on stderr."""
-    text = Text()
+def dry_run_warnings(found: DryRun) -> list[str]:
+    """What a dry run warns of on stderr, with --json too (the Ansible module's check mode
+    reads the GPU warning there)."""
     if found.gpu is not None and not found.gpu["has_sm120"]:
-        text.err.append(
+        return [
             f"warning: no SM120 GPU here ({found.gpu['summary']}); a real apply "
             "will refuse without --no-gpu-check"
-        )
+        ]
+    return []
+
+
+def dry_run(found: DryRun) -> Text:
+    """The apply minus the writes: the diff on stdout, what is said about it on stderr."""
+    text = Text(err=dry_run_warnings(found))
     for tp in found.plan.targets:
         t = tp.target
         text.err.append(f"# {t.name} {t.version} ({t.layout}) at {t.root}")
@@ -378,3 +480,102 @@ def scan(found: ScanReport, *, as_json: bool, all_: bool) -> Text:
 
         return Text(out=[json.dumps(found.to_dict(), indent=2)])
     return Text(raw=report.text(found, all_=all_))
+
+
+# ---- errors, as every command prints them ---------------------------------------------------
+
+
+def emit_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, default=str))
+
+
+JSON_META = "sm120patch.json"
+
+
+def remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    # ctx.meta is shared by every context of one invocation: the group's error rendering
+    # reads it to answer in JSON when the command was asked for JSON.
+    if value:
+        ctx.meta[JSON_META] = True
+    return value
+
+
+def paste(text: str) -> str:
+    """`text` with each `sm120patch ...` in it completed with this command's paths and packs."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or ()) if root else text
+
+
+def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:
+    """One line and what to do (every refusal has a next), and the same as JSON with --json."""
+    hint = paste(error.hint or fallback_hint(error.exit_code, verb))
+    click.echo(f"sm120patch: {paste(error.message)}", err=True)
+    click.echo(f"  next: {hint}", err=True)
+    if as_json:
+        emit_json(error_doc(paste(error.message), hint, error.exit_code, error.details))
+    sys.exit(error.exit_code)
+
+
+ARGV_META, PATHS_META = "sm120patch.argv", "sm120patch.paths"  # argv; the targets given
+
+
+def json_wanted(ctx: click.Context) -> bool:
+    return json_asked(bool(ctx.meta.get(JSON_META)), ctx.meta.get(ARGV_META, []))
+
+
+def usage_failed(ctx: click.Context, error: click.UsageError) -> None:
+    """A command line click could not parse: its text on stderr and, under --json, a JSON
+    document as for every other error, exit 2."""
+    if not json_wanted(ctx):
+        raise error
+    error.show()
+    verb = error.ctx.info_name if error.ctx is not None and error.ctx.parent else None
+    hint = fallback_hint(error.exit_code, verb)
+    emit_json(error_doc(error.format_message(), hint, error.exit_code))
+    sys.exit(error.exit_code)
+
+
+class Group(click.Group):
+    """Renders every command's errors: a typed error is one line plus what to do (and JSON on
+    stdout with --json); anything else is a bug (exit 4)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta.setdefault(ARGV_META, list(args))
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            usage_failed(ctx, exc)
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            usage_failed(ctx, exc)
+            raise
+        except Sm120Error as exc:
+            fail(exc, json_wanted(ctx), ctx.invoked_subcommand)
+        except KeyboardInterrupt:
+            click.echo("sm120patch: interrupted", err=True)
+            click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
+            sys.exit(130)
+        except BrokenPipeError:
+            # `sm120patch status | head -1`: the reader left. Point stdout at /dev/null so the
+            # interpreter's last flush does not fail a second time.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            click.echo("sm120patch: standard output was closed before all was written", err=True)
+            sys.exit(1)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
+            raise
+        except Exception as exc:
+            if os.environ.get("SM120PATCH_DEBUG"):
+                raise
+            click.echo(f"sm120patch: internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo(
+                "  next: rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
+                "`sm120patch status` shows the state of your trees",
+                err=True,
+            )
+            sys.exit(4)

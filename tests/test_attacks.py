@@ -218,7 +218,7 @@ def test_recover_after_an_upgrade_writes_nothing_of_the_old_release(tmp_path):
     new = upgrade(sg, "sglang", "0.5.8", "0.5.9")
     code, out, err = cli("recover", *where)
     assert code == 0, err
-    assert "nothing of 0.5.8 was written back" in out and "`sm120patch apply all`" in out, out
+    assert "nothing of 0.5.8 was written back" in out and "`sm120patch apply all " in out, out
     for rel, data in new.items():
         assert (sg / rel).read_bytes() == data, rel
     assert tree_hash(fi) == fi_pristine
@@ -269,10 +269,12 @@ def test_a_poisoned_plan_cache_entry_is_never_written(where, poison, attacker, s
     assert proc.returncode == 0, proc.stderr
     [entry] = (private / "plans").glob("*.json.z")
     doc = json.loads(zlib.decompress(entry.read_bytes()))
-    clean = {f["file"]: f["after"] for f in doc["files"]}
+    clean = {f["file"]: f["after"] for f in doc["files"] if f["file"]}  # "": no such file here
+    assert clean
     added = "\nimport os; os.system('id')\n" if poison == "a line" else "\ndef (:\n"
     for f in doc["files"]:
-        f["after"] += added
+        if f["file"]:
+            f["after"] += added
     poisoned = zlib.compress(json.dumps(doc).encode())
     if where == "a shared SM120PATCH_CACHE":
         cache = shared / "cache"

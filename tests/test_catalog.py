@@ -17,7 +17,7 @@ def test_a_profile_names_its_patches_and_what_is_outside_its_pins():
     prof = cat.profile("all")
     assert [p.id for p in cat.patches_of(prof)] == list(prof.patches)
     assert catalog.pin_problems(prof, {"sglang": "0.5.7", "flashinfer": "0.6.1"}) == [
-        "sglang 0.5.7 is outside the pins of profile all (sglang <0.5.24,>=0.5.8)"
+        "sglang 0.5.7 is outside the pins of profile all (sglang >=0.5.8,<0.5.24)"
     ]
     assert catalog.pin_problems(cat.profile("moe"), {"sglang": "0.5.9.post1"}) == []
     with pytest.raises(UsageError, match="unknown profile 'nope'; known profiles: all, attention, fp4-gemm, fusion"):
@@ -29,7 +29,7 @@ def test_pin_problems_bad_version_and_labels():
     [line] = catalog.pin_problems(prof, {"sglang": "banana"}, {"sglang": ("SGLang", "version.py")})
     assert line == (
         "SGLang version 'banana' (from version.py) is not a PEP 440 version; "
-        "profile moe is pinned to <0.5.24,>=0.5.8"
+        "profile moe is pinned to >=0.5.8,<0.5.24"
     )
     # a kind the profile does not pin is not its business
     assert catalog.pin_problems(prof, {"flashinfer": "0.1"}) == []
@@ -68,7 +68,7 @@ def test_check_pins_keeps_its_signature_and_messages():
     target = SimpleNamespace(kind="flashinfer", name="FlashInfer", version="0.3.0",
                              version_source="METADATA")
     assert check_pins(prof, [target]) == [
-        "FlashInfer 0.3.0 is outside the pins of profile fusion (flashinfer <0.7.5,>=0.3.1)"
+        "FlashInfer 0.3.0 is outside the pins of profile fusion (flashinfer >=0.3.1,<0.7.5)"
     ]
 
 

@@ -26,6 +26,7 @@ from sm120patch.engine.run import (
     TargetRun,
     check_evidence,
     check_restored,
+    check_writable,
     locked,
     new_txn,
     refuse_unfinished,
@@ -114,17 +115,17 @@ def _preflight(
             applied.append((ctx, found))
             continue
         if found.state in (assess.State.GONE, assess.State.REPLACED):
-            prep.notes.append(f"{ctx.target.name} at {ctx.target.root}: {found.message}")
+            prep.notes.append(f"{ctx.target.at}: {found.message}")
             prep.stale.append(ctx)
             continue
         if other != profile.name:
             raise Refused(
-                f"profile {other} is applied on {ctx.target.root} ({found.state})",
+                f"profile {other} is applied on {ctx.target.at} ({found.state})",
                 f"revert it first (`sm120patch revert {other}`), then "
                 f"`sm120patch apply {profile.name}`",
             )
         raise Refused(
-            f"{ctx.target.root}: {found.message}",
+            f"{ctx.target.at}: {found.message}",
             f"see `sm120patch status`; `sm120patch revert {other} --force` discards the "
             "edits, then apply again",
         )
@@ -135,7 +136,7 @@ def _preflight(
         prep.nothing_to_do = True
         prep.notes.append(
             f"profile {profile.name} is already applied: every touched file has the bytes "
-            "sm120patch wrote" + (" and the lock's" if lock is not None else "")
+            "sm120patch wrote" + (", the bytes the lock records" if lock is not None else "")
         )
         return prep
     cat = catalog.load()
@@ -164,7 +165,7 @@ def _preflight(
         if not tp.changed:
             continue
         for f in tp.changed:
-            _check_writable(ctx.path(tp.target.rel(f.file)))
+            check_writable(ctx.path(tp.target.rel(f.file)))
         prep.branches[ctx.target.kind] = ctx.layout.patch_branch(profile.name)
     return prep
 
@@ -175,23 +176,9 @@ def check_applied_matches_lock(ctx: TargetRun, found: Assessment, lock: Lock) ->
     have = {f.module: f.after for f in found.manifest.files}
     if want != have or lock.versions.get(ctx.target.kind) != ctx.target.version:
         raise Refused(
-            f"{ctx.target.root}: profile {found.profile} is applied, but not as the lock says "
+            f"{ctx.target.at}: profile {found.profile} is applied, but not as the lock says "
             "(other files, bytes or version)",
             f"revert it (`sm120patch revert {found.profile}`), then apply the lock",
-        )
-
-
-def _check_writable(path: Path) -> None:
-    """Before the journal: every file we will write can be written, as a regular file."""
-    if path.is_symlink():
-        raise Refused(
-            f"{path} is a symbolic link; sm120patch writes regular files only",
-            "replace the link by the file it points to, or patch the tree it points into",
-        )
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise Refused(
-            f"cannot write in {path.parent} (permission denied); nothing was changed",
-            "run sm120patch as a user who can write there, or make it writable",
         )
 
 
@@ -219,7 +206,7 @@ def dry_run(
     profile = catalog.load().profile(profile_name)
     ctxs = runs_for(profile, paths, force, lock)
     for ctx in ctxs:
-        ctx.state.check_unlocked()
+        ctx.state.check_lockable()
     prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock)
     if prep.plan is None:
         prep.plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)

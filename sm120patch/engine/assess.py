@@ -7,7 +7,8 @@ version with the manifest's, and on a checkout the branch checked out with the p
 
     pristine    nothing applied (no manifest)
     applied     every touched file has the bytes the apply wrote
-    drifted     a touched file was edited after the apply (neither its before nor after bytes)
+    drifted     a touched file was edited after the apply (neither its before nor after
+                bytes), or commits were made on the patch branch after sm120patch's
     gone        every touched file is back to its before bytes (a reinstall of the same
                 release, a checkout of another branch, a deleted patch branch)
     replaced    another release is installed (or checked out) than the one patched
@@ -145,6 +146,19 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
             f"touched file(s) deleted since profile {profile} was applied: {gone}",
             **common,  # type: ignore[arg-type]
         )
+    on_branch = manifest.git is not None and branch_now == manifest.git.patch_branch
+    if words == {"patched"} and on_branch and manifest.git is not None:
+        # The touched files are ours, but the branch moved on: the work tree is not only what
+        # the apply made, and a revert would not throw the commits away without --force.
+        head = git.branch_sha_light(target.root, manifest.git.patch_branch)
+        if manifest.git.commits and head is not None and head != manifest.git.commits[-1]:
+            return Assessment(
+                target,
+                State.DRIFTED,
+                f"branch {manifest.git.patch_branch} has commits after sm120patch's (now at "
+                f"{head[:12]}): profile {profile} is applied with changes of yours on top",
+                **common,  # type: ignore[arg-type]
+            )
     if words == {"patched"}:
         where = ""
         if manifest.git is not None and branch_now != manifest.git.patch_branch:

@@ -53,7 +53,8 @@ def ensure(
                 [TargetReport(c.target, state=assess.State.APPLIED) for c in ctxs],
                 notes=[
                     f"profile {profile.name} is already applied: every touched file has the "
-                    "bytes sm120patch wrote" + (" and the lock's" if lock is not None else "")
+                    "bytes sm120patch wrote"
+                    + (", the bytes the lock records" if lock is not None else "")
                 ],
             )
         except Refused:
@@ -64,8 +65,8 @@ def ensure(
         wrong = next(a for a in found if not (a.state == assess.State.APPLIED
                                               and a.profile == profile.name))  # fmt: skip
         raise Refused(
-            f"{wrong.target.root}: {wrong.state}: {wrong.message}",
-            "apply it where the files can be written (`sm120patch ensure` without --no-apply)",
+            f"{wrong.target.at}: {wrong.state}: {wrong.message}",
+            verify_hint(wrong, profile.name, lock),
         )
     report = apply(
         profile_name, paths, force=force, preconditions=preconditions, check_plan=check_plan,
@@ -75,7 +76,39 @@ def ensure(
         now = ctx.assess()
         if now.state != assess.State.APPLIED or now.profile != profile.name:
             raise Refused(
-                f"{ctx.target.root}: {now.message}",
+                f"{ctx.target.at}: {now.message}",
                 "see `sm120patch status`",
             )
     return report
+
+
+def verify_hint(found: assess.Assessment, profile: str, lock: Lock | None) -> str:
+    """What to do about a target `ensure --no-apply` found not as wanted, by its state."""
+    wanted = f"apply --locked {lock.path}" if lock is not None and lock.path else f"apply {profile}"
+    again = f"`sm120patch {wanted}`"
+    where = f"apply it where the files can be written ({again}; in an image, at its build)"
+    other = found.profile
+    if found.state == assess.State.UNFINISHED:
+        return "an interrupted run left its journal: `sm120patch recover` finishes it"
+    stale = found.state in (assess.State.GONE, assess.State.REPLACED)
+    if other is not None and other != profile and not stale:
+        return f"profile {other} is applied instead: `sm120patch revert {other}`, then {again}"
+    if found.state == assess.State.APPLIED:  # the profile, but not as the lock says
+        return f"`sm120patch revert {other}`, then {again}"
+    if found.state == assess.State.DRIFTED:
+        return (
+            f"`sm120patch status` shows what changed; `sm120patch revert {other} --force` "
+            f"discards it, then {again}"
+        )
+    if found.state == assess.State.MISSING:
+        return (
+            f"`sm120patch revert {other} --force` restores the deleted file(s) as they were, "
+            f"then {again}"
+        )
+    if found.state == assess.State.REPLACED:
+        return (
+            "another release is installed than the one patched: "
+            + where
+            + (" with a lock made on this release" if lock is not None else "")
+        )
+    return where  # pristine, or the patches gone

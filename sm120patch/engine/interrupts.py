@@ -38,7 +38,7 @@ EXIT_UNFINISHED = 75
 # send itself SIG (INT, TERM or HUP; default INT) K times at that kill point. (A terminal's
 # Ctrl-C signals the whole foreground group; the tests send that one from outside, with killpg.)
 SIGNAL_ENV = "SM120PATCH_SIGNAL_AT"
-RECOVER_HINT = "run `sm120patch recover` (with the same --sglang/--flashinfer) to finish it"
+RECOVER_HINT = "run `sm120patch recover` to finish it"
 
 
 class Interrupted(Sm120Error):

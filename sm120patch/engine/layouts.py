@@ -159,7 +159,7 @@ class InstalledLayout:
             copy = self.state.copy("pristine", f.path)
             if copy is None or sha256(copy) != f.before:
                 raise Refused(
-                    f"{self.target.root}: the state of the apply does not match the tree: "
+                    f"{self.target.at}: the state of the apply does not match the tree: "
                     f"{f.path} cannot be restored from it",
                     f"restore the file by hand, then move {self.state.dir} aside",
                 )
@@ -245,7 +245,7 @@ class GitLayout(InstalledLayout):
             if self.repo.only_ours(name) and self.repo.worktree_of(name) is None:
                 return name
         raise Refused(
-            f"{self.target.root}: 99 branches {base}-N exist already",
+            f"{self.target.at}: 99 branches {base}-N exist already",
             f"delete the ones you do not need (`git branch -D {base}-2 ...`)",
         )
 
@@ -291,7 +291,7 @@ class GitLayout(InstalledLayout):
             # nothing changed, not found halfway through.
             if self.repo.show(git.patch_branch, f.path) is None:
                 raise Refused(
-                    f"{self.target.root}: the state of the apply does not match the tree: "
+                    f"{self.target.at}: the state of the apply does not match the tree: "
                     f"{f.path} cannot be restored from it",
                     f"restore the file by hand, then move {self.state.dir} aside",
                 )
@@ -300,7 +300,7 @@ class GitLayout(InstalledLayout):
             return  # nothing to switch; only the branch to drop
         if git.branch is not None and not self.repo.branch_exists(git.branch):
             raise Refused(
-                f"{self.target.root}: your branch {git.branch} no longer exists, so there is "
+                f"{self.target.at}: your branch {git.branch} no longer exists, so there is "
                 "nothing to go back to",
                 f"finish by hand: `git checkout -b {git.branch} {git.head[:12]}` (the commit "
                 f"the apply started from), then `sm120patch revert`",
@@ -311,7 +311,7 @@ class GitLayout(InstalledLayout):
         crossing = sorted(set(dirty) & set(self.repo.changed_between(git.patch_branch, target)))
         if crossing:
             raise Refused(
-                f"{self.target.root}: switching back to {target} would overwrite your "
+                f"{self.target.at}: switching back to {target} would overwrite your "
                 "uncommitted changes in " + ", ".join(crossing),
                 "commit or stash them (`git stash`), then revert again",
             )
@@ -343,7 +343,7 @@ class GitLayout(InstalledLayout):
         (no merge or rebase under way) for recover to go on."""
         owner = (journal.pid, journal.pid_start, journal.boot_id)
         notes = [
-            f"{self.target.root}: removed {lock}, left by a killed git"
+            f"{self.target.at}: removed {lock}, left by a killed git"
             for lock in self.repo.settle_after_kill(*owner)
         ]
         self.repo.check_idle()
@@ -396,7 +396,7 @@ class GitLayout(InstalledLayout):
             if blob != data:
                 branch, head = self.repo.head()
                 raise Refused(
-                    f"{self.target.root}: after switching back to {branch or head[:12]}, "
+                    f"{self.target.at}: after switching back to {branch or head[:12]}, "
                     f"{f.path} differs from that branch's content",
                     f"inspect it (`git diff HEAD -- {f.path}`); `git checkout HEAD -- {f.path}` "
                     "restores the branch's version",

@@ -34,7 +34,7 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
         if s.state == assess.State.APPLIED and s.profile == profile.name:
             continue
         raise Refused(
-            f"{s.target.root}: {s.assessment.message}",
+            f"{s.target.at}: {s.assessment.message}",
             "pin on trees where this profile is applied or nothing is",
         )
     if applied and len(applied) != len(found):

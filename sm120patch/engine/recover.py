@@ -52,11 +52,8 @@ def _check_evidence(ctxs: list[TargetRun], journals: dict[str, Journal | None]) 
     """Every journal names only the files of its profile's patches (where it will write)."""
     for ctx in ctxs:
         journal = journals[ctx.target.kind]
-        if journal is None:
-            continue
-        was = _release_of(journal)
-        if was is not None and assess.other_release(ctx.target, was):
-            continue  # nothing is written there
+        if journal is None or _replaced(ctx, journal):
+            continue  # nothing is written to a replaced target
         if journal.op == Op.APPLY:
             check_evidence(ctx, journal.profile, journal.files, kind=journal.target.get("kind"))
         elif journal.manifest is not None:
@@ -86,8 +83,8 @@ def _recover(
             journal = journals[ctx.target.kind]
             if journal is None:
                 continue
-            was = _release_of(journal)
-            if was is not None and assess.other_release(ctx.target, was):
+            was = _replaced(ctx, journal)
+            if was:
                 notes.extend(_drop_replaced(ctx, journal, was))
                 reports.append(TargetReport(ctx.target, state=assess.State.REPLACED))
                 continue
@@ -95,20 +92,20 @@ def _recover(
                 remove_temps(ctx, journal.files)
                 ctx.state.close_journal()
                 notes.append(
-                    f"{ctx.target.root}: the interrupted apply of {journal.profile} had "
+                    f"{ctx.target.at}: the interrupted apply of {journal.profile} had "
                     "written every target; kept it"
                 )
             elif journal.op == Op.APPLY:
                 rollback_apply(ctx, journal)
                 notes.append(
-                    f"{ctx.target.root}: rolled back the interrupted apply of "
+                    f"{ctx.target.at}: rolled back the interrupted apply of "
                     f"{journal.profile}"
                 )
                 notes.extend(ctx.layout.notes)
             else:
                 _, more = finish_revert(ctx, journal)
                 notes.append(
-                    f"{ctx.target.root}: finished the interrupted revert of {journal.profile}"
+                    f"{ctx.target.at}: finished the interrupted revert of {journal.profile}"
                 )
                 notes.extend(more)
             reports.append(TargetReport(ctx.target, state=ctx.assess().state))
@@ -120,11 +117,14 @@ def _recover(
         ) from exc
 
 
-def _release_of(journal: Journal) -> str | None:
-    """The release the journal's run worked on (None: the journal does not say)."""
+def _replaced(ctx: TargetRun, journal: Journal) -> str | None:
+    """The release the journal's run worked on, when another one is installed now (None:
+    the same release, or the journal does not say)."""
     if journal.op == Op.REVERT and journal.manifest is not None:
-        return journal.manifest.target.get("version")
-    return journal.target.get("version")
+        was = journal.manifest.target.get("version")
+    else:
+        was = journal.target.get("version")
+    return was if was is not None and assess.other_release(ctx.target, was) else None
 
 
 def _drop_replaced(ctx: TargetRun, journal: Journal, was: str) -> list[str]:

@@ -16,6 +16,7 @@ from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
     check_evidence,
+    check_writable,
     locked,
     new_txn,
     refuse_unfinished,
@@ -131,7 +132,7 @@ def revert_dry_run(
 
     ctxs = _revert_targets(profile_name, paths)
     for ctx in ctxs:
-        ctx.state.check_unlocked()
+        ctx.state.check_lockable()
     todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
     if nothing is not None:
         nothing.dry_run = True
@@ -182,7 +183,7 @@ def _revert_preflight(
             raise Refused(
                 f"profile {manifest.profile} is applied on {ctx.target.root}, "
                 f"not {profile_name}",
-                f"run `sm120patch revert {manifest.profile}` or `revert --all`",
+                f"run `sm120patch revert {manifest.profile}` or `sm120patch revert --all`",
             )
         if found_state.state in (assess.State.GONE, assess.State.REPLACED):
             stale.append((ctx, found_state))
@@ -199,12 +200,14 @@ def _revert_preflight(
         )
     for ctx, manifest in todo:
         _check_revertable(ctx, manifest, force)
+        for f in manifest.files:
+            check_writable(ctx.path(f.path), regular=False)
     return todo, stale, None
 
 
 def _dropped_note(ctx: TargetRun, found: Assessment, *, dry_run: bool = False) -> str:
     done = "the revert would drop the record" if dry_run else "dropped the record"
-    return f"{ctx.target.name} at {ctx.target.root}: {found.message}; nothing to restore, {done}"
+    return f"{ctx.target.at}: {found.message}; nothing to restore, {done}"
 
 
 def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
@@ -216,7 +219,7 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
         path = ctx.path(f.path)
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise Refused(
-                f"{ctx.target.root}: the state of the apply names {f.path}, which is not a "
+                f"{ctx.target.at}: the state of the apply names {f.path}, which is not a "
                 "regular file",
                 f"inspect {ctx.state.dir / store.MANIFEST}; if it is damaged, move it aside",
             )
@@ -237,9 +240,10 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
     ctx.layout.check_revertable(manifest.files, git)
     if problems and not force:
         raise Refused(
-            f"{ctx.target.root}: changed since the apply; refusing to throw that away:\n"
+            f"{ctx.target.at}: changed since the apply; refusing to throw that away:\n"
             + "\n".join(problems),
-            "keep your edits elsewhere, or `revert --force` to discard them",
+            f"keep your edits elsewhere, or `sm120patch revert {manifest.profile} --force` to "
+            "discard them",
         )
 
 

@@ -58,8 +58,26 @@ def refuse_unfinished(ctxs: list[TargetRun]) -> None:
         if journal is not None:
             raise Refused(
                 f"an interrupted sm120patch {journal.op} left a journal on {ctx.target.root}",
-                "run `sm120patch recover` (with the same --sglang/--flashinfer) first",
+                "run `sm120patch recover` first",
             )
+
+
+def check_writable(path: Path, *, regular: bool = True) -> None:
+    """Before the journal: a file the run will write can be written (as a regular file unless
+    `regular` is false: a revert puts the file back whatever is there now)."""
+    if regular and path.is_symlink():
+        raise Refused(
+            f"{path} is a symbolic link; sm120patch writes regular files only",
+            "replace the link by the file it points to, or patch the tree it points into",
+        )
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # a directory deleted with the file: made again where it was
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise Refused(
+            f"cannot write in {parent} (permission denied); nothing was changed",
+            "run sm120patch as a user who can write there, or make it writable",
+        )
 
 
 def check_evidence(
@@ -119,7 +137,7 @@ def check_restored(ctx: TargetRun, files: tuple[FileRecord, ...]) -> None:
     for f in files:
         if file_sha256(ctx.path(f.path)) != f.before:
             raise Refused(
-                f"{ctx.target.root}: after rolling back, {f.path} does not have its original "
+                f"{ctx.target.at}: after rolling back, {f.path} does not have its original "
                 "bytes",
                 f"inspect it (`git -C {ctx.target.root} status`); the journal is kept",
             )

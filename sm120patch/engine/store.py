@@ -27,6 +27,7 @@ can hold it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -104,8 +105,11 @@ def shared_mode(anchor: Path) -> int:
     return (bits | 0o700) & 0o755
 
 
-def state_dir(path: Path, mode: int, owner: tuple[int, int] | None = None) -> None:
-    """Make `path` (and any missing parent) a directory with `mode`.
+def state_dir(
+    path: Path, mode: int, owner: tuple[int, int] | None = None, *, create: bool = True
+) -> None:
+    """Make `path` (and any missing parent) a directory with `mode`; with `create` false,
+    refuse exactly as making it would, creating nothing (a dry run's preflight).
 
     Refuses, with what to do, when something that is not a directory is in the way, or when
     the directory is a symbolic link (state is never written through one).
@@ -124,6 +128,10 @@ def state_dir(path: Path, mode: int, owner: tuple[int, int] | None = None) -> No
         p = p.parent
     if missing and not p.is_dir():
         path = p  # the file in the way is a parent: name it
+    elif missing and not create:
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise _uncreatable(missing[-1], os.strerror(errno.EACCES))
+        return
     for d in reversed(missing if p.is_dir() else []):
         try:
             d.mkdir(mode=mode)
@@ -133,22 +141,35 @@ def state_dir(path: Path, mode: int, owner: tuple[int, int] | None = None) -> No
         except FileExistsError:  # made by a concurrent run: checked below
             pass
         except OSError as exc:
-            raise Refused(
-                f"cannot create sm120patch's state directory {d} ({exc.strerror})",
-                "run sm120patch as a user who can write the target",
-            ) from None
+            raise _uncreatable(d, exc.strerror) from None
     if path.is_symlink() or not path.is_dir():
         what = "a symbolic link" if path.is_symlink() else "not a directory"
         raise Refused(
             f"{path} is in the way of sm120patch's state directory ({what})",
             f"move {path} aside, then run sm120patch again",
         )
+    if not create:
+        return
     now = stat.S_IMODE(path.stat().st_mode)
     if now & ~mode:
         try:
             os.chmod(path, now & mode)
         except PermissionError:
             pass  # another user's directory: its owner set it
+
+
+def _uncreatable(path: Path, reason: str | None) -> Refused:
+    return Refused(
+        f"cannot create sm120patch's state directory {path} ({reason})",
+        "run sm120patch as a user who can write the target",
+    )
+
+
+def _unopenable(path: Path, reason: str | None) -> Refused:
+    return Refused(
+        f"cannot open the lock {path} ({reason})",
+        "run sm120patch as a user who can write the target",
+    )
 
 
 class TargetState:
@@ -251,10 +272,7 @@ class TargetState:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         except OSError as exc:
-            raise Refused(
-                f"cannot open the lock {path} ({exc.strerror})",
-                "run sm120patch as a user who can write the target",
-            ) from None
+            raise _unopenable(path, exc.strerror) from None
         try:
             # Readable and writable by its owner only: flock needs nothing but a descriptor,
             # so a lock anyone can open is a lock anyone can hold.
@@ -280,6 +298,24 @@ class TargetState:
             f"another sm120patch run holds the lock on {self.root}",
             "wait for it to finish, then try again",
         )
+
+    def check_lockable(self) -> None:
+        """Refuse as `locked` would (the state directory in the way or not creatable, the lock
+        file not openable, another run holding it), creating and locking nothing: the dry
+        runs' preflight, so that a dry run refuses where its command would."""
+        self.check_trusted()
+        state_dir(self.dir, self.dir_mode, create=False)
+        path = self.dir / "lock"
+        if os.path.lexists(path):
+            try:
+                # Opened for writing as `locked` opens it, and closed at once: no byte written.
+                fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+            except OSError as exc:
+                raise _unopenable(path, exc.strerror) from None
+            os.close(fd)
+        elif self.dir.is_dir() and not os.access(self.dir, os.W_OK | os.X_OK):
+            raise _unopenable(path, os.strerror(errno.EACCES))
+        self.check_unlocked()
 
     def check_unlocked(self) -> None:
         """Refuse, as `locked` would, while another run holds the lock; creates nothing."""

@@ -9,8 +9,8 @@ never by touching the user's files.
 
 Which text is which: when a profile is applied, the files on disk are the patched side and
 the pristine side is the engine's pristine copy (installed target) or the original branch's
-blob (git target), read through `pristine_bytes`; when nothing is applied, the files on disk
-are the pristine side and the patched side is what the planner would write.
+blob (git target), read through `engine.pristine.pristine_bytes`; when nothing is applied,
+the files on disk are the pristine side and the patched side is what the planner would write.
 """
 
 from __future__ import annotations
@@ -115,20 +115,6 @@ def patched_texts(target: Target, profile_name: str = PROFILE) -> dict[str, str]
     return {f.file: f.after for f in planned.files if f.changed}
 
 
-def pristine_bytes(target: Target, rel: str) -> bytes | None:
-    """The pristine bytes of `rel` (relative to the target root) of an applied target: the
-    engine's pristine copy, or on a checkout the blob of the commit the apply started from."""
-    from sm120patch.engine import store
-
-    st = store.TargetState.of(target.root, target.layout, target.kind)
-    manifest = st.manifest()
-    if target.layout == "git" and manifest is not None and manifest.git is not None:
-        from sm120patch.targets import git
-
-        return git.Repo(target.root).show(manifest.git.head, rel)
-    return st.copy("pristine", rel)
-
-
 def applied_files(target: Target) -> list[dict[str, Any]] | None:
     """The touched files when the bytes say a profile is applied to `target`, else None (the
     planner then makes the patched side). Drifted, missing or unfinished trees are refused:
@@ -156,13 +142,15 @@ class Sides:
 
 
 def sides(target: Target, directory: Path, profile: str = PROFILE) -> Sides:
+    from sm120patch.engine import pristine
+
     files = applied_files(target)
     if files is None:
         planned = patched_texts(target, profile)
         return Sides(False, patched=write_overlay(planned, directory / "patched"))
     texts: dict[str, str | bytes] = {}
     for f in files:
-        data = pristine_bytes(target, f["path"])
+        data = pristine.pristine_bytes(target, f["path"])
         if data is None:
             raise UsageError(
                 f"no pristine copy of {f['path']} for the applied {target.name}",

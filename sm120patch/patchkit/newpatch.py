@@ -60,9 +60,15 @@ def check(spec: NewPatch) -> None:
             "use lower-case words joined by dots and dashes, the target first",
         )
     if spec.target not in TARGETS:
-        raise UsageError(f"target '{spec.target}' is not one of {', '.join(TARGETS)}")
+        raise UsageError(
+            f"target '{spec.target}' is not one of {', '.join(TARGETS)}",
+            "--target names the package the site is in",
+        )
     if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", spec.function):
-        raise UsageError(f"'{spec.function}' is not a function name")
+        raise UsageError(
+            f"'{spec.function}' is not a function name",
+            "--function takes the name of the function holding the site, e.g. gen_comm_module",
+        )
     try:
         SpecifierSet(spec.pins)
     except InvalidSpecifier:

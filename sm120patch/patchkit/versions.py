@@ -40,3 +40,13 @@ def contains(spec: str | SpecifierSet, version: Version | None) -> bool:
     from packaging.specifiers import SpecifierSet
 
     return version is not None and SpecifierSet(str(spec)).contains(version, prereleases=True)
+
+
+# Lower bounds before upper ones, as people write a range (packaging sorts them as text).
+_ORDER = {">=": 0, ">": 0, "~=": 0, "==": 1, "===": 1, "!=": 2, "<=": 3, "<": 3}
+
+
+def range_text(spec: SpecifierSet) -> str:
+    """A SpecifierSet as a range reads: `>=0.5.4,<0.5.24`, not `<0.5.24,>=0.5.4`."""
+    items = sorted(spec, key=lambda s: (_ORDER.get(s.operator, 4), s.version))
+    return ",".join(str(s) for s in items)

@@ -31,7 +31,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from sm120patch.errors import UsageError
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
-from sm120patch.patchkit.versions import base_release, contains
+from sm120patch.patchkit.versions import base_release, contains, range_text
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
@@ -42,12 +42,23 @@ else:  # pragma: no cover
 TOMLDecodeError = tomllib.TOMLDecodeError
 
 
-def parse_toml(text: str) -> dict[str, Any]:
-    """TOML text as a document (the one place that picks the reader)."""
-    return dict(tomllib.loads(text))
-
-
 PROFILES_SCHEMA = 1
+DAMAGED_HINT = "reinstall sm120patch: a file it ships with is damaged"
+
+
+def parse_toml(
+    text: str, where: str | Path | None = None, hint: str = DAMAGED_HINT
+) -> dict[str, Any]:
+    """TOML text as a document (the one place that picks the reader). With `where` (a file
+    of the library or of a pack: profiles, known outcomes, signatures), text that does not
+    parse is one line naming the file (a usage error, exit 2), never a traceback; without
+    it the caller handles TOMLDecodeError."""
+    if where is None:
+        return dict(tomllib.loads(text))
+    try:
+        return dict(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{where} is not valid TOML ({exc})", hint) from None
 
 
 @dataclass(frozen=True)
@@ -146,8 +157,10 @@ class PackError(UsageError):
         where = "the built-in patch library" if name == BUILT_IN else f"patch pack {name}"
         super().__init__(
             f"{where}: {problem}",
-            "fix the pack, or leave it out (--patches, SM120PATCH_PATCHES, or uninstall the "
-            "distribution providing the sm120patch.patches entry point)",
+            DAMAGED_HINT
+            if name == BUILT_IN
+            else "fix the pack, or leave it out (--patches, SM120PATCH_PATCHES, or uninstall "
+            "the distribution providing the sm120patch.patches entry point)",
         )
 
 
@@ -158,13 +171,18 @@ class Catalog:
     # patch id / profile name -> the pack it comes from
     sources: dict[str, Pack] = field(default_factory=dict)
     profile_sources: dict[str, Pack] = field(default_factory=dict)
+    # every pack loaded, the built-in library first (known.toml is read from each)
+    loaded: list[Pack] = field(default_factory=list)
 
     def profile(self, name: str) -> Profile:
         try:
             return self.profiles[name]
         except KeyError:
             known = ", ".join(sorted(self.profiles))
-            raise UsageError(f"unknown profile '{name}'; known profiles: {known}") from None
+            raise UsageError(
+                f"unknown profile '{name}'; known profiles: {known}",
+                "`sm120patch list` shows each with its pins and patches",
+            ) from None
 
     def patches_of(self, profile: Profile) -> list[Patch]:
         return [self.patches[pid] for pid in profile.patches]
@@ -210,12 +228,14 @@ def pin_problems(
         if base_release(version) is None:
             problems.append(
                 f"{label} version '{version}'" + (f" (from {source})" if source else "")
-                + f" is not a PEP 440 version; profile {profile.name} is pinned to {spec}"
+                + f" is not a PEP 440 version; profile {profile.name} is pinned to "
+                + range_text(spec)
             )
             continue
         if not profile.pinned(kind, version):
             problems.append(
-                f"{label} {version} is outside the pins of profile {profile.name} ({kind} {spec})"
+                f"{label} {version} is outside the pins of profile {profile.name} "
+                f"({kind} {range_text(spec)})"
             )
     return problems
 
@@ -420,6 +440,9 @@ def _combine(packs: list[tuple[Pack, list[Patch], str | None]]) -> Catalog:
             continue
         try:
             found_profiles = parse_profiles(text, patches)
+        except TOMLDecodeError as exc:
+            where = Path(pack.location, "profiles.toml") if pack.location else "profiles.toml"
+            raise PackError(pack, f"{where} is not valid TOML ({exc})") from None
         except RuntimeError as exc:
             raise PackError(pack, str(exc)) from None
         for name, prof in found_profiles.items():
@@ -428,7 +451,7 @@ def _combine(packs: list[tuple[Pack, list[Patch], str | None]]) -> Catalog:
                 raise PackError(pack, f"profiles.toml: profile {name} is also defined in {other}")
             profiles[name] = prof
             profile_sources[name] = pack
-    return Catalog(patches, profiles, sources, profile_sources)
+    return Catalog(patches, profiles, sources, profile_sources, [p for p, _, _ in packs])
 
 
 def _patch_problems(patch: Patch) -> list[str]:

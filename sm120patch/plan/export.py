@@ -74,8 +74,9 @@ def write(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[Exporte
     found = mails(plan)
     if not found:
         raise Refused(
-            f"nothing to export: profile {plan.profile.name} changes no file here",
-            "export from a tree where the profile is not applied yet",
+            f"nothing to export: profile {plan.profile.name} changes no file here (every "
+            "site is already SM120-ready in these releases)",
+            "`sm120patch apply " + plan.profile.name + " --dry-run` shows each site's outcome",
         )
     if out_dir.exists() and not out_dir.is_dir():
         raise Refused(f"{out_dir} is a file, not a directory", "give -o a directory")

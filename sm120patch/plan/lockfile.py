@@ -54,6 +54,8 @@ class Lock:
     # A lock without them (written before packs) reads as all built-in.
     pack_of: dict[str, str] = field(default_factory=dict)
     packs: dict[str, str] = field(default_factory=dict)
+    # The file it was read from (hints name it); not part of what the lock pins.
+    path: Path | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # A lock made here (not read from a file) names the packs of the catalog in effect,
@@ -154,11 +156,16 @@ def read(path: Path) -> Lock:
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UsageError(f"lock file {path} does not exist") from None
+        raise UsageError(
+            f"lock file {path} does not exist",
+            "check the path (a lock is written by sm120patch pin, on the reference box)",
+        ) from None
     except IsADirectoryError:
         raise UsageError(f"lock file {path} is a directory", "give the lock file's path") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise Refused(f"cannot read lock file {path} ({exc})") from None
+        raise Refused(
+            f"cannot read lock file {path} ({exc})", "check that it is a readable text file"
+        ) from None
     lock = _parse(path, raw)
     _check_paths(path, lock)
     return lock
@@ -187,7 +194,10 @@ def _check_paths(path: Path, lock: Lock) -> None:
             )
     for name, table in (("versions", lock.versions), ("patches", lock.patches)):
         if not all(isinstance(v, str) and v for v in table.values()):
-            raise UsageError(f"lock file {path}: {name} holds a value that is not a string")
+            raise UsageError(
+                f"lock file {path}: {name} holds a value that is not a string",
+                "regenerate it with `sm120patch pin`",
+            )
 
 
 def check_files_of_profile(lock: Lock, profile: Any, path: Path) -> None:
@@ -225,6 +235,7 @@ def _parse(path: Path, raw: str) -> Lock:
                 "use the sm120patch version that wrote it",
             )
         return Lock(
+            path=path,
             profile=str(doc["profile"]),
             versions={str(k): str(v) for k, v in doc["versions"].items()},
             patches={str(p["id"]): str(p["digest"]) for p in doc.get("patches", [])},
@@ -266,21 +277,37 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
         now.versions = {k: v for k, v in now.versions.items() if k not in skip}
         now.files = [f for f in now.files if f["target"] not in skip]
     problems = []
-    if lock.profile != now.profile:
-        problems.append(f"profile: lock has {lock.profile}, asked for {now.profile}")
+    profile = now.profile
+    if lock.profile != profile:
+        problems.append(f"profile: lock has {lock.profile}, asked for {profile}")
     for kind in sorted(set(lock.versions) | set(now.versions)):
         a, b = lock.versions.get(kind), now.versions.get(kind)
-        if a != b:
+        if a is not None and b is None:
+            # Not a version found: the profile as it is here does not patch that target.
+            problems.append(f"the lock pins {kind} {a}, but profile {profile} here patches no "
+                            f"{kind} (the profile changed since the lock was made?)")  # fmt: skip
+        elif a is None and b is not None:
+            problems.append(f"profile {profile} here patches {kind} {b}, which the lock does "
+                            "not pin")  # fmt: skip
+        elif a != b:
             problems.append(f"{kind} version: lock has {a}, found {b}")
     for pid in sorted(set(lock.pack_of) & set(now.pack_of)):
         a, b = lock.pack_of[pid], now.pack_of[pid]
         if a != b:
             problems.append(f"patch {pid}: lock has it from {a}, here it comes from {b}")
+    known = set(catalog.load().patches)
     for pid in sorted(set(lock.patches) | set(now.patches)):
         a, b = lock.patches.get(pid), now.patches.get(pid)
-        if a != b:
+        if b is None and pid in known:
+            problems.append(f"patch {pid}: in the lock, not in profile {profile} here")
+        elif b is None:
+            problems.append(f"patch {pid}: in the lock, unknown to this sm120patch and its packs")
+        elif a is None:
+            problems.append(f"patch {pid}: in profile {profile} here, not in the lock")
+        elif a != b:
             problems.append(
-                f"patch {pid}: lock digest {_short(a)}, this sm120patch has {_short(b)}"
+                f"patch {pid}: lock digest {_short(a)}, this sm120patch has {_short(b)} (its "
+                "code changed since the lock was made)"
             )
     locked = {(f["target"], f["path"]): f for f in lock.files}
     found = {(f["target"], f["path"]): f for f in now.files}

@@ -108,10 +108,13 @@ def plan(
     *,
     force: bool = False,
     found: list[Target] | None = None,
+    texts: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Plan:
     """Outcomes and diff of `profile_name` on the targets at `paths` (None: installed ones).
 
-    Raises Refused when a target is outside the profile's pins, unless `force`.
+    `texts` (per target kind, module path -> text) stands in for files on disk: the pristine
+    side of an applied tree, which `export` plans from. Raises Refused when a target is
+    outside the profile's pins, unless `force`.
     """
     cat = catalog.load()
     profile = cat.profile(profile_name)
@@ -120,7 +123,12 @@ def plan(
     if outside and not force:
         raise Refused("; ".join(outside), "use a pinned release, or --force to plan anyway")
     with no_cycle_collection():
-        plans = [_plan_target_cached(profile, cat.patches_of(profile), t) for t in found]
+        plans = [
+            plan_target(profile, cat.patches_of(profile), t, texts[t.kind])
+            if texts and texts.get(t.kind)
+            else _plan_target_cached(profile, cat.patches_of(profile), t)
+            for t in found
+        ]
     order = {pid: i for i, pid in enumerate(profile.patches)}
     outcomes = sorted(
         (o for tp in plans for f in tp.files for o in f.outcomes), key=lambda o: order[o.patch]
@@ -145,9 +153,14 @@ def _plan_target_cached(profile: Profile, patches: list[Patch], target: Target) 
     return result
 
 
-def plan_target(profile: Profile, patches: list[Patch], target: Target) -> TargetPlan:
+def plan_target(
+    profile: Profile,
+    patches: list[Patch],
+    target: Target,
+    given: Mapping[str, str] | None = None,
+) -> TargetPlan:
     mine = [p for p in patches if p.target == target.kind]
-    texts: dict[str, str | None] = {}
+    texts: dict[str, str | None] = dict(given or {})
     problems: dict[str, str] = {}
 
     def read(rel: str) -> str | None:

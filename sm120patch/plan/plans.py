@@ -19,7 +19,8 @@ class PlanRefused(Refused):
         lines = [o.describe() for o in plan.refused]
         super().__init__(
             f"profile {plan.profile.name} refused at {len(lines)} site(s): " + "; ".join(lines),
-            "nothing was changed; see `sm120patch apply PROFILE --dry-run` for every site",
+            f"nothing was changed; `sm120patch apply {plan.profile.name} --dry-run` shows every "
+            "site",
             {"outcomes": [o.to_dict() for o in plan.outcomes]},
         )
         self.plan = plan

@@ -44,6 +44,11 @@ class Target:
     def name(self) -> str:
         return DISPLAY[self.kind]
 
+    @property
+    def at(self) -> str:
+        """`SGLang at /root`: which target a line is about (two may share one root)."""
+        return f"{self.name} at {self.root}"
+
     def path_of(self, file: str) -> Path:
         return self.parent / file
 
@@ -98,9 +103,15 @@ def _python() -> str:
 def _package_in(kind: str, path: Path) -> Path:
     name = DISPLAY[kind]
     if not path.exists():
-        raise UsageError(f"--{kind} {path}: no such file or directory")
+        raise UsageError(
+            f"--{kind} {path}: no such file or directory",
+            f"give a {name} checkout root, the package's parent directory or a site-packages",
+        )
     if not path.is_dir():
-        raise UsageError(f"--{kind} {path}: is a file, expected a directory")
+        raise UsageError(
+            f"--{kind} {path}: is a file, expected a directory",
+            f"give a {name} checkout root, the package's parent directory or a site-packages",
+        )
     path = path.resolve()
     candidates = [path / kind, path / "python" / kind]
     if path.name == kind:

@@ -121,6 +121,25 @@ def branch_exists_light(root: Path, name: str) -> bool:
     return any(line.endswith(f" refs/heads/{name}") for line in packed.splitlines())
 
 
+def branch_sha_light(root: Path, name: str) -> str | None:
+    """The commit `refs/heads/<name>` points at (loose or packed), without running git; None
+    when the branch does not exist or its ref cannot be read."""
+    common = _common_dir(root)
+    try:
+        return (common / "refs" / "heads" / name).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        pass
+    try:
+        packed = (common / "packed-refs").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    for line in packed.splitlines():
+        sha, _, ref = line.partition(" ")
+        if ref == f"refs/heads/{name}":
+            return sha
+    return None
+
+
 def describe_version(root: Path) -> str | None:
     try:
         described = _own_session_repo()(root).git.describe("--tags", "--match", "v*")
@@ -263,7 +282,10 @@ class Repo:
         try:
             self.repo: git.Repo = _own_session_repo()(root)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise Refused(f"{root} is not a usable git repository") from None
+            raise Refused(
+                f"{root} is not a usable git repository",
+                f"`git -C {root} status` says what is wrong; or give the installed package",
+            ) from None
         if self.repo.bare:
             raise Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")
         # Paths come from the plan and from state: never let one be read as pathspec magic.

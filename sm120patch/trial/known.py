@@ -105,13 +105,26 @@ class Box:
     architecture: list[str] | None = None
 
 
-def entries(text: str | None = None) -> list[Entry]:
-    from sm120patch import patches  # type: ignore[attr-defined]  # shipped from patches/ (package-dir)
-    from sm120patch.plan.catalog import parse_toml
+def entries(text: str | None = None, where: str = "known.toml") -> list[Entry]:
+    """The known outcomes of `text`, or of the built-in library and every pack loaded (each
+    pack's own known.toml beside its profiles.toml)."""
+    from sm120patch.plan import catalog
 
     if text is None:
-        text = (Path(patches.__file__ or "").parent / "known.toml").read_text(encoding="utf-8")
-    doc = parse_toml(text)
+        out = []
+        for pack in catalog.load().loaded:
+            path = Path(pack.location, "known.toml") if pack.location else None
+            if path is not None and path.is_file():
+                hint = catalog.DAMAGED_HINT if pack.built_in else f"fix {path}, or drop the pack"
+                out += _parse(path.read_text(encoding="utf-8"), str(path), hint)
+        return out
+    return _parse(text, where, "fix the file")
+
+
+def _parse(text: str, where: str, hint: str) -> list[Entry]:
+    from sm120patch.plan import catalog
+
+    doc = catalog.parse_toml(text, where, hint)
     out = []
     for raw in doc.get("outcome", []):
         missing = [k for k in RECORD if not raw.get(k)]
@@ -126,7 +139,10 @@ def entries(text: str | None = None) -> list[Entry]:
         if not missing and raw["evidence"] not in EVIDENCE:
             problems.append(f"evidence must be one of {', '.join(EVIDENCE)}")
         if problems:
-            raise UsageError(f"known.toml entry {raw.get('id', '?')}: " + "; ".join(problems))
+            raise UsageError(
+                f"{where} entry {raw.get('id', '?')}: " + "; ".join(problems),
+                hint + " (its header lists every key)",
+            )
         out.append(
             Entry(
                 **{k: str(raw[k]) for k in RECORD},

@@ -218,7 +218,10 @@ def check_options(opts: Options) -> None:
             "the default, output_tok_s, is what the patches are meant to raise",
         )
     if opts.repeat < 1 or opts.requests < 1 or opts.concurrency < 1:
-        raise UsageError("--repeat, --requests and --concurrency must be at least 1")
+        raise UsageError(
+            "--repeat, --requests and --concurrency must be at least 1",
+            "leave them out for the defaults (3 runs a side, 64 requests, 8 in flight)",
+        )
     if not 0 <= opts.min_agreement <= 1:
         raise UsageError("--min-agreement is a share between 0 and 1")
     if opts.eval_tolerance < 0:
@@ -239,7 +242,10 @@ def check_options(opts: Options) -> None:
         try:
             re.compile(opts.ready_pattern)
         except re.error as exc:
-            raise UsageError(f"--ready-pattern is not a valid regular expression: {exc}") from None
+            raise UsageError(
+                f"--ready-pattern is not a valid regular expression: {exc}",
+                "quote it for the shell, e.g. --ready-pattern 'The server is fired up'",
+            ) from None
 
 
 def _applied_profiles(paths: Mapping[str, str | Path | None]) -> set[str]:
@@ -264,7 +270,10 @@ def run(
     (`exit_code`). `on_wait(elapsed, last_line)` is called every few seconds while a server
     is not ready yet."""
     if not command:
-        raise UsageError("give the server command after `--`")
+        raise UsageError(
+            "give the server command after `--`",
+            "e.g. -- python -m sglang.launch_server --model-path MODEL --port 30000",
+        )
     check_options(opts)
     from sm120patch.plan import catalog
 

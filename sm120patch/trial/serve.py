@@ -45,10 +45,15 @@ class Signature:
 
 def signatures() -> list[Signature]:
     from sm120patch import patches  # type: ignore[attr-defined]  # shipped from patches/ (package-dir)
-    from sm120patch.plan.catalog import parse_toml
+    from sm120patch.plan import catalog
 
-    text = (Path(patches.__file__ or "").parent / "signatures.toml").read_text(encoding="utf-8")
-    return [Signature(**raw) for raw in parse_toml(text)["signature"]]
+    path = Path(patches.__file__ or "").parent / "signatures.toml"
+    doc = catalog.parse_toml(path.read_text(encoding="utf-8"), path)
+    try:
+        return [Signature(**raw) for raw in doc["signature"]]
+    except (KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not a list of [[signature]] tables ({exc})",
+                         catalog.DAMAGED_HINT) from None  # fmt: skip
 
 
 def diagnose(lines: Sequence[str]) -> Signature | None:
@@ -234,11 +239,17 @@ def run(
     """Run one trial. Raises TrialCrashed (after reverting) when the command crashed.
     `on_wait(elapsed, last_line)` is called every few seconds until the command is ready."""
     if not command:
-        raise UsageError("give the command to run after `--`")
+        raise UsageError(
+            "give the command to run after `--`",
+            "e.g. -- python -m sglang.launch_server --model-path MODEL --port 30000",
+        )
     try:
         pattern = re.compile(ready_pattern) if ready_pattern else None
     except re.error as exc:
-        raise UsageError(f"--ready-pattern is not a valid regular expression: {exc}") from None
+        raise UsageError(
+            f"--ready-pattern is not a valid regular expression: {exc}",
+            "quote it for the shell, e.g. --ready-pattern 'The server is fired up'",
+        ) from None
     # Before anything is applied: an unwritable log is a usage error, not a patched tree left
     # behind by a crash.
     log = open_log(log_path)
@@ -356,6 +367,14 @@ def crash_message(result: TrialResult) -> str:
 
 
 def crash_hint(result: TrialResult) -> str:
+    """Where to look: the signature's action, else where the command's output is."""
     if result.signature:
         return result.signature["action"]
-    return "read the log tail above" + (f" or {result.log}" if result.log else "")
+    if result.tail:
+        seen = (f"its last {len(result.tail)} line(s) are printed above and kept in "
+                f"`sm120patch trial show {result.id}`")  # fmt: skip
+    else:
+        seen = "the command printed nothing; run it by hand to see why it stops"
+    if result.log:
+        return f"{seen}; all of its output is in {result.log}"
+    return f"{seen}; `--log FILE` keeps all of its output"

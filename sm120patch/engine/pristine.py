@@ -1,0 +1,64 @@
+"""The pristine side of an applied tree: what each touched file held before the apply (the
+pristine copy of an installed package, or on a checkout the blob of the commit the apply
+started from), for `explain` and for `export`, which plan from it on a reference box that is
+patched already."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from sm120patch.engine import assess
+from sm120patch.engine.store import TargetState
+from sm120patch.errors import Refused
+from sm120patch.plan import catalog, planner
+from sm120patch.plan.plans import Plan, PlanRefused
+from sm120patch.targets import Target
+
+
+def pristine_bytes(target: Target, rel: str) -> bytes | None:
+    """The pristine bytes of `rel` (relative to the target root) of an applied target: the
+    engine's pristine copy, or on a checkout the blob of the commit the apply started from."""
+    st = TargetState.of(target.root, target.layout, target.kind)
+    manifest = st.manifest()
+    if target.layout == "git" and manifest is not None and manifest.git is not None:
+        from sm120patch.targets import git
+
+        return git.Repo(target.root).show(manifest.git.head, rel)
+    return st.copy("pristine", rel)
+
+
+def export_plan(
+    profile_name: str, paths: Mapping[str, str | Path | None], *, force: bool = False
+) -> Plan:
+    """The plan `export` writes: on trees where the profile is applied (checked from the
+    bytes), planned from their pristine side, so the series is the same as before the apply;
+    elsewhere from the files on disk. Refuses a tree that is neither (another profile applied,
+    an edit since the apply, a journal left open)."""
+    profile = catalog.load().profile(profile_name)
+    found = planner.resolve_targets(profile, paths)
+    texts: dict[str, dict[str, str]] = {}
+    for target in found:
+        state = assess.assess(target)
+        if state.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
+            continue
+        if state.state != assess.State.APPLIED or state.profile != profile.name:
+            raise Refused(
+                f"{target.name} at {target.root} is {state.state}: {state.message}",
+                "export from a tree where this profile is applied as sm120patch left it, or "
+                "nothing is (see `sm120patch status`)",
+            )
+        assert state.manifest is not None
+        texts[target.kind] = {}
+        for f in state.manifest.files:
+            data = pristine_bytes(target, f.path)
+            if data is None:
+                raise Refused(
+                    f"no pristine copy of {f.path} for the applied {target.name}",
+                    "see `sm120patch status`",
+                )
+            texts[target.kind][f.module] = data.decode("utf-8")
+    plan = planner.plan(profile.name, found=found, force=force, texts=texts)
+    if plan.refused:
+        raise PlanRefused(plan)
+    return plan
