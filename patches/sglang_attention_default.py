@@ -238,7 +238,6 @@ PATCH = Patch(
         "linear-attention layers. Everything else keeps upstream's default; an explicit "
         "--attention-backend is untouched."
     ),
-    files=(BASE,),
     marker=f"def {SITE}",
     facts=FACTS,
     upstream="https://github.com/sgl-project/sglang/issues/9140",

@@ -160,7 +160,6 @@ PATCH = Patch(
         "with it trtllm_mha where SM120 can run it. trtllm_mha supports attention sinks; "
         "FlashInfer fixed sinks on SM12x in 0.6.16 (https://github.com/flashinfer-ai/flashinfer/issues/4070)."
     ),
-    files=(GPT_OSS,),
     marker=f"def {SITE}",
     facts=FACTS,
     upstream="https://github.com/sgl-project/sglang/issues/9140",

@@ -296,7 +296,6 @@ PATCH = Patch(
         "https://github.com/sgl-project/sglang/pull/38170. "
         "Needs sglang.fp4-gemm-enum (the member it selects)."
     ),
-    files=(FP4_UTILS,),
     marker=f"def {SITE}",
     facts=FACTS,
     upstream="https://github.com/sgl-project/sglang/pull/38170",

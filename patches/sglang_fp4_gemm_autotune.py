@@ -133,7 +133,6 @@ PATCH = Patch(
         "is_flashinfer_b12x() to that condition, as "
         "https://github.com/sgl-project/sglang/pull/38170 does."
     ),
-    files=(FLASHINFER_AUTOTUNE, BASE_RUNNER, MODEL_RUNNER),
     marker=f"{TARGET} =",
     facts=FACTS,
     upstream="https://github.com/sgl-project/sglang/pull/38170",

@@ -72,7 +72,6 @@ PATCH = Patch(
         "backend can be asked for by name (it needs sglang.fp4-gemm-enum, which adds the "
         "member the name resolves to)."
     ),
-    files=(CHOICES, SERVER_ARGS),
     marker=f"{NAME} = [",
     facts=FACTS,
     upstream="https://github.com/sgl-project/sglang/pull/38170",

@@ -223,7 +223,6 @@ PATCH = Patch(
         "flashinfer_ prefix. The weights are prepared as for flashinfer_cutlass (the 128x4 "
         "swizzled scales both use)."
     ),
-    files=(FP4_UTILS,),
     marker=f"class {CLASS}",
     facts=FACTS,
     upstream="https://github.com/sgl-project/sglang/pull/38170",

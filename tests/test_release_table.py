@@ -36,6 +36,15 @@ def test_a_patch_reads_the_files_its_facts_name() -> None:
     assert made.files == ("pkg/new.py", "pkg/old.py")  # the newest release's first
 
 
+def test_no_library_patch_lists_its_files_by_hand() -> None:
+    """The library's `Patch(...)` calls leave `files` to the facts."""
+    library_dir = Path(__file__).resolve().parents[1] / "patches"
+    for path in sorted(library_dir.glob("*.py")):
+        calls = [n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "Patch"]
+        assert all(k.arg != "files" for c in calls for k in c.keywords), path.name
+
+
 def test_the_catalog_refuses_a_fact_on_a_file_the_patch_does_not_read() -> None:
     from sm120patch.plan.catalog import _patch_problems
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
-from checks import MOE_MODELS, moe_launch
+from checks import GLM, MOE_MODELS, moe_launch
 
 from sm120patch import targets
 from sm120patch.explain import explain
@@ -64,6 +64,24 @@ MOE_LAUNCHES = (
     ("bf16", None, ()),
     ("fp8", FP8, ()),
 )
+
+
+def moe_patch_of(model: str) -> str:
+    """The moe profile's patch for one of MOE_MODELS (the one whose marker is the model)."""
+    from sm120patch.plan import catalog
+
+    cat = catalog.load()
+    return next(p for p in cat.profile("moe").patches if cat.patches[p].marker == model)
+
+
+def moe_models(version: str) -> tuple[str, ...]:
+    """The MoE models whose patch applies on `version` (its facts say so)."""
+    from sm120patch.patchkit.model import Status
+    from sm120patch.plan import catalog
+
+    patches = catalog.load().patches
+    return tuple(m for m in MOE_MODELS if any(
+        f.status is Status.APPLIED for f in patches[moe_patch_of(m)].facts_at(version)))
 
 
 def full_run() -> bool:
@@ -164,7 +182,9 @@ class Behaviour:
 
     def launches(self, version: str) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
-        for arch in MOE_MODELS:
+        # GLM-4 MoE's launches everywhere (0.5.8 on); another MoE model's where its patch
+        # applies (before that, the release's transformers may not read its config).
+        for arch in (GLM, *(m for m in moe_models(version) if m != GLM)):
             for kind, quant, flags in MOE_LAUNCHES:
                 name = moe_launch(arch, kind)
                 model = write_model(self.models / name, arch, quant)
