@@ -5,10 +5,11 @@ once a profile's patch changes them: the expectation is read from the catalog)."
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
-from realcache import release_set, workers
+from realcache import RealReleases, SiteCase, SiteRun, release_set, workers
 
 from sm120patch.maintain import releases, trees
 from sm120patch.plan import catalog
@@ -16,13 +17,21 @@ from sm120patch.scan import run
 
 pytestmark = pytest.mark.real
 
-# Patches that change no gate, by design, with the reason.
-NOT_GATES = {
-    "sglang.sm120-flag": "defines the module flag the fusion gate tests: a definition of the "
-    "arch words, not a gate",
-    "sglang.pcie-allreduce": "the PCIe GPU-count test (`world_size > 2 and not full_nvlink`) "
-    "names no arch",
-}
+# What a patch that makes a gate admit SM120 writes: an SM120 word in a test (`or
+# _is_sm120_supported`, `elif get_platform().is_sm120:`, `[9, 10, 12]`). A flag's definition
+# (`_is_sm120_supported = ...`, sglang.sm120-flag) or an import is no test; a patch that writes
+# no SM120 word (pcie-allreduce's GPU count, fusion-preflight's multicast query) changes no gate.
+SM120_WORD = re.compile(r"is_sm12\d|sm_?12\d(?!patch)|\b12\b", re.IGNORECASE)
+NOT_A_TEST = re.compile(r"^\s*(?:_?is_sm12\w*\s*=|from\b|import\b|is_sm12\w*,?\s*$)")
+
+
+def changes_an_arch_test(run_: SiteRun) -> bool:
+    """Whether a patch's step writes an SM120 word into a test (judged from its diff alone,
+    not from what `scan` makes of it)."""
+    before = set(run_.before.splitlines())
+    added = [line.split("#")[0] for line in run_.after.splitlines() if line not in before]
+    return any(SM120_WORD.search(x) and not NOT_A_TEST.match(x) for x in added)
+
 
 # Gates of SGLang 0.5.23 that no profile covered when `scan` first read that release: the FP4
 # GEMM auto choice, GDN's prefill default, the MHA attention default. (file, function, a part of
@@ -64,7 +73,7 @@ def _fact(patch_id: str, version: str):  # noqa: ANN202
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
 def test_every_site_a_patch_changes_reads_covered(
-    scans: dict[tuple[str, str], run.TargetScan], case: tuple[str, str]
+    real: RealReleases, scans: dict[tuple[str, str], run.TargetScan], case: tuple[str, str]
 ) -> None:
     kind, version = case
     found = scans[case]
@@ -74,7 +83,9 @@ def test_every_site_a_patch_changes_reads_covered(
         if kind not in profile.targets or not profile.pinned(kind, version):
             continue
         for o in found.outcomes:
-            if o.profile != profile.name or o.outcome != "applied" or o.patch in NOT_GATES:
+            if o.profile != profile.name or o.outcome != "applied":
+                continue
+            if not changes_an_arch_test(real.site(SiteCase(o.patch, kind, version))):
                 continue
             covered = [
                 x
