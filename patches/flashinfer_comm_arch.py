@@ -23,6 +23,9 @@ def transform(module: cst.Module) -> Result:
 TRTLLM_AR = "flashinfer/comm/trtllm_ar.py"
 JIT_COMM = "flashinfer/jit/comm.py"
 FACTS = (
+    Fact(">=0.2.8,<0.3.1", Status.REFUSED, "`gen_trtllm_comm_module()` passes no "
+         "supported_major_versions (0.2.8 reads the device capability, 0.3.0 filters "
+         "_get_cuda_arch_flags() for SM100): a shape the patch does not know", TRTLLM_AR, SITE),
     Fact(">=0.3.1,<0.4.0", Status.APPLIED, "`gen_trtllm_comm_module(..., "
          "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="released files"),
     Fact(">=0.4.0,<0.6.16", Status.APPLIED, "same call, moved to jit/comm.py", JIT_COMM, SITE,
@@ -54,7 +57,6 @@ PATCH = Patch(
         "that its host wrapper laid out differently from the kernels except at world size 16. "
         "Prefer FlashInfer 0.6.17 or later, where this patch is not needed."
     ),
-    files=("flashinfer/jit/comm.py", "flashinfer/comm/trtllm_ar.py"),
     marker=f"def {SITE}",
     facts=FACTS,
     transform=transform,

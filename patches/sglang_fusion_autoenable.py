@@ -11,7 +11,6 @@ from sm120patch.patchkit.model import (
     Status,
     already_applied,
     applied,
-    not_applicable,
     refused,
     upstream,
 )
@@ -52,14 +51,12 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    name = next((s for s in SITES if h.functions(module, s)), None)
-    if name is None:
-        return not_applicable(SITES[0], f"no `def {SITES[0]}` nor `def {SITES[1]}` in this file")
-    funcs = h.functions(module, name)
-    if len(funcs) > 1:
-        return refused(name, f"one `def {name}`", f"{len(funcs)} definitions")
+    found = op.one_of_defs(module, SITES)
+    if isinstance(found, Result):
+        return found
+    name, func = found
 
-    enables = h.guarded_nodes(funcs[0], _turns_fusion_on)
+    enables = h.guarded_nodes(func, _turns_fusion_on)
     if not enables:
         return refused(name, EXPECTED, "no statement turning allreduce fusion on")
     # Each such statement's gate is the innermost `if` around it testing the GPU arch;
@@ -88,12 +85,13 @@ def transform(module: cst.Module) -> Result:
     operand = gate.operand
     assert operand is not None
     shape = h.code(operand)
-    imported = bool(h.import_sources(module, SM120_CALL))
+    # The call form's SM120 check needs is_sm120_supported imported: every release with the
+    # unified block imports it already; a tree that lacks it gets it next to
+    # is_sm100_supported (the runner places what a result requests).
+    needs = arch.sglang_arch_import("sm120", gate.form)
 
     if gate.verdict == "has-sm120":
-        if gate.form == "call" and not imported:
-            return refused(name, f"`{SM120_CALL}` imported where it is used", "no such import")
-        return already_applied(name, shape)
+        return already_applied(name, shape).needing(needs)
     if gate.verdict == "upstream":
         return upstream(
             name,
@@ -110,7 +108,7 @@ def transform(module: cst.Module) -> Result:
         new_module = res.module
         change = res.shape
     else:  # "widen-single": the per-model GptOss block of 0.5.2 to 0.5.4
-        if gate.form == "call" and not imported:
+        if gate.form == "call" and not h.binds_at_module_level(module, SM120_CALL):
             # Only 0.5.2 and 0.5.3 have this block without the import, and their
             # sglang.srt.utils has no is_sm120_supported to import.
             return refused(
@@ -129,21 +127,7 @@ def transform(module: cst.Module) -> Result:
         )
         new_module = h.replace(module, operand, new_operand, scope=gate.node)
         change = f"{shape} -> {h.code(new_operand)}"
-    result = applied(name, new_module, change, f"patched ({change}){note}")
-    if gate.form != "call":
-        return result
-    # Every release with the unified block imports is_sm120_supported already; a tree
-    # that lacks it gets it next to is_sm100_supported.
-    return op.then(
-        result,
-        op.add_import(
-            new_module,
-            SM120_CALL,
-            next_to="is_sm100_supported",
-            site=name,
-            expected=f"one `from ... import is_sm100_supported` to add `{SM120_CALL}` to",
-        ),
-    )
+    return applied(name, new_module, change, f"patched ({change}){note}").needing(needs)
 
 
 def _turns_fusion_on(node: object) -> bool:
@@ -263,7 +247,6 @@ PATCH = Patch(
         "multi-node clause `nnodes == 1 or <sm100>` (0.5.14 on) stays as it is: multi-node "
         "fusion resolves to MNNVL, which SM120 systems do not have."
     ),
-    files=("sglang/srt/arg_groups/overrides.py", "sglang/srt/server_args.py"),
     marker=f"def {SITES[0]}",
     facts=FACTS,
     transform=transform,

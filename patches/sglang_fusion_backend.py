@@ -11,7 +11,6 @@ if TYPE_CHECKING:
     import libcst as cst
 
 SITE = "_resolve_backend"
-SM120_CALL = "is_sm120_supported"
 EXPECTED = (
     "`if not (is_sm90_supported() or is_sm100_supported()): raise ...` (or the "
     "`get_platform().is_sm90 or get_platform().is_sm100` form) at the top of the function"
@@ -49,31 +48,12 @@ def transform(module: cst.Module) -> Result:
         or not _raises(check)
     ):
         return refused(SITE, EXPECTED, found)
-    group = test.expression
     # The error message ("requires SM90 or SM10X NVIDIA GPUs") stays: it is shown only on
-    # GPUs the widened check still rejects, and leaving it keeps the diff to the check.
-    res = op.widen_arch_or(module, group, func, site=SITE, expected=EXPECTED, found=found)
-    if op.read_arch_group(group).form != "call" or res.status is Status.UPSTREAM:
-        return res
-    if res.status is Status.ALREADY_APPLIED and not h.import_sources(module, SM120_CALL):
-        return refused(SITE, f"`{SM120_CALL}` imported where it is used", "no such import")
-    # 0.5.14 to 0.5.18 import is_sm90/is_sm100_supported from sglang.srt.utils but not
-    # is_sm120_supported: it goes next to is_sm100_supported, from the same module.
-    return op.then(res, _import(res))
-
-
-def _import(res: Result) -> Result:
-    from sm120patch.patchkit import operations as op
-
-    if res.status is not Status.APPLIED:
-        return res
-    return op.add_import(
-        res.module,
-        SM120_CALL,
-        next_to="is_sm100_supported",
-        site=SITE,
-        expected=f"one `from ... import is_sm100_supported` to add `{SM120_CALL}` to",
-    )
+    # GPUs the widened check still rejects, and leaving it keeps the diff to the check. In the
+    # call form (0.5.14 to 0.5.18) the widened check requests is_sm120_supported, which those
+    # releases do not import here yet: the runner puts it next to is_sm100_supported.
+    return op.widen_arch_or(module, test.expression, func, site=SITE, expected=EXPECTED,
+                            found=found)
 
 
 def _raises(check: cst.If) -> list[cst.CSTNode]:
@@ -109,7 +89,6 @@ PATCH = Patch(
         "SM120 `auto` then resolves to the single-node trtllm backend, and multi-node keeps "
         "being refused as on other non-MNNVL systems."
     ),
-    files=("sglang/srt/layers/flashinfer_comm_fusion.py",),
     marker=f"def {SITE}",
     facts=FACTS,
     transform=transform,

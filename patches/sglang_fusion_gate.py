@@ -47,37 +47,14 @@ def _mentions_flags(node: cst.CSTNode) -> bool:
     return bool(h.find(node, cst.Name, lambda n: n.value in names))  # type: ignore[attr-defined]
 
 
-def _site(module: cst.Module) -> tuple[str, cst.CSTNode | None, str]:
-    """(site name, the function holding the gate or None, why not found)."""
-
-    from sm120patch.patchkit import syntax as h
-
-    funcs = [(name, f) for name in FUNCTIONS for f in h.functions(module, name)]
-    if len(funcs) > 1:
-        names = ", ".join(name for name, _ in funcs)
-        return " / ".join(FUNCTIONS), None, f"{len(funcs)} gate functions ({names})"
-    if funcs:
-        return funcs[0][0], funcs[0][1], ""
-    site = f"{CLASS}.{METHOD}"
-    methods = [
-        f
-        for c in h.classes(module, CLASS)
-        for f in h.functions(c, METHOD)
-    ]
-    if len(methods) != 1:
-        found = "none of them" if not methods else f"{len(methods)} definitions of {site}"
-        return site, None, found
-    return site, methods[0], ""
-
-
 def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    site, scope, problem = _site(module)
-    if scope is None:
-        where = ", ".join(f"def {f}" for f in FUNCTIONS) + f" or {CLASS}.{METHOD}"
-        return refused(site, f"one gate function ({where})", problem)
+    found = op.one_of_defs(module, FUNCTIONS, fallback=(CLASS, METHOD), required=True)
+    if isinstance(found, Result):
+        return found
+    site, scope = found
 
     # The gate is the one condition (an `if` test or a returned value) testing the arch flags.
     tests = [test for test in h.conditions(scope) if _mentions_flags(test)]
@@ -128,10 +105,6 @@ PATCH = Patch(
         "`(_is_sm90_supported or _is_sm100_supported)` holds, so on SM120 "
         "--enable-flashinfer-allreduce-fusion silently does nothing. This widens that operand "
         "with `or _is_sm120_supported` (the flag added by sglang.sm120-flag)."
-    ),
-    files=(
-        "sglang/srt/layers/layer_boundary/residual/add_norm.py",
-        "sglang/srt/layers/communicator.py",
     ),
     # Same files and marker as sglang.sm120-flag: both must pick the same file.
     marker="_is_sm100_supported = ",

@@ -181,7 +181,6 @@ PATCH = Patch(
         "query, so there fusion is still turned off at start-up ('Failed to initialize "
         "FlashInfer workspace')."
     ),
-    files=(COMM_FUSION,),
     marker=f"def {SITE}",
     facts=FACTS,
     transform=transform,

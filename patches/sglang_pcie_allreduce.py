@@ -40,8 +40,14 @@ SHAPE = f"`if {GATE}:` logs a warning and returns (custom allreduce off, NCCL in
 FACTS = (
     Fact(">=0.4.6,<0.5.10", Status.APPLIED, f"CustomAllreduce.__init__: {SHAPE}", CUSTOM_AR,
          "CustomAllreduce.__init__", source="real files"),
-    Fact(">=0.5.10,<0.5.24", Status.APPLIED, f"can_use_custom_all_reduce_with_nvlink: {SHAPE}",
+    Fact(">=0.5.10,<0.5.21", Status.APPLIED, f"can_use_custom_all_reduce_with_nvlink: {SHAPE}",
          UTILS, "can_use_custom_all_reduce_with_nvlink", source="real files"),
+    Fact(">=0.5.21,<0.5.24", Status.APPLIED, "same; upstream ships FlashInfer's PCIe-IPC "
+         "allreduce behind SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", UTILS,
+         "can_use_custom_all_reduce_with_nvlink", source="real files",
+         user_note="this SGLang ships FlashInfer's PCIe-IPC allreduce for PCIe-only GPUs "
+         "(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1), and parallel_state.py tries the custom "
+         "allreduce kept on here before it: the profile refuses this release unless --force"),
 )
 
 
@@ -162,16 +168,7 @@ PATCH = Patch(
         "still turns it off where GPUs cannot reach each other. SM120PATCH_PCIE_ALLREDUCE=0 "
         "restores upstream behaviour at run time, without reverting."
     ),
-    files=(UTILS, CUSTOM_AR),
     marker=f"if {GATE}:",
     transform=transform,
     facts=FACTS,
-    notes=(
-        (
-            ">=0.5.21",
-            "this SGLang ships FlashInfer's PCIe-IPC allreduce for PCIe-only GPUs "
-            "(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1), and parallel_state.py tries the custom "
-            "allreduce kept on here before it: the profile refuses this release unless --force",
-        ),
-    ),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Result, Status, already_applied, applied, refused
+from sm120patch.patchkit.model import Patch, Result, Status, refused
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -19,12 +19,9 @@ ANCHOR = "_is_sm100_supported"
 UTILS = "sglang.srt.utils"
 # The CUDA half of the SM100 flag, copied as is into the SM120 flag.
 CUDA_FORMS = ("_is_cuda", "is_cuda()")
-# The SM100 half (its SM120 twin: cst_helpers.sglang_arch_twin) -> the name that twin needs
-# from sglang.srt.utils (None: `get_platform()` is already imported, the SM100 flag calls it).
-ARCH_FORMS: dict[str, str | None] = {
-    "is_sm100_supported()": "is_sm120_supported",
-    "get_platform().is_sm100": None,
-}
+# The SM100 half, whose SM120 twin (`arch.sglang_arch_twin`) the new flag uses: the call form
+# needs is_sm120_supported imported from sglang.srt.utils, `get_platform()` nothing new.
+ARCH_FORMS = {"is_sm100_supported()": "call", "get_platform().is_sm100": "platform"}
 KNOWN = (
     f"`{ANCHOR} = _is_cuda and is_sm100_supported()` (or `is_cuda() and ...`, "
     "or `_is_cuda and get_platform().is_sm100`)"
@@ -44,53 +41,34 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
 
 
 def transform(module: cst.Module) -> Result:
+    from dataclasses import replace
+
     from sm120patch.patchkit import arch
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
     anchors = h.module_assignments(module, ANCHOR)
+    cuda, sm120, needs = "", "", None  # no single SM100 flag: add_module_flag refuses
     if len(anchors) == 1:
         keys = _and_keys(anchors[0])
         if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
             return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
         cuda, sm100 = keys
-        sm120, needs = arch.sglang_arch_twin(sm100), ARCH_FORMS[sm100]  # type: ignore[index]
-    else:
-        cuda, sm120, needs = "", "", None  # add_module_flag refuses
+        sm120 = arch.sglang_arch_twin(sm100)  # type: ignore[assignment]
+        # From sglang.srt.utils itself: it has is_sm120_supported from 0.5.4 on, while the
+        # releases before 0.5.2 import is_sm100_supported from another module.
+        call = arch.sglang_arch_import("sm120", ARCH_FORMS[sm100])  # type: ignore[index]
+        needs = call and replace(call, module=UTILS)
     form = f"{cuda} and {sm120}"
-    shape = f"{SITE} = {form}" + (f", {needs} imported from {UTILS}" if needs else "")
     existing = h.module_assignments(module, SITE)
-    flag = op.add_module_flag(
+    return op.add_module_flag(
         module,
         name=SITE,
         sibling=ANCHOR,
         value=form,
         same=len(existing) == 1 and _and_keys(existing[0]) == (cuda, sm120),
         expected=f"one module flag {KNOWN}",
-    )
-    if flag.status is Status.REFUSED:
-        return flag
-    imported = needs is None or h.binds_at_module_level(module, needs)
-    if flag.status is Status.ALREADY_APPLIED:
-        if not imported:
-            # A half-done edit (by hand?): the flag would raise NameError at import time.
-            return refused(
-                SITE, f"`{needs}` imported from {UTILS} for `{SITE} = {form}`", "no such import"
-            )
-        return already_applied(SITE, shape)
-    if imported:
-        return applied(SITE, flag.module, shape)
-    assert needs is not None
-    add = op.add_import(
-        flag.module,
-        needs,
-        next_to="is_sm100_supported",
-        from_module=UTILS,
-        site=SITE,
-        expected=f"one `from {UTILS} import (...)` naming is_sm100_supported, to add {needs}",
-        found="none, or several",
-    )
-    return op.then(flag, add, shape=shape)
+    ).needing(needs)
 
 
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
@@ -124,10 +102,6 @@ PATCH = Patch(
         "`_is_sm120_supported` right after the SM100 flag, in the same form (importing "
         "is_sm120_supported from sglang.srt.utils where the flags call the utils checks), "
         "so that sglang.fusion-gate can test it."
-    ),
-    files=(
-        "sglang/srt/layers/layer_boundary/residual/add_norm.py",
-        "sglang/srt/layers/communicator.py",
     ),
     # The file holding the module flags, which is the file holding the gate (0.5.2 to 0.5.20
     # communicator.py, from 0.5.21 add_norm.py). Same files and marker as sglang.fusion-gate

@@ -1,3 +1,22 @@
-from sm120patch.cli import run
+"""`python -m sm120patch`: the console entry point, without the working directory on sys.path.
+
+`python -m` puts the working directory first on `sys.path`; an entry point (a patch pack, which
+is code) or a module found there would then run with this process's privileges, often root's.
+sm120patch itself is imported already, so nothing of it is looked up there again.
+"""
+
+import os
+import sys
+
+if sys.path and sys.path[0] not in ("",) and os.path.isdir(sys.path[0]):
+    try:
+        if os.path.samefile(sys.path[0], os.getcwd()):
+            del sys.path[0]
+    except OSError:
+        pass
+elif sys.path and sys.path[0] == "":
+    del sys.path[0]
+
+from sm120patch.cli import run  # noqa: E402
 
 run()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -261,9 +261,10 @@ class Pinned:
 
 def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
     from sm120patch.engine import pin as pinning
+    from sm120patch.targets.files import write_output  # never through a link at its name
 
     lock = pinning.make(profile, session.paths, force=force)
-    Path(output).write_text(lock.to_toml(), encoding="utf-8")
+    write_output(output, lock.to_toml())
     return Pinned(lock, output)
 
 
@@ -387,11 +388,18 @@ def scan(session: Session, known: str | None = None) -> ScanReport:
 
 
 def explain(
-    session: Session, python: str | None, simulate: str | None, launch: tuple[str, ...]
+    session: Session,
+    python: str | None,
+    simulate: str | None,
+    launch: tuple[str, ...],
+    profile: str = "all",
 ) -> Explanation:
+    """Pristine against patched; where nothing is applied the patched side is `profile`'s."""
     from sm120patch.explain import explain as explaining
 
-    return explaining.explain(session.paths, python=python, simulate=simulate, launch=launch)
+    return explaining.explain(
+        session.paths, python=python, simulate=simulate, launch=launch, profile=profile
+    )
 
 
 # ---- trial ---------------------------------------------------------------------------------
@@ -436,6 +444,8 @@ class Trialled:
 
     result: TrialResult | None = None
     measured: MeasuredTrial | None = None
+    # whether --export wrote the record (only a trial that is evidence is exported)
+    exported: bool = False
 
 
 def trial(
@@ -446,10 +456,18 @@ def trial(
     on_known: Lines,
     on_line: Lines,
     on_event: Lines,
+    on_progress: Lines | None = None,
 ) -> Trialled:
     """Apply, run the command, judge, keep or revert. `measure` (trial.measure.Options) makes
-    it an A/B measurement. The known outcomes go to `on_known` before anything runs."""
+    it an A/B measurement. The known outcomes go to `on_known` before anything runs;
+    `on_progress` hears a line every few seconds while a server is not ready. A measured trial
+    is exported (`export_path`) only when it is evidence; one that found nothing answering at
+    the API is the error TrialUnreachable (exit 8), its record in the error's JSON."""
     from sm120patch.trial import serve
+
+    def on_wait(elapsed: float, last: str | None) -> None:
+        if on_progress is not None:
+            on_progress(f"sm120patch: {serve.waiting_line(elapsed, last)}")
 
     if request.export_path and measure is None:
         raise UsageError(
@@ -472,10 +490,14 @@ def trial(
             log_path=log_path,
             on_line=on_line,
             on_event=on_event,
+            on_wait=on_wait if on_progress else None,
         )
-        if request.export_path:
-            write_export(measured.to_dict(), Path(request.export_path))
-        return Trialled(measured=measured)
+        if measured.verdict == "unreachable":
+            raise measured.unreachable(with_record=True)
+        exported = bool(request.export_path) and measured.evidence
+        if exported:
+            write_export(measured.to_dict(), Path(str(request.export_path)))
+        return Trialled(measured=measured, exported=exported)
     result = serve.run(
         request.profile,
         session.paths,
@@ -489,6 +511,7 @@ def trial(
         force=request.force,
         preconditions=session.sm120_check(request.gpu_check),
         on_line=on_line,
+        on_wait=on_wait if on_progress else None,
     )
     return Trialled(result=result)
 
@@ -507,14 +530,27 @@ def trial_show(
 
     found = known.find_trial(known.history(session.paths), trial_id)
     if html_path:
-        Path(html_path).write_text(report.html(found), encoding="utf-8")
+        from sm120patch.targets.files import write_output  # never through a link at its name
+
+        write_output(html_path, report.html(found))
     if export_path:
         write_export(found, Path(export_path))
     return Shown(found, html_path, export_path)
 
 
-def write_export(doc: dict[str, Any], path: Path) -> None:
-    """A trial as one known.toml record."""
+def trial_forget(session: Session, trial_ids: Sequence[str], *, everything: bool) -> list[str]:
+    """Remove recorded trials (IDs or unique prefixes, or every one) from every target; the
+    ids removed."""
     from sm120patch.trial import known
 
-    path.write_text(known.export_record(doc), encoding="utf-8")
+    if everything and trial_ids:
+        raise UsageError("give trial IDs or --all, not both")
+    return known.forget(session.paths, list(trial_ids), everything=everything)
+
+
+def write_export(doc: dict[str, Any], path: Path) -> None:
+    """A trial as one known.toml record."""
+    from sm120patch.targets.files import write_output  # never through a link at its name
+    from sm120patch.trial import known
+
+    write_output(path, known.export_record(doc))

@@ -2,9 +2,9 @@
 command layer (app.py) and prints what render.py makes of the result.
 
 Exit codes (README): 0 success, 1 refused or precondition failed (nothing changed), 2 usage,
-3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted: not
-faster beyond the spread) and 6 (reverted: wrong output); 75 a run left its journal
-(`recover`), 130 interrupted.
+3 a trial crashed and was reverted, 4 internal error; `trial --measure` also 5 (reverted:
+inconclusive, slower or inert), 6 (reverted: wrong output) and 8 (nothing answered at the
+API); 75 a run left its journal (`recover`), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -371,12 +371,12 @@ def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> No
     show(render.recovered(report))
 
 
-# ---- trial: run, show ---------------------------------------------------------------------
+# ---- trial: run, show, forget ---------------------------------------------------------------
 
 
 class _TrialGroup(click.Group):
-    """`trial PROFILE ...` runs a trial (the `run` subcommand by default); `trial show [ID]`
-    shows recorded ones. No profile is called `show` or `run`."""
+    """`trial PROFILE ...` runs a trial (the `run` subcommand by default); `trial show|forget`
+    shows or removes recorded ones. No profile is called `show`, `run` or `forget`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
@@ -387,13 +387,15 @@ class _TrialGroup(click.Group):
 @main.group("trial", cls=_TrialGroup)
 def trial_group() -> None:
     """Apply a profile, run a server under it, judge it, keep or revert: `trial PROFILE -- CMD`
-    (see `trial run --help`); `trial show [ID]` for recorded trials."""
+    (see `trial run --help`); `trial show [ID]` for recorded trials, `trial forget ID` (or
+    --all) to remove them."""
 
 
 # The options of `trial --measure` only, in the names of trial.measure.Options.
 MEASURE_OPTIONS = (
     "api", "requests", "concurrency", "max_tokens", "warmup", "repeat", "min_gain", "figure",
-    "min_similarity", "model", "bench_cmd",
+    "min_similarity", "min_agreement", "eval_cmd", "eval_key", "eval_tolerance", "model",
+    "bench_cmd",
 )  # fmt: skip
 
 
@@ -409,38 +411,32 @@ MEASURE_OPTIONS = (
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Append output here.")
 @click.option("--force", is_flag=True, help="Apply outside the profile's pinned versions.")
 @click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
-@click.option(
-    "--measure", is_flag=True, help="Judge by measurement: baseline vs patched under load."
-)
+@click.option("--measure", is_flag=True, help="Judge by measurement: baseline against patched.")
 @click.option("--api", "api", metavar="URL", help="Server base URL (default: from --ready-url).")
 @click.option("--requests", type=int, default=64, show_default=True, help="Measured requests.")
 @click.option("--concurrency", type=int, default=8, show_default=True, help="Requests in flight.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per request.")
 @click.option("--warmup", type=int, default=None, help="Uncounted requests first [concurrency].")
-@click.option("--repeat", type=int, default=1, show_default=True, help="ABAB rounds.")
+@click.option("--repeat", type=int, default=3, show_default=True,
+              help="ABAB rounds: runs a side (a keep needs 2 at least).")
 @click.option("--min-gain", type=float, default=2.0, show_default=True,
-              help="Percent the figure must improve beyond the measured spread to keep the patch.")
-@click.option(
-    "--figure",
-    default="output_tok_s",
-    show_default=True,
-    help="output_tok_s, req_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms or itl_p99_ms.",
-)
+              help="Percent the figure must improve beyond the measured noise to keep the patch.")
+@click.option("--figure", default="output_tok_s", show_default=True,
+              help="output_tok_s, req_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms or itl_p99_ms.")
 @click.option("--min-similarity", type=float, default=0.5, show_default=True,
               help="Least word similarity of the patched greedy answers to the baseline's.")
+@click.option("--min-agreement", type=float, default=0.9, show_default=True,
+              help="Least top-1 token agreement with the baseline (where logprobs are served).")
+@click.option("--eval-cmd", default=None, metavar="CMDLINE",
+              help="A quality command run on both sides ({api}, {model}, {output}); JSON score.")
+@click.option("--eval-key", default="score", show_default=True, help="Dotted key of its score.")
+@click.option("--eval-tolerance", type=float, default=0.01, show_default=True,
+              help="How far the patched score may fall below the baseline's.")
 @click.option("--model", default=None, help="Model name for the API (default: /v1/models).")
-@click.option(
-    "--bench-cmd",
-    default=None,
-    metavar="CMDLINE",
-    help="Measure with this benchmark instead (JSON result at {output}).",
-)
-@click.option(
-    "--export",
-    "export_path",
-    type=click.Path(dir_okay=False),
-    help="Write this trial as a known.toml record.",
-)
+@click.option("--bench-cmd", default=None, metavar="CMDLINE",
+              help="Measure with this benchmark instead (JSON result at {output}).")
+@click.option("--export", "export_path", type=click.Path(dir_okay=False),
+              help="Write this trial as a known.toml record (when it is evidence).")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trial_cmd(
@@ -455,9 +451,9 @@ def trial_cmd(
 ) -> None:
     """Apply PROFILE, run COMMAND (after --), keep the patch if it gets ready, else revert.
 
-    With --measure: baseline and patched runs of COMMAND under the same load, kept only when
-    the figure improves by --min-gain beyond the spread and the answers are sane. Exit 0 kept,
-    3 crashed, 5 reverted as not faster, 6 reverted as wrong output.
+    With --measure: baseline and patched under the same load, ABAB, kept only when the figure
+    improves by --min-gain beyond the measured noise, the answers are sane and the patched path
+    ran. Exit 0 kept, 3 crashed, 5 inconclusive, slower or inert, 6 wrong output, 8 no API.
     """
     from sm120patch.errors import TrialCrashed
 
@@ -472,6 +468,7 @@ def trial_cmd(
             on_known=echo_err if as_json else echo_out,
             on_line=echo_err if (measure or as_json) else echo_out,
             on_event=lambda line: click.echo(f"sm120patch: {line}", err=True),
+            on_progress=echo_err if sys.stderr.isatty() else None,
         )
     except TrialCrashed as exc:
         if as_json and exc.record is not None:
@@ -479,7 +476,7 @@ def trial_cmd(
             sys.exit(exc.exit_code)
         raise
     if request.export_path:
-        click.echo(f"wrote {request.export_path}: one known.toml record", err=True)
+        show(render.exported(found, request.export_path))
     if as_json:
         doc = found.measured.to_dict() if found.measured else found.result.to_dict()  # type: ignore[union-attr]  # one of the two is set
         emit_json(doc)
@@ -493,12 +490,8 @@ def trial_cmd(
 @click.argument("trial_id", required=False)
 @with_targets
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a report.")
-@click.option(
-    "--export",
-    "export_path",
-    type=click.Path(dir_okay=False),
-    help="Write the trial as a known.toml record.",
-)
+@click.option("--export", "export_path", type=click.Path(dir_okay=False),
+              help="Write the trial as a known.toml record.")
 @json_option
 def trial_show_cmd(
     trial_id: str | None,
@@ -516,6 +509,26 @@ def trial_show_cmd(
         emit_json(found.trial)
         return
     show(render.shown(found))
+
+
+@trial_group.command("forget")
+@click.argument("trial_ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", "everything", is_flag=True, help="Forget every recorded trial.")
+@with_targets
+@json_option
+def trial_forget_cmd(
+    trial_ids: tuple[str, ...],
+    everything: bool,
+    sglang: str | None,
+    flashinfer: str | None,
+    as_json: bool,
+) -> None:
+    """Remove recorded trials (IDs or unique prefixes of them, or --all) from every target."""
+    gone = app.trial_forget(session(sglang, flashinfer), trial_ids, everything=everything)
+    if as_json:
+        emit_json({"forgotten": gone})
+        return
+    show(render.forgotten(gone))
 
 
 @main.command("doctor")
@@ -687,6 +700,15 @@ def scan_cmd(
     type=click.Choice(["sm120", "sm100", "sm90"]),
     help="Decide as on a GPU of this architecture instead of the real one.",
 )
+@click.option(
+    "--profile",
+    "profile",
+    default="all",
+    show_default=True,
+    metavar="PROFILE",
+    help="Where nothing is applied, the patched side is what this profile would write "
+    "(fp4-gemm and attention are not part of all).",
+)
 @json_option
 @click.argument("launch", nargs=-1, type=click.UNPROCESSED)
 def explain_cmd(
@@ -694,15 +716,17 @@ def explain_cmd(
     flashinfer: str | None,
     python: str | None,
     simulate: str | None,
+    profile: str,
     as_json: bool,
     launch: tuple[str, ...],
 ) -> None:
     """What upstream's own code decides, pristine vs patched, for `-- SGLANG LAUNCH ARGS`.
 
-    Runs SGLang's server-argument resolution, the allreduce-fusion gate, _resolve_backend and
-    FlashInfer's comm module flags in the target's interpreter: no weights, no server.
+    Runs SGLang's server-argument resolution, the allreduce-fusion gate, _resolve_backend, the
+    FP4 GEMM backend `auto` resolves to and FlashInfer's comm module flags in the target's
+    interpreter: no weights, no server.
     """
-    found = app.explain(session(sglang, flashinfer), python, simulate, launch)
+    found = app.explain(session(sglang, flashinfer), python, simulate, launch, profile)
     if as_json:
         emit_json(found.to_dict())
         return

@@ -34,3 +34,10 @@ class UsageError(Sm120Error):
 class TrialCrashed(Sm120Error):
     exit_code = 3
     record: dict[str, object] | None = None  # the trial's record, for `--json`
+
+
+class TrialUnreachable(Sm120Error):
+    """`trial --measure`: nothing answered at the API on the baseline (no load request, no
+    probe); the setup is wrong, the patch is not judged (reverted, never evidence)."""
+
+    exit_code = 8

@@ -218,8 +218,7 @@ def status(found: list[TargetStatus]) -> Text:
         text.out.append(f"{t.name} {t.version} ({t.layout}) at {t.root}: {s.state}")
         if s.state != "pristine":
             text.out.append(f"  {s.assessment.message}")
-        for trial in s.trials[-5:]:
-            text.out.append("  " + trial_line(trial))
+        text.out += ["  " + line for line in trial_lines(s.trials)]
         if s.profile is None:
             continue
         branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
@@ -240,65 +239,47 @@ def pinned(found: Pinned, profile: str) -> Text:
 
 def trial_line(t: dict[str, Any]) -> str:
     """One line of a recorded trial, for `status` and `trial show`."""
-    if t.get("kind") == "measured":
-        return f"trial {t.get('id')} {t.get('profile')} measured: {t.get('message')}"
-    head = f"trial {t['id']} " if t.get("id") else "trial "
-    return (
-        f"{head}{t.get('profile')}: {t.get('verdict')}, "
-        f"exit {t.get('exit_code')}: {' '.join(t.get('command', []))}"
-    )
+    from sm120patch.trial import report
+
+    return report.trial_line(t)
+
+
+def trial_lines(trials: list[dict[str, Any]], shown: int = 3) -> list[str]:
+    """The last few trials of a target, and how many more there are."""
+    lines = [trial_line(t) for t in trials[-shown:]]
+    if len(trials) > shown:
+        lines.append(
+            f"... and {len(trials) - shown} earlier trial(s): `sm120patch trial show ID`, "
+            "`sm120patch trial forget ID` (or --all)"
+        )
+    return lines
 
 
 def measured_lines(doc: dict[str, Any]) -> list[str]:
-    """A measured trial in words: each run's figures and power, then the verdict."""
-    from sm120patch.trial import gpu
+    """A measured trial in words (trial.report): each run's figures, window and power, the
+    paired gains, the wiring evidence and the quality checks, then the verdict."""
+    from sm120patch.trial import report
 
-    lines = [f"trial {doc['id']} of {doc['profile']}: {' '.join(doc['command'])}"]
-    if doc.get("versions") or doc.get("gpu_names"):
-        versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
-        lines.append(f"  {versions}; GPUs: {', '.join(doc.get('gpu_names') or ['none seen'])}")
-    for run in doc["runs"]:
-        head = f"  {run['side']:8} run {run['round'] + 1}: "
-        f = run.get("figures")
-        if run["outcome"] != "ok" or not f:
-            lines.append(head + f"{run['outcome']} (exit {run.get('exit_code')})")
-            continue
-        lines.append(
-            head + f"{f['output_tok_s']:.1f} tok/s, {f['req_s']:.2f} req/s, "
-            f"TTFT p50/p99 {_ms(f.get('ttft_p50_ms'))}/{_ms(f.get('ttft_p99_ms'))} ms, "
-            f"ITL p50/p99 {_ms(f.get('itl_p50_ms'))}/{_ms(f.get('itl_p99_ms'))} ms"
-        )
-        for g in run.get("gpus", []):
-            lines.append("    " + gpu.GpuFigures(**g).describe())
-        if run.get("nvml_problem"):
-            lines.append(f"    no GPU figures: {run['nvml_problem']}")
-    for reason in (doc.get("sanity") or {}).get("reasons", []):
-        lines.append(f"  wrong output: {reason}")
-    if doc.get("signature"):
-        lines.append(f"  next: {doc['signature']['action']}")
-    lines.append(f"verdict: {doc['verdict']}: {doc['message']}")
-    return lines
-
-
-def _ms(value: float | None) -> str:
-    return "?" if value is None else f"{value:.1f}"
+    return report.measured_lines(doc)
 
 
 def power_lines(samples: list[dict[str, Any]]) -> list[str]:
-    """Mean and peak draw per GPU against its limit."""
-    per: dict[int, list[tuple[float, float | None]]] = {}
-    for sample in samples:
-        for g in sample["gpus"]:
-            if g["power_w"] is not None:
-                per.setdefault(g["index"], []).append((g["power_w"], g["limit_w"]))
-    lines = []
-    for index, values in sorted(per.items()):
-        draws = [v[0] for v in values]
-        limit = values[-1][1]
-        mean = sum(draws) / len(draws)
-        share = f" ({100 * mean / limit:.0f}% of its {limit:.0f} W limit)" if limit else ""
-        lines.append(f"GPU {index}: mean {mean:.0f} W, peak {max(draws):.0f} W{share}")
-    return lines
+    """A plain trial's `--sample-power`: mean and max draw per GPU against its limit."""
+    from sm120patch.trial import report
+
+    return report.power_lines(samples)
+
+
+def exported(found: Trialled, path: str) -> Text:
+    """What `trial --measure --export FILE` says of the export."""
+    if found.exported:
+        return Text(err=[f"wrote {path}: one known.toml record"])
+    verdict = found.measured.verdict if found.measured else "?"
+    return Text(err=[f"sm120patch: nothing exported: {verdict} is not evidence"])
+
+
+def forgotten(ids: list[str]) -> Text:
+    return Text(out=[f"forgot {len(ids)} trial(s)" + (f": {', '.join(ids)}" if ids else "")])
 
 
 def trialled(found: Trialled, profile: str) -> Text:

@@ -1,34 +1,78 @@
 """A small OpenAI-compatible server for trial tests: /health, /v1/models, /v1/completions
 (streaming or not), on 127.0.0.1 only, for at most --lifetime seconds.
 
-It reads --watch at start-up and compares its sha256 with --pristine-sha: the tree is patched
+It reads --watch at start-up and compares its CRC-32 with --pristine-crc: the tree is patched
 when they differ. What it does then comes from the options for that side, so an A/B trial run
 by the real trial code sees exactly the difference the patch made:
   --delay-ms-patched / --delay-ms-pristine  per-token delay; a comma list is taken in turn by
                                             successive start-ups (counted in --counter FILE)
+  --noise F --seed N                        each start's delay times 1 + uniform(-F, F), drawn
+                                            from (seed, side, start): run-to-run noise
   --degenerate-when-patched                 answer "!!!!..." when patched
   --crash-when-patched                      print FlashInfer's arch error and exit 1 when patched
+  --log-line TEXT / --log-when-patched TEXT print TEXT at start (always / when patched): the
+                                            lines a patch's wiring evidence is read from
+  --logprobs                                send OpenAI logprobs (the greedy tokens) on request
+  --flip-first-when-patched                 patched answers start with another word
+  --drift-when-patched K                    patched answers go another way from word K on
+  --eval-wrong-when-patched                 answer prompts starting "EVAL:" wrongly when patched
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import os
+import random
+import socketserver
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch".split()
 
 
 def greedy_answer(prompt: str, n: int) -> list[str]:
-    """Deterministic per prompt, as greedy decoding is."""
-    seed = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
-    return [" " + WORDS[(seed >> (3 * i)) % len(WORDS)] for i in range(n)]
+    """Deterministic per prompt, as greedy decoding is (a str seed is hashed the same in
+    every process)."""
+    rng = random.Random(prompt)
+    return [" " + rng.choice(WORDS) for _ in range(n)]
+
+
+def crc(path: str) -> str:
+    return f"{zlib.crc32(Path(path).read_bytes()):08x}"
+
+
+# option -> default; a bool default is a flag, a list one repeats. Parsed by hand: argparse's
+# import was a fifth of a start-up on a busy test machine, and the trials start hundreds.
+OPTIONS: dict[str, object] = {
+    "port": None, "watch": None, "pristine-crc": None, "delay-ms-pristine": "4",
+    "delay-ms-patched": "4", "degenerate-when-patched": False, "crash-when-patched": False,
+    "noise": "0", "seed": "0", "log-line": [], "log-when-patched": [], "logprobs": False,
+    "flip-first-when-patched": False, "drift-when-patched": None,
+    "eval-wrong-when-patched": False, "counter": None, "lifetime": "60", "pidfile": None,
+}  # fmt: skip
+
+
+def parse(argv: list[str]) -> SimpleNamespace:
+    values = {k: list(v) if isinstance(v, list) else v for k, v in OPTIONS.items()}
+    it = iter(argv)
+    for arg in it:
+        name = arg.removeprefix("--")
+        if not arg.startswith("--") or name not in OPTIONS:
+            sys.exit(f"fake server: unknown argument {arg}")
+        if isinstance(OPTIONS[name], bool):
+            values[name] = True
+        elif isinstance(OPTIONS[name], list):
+            values[name].append(next(it))  # type: ignore[union-attr]
+        else:
+            values[name] = next(it)
+    missing = [k for k in ("port", "watch", "pristine-crc") if values[k] is None]
+    if missing:
+        sys.exit(f"fake server: --{missing[0]} is required")
+    return SimpleNamespace(**{k.replace("-", "_"): v for k, v in values.items()})
 
 
 def pick(spec: str, turn: int) -> float:
@@ -37,22 +81,11 @@ def pick(spec: str, turn: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--watch", required=True)
-    ap.add_argument("--pristine-sha", required=True)
-    ap.add_argument("--delay-ms-pristine", default="4")
-    ap.add_argument("--delay-ms-patched", default="4")
-    ap.add_argument("--degenerate-when-patched", action="store_true")
-    ap.add_argument("--crash-when-patched", action="store_true")
-    ap.add_argument("--counter", default=None)
-    ap.add_argument("--lifetime", type=float, default=60.0)
-    ap.add_argument("--pidfile", default=None)
-    args = ap.parse_args()
+    args = parse(sys.argv[1:])
     if args.pidfile:
         Path(args.pidfile).write_text(str(os.getpid()))
 
-    patched = hashlib.sha256(Path(args.watch).read_bytes()).hexdigest() != args.pristine_sha
+    patched = crc(args.watch) != args.pristine_crc
     side = "patched" if patched else "pristine"
     turn = 0
     if args.counter:
@@ -60,8 +93,28 @@ def main() -> None:
         turn = int(counter.read_text()) if counter.exists() else 0
         counter.write_text(str(turn + 1))
     delay = pick(args.delay_ms_patched if patched else args.delay_ms_pristine, turn)
+    noise = float(args.noise)
+    if noise:
+        delay *= 1 + random.Random(f"{args.seed}:{side}:{turn}").uniform(-noise, noise)
     degenerate = patched and args.degenerate_when_patched
     print(f"fake server: {side}, {delay * 1000:.1f} ms per token", flush=True)
+    for line in args.log_line + (args.log_when_patched if patched else []):
+        print(line, flush=True)
+
+    def answer(prompt: str, n: int) -> list[str]:
+        if prompt.startswith("EVAL:"):
+            wrong = patched and args.eval_wrong_when_patched
+            return ([" wrong"] if wrong else [" right"]) + [" ."] * (n - 1)
+        if degenerate:
+            return ["!!!!"] * n
+        words = greedy_answer(prompt, n)
+        if patched and args.flip_first_when_patched:
+            words[0] = " elsewhere"
+        if patched and args.drift_when_patched is not None:
+            k = int(args.drift_when_patched)
+            words[k:] = greedy_answer("drift:" + prompt, n)[k:]
+        return words
+
     if patched and args.crash_when_patched:
         print("loading model", flush=True)
         print(
@@ -71,46 +124,68 @@ def main() -> None:
         sys.exit(1)
 
     # Bounded run: a test that forgets the server cannot leave it behind.
-    threading.Timer(args.lifetime, lambda: os._exit(0)).start()
+    threading.Timer(float(args.lifetime), lambda: os._exit(0)).start()
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class Handler(socketserver.StreamRequestHandler):
+        """HTTP/1.1 with keep-alive, just what the trial's client sends: a request line,
+        headers, a Content-Length body. Hand-written: http.server's imports (email, ssl) took
+        more than the rest of a start-up on a busy test machine."""
 
-        def log_message(self, *a: object) -> None:
-            pass
+        def handle(self) -> None:
+            try:
+                while self._one():
+                    pass
+            except ConnectionError:
+                pass  # a client closing a keep-alive connection is not news
+
+        def _one(self) -> bool:
+            line = self.rfile.readline()
+            if not line.strip():
+                return False
+            method, path = line.decode("latin-1").split()[:2]
+            headers = {}
+            while (header := self.rfile.readline().decode("latin-1").strip()) != "":
+                name, _, value = header.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            body = self.rfile.read(int(headers.get("content-length", "0") or 0))
+            if method == "GET" and path == "/health":
+                self._json({"ok": True})
+            elif method == "GET" and path == "/v1/models":
+                self._json({"data": [{"id": "fake-model"}]})
+            elif method == "POST" and path == "/v1/completions":
+                self._complete(json.loads(body))
+            else:
+                self._json({"error": "not found"}, 404)
+            return True
+
+        def _head(self, code: int, **headers: str) -> None:
+            reason = {200: "OK", 404: "Not Found"}.get(code, "Error")
+            lines = [f"HTTP/1.1 {code} {reason}"] + [
+                f"{k.replace('_', '-')}: {v}" for k, v in headers.items()
+            ]
+            self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
 
         def _json(self, doc: object, code: int = 200) -> None:
             body = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
+            self._head(code, Content_Type="application/json", Content_Length=str(len(body)))
             self.wfile.write(body)
+            self.wfile.flush()
 
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._json({"ok": True})
-            elif self.path == "/v1/models":
-                self._json({"data": [{"id": "fake-model"}]})
-            else:
-                self._json({"error": "not found"}, 404)
-
-        def do_POST(self) -> None:
-            if self.path != "/v1/completions":
-                self._json({"error": "not found"}, 404)
-                return
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        def _complete(self, req: dict) -> None:
             n = int(req.get("max_tokens", 16))
-            words = ["!!!!"] * n if degenerate else greedy_answer(req["prompt"], n)
+            words = answer(req["prompt"], n)
             if not req.get("stream"):  # the probes: only the streamed load is timed
-                self._json(
-                    {"choices": [{"text": "".join(words)}], "usage": {"completion_tokens": n}}
-                )
+                choice: dict[str, object] = {"text": "".join(words)}
+                if args.logprobs and req.get("logprobs"):
+                    choice["logprobs"] = {
+                        "tokens": words,
+                        "token_logprobs": [-0.1] * n,
+                        "top_logprobs": [{w: -0.1} for w in words],
+                        "text_offset": [sum(map(len, words[:i])) for i in range(n)],
+                    }
+                self._json({"choices": [choice], "usage": {"completion_tokens": n}})
                 return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+            self._head(200, Content_Type="text/event-stream", Transfer_Encoding="chunked")
 
             def chunk(doc: object) -> None:
                 data = f"data: {doc if isinstance(doc, str) else json.dumps(doc)}\n\n".encode()
@@ -126,15 +201,11 @@ def main() -> None:
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
-    class Server(ThreadingHTTPServer):
+    class Server(socketserver.ThreadingTCPServer):
         daemon_threads = True
+        allow_reuse_address = True
 
-        def handle_error(self, request: object, client_address: object) -> None:
-            # A client closing a keep-alive connection is not news; anything else is.
-            if not isinstance(sys.exc_info()[1], ConnectionError):
-                super().handle_error(request, client_address)
-
-    server = Server(("127.0.0.1", args.port), Handler)
+    server = Server(("127.0.0.1", int(args.port)), Handler)
     print("fake server ready", flush=True)
     server.serve_forever()
 

@@ -20,7 +20,7 @@ def test_a_profile_names_its_patches_and_what_is_outside_its_pins():
         "sglang 0.5.7 is outside the pins of profile all (sglang <0.5.24,>=0.5.8)"
     ]
     assert catalog.pin_problems(cat.profile("moe"), {"sglang": "0.5.9.post1"}) == []
-    with pytest.raises(UsageError, match="unknown profile 'nope'; known profiles: all, fusion"):
+    with pytest.raises(UsageError, match="unknown profile 'nope'; known profiles: all, attention, fp4-gemm, fusion"):
         cat.profile("nope")
 
 

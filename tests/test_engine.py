@@ -56,7 +56,8 @@ def test_apply_status_revert_roundtrip(trees):
         assert git(sg, "rev-parse", "--abbrev-ref", "HEAD").strip() == "sm120patch/all"
         log = git(sg, "log", "--format=%B%x00", "main..sm120patch/all").split("\0")
         messages = [m for m in log if m.strip()]
-        assert len(messages) == 4  # sm120-flag, fusion-gate, fusion-autoenable, moe-backend
+        # sm120-flag, fusion-gate, fusion-autoenable, moe-backend, moe-backend-qwen3
+        assert len(messages) == 5
         for message in messages:
             assert "Sm120patch-Profile: all" in message
             assert "Sm120patch-Version: " in message
@@ -71,6 +72,7 @@ def test_apply_status_revert_roundtrip(trees):
             "sglang.fusion-gate",
             "sglang.fusion-autoenable",
             "sglang.moe-backend",
+            "sglang.moe-backend-qwen3",
         }
 
     code, out, err = cli("revert", "--all", *targets(sg, fi))

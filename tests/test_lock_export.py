@@ -124,6 +124,7 @@ def test_export_applies_with_git_am(tmp_path):
     assert [p.name.split("-", 1)[1] for p in sg_patches] == [
         "sglang-sm120-flag.patch", "sglang-fusion-gate.patch",
         "sglang-fusion-autoenable.patch", "sglang-moe-backend.patch",
+        "sglang-moe-backend-qwen3.patch",
     ]
     assert len(list((out / "flashinfer").glob("*.patch"))) == 1
     # On another checkout of the same release, `git am` takes them, trailers and all.

@@ -10,7 +10,17 @@ import pytest
 
 from sm120patch.patchkit import operations as op
 from sm120patch.patchkit import syntax as h
-from sm120patch.patchkit.model import Result, Status
+from sm120patch.patchkit.model import (
+    Import,
+    Patch,
+    Result,
+    Status,
+    already_applied,
+    applied,
+    refused,
+    upstream,
+)
+from sm120patch.patchkit.runner import transform_text
 
 
 def src(text: str) -> str:
@@ -179,7 +189,23 @@ def test_add_module_flag_outcomes(code: str, same: bool, status: Status) -> None
     assert res.status is status, res.reason
 
 
-# ---- add_import -------------------------------------------------------------------------------
+# ---- requested imports (Result.needing, placed by the runner) ---------------------------------
+
+
+def requesting(*imports: Import | None, var: str = "x") -> Patch:
+    """A patch whose transform rewrites `x = 0` to `x = 1` (or finds `x = 1` there already)
+    and requests `imports`: the runner places them."""
+    edit = f"{var} = 1"
+
+    def transform(module: cst.Module) -> Result:
+        [line] = [s for s in module.body if h.code(s) in (f"{var} = 0", edit)]
+        if h.code(line) == edit:
+            return already_applied(var, edit).needing(*imports)
+        new = module.deep_replace(line, cst.parse_statement(edit + "\n"))
+        return applied(var, new, edit).needing(*imports)  # type: ignore[arg-type]
+
+    return Patch(id=f"t.{var}", target="sglang", title="t", why="w", files=("f.py",),
+                 marker=var, transform=transform)
 
 
 @pytest.mark.parametrize(
@@ -192,34 +218,78 @@ def test_add_module_flag_outcomes(code: str, same: bool, status: Status) -> None
     ],
     ids=["flat", "one-per-line", "last", "alone"],
 )
-def test_add_import_next_to_sibling(before: str, after: str) -> None:
-    res = op.add_import(cst.parse_module(before), "c", next_to="a", site="s")
-    assert_codemod(res, after)
-    assert op.add_import(res.module, "c", next_to="a", site="s").status is Status.ALREADY_APPLIED
+def test_requested_import_goes_next_to_its_sibling(before: str, after: str) -> None:
+    res = transform_text([requesting(Import("c", next_to="a"))], "f.py", before + "x = 0\n")
+    [outcome] = res.outcomes
+    assert outcome.status is Status.APPLIED, outcome.reason
+    assert res.after == after + "x = 1\n"
+    assert outcome.shape == "x = 1; c imported" and outcome.reason == "patched (x = 1; c imported)"
+    [again] = transform_text([requesting(Import("c", next_to="a"))], "f.py", res.after).outcomes
+    assert again.status is Status.ALREADY_APPLIED
 
 
-def test_add_import_from_a_named_module() -> None:
-    code = "from n import a\nfrom m import a as a2, b\n"
-    res = op.add_import(cst.parse_module(code), "c", next_to="b", site="s", from_module="m")
-    assert_codemod(res, "from n import a\nfrom m import a as a2, b, c\n")
-    wrong = op.add_import(cst.parse_module(code), "c", next_to="a", site="s", from_module="m")
-    assert wrong.status is Status.REFUSED
+def test_requested_import_already_there_is_left_alone() -> None:
+    code = "from n import c as c\nfrom m import a\nx = 0\n"
+    res = transform_text([requesting(Import("c", next_to="a"))], "f.py", code)
+    assert res.after == code.replace("x = 0", "x = 1")
+    assert res.outcomes[0].shape == "x = 1"
 
 
-@pytest.mark.parametrize("code", ["from m import a\nfrom n import a\n", "import a\n"])
-def test_add_import_refuses_without_one_sibling_import(code: str) -> None:
-    res = op.add_import(cst.parse_module(code), "c", next_to="a", site="s")
-    assert res.status is Status.REFUSED and "none or several" in res.reason
+def test_requested_import_from_a_named_module() -> None:
+    code = "from n import a\nfrom m import a as a2, b\nx = 0\n"
+    res = transform_text([requesting(Import("c", next_to="b", module="m"))], "f.py", code)
+    assert res.after == "from n import a\nfrom m import a as a2, b, c\nx = 1\n"
+    wrong = transform_text([requesting(Import("c", next_to="a", module="m"))], "f.py", code)
+    [outcome] = wrong.outcomes
+    assert outcome.status is Status.REFUSED and not wrong.changed
+    assert outcome.reason == (
+        "expected one module-level `from m import` naming a, to add c; found 0 such imports"
+    )
 
 
-def test_then_keeps_the_first_shape_and_a_refusal_wins() -> None:
-    module = cst.parse_module("from m import a\nx = 1\n")
-    first = op.add_module_flag(module, name="y", sibling="x", value="2", same=False)
-    ok = op.then(first, op.add_import(first.module, "c", next_to="a", site="y"))
-    assert ok.status is Status.APPLIED and ok.shape == "y = 2"
-    assert ok.module.code == "from m import a, c\nx = 1\ny = 2\n"
-    bad = op.then(first, op.add_import(first.module, "c", next_to="zz", site="y"))
-    assert bad.status is Status.REFUSED
+@pytest.mark.parametrize(
+    ("code", "found"),
+    [("from m import a\nfrom n import a\n", "2 such imports"), ("import a\n", "0 such imports")],
+)
+def test_requested_import_refuses_without_one_sibling_import(code: str, found: str) -> None:
+    res = transform_text([requesting(Import("c", next_to="a"))], "f.py", code + "x = 0\n")
+    [outcome] = res.outcomes
+    assert outcome.status is Status.REFUSED and outcome.reason.endswith(found)
+    assert not res.changed
+
+
+def test_requested_import_missing_beside_a_change_already_made_refuses() -> None:
+    res = transform_text([requesting(Import("c", next_to="a"))], "f.py", "from m import a\nx = 1\n")
+    [outcome] = res.outcomes
+    assert outcome.status is Status.REFUSED
+    assert outcome.reason == "expected `c` imported where it is used; found no such import"
+
+
+def test_two_patches_requesting_one_name_import_it_once() -> None:
+    first = requesting(Import("c", next_to="a"))
+    second = requesting(Import("c", next_to="a"), Import("c", next_to="a"), var="y")
+    res = transform_text([first, second], "f.py", "from m import a\nx = 0\ny = 0\n")
+    assert [o.status for o in res.outcomes] == [Status.APPLIED, Status.APPLIED]
+    assert res.after == "from m import a, c\nx = 1\ny = 1\n"
+    # The step the engine commits for the first patch already holds the import it needs.
+    assert res.step_texts()[0][1] == "from m import a, c\nx = 1\ny = 0\n"
+    assert res.outcomes[1].shape == "y = 1"
+
+
+def test_refusals_and_skips_request_nothing() -> None:
+    res = refused("s", "a", "b").needing(Import("c", next_to="a"))
+    assert res.imports == ()
+    assert upstream("s", "r").needing(Import("c", next_to="a")).imports == ()
+    assert already_applied("s", "x").needing(None).imports == ()
+
+
+def test_widen_arch_or_requests_the_import_of_the_call_form() -> None:
+    res = widen("x = (is_sm90_supported() or is_sm100_supported())\n", forms=("call",))
+    assert res.imports == (Import("is_sm120_supported", next_to="is_sm100_supported"),)
+    done = widen("x = (is_sm90_supported() or is_sm120_supported())\n", forms=("call",))
+    assert done.status is Status.ALREADY_APPLIED and done.imports == res.imports
+    flag = widen("x = (_is_sm90_supported or _is_sm100_supported)\n", forms=("flag",))
+    assert flag.imports == ()
 
 
 # ---- add_elif ---------------------------------------------------------------------------------
@@ -269,3 +339,58 @@ def test_one_def() -> None:
     two = op.one_def(cst.parse_module("def f(): pass\nclass C:\n    def f(self): pass\n"), "f")
     assert two.status is Status.REFUSED and "2 definitions" in two.reason
     assert isinstance(op.one_def(cst.parse_module("def f(): pass\n"), "f"), cst.FunctionDef)
+
+
+# ---- one_of_defs ------------------------------------------------------------------------------
+
+RENAMED = ("new_name", "old_name")
+METHOD = ("Cls", "meth")
+
+
+@pytest.mark.parametrize(
+    ("code", "site"),
+    [
+        ("def old_name(): pass\n", "old_name"),
+        ("def new_name(): pass\nclass Cls:\n    def meth(self): pass\n", "new_name"),
+        ("class Cls:\n    def meth(self): pass\n", "Cls.meth"),
+    ],
+    ids=["old-name", "a-name-before-the-method", "method"],
+)
+def test_one_of_defs_finds_the_site(code: str, site: str) -> None:
+    found = op.one_of_defs(cst.parse_module(code), RENAMED, fallback=METHOD)
+    assert not isinstance(found, Result)
+    assert found[0] == site and found[1].name.value == site.split(".")[-1]
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "site", "reason"),
+    [
+        ("x = 1\n", Status.NOT_APPLICABLE, "Cls.meth",
+         "no def new_name nor def old_name nor Cls.meth in this file"),
+        ("def new_name(): pass\ndef old_name(): pass\n", Status.REFUSED, "new_name / old_name",
+         "expected one of def new_name, def old_name, Cls.meth; found 2 definitions of "
+         "new_name, old_name"),
+        ("class Cls:\n    def meth(self): pass\nclass Cls:\n    def meth(self): pass\n",
+         Status.REFUSED, "Cls.meth", "found 2 definitions of Cls.meth"),
+    ],
+    ids=["none", "two-names", "method-twice"],
+)
+def test_one_of_defs_outcomes(code: str, status: Status, site: str, reason: str) -> None:
+    res = op.one_of_defs(cst.parse_module(code), RENAMED, fallback=METHOD)
+    assert isinstance(res, Result) and res.status is status and res.site == site
+    assert reason in res.reason
+
+
+def test_one_of_defs_required_or_with_its_reason() -> None:
+    module = cst.parse_module("x = 1\n")
+    gone = op.one_of_defs(module, RENAMED, "renamed in 2.0")
+    assert isinstance(gone, Result) and gone.status is Status.NOT_APPLICABLE
+    assert gone.reason == "renamed in 2.0" and gone.site == "new_name / old_name"
+    needed = op.one_of_defs(module, RENAMED, fallback=METHOD, required=True)
+    assert isinstance(needed, Result) and needed.status is Status.REFUSED
+    assert needed.reason == (
+        "expected one of def new_name, def old_name, Cls.meth; found none of them"
+    )
+    assert op.one_of_defs(cst.parse_module("def f(): pass\n"), ("f",))[0] == "f"  # type: ignore[index]
+    twice = op.one_of_defs(cst.parse_module("def f(): pass\ndef f(): pass\n"), ("f",))
+    assert isinstance(twice, Result) and "expected one `def f`" in twice.reason

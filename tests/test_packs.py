@@ -265,7 +265,8 @@ def test_patch_digest_follows_the_helpers_a_patch_uses():
     assert edited["sm120patch.patchkit.syntax"] != helpers["sm120patch.patchkit.syntax"]
     after = {pid: codedigest.digest_of(text, edited) for pid, text in patches.items()}
     changed = {pid for pid in before if before[pid] != after[pid]}
-    assert changed == {"sglang.fusion-gate", "sglang.fusion-backend", "sglang.fusion-autoenable"}
+    assert changed == {"sglang.fusion-gate", "sglang.fusion-backend", "sglang.fusion-autoenable",
+                       "sglang.fp4-gemm-autotune"}  # fmt: skip
     # A change to the runner counts for every patch.
     edited["sm120patch.patchkit.runner"] = helpers["sm120patch.patchkit.runner"].replace(
         "result.after = spliced_code(result.tree, text, module)",

@@ -13,7 +13,7 @@ from trees import make_tree
 
 from sm120patch.cli import main
 from sm120patch.patchkit import arch as words
-from sm120patch.scan import classify, gates, report, run
+from sm120patch.scan import classify, evaluate, gates, report, run
 
 
 def scan(text: str, file: str = "sglang/srt/layers/x.py") -> list[gates.Gate]:
@@ -120,7 +120,7 @@ def test_a_check_for_sm100_leaves_sm120_out_and_says_what_it_sets() -> None:
         """
     )
     assert (gate.verdict, gate.kind, gate.function, gate.line) == (
-        gates.LEAVES_OUT,
+        evaluate.LEAVES_OUT,
         "if",
         "pick",
         4,
@@ -134,17 +134,17 @@ def test_a_check_for_sm100_leaves_sm120_out_and_says_what_it_sets() -> None:
 @pytest.mark.parametrize(
     ("test", "verdict"),
     [
-        ("sm_major not in (9, 10)", gates.LEAVES_OUT),
-        ("major == 10", gates.LEAVES_OUT),
-        ("not get_platform().is_sm100", gates.LEAVES_OUT),
-        ("(_is_sm90 or _is_sm100) and enabled", gates.LEAVES_OUT),
-        ("get_device_sm() in (100, 103)", gates.LEAVES_OUT),
-        ("torch.cuda.get_device_capability() == (10, 0)", gates.LEAVES_OUT),
-        ("major == 9", gates.LEAVES_OUT),  # Hopper alone: SM120 goes where SM100 goes
-        ("major >= 10", gates.ADMITS),
-        ("is_blackwell()", gates.ADMITS),
-        ("(10, 0) > get_device_capability() >= (8, 0)", gates.ADMITS),
-        ("major >= 10 and major != 12", gates.EXCLUDES),
+        ("sm_major not in (9, 10)", evaluate.LEAVES_OUT),
+        ("major == 10", evaluate.LEAVES_OUT),
+        ("not get_platform().is_sm100", evaluate.LEAVES_OUT),
+        ("(_is_sm90 or _is_sm100) and enabled", evaluate.LEAVES_OUT),
+        ("get_device_sm() in (100, 103)", evaluate.LEAVES_OUT),
+        ("torch.cuda.get_device_capability() == (10, 0)", evaluate.LEAVES_OUT),
+        ("major == 9", evaluate.LEAVES_OUT),  # Hopper alone: SM120 goes where SM100 goes
+        ("major >= 10", evaluate.ADMITS),
+        ("is_blackwell()", evaluate.ADMITS),
+        ("(10, 0) > get_device_capability() >= (8, 0)", evaluate.ADMITS),
+        ("major >= 10 and major != 12", evaluate.EXCLUDES),
     ],
 )
 def test_verdicts(test: str, verdict: str) -> None:
@@ -462,6 +462,8 @@ def test_covered_sites_come_from_the_profiles_own_patches(sglang_tree: Path) -> 
         ("apply_flashinfer_allreduce_fusion", "sglang.fusion-gate"),
         ("ServerArgs._handle_model_specific_adjustments", "sglang.fusion-autoenable"),
         ("ServerArgs._handle_model_specific_adjustments", "sglang.moe-backend"),
+        # the fixture's Qwen3 MoE branch is SM100-only too: the moe profile's second patch
+        ("ServerArgs._handle_model_specific_adjustments", "sglang.moe-backend-qwen3"),
     }
     profiles = {c.profile for x in found.of("covered") for c in x.covered_by}
     assert profiles == {"fusion", "moe", "all"}
@@ -478,11 +480,11 @@ def test_cli_text_json_and_the_exit_code(sglang_tree: Path, flashinfer_tree: Pat
     cand = lines.index("candidate (1)")
     assert "gen_vllm_comm_module" in lines[cand + 1]
     assert lines[cand + 2].strip() == "argument [9, 10]"
-    assert lines[-1] == "summary: 1 candidate, 4 covered, 0 upstream, 0 kernel"
+    assert lines[-1] == "summary: 1 candidate, 5 covered, 0 upstream, 0 kernel"
     failing = CliRunner().invoke(main, [*args, "--fail-on-candidate"])
     assert failing.exit_code == 1
     doc = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
-    assert doc["counts"] == {"candidate": 1, "covered": 4, "upstream": 0, "kernel": 0}
+    assert doc["counts"] == {"candidate": 1, "covered": 5, "upstream": 0, "kernel": 0}
     gate = next(g for t in doc["targets"] for g in t["gates"] if g["class"] == "candidate")
     assert (gate["file"], gate["function"]) == ("flashinfer/jit/comm.py", "gen_vllm_comm_module")
 

@@ -176,7 +176,7 @@ def test_refuses_without_import_to_extend(run_patch):
     src = CALL.replace("    is_sm100_supported,\n", "") + local
     res = run_patch(PATCH, src)
     assert _one(res).status is Status.REFUSED
-    assert "none or several" in _one(res).reason
+    assert "naming is_sm100_supported, to add is_sm120_supported" in _one(res).reason
 
 
 def test_refuses_sm120_used_but_not_imported(run_patch):

@@ -152,7 +152,7 @@ def test_refuses_missing_gate(run_patch):
 def test_refuses_gate_function_twice(run_patch):
     src = FUNCTION_BEFORE + "\n\n" + RENAMED_BEFORE.split("\n\n\n")[1]
     reason = refusal(run_patch, src)
-    assert "2 gate functions" in reason
+    assert "2 definitions of flashinfer_ar_fusion_applies" in reason
 
 
 def test_refuses_gate_method_twice(run_patch):

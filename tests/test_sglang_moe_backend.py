@@ -152,7 +152,7 @@ class ServerArgs:
                     and self.moe_runner_backend == "auto"
                 ):
                     self.moe_runner_backend = "flashinfer_cutlass"
-                    logger.info("Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM")
+                    logger.info("Use flashinfer_cutlass on sm120")
             else:
                 self.enable_tf32_matmul = True
 '''

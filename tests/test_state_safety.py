@@ -36,8 +36,8 @@ def anchor_of(sg: Path, layout: str) -> Path:
 @pytest.mark.parametrize("layout", ["git", "installed"])
 @pytest.mark.parametrize("anchor_mode, dirs_mode, files_mode", [
     (0o700, 0o700, 0o600),  # a private venv: private state
-    (0o775, 0o775, 0o664),  # a group-shared install: the group shares its state and lock
-    (0o777, 0o775, 0o664),  # never writable by others, whatever the target
+    (0o775, 0o755, 0o644),  # a group-shared install: the group reads the state, never writes it
+    (0o777, 0o755, 0o644),  # writable by its owner only, whatever the target
 ])  # fmt: skip
 def test_state_is_as_open_as_the_target_never_more(
     layout, anchor_mode, dirs_mode, files_mode, tmp_path
@@ -58,12 +58,13 @@ def test_state_is_as_open_as_the_target_never_more(
         os.umask(old)
     assert (d / "manifest.json").exists()
     dirs = [d, d.parent, *[p for p in d.rglob("*") if p.is_dir()]]
-    files = [p for p in d.rglob("*") if p.is_file()]
+    files = [p for p in d.rglob("*") if p.is_file() and p.name != "lock"]
     assert {p.name: mode(p) for p in dirs} == {p.name: dirs_mode for p in dirs}
     assert {p.name: mode(p) for p in files} == {p.name: files_mode for p in files}
+    assert mode(d / "lock") == 0o600  # only its owner can hold it
 
 
-def test_a_lax_state_directory_is_tightened(tmp_path):
+def test_a_lax_state_directory_is_refused_with_the_fix(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
     (sg / ".git").chmod(0o755)
     d = sg / ".git" / "sm120patch" / "sglang"
@@ -71,8 +72,14 @@ def test_a_lax_state_directory_is_tightened(tmp_path):
     d.chmod(0o777)
     assert cli("status", "--sglang", str(sg))[0] == 0  # reading changes nothing
     assert mode(d) == 0o777
+    before = tree_hash(sg)
+    code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
+    # Anyone could have written what is in it: not tightened silently, refused with the fix.
+    assert code == 1 and "writable by its group or by others" in err, err
+    assert f"chmod -R go-w {d.parent}" in err and err.count("\n") == 2, err
+    assert tree_hash(sg) == before and mode(d) == 0o777
+    d.chmod(0o755)
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
-    assert mode(d) == 0o755
 
 
 def test_copies_are_never_written_through_a_link_leaving_the_state(tmp_path):

@@ -1,4 +1,5 @@
-"""`trial` end to end with real child processes: crash, HTTP readiness, timeout, interrupt."""
+"""`trial` end to end with real child processes: crash, HTTP readiness, timeout, interrupt,
+readiness progress."""
 
 from __future__ import annotations
 
@@ -142,6 +143,60 @@ def test_sample_power_reports_draw_against_the_limit(trees, mocker):
         "--ready-pattern", "^ready$", "--sample-power", "--", sys.executable, "-c", cmd,
     )
     assert code == 0, err
-    assert "GPU 0: mean 240 W, peak 240 W (40% of its 600 W limit)" in out
+    assert "GPU 0: mean 240 W (40% of the 600 W limit), max 240 W" in out
     samples = status_of(sg, fi)[0]["trials"][-1]["power_samples"]
     assert samples and samples[0]["gpus"][0]["power_w"] == 240.0
+
+
+def test_readiness_progress_every_few_seconds_with_the_last_line(mocker):
+    """While a server loads, `on_wait` hears how long it has been and its last line (the CLI
+    prints it on a terminal)."""
+    mocker.patch.object(serve, "PROGRESS_EVERY", 0.3)
+    cmd = (
+        "import time; print('loading weights', flush=True); time.sleep(1.2); "
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    proc = serve.spawn([sys.executable, "-c", cmd])
+    heard: list[tuple[float, str | None]] = []
+    import re
+
+    watcher = serve._Watcher(proc, re.compile("^ready$"), lambda line: None, None)
+    try:
+        verdict, _ = serve._judge(
+            proc, watcher, None, True, 20, 0.0, lambda s, last: heard.append((s, last))
+        )
+    finally:
+        serve._stop(proc)
+    assert verdict == "ready"
+    assert len(heard) >= 2
+    assert all(0.25 < s < 5 for s, _ in heard)
+    assert heard[0][1] == "loading weights"
+
+
+def test_waiting_line():
+    assert serve.waiting_line(35.2, None) == "waiting for readiness: 35 s, no output yet"
+    assert serve.waiting_line(5, "  Load weight: 40%  ") == (
+        "waiting for readiness: 5 s, last line: Load weight: 40%"
+    )
+    assert serve.waiting_line(5, "x" * 200).endswith("x" * 117 + "...")
+
+
+def test_a_trial_says_how_long_it_has_waited(trees, mocker):
+    """The command layer turns readiness progress into lines (the CLI passes its stderr on a
+    terminal)."""
+    from sm120patch import app
+
+    mocker.patch.object(serve, "PROGRESS_EVERY", 0.3)
+    sg, fi = trees
+    cmd = "import time; print('Load weight begin', flush=True); time.sleep(1.2); print('ready', flush=True); time.sleep(30)"
+    said: list[str] = []
+    request = app.TrialRequest(
+        "moe", (sys.executable, "-c", cmd), ready_pattern="^ready$", timeout=20, gpu_check=False
+    )
+    found = app.trial(
+        app.Session(str(sg), str(fi)), request, None, on_known=lambda line: None,
+        on_line=lambda line: None, on_event=lambda line: None, on_progress=said.append,
+    )  # fmt: skip
+    assert found.result is not None and found.result.verdict == "ready"
+    assert said and said[0].startswith("sm120patch: waiting for readiness: ")
+    assert said[0].endswith("s, last line: Load weight begin")

@@ -18,6 +18,7 @@ def is_sm90_supported(): ...
 def is_sm100_supported(): ...
 def is_sm120_supported(): ...
 def check_pkg_version_at_least(name, version): ...
+def get_quantization_config(config): ...
 """,
     "sglang/srt/layers/communicator.py": """\
 from sglang.srt.utils import (
@@ -42,6 +43,7 @@ import logging
 
 from sglang.srt.utils import (
     check_pkg_version_at_least,
+    get_quantization_config,
     is_sm90_supported,
     is_sm100_supported,
     is_sm120_supported,
@@ -75,6 +77,18 @@ class ServerArgs:
                         logger.info(
                             "Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM"
                         )
+        elif model_arch in ["Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"]:
+            if is_sm100_supported():
+                quant_method = get_quantization_config(self.hf_config)
+                if self.quantization is None and quant_method is not None:
+                    self.quantization = quant_method
+                if (
+                    (self.quantization in ("fp8", "modelopt_fp4") or self.quantization is None)
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    self.moe_runner_backend = "flashinfer_trtllm"
+                    logger.info(f"Use flashinfer_trtllm as MoE runner backend on sm100 for {model_arch}")
 
         if (
             not self.enable_flashinfer_allreduce_fusion

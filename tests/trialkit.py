@@ -25,9 +25,10 @@ def free_port() -> int:
 
 
 def two_trees(tmp_path):
-    """SGLang 0.5.8 as a git checkout and FlashInfer 0.6.1 installed."""
+    """SGLang 0.5.8 as a git checkout and FlashInfer 0.6.7 installed (moe refuses a FlashInfer
+    before 0.6.7)."""
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.7", "installed")
     return sg, fi
 
 

@@ -24,6 +24,7 @@ from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
 from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
+    check_evidence,
     check_restored,
     locked,
     new_txn,
@@ -98,6 +99,10 @@ def _preflight(
     lock: Lock | None,
 ) -> Prepared:
     refuse_unfinished(ctxs)
+    if lock is not None and check_plan is None:
+        from sm120patch.plan import lockfile
+
+        check_plan = lockfile.check(lock, Path("the lock file"))  # a lock is always verified
     prep = Prepared(profile, ctxs, None)
     applied = []
     for ctx in ctxs:
@@ -138,10 +143,9 @@ def _preflight(
         # Before planning: a user's uncommitted edit must be named as such, not reported as an
         # unknown shape.
         ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
-    # A lock carries its reviewed result: where the files match it, no parse is needed.
-    plan = lock.plan(profile, [c.target for c in ctxs]) if lock is not None else None
-    if plan is None:
-        plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
+    # Planned here, with the patches loaded here (or this user's own plan cache): a lock is a
+    # claim that `check_plan` holds this plan to, never a source of bytes.
+    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
         raise PlanRefused(plan)
@@ -358,6 +362,7 @@ def _start_apply(
             FileRecord(rel, f.file, planned, sha256(f.after.encode("utf-8")),
                        path.stat().st_mode & 0o7777)  # fmt: skip
         )
+        ctx.layout.originals[rel] = data  # a rollback in this run restores what it read
     journal = Journal(
         op=Op.APPLY,
         profile=profile,
@@ -466,6 +471,7 @@ def _write_manifest(
 
 def rollback_apply(ctx: TargetRun, journal: Journal) -> None:
     """Put every file of an unfinished apply back as it was, and git where it was."""
+    check_evidence(ctx, journal.profile, journal.files, kind=journal.target.get("kind"))
     remove_temps(ctx, journal.files)
     ctx.layout.roll_back(journal.files, journal.git)
     if not ctx.layout.keeps_pristine():

@@ -90,7 +90,12 @@ def version_changed(target: Target, manifest: Manifest) -> bool:
     build). A checkout compares the public version: the commits an apply makes change what
     `git describe` says (`0.5.8` -> `0.5.8+1.gabc`) without changing the release.
     """
-    before, now = manifest.version, target.version
+    return other_release(target, manifest.version)
+
+
+def other_release(target: Target, before: str) -> bool:
+    """Whether `target` is now another release than `before` (a version a record names)."""
+    now = target.version
     if target.layout == "installed":
         return before != now
     from sm120patch.patchkit import versions

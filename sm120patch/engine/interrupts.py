@@ -214,7 +214,9 @@ def kill_point(step: str) -> None:
     count = _passed[step] = _passed.get(step, 0) + 1
     trace = os.environ.get(TRACE_ENV)
     if trace:
-        with open(trace, "a", encoding="utf-8") as fh:
+        from sm120patch.targets.files import append_output  # never through a link at its name
+
+        with append_output(trace) as fh:
             fh.write(f"{step}:{count}\n")
     if os.environ.get(KILL_ENV) in (step, f"{step}:{count}"):
         import signal

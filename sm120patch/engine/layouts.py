@@ -5,7 +5,11 @@
   now (their commits made since are kept) and checks each touched file equals that branch's
   content; sm120patch never writes pristine bytes over a branch.
 - `InstalledLayout` (a package in site-packages): pristine copies kept in the target's state
-  directory; revert writes them back, each checked against the manifest's before-hash.
+  directory; revert writes them back only when they are the release's own bytes: the sha256
+  the dist-info RECORD lists for the file (or, for a file no RECORD lists, the before-hash of
+  the manifest in the owner-only state directory). A restore writes over the file that is
+  there, keeping its mode (never setuid, setgid or world-writable); a deleted file is
+  reported, never created again.
 
 The engine drives both through one interface (`TargetLayout`) and never asks which it has: the
 layout is the only writer of a target's files, on apply, rollback, revert and recover. Neither
@@ -14,6 +18,7 @@ prints.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -23,7 +28,7 @@ from sm120patch.engine.records import FileRecord, GitBase, Journal
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
 from sm120patch.patchkit.runner import FileResult
-from sm120patch.targets import Target, files, git
+from sm120patch.targets import Target, files, git, record_hashes
 from sm120patch.targets.files import file_sha256, sha256
 
 # Path -> the bytes a revert leaves there (None: none to be had).
@@ -35,7 +40,12 @@ Step = tuple[str, FileResult, str]
 class TargetLayout(Protocol):
     """How a target records, rolls back and reverts an apply (a checkout, an installed package)."""
 
+    # The bytes this run read before writing (rel -> bytes), and what a restore left alone.
+    originals: dict[str, bytes]
+    notes: list[str]
+
     def path(self, rel: str) -> Path: ...
+    def released(self, f: FileRecord) -> str | None: ...
     def check_ready(self, rels: list[str]) -> None: ...
     def patch_branch(self, profile: str) -> str | None: ...
     def base(self, patch_branch: str | None) -> GitBase | None: ...
@@ -62,9 +72,49 @@ class InstalledLayout:
     def __init__(self, target: Target, st: TargetState) -> None:
         self.target = target
         self.state = st
+        # The bytes this very run read from the target before writing (rel -> bytes): what
+        # an apply that fails rolls back to, read from the tree, not from the state.
+        self.originals: dict[str, bytes] = {}
+        # What a restore left alone, for the report (a deleted file is not created again).
+        self.notes: list[str] = []
+        self._record: dict[str, str] | None = None
 
     def path(self, rel: str) -> Path:
         return files.inside(self.target.root, rel)
+
+    def released(self, f: FileRecord) -> str | None:
+        """The sha256 of the file as its release installed it (the dist-info RECORD), or None
+        when no RECORD lists it."""
+        if self._record is None:
+            self._record = record_hashes(self.target)
+        return self._record.get(f.module)
+
+    def pristine_bytes(self, f: FileRecord) -> bytes:
+        """The bytes a restore of `f` may write: the release's own. This run's own reading of
+        the file; else the pristine copy, when its sha256 is the RECORD's for the file (or,
+        where no RECORD lists it, the manifest's before-hash: the state directory is the
+        target owner's alone, `TargetState.check_trusted`). Refuses otherwise."""
+        path = self.path(f.path)
+        mine = self.originals.get(f.path)
+        if mine is not None and sha256(mine) == f.before:
+            return mine
+        copy = self.state.copy("pristine", f.path)
+        if copy is None or sha256(copy) != f.before:
+            raise Refused(
+                f"the pristine copy of {path} is missing or damaged",
+                f"restore the file by hand (state in {self.state.dir})",
+            )
+        release = self.released(f)
+        if release is not None and sha256(copy) != release:
+            t = self.target
+            raise Refused(
+                f"{path}: the copy kept from before the apply is not the file of {t.name} "
+                f"{t.version} as installed (its RECORD lists another sha256); sm120patch "
+                "writes back only the release's own bytes",
+                "reinstall the release (`pip install --force-reinstall --no-deps "
+                f"{t.kind}=={t.version}`), then run sm120patch again",
+            )
+        return copy
 
     # ---- apply ------------------------------------------------------------------------
     def check_ready(self, rels: list[str]) -> None:
@@ -91,7 +141,7 @@ class InstalledLayout:
         """One planned text into the target, atomically, with the file's mode bits kept; the
         stale bytecode of the module goes with the old text."""
         path = self.path(rel)
-        files.atomic_write(path, text.encode("utf-8"), mode=path.stat().st_mode)
+        files.replace_file(path, text.encode("utf-8"))  # its mode (never setuid) and owner kept
         files.drop_pycache(path)
 
     def record_step(self, rel: str, message: str) -> str | None:
@@ -103,8 +153,9 @@ class InstalledLayout:
     # ---- revert -----------------------------------------------------------------------
     def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
         for f in files:
-            if file_sha256(self.path(f.path)) == f.before:
-                continue
+            now = file_sha256(self.path(f.path))
+            if now is None or now == f.before or now == self.released(f):
+                continue  # a deleted file is reported, never created; the release's is there
             copy = self.state.copy("pristine", f.path)
             if copy is None or sha256(copy) != f.before:
                 raise Refused(
@@ -112,6 +163,7 @@ class InstalledLayout:
                     f"{f.path} cannot be restored from it",
                     f"restore the file by hand, then move {self.state.dir} aside",
                 )
+            self.pristine_bytes(f)
 
     def changes_since_apply(self, git: GitBase | None) -> list[str]:
         """What the user did to this target after the apply besides editing its files."""
@@ -133,8 +185,16 @@ class InstalledLayout:
         out: Restored = {}
         for f in files:
             path = self.path(f.path)
-            out[f.path] = path.read_bytes() if file_sha256(path) == f.before else self.state.copy(
-                "pristine", f.path)  # fmt: skip
+            now = file_sha256(path)
+            if now is None:
+                out[f.path] = None  # deleted: a revert does not create it again
+            elif now in (f.before, self.released(f)):
+                out[f.path] = path.read_bytes()
+            else:
+                try:
+                    out[f.path] = self.pristine_bytes(f)
+                except Refused:
+                    out[f.path] = None
         return out
 
     def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]:
@@ -143,15 +203,18 @@ class InstalledLayout:
     def restore_pristine(self, touched: tuple[FileRecord, ...]) -> None:
         for f in touched:
             path = self.path(f.path)
-            if file_sha256(path) == f.before:
+            if not os.path.lexists(path):
+                note = f"{path} was deleted; sm120patch does not create it again (reinstall "
+                note += f"{self.target.name} {self.target.version} to get it back)"
+                if note not in self.notes:
+                    self.notes.append(note)
                 continue
-            data = self.state.copy("pristine", f.path)
-            if data is None or sha256(data) != f.before:
-                raise Refused(
-                    f"the pristine copy of {path} is missing or damaged",
-                    f"restore the file by hand (state in {self.state.dir})",
-                )
-            files.atomic_write(path, data, mode=f.mode)
+            now = file_sha256(path)
+            if now == f.before or (now is not None and now == self.released(f)):
+                continue  # already the release's bytes
+            data = self.pristine_bytes(f)
+            # Over the file that is there, with its own mode: never a mode from the state.
+            files.replace_file(path, data)
             files.drop_pycache(path)
             interrupts.kill_point("after-write")
 

@@ -1,4 +1,11 @@
-"""TODO: sm120patch.engine.records."""
+"""The records of a target's state (manifest, journal) and the checks every read makes.
+
+A state file is untrusted input: every value is checked for its type and its shape before a
+record is made of it (`check_manifest`, `check_journal`), so that a mistyped or edited file is
+one line saying what to do, never a traceback, and a value that reaches git or the disk cannot
+name another branch, an option, or a path outside the target. What the records may name is
+narrower still (the files of the recorded profile's patches): `engine.run.check_evidence`.
+"""
 
 from __future__ import annotations
 
@@ -189,6 +196,29 @@ class Journal:
         }
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _optional_str(doc: dict[str, Any], *keys: str) -> str:
+    for key in keys:
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            return f"{key} is not a string"
+    return ""
+
+
+def _check_target(target: object) -> str:
+    if target is None:
+        return ""
+    if not isinstance(target, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in target.items()
+    ):
+        return "target is not a table of strings"
+    if target.get("kind") not in (None, "sglang", "flashinfer"):
+        return f"target.kind {target.get('kind')!r} is not a target kind"
+    return ""
+
+
 def _check_files(files: object) -> str:
     if not isinstance(files, list):
         return "files is not a list"
@@ -196,6 +226,10 @@ def _check_files(files: object) -> str:
         if not isinstance(f, dict) or not isinstance(f.get("path"), str):
             return "a file entry without a path"
         safe_relpath(f["path"])
+        if "module" in f:
+            if not isinstance(f["module"], str):
+                return f"{f['path']}: module is not a path"
+            safe_relpath(f["module"])
         for key in ("before", "after"):
             if not isinstance(f.get(key), str) or not _SHA256.fullmatch(f[key]):
                 return f"{f['path']}: {key} is not a sha256"
@@ -243,9 +277,21 @@ def _check_peers(peers: object) -> str:
 
 
 def check_manifest(doc: dict[str, Any]) -> str:
+    if not isinstance(doc, dict):
+        return "not a table"
     if not isinstance(doc.get("profile"), str):
         return "no profile"
-    return _check_files(doc.get("files")) or _check_git(doc.get("git"), commits=True)
+    patches = doc.get("patches", [])
+    if not isinstance(patches, list) or not all(isinstance(p, str) for p in patches):
+        return "patches is not a list of patch ids"
+    if "applied_at" in doc and not _number(doc["applied_at"]):
+        return "applied_at is not a time"
+    return (
+        _optional_str(doc, "tool_version", "txn", "lock")
+        or _check_target(doc.get("target"))
+        or _check_files(doc.get("files"))
+        or _check_git(doc.get("git"), commits=True)
+    )
 
 
 def check_journal(doc: dict[str, Any]) -> str:
@@ -253,6 +299,18 @@ def check_journal(doc: dict[str, Any]) -> str:
     if op not in ("apply", "revert"):
         return f"op {op!r} is neither apply nor revert"
     problem = _check_peers(doc.get("peers", []))
+    if problem:
+        return problem
+    for key in ("started",):
+        if key in doc and not _number(doc[key]):
+            return f"{key} is not a time"
+    if "pid" in doc and (type(doc["pid"]) is not int or doc["pid"] < 0):
+        return "pid is not a process id"
+    if "keep_branch" in doc and not isinstance(doc["keep_branch"], bool):
+        return "keep_branch is not true or false"
+    problem = _optional_str(doc, "profile", "tool_version", "txn", "pid_start", "boot_id") or (
+        _check_target(doc.get("target"))
+    )
     if problem:
         return problem
     if op == "revert":
@@ -263,8 +321,43 @@ def check_journal(doc: dict[str, Any]) -> str:
     return _check_files(doc.get("files")) or _check_git(doc.get("git"), commits=False)
 
 
+def trial_key(trial: dict[str, Any]) -> str:
+    """What names one trial across targets (it is kept on each target of its profile)."""
+    return str(trial.get("id") or f"{trial.get('started')}:{trial.get('profile')}")
+
+
+_TRIAL_WORDS = ("id", "profile", "verdict", "kind", "message", "log")
+_FIGURES = ("output_tok_s", "req_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+
+
 def check_trials(doc: dict[str, Any]) -> str:
     trials = doc.get("trials", [])
     if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
         return "trials is not a list of records"
+    for t in trials:
+        problem = _optional_str(t, *_TRIAL_WORDS)
+        if problem:
+            return f"a trial's {problem}"
+        command = t.get("command")
+        if command is not None and (
+            not isinstance(command, list) or not all(isinstance(w, str) for w in command)
+        ):
+            return "a trial's command is not a list of words"
+        code = t.get("exit_code")
+        if code is not None and type(code) is not int:
+            return "a trial's exit_code is not a number"
+        runs = t.get("runs")
+        if runs is None:
+            continue
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            return "a trial's runs is not a list of records"
+        for r in runs:
+            if not isinstance(r.get("side"), str) or type(r.get("round")) is not int:
+                return "a trial's run has no side or round"
+            figures = r.get("figures")
+            if figures is not None and (
+                not isinstance(figures, dict)
+                or not all(figures.get(k) is None or _number(figures[k]) for k in _FIGURES)
+            ):
+                return "a trial's run has figures that are not numbers"
     return ""

@@ -1,6 +1,10 @@
 """`recover`: finish what a killed apply or revert left: roll a committed apply forward and an
 uncommitted one back, roll a revert forward (journaling the peers the killed run had not
-reached), and settle the layout (stale git locks)."""
+reached), and settle the layout (stale git locks).
+
+A target on which another release was installed since the run was killed (`replaced`) gets
+nothing written: its files are the new release's, and the old release's bytes are never put
+back over them; its journal and record are dropped, and the report says to apply again."""
 
 from __future__ import annotations
 
@@ -8,15 +12,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sm120patch import targets
-from sm120patch.engine import interrupts
+from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.apply import rollback_apply
-from sm120patch.engine.records import Journal
+from sm120patch.engine.records import Journal, Op
 from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.revert import finish_revert
-from sm120patch.engine.run import TargetRun, locked, remove_temps
+from sm120patch.engine.run import TargetRun, check_evidence, locked, remove_temps, same_run
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, Sm120Error
 from sm120patch.patchkit.model import TARGETS
+from sm120patch.targets.git import head_branch as git_head_branch
 
 
 def recover(paths: Mapping[str, str | Path | None]) -> Report:
@@ -26,54 +31,125 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
         for kind in TARGETS
     ]
     ctxs = _with_peers([TargetRun(t) for t in found if t is not None])
-    reports = []
-    notes = []
-    with locked(ctxs), interrupts.critical(  # [signals] recover is finished, never cut short
-        "recover",
-        None,
-        abortable=False,
-        unfinished=lambda: any(c.state.journal() is not None for c in ctxs),
-    ):
+    reports: list[TargetReport] = []
+    notes: list[str] = []
+    with locked(ctxs):
         journals = {ctx.target.kind: ctx.state.journal() for ctx in ctxs}
-        for ctx in ctxs:
-            journal = journals[ctx.target.kind]
-            if journal is not None:
-                notes.extend(ctx.layout.settle_after_kill(journal))
-        _journal_revert_peers(ctxs, journals)
-        try:
-            for ctx in ctxs:
-                journal = journals[ctx.target.kind]
-                if journal is None:
-                    continue
-                if journal.op == "apply" and _apply_committed(journal):
-                    remove_temps(ctx, journal.files)
-                    ctx.state.close_journal()
-                    notes.append(
-                        f"{ctx.target.root}: the interrupted apply of {journal.profile} had "
-                        "written every target; kept it"
-                    )
-                elif journal.op == "apply":
-                    rollback_apply(ctx, journal)
-                    notes.append(
-                        f"{ctx.target.root}: rolled back the interrupted apply of "
-                        f"{journal.profile}"
-                    )
-                else:
-                    _, more = finish_revert(ctx, journal)
-                    notes.append(
-                        f"{ctx.target.root}: finished the interrupted revert of {journal.profile}"
-                    )
-                    notes.extend(more)
-                reports.append(TargetReport(ctx.target, state=ctx.assess().state))
-        except OSError as exc:
-            raise Refused(
-                f"recover failed writing {exc.filename or 'a file'}: {exc.strerror}",
-                "the journal is kept: fix the cause (permissions, disk space), then run "
-                "`sm120patch recover` again",
-            ) from exc
+        _check_evidence(ctxs, journals)  # before anything changes: a refusal changes nothing
+        with interrupts.critical(  # [signals] recover is finished, never cut short
+            "recover",
+            None,
+            abortable=False,
+            unfinished=lambda: any(c.state.journal() is not None for c in ctxs),
+        ):
+            _recover(ctxs, journals, reports, notes)
     if not reports:
         notes.append("nothing to recover")
     return Report(Action.RECOVERED if reports else Action.NOTHING_TO_DO, None, reports, notes=notes)
+
+
+def _check_evidence(ctxs: list[TargetRun], journals: dict[str, Journal | None]) -> None:
+    """Every journal names only the files of its profile's patches (where it will write)."""
+    for ctx in ctxs:
+        journal = journals[ctx.target.kind]
+        if journal is None:
+            continue
+        was = _release_of(journal)
+        if was is not None and assess.other_release(ctx.target, was):
+            continue  # nothing is written there
+        if journal.op == Op.APPLY:
+            check_evidence(ctx, journal.profile, journal.files, kind=journal.target.get("kind"))
+        elif journal.manifest is not None:
+            m = journal.manifest
+            check_evidence(ctx, m.profile, m.files, m.patches, kind=m.target.get("kind"))
+
+
+def _recover(
+    ctxs: list[TargetRun],
+    journals: dict[str, Journal | None],
+    reports: list[TargetReport],
+    notes: list[str],
+) -> None:
+    for ctx in ctxs:
+        journal = journals[ctx.target.kind]
+        if journal is not None:
+            notes.extend(ctx.layout.settle_after_kill(journal))
+    try:
+        _journal_revert_peers(ctxs, journals)
+        # Decided before anything changes: dropping one target's record must not make
+        # its peer's committed apply look uncommitted.
+        committed = {
+            kind: j is not None and j.op == Op.APPLY and _apply_committed(j)
+            for kind, j in journals.items()
+        }
+        for ctx in ctxs:
+            journal = journals[ctx.target.kind]
+            if journal is None:
+                continue
+            was = _release_of(journal)
+            if was is not None and assess.other_release(ctx.target, was):
+                notes.extend(_drop_replaced(ctx, journal, was))
+                reports.append(TargetReport(ctx.target, state=assess.State.REPLACED))
+                continue
+            if committed[ctx.target.kind]:
+                remove_temps(ctx, journal.files)
+                ctx.state.close_journal()
+                notes.append(
+                    f"{ctx.target.root}: the interrupted apply of {journal.profile} had "
+                    "written every target; kept it"
+                )
+            elif journal.op == Op.APPLY:
+                rollback_apply(ctx, journal)
+                notes.append(
+                    f"{ctx.target.root}: rolled back the interrupted apply of "
+                    f"{journal.profile}"
+                )
+                notes.extend(ctx.layout.notes)
+            else:
+                _, more = finish_revert(ctx, journal)
+                notes.append(
+                    f"{ctx.target.root}: finished the interrupted revert of {journal.profile}"
+                )
+                notes.extend(more)
+            reports.append(TargetReport(ctx.target, state=ctx.assess().state))
+    except OSError as exc:
+        raise Refused(
+            f"recover failed writing {exc.filename or 'a file'}: {exc.strerror}",
+            "the journal is kept: fix the cause (permissions, disk space), then run "
+            "`sm120patch recover` again",
+        ) from exc
+
+
+def _release_of(journal: Journal) -> str | None:
+    """The release the journal's run worked on (None: the journal does not say)."""
+    if journal.op == Op.REVERT and journal.manifest is not None:
+        return journal.manifest.target.get("version")
+    return journal.target.get("version")
+
+
+def _drop_replaced(ctx: TargetRun, journal: Journal, was: str) -> list[str]:
+    """Another release replaced the files the killed run worked on: write nothing, drop the
+    journal and what it described (the patch branch too, when only sm120patch's commits are
+    on it and it is not checked out)."""
+    t = ctx.target
+    manifest_was = journal.manifest if journal.op == Op.REVERT else None
+    git = journal.git if manifest_was is None else manifest_was.git
+    notes = [
+        f"{t.root}: {t.name} was {was} when the interrupted {journal.op} of {journal.profile} "
+        f"began, {t.version} is there now: nothing of {was} was written back; dropped its "
+        "journal"
+        + (f" (`sm120patch apply {journal.profile}` patches {t.version})"
+           if journal.op == Op.APPLY else "")
+    ]  # fmt: skip
+    if git is not None and t.layout == "git" and git_head_branch(t.root) != git.patch_branch:
+        notes.extend(ctx.layout.drop_branch(git, keep_branch=journal.keep_branch))
+    manifest = ctx.state.manifest() if (ctx.state.dir / store.MANIFEST).exists() else None
+    if manifest is not None and (journal.op == Op.REVERT or same_run(manifest, journal)):
+        ctx.state.remove_manifest()
+    remove_temps(ctx, journal.manifest.files if journal.manifest else journal.files)
+    ctx.state.drop_copies()
+    ctx.state.close_journal()
+    return notes
 
 
 def _with_peers(ctxs: list[TargetRun]) -> list[TargetRun]:

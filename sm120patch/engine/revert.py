@@ -11,10 +11,11 @@ from pathlib import Path
 from sm120patch import __version__, targets
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.records import FileRecord, Journal, Manifest, Op
+from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
 from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
+    check_evidence,
     locked,
     new_txn,
     refuse_unfinished,
@@ -54,7 +55,6 @@ def revert(
             reports.append(TargetReport(ctx.target, state=found_state.state))
         txn = new_txn()
         peers = tuple(ctx.peer() for ctx, _ in todo)
-        journals = []
         # [signals] deferred from the first journal write to the last close: a revert is
         # finished, never cut short.
         with interrupts.critical(
@@ -63,23 +63,14 @@ def revert(
             abortable=False,
             unfinished=lambda: any(c.state.journal() is not None for c, _ in todo),
         ):
-            for ctx, manifest in todo:
-                journal = Journal(
-                    op=Op.REVERT,
-                    profile=manifest.profile,
-                    started=time.time(),
-                    pid=os.getpid(),
-                    pid_start=start_time(),
-                    boot_id=procscan.boot_id(),  # [signals] as in _start_apply
-                    txn=txn,
-                    peers=peers,
-                    tool_version=__version__,
-                    manifest=manifest,
-                    keep_branch=keep_branch,
-                )
-                ctx.state.write_journal(journal)
-                interrupts.kill_point("after-journal")
-                journals.append((ctx, journal))
+            try:
+                journals = _write_journals(todo, txn, peers, keep_branch)
+            except OSError as exc:
+                raise Refused(
+                    f"revert failed writing its journal {exc.filename or ''}: {exc.strerror}; "
+                    "nothing was changed",
+                    "free some space (or fix the permissions), then revert again",
+                ) from exc
             # Every journal is written before anything changes: from here on, recover rolls the
             # whole revert forward.
             try:
@@ -94,6 +85,38 @@ def revert(
                     "`sm120patch recover` to finish the revert",
                 ) from exc
     return Report(Action.REVERTED if todo else Action.DROPPED, profile_name, reports, notes=notes)
+
+
+def _write_journals(
+    todo: list[tuple[TargetRun, Manifest]], txn: str, peers: tuple[Peer, ...], keep_branch: bool
+) -> list[tuple[TargetRun, Journal]]:
+    """Every target's journal, before anything changes; a failure (a full disk) removes the
+    ones written, so that nothing is left half-begun."""
+    journals: list[tuple[TargetRun, Journal]] = []
+    try:
+        for ctx, manifest in todo:
+            journal = Journal(
+                op=Op.REVERT,
+                profile=manifest.profile,
+                started=time.time(),
+                pid=os.getpid(),
+                pid_start=start_time(),
+                boot_id=procscan.boot_id(),  # [signals] as in _start_apply
+                txn=txn,
+                peers=peers,
+                tool_version=__version__,
+                manifest=manifest,
+                keep_branch=keep_branch,
+            )
+            journals.append((ctx, journal))
+            ctx.state.write_journal(journal)
+            interrupts.kill_point("after-journal")
+    except OSError:
+        for ctx, _ in journals:
+            ctx.state.close_journal()
+            ctx.state.remove_temps()
+        raise
+    return journals
 
 
 def revert_dry_run(
@@ -187,6 +210,8 @@ def _dropped_note(ctx: TargetRun, found: Assessment, *, dry_run: bool = False) -
 def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
     from sm120patch.targets.files import file_sha256
 
+    check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
+                   kind=manifest.target.get("kind"))  # fmt: skip
     for f in manifest.files:
         path = ctx.path(f.path)
         if path.is_symlink() or (path.exists() and not path.is_file()):
@@ -195,9 +220,11 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
                 "regular file",
                 f"inspect {ctx.state.dir / store.MANIFEST}; if it is damaged, move it aside",
             )
-    changed = [
-        f for f in manifest.files if file_sha256(ctx.path(f.path)) not in (f.after, f.before)
-    ]
+    def unchanged(f: FileRecord) -> bool:
+        now = file_sha256(ctx.path(f.path))
+        return now is not None and now in (f.after, f.before, ctx.layout.released(f))
+
+    changed = [f for f in manifest.files if not unchanged(f)]
     problems = []
     missing = [f.path for f in changed if not ctx.path(f.path).exists()]
     if missing:
@@ -238,10 +265,12 @@ def finish_revert(ctx: TargetRun, journal: Journal) -> tuple[TargetReport, list[
     """Idempotent: run again from the journal, it converges."""
     manifest = journal.manifest
     assert manifest is not None
+    check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
+                   kind=manifest.target.get("kind"))  # fmt: skip
     report = TargetReport(ctx.target, state=assess.State.PRISTINE)
     remove_temps(ctx, manifest.files)
     ctx.layout.finish_revert(manifest.files, manifest.git, journal.keep_branch)
-    notes = ctx.layout.drop_branch(manifest.git, journal.keep_branch)
+    notes = [*ctx.layout.notes, *ctx.layout.drop_branch(manifest.git, journal.keep_branch)]
     if manifest.git is not None and journal.keep_branch:
         report.branch = manifest.git.patch_branch
     for f in manifest.files:

@@ -14,6 +14,7 @@ from sm120patch.engine.layouts import TargetLayout, layout_of
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
+from sm120patch.plan import catalog
 from sm120patch.targets import Target, files, procscan
 
 
@@ -58,6 +59,47 @@ def refuse_unfinished(ctxs: list[TargetRun]) -> None:
             raise Refused(
                 f"an interrupted sm120patch {journal.op} left a journal on {ctx.target.root}",
                 "run `sm120patch recover` (with the same --sglang/--flashinfer) first",
+            )
+
+
+def check_evidence(
+    ctx: TargetRun,
+    profile: str,
+    touched: tuple[FileRecord, ...],
+    patches: tuple[str, ...] = (),
+    kind: str | None = None,
+) -> None:
+    """State is evidence, not instruction: before a manifest or journal moves a byte, every
+    file it names must be one that a patch of its recorded profile touches (the profile's
+    patches and the ones it records), at that file's place in this target, and a record of
+    another kind of target is not this one's."""
+    where = ctx.state.dir
+    if kind is not None and kind != ctx.target.kind:
+        raise Refused(
+            f"{ctx.target.root}: the state in {where} describes a {kind} target, not "
+            f"{ctx.target.name}",
+            f"the state was edited or is damaged: inspect {where}, then move it aside",
+        )
+    cat = catalog.load()
+    known = cat.profiles.get(profile)
+    if known is None:
+        raise Refused(
+            f"{ctx.target.root}: the state in {where} names profile {profile!r}, which no "
+            "loaded patch library defines",
+            "load the pack that defines it (--patches DIR or SM120PATCH_PATCHES) and run "
+            f"again; if the state is damaged, move {where} aside",
+        )
+    ids = [*known.patches, *(p for p in patches if p in cat.patches)]
+    allowed = {
+        f for pid in ids if cat.patches[pid].target == ctx.target.kind
+        for f in cat.patches[pid].files
+    }  # fmt: skip
+    for f in touched:
+        if f.module not in allowed or f.path != ctx.target.rel(f.module):
+            raise Refused(
+                f"{ctx.target.root}: the state in {where} names {f.path}, which no patch of "
+                f"profile {profile} touches; sm120patch writes only the files of its patches",
+                f"the state was edited or is damaged: inspect {where}, then move it aside",
             )
 
 

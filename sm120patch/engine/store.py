@@ -14,7 +14,15 @@ site-packages (`<site-packages>/.sm120patch/<kind>/`). Layout of that directory:
 Every write is atomic (temp file in the same directory, fsync, rename). State files carry a
 schema number; a newer one than this tool knows is refused, never misread. The documents are
 read into typed records (`Manifest`, `Journal`) after their shape is checked. State written by
-sm120patch 0.1.0 in the user's state directory is read there and moved on the next locked run.
+sm120patch 0.1.0 in the user's state directory is read there and moved on the next locked run,
+when that directory is the running user's own.
+
+State is evidence, never instruction, and it is trusted only as far as who may write it: the
+state directory belongs to the target's owner (the owner of the site-packages or of the git
+directory; root makes it theirs) and is writable by no one else. A run that writes (`locked`)
+refuses, with the fix, a state directory that anyone else could have written, and the lock
+file is readable and writable by its owner only, so only someone who may write the target
+can hold it.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,6 +44,7 @@ from sm120patch.engine.records import (
     check_journal,
     check_manifest,
     check_trials,
+    trial_key,
 )
 from sm120patch.errors import Refused
 from sm120patch.targets import files
@@ -86,16 +95,16 @@ def legacy_state_dir_for(root: Path, kind: str) -> Path | None:
 
 def shared_mode(anchor: Path) -> int:
     """The permission bits of a state directory: those of the directory it describes (the
-    site-packages or the git directory), so that whoever can write the target can write its
-    state and whoever can read it can read the state; never writable by others."""
+    site-packages or the git directory) for reading, so whoever can read the target can read
+    its state; writable by its owner only."""
     try:
         bits = stat.S_IMODE(anchor.stat().st_mode)
     except OSError:
         bits = 0o700
-    return (bits | 0o700) & ~0o002
+    return (bits | 0o700) & 0o755
 
 
-def state_dir(path: Path, mode: int) -> None:
+def state_dir(path: Path, mode: int, owner: tuple[int, int] | None = None) -> None:
     """Make `path` (and any missing parent) a directory with `mode`.
 
     Refuses, with what to do, when something that is not a directory is in the way, or when
@@ -119,6 +128,8 @@ def state_dir(path: Path, mode: int) -> None:
         try:
             d.mkdir(mode=mode)
             os.chmod(d, mode)  # mkdir's mode passes through the umask
+            if owner is not None and os.geteuid() == 0:
+                os.chown(d, *owner)  # root makes the state the target owner's
         except FileExistsError:  # made by a concurrent run: checked below
             pass
         except OSError as exc:
@@ -151,7 +162,15 @@ class TargetState:
     def __init__(self, directory: Path, root: Path, legacy: Path | None = None) -> None:
         self.dir = directory
         self.root = root
-        self.legacy = legacy if legacy is not None and legacy.is_dir() else None
+        # 0.1.0's per-user state is read (and moved) only from a directory of the running
+        # user's own: another user's HOME or XDG directory (root run with a user's HOME) is
+        # not evidence of anything.
+        if legacy is not None and legacy.is_dir():
+            if files.untrusted_by(legacy, os.geteuid(), tree=True) is not None:
+                legacy = None
+        else:
+            legacy = None
+        self.legacy = legacy
         # The directory whose permissions the state takes: the site-packages, or .git.
         self.anchor = directory.parent.parent
 
@@ -161,7 +180,58 @@ class TargetState:
 
     @property
     def file_mode(self) -> int:
-        return self.dir_mode & 0o666
+        return self.dir_mode & 0o644
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        """(uid, gid) of the target's owner: the owner of the site-packages or git directory."""
+        try:
+            st = os.stat(self.anchor)
+        except OSError:
+            return os.geteuid(), os.getegid()
+        return st.st_uid, st.st_gid
+
+    def check_trusted(self) -> None:
+        """Refuse, with the fix, state that anyone but the target's owner (or root) could have
+        written: the state directory, the level above it, and everything in them must be
+        owned by them, be no symbolic link and be writable by no one else. A run by another
+        user than the owner or root is refused before it creates anything."""
+        uid = self.owner[0]
+        me = os.geteuid()
+        who = files.owner_name(uid)
+        top = self.dir.parent
+        if me not in (uid, 0):
+            raise Refused(
+                f"the state of {self.root} belongs to {who}, the owner of {self.anchor}; "
+                f"{files.owner_name(me)} may not write it",
+                f"run sm120patch as {who} (or root)",
+            )
+        entries = [top, self.dir]
+        if self.dir.is_dir() and not self.dir.is_symlink():
+            for base, dirs, names in os.walk(self.dir):
+                entries += [Path(base) / n for n in (*dirs, *names)]
+        for path in entries:
+            try:
+                st = os.lstat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # not there (a file in the way is `state_dir`'s to name)
+            except OSError as exc:
+                raise Refused(f"cannot read {path} ({exc.strerror})") from None
+            if stat.S_ISLNK(st.st_mode):
+                raise Refused(
+                    f"{path} is in the way of sm120patch's state directory (a symbolic link: "
+                    "state is never read or written through one, which could lead outside)",
+                    f"move {path} aside, then run sm120patch again",
+                )
+            problem = files.lax_entry(path, st, (uid, 0))
+            if problem:
+                raise Refused(
+                    f"{problem}: sm120patch's state must be owned by {who} (the owner of "
+                    f"{self.anchor}) and writable by no one else, or anyone could have "
+                    "written it",
+                    f"if you trust what is in {top}, `chown -R {who} {top} && chmod -R go-w "
+                    f"{top}`; otherwise move {top} aside (and check the target's files)",
+                )
 
     # ---- lock -------------------------------------------------------------------------
     @contextmanager
@@ -174,23 +244,25 @@ class TargetState:
         """
         import fcntl
 
-        state_dir(self.dir, self.dir_mode)
+        self.check_trusted()
+        owner = self.owner
+        state_dir(self.dir, self.dir_mode, owner)
         path = self.dir / "lock"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
-                         self.file_mode)  # fmt: skip
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         except OSError as exc:
             raise Refused(
                 f"cannot open the lock {path} ({exc.strerror})",
                 "run sm120patch as a user who can write the target",
             ) from None
         try:
-            if stat.S_IMODE(os.fstat(fd).st_mode) != self.file_mode:
-                try:
-                    # The umask changes what open() made: the lock is as shared as the state.
-                    os.fchmod(fd, self.file_mode)
-                except PermissionError:
-                    pass  # another user's lock file: its owner set it
+            # Readable and writable by its owner only: flock needs nothing but a descriptor,
+            # so a lock anyone can open is a lock anyone can hold.
+            st = os.fstat(fd)
+            if os.geteuid() == 0 and (st.st_uid, st.st_gid) != owner:
+                os.fchown(fd, *owner)
+            if stat.S_IMODE(st.st_mode) != 0o600:
+                os.fchmod(fd, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -230,6 +302,17 @@ class TargetState:
         """Move state written by sm120patch 0.1.0 (per user) to the target's own directory."""
         if self.legacy is None or any((self.dir / n).exists() for n in (MANIFEST, JOURNAL)):
             return
+        try:
+            self._move_legacy()
+        except OSError as exc:
+            raise Refused(
+                f"cannot move sm120patch 0.1.0's state from {self.legacy} to {self.dir} "
+                f"({exc.strerror})",
+                "free some space (or fix the permissions), then run sm120patch again",
+            ) from None
+
+    def _move_legacy(self) -> None:
+        assert self.legacy is not None
         for name in (MANIFEST, JOURNAL, TRIALS):
             old = self.legacy / name
             if old.is_file() and not old.is_symlink():
@@ -256,11 +339,14 @@ class TargetState:
     def _read_at(self, path: Path) -> dict[str, Any] | None:
         name = path.name
         try:
-            raw = path.read_bytes()
+            raw = _read_nofollow(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise Refused(f"cannot read {path} ({exc.strerror})") from None
+            raise Refused(
+                f"cannot read {path} ({exc.strerror})",
+                f"if it is a symbolic link, move it aside ({path})",
+            ) from None
         try:
             doc = json.loads(raw.decode("utf-8"))
             schema = doc["schema"]
@@ -287,8 +373,8 @@ class TargetState:
     def _write(self, name: str, doc: dict[str, Any]) -> None:
         doc = {"schema": SCHEMA, **doc}
         data = json.dumps(doc, indent=2, sort_keys=True).encode("utf-8") + b"\n"
-        state_dir(self.dir, self.dir_mode)
-        files.atomic_write(self.dir / name, data, mode=self.file_mode)
+        state_dir(self.dir, self.dir_mode, self.owner)
+        files.atomic_write(self.dir / name, data, mode=self.file_mode, owner=self.owner)
 
     def remove_temps(self) -> None:
         """Temp files of state writes a killed run left behind."""
@@ -335,27 +421,39 @@ class TargetState:
     def add_trial(self, trial: dict[str, Any]) -> None:
         self._write(TRIALS, {"trials": [*self.trials(), trial]})
 
+    def drop_trials(self, keys: Collection[str]) -> int:
+        """Remove the trials whose `trial_key` is in `keys`; how many went."""
+        trials = self.trials()
+        kept = [t for t in trials if trial_key(t) not in keys]
+        if len(kept) != len(trials):
+            self._write(TRIALS, {"trials": kept})
+        return len(trials) - len(kept)
+
     # ---- file copies -------------------------------------------------------------------
     def _copy_path(self, kind: str, rel: str, base: Path | None = None) -> Path:
         return files.inside(base or self.dir, f"{kind}/{files.safe_relpath(rel)}")
 
     def keep_copy(self, kind: str, rel: str, data: bytes) -> None:
         path = self._copy_path(kind, rel)
-        state_dir(self.dir, self.dir_mode)
+        owner = self.owner
+        state_dir(self.dir, self.dir_mode, owner)
         for parent in reversed([p for p in path.parents if self.dir in p.parents]):
-            state_dir(parent, self.dir_mode)
+            state_dir(parent, self.dir_mode, owner)
         # A pristine copy is what a revert restores from: durable. A patched copy only shows a
         # later edit as a diff (and a torn one shows as a larger diff, never a wrong restore).
-        files.atomic_write(path, data, mode=self.file_mode, durable=kind == "pristine")
+        files.atomic_write(path, data, mode=self.file_mode, durable=kind == "pristine",
+                           owner=owner)  # fmt: skip
 
     def copy(self, kind: str, rel: str) -> bytes | None:
         for base in (self.dir, self.legacy):
             if base is None:
                 continue
             try:
-                return self._copy_path(kind, rel, base).read_bytes()
+                return _read_nofollow(self._copy_path(kind, rel, base))
             except (FileNotFoundError, NotADirectoryError):
                 continue
+            except OSError:
+                return None  # a link or an unreadable copy: no copy to restore from
         return None
 
     def drop_copies(self) -> None:
@@ -363,6 +461,22 @@ class TargetState:
 
         for kind in ("pristine", "patched"):
             shutil.rmtree(self.dir / kind, ignore_errors=True)
+
+
+def _read_nofollow(path: Path) -> bytes:
+    """The bytes of the regular file at `path`, never through a symbolic link at its name."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IsADirectoryError(21, "not a regular file", str(path))
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 _CHECKS = {MANIFEST: check_manifest, JOURNAL: check_journal, TRIALS: check_trials}

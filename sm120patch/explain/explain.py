@@ -29,7 +29,7 @@ from sm120patch.errors import Sm120Error, UsageError
 from sm120patch.targets import Target
 
 PROBE = Path(__file__).with_name("probe.py")
-PROFILE = "all"  # every patch: explain shows each site's decision
+PROFILE = "all"  # what the planned patched side applies unless --profile says another
 ARCHS = ("sm120", "sm100", "sm90")
 TIMEOUT_S = 300.0
 
@@ -155,10 +155,11 @@ class Sides:
     patched: dict[str, str] = field(default_factory=dict)
 
 
-def sides(target: Target, directory: Path) -> Sides:
+def sides(target: Target, directory: Path, profile: str = PROFILE) -> Sides:
     files = applied_files(target)
     if files is None:
-        return Sides(False, patched=write_overlay(patched_texts(target), directory / "patched"))
+        planned = patched_texts(target, profile)
+        return Sides(False, patched=write_overlay(planned, directory / "patched"))
     texts: dict[str, str | bytes] = {}
     for f in files:
         data = pristine_bytes(target, f["path"])
@@ -185,27 +186,29 @@ class Decision:
     resolve_backend: str
     comm_arch: str
     preflight: str = "not checked"  # the fusion workspace preflight (0.5.11 on)
+    attention_backend: str | None = None  # the launch's resolved --attention-backend
+    fp4_gemm_backend: str = "not checked"  # what `--fp4-gemm-backend auto` resolves to
 
 
 def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decision:
     """The summary of one probe result (for the named launch, when there is one)."""
-    moe = quant = fusion = None
+    moe = quant = fusion = attention = None
     run = (result.get("launches") or {}).get(launch) if launch else None
     if run is not None:
         if "error" in run:
-            fusion = moe = quant = f"error: {run['error'].splitlines()[0]}"
+            fusion = moe = quant = attention = f"error: {run['error'].splitlines()[0]}"
         else:
             args = run["server_args"]
             moe, quant = args.get("moe_runner_backend"), args.get("quantization")
+            attention = args.get("attention_backend")
             backend = args.get("flashinfer_allreduce_fusion_backend")
             # Up to 0.5.13 a flag; from 0.5.14 a backend (the flag is deprecated, then gone).
             on = bool(args.get("enable_flashinfer_allreduce_fusion")) or backend is not None
             fusion = "on" if on else "off"
             if backend is not None:
                 fusion += f" (backend {backend})"
-    return Decision(
-        moe, quant, fusion, _gate(result), _resolve(result), _comm(result), _preflight(result)
-    )
+    return Decision(moe, quant, fusion, _gate(result), _resolve(result), _comm(result),
+                    _preflight(result), attention, _fp4(result))
 
 
 def _gate(result: Mapping[str, Any]) -> str:
@@ -243,6 +246,16 @@ def _preflight(result: Mapping[str, Any]) -> str:
     return "skips allreduce fusion" + driver + (f": {why}" if why else "")
 
 
+def _fp4(result: Mapping[str, Any]) -> str:
+    res = result.get("fp4_gemm")
+    if res is None:
+        return "not checked"
+    if "error" in res:
+        return "not in this release" if "No module named" in res["error"] else res["error"]
+    auto = res["backends"]["auto"]
+    return auto["value"] if "value" in auto else f"raises {auto['error']}"
+
+
 def _comm(result: Mapping[str, Any]) -> str:
     comm = result.get("comm_arch")
     if comm is None:
@@ -270,13 +283,15 @@ class Explanation:
         ("moe_runner_backend", "MoE runner backend"),
         ("quantization", "quantization"),
         ("allreduce_fusion", "allreduce fusion"),
+        ("attention_backend", "attention backend"),
         ("gate", "runtime fusion gate"),
         ("resolve_backend", "_resolve_backend('auto')"),
         ("preflight", "fusion workspace preflight"),
+        ("fp4_gemm_backend", "FP4 GEMM backend (auto)"),
         ("comm_arch", "FlashInfer trtllm comm archs"),
     )
 
-    LAUNCH_ROWS = ("moe_runner_backend", "quantization", "allreduce_fusion")
+    LAUNCH_ROWS = ("moe_runner_backend", "quantization", "allreduce_fusion", "attention_backend")
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(what, pristine, patched) for each decision the probe could make here."""
@@ -321,8 +336,10 @@ def explain(
     python: str | Path | None = None,
     simulate: str | None = None,
     launch: Sequence[str] = (),
+    profile: str = PROFILE,
 ) -> Explanation:
-    """Run the probe on the pristine and the patched code of the targets at `paths`."""
+    """Run the probe on the pristine and the patched code of the targets at `paths`; where
+    nothing is applied, the patched side is what `profile` would write."""
     from sm120patch import targets as targets_mod
 
     if simulate is not None and simulate not in ARCHS:
@@ -346,7 +363,7 @@ def explain(
         overlay: dict[str, dict[str, str]] = {"pristine": {}, "patched": {}}
         applied = False
         for target in found:
-            s = sides(target, Path(tmp) / target.kind)
+            s = sides(target, Path(tmp) / target.kind, profile)
             applied = applied or s.applied
             overlay["pristine"].update(s.pristine)
             overlay["patched"].update(s.patched)

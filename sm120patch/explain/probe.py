@@ -25,8 +25,9 @@ The result (JSON) has `predicates`, per launch the whole resolved `server_args` 
 held true), `resolve_backend` (per requested backend: the value or the error), `preflight`
 (whether the fusion workspace preflight of 0.5.11 on lets SGLang create the workspace: under
 simulation with a driver binding without multicast on SM120, with it on SM100/SM90, or as
-`multicast` in the request says; on a real GPU the real driver's buffer sizes or error), and
-`comm_arch` (FlashInfer's `gen_trtllm_comm_module` nvcc arch flags, or its error).
+`multicast` in the request says; on a real GPU the real driver's buffer sizes or error),
+`fp4_gemm` (the backend `initialize_fp4_gemm_config` resolves `--fp4-gemm-backend auto` to, or
+its error), and `comm_arch` (FlashInfer's `gen_trtllm_comm_module` nvcc arch flags, or its error).
 
 Exit codes: 0 done (per-check errors are in the result); 5 the target could not be imported
 (torch missing, a broken environment): the result then holds only `fatal`, one line.
@@ -57,12 +58,18 @@ DEVICE_NAME = {
 }
 MEMORY_MIB = {"sm120": 97887, "sm100": 183359, "sm90": 81559}
 
-# The gate module: communicator.py up to 0.5.20, layer_boundary/residual/add_norm.py after.
+# Where the sites this probe runs live, newest release first. The patches' facts say the same
+# (this script cannot import them: it runs in the target's interpreter);
+# tests/test_release_table.py holds the two to each other.
+# The fusion gate (sglang.fusion-gate): its modules and the names of its function.
 GATE_MODULES = (
     "sglang.srt.layers.layer_boundary.residual.add_norm",
     "sglang.srt.layers.communicator",
 )
 GATE_FUNCTIONS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
+# FlashInfer's TRT-LLM comm module (flashinfer.comm-arch).
+COMM_MODULES = ("flashinfer.jit.comm", "flashinfer.comm.trtllm_ar")
+COMM_FUNCTION = "gen_trtllm_comm_module"
 # Compiled GPU-only extensions: on a CPU-only machine their import fails; under simulation a
 # placeholder module stands in (any use of it raises). Decision code never calls them.
 GPU_EXTENSIONS = ("sgl_kernel", "deep_gemm", "flash_mla", "sgl_deep_gemm", "sgl_flash_mla")
@@ -485,17 +492,51 @@ def preflight(multicast: bool | None) -> dict[str, Any]:
             "sizes": simulated, "log": logs.getvalue().splitlines()}
 
 
-def comm_arch() -> dict[str, Any]:
+FP4_UTILS = "sglang.srt.layers.quantization.fp4_utils"
+
+
+def fp4_gemm() -> dict[str, Any]:
+    """What `initialize_fp4_gemm_config` resolves each requested FP4 GEMM backend to: run on a
+    copy of the function whose configuration reads return the request (the server arguments
+    up to 0.5.18, `get_exec().kernel` from 0.5.19), the module's global left as it was."""
+    import types
+
     try:
-        comm = importlib.import_module("flashinfer.jit.comm")
-    except ImportError:
+        module = importlib.import_module(FP4_UTILS)
+    except ImportError as exc:
+        return {"error": _error(exc)}
+    fn = getattr(module, "initialize_fp4_gemm_config", None)
+    if fn is None:
+        return {"error": f"{FP4_UTILS} has no initialize_fp4_gemm_config"}
+    out: dict[str, Any] = {}
+    for requested in ("auto",):
+        config = SimpleNamespace(fp4_gemm_runner_backend=requested)
+        scope = dict(module.__dict__)
+        if "get_exec" in scope:
+            scope["get_exec"] = lambda config=config: SimpleNamespace(kernel=config)
+        copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
+                                  fn.__closure__)
         try:
-            comm = importlib.import_module("flashinfer.comm.trtllm_ar")  # 0.3.x
+            copy(*([config] if fn.__code__.co_argcount else []))
+            out[requested] = {"value": getattr(scope["FP4_GEMM_RUNNER_BACKEND"], "value", None)}
+        except Exception as exc:
+            out[requested] = {"error": _error(exc)}
+    return {"backends": out}
+
+
+def comm_arch() -> dict[str, Any]:
+    comm = None
+    for name in COMM_MODULES:
+        try:
+            comm = importlib.import_module(name)
+            break
         except ImportError as exc:
-            return {"error": _error(exc)}
-    gen = getattr(comm, "gen_trtllm_comm_module", None)
+            problem = _error(exc)
+    if comm is None:
+        return {"error": problem}
+    gen = getattr(comm, COMM_FUNCTION, None)
     if gen is None:
-        return {"error": f"{comm.__name__} has no gen_trtllm_comm_module"}
+        return {"error": f"{comm.__name__} has no {COMM_FUNCTION}"}
     try:
         spec = gen()
     except Exception as exc:
@@ -568,6 +609,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         # Simulated GPUs: SM120 boxes are PCIe (no multicast), SM100/SM90 ones NVLink.
         multicast = request.get("multicast", arch != "sm120") if arch else None
         result["preflight"] = _guarded(lambda: preflight(multicast))
+        result["fp4_gemm"] = _guarded(fp4_gemm)
     if request.get("flashinfer", False):
         try:
             flashinfer = importlib.import_module("flashinfer")

@@ -110,10 +110,10 @@ def releases_for(
     for kind, spec in specs.items():
         listing = releases.listing(kind)
         listings.append(listing)
-        chosen = releases.select(listing.files, spec or releases.FULL_RANGE[kind])
+        chosen = releases.select(listing.files, spec or releases.full_range(kind))
         progress(kind)
         if not chosen:
-            raise _no_match(kind, spec or releases.FULL_RANGE[kind], listing)
+            raise _no_match(kind, spec or releases.full_range(kind), listing)
         work += [(kind, v) for v in chosen]
     return Selection(work, listings)
 

@@ -80,11 +80,13 @@ LISTING_SCHEMA = 1
 DIGEST_SUFFIX = ".sha256"
 
 
-# The releases tests/real runs by default: one or two per shape of every site
-# (docs/compatibility.md).
+# The releases tests/real runs by default: at least one in every range of releases a fact
+# gives a shape of, wherever a profile pins it (tests/real/test_facts.py holds the two to each
+# other; the facts are the patches' own, docs/compatibility.md shows them).
 DEFAULT_RELEASES: dict[str, tuple[str, ...]] = {
     "sglang": (
         "0.5.4",
+        "0.5.4.post3",
         "0.5.6",
         "0.5.7",
         "0.5.8",
@@ -93,43 +95,42 @@ DEFAULT_RELEASES: dict[str, tuple[str, ...]] = {
         "0.5.13",
         "0.5.14",
         "0.5.16",
+        "0.5.18",
         "0.5.19",
         "0.5.21",
         "0.5.22",
         "0.5.23",
     ),
-    "flashinfer": ("0.3.1", "0.6.1", "0.6.15", "0.6.17"),
+    "flashinfer": ("0.3.1", "0.6.1", "0.6.15", "0.6.16", "0.6.17"),
 }
 
 
-# The span of the opt-in full run (SM120PATCH_FULL_RELEASES=1) and of `matrix` by default:
-# every release inside it and the latest post release of each (`select`). The upper bounds
-# are exclusive so that the last release's post releases are inside.
-FULL_RANGE: dict[str, str] = {"sglang": ">=0.4.6,<0.5.24", "flashinfer": ">=0.2.8,<0.7.5"}
+def full_range(kind: str) -> str:
+    """The span of the opt-in full run (SM120PATCH_FULL_RELEASES=1) and of `matrix` by default,
+    from the facts: from the lowest release a fact of `kind` starts at to the highest one a
+    fact or a profile's pin stops before (exclusive, so that its post releases are inside).
+    Every release inside it counts, and the latest post release of each (`select`)."""
+    from packaging.specifiers import SpecifierSet
 
+    from sm120patch.plan import catalog
 
-# Files that hold a site in some release (docs/compatibility.md), relative to the package's
-# parent. The catalog's own `Patch.files` are added to these; listing them here as well keeps
-# a tree built while a patch module is still a placeholder complete for the real one.
-SITE_FILES: dict[str, tuple[str, ...]] = {
-    "sglang": (
-        "sglang/srt/layers/communicator.py",
-        "sglang/srt/layers/layer_boundary/residual/add_norm.py",
-        "sglang/srt/server_args.py",
-        "sglang/srt/arg_groups/overrides.py",
-        "sglang/srt/arg_groups/model_overrides/glm4_moe.py",
-        "sglang/srt/layers/flashinfer_comm_fusion.py",
-        "sglang/srt/distributed/device_communicators/custom_all_reduce.py",
-        "sglang/srt/distributed/device_communicators/custom_all_reduce_utils.py",
-    ),
-    "flashinfer": ("flashinfer/comm/trtllm_ar.py", "flashinfer/jit/comm.py"),
-}
+    cat = catalog.load()
+    facts = [SpecifierSet(f.releases) for p in cat.patches.values() if p.target == kind
+             for f in p.facts]
+    pins = [p.pins[kind] for p in cat.profiles.values() if kind in p.pins]
+    lows = [Version(s.version) for spec in facts for s in spec if s.operator in (">=", "==")]
+    highs = [Version(s.version) for spec in [*facts, *pins] for s in spec if s.operator == "<"]
+    if not lows or not highs:
+        raise ReleaseError(f"no fact of the catalog bounds the {kind} releases")
+    return f">={min(lows)},<{max(highs)}"
 
 
 # Files that say what a patched site may rely on: sglang.srt.utils defines the
 # `is_sm120_supported` the SM120 flag imports (a module up to 0.4.x, a package after);
 # environ.py and parallel_state.py say where upstream's PCIe-IPC allreduce exists (0.5.21 on)
-# and that the custom allreduce is tried before it (pcie-allreduce's refusal).
+# and that the custom allreduce is tried before it (pcie-allreduce's refusal). The fp4-gemm
+# and attention tiers read what their helpers rely on: FlashInfer's mm_fp4 backends and
+# CUDA-version probe, SGLang's attention hook (its SM120 refusals), environ and hybrid_arch.
 SUPPORT_FILES: dict[str, tuple[str, ...]] = {
     "sglang": (
         "sglang/srt/utils.py",
@@ -137,8 +138,11 @@ SUPPORT_FILES: dict[str, tuple[str, ...]] = {
         "sglang/srt/utils/common.py",
         "sglang/srt/environ.py",
         "sglang/srt/distributed/parallel_state.py",
+        "sglang/srt/arg_groups/attention_hook.py",
+        "sglang/srt/configs/hybrid_arch.py",
+        "sglang/srt/layers/quantization/modelopt_quant.py",
     ),
-    "flashinfer": (),
+    "flashinfer": ("flashinfer/gemm/gemm_base.py", "flashinfer/jit/cpp_ext.py"),
 }
 
 
@@ -379,7 +383,7 @@ def available(
 ) -> list[str]:
     """`select` over what the indexes list for `kind` (default: the tracked range)."""
     check_kind(kind)
-    return select(listing(kind).files, spec if spec is not None else FULL_RANGE[kind], posts=posts)
+    return select(listing(kind).files, spec if spec is not None else full_range(kind), posts=posts)
 
 
 def cached(kind: str, version: str) -> Path | None:

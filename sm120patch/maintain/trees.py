@@ -20,7 +20,6 @@ from packaging.utils import canonicalize_name
 from sm120patch.maintain.releases import (
     PACKAGE,
     PROJECT,
-    SITE_FILES,
     SUPPORT_FILES,
     ReleaseError,
     check_kind,
@@ -37,17 +36,21 @@ TREE_RECORD = ".sm120patch-tree.json"
 TREE_SCHEMA = 1
 
 
-def wanted_files(kind: str) -> tuple[str, ...]:
-    """Every file a tree of `kind` holds, relative to the package's parent: the files any patch
-    of the catalog may read, the known site files, the support files and the version files."""
+def site_files(kind: str) -> tuple[str, ...]:
+    """The files that hold a site in some release, relative to the package's parent: the files
+    the catalog's patches of `kind` read (`Patch.files`: the files their facts name)."""
     from sm120patch.plan import catalog
 
+    patches = catalog.load().patches.values()
+    return tuple(sorted({f for p in patches if p.target == kind for f in p.files}))
+
+
+def wanted_files(kind: str) -> tuple[str, ...]:
+    """Every file a tree of `kind` holds, relative to the package's parent: the site files,
+    the support files and the version files."""
     pkg = PACKAGE[kind]
-    files = set(SITE_FILES[kind]) | set(SUPPORT_FILES[kind])
+    files = set(site_files(kind)) | set(SUPPORT_FILES[kind])
     files |= {f"{pkg}/__init__.py", f"{pkg}/version.py", f"{pkg}/_version.py"}
-    for patch in catalog.load().patches.values():
-        if patch.target == kind:
-            files.update(patch.files)
     return tuple(sorted(files))
 
 

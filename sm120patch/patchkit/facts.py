@@ -8,6 +8,9 @@ used to restate this knowledge is derived from the facts:
 - where a profile accepts a missing site (`not-applicable` facts: `Profile.absent_ok`);
 - where an `already-applied` reading means the release itself carries the change (`upstream`
   facts: `Patch.upstream_at`);
+- the files a patch reads (`Patch.files`), the release cache's site files and range
+  (sm120patch.maintain.releases), what a user is told on a release (`user_note`:
+  `Patch.note_at`);
 - the real-release tier's expectations (tests/real/expected.py), which fails a release inside a
   profile's pins that no fact covers.
 """
@@ -46,7 +49,10 @@ class Fact:
     form: str = ""  # the spelling at the site, where the real tier's checks depend on it
     # Where the fact was read: the released files (every fact is held to them by tests/real)
     source: str = "released files"
-    note: str = ""
+    note: str = ""  # for maintainers: where the fact comes from, what it leaves out
+    # For users: what to know about the site on these releases (e.g. where upstream already
+    # takes the SM120 path for a common launch); the plan puts it on the outcome (`note`).
+    user_note: str = ""
     patch: str = ""  # filled in by Patch
 
     def covers(self, version: str) -> bool:

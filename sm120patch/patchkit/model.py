@@ -10,7 +10,7 @@ because a wrong patch is worse than no patch.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,18 @@ TARGETS = ("sglang", "flashinfer")
 
 
 @dataclass(frozen=True)
+class Import:
+    """A name the code of a result needs at module level, as `from MODULE import name`: put
+    right after `next_to` in the one import that brings `next_to` (from `module` when given,
+    else from whichever module that is). A transform requests it (`Result.imports`); the
+    runner places it, once, or refuses where it cannot (`patchkit.runner`)."""
+
+    name: str
+    next_to: str
+    module: str | None = None
+
+
+@dataclass(frozen=True)
 class Result:
     """What one transform says about one site."""
 
@@ -34,6 +46,17 @@ class Result:
     reason: str
     shape: str = ""
     module: Any = None  # the new libcst.Module, only when status is APPLIED
+    # The imports the site's code needs: placed by the runner where the result applied (a name
+    # already imported is left alone), required present where the change was already there.
+    imports: tuple[Import, ...] = ()
+
+    def needing(self, *imports: Import | None) -> Result:
+        """This result, requesting `imports` as well (None: nothing to import). A refusal or
+        a skip requests nothing."""
+        wanted = tuple(i for i in imports if i is not None)
+        if not wanted or self.status not in (Status.APPLIED, Status.ALREADY_APPLIED):
+            return self
+        return replace(self, imports=(*self.imports, *wanted))
 
 
 def applied(site: str, module: cst.Module, shape: str, reason: str = "") -> Result:
@@ -57,6 +80,12 @@ def refused(site: str, expected: str, found: str) -> Result:
 
 
 Transform = Callable[["cst.Module"], Result]
+
+
+def files_of(facts: tuple[Fact, ...]) -> tuple[str, ...]:
+    """The files `facts` name, the last fact's first (facts run oldest release first, and the
+    newest layout is the one to look for first)."""
+    return tuple(dict.fromkeys(f.file for f in reversed(facts) if f.file))
 
 
 class Seen(str, Enum):
@@ -132,49 +161,41 @@ class Patch:
     target: str  # "sglang" or "flashinfer"
     title: str
     why: str
-    # Candidate files relative to the directory holding the package, in order of preference;
-    # the first one whose text contains `marker` holds the site in that release.
-    files: tuple[str, ...]
+    # The first candidate file (see `files`) whose text contains `marker` holds the site.
     marker: str
     transform: Transform
-    # What the patch does on which release (sm120patch.patchkit.facts): shapes, expected outcomes,
-    # where a missing site is fine and where the release carries the change itself.
+    # What the patch does on which release (sm120patch.patchkit.facts): shapes, expected
+    # outcomes, where a missing site is fine, where the release carries the change itself, and
+    # what a user should know there. The one place a release range is written.
     facts: tuple[Fact, ...] = ()
+    # Candidate files relative to the directory holding the package, in order of preference:
+    # the files the facts name, the newest release's first, when not given (a patch without
+    # facts names them here).
+    files: tuple[str, ...] = ()
     # The shapes in words; derived from `facts` when not given.
     shapes: tuple[str, ...] = ()
     upstream: str | None = None  # the upstream issue or PR this patch relates to
-    # Versions of the target whose own code already carries this exact change: there an
-    # `already-applied` reading means "upstream", not "ours". Facts with status upstream say
-    # the same; this field stays for patches that declare no facts.
-    upstream_in: str | None = None
-    # (PEP 440 specifier of the target's release, text): what a user should know about this
-    # site on those releases, e.g. where upstream already takes the SM120 path for a common
-    # launch; the plan puts the text on the outcome (`Outcome.note`).
-    notes: tuple[tuple[str, str], ...] = ()
     # The server log lines that show its path ran or was skipped (`wiring_evidence`).
     wiring: Wiring | None = None
 
     def __post_init__(self) -> None:
-        from dataclasses import replace as _replace
-
-        stamped = tuple(f if f.patch == self.id else _replace(f, patch=self.id) for f in self.facts)
+        stamped = tuple(f if f.patch == self.id else replace(f, patch=self.id) for f in self.facts)
         object.__setattr__(self, "facts", stamped)
         if not self.shapes and stamped:
             object.__setattr__(self, "shapes", tuple(f.describe() for f in stamped))
+        if not self.files:
+            object.__setattr__(self, "files", files_of(stamped))
 
     def facts_at(self, version: str) -> list[Fact]:
         return [f for f in self.facts if f.covers(version)]
 
     def upstream_at(self, version: str) -> bool:
-        """Whether `version` itself carries this patch's change (an `upstream` fact, or
-        `upstream_in`)."""
-        if any(f.status is Status.UPSTREAM for f in self.facts_at(version)):
-            return True
-        if not self.upstream_in:
-            return False
-        from sm120patch.patchkit import versions
+        """Whether `version` itself carries this patch's change (an `upstream` fact)."""
+        return any(f.status is Status.UPSTREAM for f in self.facts_at(version))
 
-        return versions.contains(self.upstream_in, versions.base_release(version))
+    def note_at(self, version: str) -> str:
+        """What a user should know about this site on `version` (its facts' `user_note`)."""
+        return " ".join(f.user_note for f in self.facts_at(version) if f.user_note)
 
     def pick_file(self, read: Callable[[str], str | None]) -> str | None:
         """The candidate file holding this site; `read` returns None for a missing file."""

@@ -141,8 +141,9 @@ def _module_text(spec: NewPatch) -> str:
         shape = f"`def {spec.function}` (describe the code the patch changes)"
         body = (
             "    # Write the change here with sm120patch.patchkit.operations (widen_arch_or,\n"
-            "    # extend_keyword_list, add_module_flag, add_import, add_elif) and return\n"
-            "    # its Result; until then the patch refuses, so nothing is ever half-done.\n"
+            "    # extend_keyword_list, add_module_flag, add_elif; the imports its code needs\n"
+            "    # as `result.needing(Import(...))`) and return its Result; until then the\n"
+            "    # patch refuses, so nothing is ever half-done.\n"
             "    from sm120patch.patchkit.model import refused\n"
             "\n"
             '    return refused(FUNCTION, "a transform for this site", "none written yet")\n'
@@ -185,7 +186,6 @@ PATCH = Patch(
     target="{spec.target}",
     title="TODO: one line saying what the patch changes",
     why="{why}",
-    files=(FILE,),
     marker=f"def {{FUNCTION}}",
     transform=transform,
     facts=FACTS,

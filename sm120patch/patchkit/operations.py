@@ -1,19 +1,31 @@
 """Declared operations: the few shapes SM120 patches keep needing, each a libcst transform.
 
 Each operation takes a parsed module (and, where the site is the patch's to find, the node it
-works on) and returns a `transform.Result`: `applied` with the new module, `already-applied`,
+works on) and returns a `model.Result`: `applied` with the new module, `already-applied`,
 `upstream`, `not-applicable` or `refused` with what it expected and what it found. A patch is
 then mostly a declaration: which function, which keyword, which sibling, in which order.
 
+Finding a site:
 - `one_def`: the one `def NAME` of a module (not-applicable when absent, refused when several).
+- `one_of_defs`: the one `def` of several names a site had across releases, else a method.
+
+Changing it:
 - `widen_arch_or`: `(sm90 or sm100)` gains one more check, SM120, in the release's own spelling
-  (`is_sm120_supported()`, `get_platform().is_sm120`, `_is_sm120_supported`).
+  (`is_sm120_supported()`, `get_platform().is_sm120`, `_is_sm120_supported`), and requests the
+  import the call form needs.
 - `extend_keyword_list`: `f(..., keyword=[9, 10])` inside one named function gains an element,
   the list keeping its layout for one element or many.
 - `add_module_flag`: `NEW = <expr>` right after its sibling module flag.
-- `add_import`: `name` imported next to a sibling name, from the module that brings the sibling.
 - `add_elif`: a branch right after a branch found by its test.
+- `add_first_branch`: a branch before the first branch of an if statement (which becomes an elif).
 - `insert_before`: statements right before a statement of a block (after its comments).
+- `insert_after`: statements right after a statement of a block (a class body included).
+- `add_function_after`: a module-level function, from its source, right after a module-level def.
+- `append_to_list`: a string appended to a module-level list of strings.
+- `replace_statement`: a statement-level node (a class, a def) replaced by one the patch built.
+
+Imports are not an operation: a result requests them (`Result.needing(Import(...))`) and the
+runner places them once (`patchkit.runner.settle_imports`).
 
 Like the patches, this module imports libcst inside the functions, so that loading the
 catalog (`list`, `status`, `--help`) stays free of it.
@@ -58,6 +70,40 @@ def one_def(
     if len(funcs) > 1:
         return refused(site, f"one `def {name}`", f"{len(funcs)} definitions")
     return funcs[0]
+
+
+def one_of_defs(
+    module: cst.Module,
+    names: Sequence[str],
+    absent: str | None = None,
+    *,
+    fallback: tuple[str, str] | None = None,
+    required: bool = False,
+) -> tuple[str, cst.FunctionDef] | Result:
+    """(the name found, the def): the one `def` called one of `names` (a site renamed across
+    releases), else the one method `fallback` (class, method) where the site lived before.
+
+    None of them: not-applicable (`absent` says why), or refused when `required`. Several
+    (two names, or one defined twice): refused, naming them.
+    """
+    from sm120patch.patchkit import syntax as h
+
+    found = [(name, f) for name in names for f in h.functions(module, name)]
+    site = " / ".join(names)
+    every = [f"def {name}" for name in names] + ([".".join(fallback)] if fallback else [])
+    if not found and fallback is not None:
+        cls, method = fallback
+        site = f"{cls}.{method}"
+        found = [(site, f) for c in h.classes(module, cls) for f in h.functions(c, method)]
+    if len(found) == 1:
+        return found[0]
+    wanted = f"one of {', '.join(every)}" if len(every) > 1 else f"one `{every[0]}`"
+    if found:
+        which = ", ".join(dict.fromkeys(name for name, _ in found))
+        return refused(site, wanted, f"{len(found)} definitions of {which}")
+    if required:
+        return refused(site, wanted, "none of them")
+    return not_applicable(site, absent or f"no {' nor '.join(every)} in this file")
 
 
 # ----------------------------------------------------------------------------- widen an `or`
@@ -118,8 +164,9 @@ def widen_arch_or(
     quoted = found or f"`{shape}`"
     if not read.known or read.form not in forms:
         return refused(site, expected, quoted)
+    needs = arch.sglang_arch_import(SM120, read.form)
     if SM120 in read.archs and (others_ok or set(read.archs) - {SM120} <= widen):
-        return already_applied(site, shape)
+        return already_applied(site, shape).needing(needs)
     if "blackwell" in read.archs and upstream_ok:
         return upstream(
             site, f"the release accepts every Blackwell GPU (SM120 included): `{shape}`"
@@ -132,7 +179,7 @@ def widen_arch_or(
         return refused(site, expected, quoted)  # one check alone: not an `or` to widen
     new_group = h.widen_or(group, arch.sglang_arch_check(SM120, read.form))
     new_module = h.replace(module, group, new_group, scope=scope)
-    return applied(site, new_module, f"{shape} -> {h.code(new_group)}")
+    return applied(site, new_module, f"{shape} -> {h.code(new_group)}").needing(needs)
 
 
 # ----------------------------------------------------------------------------- a list keyword
@@ -213,52 +260,20 @@ def add_module_flag(
     return applied(name, h.insert_after(module, anchors[0], [flag]), f"{name} = {value}")
 
 
-# ----------------------------------------------------------------------------- an import
-
-
-def add_import(
-    module: cst.Module,
-    name: str,
-    *,
-    next_to: str,
-    site: str,
-    from_module: str | None = None,
-    expected: str | None = None,
-    found: str = "none or several",
-) -> Result:
-    """`name` imported right after `next_to`, in the one module-level `from ... import` that
-    brings `next_to` (from `from_module` when given). Already-applied where `name` is imported
-    (from `from_module`, when given, else from anywhere); refused without a single such import.
-    """
-    from sm120patch.patchkit import syntax as h
-
-    sources = h.import_sources(module, name)
-    if from_module is None:
-        if sources:
-            return already_applied(site, f"{name} imported")
-        new = h.import_next_to(module, name, next_to)
-    else:
-        if h.binds_at_module_level(module, name):
-            return already_applied(site, f"{name} imported")
-        new = h.add_import_after(module, from_module, name, after=next_to)
-    if new is None:
-        where = f"`from {from_module} import (...)`" if from_module else "`from ... import`"
-        return refused(site, expected or f"one {where} naming {next_to}, to add {name}", found)
-    return applied(site, new, f"{name} imported next to {next_to}")
-
-
 def then(first: Result, second: Result, *, shape: str | None = None) -> Result:
-    """`first` followed by `second` on first's module: applied when `first` applied and
-    `second` applied or had nothing to do; `first` unchanged when it did not apply; `second`
-    when it refused. The shape and reason stay `first`'s (or `shape`)."""
+    """`first` followed by `second` on first's module, for a site that takes two changes:
+    applied when `first` applied and `second` applied or had nothing to do; `first` unchanged
+    when it did not apply; `second` when it refused. The shape and reason stay `first`'s (or
+    `shape`); the imports both request are kept."""
     if first.status is not Status.APPLIED:
         return first
     if second.status is Status.REFUSED:
         return second
     module = second.module if second.status is Status.APPLIED else first.module
+    both = (*first.imports, *second.imports)
     if shape is None:
-        return applied(first.site, module, first.shape, first.reason)
-    return applied(first.site, module, shape)
+        return applied(first.site, module, first.shape, first.reason).needing(*both)
+    return applied(first.site, module, shape).needing(*both)
 
 
 # ----------------------------------------------------------------------------- an elif branch
@@ -337,3 +352,132 @@ def insert_before(
     if isinstance(block, cst.Module):
         return applied(site, new_block, shape)  # type: ignore[arg-type]
     return applied(site, h.replace(module, block, new_block, scope=block), shape)
+
+
+# ----------------------------------------------------------------------------- a first branch
+
+
+def add_first_branch(
+    module: cst.Module, chain: cst.If, test: cst.BaseExpression, body: cst.BaseSuite, *,
+    site: str, shape: str,
+) -> Result:
+    """`if test: body` before the first branch of the if statement `chain`, which follows it
+    as an `elif` (its own elif and else branches after it): the comment lines above `chain`
+    stay above the new `if`, and the new `if` takes `chain`'s whitespace around its test."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    new_if = cst.If(
+        test=test,
+        body=body,
+        orelse=chain.with_changes(leading_lines=()),
+        leading_lines=chain.leading_lines,
+        whitespace_before_test=chain.whitespace_before_test,
+        whitespace_after_test=chain.whitespace_after_test,
+    )
+    return applied(site, h.replace(module, chain, new_if, scope=chain), shape)
+
+
+# ----------------------------------------------------------------------------- after a statement
+
+
+def insert_after(
+    module: cst.Module, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement], *,
+    site: str, shape: str,
+) -> Result:
+    """`new` right after `anchor`, a statement of a block (or of the module, or of a class
+    body); the statement that followed `anchor` follows `new`."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    block = h.parent_of(module, anchor)
+    if not isinstance(block, (cst.Module, cst.IndentedBlock)):
+        return refused(site, "a statement of an indented block", f"`{h.code(anchor)}`")
+    body = list(block.body)
+    index = next(i for i, stmt in enumerate(body) if stmt is anchor)
+    body[index + 1 : index + 1] = list(new)
+    new_block = block.with_changes(body=body)
+    if isinstance(block, cst.Module):
+        return applied(site, new_block, shape)  # type: ignore[arg-type]
+    return applied(site, h.replace(module, block, new_block, scope=block), shape)
+
+
+def add_function_after(
+    module: cst.Module, anchor: cst.FunctionDef, source: str, *, site: str, shape: str = ""
+) -> Result:
+    """The function `source` (written with "\\n" newlines) at module level right after the
+    module-level def `anchor`, two blank lines above it, in the module's own newline."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    new = h.parse_statement(source.replace("\n", module.default_newline), module)
+    new = new.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    if not any(stmt is anchor for stmt in module.body):
+        return refused(site, "a module-level function to add the helper after", "a nested one")
+    return insert_after(module, anchor, [new], site=site, shape=shape)
+
+
+# ----------------------------------------------------------------------------- a list of strings
+
+
+def append_to_list(
+    module: cst.Module, *, name: str, add: str, expect: Sequence[str] = (), site: str | None = None,
+) -> Result:
+    """`NAME = [..., "x"]` -> `[..., "x", "add"]`, for the one module-level assignment of NAME
+    to a list of string literals holding every string of `expect`. The new element takes the
+    separator the others use (one per line stays one per line) and the last element's comma;
+    already-applied where `add` is in the list; refused for any other value."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    site = site or name
+    stmts = h.module_assignments(module, name)
+    want = f"one module-level `{name} = [...]` of strings"
+    if len(stmts) != 1:
+        return refused(site, want, f"{len(stmts)} such assignments")
+    assign = stmts[0].body[0]
+    value = assign.value  # type: ignore[attr-defined]
+    if not isinstance(value, cst.List) or not value.elements or not all(
+        isinstance(el.value, cst.SimpleString) for el in value.elements
+    ):
+        return refused(site, want, f"`{h.code(stmts[0])}`")
+    found = [el.value.evaluated_value for el in value.elements]  # type: ignore[attr-defined]
+    if add in found:
+        return already_applied(site, f"{name} holds {add!r}")
+    missing = [s for s in expect if s not in found]
+    if missing:
+        return refused(site, f"{name} holding {', '.join(map(repr, expect))}",
+                       f"{found} (no {', '.join(map(repr, missing))})")
+    last = value.elements[-1]
+    if len(value.elements) > 1:
+        sep = value.elements[0].comma
+    else:
+        sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    quote = last.value.quote  # type: ignore[attr-defined]
+    elements = [
+        *value.elements[:-1],
+        last.with_changes(comma=sep),
+        cst.Element(cst.SimpleString(f"{quote}{add}{quote}"), comma=last.comma),
+    ]
+    new_stmt = stmts[0].with_changes(
+        body=[assign.with_changes(value=value.with_changes(elements=elements))]
+    )
+    body = [new_stmt if s is stmts[0] else s for s in module.body]
+    return applied(site, module.with_changes(body=body), f"{name} += [{add!r}]")
+
+
+# ----------------------------------------------------------------------------- a whole statement
+
+
+def replace_statement(
+    module: cst.Module, old: cst.CSTNode, new: cst.CSTNode, *, site: str, shape: str
+) -> Result:
+    """`module` with the statement-level node `old` (a class, a def, an if) replaced by `new`,
+    which the patch built from it (and checked); only the blocks above `old` are rebuilt."""
+    from sm120patch.patchkit import syntax as h
+
+    return applied(site, h.replace(module, old, new, scope=old), shape)

@@ -3,6 +3,12 @@
 Text in, outcomes out, no I/O. A crash inside a transform becomes a refusal (a wrong patch is
 worse than no patch), the result must parse and compile, and a second run of the same patches
 must find everything already applied.
+
+A transform requests the imports its code needs (`Result.imports`), as a libcst codemod asks
+`AddImportsVisitor` for them, and the runner places them (`settle_imports`): right after the
+transform that asked, so that every step the engine commits is whole, and once (a name an
+earlier patch or the file already imports is left alone). One it cannot place refuses that
+patch, as a requested import missing beside a change already made does.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import libcst as cst
 
-from sm120patch.patchkit.model import Outcome, Patch, Status, refused
+from sm120patch.patchkit.model import Import, Outcome, Patch, Result, Status, refused
 
 
 @dataclass
@@ -84,7 +90,7 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
 
     for patch in patches:
         try:
-            res = patch.transform(module)
+            res = settle_imports(patch.transform(module), module)
         except Exception as exc:  # a patch bug must not half-apply anything
             res = refused(
                 "<module>",
@@ -104,6 +110,49 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
             # A bug in the library: apply none of this file's patches rather than guess.
             refuse_all(result, problem)
     return result
+
+
+def settle_imports(res: Result, module: cst.Module) -> Result:
+    """`res` with the imports it requests in place. Applied: each one not yet bound at module
+    level goes into `res.module` (`patchkit.syntax.add_import_after`, or `import_next_to`
+    when the request names no module), and the shape says so; refused when one has no single
+    import to join. Already applied: each must be bound in `module` already, else refused (a
+    half-done edit whose code would raise NameError)."""
+    from sm120patch.patchkit import syntax as h
+
+    if not res.imports or res.status not in (Status.APPLIED, Status.ALREADY_APPLIED):
+        return res
+    tree = res.module if res.status is Status.APPLIED else module
+    added: list[str] = []
+    for imp in dict.fromkeys(res.imports):
+        if h.binds_at_module_level(tree, imp.name):
+            continue
+        if res.status is Status.ALREADY_APPLIED:
+            return refused(res.site, f"`{imp.name}` imported where it is used", "no such import")
+        placed = _place(tree, imp)
+        if placed is None:
+            holders = [m for m in h.import_sources(tree, imp.next_to) if m == (imp.module or m)]
+            return refused(
+                res.site,
+                f"one module-level `from {imp.module or '...'} import` naming {imp.next_to}, "
+                f"to add {imp.name}",
+                f"{len(holders)} such imports",
+            )
+        tree = placed
+        added.append(imp.name)
+    if not added:
+        return res
+    shape = "; ".join([*filter(None, [res.shape]), *(f"{name} imported" for name in added)])
+    reason = f"patched ({shape})" if res.reason == f"patched ({res.shape})" else res.reason
+    return replace(res, module=tree, shape=shape, reason=reason)
+
+
+def _place(tree: cst.Module, imp: Import) -> cst.Module | None:
+    from sm120patch.patchkit import syntax as h
+
+    if imp.module is None:
+        return h.import_next_to(tree, imp.name, imp.next_to)
+    return h.add_import_after(tree, imp.module, imp.name, after=imp.next_to)
 
 
 def spliced_code(before: Any, before_text: str, after: Any) -> str:
@@ -232,7 +281,7 @@ def _rerun_problem(patches: Sequence[Patch], result: FileResult, final: cst.Modu
         if patch.id not in applied_ids:
             continue
         try:
-            again = patch.transform(final)
+            again = settle_imports(patch.transform(final), final)
         except Exception as exc:
             return f"expected a second run to be a no-op; {patch.id} raised {exc!r}"
         if again.status not in (Status.ALREADY_APPLIED, Status.UPSTREAM):

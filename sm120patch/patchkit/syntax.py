@@ -8,6 +8,7 @@ libcst nodes whose whitespace is copied from the neighbours so diffs stay minima
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import libcst as cst
 
@@ -36,6 +37,14 @@ def find(
 
     root.visit(_Visitor())
     return found
+
+
+Node = TypeVar("Node", bound=cst.CSTNode)
+
+
+def nodes(root: cst.CSTNode, kind: type[Node]) -> list[Node]:
+    """`find` for one kind of node, typed as that kind."""
+    return [n for n in find(root, kind) if isinstance(n, kind)]
 
 
 def keyword_args(scope: cst.CSTNode, keyword: str) -> list[cst.Arg]:
@@ -211,6 +220,34 @@ def key(node: cst.BaseExpression) -> str | None:
     if isinstance(node, cst.Call) and not node.args:
         base = key(node.func)
         return None if base is None else f"{base}()"
+    return None
+
+
+def string(node: cst.CSTNode) -> str | None:
+    """The value of a plain string literal (`"x"`, `'x'`), else None."""
+    if isinstance(node, cst.SimpleString):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def target_key(node: cst.BaseExpression) -> str | None:
+    """`key`, and a subscript by a string of a simple name: `overrides["x"]` (spelled with
+    double quotes whatever the source uses); None for anything else."""
+    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name):
+        if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+            name = string(node.slice[0].slice.value)
+            return None if name is None else f'{node.value.value}["{name}"]'
+        return None
+    return key(node)
+
+
+def single_assign(stmt: cst.CSTNode) -> cst.Assign | None:
+    """The assignment of a line holding one assignment to one target (`a = b`), else None."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            return small
     return None
 
 

@@ -12,7 +12,12 @@ Both return None for a string that is not a PEP 440 version.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from packaging.version import InvalidVersion, Version
+
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
 
 
 def base_release(version: str) -> Version | None:
@@ -29,9 +34,9 @@ def own_release(version: str) -> Version | None:
         return None
 
 
-def contains(spec: str, version: Version | None) -> bool:
+def contains(spec: str | SpecifierSet, version: Version | None) -> bool:
     """Whether the PEP 440 specifier `spec` admits `version` (pre-releases included: a
     release candidate of a pinned release is that release's code); False for no version."""
     from packaging.specifiers import SpecifierSet
 
-    return version is not None and SpecifierSet(spec).contains(version, prereleases=True)
+    return version is not None and SpecifierSet(str(spec)).contains(version, prereleases=True)

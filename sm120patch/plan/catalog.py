@@ -5,6 +5,11 @@ profiles.toml, in the layout of the built-in library. Packs come from the entry 
 `sm120patch.patches` (each entry point names a package) and from directories (`--patches DIR`,
 `SM120PATCH_PATCHES`), and are validated as the built-in library is: ids unique across every
 pack, pins that parse, every patch a profile names known.
+
+Packs are code, run with the privileges of whoever runs sm120patch (often root): they come from
+those three places only, and a pack whose directory or module (or anything in it, or a
+directory above it) anyone but the running user or root could write is refused before it is
+imported (`trust`).
 """
 
 from __future__ import annotations
@@ -22,12 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 
 from sm120patch.errors import UsageError
-from sm120patch.patchkit import versions
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
+from sm120patch.patchkit.versions import base_release, contains
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
@@ -46,15 +50,6 @@ def parse_toml(text: str) -> dict[str, Any]:
 PROFILES_SCHEMA = 1
 
 
-def release_of(version: str) -> Version:
-    """The release a version counts as for pins (`versions.base_release`); raises
-    InvalidVersion for a string that is not a version."""
-    release = versions.base_release(version)
-    if release is None:
-        raise InvalidVersion(version)
-    return release
-
-
 @dataclass(frozen=True)
 class Refusal:
     """A release range inside (or beside) a profile's pins where applying it is refused with
@@ -66,10 +61,7 @@ class Refusal:
     reason: str
 
     def refuses(self, version: str) -> bool:
-        try:
-            return self.releases.contains(release_of(version), prereleases=True)
-        except InvalidVersion:
-            return False
+        return contains(self.releases, base_release(version))
 
 
 @dataclass(frozen=True)
@@ -96,10 +88,7 @@ class Profile:
         return [r for r in self.refuse if r.kind == kind and r.refuses(version)]
 
     def pinned(self, target: str, version: str) -> bool:
-        try:
-            return self.pins[target].contains(release_of(version), prereleases=True)
-        except InvalidVersion:
-            return False
+        return contains(self.pins[target], base_release(version))
 
     def absent_ok(self, patch_id: str, version: str) -> bool:
         """Whether a missing site of `patch_id` is fine in `version`: a `not-applicable` fact
@@ -110,12 +99,7 @@ class Profile:
         ):
             return True
         spec = self.absent.get(patch_id)
-        if spec is None:
-            return False
-        try:
-            return spec.contains(release_of(version), prereleases=True)
-        except InvalidVersion:
-            return False
+        return spec is not None and contains(spec, base_release(version))
 
 
 BUILT_IN = "built-in"
@@ -129,10 +113,25 @@ class Pack:
 
     name: str  # "built-in", "entry point <name>" or "directory <path>"
     location: str  # the package's or directory's path
+    module_file: str = ""  # an entry point naming a plain module: its file
 
     @property
     def built_in(self) -> bool:
         return self.name == BUILT_IN
+
+    def code_files(self) -> list[Path]:
+        """Every file of the pack that its patches may read or run: the module of a plain
+        module, else every file under its directory (data files too), bytecode left out."""
+        if self.module_file:
+            return [Path(self.module_file)]
+        if not self.location:
+            return []
+        root = Path(self.location)
+        out = []
+        for base, dirs, names in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            out += [Path(base) / n for n in sorted(names)]
+        return out
 
     def digest(self) -> str:
         """sha256 over the pack's modules and profiles.toml (its tests left out)."""
@@ -173,6 +172,12 @@ class Catalog:
     def source(self, patch_id: str) -> Pack:
         return self.sources.get(patch_id, Pack(BUILT_IN, ""))
 
+    @property
+    def packs(self) -> list[Pack]:
+        """Every pack from outside that this catalog loaded (the built-in library left out)."""
+        found = [*self.sources.values(), *self.profile_sources.values()]
+        return [p for p in {p.name: p for p in found}.values() if not p.built_in]
+
     def packs_of(self, profile: Profile) -> list[Pack]:
         """The packs a profile's patches and the profile itself come from, each once."""
         found = [self.profile_sources.get(profile.name, Pack(BUILT_IN, ""))]
@@ -202,9 +207,7 @@ def pin_problems(
             continue
         spec = profile.pins[kind]
         label, source = (labels or {}).get(kind, (kind, ""))
-        try:
-            release_of(version)
-        except InvalidVersion:
+        if base_release(version) is None:
             problems.append(
                 f"{label} version '{version}'" + (f" (from {source})" if source else "")
                 + f" is not a PEP 440 version; profile {profile.name} is pinned to {spec}"
@@ -264,17 +267,59 @@ def _load(dirs: tuple[str, ...]) -> Catalog:
     ]
     for ep in _entry_points():
         pack = Pack(f"entry point {ep.name}", "")
+        trust(pack, _entry_point_code(ep))
         try:
             module = ep.load()
         except Exception as exc:  # a third party's import error must not be a traceback
             raise PackError(pack, f"does not import ({type(exc).__name__}: {exc})") from None
         where = getattr(module, "__path__", None)
-        root = str(list(where)[0]) if where else str(Path(module.__file__ or "").parent)
-        pack = Pack(pack.name, root)
+        if where:
+            pack = Pack(pack.name, str(list(where)[0]))
+        else:
+            pack = Pack(pack.name, str(Path(module.__file__ or "").parent), module.__file__ or "")
+        # What was loaded, too: before its patches are used (its name may not have said).
+        trust(pack, Path(pack.module_file or pack.location) if pack.location else None)
         packs.append((pack, _patches_in(module, pack), _read_profiles(module)))
     for d in dirs:
         packs.append(_load_dir(d))
     return _combine(packs)
+
+
+def trust(pack: Pack, path: Path | None) -> None:
+    """Refuse a pack that anyone but the running user or root could have written: the
+    directory or module, every file in it, every directory above it (a pack is code; it
+    runs with this process's privileges)."""
+    if path is None:
+        return
+    from sm120patch.targets.files import untrusted_by
+
+    problem = untrusted_by(path, os.geteuid(), tree=True)
+    if problem:
+        raise PackError(
+            pack,
+            f"{problem}; a pack is code and runs with your privileges, so it must be "
+            "writable by no one but you (or root)",
+        )
+
+
+def _entry_point_code(ep: Any) -> Path | None:
+    """Where the top-level package (or module) an entry point names lives, found without
+    importing anything; None when it is not on disk as a file or directory."""
+    import importlib.util
+
+    value = getattr(ep, "value", None)
+    if not isinstance(value, str):
+        return None  # judged once loaded, by where it came from
+    top = value.split(":")[0].strip().split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None  # the import fails below, with its own words
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(spec.origin) if spec.origin and os.path.isfile(spec.origin) else None
 
 
 def _entry_points() -> list[Any]:
@@ -327,6 +372,7 @@ def _load_dir(directory: str) -> tuple[Pack, list[Patch], str | None]:
     pack = Pack(f"directory {path}", str(path))
     if not path.is_dir():
         raise PackError(pack, "is not a directory")
+    trust(pack, path)  # before anything of it is imported
     # The directory becomes a package of its own name, so its modules import as
     # `sm120patch_pack_<digest>.<module>` and may import each other relatively.
     name = f"sm120patch_pack_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
@@ -392,7 +438,10 @@ def _patch_problems(patch: Patch) -> list[str]:
     if patch.target not in TARGETS:
         problems.append(f"target {patch.target!r} is not one of {', '.join(TARGETS)}")
     if not patch.files:
-        problems.append("names no files")
+        problems.append("names no files (neither `files` nor a fact with a file)")
+    unlisted = sorted({f.file for f in patch.facts if f.file} - set(patch.files))
+    if unlisted:
+        problems.append(f"facts name files its `files` lacks: {', '.join(unlisted)}")
     if not callable(patch.transform):
         problems.append("has no transform")
     if patch.wiring is not None:

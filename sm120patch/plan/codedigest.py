@@ -55,16 +55,21 @@ def patch_digest(patch: Patch, key: str | None = None) -> str:
     per version of the code."""
     from sm120patch.plan import plancache
 
-    cache = plancache.cache_dir() / f"digests-{plancache.code_digest()[:32]}.json"
+    directory = plancache.cache_dir() if plancache.enabled() else None
+    name = f"digests-{plancache.code_digest()[:32]}.json"
+    cache = None if directory is None else directory / name
     try:
-        known = json.loads(cache.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = None if cache is None else plancache.read_entry(cache)
+        known = json.loads(raw) if raw else {}
+    except ValueError:
+        known = {}
+    if not isinstance(known, dict):
         known = {}
     key = key or source_key(patch)
     if isinstance(known.get(key), str):
         return str(known[key])
     digest = _patch_digest(patch)
-    if plancache.enabled():
+    if cache is not None:
         try:
             from sm120patch.targets.files import atomic_write
 

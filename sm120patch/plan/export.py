@@ -13,6 +13,7 @@ from sm120patch.patchkit.model import TARGETS, Patch
 from sm120patch.plan import catalog
 from sm120patch.plan.diffs import diff_texts
 from sm120patch.plan.plans import Plan
+from sm120patch.targets import files
 
 AUTHOR = "sm120patch <sm120patch@localhost>"
 
@@ -78,6 +79,14 @@ def write(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[Exporte
         )
     if out_dir.exists() and not out_dir.is_dir():
         raise Refused(f"{out_dir} is a file, not a directory", "give -o a directory")
+    for kind in TARGETS:
+        if (out_dir / kind).is_symlink():
+            # Neither written nor emptied through a link: it may lead anywhere.
+            raise Refused(
+                f"{out_dir / kind} is a symbolic link; export writes and deletes nothing "
+                "through one",
+                f"remove the link {out_dir / kind}, or give -o another directory",
+            )
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not overwrite:
             raise Refused(
@@ -85,15 +94,22 @@ def write(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[Exporte
                 f"give -o an empty or new directory, or --overwrite to replace {out_dir}'s "
                 "patches",
             )
+        if out_dir.is_symlink():
+            raise Refused(
+                f"{out_dir} is a symbolic link; --overwrite deletes nothing through one",
+                f"give -o the directory it points to ({out_dir.resolve()})",
+            )
         for kind in TARGETS:
-            for old in (out_dir / kind).glob("*.patch"):
-                old.unlink()
+            files.remove_entries(out_dir / kind, "*.patch")
     written = []
     for kind, items in found.items():
         directory = out_dir / kind
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise files.output_error(directory, exc, "cannot create") from None
         for n, (pid, text) in enumerate(items, start=1):
             path = directory / f"{n:04d}-{pid.replace('.', '-')}.patch"
-            path.write_text(text, encoding="utf-8")
+            files.write_output(path, text)
             written.append(Exported(kind, pid, path))
     return written

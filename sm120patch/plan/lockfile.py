@@ -4,6 +4,13 @@ the profile, each patch's code digest and each touched file's hash before and af
 
 File paths in a lock are module paths (`sglang/srt/server_args.py`), so a lock made on a git
 checkout applies to an installed package of the same release and the other way round.
+
+A lock is a claim to verify, never a source of bytes: `apply --locked` plans with the patches
+loaded here (or a trusted plan cache entry), and goes on only when that plan is the lock,
+file for file (each before- and after-hash), step for step (each step's diff text, what a
+reviewer read) and patch for patch (each code digest, computed here). A lock naming a file
+that no patch of its profile touches is refused; one naming a path that is no plain relative
+path is a usage error.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 
 from sm120patch import __version__
 from sm120patch.errors import Refused, UsageError
+from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog
 from sm120patch.plan.codedigest import patch_digest, source_key
 from sm120patch.plan.plans import Plan
@@ -89,65 +97,17 @@ class Lock:
             ]
         return "\n".join(out) + "\n"
 
-    def plan(self, profile: Any, found: list[Any]) -> Plan | None:
-        """The plan this lock records, on `found` targets whose files have the locked
-        before-hashes; None (plan instead) where anything does not match exactly."""
-        from sm120patch.patchkit.model import Outcome, Status
-        from sm120patch.plan.diffs import apply_diff
-        from sm120patch.plan.plancache import CachedFileResult
-        from sm120patch.plan.plans import Plan, TargetPlan
-
-        if not self.steps or {t.kind for t in found} != set(self.versions):
-            return None
-        plans = []
-        outcomes = []
-        for target in found:
-            tp = TargetPlan(target)
-            for f in (f for f in self.files if f["target"] == target.kind):
-                try:
-                    before = target.path_of(f["path"]).read_bytes().decode("utf-8")
-                except (OSError, UnicodeDecodeError):
-                    return None
-                if _sha(before) != f["before"]:
-                    return None
-                text, texts = before, []
-                for s in self.steps:
-                    if (s["target"], s["path"]) != (target.kind, f["path"]):
-                        continue
-                    nxt = apply_diff(text, s["diff"])
-                    if nxt is None or _sha(nxt) != s["after"]:
-                        return None
-                    texts.append((s["patch"], nxt))
-                    outcomes.append(
-                        Outcome(s["patch"], target.kind, f["path"], "(as locked)",
-                                Status.APPLIED, "the lock's reviewed change")
-                    )  # fmt: skip
-                    text = nxt
-                if not texts or _sha(text) != f["after"]:
-                    return None
-                result = CachedFileResult(file=f["path"], before=before, after=text)
-                result.texts = texts
-                result.outcomes = [o for o in outcomes if o.file == f["path"]]
-                tp.files.append(result)
-            plans.append(tp)
-        order = {pid: i for i, pid in enumerate(profile.patches)}
-        return Plan(profile, plans, sorted(outcomes, key=lambda o: order.get(o.patch, 0)))
-
 
 def patch_digests(ids: Any, known: Lock | None = None) -> tuple[dict[str, str], dict[str, str]]:
-    """Each patch's digest and source key. Where `known` (the lock being checked) has this
-    very source key, its digest is this code's digest: equal bytes of every module the digest
-    reads compute it equal, and a fleet node need not walk the trees again (a tenth of a
-    second, most of an `apply --locked`)."""
+    """Each patch's digest and source key, computed here (or read from this user's own digest
+    cache, keyed by the source key): never taken from the lock being checked (`known` is
+    accepted for the callers' sake and not read), which would then vouch for itself."""
     cat = catalog.load()
     digests, sources = {}, {}
     for pid in ids:
         patch = cat.patches[pid]
         sources[pid] = source_key(patch)
-        if known is not None and known.sources.get(pid) == sources[pid] and pid in known.patches:
-            digests[pid] = known.patches[pid]
-        else:
-            digests[pid] = patch_digest(patch, sources[pid])
+        digests[pid] = patch_digest(patch, sources[pid])
     return digests, sources
 
 
@@ -191,14 +151,71 @@ def _sha(text: str) -> str:
 
 
 def read(path: Path) -> Lock:
-    from sm120patch.plan.catalog import TOMLDecodeError, parse_toml
-
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(f"lock file {path} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"lock file {path} is a directory", "give the lock file's path") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise Refused(f"cannot read lock file {path} ({exc})") from None
+    lock = _parse(path, raw)
+    _check_paths(path, lock)
+    return lock
+
+
+def _check_paths(path: Path, lock: Lock) -> None:
+    """Every file a lock names is a plain relative path of a target kind (else exit 2)."""
+    from pathlib import PurePosixPath
+
+    for entry in [*lock.files, *lock.steps]:
+        rel, kind = entry["path"], entry["target"]
+        p = PurePosixPath(rel)
+        if (
+            kind not in TARGETS
+            or not rel
+            or "\0" in rel
+            or "\\" in rel
+            or p.is_absolute()
+            or ".." in p.parts
+            or p.parts[0] != kind
+        ):
+            raise UsageError(
+                f"lock file {path} names {kind} {rel!r}, which is not a path inside a "
+                f"{kind} package",
+                "regenerate it with `sm120patch pin`",
+            )
+    for name, table in (("versions", lock.versions), ("patches", lock.patches)):
+        if not all(isinstance(v, str) and v for v in table.values()):
+            raise UsageError(f"lock file {path}: {name} holds a value that is not a string")
+
+
+def check_files_of_profile(lock: Lock, profile: Any, path: Path) -> None:
+    """A lock may name only files that a patch of its profile touches."""
+    cat = catalog.load()
+    allowed = {
+        (p.target, f) for p in cat.patches_of(profile) for f in p.files
+    }  # fmt: skip
+    for entry in [*lock.files, *lock.steps]:
+        if (entry["target"], entry["path"]) not in allowed:
+            raise Refused(
+                f"{path} names {entry['target']} {entry['path']}, which no patch of profile "
+                f"{profile.name} touches; nothing was changed",
+                "use the lock `sm120patch pin` wrote, or make a new one",
+            )
+    known = {pid for pid in profile.patches}
+    for entry in lock.steps:
+        if entry["patch"] not in known:
+            raise Refused(
+                f"{path} has a step of patch {entry['patch']}, which is not in profile "
+                f"{profile.name}; nothing was changed",
+                "use the lock `sm120patch pin` wrote, or make a new one",
+            )
+
+
+def _parse(path: Path, raw: str) -> Lock:
+    from sm120patch.plan.catalog import TOMLDecodeError, parse_toml
+
     try:
         doc: dict[str, Any] = parse_toml(raw)
         schema = doc["schema"]
@@ -236,11 +253,13 @@ def read(path: Path) -> Lock:
 
 
 def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> list[str]:
-    """Everything in which `plan` (on pristine trees) differs from `lock`; empty when identical.
+    """Everything in which `plan` (on pristine trees) differs from `lock`; empty when identical:
+    the profile, versions, packs, each patch's digest, each file's before- and after-hash, and
+    (when the lock records them) each step's after-hash and diff text.
 
     `skip`: target kinds already applied exactly as the lock says (checked from their bytes).
     """
-    now = from_plan(plan, known=lock, steps=False)
+    now = from_plan(plan, known=lock, steps=bool(lock.steps))
     if skip:
         lock = replace(lock, versions={k: v for k, v in lock.versions.items() if k not in skip},
                        files=[f for f in lock.files if f["target"] not in skip])  # fmt: skip
@@ -279,6 +298,26 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
             )
         elif mine["after"] != theirs["after"]:
             problems.append(f"{where}: patched text would differ from the locked result")
+    if lock.steps and not problems:
+        problems += _step_differences(lock, now, skip)
+    return problems
+
+
+def _step_differences(lock: Lock, now: Lock, skip: frozenset[str]) -> list[str]:
+    """What was reviewed is what is written: each step of the lock is this plan's, with the
+    same after-hash and the same diff text."""
+    keys = ("target", "path", "patch")
+    locked = [s for s in lock.steps if s["target"] not in skip]
+    found = [s for s in now.steps if s["target"] not in skip]
+    if [tuple(s[k] for k in keys) for s in locked] != [tuple(s[k] for k in keys) for s in found]:
+        return ["steps: the lock's patch steps are not the ones these patches make here"]
+    problems = []
+    for a, b in zip(locked, found, strict=True):
+        where = f"{a['target']} {a['path']} ({a['patch']})"
+        if a["after"] != b["after"]:
+            problems.append(f"{where}: the step's result differs from the locked one")
+        elif a["diff"] != b["diff"]:
+            problems.append(f"{where}: the lock's diff is not the change these patches make")
     return problems
 
 
@@ -294,6 +333,7 @@ def check(lock: Lock, path: Path) -> Any:
     The check is called with the kinds of the targets already applied as the lock says."""
 
     def verify(plan: Plan, skip: frozenset[str] = frozenset()) -> None:
+        check_files_of_profile(lock, plan.profile, path)
         problems = differences(lock, plan, skip)
         if problems:
             raise Refused(

@@ -2,10 +2,17 @@
 
 A plan of one target depends only on bytes: the files its patches may touch, the files whose
 names the patches import from the target's own package (checked by the planner), the target's
-version, and the code of the planner and the patch library. The key hashes the first and the
+version, and all the code that can change a plan: sm120patch, the built-in patch library and
+every pack loaded (each of its modules and data files). The key hashes the first and the
 last; the value records the second (each file's sha256) and is used only when they still
 match. So `apply` after a reviewed `--dry-run` on the same bytes, and `ensure` at every service
 start, never import libcst.
+
+An entry is a second source of the bytes an apply writes, so the cache is trusted only as far
+as who may write it: a directory of the effective user's own (owned by them, writable by no
+one else, nor any directory above it; entries 0600 and theirs). Any other (a shared
+`SM120PATCH_CACHE`, a user's cache directory when root runs with that user's HOME) is
+ignored with one warning, and every plan is made afresh.
 
 Entries live in `$SM120PATCH_CACHE/plans/` (default: the user cache directory), compressed JSON,
 written atomically; a corrupt or unreadable entry is ignored (and planned afresh), never an
@@ -18,6 +25,7 @@ import hashlib
 import json
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
@@ -40,13 +48,74 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1") not in ("0", "", "off", "no")
 
 
-def cache_dir() -> Path:
+def _stderr(text: str) -> None:
+    import sys
+
+    print(f"sm120patch: warning: {text}", file=sys.stderr)
+
+
+# How a warning reaches the user (the command layer may point it elsewhere).
+warn: Callable[[str], None] = _stderr
+_judged: dict[str, Path | None] = {}
+
+
+def cache_dir() -> Path | None:
+    """The plan cache's directory, made (0700) where missing; None when it is not the
+    effective user's own (warned once): then nothing is read from it or written to it."""
     base = os.environ.get("SM120PATCH_CACHE")
     if base:
-        return Path(base).absolute() / "plans"
-    import platformdirs
+        plans = Path(base).absolute() / "plans"
+    else:
+        import platformdirs
 
-    return Path(platformdirs.user_cache_dir("sm120patch")) / "plans"
+        plans = Path(platformdirs.user_cache_dir("sm120patch")) / "plans"
+    key = str(plans)
+    if key not in _judged:
+        _judged[key] = _own(plans)
+    return _judged[key]
+
+
+def _own(plans: Path) -> Path | None:
+    from sm120patch.targets.files import owner_name, untrusted_by
+
+    uid = os.geteuid()
+    problem = untrusted_by(plans, uid, owner_only=True)
+    if problem is None and not plans.is_dir():
+        try:
+            plans.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            return None  # nowhere to keep plans: plan every time, as with the cache off
+        problem = untrusted_by(plans, uid, owner_only=True)
+    if problem is None:
+        return plans
+    warn(
+        f"ignoring the plan cache {plans}: {problem}; a cache must be {owner_name(uid)}'s "
+        "own (owned by them, writable by no one else), so every plan is made afresh"
+    )
+    return None
+
+
+def _own_file(fd: int) -> bool:
+    """An entry this user wrote and no one else may write."""
+    st = os.fstat(fd)
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def read_entry(path: Path) -> bytes | None:
+    """The bytes of a cache file, None unless it is a regular file of this user's alone."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _own_file(fd):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
 
 
 @lru_cache(maxsize=1)
@@ -66,6 +135,33 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+def code_key() -> str:
+    """`code_digest` and the code of every pack loaded now (each module and data file of
+    each): an edited pack makes every entry a miss, as an edited built-in patch does."""
+    from sm120patch.plan import catalog
+
+    packs = catalog.load().packs
+    if not packs:
+        return code_digest()
+    return _with_packs(code_digest(), tuple((p.name, p.location, p.module_file) for p in packs))
+
+
+@lru_cache(maxsize=8)
+def _with_packs(base: str, packs: tuple[tuple[str, str, str], ...]) -> str:
+    from sm120patch.plan.catalog import Pack
+
+    h = hashlib.sha256(base.encode())
+    for name, location, module_file in packs:
+        h.update(f"\0{name}\0".encode())
+        for path in Pack(name, location, module_file).code_files():
+            h.update(f"{path}\0".encode())
+            try:
+                h.update(path.read_bytes())
+            except OSError:
+                h.update(b"\0unreadable")
+    return h.hexdigest()
+
+
 def _sha(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -77,7 +173,7 @@ def key(profile: Profile, patch_files: list[str], target: Target) -> str | None:
     """The entry of `profile` on `target`, from the bytes of every file its patches may touch;
     None (plan, never cache) when one of them is there but is not a regular file: the planner
     refuses that with its own words."""
-    h = hashlib.sha256(f"{FORMAT}\0{code_digest()}\0{profile.name}\0".encode())
+    h = hashlib.sha256(f"{FORMAT}\0{code_key()}\0{profile.name}\0".encode())
     h.update(f"{target.kind}\0{target.version}\0".encode())
     for rel in sorted(set(patch_files)):
         path = target.path_of(rel)
@@ -101,8 +197,12 @@ def load(entry: str, target: Target) -> list[FileResult] | None:
     """The file results of the entry's plan, or None (plan afresh)."""
     if not enabled():
         return None
+    directory = cache_dir()
+    raw = None if directory is None else read_entry(directory / f"{entry}.json.z")
+    if raw is None:
+        return None
     try:
-        doc = json.loads(zlib.decompress((cache_dir() / f"{entry}.json.z").read_bytes()))
+        doc = json.loads(zlib.decompress(raw))
         if doc.get("format") != FORMAT:
             return None
         for rel, sha in doc["deps"].items():
@@ -132,6 +232,9 @@ def store(entry: str, plan: TargetPlan, deps: list[str]) -> None:
     parent) whose bytes the plan depends on. Never fails the command."""
     if not enabled():
         return
+    directory = cache_dir()
+    if directory is None:
+        return
     target = plan.target
     files = []
     for f in plan.files:
@@ -156,7 +259,7 @@ def store(entry: str, plan: TargetPlan, deps: list[str]) -> None:
     try:
         from sm120patch.targets.files import atomic_write
 
-        atomic_write(cache_dir() / f"{entry}.json.z", data, durable=False)
+        atomic_write(directory / f"{entry}.json.z", data, durable=False)  # 0600, this user's
     except OSError:
         pass
 

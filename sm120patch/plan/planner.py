@@ -329,17 +329,11 @@ def _judge(profile: Profile, patch: Patch, target: Target, outcome: Outcome) -> 
 
 
 def _with_note(patch: Patch, target: Target, outcome: Outcome) -> Outcome:
-    """The patch's note for this release on an outcome that changes or found the site."""
+    """The patch's note for this release (its facts' `user_note`) on an outcome that changes
+    or found the site."""
     from dataclasses import replace
 
-    if outcome.status not in (Status.APPLIED, Status.ALREADY_APPLIED) or not patch.notes:
+    if outcome.status not in (Status.APPLIED, Status.ALREADY_APPLIED):
         return outcome
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion
-
-    try:
-        release = catalog.release_of(target.version)
-    except InvalidVersion:
-        return outcome
-    texts = [text for spec, text in patch.notes if SpecifierSet(spec).contains(release, True)]
-    return replace(outcome, note=" ".join(texts)) if texts else outcome
+    note = patch.note_at(target.version)
+    return replace(outcome, note=note) if note else outcome

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sm120patch.scan import evaluate
 from sm120patch.scan import gates as g
 
 if sys.version_info >= (3, 11):
@@ -127,7 +128,7 @@ class Coverages:
 
 def leaves_out(gate: g.Gate) -> bool:
     """Whether a gate still keeps SM120 away (no sibling gives it a path)."""
-    return gate.verdict in (g.LEAVES_OUT, g.EXCLUDES) and not gate.sibling
+    return gate.verdict in (evaluate.LEAVES_OUT, evaluate.EXCLUDES) and not gate.sibling
 
 
 def coverage(
@@ -288,12 +289,12 @@ def classify(
     covered = tuple(covered)
     if covered and leaves_out(gate):
         return Classified(gate, COVERED, "; ".join(c.describe() for c in covered), covered)
-    if gate.verdict == g.ADMITS:
+    if gate.verdict == evaluate.ADMITS:
         return Classified(gate, UPSTREAM, "SM120 takes the path of the archs it favours")
     if gate.sibling:
         return Classified(gate, UPSTREAM, f"SM120 has a path of its own: {gate.sibling}")
     families = tuple(families)
-    if gate.verdict == g.EXCLUDES:
+    if gate.verdict == evaluate.EXCLUDES:
         return Classified(gate, KERNEL, "the code names SM120 to leave it out here")
     if gate.arch_specific:
         targets = ", ".join(gate.arch_specific)

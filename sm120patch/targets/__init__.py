@@ -128,6 +128,8 @@ def _package_in(kind: str, path: Path) -> Path:
 def _describe(kind: str, package_dir: Path) -> Target:
     parent = package_dir.parent
     git_root = git.work_tree_of(package_dir)
+    if git_root is not None:
+        git.check_owner(git_root)  # before any git command runs there
     if git_root is not None and not git.is_tracked(git_root, package_dir / "__init__.py"):
         # An installed package inside some repository (a venv in a project): not a checkout.
         git_root = None

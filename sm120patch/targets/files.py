@@ -1,4 +1,11 @@
-"""TODO: sm120patch.targets.files."""
+"""File primitives: hashes, atomic writes, paths read from state, and who may write a path.
+
+Every write into a target, a state directory, a cache or an output the user named is an atomic
+replace (a temp file made with O_EXCL next to the name, fsync, rename): a kill leaves the old
+file or the new one, and a symbolic link at the name is replaced, never followed. What the
+tool trusts (its state, its caches, patch packs) must be writable by no one but the user it
+runs as (or root): `untrusted_by` says why a path is not.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,9 @@ import hashlib
 import os
 import stat
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from sm120patch.errors import Refused
+from sm120patch.errors import Refused, UsageError
 
 TMP_SUFFIX = ".sm120patch-tmp"
 
@@ -23,11 +31,25 @@ def file_sha256(path: Path) -> str | None:
         return None  # not the file we wrote: reported as such, never a traceback
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: bool = True) -> None:
+# Bits a write never sets, whatever the file or the record says: setuid, setgid, sticky, and
+# writable by others.
+NEVER_SET = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
+
+
+def atomic_write(
+    path: Path,
+    data: bytes,
+    mode: int | None = None,
+    *,
+    durable: bool = True,
+    owner: tuple[int, int] | None = None,
+) -> None:
     """Write `data` to `path` so that a kill leaves either the old or the new file, never half.
 
-    Keeps `mode` (the old file's permission bits) when given. `durable=False` skips the fsyncs
-    (the rename stays atomic): for what can be rebuilt, such as caches and the diff copies.
+    Sets `mode` (the old file's permission bits) when given, less `NEVER_SET`; `owner`
+    (uid, gid), when given and this process may, is the new file's owner. `durable=False`
+    skips the fsyncs (the rename stays atomic): for what can be rebuilt, such as caches and
+    the diff copies. A symbolic link at `path` is replaced, never written through.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _new_temp(path)
@@ -37,8 +59,10 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: b
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, stat.S_IMODE(mode))
+            if owner is not None and os.geteuid() == 0:
+                os.fchown(fh.fileno(), *owner)
+            if mode is not None:
+                os.fchmod(fh.fileno(), stat.S_IMODE(mode) & ~NEVER_SET)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -48,6 +72,25 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: b
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `data` over the regular file at `path`, a file of a target: it must be there (a
+    path that is not is never created) and not a symbolic link; it keeps its permission bits
+    (less setuid, setgid and world-writable, never set) and, when root writes, its owner."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise Refused(
+            f"{path} does not exist (deleted?); sm120patch never creates a file in a target",
+            "reinstall the release (or check the file out again), then run sm120patch again",
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused(
+            f"{path} is not a regular file; sm120patch writes regular files only",
+            "replace it by the release's file, then run sm120patch again",
+        )
+    atomic_write(path, data, mode=st.st_mode, owner=(st.st_uid, st.st_gid))
 
 
 def _new_temp(path: Path) -> tuple[int, Path]:
@@ -125,3 +168,198 @@ def inside(root: Path, rel: str) -> Path:
             "sm120patch does not write through links that leave the target",
         )
     return path
+
+
+# ---- who may write a path -------------------------------------------------------------------
+def _who(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def owner_name(uid: int) -> str:
+    """A user's name for a message (`alice`, or `uid 1234` when it has none)."""
+    return _who(uid)
+
+
+def lax_entry(path: Path, st: os.stat_result, uids: tuple[int, ...]) -> str | None:
+    """Why someone outside `uids` may change the entry itself (not through its parents)."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    if st.st_uid not in uids:
+        return f"{path} is owned by {_who(st.st_uid)}"
+    if stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def untrusted_by(
+    path: Path, uid: int, *, tree: bool = False, owner_only: bool = False
+) -> str | None:
+    """Why someone other than `uid` (or root) could change what is at `path`, or None.
+
+    The path itself and every directory above it must be owned by `uid` or root and writable
+    by no one else; a directory above writable by others counts only with its sticky bit and
+    a trusted owner (`/tmp`: nobody renames another's entry there). With `owner_only`, the
+    path itself must be owned by `uid` (not root). With `tree`, so must every entry below it
+    (symbolic links are refused there too). Paths that do not exist yet are judged by their
+    nearest existing parent.
+    """
+    uids = (uid,) if owner_only else (uid, 0)
+    trusted = (uid, 0)
+    path = Path(os.path.abspath(path))
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror})"
+    if st is not None:
+        problem = lax_entry(path, st, uids)
+        if problem:
+            return problem
+    for parent in path.parents:
+        try:
+            pst = os.lstat(parent)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"{parent} cannot be read ({exc.strerror})"
+        if stat.S_ISLNK(pst.st_mode):
+            parent = Path(os.path.realpath(parent))
+            problem = untrusted_by(parent, uid)
+            if problem:
+                return problem
+            break  # the link's target was judged, with everything above it
+        if pst.st_uid not in trusted:
+            return f"{parent} is owned by {_who(pst.st_uid)}"
+        if stat.S_IMODE(pst.st_mode) & (stat.S_IWGRP | stat.S_IWOTH) and not (
+            pst.st_mode & stat.S_ISVTX
+        ):
+            return f"{parent} is writable by its group or by others"
+    if tree and st is not None and stat.S_ISDIR(st.st_mode):
+        for top, dirs, names in os.walk(path):
+            for name in [*dirs, *names]:
+                entry = Path(top) / name
+                try:
+                    est = os.lstat(entry)
+                except FileNotFoundError:
+                    continue
+                problem = lax_entry(entry, est, trusted)
+                if problem:
+                    return problem
+    return None
+
+
+# ---- outputs the user names (lock files, reports, exports, logs) ----------------------------
+_PATH_ERRORS = {"ENOENT", "ENOTDIR", "EISDIR", "EACCES", "EPERM", "EROFS", "ELOOP", "ENAMETOOLONG"}
+
+
+def output_error(path: Path, exc: OSError, what: str = "cannot write") -> Exception:
+    """One line for an output that cannot be written: a bad path is a usage error (exit 2),
+    anything else (a full disk) a refusal (exit 1)."""
+    import errno
+
+    name = errno.errorcode.get(exc.errno or 0, "")
+    reason = str(exc.strerror or exc)
+    message = f"{what} {path} ({reason})"
+    if name in _PATH_ERRORS:
+        return UsageError(message, "give a path in a directory you can write", {"reason": reason})
+    return Refused(
+        message, "free some space (or fix the cause), then run the command again",
+        {"reason": reason},
+    )  # fmt: skip
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def write_output(path: Path | str, data: bytes | str) -> None:
+    """Write a file the user named outside any target (`pin -o`, `trial show --html`,
+    `--export`, `export -o`): by atomic replace, so a symbolic link at the name is replaced by
+    the file, never followed; an existing regular file keeps its permission bits, a new one
+    gets the umask's. One line (exit 2 for a bad path) when it cannot be written."""
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    try:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(21, "Is a directory", str(path))
+        if st is not None and stat.S_ISREG(st.st_mode):
+            mode = stat.S_IMODE(st.st_mode)
+        else:
+            mode = 0o666 & ~_umask()
+        if not path.parent.is_dir():
+            raise FileNotFoundError(2, "No such directory", str(path.parent))
+        atomic_write(path, data, mode=mode)
+    except OSError as exc:
+        raise output_error(path, exc) from None
+
+
+def append_output(path: Path | str) -> Any:
+    """A file the user named, opened for appending (`--log`, the step trace): never through
+    a symbolic link at its name, and only a regular file. One line when it cannot be."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO never blocks
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        import errno
+
+        # ELOOP (O_NOFOLLOW), or EACCES from the kernel's protected_symlinks in a sticky /tmp.
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise UsageError(
+                f"{path} is a symbolic link; sm120patch does not write through one",
+                "give the path of a regular file",
+                {"reason": "a symbolic link"},
+            ) from None
+        raise output_error(path, exc) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"{path} is not a regular file", "give the path of a regular file",
+                         {"reason": "not a regular file"})  # fmt: skip
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def remove_entries(directory: Path, pattern: str) -> None:
+    """Remove the files matching `pattern` in `directory`, a real directory (a symbolic link
+    there is refused): nothing is deleted through a link, and a link matching is removed
+    itself, never what it points to."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise Refused(
+            f"{directory} is a symbolic link; sm120patch deletes nothing through one",
+            f"remove the link {directory} or give another directory",
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(f"{directory} is not a directory", f"move {directory} aside")
+    for old in directory.glob(pattern):
+        try:
+            ost = os.lstat(old)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(ost.st_mode):
+            continue
+        old.unlink()

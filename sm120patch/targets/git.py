@@ -1,8 +1,12 @@
 """Everything that touches git. The one place branches are made; the only module importing git.
 
 GitPython is imported lazily so commands that never touch git (`list`, `status`) start fast.
-Commits are made with `--no-verify` and without signing: user hooks must not reformat the
-files we just verified, and a signing prompt must never block an unattended run.
+Every git command runs without hooks (`core.hooksPath=/dev/null`: no pre-commit, post-commit,
+post-checkout nor reference-transaction hook), without fsmonitor, signing or automatic gc
+(`SAFE_CONFIG`): a checkout's hooks and configuration are code of its owner's, which must not
+run in sm120patch's process (often root's), reformat the files just verified, or block an
+unattended run on a prompt. A checkout owned by another user than the one running sm120patch
+is refused (`check_owner`) before any git command runs in it.
 
 Every git child runs in a session of its own (`start_new_session`): a Ctrl-C in the terminal,
 or a closed terminal, signals the terminal's foreground process group, and a git killed
@@ -31,6 +35,37 @@ FALLBACK_EMAIL = "sm120patch@localhost"
 # How long `recover` waits for a git command still running in the repository (a child of the
 # killed run, which outlives it in its own session) before it refuses.
 SETTLE_WAIT_S = 10.0
+# `-c` options given to every git command sm120patch runs (they override every config file).
+SAFE_CONFIG = (
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "core.fsmonitor=false",
+    "-c", "commit.gpgSign=false",
+    "-c", "tag.gpgSign=false",
+    "-c", "gc.auto=0",
+    "-c", "maintenance.auto=false",
+)  # fmt: skip
+
+
+def check_owner(root: Path) -> None:
+    """Refuse a checkout owned by another user than the effective one: its hooks, filters
+    and configuration would run as this user (root, under sudo). git's own `safe.directory`
+    check lets root through under sudo; sm120patch does not."""
+    uid = os.geteuid()
+    for path in (root, root / ".git"):
+        try:
+            owner = os.stat(path).st_uid
+        except OSError:
+            continue
+        if owner != uid:
+            from sm120patch.targets.files import owner_name
+
+            raise Refused(
+                f"{root} is a git checkout owned by another user ({owner_name(owner)}), not "
+                f"by {owner_name(uid)}, who runs sm120patch: its hooks and configuration are "
+                "its owner's code, which sm120patch does not run",
+                f"run sm120patch as {owner_name(owner)} (`sudo -u {owner_name(owner)} "
+                "sm120patch ...`)",
+            )
 
 
 def work_tree_of(path: Path) -> Path | None:
@@ -88,9 +123,7 @@ def branch_exists_light(root: Path, name: str) -> bool:
 
 def describe_version(root: Path) -> str | None:
     try:
-        import git
-
-        described = git.Repo(root).git.describe("--tags", "--match", "v*")
+        described = _own_session_repo()(root).git.describe("--tags", "--match", "v*")
     except Exception:  # no tags, no git binary, odd repository: the caller reports "unknown"
         return None
     return version_from_describe(described)
@@ -125,6 +158,7 @@ def is_tracked(root: Path, path: Path) -> bool:
         proc = subprocess.run(
             [
                 "git",
+                *SAFE_CONFIG,
                 "--literal-pathspecs",
                 "-C",
                 str(root),
@@ -147,7 +181,7 @@ def is_tracked(root: Path, path: Path) -> bool:
     if "dubious ownership" in proc.stderr:
         raise Refused(
             f"git refuses to work in {root}: it is owned by another user",
-            f"run as its owner, or `git config --global --add safe.directory {root}`",
+            "run sm120patch as the checkout's owner",
         )
     if "not a git repository" in proc.stderr:
         raise Refused(
@@ -181,10 +215,17 @@ def _own_session_repo() -> type[git.Repo]:
         import git
 
         class OwnSessionGit(git.Git):
-            def execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            def execute(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
                 kwargs.setdefault("start_new_session", True)
+                if (
+                    isinstance(command, (list, tuple))
+                    and len(command) > 1
+                    and command[0] in ("git", self.GIT_PYTHON_GIT_EXECUTABLE)
+                ):
+                    # No hook, fsmonitor, signing or gc: whatever the repository says.
+                    command = [command[0], *SAFE_CONFIG, *command[1:]]
                 with _terminal_signals_blocked():
-                    return super().execute(*args, **kwargs)
+                    return super().execute(command, *args, **kwargs)
 
         class OwnSessionRepo(git.Repo):
             GitCommandWrapperType = OwnSessionGit
@@ -460,8 +501,6 @@ class Repo:
         self.repo.git.execute(
             [
                 "git",
-                "-c",
-                "commit.gpgsign=false",
                 "commit",
                 "--no-verify",
                 "-q",

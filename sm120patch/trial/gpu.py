@@ -49,7 +49,7 @@ class Probe:
 
     @property
     def family(self) -> str | None:
-        """"sm120" when an SM120 GPU is here, else the first GPU's, None without a GPU."""
+        """The family: "sm120" when an SM120 GPU is here, else the first GPU's, None without one."""
         if not self.gpus:
             return None
         return "sm120" if self.has_sm120 else f"sm{self.gpus[0].major}{self.gpus[0].minor}"
@@ -262,13 +262,14 @@ class GpuFigures:
     mean_util_pct: float | None
 
     def describe(self) -> str:
+        """'GPU 0: mean 395 W (56% of the 700 W limit), max 477 W, util 93%'."""
         if self.mean_w is None or self.max_w is None:
             return f"GPU {self.index}: no power reading"
         share = ""
-        if self.limit_share:
-            share = f" ({100 * self.limit_share:.0f}% of {self.limit_w:.0f} W)"
+        if self.limit_share and self.limit_w:
+            share = f" ({100 * self.limit_share:.0f}% of the {self.limit_w:.0f} W limit)"
         util = f", util {self.mean_util_pct:.0f}%" if self.mean_util_pct is not None else ""
-        return f"GPU {self.index}: mean {self.mean_w:.0f} W, max {self.max_w:.0f} W{share}{util}"
+        return f"GPU {self.index}: mean {self.mean_w:.0f} W{share}, max {self.max_w:.0f} W{util}"
 
 
 def summarise(samples: list[dict[str, Any]]) -> list[GpuFigures]:

@@ -50,11 +50,10 @@ RECORD = ("id", "outcome", "figure", "date", "source", "evidence")
 EVIDENCE = ("measured", "reported", "inferred", "unpublished")
 OPTIONAL = ("measured",)  # what was run, in the source's terms
 
-# verdict of a trial -> outcome of a record
+# verdict of a trial that is evidence (`evidence`) -> outcome of a record
 _OUTCOME_OF = {
     "kept": "faster",
     "reverted-slower": "slower",
-    "reverted-noise": "no-gain",
     "reverted-wrong-output": "wrong-output",
     "crashed": "crash",
     "timeout": "crash",
@@ -165,10 +164,13 @@ def _in(spec: str, value: str | int) -> bool:
         return False
 
 
-def _release(version: str) -> str:
-    """0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as the pins do."""
-    release = versions.base_release(version)
-    return version if release is None else str(release)
+def _release_in(spec: str, version: str) -> bool:
+    """Whether `version`, as its release (0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as
+    the pins do), is inside `spec`."""
+    try:
+        return versions.contains(spec, versions.base_release(version))
+    except InvalidSpecifier:
+        return False
 
 
 def _names(value: Any) -> list[str]:
@@ -183,7 +185,7 @@ def matches(entry: Entry, profile: str | None, box: Box) -> bool:
         # A condition on a release this box does not have (FlashInfer not installed, say)
         # does not describe this box.
         if kind in c and (
-            kind not in box.versions or not _in(c[kind], _release(box.versions[kind]))
+            kind not in box.versions or not _release_in(c[kind], box.versions[kind])
         ):
             return False
     if "gpu_family" in c and box.gpu_family and c["gpu_family"].lower() != box.gpu_family:
@@ -260,17 +262,59 @@ def box_of(
     )
 
 
+def evidence(trial: dict[str, Any]) -> bool:
+    """Whether a recorded trial says something about its patch: a measured trial that kept,
+    was slower beyond the noise, gave wrong output, or crashed on its patched side; a plain
+    trial that crashed. Never an inconclusive, inert or unreachable one. Records written before
+    trials said so themselves are judged by the same rule (a keep or a slower needs 2 runs a
+    side: one run measures no noise)."""
+    if "evidence" in trial:
+        return bool(trial["evidence"])
+    verdict = trial.get("verdict")
+    if trial.get("kind") != "measured":
+        return verdict in ("crashed", "timeout")
+    runs = [r for r in trial.get("runs") or [] if isinstance(r, dict)]
+    if verdict == "reverted-wrong-output":
+        return True
+    if verdict == "crashed":
+        return any(r.get("side") == "patched" and r.get("outcome") != "ok" for r in runs)
+    if verdict in ("kept", "reverted-slower"):
+        sides = Counter(r.get("side") for r in runs)
+        return min(sides.get("baseline", 0), sides.get("patched", 0)) >= 2
+    return False
+
+
 def history(paths: Mapping[str, str | Path | None]) -> list[dict[str, Any]]:
     """Every recorded trial on these targets, once each (a trial of a profile spanning SGLang
     and FlashInfer is kept on both), oldest first."""
     from sm120patch.engine import assess
+    from sm120patch.engine.records import trial_key
 
     seen: dict[str, dict[str, Any]] = {}
     for status in assess.status(paths):
         for t in status.trials:
-            key = t.get("id") or f"{t.get('started')}:{t.get('profile')}"
-            seen.setdefault(key, t)
+            seen.setdefault(trial_key(t), t)
     return sorted(seen.values(), key=lambda t: t.get("started") or 0)
+
+
+def forget(
+    paths: Mapping[str, str | Path | None], trial_ids: Sequence[str], everything: bool = False
+) -> list[str]:
+    """Remove recorded trials (each ID or a unique prefix of one; every trial with
+    `everything`) from every target that holds them; the ids removed, oldest first."""
+    from sm120patch.engine import trials as kept
+    from sm120patch.engine.records import trial_key
+
+    trials = history(paths)
+    if everything:
+        chosen = trials
+    else:
+        if not trial_ids:
+            raise UsageError("give the trial ID to forget, or --all")
+        chosen = [find_trial(trials, tid) for tid in trial_ids]
+    keys = {trial_key(t) for t in chosen}
+    kept.forget_trials(paths, keys)
+    return [trial_key(t) for t in trials if trial_key(t) in keys]
 
 
 def find_trial(trials: list[dict[str, Any]], trial_id: str | None) -> dict[str, Any]:
@@ -291,10 +335,12 @@ def find_trial(trials: list[dict[str, Any]], trial_id: str | None) -> dict[str, 
 
 
 def local_lines(trials: list[dict[str, Any]], profile: str | None) -> list[str]:
-    """A user's own measured trials, shown before the next one as evidence."""
+    """A user's own measured trials that are evidence (`evidence`), shown before the next one."""
     lines = []
     for t in trials:
         if t.get("kind") != "measured" or (profile is not None and t.get("profile") != profile):
+            continue
+        if not evidence(t):
             continue
         day = time.strftime("%Y-%m-%d", time.localtime(t.get("started") or 0))
         gain = t.get("gain")
@@ -330,11 +376,13 @@ def _toml_value(value: Any) -> str:
 def export_record(trial: dict[str, Any]) -> str:
     """One `[[outcome]]` record in known.toml's schema from a recorded trial."""
     verdict = trial.get("verdict")
-    outcome = _OUTCOME_OF.get(str(verdict))
+    outcome = _OUTCOME_OF.get(str(verdict)) if evidence(trial) else None
     if outcome is None:
         raise UsageError(
-            f"trial {trial.get('id')} ({verdict}) says nothing another box can use",
-            "export a measured trial (`trial PROFILE --measure`) or a crash",
+            f"trial {trial.get('id')} ({verdict}) is not evidence: it says nothing another "
+            "box can use",
+            "export a measured trial that was kept, slower beyond the noise or gave wrong "
+            "output (2 runs a side at least), or a crash of the patched side",
         )
     command = trial.get("command", [])
     record: dict[str, Any] = {"id": f"local-{trial.get('profile')}-{trial.get('id')}"}
@@ -362,4 +410,3 @@ def export_record(trial: dict[str, Any]) -> str:
     record["source"] = f"sm120patch trial {trial.get('id')}: {' '.join(command)}"
     body = "\n".join(f"{k} = {_toml_value(v)}" for k, v in record.items())
     return f"# exported by sm120patch; add it to patches/known.toml\n[[outcome]]\n{body}\n"
-

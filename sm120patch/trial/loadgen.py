@@ -85,6 +85,9 @@ class Answer:
     prompt: str
     text: str
     error: str | None = None
+    # The greedy tokens, where the server returns logprobs (OpenAI's `logprobs.tokens`):
+    # each is the top-1 token at its step.
+    tokens: list[str] | None = None
 
 
 @dataclass
@@ -112,12 +115,19 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+def _plain(api: str) -> dict[str, Any]:
+    """A client for a plain-HTTP API needs no TLS: without `verify=False` httpx builds a
+    certificate store for every client, a tenth of a second each on a busy machine, twice a
+    run."""
+    return {"verify": False} if api.lower().startswith("http://") else {}
+
+
 def resolve_model(api: str, timeout: float = 10.0) -> str:
     """The served model's name from /v1/models; SGLang accepts any name, vLLM wants this one."""
     import httpx
 
     try:
-        doc = httpx.get(f"{api}/v1/models", timeout=timeout).json()
+        doc = httpx.get(f"{api}/v1/models", timeout=timeout, **_plain(api)).json()
         return str(doc["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return "default"
@@ -136,28 +146,42 @@ def run(
 def probe(
     api: str, model: str, prompts: Sequence[str] = PROBES, max_tokens: int = 32
 ) -> list[Answer]:
-    """The greedy answers to the probe prompts, one at a time (batch size 1)."""
+    """The greedy answers to the probe prompts, one at a time (batch size 1), with their tokens
+    where the server gives logprobs. A server that refuses `logprobs` is asked again without."""
     import httpx
 
     answers = []
-    with httpx.Client(timeout=120.0) as client:
+    with httpx.Client(timeout=120.0, **_plain(api)) as client:
         for prompt in prompts:
-            body = {
+            body: dict[str, Any] = {
                 "model": model,
                 "prompt": prompt,
                 "max_tokens": max_tokens,
                 "temperature": 0,
+                "logprobs": 1,
             }
             try:
                 response = client.post(f"{api}/v1/completions", json=body)
+                if 400 <= response.status_code < 500:
+                    del body["logprobs"]
+                    response = client.post(f"{api}/v1/completions", json=body)
                 if response.status_code != 200:
                     answers.append(Answer(prompt, "", f"HTTP {response.status_code}"))
                     continue
-                text = response.json()["choices"][0].get("text") or ""
-                answers.append(Answer(prompt, text))
+                choice = response.json()["choices"][0]
+                answers.append(Answer(prompt, choice.get("text") or "", None, _tokens(choice)))
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
                 answers.append(Answer(prompt, "", f"{type(exc).__name__}: {exc}"))
     return answers
+
+
+def _tokens(choice: dict[str, Any]) -> list[str] | None:
+    """OpenAI's completion logprobs: `{"tokens": [...], "token_logprobs": [...], ...}`."""
+    logprobs = choice.get("logprobs")
+    tokens = logprobs.get("tokens") if isinstance(logprobs, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        return None
+    return tokens
 
 
 async def _run(
@@ -169,7 +193,7 @@ async def _run(
     limits = httpx.Limits(
         max_connections=spec.concurrency, max_keepalive_connections=spec.concurrency
     )
-    async with httpx.AsyncClient(timeout=spec.timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=spec.timeout, limits=limits, **_plain(spec.api)) as client:
         warmup = spec.concurrency if spec.warmup is None else spec.warmup
         if warmup:
             await _drive(client, spec, model, warmup, time.perf_counter())
@@ -265,21 +289,24 @@ def _result(done: list[_Request], duration: float) -> LoadResult:
 
 
 def timeline(done: Sequence[_Request], duration: float) -> list[dict[str, float]]:
-    """Output tokens/s over the window in about POINTS steps (at least MIN_STEP seconds); a
-    request's chunks are weighted so that they sum to its `usage` token count when sent."""
-    step = max(duration / POINTS, MIN_STEP)
-    buckets = [0.0] * (int(duration / step) + 1)
+    """Output tokens/s over the window in about POINTS equal steps (of at least about MIN_STEP
+    seconds) that tile it exactly: the last ends with the window, none lies past it. A request's
+    chunks are weighted so that they sum to its `usage` token count when sent."""
+    if duration <= 0:
+        return []
+    count = max(1, round(duration / max(duration / POINTS, MIN_STEP)))
+    step = duration / count
+    buckets = [0.0] * count
     for r in done:
         if not r.chunk_times:
             continue
         weight = r.tokens / len(r.chunk_times)
         for t in r.chunk_times:
-            buckets[min(int(t / step), len(buckets) - 1)] += weight
-    # The last bucket ends with the window, usually before a whole step.
-    widths = [step] * (len(buckets) - 1) + [max(duration - step * (len(buckets) - 1), step / 4)]
+            buckets[min(max(int(t / step), 0), count - 1)] += weight
+    # Each point at its bucket's middle: the rate over [i * step, (i + 1) * step).
     return [
-        {"t": round(i * step, 3), "tok_s": round(n / w, 2)}
-        for i, (n, w) in enumerate(zip(buckets, widths, strict=True))
+        {"t": round((i + 0.5) * step, 3), "tok_s": round(n / step, 2)}
+        for i, n in enumerate(buckets)
     ]
 
 

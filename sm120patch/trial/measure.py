@@ -1,20 +1,25 @@
 """`trial PROFILE --measure`: the patch judged by measurement, baseline against patched.
 
 The same server command runs without the profile (baseline) and with it (patched), alternated
-ABAB... `repeat` times. Each run: start the server in its own process group, wait for
-readiness, drive the same load (built-in generator, or `bench_cmd`) while NVML samples every
-GPU, ask the greedy probe prompts (first run of each side), stop the group. Then:
+ABAB... `repeat` times (default 3 of each). Each run: start the server in its own process group,
+wait for readiness, drive the same load (built-in generator, or `bench_cmd`) while NVML samples
+every GPU, ask the greedy probe prompts and run `eval_cmd` (first run of each side), stop the
+group; every line of its output is read for the profile's wiring evidence (the log lines a
+patch declares to show that its path ran or was skipped). Then, first match wins:
 
-- a crash or no readiness on either side: verdict `crashed` (exit 3), matched against the
-  known failure signatures; the profile is left reverted;
+- a crash or no readiness on either side: `crashed` (exit 3), matched against the known
+  failure signatures;
+- nothing answered on the baseline (no load request, no probe): `unreachable` (exit 8), an
+  error of the setup (`--api`, the port), never evidence about the patch;
 - answers that fail `sanity.judge`: `reverted-wrong-output` (exit 6), whatever the speed;
-- the chosen figure's gain of the patched median over the baseline median must reach
-  `min_gain` plus the measured noise (the larger relative spread, (max - min) / median, of the
-  two sides): `kept` (exit 0); a gain of `min_gain` that the noise swallows:
-  `reverted-noise` (exit 5); less: `reverted-slower` (exit 5).
+- a patched run whose log shows a patch's path skipped: `inert` (exit 5), quoting the line;
+- the figures (`decide.decide_gain`): `kept` (exit 0), `reverted-slower` (exit 5) or `inconclusive`
+  (exit 5: inside the noise, or fewer than 2 runs a side).
 
-Every trial is recorded with both sides in the trial history (`trials.record_trial`).
-The engine never prints: server output goes to `on_line`, progress to `on_event`.
+The profile is left applied only on `kept`. Every trial is recorded with both sides in the
+trial history (`trials.record_trial`); only `kept`, `reverted-slower`, `reverted-wrong-output`
+and a crash of the patched side are evidence (`evidence`: shown as "you measured" lines and
+exportable). The engine never prints: server output goes to `on_line`, progress to `on_event`.
 """
 
 from __future__ import annotations
@@ -34,17 +39,24 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sm120patch.engine import apply, assess, revert, trials
-from sm120patch.errors import Refused, UsageError
-from sm120patch.trial import gpu, loadgen, sanity, serve
+from sm120patch.errors import Refused, TrialUnreachable, UsageError
+from sm120patch.trial import decide, gpu, loadgen, sanity, serve, wiring
 
 EXIT = {
     "kept": 0,
     "crashed": 3,
     "interrupted": 130,
+    "inconclusive": 5,
+    "inert": 5,
     "reverted-slower": 5,
-    "reverted-noise": 5,
     "reverted-wrong-output": 6,
+    "unreachable": 8,
 }
+EXIT_UNREACHABLE = EXIT["unreachable"]
+# Verdicts that say something about the patch: the only "you measured" lines and exports.
+DECIDED = ("kept", "reverted-slower", "reverted-wrong-output")
+REPEAT = 3  # default rounds: ABAB with 3 runs a side
+MIN_RUNS = decide.MIN_RUNS
 
 # figure -> (unit shown, higher is better)
 FIGURES: dict[str, tuple[str, bool]] = {
@@ -80,12 +92,20 @@ class Options:
     concurrency: int = 8
     max_tokens: int = 128
     warmup: int | None = None
-    repeat: int = 1
+    repeat: int = REPEAT
     min_gain: float = 0.02
     figure: str = "output_tok_s"
     min_similarity: float = sanity.MIN_SIMILARITY
+    min_agreement: float = sanity.MIN_AGREEMENT
     model: str | None = None
     bench_cmd: str | None = None  # a command line with {output} for its JSON result file
+    # A quality command of the user's, run on both sides ({api}, {model}, {output}); its
+    # score is the number at `eval_key` (dotted) in the JSON it writes to {output} or prints
+    # last on stdout; the patched side may not score below the baseline by more than
+    # `eval_tolerance`.
+    eval_cmd: str | None = None
+    eval_key: str = "score"
+    eval_tolerance: float = 0.01
     sample_every: float = 0.25
 
 
@@ -98,11 +118,17 @@ class Run:
     outcome: str = "ok"  # "ok", "crashed", "timeout", "died-under-load"
     exit_code: int | None = None
     figures: dict[str, Any] | None = None
+    # The measured window, seconds since the epoch (time.time()), to align outside telemetry.
+    window_start: float | None = None
+    window_end: float | None = None
     timeline: list[dict[str, float]] = field(default_factory=list)
     power: list[dict[str, Any]] = field(default_factory=list)
     gpus: list[dict[str, Any]] = field(default_factory=list)
     nvml_problem: str | None = None
     answers: list[dict[str, Any]] = field(default_factory=list)
+    eval_score: float | None = None
+    # patch id -> {"seen": "ran" | "skipped" | "not-seen", "line": the line that showed it}
+    wiring: dict[str, dict[str, str]] = field(default_factory=dict)
     load_errors: list[str] = field(default_factory=list)
     load_texts: list[str] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
@@ -110,6 +136,11 @@ class Run:
     def mean_power_w(self) -> float | None:
         watts = [g["mean_w"] for g in self.gpus if g.get("mean_w") is not None]
         return sum(watts) / len(watts) if watts else None
+
+    def answered(self) -> bool:
+        """Whether anything of the API answered: one load request or one probe."""
+        completed = (self.figures or {}).get("completed")
+        return bool(completed) or any(a.get("error") is None for a in self.answers)
 
 
 @dataclass
@@ -125,6 +156,8 @@ class MeasuredTrial:
     summary: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
     gain: float | None = None
     noise: float | None = None
+    # Each patched run's gain over its neighbouring baseline runs (decide_gain).
+    pairs: list[float] = field(default_factory=list)
     verdict: str = "crashed"
     message: str = ""
     reverted: bool = False
@@ -138,12 +171,31 @@ class MeasuredTrial:
     def exit_code(self) -> int:
         return EXIT[self.verdict]
 
+    @property
+    def evidence(self) -> bool:
+        """Whether this trial says something about the patch (DECIDED, or the patched side
+        crashed): only those are "you measured" lines and exports."""
+        if self.verdict == "crashed":
+            return any(r.side == "patched" and r.outcome != "ok" for r in self.runs)
+        return self.verdict in DECIDED
+
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
         for run in doc["runs"]:
             run.pop("load_texts")  # checked, not kept: they would swell the history
         doc["exit_code"] = self.exit_code
+        doc["evidence"] = self.evidence
         return doc
+
+    def unreachable(self, *, with_record: bool) -> TrialUnreachable:
+        """The error an `unreachable` verdict is shown as (exit 8); `with_record`: the trial's
+        record rides along in the error's JSON."""
+        return TrialUnreachable(
+            self.message,
+            "check --api (or --ready-url, or the command's --port): the server must answer "
+            "/v1/completions there",
+            details=self.to_dict() if with_record else None,
+        )
 
 
 def api_of(opts: Options, command: Sequence[str]) -> str:
@@ -167,12 +219,22 @@ def check_options(opts: Options) -> None:
         )
     if opts.repeat < 1 or opts.requests < 1 or opts.concurrency < 1:
         raise UsageError("--repeat, --requests and --concurrency must be at least 1")
+    if not 0 <= opts.min_agreement <= 1:
+        raise UsageError("--min-agreement is a share between 0 and 1")
+    if opts.eval_tolerance < 0:
+        raise UsageError("--eval-tolerance cannot be negative")
     if opts.bench_cmd is not None and "{output}" not in opts.bench_cmd:
         raise UsageError(
             "--bench-cmd needs {output} where its JSON result file goes",
             "e.g. --bench-cmd 'python -m sglang.bench_serving --backend sglang "
             "--num-prompts 200 --output-file {output}'",
         )
+    for name, cmdline in (("--bench-cmd", opts.bench_cmd), ("--eval-cmd", opts.eval_cmd)):
+        if cmdline is not None:
+            try:
+                shlex.split(cmdline)
+            except ValueError as exc:
+                raise UsageError(f"{name}: {exc}") from None
     if opts.ready_pattern:
         try:
             re.compile(opts.ready_pattern)
@@ -195,9 +257,12 @@ def run(
     log_path: Path | None = None,
     on_line: Callable[[str], None] = lambda line: None,
     on_event: Callable[[str], None] = lambda line: None,
+    on_wait: Callable[[float, str | None], None] | None = None,
 ) -> MeasuredTrial:
     """Baseline and patched, alternated; keep or revert on the figures. Never raises for a
-    slow, wrong or crashed server: that is the trial's verdict (`exit_code`)."""
+    slow, wrong, inert, unreachable or crashed server: that is the trial's verdict
+    (`exit_code`). `on_wait(elapsed, last_line)` is called every few seconds while a server
+    is not ready yet."""
     if not command:
         raise UsageError("give the server command after `--`")
     check_options(opts)
@@ -222,6 +287,7 @@ def run(
     probe = gpu.probe()
     result.gpu_names = [g.name for g in probe.gpus]
     result.gpu_family = probe.family
+    declared = wiring.declared(profile)
     is_applied = profile in applied
     log = serve.open_log(log_path)
     try:
@@ -234,10 +300,17 @@ def run(
                     revert.revert(profile, paths)
                 is_applied = want
                 on_event(f"{side} run {round_ + 1} of {opts.repeat}")
-                one = _one_run(side, round_, command, opts, on_line, log, first=round_ == 0)
+                one = _one_run(
+                    side, round_, command, opts, on_line, log, declared, on_wait,
+                    first=round_ == 0,
+                )  # fmt: skip
                 result.runs.append(one)
                 if one.outcome != "ok":
                     raise _Stop
+                if side == "baseline" and round_ == 0 and not one.answered():
+                    raise _Stop  # unreachable: more runs would not answer either
+                if side == "patched" and wiring.skipped(one.wiring) is not None:
+                    raise _Stop  # inert: the figures would measure the unpatched path
     except _Stop:
         pass
     except KeyboardInterrupt:
@@ -267,7 +340,7 @@ def run(
 
 
 class _Stop(Exception):
-    """A side crashed: no further runs."""
+    """No further runs: a side crashed, nothing answers, or the patched path did not run."""
 
 
 def _one_run(
@@ -277,6 +350,8 @@ def _one_run(
     opts: Options,
     on_line: Callable[[str], None],
     log: Any,
+    declared: Sequence[wiring.Declared],
+    on_wait: Callable[[float, str | None], None] | None,
     *,
     first: bool,
 ) -> Run:
@@ -285,11 +360,17 @@ def _one_run(
     pattern = re.compile(opts.ready_pattern) if opts.ready_pattern else None
     started = time.time()
     one = Run(side, round_, started)
+    scan = wiring.Scan(declared)
+
+    def each_line(line: str) -> None:
+        scan.feed(line)
+        on_line(line)
+
     proc = serve.spawn(command)
-    watcher = serve._Watcher(proc, pattern, on_line, log)
+    watcher = serve._Watcher(proc, pattern, each_line, log)
     try:
         verdict, ready_at = serve._judge(
-            proc, watcher, ready_url, pattern is not None, opts.timeout, started
+            proc, watcher, ready_url, pattern is not None, opts.timeout, started, on_wait
         )
         if verdict == "interrupted":
             raise KeyboardInterrupt
@@ -299,6 +380,15 @@ def _one_run(
             return one
         one.ready_s = None if ready_at is None else round(ready_at - started, 2)
         sampler = gpu.Sampler(opts.sample_every)
+
+        def window_start() -> None:
+            one.window_start = time.time()
+            sampler.start()
+
+        def window_end() -> None:
+            sampler.stop()
+            one.window_end = time.time()
+
         model = opts.model or loadgen.resolve_model(api)
         spec = loadgen.LoadSpec(
             api=api,
@@ -309,9 +399,9 @@ def _one_run(
             warmup=opts.warmup,
         )
         if opts.bench_cmd:
-            one.figures = _bench(opts.bench_cmd, spec, sampler)
+            one.figures = _bench(opts.bench_cmd, spec, window_start, window_end)
         else:
-            measured = loadgen.run(spec, on_start=sampler.start, on_end=sampler.stop)
+            measured = loadgen.run(spec, on_start=window_start, on_end=window_end)
             one.figures = measured.figures.to_dict()
             one.timeline = measured.timeline
             one.load_errors = measured.errors
@@ -321,6 +411,8 @@ def _one_run(
         one.gpus = [asdict(g) for g in gpu.summarise(sampler.samples)]
         if first and proc.poll() is None:
             one.answers = [asdict(a) for a in loadgen.probe(api, model)]
+            if opts.eval_cmd and proc.poll() is None and one.answered():
+                one.eval_score = _eval(opts, api, model)
         if proc.poll() is not None:
             one.outcome = "died-under-load"
             one.exit_code = proc.returncode
@@ -329,25 +421,29 @@ def _one_run(
         serve._stop(proc)
         watcher.thread.join(timeout=5)
         one.tail = list(watcher.tail)
+        one.wiring = scan.result()
 
 
-def _bench(bench_cmd: str, spec: loadgen.LoadSpec, sampler: gpu.Sampler) -> dict[str, Any]:
+def _bench(
+    bench_cmd: str,
+    spec: loadgen.LoadSpec,
+    on_start: Callable[[], None],
+    on_end: Callable[[], None],
+) -> dict[str, Any]:
     """Run the field's own benchmark after the built-in warm-up; read its JSON result."""
     loadgen.run(loadgen.LoadSpec(**{**asdict(spec), "requests": 1, "warmup": None}))
     with tempfile.TemporaryDirectory(prefix="sm120patch-bench-") as tmp:
         out = os.path.join(tmp, "result.json")
         argv = [part.replace("{output}", out) for part in shlex.split(bench_cmd)]
-        sampler.start()
+        on_start()
         try:
             done = subprocess.run(argv, capture_output=True, text=True, check=False)
         finally:
-            sampler.stop()
+            on_end()
         if done.returncode != 0 or not os.path.exists(out):
             raise Refused(
                 f"--bench-cmd exited with code {done.returncode} and wrote no result",
-                (done.stderr or done.stdout).strip().splitlines()[-1:][0]
-                if (done.stderr or done.stdout).strip()
-                else "run the benchmark by hand against the server",
+                _last_line(done) or "run the benchmark by hand against the server",
             )
         lines = [ln for ln in Path(out).read_text(encoding="utf-8").splitlines() if ln.strip()]
     doc = json.loads(lines[-1])  # bench_serving appends one JSON line per run
@@ -356,46 +452,99 @@ def _bench(bench_cmd: str, spec: loadgen.LoadSpec, sampler: gpu.Sampler) -> dict
     return figures
 
 
+def _last_line(done: subprocess.CompletedProcess[str]) -> str:
+    text = (done.stderr or done.stdout or "").strip()
+    return text.splitlines()[-1] if text else ""
+
+
+def _eval(opts: Options, api: str, model: str) -> float:
+    """Run the user's quality command against this side's server; its score at `eval_key`."""
+    assert opts.eval_cmd is not None
+    with tempfile.TemporaryDirectory(prefix="sm120patch-eval-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        values = {"{output}": out, "{api}": api, "{model}": model}
+        argv = []
+        for part in shlex.split(opts.eval_cmd):
+            for key, value in values.items():
+                part = part.replace(key, value)
+            argv.append(part)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        except OSError as exc:
+            raise Refused(f"--eval-cmd cannot start {argv[0]}: {exc.strerror}") from None
+        if done.returncode != 0:
+            raise Refused(
+                f"--eval-cmd exited with code {done.returncode}",
+                _last_line(done) or "run the quality command by hand against the server",
+            )
+        text = Path(out).read_text(encoding="utf-8") if os.path.exists(out) else done.stdout
+    return sanity.eval_score(text, opts.eval_key)
+
+
+# ---- the verdict --------------------------------------------------------------------------
+
+
 def _stats(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
-        return {"median": None, "min": None, "max": None, "spread": None}
+        return {"median": None, "min": None, "max": None, "spread": None, "runs": 0}
     med = statistics.median(values)
     spread = (max(values) - min(values)) / med if med else 0.0
     return {
         "median": round(med, 3),
         "min": min(values),
         "max": max(values),
-        "spread": round(spread, 4),
+        # None with one run: one value has no spread (0 would read as "no noise").
+        "spread": round(spread, 4) if len(values) > 1 else None,
+        "runs": len(values),
     }
+
+
+def _crash(result: MeasuredTrial, bad: Run) -> None:
+    sig = serve.diagnose(bad.tail)
+    result.signature = asdict(sig) if sig else None
+    what = {
+        "timeout": "was not ready before the timeout",
+        "died-under-load": f"died under load (exit {bad.exit_code})",
+    }.get(bad.outcome, f"exited with code {bad.exit_code}")
+    head = f"{bad.side} server {what} in run {bad.round + 1}"
+    if sig:
+        head += f": {sig.diagnosis}"
+    tail = "reverted" if bad.side == "patched" else "the command fails without the patch too"
+    result.verdict = "crashed"
+    result.message = f"{head}: {tail}"
 
 
 def _decide(result: MeasuredTrial, opts: Options) -> None:
     bad = next((r for r in result.runs if r.outcome != "ok"), None)
     if bad is not None:
-        sig = serve.diagnose(bad.tail)
-        result.signature = asdict(sig) if sig else None
-        what = {
-            "timeout": "was not ready before the timeout",
-            "died-under-load": f"died under load (exit {bad.exit_code})",
-        }.get(bad.outcome, f"exited with code {bad.exit_code}")
-        head = f"{bad.side} server {what} in run {bad.round + 1}"
-        if sig:
-            head += f": {sig.diagnosis}"
-        tail = "reverted" if bad.side == "patched" else "the command fails without the patch too"
-        result.verdict = "crashed"
-        result.message = f"{head}: {tail}"
+        _crash(result, bad)
         return
-    for side in ("baseline", "patched"):
-        runs = [r for r in result.runs if r.side == side]
+    base = [r for r in result.runs if r.side == "baseline"]
+    patched = [r for r in result.runs if r.side == "patched"]
+    if base and not base[0].answered():
+        api = api_of(opts, result.command)
+        first = next((e for e in base[0].load_errors), None) or next(
+            (a.get("error") for a in base[0].answers if a.get("error")), "no answer"
+        )
+        result.verdict = "unreachable"
+        result.message = (
+            f"nothing answered at {api} on the baseline (no load request, no probe: {first}); "
+            "this says nothing about the patch: reverted"
+        )
+        return
+    for side, runs in (("baseline", base), ("patched", patched)):
         result.summary[side] = {
-            name: _stats([r.figures[name] for r in runs if r.figures.get(name) is not None])
+            name: _stats([v for r in runs if (v := (r.figures or {}).get(name)) is not None])
             for name in FIGURES
         }
         result.summary[side]["power_w"] = _stats(
             [p for r in runs if (p := r.mean_power_w()) is not None]
         )
-    base = [r for r in result.runs if r.side == "baseline"]
-    patched = [r for r in result.runs if r.side == "patched"]
+    scores = None
+    if opts.eval_cmd and base[0].eval_score is not None and patched[0].eval_score is not None:
+        scores = sanity.EvalScores(
+            base[0].eval_score, patched[0].eval_score, opts.eval_tolerance, opts.eval_key
+        )
     verdict = sanity.judge(
         [loadgen.Answer(**a) for a in base[0].answers],
         [loadgen.Answer(**a) for a in patched[0].answers],
@@ -403,36 +552,54 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
         patched_load_errors=[e for r in patched for e in r.load_errors],
         baseline_load_errors=[e for r in base for e in r.load_errors],
         min_similarity=opts.min_similarity,
+        min_agreement=opts.min_agreement,
+        scores=scores,
     )
     result.sanity = asdict(verdict)
     unit, higher = FIGURES[opts.figure]
-    b = result.summary["baseline"][opts.figure]
-    p = result.summary["patched"][opts.figure]
-    if b["median"] and p["median"]:
-        ratio = p["median"] / b["median"] if higher else b["median"] / p["median"]
-        result.gain = round(ratio - 1, 4)
-    result.noise = max(b["spread"] or 0.0, p["spread"] or 0.0)
+
+    def values(runs: list[Run]) -> list[float]:
+        """In ABAB order, 0 where a run measured nothing (kept, so the pairs stay aligned)."""
+        return [float((r.figures or {}).get(opts.figure) or 0.0) for r in runs]
+
+    decision = decide.decide_gain(values(base), values(patched), higher, opts.min_gain)
+    result.gain, result.noise, result.pairs = decision.gain, decision.noise, decision.pairs
     figures = _figures_line(result, opts.figure, unit)
+    skipped = next((s for r in patched if (s := wiring.skipped(r.wiring)) is not None), None)
     if not verdict.ok:
         result.verdict = "reverted-wrong-output"
         result.message = f"{figures}, but the output is wrong ({verdict.reasons[0]}): reverted"
-    elif result.gain is None:
-        result.verdict = "reverted-slower"
-        result.message = f"no {opts.figure} was measured on one side: reverted"
-    elif result.gain >= opts.min_gain + result.noise:
-        result.verdict = "kept"
-        result.message = f"{figures}: kept"
-        if opts.repeat == 1:
-            result.message += " (one run each: no spread measured; --repeat 3 shows the noise)"
-    elif result.gain >= opts.min_gain:
-        result.verdict = "reverted-noise"
+    elif skipped is not None:
+        patch, line = skipped
+        run = next(r for r in patched if wiring.skipped(r.wiring) is not None)
+        result.verdict = "inert"
         result.message = (
-            f"{figures}: the gain is inside the measured spread "
-            f"(±{100 * result.noise:.1f}% + --min-gain {100 * opts.min_gain:g}%): reverted"
+            f"the patched server skipped {patch}'s path in run {run.round + 1} "
+            f"(its log: {line!r}); the figures measure the unpatched path: reverted"
+        )
+    elif decision.gain is None:
+        result.verdict = "inconclusive"
+        result.message = f"no {opts.figure} was measured on one side: reverted"
+    elif decision.why == "few":
+        result.verdict = "inconclusive"
+        result.message = (
+            f"{figures}: one run a side, no spread measured; a keep needs at least "
+            f"{MIN_RUNS} runs a side (--repeat {REPEAT}, the default): reverted"
         )
     else:
-        result.verdict = "reverted-slower"
-        result.message = f"{figures}: reverted"
+        result.verdict = decision.verdict
+        noise = f"±{100 * (decision.noise or 0):.1f}% noise + --min-gain {100 * opts.min_gain:g}%"
+        if decision.verdict == "inconclusive":
+            result.message = f"{figures}: inside the {noise}: reverted"
+        elif decision.verdict == "kept":
+            result.message = f"{figures}: beyond the {noise}: kept"
+        else:
+            result.message = f"{figures}: slower beyond the {noise}: reverted"
+    unseen = [
+        p for p, ev in (patched[0].wiring if patched else {}).items() if ev["seen"] == "not-seen"
+    ]
+    if unseen and result.verdict != "inert":
+        result.message += f" (the log showed neither ran nor skipped for {', '.join(unseen)})"
 
 
 def _figures_line(result: MeasuredTrial, figure: str, unit: str) -> str:

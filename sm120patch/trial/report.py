@@ -1,9 +1,13 @@
-"""`trial show --html`: one self-contained HTML file with inline SVG, no plotting dependency.
+"""A recorded trial in words (`trial show`, the end of `trial --measure`) and as one
+self-contained HTML file with inline SVG, no plotting dependency (`trial show --html`).
 
-Drawn from a measured trial's record: output tokens/s over each run's measured window, power
-of every GPU over the same windows, latency percentiles per side, the verdict, and the greedy
-probe answers side by side. Baseline is blue, patched orange; each series is a `<polyline>`
-with `data-side`, `data-run` (and `data-gpu`) so a script or a test can find it.
+Drawn from a measured trial's record: the verdict and why, the paired gains and the noise, a
+table of every run (its measured window's absolute start and end, figures, per-GPU mean and max
+watts, share of the power limit, utilisation, wiring evidence), output tokens/s over each run's
+measured window, power of every GPU over the same windows with the power limit drawn, latency
+percentiles per side, the output quality checks, and the greedy probe answers side by side.
+Baseline is blue, patched orange; each series is a `<polyline>` with `data-side`, `data-run`
+(and `data-gpu`) so a script or a test can find it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 COLOURS = {"baseline": "#1f77b4", "patched": "#ff7f0e"}
+LIMIT_COLOUR = "#c62828"
+GOOD = ("kept", "ready", "exited-ok")
+BAD = ("reverted-slower", "reverted-wrong-output", "crashed", "timeout")
 DASHES = ("", "6 3", "2 2", "8 3 2 3")
 W, H, PAD = 720, 260, 48
 
@@ -27,13 +34,15 @@ def _chart(
     series: Sequence[tuple[dict[str, str], list[tuple[float, float]]]],
     x_label: str,
     y_label: str,
+    limits: Sequence[float] = (),
 ) -> str:
-    """A line chart: `series` is (attributes, points); attributes hold side, run, label."""
+    """A line chart: `series` is (attributes, points); attributes hold side, run, label.
+    `limits`: horizontal lines (the GPUs' power limits), drawn dashed and labelled."""
     points = [p for _, pts in series for p in pts]
     if not points:
         return f"<h3>{_esc(title)}</h3><p>no data</p>"
     x_max = max(x for x, _ in points) or 1.0
-    y_max = max(y for _, y in points) * 1.1 or 1.0
+    y_max = max([y for _, y in points] + list(limits)) * 1.1 or 1.0
 
     def sx(x: float) -> float:
         return PAD + (W - 2 * PAD) * x / x_max
@@ -60,6 +69,14 @@ def _chart(
         f'<text x="{W - PAD}" y="{H - PAD + 14}" text-anchor="end" font-size="10">'
         f"{x_max:.1f}</text>"
     )
+    for limit in sorted(set(limits)):
+        parts.append(
+            f'<line class="limit" data-limit="{limit:g}" x1="{PAD}" y1="{sy(limit):.1f}" '
+            f'x2="{W - PAD}" y2="{sy(limit):.1f}" stroke="{LIMIT_COLOUR}" stroke-width="1" '
+            f'stroke-dasharray="4 3"/><text x="{W - PAD}" y="{sy(limit) - 4:.1f}" '
+            f'text-anchor="end" font-size="10" fill="{LIMIT_COLOUR}">power limit {limit:.0f} W'
+            "</text>"
+        )
     for attrs, pts in series:
         side = attrs["side"]
         dash = DASHES[int(attrs.get("gpu", 0)) % len(DASHES)]
@@ -143,12 +160,7 @@ def _summary_table(doc: dict[str, Any]) -> str:
         for side in ("baseline", "patched"):
             s = (summary.get(side) or {}).get(name) or {}
             med = s.get("median")
-            spread = s.get("spread")
-            cells.append(
-                "<td>?</td>"
-                if med is None
-                else f"<td>{med:.2f} <small>(spread {100 * (spread or 0):.1f}%)</small></td>"
-            )
+            cells.append("<td>?</td>" if med is None else f"<td>{med:.2f} {_spread(s)}</td>")
         rows.append(f"<tr><th>{_esc(name)}</th>{''.join(cells)}</tr>")
     power = [(summary.get(s) or {}).get("power_w", {}).get("median") for s in COLOURS]
     rows.append(
@@ -161,6 +173,81 @@ def _summary_table(doc: dict[str, Any]) -> str:
         + "".join(rows)
         + "</table>"
     )
+
+
+def _spread(stats: dict[str, Any]) -> str:
+    """'(spread 4.1%)', or '(one run: no spread)': one value measures no noise."""
+    if stats.get("spread") is None or stats.get("runs") == 1:
+        return "<small>(one run: no spread)</small>"
+    return f"<small>(spread {100 * stats['spread']:.1f}%)</small>"
+
+
+def _clock(epoch: float | None) -> str:
+    if epoch is None:
+        return "?"
+    whole = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    return f"{whole}.{int((epoch % 1) * 1000):03d}"
+
+
+def _runs_table(doc: dict[str, Any]) -> str:
+    """Every run: its measured window, figures, per-GPU power and utilisation, wiring."""
+    runs = doc.get("runs") or []
+    if not runs:
+        return ""
+    rows = []
+    for r in runs:
+        f = r.get("figures") or {}
+        gpus = "<br>".join(
+            f"GPU {g['index']}: mean {_w(g.get('mean_w'))}{_share(g)}, max {_w(g.get('max_w'))}"
+            + ("" if g.get("mean_util_pct") is None else f", util {g['mean_util_pct']:.0f}%")
+            for g in r.get("gpus") or []
+        ) or _esc(r.get("nvml_problem") or "no GPU figures")
+        wiring = "<br>".join(
+            f"{_esc(p)}: <b>{_esc(ev.get('seen'))}</b>"
+            + (f" <small>{_esc(ev['line'])}</small>" if ev.get("line") else "")
+            for p, ev in (r.get("wiring") or {}).items()
+        )
+        figures = (
+            f"{f.get('output_tok_s', 0):.1f}</td><td>{f.get('req_s', 0):.2f}</td>"
+            f"<td>{_ms(f.get('ttft_p50_ms'))} / {_ms(f.get('itl_p50_ms'))}"
+            if r.get("outcome") == "ok" and f
+            else f"{_esc(r.get('outcome'))} (exit {_esc(r.get('exit_code'))})</td><td></td><td>"
+        )
+        rows.append(
+            f'<tr class="run {_esc(r["side"])}" data-side="{_esc(r["side"])}" '
+            f'data-run="{r["round"] + 1}"><td>{_esc(r["side"])} {r["round"] + 1}</td>'
+            f"<td>{_clock(r.get('window_start'))}<br>{_clock(r.get('window_end'))}</td>"
+            f"<td>{figures}</td><td>{gpus}</td><td>{wiring or '-'}</td></tr>"
+        )
+    return (
+        "<h3>Runs</h3><table><tr><th>run</th><th>measured window (start, end)</th>"
+        "<th>tok/s</th><th>req/s</th><th>TTFT / ITL p50 (ms)</th>"
+        "<th>GPUs: power (share of the limit), utilisation</th><th>wiring</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _w(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f} W"
+
+
+def _share(g: dict[str, Any]) -> str:
+    if not g.get("limit_share") or not g.get("limit_w"):
+        return ""
+    return f" ({100 * g['limit_share']:.0f}% of the {g['limit_w']:.0f} W limit)"
+
+
+def _ms(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f}"
+
+
+def _quality(doc: dict[str, Any]) -> str:
+    """Top-1 token agreement, the quality command's scores, what was not checked."""
+    lines = quality_lines(doc)
+    if not lines:
+        return ""
+    return "<h3>Output quality</h3>" + "".join(f"<p>{_esc(line)}</p>" for line in lines)
 
 
 def _answers(doc: dict[str, Any]) -> str:
@@ -229,12 +316,14 @@ def html(doc: dict[str, Any]) -> str:
             )
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc.get("started") or 0))
     verdict = doc.get("verdict", "?")
-    good = verdict in ("kept", "ready", "exited-ok")
+    tone = "good" if verdict in GOOD else "bad" if verdict in BAD else "unsure"
     versions = ", ".join(f"{k} {v}" for k, v in (doc.get("versions") or {}).items())
+    limits = sorted({g["limit_w"] for r in runs for g in r.get("gpus") or [] if g.get("limit_w")})
     body = [
         f"<h1>sm120patch trial {_esc(doc.get('id'))}: {_esc(doc.get('profile'))}</h1>",
-        f'<p class="{"good" if good else "bad"}" id="verdict"><b>{_esc(verdict)}</b>: '
+        f'<p class="{tone}" id="verdict"><b>{_esc(verdict)}</b>: '
         f"{_esc(doc.get('message') or '')}</p>",
+        "".join(f"<p>{_esc(line)}</p>" for line in gain_lines(doc)),
         "<table>",
         f"<tr><th>started</th><td>{_esc(when)}</td></tr>",
         f"<tr><th>command</th><td><code>{_esc(' '.join(doc.get('command', [])))}</code></td></tr>",
@@ -243,19 +332,155 @@ def html(doc: dict[str, Any]) -> str:
         "</td></tr>",
         "</table>",
         _summary_table(doc),
+        _runs_table(doc),
         _chart("Output tokens/s over the measured window", throughput, "seconds", "tok/s"),
-        _chart("Power per GPU over the measured window", power, "seconds", "W"),
+        _chart("Power per GPU over the measured window", power, "seconds", "W", limits),
         _bars(doc) if doc.get("summary") else "",
+        _quality(doc),
         _answers(doc),
     ]
     style = (
-        "body{font-family:system-ui,sans-serif;max-width:780px;margin:2em auto;color:#222}"
+        "body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}"
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
         "padding:3px 8px;text-align:left;vertical-align:top}.good{color:#1a7f37}"
-        ".bad{color:#c62828}svg{background:#fafafa}"
+        ".bad{color:#c62828}.unsure{color:#9a6700}svg{background:#fafafa}"
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>sm120patch trial {_esc(doc.get('id'))}</title><style>{style}</style></head>"
         f"<body>{''.join(body)}</body></html>\n"
     )
+
+
+# ---- in words: `trial show`, `status`, the end of `trial --measure` -------------------------
+
+
+def trial_line(t: dict[str, Any]) -> str:
+    """One line of a recorded trial, for `status` and `trial show`."""
+    if t.get("kind") == "measured":
+        return f"trial {t.get('id')} {t.get('profile')} measured: {t.get('verdict')}: " + str(
+            t.get("message")
+        )
+    head = f"trial {t['id']} " if t.get("id") else "trial "
+    return (
+        f"{head}{t.get('profile')}: {t.get('verdict')}, "
+        f"exit {t.get('exit_code')}: {' '.join(t.get('command', []))}"
+    )
+
+
+def gain_lines(doc: dict[str, Any]) -> list[str]:
+    """The paired gains the verdict was taken on, and the noise."""
+    pairs = doc.get("pairs") or []
+    if not pairs:
+        return []
+    figure = (doc.get("options") or {}).get("figure", "output_tok_s")
+    each = ", ".join(f"{100 * p:+.1f}%" for p in pairs)
+    line = f"{figure}, each patched run against its neighbouring baseline runs: {each}"
+    if doc.get("gain") is not None:
+        line += f"; median {100 * doc['gain']:+.1f}%"
+    noise = doc.get("noise")
+    line += (
+        "; noise not measured (one run a side)" if noise is None else f"; noise ±{100 * noise:.1f}%"
+    )
+    return [line]
+
+
+def quality_lines(doc: dict[str, Any]) -> list[str]:
+    """Top-1 token agreement, the quality command's scores, and what was not checked."""
+    sanity = doc.get("sanity") or {}
+    lines = []
+    if sanity.get("similarity") is not None:
+        lines.append(
+            f"word similarity of the probe answers to the baseline: {sanity['similarity']}"
+        )
+    if sanity.get("agreement") is not None:
+        lines.append(
+            f"greedy top-1 token agreement with the baseline: {100 * sanity['agreement']:.0f}% "
+            f"of {sanity.get('agreement_positions')} positions"
+        )
+    scores = sanity.get("eval")
+    if scores:
+        lines.append(
+            f"--eval-cmd {scores['key']}: patched {scores['patched']:g} vs baseline "
+            f"{scores['baseline']:g} (tolerance {scores['tolerance']:g})"
+        )
+    lines += [f"not checked: {note}" for note in sanity.get("notes") or []]
+    lines += [f"baseline: {reason}" for reason in sanity.get("baseline_reasons") or []]
+    return lines
+
+
+def wiring_lines(doc: dict[str, Any]) -> list[str]:
+    """Per patch that declares its wiring: what each run's log showed, baseline against
+    patched, and the line that showed it on the patched side."""
+    runs = doc.get("runs") or []
+    patches = sorted({p for r in runs for p in r.get("wiring") or {}})
+    lines = []
+    for patch in patches:
+        sides = []
+        for side in ("baseline", "patched"):
+            seen = [
+                (r.get("wiring") or {}).get(patch, {}).get("seen", "?")
+                for r in runs
+                if r.get("side") == side
+            ]
+            if seen:
+                sides.append(f"{side} {', '.join(seen)}")
+        line = f"wiring {patch}: {'; '.join(sides)}"
+        quoted = next(
+            (
+                ev["line"]
+                for r in runs
+                if r.get("side") == "patched"
+                and (ev := (r.get("wiring") or {}).get(patch, {})).get("line")
+            ),
+            None,
+        )
+        if quoted:
+            line += f" ({quoted!r})"
+        lines.append(line)
+    return lines
+
+
+def measured_lines(doc: dict[str, Any]) -> list[str]:
+    """A measured trial in words: each run's figures, window and power, the paired gains, the
+    quality checks and wiring evidence, then the verdict."""
+    from sm120patch.trial import gpu
+
+    lines = [f"trial {doc['id']} of {doc['profile']}: {' '.join(doc['command'])}"]
+    if doc.get("versions") or doc.get("gpu_names"):
+        versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
+        lines.append(f"  {versions}; GPUs: {', '.join(doc.get('gpu_names') or ['none seen'])}")
+    for run in doc["runs"]:
+        head = f"  {run['side']:8} run {run['round'] + 1}: "
+        f = run.get("figures")
+        if run["outcome"] != "ok" or not f:
+            lines.append(head + f"{run['outcome']} (exit {run.get('exit_code')})")
+            continue
+        window = ""
+        if run.get("window_start") and run.get("window_end"):
+            window = f"; window {_clock(run['window_start'])} to {_clock(run['window_end'])[11:]}"
+        lines.append(
+            head + f"{f['output_tok_s']:.1f} tok/s, {f['req_s']:.2f} req/s, "
+            f"TTFT p50/p99 {_ms(f.get('ttft_p50_ms'))}/{_ms(f.get('ttft_p99_ms'))} ms, "
+            f"ITL p50/p99 {_ms(f.get('itl_p50_ms'))}/{_ms(f.get('itl_p99_ms'))} ms{window}"
+        )
+        for g in run.get("gpus", []):
+            lines.append("    " + gpu.GpuFigures(**g).describe())
+        if run.get("nvml_problem"):
+            lines.append(f"    no GPU figures: {run['nvml_problem']}")
+    lines += ["  " + line for line in gain_lines(doc)]
+    lines += ["  " + line for line in wiring_lines(doc)]
+    lines += ["  " + line for line in quality_lines(doc)]
+    for reason in (doc.get("sanity") or {}).get("reasons", []):
+        lines.append(f"  wrong output: {reason}")
+    if doc.get("signature"):
+        lines.append(f"  next: {doc['signature']['action']}")
+    lines.append(f"verdict: {doc['verdict']}: {doc['message']}")
+    return lines
+
+
+def power_lines(samples: list[dict[str, Any]]) -> list[str]:
+    """A plain trial's `--sample-power`: mean and max draw per GPU against its limit."""
+    from sm120patch.trial import gpu
+
+    return [g.describe() for g in gpu.summarise(samples)]

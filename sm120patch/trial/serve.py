@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from sm120patch.engine import apply, revert, trials
-from sm120patch.errors import Refused, TrialCrashed, UsageError
+from sm120patch.errors import Refused, Sm120Error, TrialCrashed, UsageError
 
 TAIL_LINES = 60
+PROGRESS_EVERY = 5.0  # seconds between two `on_wait` calls while a server is not ready
 
 
 def new_id() -> str:
@@ -205,10 +206,13 @@ def open_log(log_path: Path | None) -> Any:
     """The trial's log, opened for appending; one clear line when it cannot be."""
     if log_path is None:
         return None
+    from sm120patch.targets.files import append_output
+
     try:
-        return open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the trial
-    except OSError as exc:
-        raise UsageError(f"--log {log_path}: cannot write there ({exc.strerror})") from None
+        return append_output(log_path)  # never through a symbolic link at its name
+    except Sm120Error as exc:
+        why = exc.details.get("reason") or exc.message
+        raise UsageError(f"--log {log_path}: cannot write there ({why})", exc.hint) from None
 
 
 def run(
@@ -225,8 +229,10 @@ def run(
     force: bool = False,
     preconditions: Callable[[], None] | None = None,
     on_line: Callable[[str], None] = lambda line: None,
+    on_wait: Callable[[float, str | None], None] | None = None,
 ) -> TrialResult:
-    """Run one trial. Raises TrialCrashed (after reverting) when the command crashed."""
+    """Run one trial. Raises TrialCrashed (after reverting) when the command crashed.
+    `on_wait(elapsed, last_line)` is called every few seconds until the command is ready."""
     if not command:
         raise UsageError("give the command to run after `--`")
     try:
@@ -249,7 +255,9 @@ def run(
         raise
     watcher = _Watcher(proc, pattern, on_line, log)
     sampler = _PowerSampler() if sample_power else None
-    verdict, ready_at = _judge(proc, watcher, ready_url, pattern is not None, timeout, started)
+    verdict, ready_at = _judge(
+        proc, watcher, ready_url, pattern is not None, timeout, started, on_wait
+    )
     samples = sampler.finish() if sampler else []
     if verdict != "ready" or not leave_running:
         _stop(proc)
@@ -285,6 +293,15 @@ def run(
     return result
 
 
+def waiting_line(elapsed: float, last: str | None) -> str:
+    """One progress line while a server loads: how long, and the last thing it printed."""
+    head = f"waiting for readiness: {elapsed:.0f} s"
+    if last is None:
+        return head + ", no output yet"
+    last = last.strip()
+    return head + f", last line: {last[:117] + '...' if len(last) > 120 else last}"
+
+
 def _judge(
     proc: subprocess.Popen[str],
     watcher: _Watcher,
@@ -292,8 +309,13 @@ def _judge(
     has_pattern: bool,
     timeout: float,
     started: float,
+    on_wait: Callable[[float, str | None], None] | None = None,
 ) -> tuple[str, float | None]:
-    deadline = time.monotonic() + timeout
+    """Wait for readiness, an exit or the timeout; `on_wait(elapsed, last line)` every
+    PROGRESS_EVERY seconds meanwhile."""
+    begun = time.monotonic()
+    deadline = begun + timeout
+    next_progress = begun + PROGRESS_EVERY
     try:
         while True:
             if watcher.ready.is_set():
@@ -308,8 +330,12 @@ def _judge(
                 return "crashed", None
             if ready_url and _url_ready(ready_url):
                 return "ready", time.time()
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 return "timeout", None
+            if on_wait is not None and now >= next_progress:
+                next_progress = now + PROGRESS_EVERY
+                on_wait(now - begun, watcher.tail[-1] if watcher.tail else None)
             watcher.ready.wait(0.25)
     except KeyboardInterrupt:
         return "interrupted", None

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
+from checks import MOE_MODELS, moe_launch
 
 from sm120patch import targets
 from sm120patch.explain import explain
@@ -35,7 +36,6 @@ ARCHS = explain.ARCHS
 SIDES = ("pristine", "patched")
 # Fusion on only with more than one GPU (0.5.14 on): every fusion launch is --tp 2.
 FUSION_TP = "2"
-GLM = "Glm4MoeForCausalLM"
 # Fixed, so that two resolutions of one launch compare equal field by field.
 SEED = ("--random-seed", "0")
 # architecture -> transformers model_type, for the config.json of each listed architecture;
@@ -51,16 +51,18 @@ MODEL_TYPES = {
     "Qwen3NextForCausalLM": "qwen3_next",
     "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "MiniMaxM2ForCausalLM": "minimax_m2",
 }
-# The Glm4Moe MoE launches: (name, quantization_config in config.json, extra flags).
+# The MoE launches of each model of MOE_MODELS: (name after the model's prefix,
+# quantization_config in config.json, extra flags).
 NVFP4 = {"quant_method": "modelopt_fp4"}
 FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
        "weight_block_size": [128, 128]}
 MOE_LAUNCHES = (
-    ("moe-nvfp4-config", NVFP4, ()),
-    ("moe-nvfp4-flag", NVFP4, ("--quantization", "modelopt_fp4")),
-    ("moe-bf16", None, ()),
-    ("moe-fp8", FP8, ()),
+    ("nvfp4-config", NVFP4, ()),
+    ("nvfp4-flag", NVFP4, ("--quantization", "modelopt_fp4")),
+    ("bf16", None, ()),
+    ("fp8", FP8, ()),
 )
 
 
@@ -162,9 +164,11 @@ class Behaviour:
 
     def launches(self, version: str) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
-        for name, quant, flags in MOE_LAUNCHES:
-            model = write_model(self.models / name, GLM, quant)
-            out[name] = ["--model-path", str(model), "--tp", "4", *SEED, *flags]
+        for arch in MOE_MODELS:
+            for kind, quant, flags in MOE_LAUNCHES:
+                name = moe_launch(arch, kind)
+                model = write_model(self.models / name, arch, quant)
+                out[name] = ["--model-path", str(model), "--tp", "4", *SEED, *flags]
         for arch in self.fusion_archs(version):
             if arch in MODEL_TYPES:
                 model = write_model(self.models / f"fusion-{arch}", arch)

@@ -10,8 +10,18 @@ MOE_FIELDS = {"moe_runner_backend", "speculative_moe_runner_backend"}
 FUSION_FIELDS = {"enable_flashinfer_allreduce_fusion", "flashinfer_allreduce_fusion_backend"}
 CUTLASS = "flashinfer_cutlass"
 # From 0.5.13 upstream's own MoE handler picks flashinfer_cutlass on SM120 when
-# `--quantization modelopt_fp4` is on the command line (the plan notes it, see test_notes).
-UPSTREAM_CUTLASS_WITH_FLAG = "moe-nvfp4-flag"
+# `--quantization modelopt_fp4` is on the command line (each model's `nvfp4-flag` launch; the
+# plan notes it, test_behaviour.test_upstream_flag_path_is_known).
+GLM = "Glm4MoeForCausalLM"
+# The MoE models whose SM100-only runner choice the moe profile gives an SM120 twin: model ->
+# the prefix of its launches' names (GLM-4 MoE's launches keep their first names).
+MOE_MODELS = {GLM: "moe", "Qwen3MoeForCausalLM": "moe-qwen3", "MiniMaxM2ForCausalLM": "moe-minimax"}
+
+
+def moe_launch(model: str, kind: str) -> str:
+    """The name of `model`'s MoE launch `kind` ("nvfp4-config", ...): `moe-nvfp4-config` for
+    GLM-4 MoE, `moe-qwen3-nvfp4-config`..."""
+    return f"{MOE_MODELS[model]}-{kind}"
 
 Result = dict[str, Any]
 
@@ -49,12 +59,16 @@ def resolved_auto(result: Result) -> dict[str, Any]:
     return res["backends"]["auto"] if "backends" in res else {"error": res.get("error")}
 
 
-def control_problems(pristine_sm120: Result, pristine_sm100: Result) -> list[str]:
-    """Pristine upstream on SM120 does not take the SM120 path (where it does, it is listed)."""
+def control_problems(pristine_sm120: Result, pristine_sm100: Result,
+                     models: tuple[str, ...] = (GLM,)) -> list[str]:
+    """Pristine upstream on SM120 does not take the SM120 path (where it does, it is listed):
+    for the MoE `models` whose patch applies on this release, among the rest."""
     problems = []
-    args = args_of(pristine_sm120, "moe-nvfp4-config")
-    if args is None or args["moe_runner_backend"] == CUTLASS:
-        problems.append(f"pristine SM120 NVFP4-from-config MoE backend: {args and args['moe_runner_backend']}")
+    for model in models:
+        args = args_of(pristine_sm120, moe_launch(model, "nvfp4-config"))
+        if args is None or args["moe_runner_backend"] == CUTLASS:
+            problems.append(f"pristine SM120 {model} NVFP4-from-config MoE backend: "
+                            f"{args and args['moe_runner_backend']}")
     for name in fusion_launches(pristine_sm100):
         a = args_of(pristine_sm120, name)
         if a is None or fusion_on(a):
@@ -68,15 +82,18 @@ def control_problems(pristine_sm120: Result, pristine_sm100: Result) -> list[str
     return problems
 
 
-def sm120_problems(pristine: Result, patched: Result, pristine_sm100: Result) -> list[str]:
-    """The patched code takes the SM120 path; what must not change did not."""
+def sm120_problems(pristine: Result, patched: Result, pristine_sm100: Result,
+                   models: tuple[str, ...] = (GLM,)) -> list[str]:
+    """The patched code takes the SM120 path (for the MoE `models` whose patch applies on this
+    release); what must not change did not (for every model)."""
     problems = []
-    for name in ("moe-nvfp4-config", "moe-nvfp4-flag"):
+    for name in (moe_launch(m, k) for m in models for k in ("nvfp4-config", "nvfp4-flag")):
         a = args_of(patched, name)
         if a is None or a["moe_runner_backend"] != CUTLASS:
             problems.append(f"patched SM120 {name}: MoE backend {a and a['moe_runner_backend']}, "
                             f"expected {CUTLASS}")
-    for name in ("moe-bf16", "moe-fp8"):
+    others = [n for n in patched["launches"] if n.endswith(("-bf16", "-fp8"))]
+    for name in others:
         before, after = args_of(pristine, name), args_of(patched, name)
         if before is None or after is None or before["moe_runner_backend"] != after["moe_runner_backend"]:
             problems.append(f"patched SM120 {name}: MoE backend changed "

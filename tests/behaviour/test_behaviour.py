@@ -5,15 +5,18 @@ from __future__ import annotations
 import pytest
 from behave import ARCHS, Behaviour, Case
 from checks import (
-    UPSTREAM_CUTLASS_WITH_FLAG,
+    MOE_MODELS,
     args_of,
     comm_problems,
     control_problems,
     has_preflight,
+    moe_launch,
     preflight_problems,
     same_problems,
     sm120_problems,
 )
+
+from sm120patch.patchkit.model import Status
 
 pytestmark = pytest.mark.behaviour
 
@@ -51,18 +54,56 @@ def test_every_launch_resolves(behaviour: Behaviour, sglang_version: str) -> Non
                     assert "error" not in run, (side, arch, name, run)
 
 
+def moe_patch_of(model: str) -> str:
+    """The moe profile's patch for one of MOE_MODELS (the one whose marker is the model)."""
+    from sm120patch.plan import catalog
+
+    cat = catalog.load()
+    return next(p for p in cat.profile("moe").patches if cat.patches[p].marker == model)
+
+
+def moe_models(version: str) -> tuple[str, ...]:
+    """The MoE models whose patch applies on `version` (its facts say so)."""
+    from sm120patch.plan import catalog
+
+    patches = catalog.load().patches
+    return tuple(m for m in MOE_MODELS
+                 if any(f.status is Status.APPLIED for f in patches[moe_patch_of(m)].facts_at(version)))
+
+
+def test_every_moe_model_has_its_patch_in_the_profile() -> None:
+    assert [moe_patch_of(m) for m in MOE_MODELS] == [
+        "sglang.moe-backend", "sglang.moe-backend-qwen3", "sglang.moe-backend-minimax"]
+    assert moe_models("0.5.14") == ("Glm4MoeForCausalLM", "Qwen3MoeForCausalLM")
+    assert moe_models("0.5.23") == tuple(MOE_MODELS)
+
+
 def test_pristine_sm120_does_not_take_the_sm120_path(behaviour: Behaviour,
                                                      sglang_version: str) -> None:
     pristine = get(behaviour, sglang_version, "pristine", "sm120")
     sm100 = get(behaviour, sglang_version, "pristine", "sm100")
-    assert control_problems(pristine, sm100) == []
+    assert control_problems(pristine, sm100, moe_models(sglang_version)) == []
 
 
 def test_patched_sm120_takes_the_sm120_path(behaviour: Behaviour, sglang_version: str) -> None:
+    """GLM-4 MoE, the Qwen3 MoE family (Qwen3MoeForCausalLM) and MiniMax-M2 NVFP4 from the
+    checkpoint's config pick flashinfer_cutlass, each where its patch applies; bf16 and FP8
+    keep upstream's choice, and only the MoE runner (and fusion) fields change."""
     pristine = get(behaviour, sglang_version, "pristine", "sm120")
     patched = get(behaviour, sglang_version, "patched", "sm120")
     sm100 = get(behaviour, sglang_version, "pristine", "sm100")
-    assert sm120_problems(pristine, patched, sm100) == []
+    assert sm120_problems(pristine, patched, sm100, moe_models(sglang_version)) == []
+
+
+def test_sm100_picks_trtllm_where_the_moe_patches_copy_it(behaviour: Behaviour,
+                                                          sglang_version: str) -> None:
+    """What each MoE patch twins: on SM100 upstream picks a TRT-LLM-gen backend for the model's
+    NVFP4 checkpoint (flashinfer_trtllm, MiniMax-M2's flashinfer_trtllm_routed)."""
+    sm100 = get(behaviour, sglang_version, "pristine", "sm100")
+    for model in moe_models(sglang_version):
+        args = args_of(sm100, moe_launch(model, "nvfp4-config"))
+        assert args is not None and args["moe_runner_backend"].startswith("flashinfer_trtllm"), (
+            model, args and args["moe_runner_backend"])
 
 
 def test_patched_preflight_proceeds_without_multicast(behaviour: Behaviour,
@@ -102,22 +143,24 @@ def test_upstream_flag_path_is_known(behaviour: Behaviour, sglang_version: str) 
 
     from sm120patch.explain import explain
 
-    args = args_of(get(behaviour, sglang_version, "pristine", "sm120"), UPSTREAM_CUTLASS_WITH_FLAG)
-    upstream_picks = args is not None and args["moe_runner_backend"] == "flashinfer_cutlass"
-    assert upstream_picks is (Version(sglang_version) >= Version("0.5.13"))
-    note = _moe_note(behaviour, sglang_version)
-    assert bool(note) is upstream_picks, note
+    for model in moe_models(sglang_version):
+        pristine = get(behaviour, sglang_version, "pristine", "sm120")
+        args = args_of(pristine, moe_launch(model, "nvfp4-flag"))
+        upstream_picks = args is not None and args["moe_runner_backend"] == "flashinfer_cutlass"
+        assert upstream_picks is (Version(sglang_version) >= Version("0.5.13")), model
+        note = _moe_note(behaviour, sglang_version, moe_patch_of(model))
+        assert bool(note) is upstream_picks, (model, note)
     del explain
 
 
-def _moe_note(behaviour: Behaviour, version: str) -> str:
+def _moe_note(behaviour: Behaviour, version: str, patch_id: str) -> str:
     from sm120patch.plan import catalog
     from sm120patch.plan.planner import plan_target
 
     cat = catalog.load()
     profile = cat.profile("moe")
     planned = plan_target(profile, cat.patches_of(profile), behaviour.target("sglang", version))
-    outcome = next(o for f in planned.files for o in f.outcomes if o.patch == "sglang.moe-backend")
+    outcome = next(o for f in planned.files for o in f.outcomes if o.patch == patch_id)
     return getattr(outcome, "note", "") or ""
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import envs
 import pytest
-from behave import GLM, NVFP4, Behaviour, write_model
+from behave import NVFP4, Behaviour, write_model
+from checks import GLM
 from click.testing import CliRunner
 
 from sm120patch.cli import main

@@ -1,7 +1,7 @@
 """The real-release tier: SGLang and FlashInfer releases from PyPI, cached outside the repository.
 
 Which releases: `sm120patch.maintain.releases.DEFAULT_RELEASES`, or with SM120PATCH_FULL_RELEASES=1
-every release of `FULL_RANGE` (with its latest post release) that the index lists. The whole tier
+every release of `full_range` (with its latest post release) that the index lists. The whole tier
 skips, with the reason, when the index cannot be reached and the cache does not already hold
 every release it needs.
 

@@ -45,7 +45,7 @@ OBSERVED = (
     "FlashInfer 0.6.16 still passes [9, 10] to gen_trtllm_comm_module (applied, like 0.6.15).",
     "FlashInfer 0.2.8 to 0.3.0 have no supported_major_versions list in gen_trtllm_comm_module "
     "(0.2.8 reads the device capability, 0.3.0 filters _get_cuda_arch_flags() for SM100): a "
-    "shape the patch does not know, outside the pins; no fact recorded.",
+    "shape the patch does not know, outside the pins: its fact says refused.",
     "SGLang 0.4.6 has none of the site files; 0.4.7 to 0.5.1 import is_sm100_supported from "
     "sglang.srt.layers.utils and gate on `_is_sm100_supported` alone: outside every pin; no "
     "fact recorded.",

@@ -294,40 +294,65 @@ def check_comm_arch(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
     return Spans([statement_span(parents_o, call_o)], [statement_span(parents_n, call_n)])
 
 
-def _branch_on(tree: ast.AST, arch: int) -> list[ast.If]:
-    """`if` statements (elif included) whose test is exactly an SM-`arch` check."""
-    return [n for n in ast.walk(tree) if isinstance(n, ast.If) and arch_of(n.test) == arch]
+def _lead(test: ast.AST) -> ast.AST:
+    """The arch check a MoE branch tests: its test, or the first operand of its `and`."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return test.values[0]
+    return test
+
+
+def _branch_on(scope: ast.AST, arch: int) -> list[ast.If]:
+    """The branches (if or elif) of the if statements directly in `scope`'s body testing an
+    SM-`arch` check: exactly, or as the first operand of an `and` (MiniMax-M2's `if <sm100> and
+    ... == "modelopt_fp4":`). A nested check is another site's (Qwen3-Next's attention
+    backend inside the Qwen3 MoE branch, 0.5.10 on)."""
+    branches = []
+    for stmt in getattr(scope, "body", []):
+        while isinstance(stmt, ast.If):
+            branches.append(stmt)
+            stmt = stmt.orelse[0] if len(stmt.orelse) == 1 else None
+    return [b for b in branches if arch_of(_lead(b.test)) == arch]
 
 
 def _scope_of_moe_site(tree: ast.Module, fact: Fact) -> ast.AST:
     func = one_function(tree, fact.function or "")
     if fact.file and fact.file.endswith("server_args.py"):
-        # The Glm4MoeForCausalLM branch of the big model_arch if/elif chain.
+        # The model's branch of the big model_arch if/elif chain.
+        model = _moe_model(fact)
         hits = [n for n in ast.walk(func) if isinstance(n, ast.If)
                 and isinstance(n.test, ast.Compare)
-                and "Glm4MoeForCausalLM" in ast.unparse(n.test)
+                and model in ast.unparse(n.test)
                 and ast.unparse(n.test).startswith("model_arch in")]
-        assert len(hits) == 1, f"{len(hits)} `model_arch in [\"Glm4MoeForCausalLM\"]` branches"
+        assert len(hits) == 1, f"{len(hits)} `model_arch in [\"{model}\"]` branches"
         return ast.Module(body=hits[0].body, type_ignores=[])
     return func
 
 
+def _moe_model(fact: Fact) -> str:
+    """The architecture a MoE patch is about: its marker (`Glm4MoeForCausalLM`, ...)."""
+    from sm120patch.plan import catalog
+
+    return catalog.load().patches[fact.patch].marker
+
+
 def check_moe_backend(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
-    """Site D: beside the unchanged SM100 branch, an SM120 branch that sets the MoE runner
-    backend to flashinfer_cutlass for modelopt_fp4 when the user left it on auto, with its own
-    log line."""
+    """Site D (GLM-4 MoE, the Qwen3 MoE family, MiniMax-M2): beside the unchanged SM100
+    branch, right after it, an SM120 branch that sets the MoE runner backend to
+    flashinfer_cutlass for modelopt_fp4 alone when the user left it on auto, with its own log
+    line, writing no quantization field."""
     old_scope, new_scope = _scope_of_moe_site(before, fact), _scope_of_moe_site(after, fact)
     old100, new100 = _branch_on(old_scope, 100), _branch_on(new_scope, 100)
     assert len(old100) == 1 and len(new100) == 1, f"SM100 branches {len(old100)}/{len(new100)}"
     assert not _branch_on(old_scope, 120), "the release already has an SM120 branch"
-    assert [ast.dump(s) for s in new100[0].body] == [ast.dump(s) for s in old100[0].body], (
-        "the SM100 branch changed"
-    )
+    assert [ast.dump(s) for s in [new100[0].test, *new100[0].body]] == [
+        ast.dump(s) for s in [old100[0].test, *old100[0].body]
+    ], "the SM100 branch changed"
     new120 = _branch_on(new_scope, 120)
     assert len(new120) == 1, f"{len(new120)} SM120 branches"
     branch = new120[0]
+    assert new100[0].orelse[:1] == [branch], "the SM120 branch is not right after the SM100 one"
     want_form = ast.Call if fact.form == "utils" else ast.Attribute
-    assert isinstance(branch.test, want_form), f"SM120 test `{ast.unparse(branch.test)}`"
+    assert isinstance(_lead(branch.test), want_form), f"SM120 test `{ast.unparse(branch.test)}`"
     sets = [n for n in ast.walk(branch) if isinstance(n, ast.Assign)
             and isinstance(n.value, ast.Constant) and n.value.value == "flashinfer_cutlass"
             and any("moe_runner_backend" in ast.unparse(t) for t in n.targets)]
@@ -336,6 +361,11 @@ def check_moe_backend(before: ast.Module, after: ast.Module, fact: Fact) -> Span
     assert {"modelopt_fp4", "auto"} <= constants, (
         "the SM120 branch does not keep the modelopt_fp4 / moe_runner_backend == 'auto' guard"
     )
+    others = {"fp8", "modelopt_mixed", "flashinfer_trtllm", "flashinfer_trtllm_routed", "marlin"}
+    assert not others & constants, f"another choice kept in the SM120 branch: {sorted(constants)}"
+    written = {ast.unparse(t) for n in ast.walk(branch) if isinstance(n, ast.Assign)
+               for t in n.targets}
+    assert not written & {"self.quantization", "overrides['quantization']"}, written
     logs = [n for n in ast.walk(branch) if isinstance(n, ast.Call)
             and isinstance(n.func, ast.Attribute) and n.func.attr == "info"
             and "flashinfer_cutlass" in ast.unparse(n)]
@@ -439,6 +469,8 @@ CHECKS: dict[str, Callable[[ast.Module, ast.Module, Fact], Spans]] = {
     "sglang.fusion-autoenable": check_autoenable,
     "sglang.fusion-backend": check_widened_or,
     "sglang.moe-backend": check_moe_backend,
+    "sglang.moe-backend-qwen3": check_moe_backend,
+    "sglang.moe-backend-minimax": check_moe_backend,
     "flashinfer.comm-arch": check_comm_arch,
     "sglang.pcie-allreduce": check_pcie_allreduce,
     "sglang.fusion-preflight": check_preflight,
@@ -448,3 +480,255 @@ CHECKS: dict[str, Callable[[ast.Module, ast.Module, Fact], Spans]] = {
 def defines(text: str, name: str) -> bool:
     """Whether a module's source binds `name` at module level (a def or an assignment)."""
     return name in module_bindings(ast.parse(text))
+
+
+# ----------------------------------------------------------------------------- fp4-gemm, attention
+
+
+def _without(tree: ast.Module, drop: list[ast.AST]) -> ast.Module:
+    """A copy of `tree` without the statements `drop` (nodes of `tree`, at any depth)."""
+    import copy
+
+    memo: dict = {}
+    copied = copy.deepcopy(tree, memo)
+    gone = {id(memo[id(n)]) for n in drop}
+    for node in ast.walk(copied):
+        for name in ("body", "orelse"):
+            block = getattr(node, name, None)
+            if isinstance(block, list):
+                block[:] = [s for s in block if id(s) not in gone]
+    return copied
+
+
+def _same_but(before: ast.Module, restored: ast.Module, what: str) -> None:
+    assert ast.dump(restored) == ast.dump(before), f"more than {what} changed"
+
+
+def _module_def(tree: ast.Module, name: str) -> list[int]:
+    return [i for i, n in enumerate(tree.body) if isinstance(n, ast.FunctionDef) and n.name == name]
+
+
+def _helper_after(after: ast.Module, site: str, helper: str, source: str) -> ast.FunctionDef:
+    """The module-level `def helper` right after `def site`, exactly the patch's source."""
+    [i] = _module_def(after, site) or [None]
+    assert i is not None, f"no module-level def {site}"
+    assert _module_def(after, helper) == [i + 1], f"def {helper} is not right after def {site}"
+    node = after.body[i + 1]
+    assert ast.dump(node) == ast.dump(ast.parse(source).body[0]), f"def {helper} is not ours"
+    return node  # type: ignore[return-value]
+
+
+def _patch_module(patch_id: str):
+    """The module of a patch of the library (its HELPER and HELPER_SOURCE)."""
+    import sys
+
+    from sm120patch.plan import catalog
+
+    return sys.modules[catalog.load().patches[patch_id].transform.__module__]
+
+
+def _with_blank_lines(node: ast.AST, lines: int) -> Span:
+    """The node's lines and the blank lines the patch put with it (a diff may count the ones
+    above or the ones below the node as the added ones)."""
+    lo, hi = span(node)
+    return lo - lines, hi + lines
+
+
+def _drop_import(tree: ast.Module, name: str) -> ast.Module:
+    """`tree` with `name` taken out of the module-level `from ... import` that brings it."""
+    import copy
+
+    tree = copy.deepcopy(tree)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            node.names = [a for a in node.names if a.name != name]
+    return tree
+
+
+def check_fp4_enum(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """sglang.fp4-gemm-enum: FLASHINFER_B12X = "flashinfer_b12x" right after FLASHINFER_TRTLLM,
+    is_flashinfer_b12x() right after is_flashinfer_trtllm(), both in Fp4GemmRunnerBackend; the
+    class, run, maps the new member to mm_fp4's "b12x"; with the two taken out, the file is the
+    release's."""
+    from enum import Enum
+
+    [cls] = [n for n in after.body if isinstance(n, ast.ClassDef) and n.name == fact.function]
+    names = [
+        (t.id if isinstance(s, ast.Assign) and isinstance((t := s.targets[0]), ast.Name)
+         else getattr(s, "name", None))
+        for s in cls.body
+    ]
+    i, j = names.index("FLASHINFER_TRTLLM"), names.index("is_flashinfer_trtllm")
+    assert names[i + 1] == "FLASHINFER_B12X", f"after FLASHINFER_TRTLLM: {names[i + 1]}"
+    assert names[j + 1] == "is_flashinfer_b12x", f"after is_flashinfer_trtllm: {names[j + 1]}"
+    member, method = cls.body[i + 1], cls.body[j + 1]
+    assert ast.literal_eval(member.value) == "flashinfer_b12x"  # type: ignore[attr-defined]
+    scope: dict = {"Enum": Enum}
+    exec(compile(ast.Module(body=[cls], type_ignores=[]), "fp4_utils.py", "exec"), scope)
+    b12x = scope[fact.function]("flashinfer_b12x")
+    assert b12x.get_flashinfer_backend() == "b12x" and b12x.is_flashinfer_b12x()
+    assert not scope[fact.function]("flashinfer_cutlass").is_flashinfer_b12x()
+    restored = _without(after, [member, method])
+    _same_but(before, restored, "the member and the predicate")
+    return Spans([], [span(member), _with_blank_lines(method, 1)])
+
+
+def check_fp4_auto(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """sglang.fp4-gemm-auto: in the auto `if` of the fact's function, a new first branch
+    `if <SM120 in the release's form> and _flashinfer_offers_b12x():` choosing flashinfer_b12x
+    with a log line, the release's chain after it as elif; the helper right after the function,
+    exactly ours; is_sm120_supported imported where the call form needs it; with all that taken
+    out, the file is the release's."""
+    mod = _patch_module("sglang.fp4-gemm-auto")
+    func = one_function(after, fact.function or "")
+    [auto] = [s for s in func.body if isinstance(s, ast.If) and ast.unparse(s.test)
+              == "backend == 'auto'"]
+    [chain] = auto.body
+    assert isinstance(chain, ast.If)
+    test = chain.test
+    assert isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And), ast.unparse(test)
+    arch, helper = test.values
+    assert arch_of(arch) == 120, f"first test `{ast.unparse(test)}`"
+    assert isinstance(arch, ast.Call if fact.form == "call" else ast.Attribute), ast.unparse(arch)
+    assert ast.unparse(helper) == f"{mod.HELPER}()", ast.unparse(helper)
+    chosen = [n.value.value for n in ast.walk(chain.body[0]) if isinstance(n, ast.Assign)
+              and isinstance(n.value, ast.Constant)]
+    assert chosen == ["flashinfer_b12x"], chosen
+    assert any(isinstance(n, ast.Call) and ast.unparse(n.func) == "logger.info"
+               for n in ast.walk(chain.body[1])), "no log line"
+    assert len(chain.orelse) == 1 and isinstance(chain.orelse[0], ast.If), "no elif after ours"
+    node = _helper_after(after, fact.function or "", mod.HELPER, mod.HELPER_SOURCE.format(
+        name=mod.HELPER))
+    restored = _without(after, [node])
+    r_func = one_function(restored, fact.function or "")
+    [r_auto] = [s for s in r_func.body if isinstance(s, ast.If) and ast.unparse(s.test)
+                == "backend == 'auto'"]
+    r_auto.body = list(r_auto.body[0].orelse)  # type: ignore[attr-defined]
+    spans = import_changes(before, after)
+    if fact.form == "call":
+        assert "is_sm120_supported" in module_bindings(after), "is_sm120_supported not imported"
+        if "is_sm120_supported" not in imported(before):
+            restored = _drop_import(restored, "is_sm120_supported")
+    _same_but(before, restored, "the SM120 branch, the helper and the import")
+    spans.before.append(span(auto))
+    spans.after += [span(auto), _with_blank_lines(node, 2)]
+    return spans
+
+
+def check_fp4_choices(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """sglang.fp4-gemm-choices: FP4_GEMM_RUNNER_BACKEND_CHOICES gains "flashinfer_b12x" at its
+    end; nothing else changes."""
+    name = "FP4_GEMM_RUNNER_BACKEND_CHOICES"
+
+    def choices(tree: ast.Module) -> tuple[ast.Assign, list]:
+        [node] = [n for n in tree.body if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+        return node, ast.literal_eval(node.value)
+
+    (old_node, old), (new_node, new) = choices(before), choices(after)
+    assert new == [*old, "flashinfer_b12x"], new
+    import copy
+
+    restored = copy.deepcopy(after)
+    node, _ = choices(restored)
+    node.value.elts.pop()  # type: ignore[attr-defined]
+    _same_but(before, restored, "the list")
+    return Spans([span(old_node)], [span(new_node)])
+
+
+def check_fp4_autotune(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """sglang.fp4-gemm-autotune: in the fact's function, the `or` of `fp4_gemm_needs_autotune`
+    gains `get_fp4_gemm_runner_backend().is_flashinfer_b12x()` last; nothing else changes."""
+    def group(tree: ast.Module) -> ast.BoolOp:
+        func = one_function(tree, fact.function or "")
+        [assign] = [n for n in ast.walk(func) if isinstance(n, ast.Assign)
+                    and ast.unparse(n.targets[0]) == "fp4_gemm_needs_autotune"]
+        [found] = [v for v in assign.value.values  # type: ignore[attr-defined]
+                   if isinstance(v, ast.BoolOp) and isinstance(v.op, ast.Or)]
+        return found
+
+    old, new = group(before), group(after)
+    assert [ast.dump(v) for v in new.values[:-1]] == [ast.dump(v) for v in old.values]
+    assert ast.unparse(new.values[-1]) == "get_fp4_gemm_runner_backend().is_flashinfer_b12x()"
+    import copy
+
+    restored = copy.deepcopy(after)
+    group(restored).values.pop()
+    _same_but(before, restored, "the autotune condition")
+    return Spans([span(old)], [span(new)])
+
+
+def check_attention_default(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """sglang.attention-default: right after the MHA chain's SM100 branch, `elif
+    get_platform().is_sm120 and _sm120_trtllm_mha_fits(cfg, model_config): return
+    "trtllm_mha"`; the helper right after the function, exactly ours; with both taken out,
+    the file is the release's."""
+    mod = _patch_module("sglang.attention-default")
+    func = one_function(after, fact.function or "")
+    [mha] = [s for s in func.body if isinstance(s, ast.If)
+             and ast.unparse(s.test) == "not use_mla_backend"]
+    branches = [n for n in ast.walk(mha) if isinstance(n, ast.If)]
+    sm100 = [b for b in branches if isinstance(b.test, ast.BoolOp)
+             and arch_of(b.test.values[0]) == 100]
+    assert len(sm100) == 1, f"{len(sm100)} SM100 branches"
+    assert len(sm100[0].orelse) == 1 and isinstance(sm100[0].orelse[0], ast.If)
+    ours = sm100[0].orelse[0]
+    assert ast.unparse(ours.test) == (
+        f"get_platform().is_sm120 and {mod.HELPER}(cfg, model_config)"
+    ), ast.unparse(ours.test)
+    assert [ast.unparse(s) for s in ours.body] == ["return 'trtllm_mha'"]
+    node = _helper_after(after, fact.function or "", mod.HELPER,
+                         mod.HELPER_SOURCE.format(name=mod.HELPER))
+    restored = _without(after, [node])
+    r_func = one_function(restored, fact.function or "")
+    [r_mha] = [s for s in r_func.body if isinstance(s, ast.If)
+               and ast.unparse(s.test) == "not use_mla_backend"]
+    [r100] = [n for n in ast.walk(r_mha) if isinstance(n, ast.If)
+              and isinstance(n.test, ast.BoolOp) and arch_of(n.test.values[0]) == 100]
+    r100.orelse = r100.orelse[0].orelse  # type: ignore[attr-defined]
+    _same_but(before, restored, "the SM120 branch and the helper")
+    return Spans([span(sm100[0])], [span(sm100[0]), _with_blank_lines(node, 2)])
+
+
+def check_attention_gpt_oss(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """sglang.attention-gpt-oss: right after `if get_platform().is_sm100:`, `elif
+    get_platform().is_sm120:` setting the attention backend to get_default_attn_backend(...),
+    with the three names imported from model_override_base; with those taken out, the file is
+    the release's."""
+    func = one_function(after, fact.function or "")
+    [sm100] = [n for n in ast.walk(func) if isinstance(n, ast.If)
+               and ast.unparse(n.test) == "get_platform().is_sm100"]
+    [ours] = sm100.orelse
+    assert isinstance(ours, ast.If) and ast.unparse(ours.test) == "get_platform().is_sm120"
+    assert [ast.unparse(s) for s in ours.body] == [
+        "overrides['attention_backend'] = get_default_attn_backend(server_args, "
+        "use_mla_backend=use_mla_backend(server_args), "
+        "model_config=model_config_of(server_args))"
+    ]
+    gained = set(imported(after)) - set(imported(before))
+    assert gained == {"get_default_attn_backend", "model_config_of", "use_mla_backend"}, gained
+    assert {imported(after)[n][0] for n in gained} == {"sglang.srt.arg_groups.model_override_base"}
+    import copy
+
+    restored = copy.deepcopy(after)
+    [r100] = [n for n in ast.walk(one_function(restored, fact.function or ""))
+              if isinstance(n, ast.If) and ast.unparse(n.test) == "get_platform().is_sm100"]
+    r100.orelse = r100.orelse[0].orelse  # type: ignore[attr-defined]
+    for name in gained:
+        restored = _drop_import(restored, name)
+    _same_but(before, restored, "the SM120 branch and its imports")
+    spans = Spans([span(sm100)], [span(sm100)])
+    for name in gained:
+        spans.after.append(imported(after)[name][1])
+        spans.before.append(imported(before)["resolving_view"][1])
+    return spans
+
+
+CHECKS.update({
+    "sglang.fp4-gemm-enum": check_fp4_enum,
+    "sglang.fp4-gemm-auto": check_fp4_auto,
+    "sglang.fp4-gemm-choices": check_fp4_choices,
+    "sglang.fp4-gemm-autotune": check_fp4_autotune,
+    "sglang.attention-default": check_attention_default,
+    "sglang.attention-gpt-oss": check_attention_gpt_oss,
+})

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.real
 SGLANG, FLASHINFER = "0.5.8", "0.6.1"
 # What `all` applies on these two releases: the fusion-backend site only exists from 0.5.14.
 SGLANG_PATCHES = ["sglang.sm120-flag", "sglang.fusion-gate", "sglang.fusion-autoenable",
-                  "sglang.moe-backend"]
+                  "sglang.moe-backend", "sglang.moe-backend-qwen3"]
 
 
 @pytest.fixture(scope="module")

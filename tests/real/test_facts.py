@@ -13,7 +13,7 @@ from expected import FACTS, judged, pinned_by
 from packaging.specifiers import SpecifierSet
 from realcache import release_set
 
-from sm120patch.maintain import tables
+from sm120patch.maintain import releases, tables
 from sm120patch.patchkit import facts
 from sm120patch.patchkit.model import Status
 from sm120patch.plan import catalog
@@ -75,3 +75,24 @@ def test_compatibility_site_tables_are_the_facts() -> None:
         "docs/compatibility.md per-site tables differ from the patches' FACTS; regenerate with "
         "`python -m sm120patch.maintain.tables` and paste between the markers"
     )
+
+
+@pytest.mark.parametrize("kind", releases.KINDS)
+def test_the_default_releases_hold_every_pinned_fact(kind: str) -> None:
+    """The real tier's default run takes a release of every range of releases a fact gives a
+    shape of, wherever a profile holding the patch pins it; and only listed releases inside
+    the full range."""
+    try:
+        listed = releases.available(kind)
+    except releases.ReleaseError as exc:
+        pytest.skip(f"the index's listing cannot be read: {exc}")
+    defaults = releases.DEFAULT_RELEASES[kind]
+    assert set(defaults) <= set(listed), sorted(set(defaults) - set(listed))
+    cat = catalog.load()
+    gaps = []
+    for patch in (p for p in cat.patches.values() if p.target == kind):
+        for fact in patch.facts:
+            pinned = [v for v in listed if fact.covers(v) and pinned_by(patch.id, kind, v)]
+            if pinned and not any(fact.covers(v) for v in defaults):
+                gaps.append(f"{patch.id} {fact.releases} (pinned: {', '.join(pinned)})")
+    assert not gaps, f"no default release of {kind} in: {'; '.join(gaps)}"

@@ -85,6 +85,9 @@ author:
   - sm120patch contributors
 notes:
   - Supports check mode and diff mode.
+  - The tool runs with a clean environment (C(PATH) of the system directories, the user's
+    C(HOME), the C locale) in C(/): nothing of the task's or the play's environment reaches
+    it, so no C(SM120PATCH_PATCHES) pack, C(PYTHONPATH) module or other git is run by it.
   - A handler restarting the server, notified by this task, runs only when files changed.
 """
 
@@ -167,6 +170,22 @@ from ansible.module_utils.basic import AnsibleModule
 # The tool's own prefixes on stderr: `sm120patch: <message>` then `  next: <hint>`.
 ERROR_PREFIX = "sm120patch: "
 NEXT_PREFIX = "next: "
+# The tool runs with a clean environment: only what the task's parameters say reaches it, never
+# the environment the module was started with (a play's `environment:`, the become user's
+# shell, the controller's variables): `SM120PATCH_PATCHES` there would load a pack as code,
+# `PYTHONPATH` a module, `PATH` another git.
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def clean_environment():
+    """PATH, HOME and the C locale: what the tool needs, and nothing of the caller's."""
+    import pwd
+
+    try:
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+    except KeyError:
+        home = "/"
+    return {"PATH": SAFE_PATH, "HOME": home, "LC_ALL": "C", "LANG": "C"}
 NO_GPU_WARNING = "warning: no SM120 GPU here"
 
 
@@ -232,11 +251,30 @@ class Tool:
     def call(self, *args):
         argv = [*self.argv, *args, *self.target_args(), "--json"]
         self.commands.append(argv)
-        # LC_ALL=C keeps the tool's text (the stderr form of errors) as the parser expects.
-        # cwd "/": `python -m` puts the working directory first on sys.path, where a stray
-        # sglang/ or sm120patch/ directory would be taken for the installed one.
-        rc, stdout, stderr = self.module.run_command(argv, environ_update={"LC_ALL": "C"}, cwd="/")
-        return argv, rc, stdout, stderr
+        # A clean environment (`clean_environment`): LC_ALL=C keeps the tool's text (the stderr
+        # form of errors) as the parser expects. cwd "/": `python -m` puts the working
+        # directory first on sys.path, where a stray sglang/ or sm120patch/ directory would be
+        # taken for the installed one.
+        import subprocess
+
+        try:
+            proc = subprocess.run(
+                argv,
+                env=clean_environment(),
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                check=False,
+            )
+        except OSError as exc:
+            self.module.fail_json(
+                msg=f"cannot run {argv[0]}: {exc.strerror}",
+                next="check that sm120patch is installed for the interpreter given as `python`",
+                cmd=self.commands,
+            )
+        return argv, proc.returncode, proc.stdout, proc.stderr
 
     def run(self, *args, result=None):
         """Run one command; its JSON document, or fail the task with the tool's message."""

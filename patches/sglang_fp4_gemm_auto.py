@@ -1,0 +1,302 @@
+"""sglang.fp4-gemm-auto: `--fp4-gemm-backend auto` picks flashinfer_b12x on SM120 (site G).
+
+`initialize_fp4_gemm_config` maps `auto` to a backend by GPU: SM100 flashinfer_cutedsl, SM80 to
+SM90 marlin, and SM120 falls to flashinfer_cutlass (0.5.13 on; 0.5.10 to 0.5.12 pick
+flashinfer_cudnn there). The patch puts one branch first in that chain, in the release's own
+arch spelling: on SM120, when the installed FlashInfer's mm_fp4 offers b12x (the backend exists
+for this compute capability and CUDA is as new as its b12x requirement asks), `auto` becomes
+flashinfer_b12x, with a log line; everywhere else the chain decides as before. The check is a
+helper the patch adds after the function, `_flashinfer_offers_b12x()`, that answers no when it
+cannot tell. 0.5.8 and 0.5.9 map nothing: SGLang passes `auto` on to FlashInfer's own `auto`,
+which already prefers b12x on SM120 (upstream).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
+    Import,
+    Patch,
+    Result,
+    Status,
+    already_applied,
+    applied,
+    refused,
+    upstream,
+)
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+SITE = "initialize_fp4_gemm_config"
+HELPER = "_flashinfer_offers_b12x"
+BACKEND = "flashinfer_b12x"
+LOG = (
+    "SM120 detected and FlashInfer's mm_fp4 offers b12x: ",
+    "auto-selecting fp4-gemm-backend=flashinfer_b12x",
+)
+# The helper, in the module's own newline and indentation (filled in by `_helper`).
+HELPER_SOURCE = '''\
+def {name}() -> bool:
+    """Whether the installed FlashInfer's mm_fp4 can run its "b12x" backend here (added by
+    sm120patch fp4-gemm): FlashInfer has the backend for this GPU's compute capability, and
+    CUDA is as new as its b12x requirement asks (13.0, or FlashInfer's own minimum where it
+    names one). Whatever cannot be told counts as no, and `auto` keeps upstream's choice."""
+    try:
+        import torch
+        from flashinfer import mm_fp4
+        from flashinfer.gemm import gemm_base
+        from flashinfer.jit.cpp_ext import get_cuda_version
+        from packaging.version import Version
+
+        major, minor = torch.cuda.get_device_capability()
+        minimum = getattr(gemm_base, "_MIN_B12X_CUDA_VERSION", Version("13.0"))
+        return bool(
+            mm_fp4.is_backend_supported("b12x", major * 10 + minor)
+            and get_cuda_version() >= minimum
+        )
+    except Exception:
+        return False
+'''
+EXPECTED = (
+    '`if backend == "auto":` holding one if/elif chain that picks the backend by GPU arch '
+    "(`is_sm100_supported()` / `is_sm120_supported()` or the `get_platform()` form)"
+)
+
+
+def transform(module: cst.Module) -> Result:
+    import libcst as cst
+
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
+
+    func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.8)")
+    if isinstance(func, Result):
+        return func
+    if not isinstance(func.body, cst.IndentedBlock):
+        return refused(SITE, "a function body", f"`{h.code(func)}`")
+    autos = [s for s in func.body.body if isinstance(s, cst.If) and _is_auto_test(s.test)]
+    if not autos:
+        if arch.mentions_sglang_arch(func) or _assigns_backend_string(func):
+            return refused(SITE, EXPECTED, 'an arch check outside `if backend == "auto":`')
+        return upstream(
+            SITE,
+            "SGLang passes `auto` on to FlashInfer's mm_fp4, whose own `auto` prefers b12x "
+            "on SM120 (FlashInfer 0.6.9 and later)",
+            "auto passed through",
+        )
+    if len(autos) > 1 or autos[0].orelse is not None:
+        return refused(SITE, EXPECTED, f'{len(autos)} `if backend == "auto":` statements')
+    auto = autos[0]
+    inner = auto.body
+    chains = (
+        [s for s in inner.body if isinstance(s, cst.If)]
+        if isinstance(inner, cst.IndentedBlock)
+        else []
+    )
+    if len(chains) != 1 or len(inner.body) != 1:  # type: ignore[attr-defined]
+        return refused(SITE, EXPECTED, f"`{h.code(inner)}`")
+    chain = chains[0]
+    branches = op.if_chain(chain)
+
+    ours = _is_ours(branches[0])
+    if ours and _defines_helper(module):
+        return already_applied(SITE, f"`if <SM120> and {HELPER}():` first, choosing {BACKEND}")
+    if ours or _defines_helper(module):
+        return refused(
+            SITE,
+            f"our SM120 branch first in the chain and `def {HELPER}`",
+            "one of them without the other",
+        )
+    if any(_chooses(b.body, BACKEND) for b in branches) or (
+        isinstance(branches[-1].orelse, cst.Else) and _chooses(branches[-1].orelse.body, BACKEND)
+    ):
+        return upstream(SITE, f"the release's own `auto` already picks {BACKEND}")
+
+    forms = {
+        found[1]
+        for b in branches
+        for operand in h.and_operands(b.test)
+        if (found := arch.sglang_arch(operand)) is not None
+    }
+    if len(forms) != 1 or not forms <= {"call", "platform"}:
+        tests = "; ".join(f"`{h.code(b.test)}`" for b in branches)
+        return refused(SITE, EXPECTED, f"arch checks in {len(forms)} forms: {tests}")
+    form = forms.pop()
+    if not h.module_assignments(module, "logger"):
+        return refused(SITE, "a module-level `logger = ...` (the new branch logs)", "none")
+
+    sm120 = arch.sglang_arch_check("sm120", form)
+    test = cst.BooleanOperation(
+        left=sm120,
+        operator=cst.And(),
+        right=cst.Call(func=cst.Name(HELPER)),
+    )
+    nl = module.default_newline
+    body = h.parse_statement(
+        f"if x:{nl}"
+        f'    backend = "{BACKEND}"{nl}'
+        f"    logger.info({nl}"
+        f'        "{LOG[0]}"{nl}'
+        f'        "{LOG[1]}"{nl}'
+        f"    ){nl}",
+        module,
+    ).body  # type: ignore[attr-defined]
+    res = op.add_function_after(module, func, HELPER_SOURCE.format(name=HELPER), site=SITE)
+    if res.status is not Status.APPLIED:
+        return res
+    spelled = h.code(test)
+    res = op.then(res, op.add_first_branch(res.module, chain, test, body, site=SITE, shape=""))
+    notes = [
+        f"`if {spelled}:` choosing {BACKEND} first in the auto chain",
+        f"`def {HELPER}` added after {SITE}",
+    ]
+    if form == "call" and not h.import_sources(res.module, "is_sm120_supported"):
+        # The runner places it next to is_sm100_supported, or refuses where it cannot.
+        res = res.needing(Import("is_sm120_supported", next_to="is_sm100_supported"))
+        notes.append("is_sm120_supported imported")
+    if res.status is not Status.APPLIED:
+        return res
+    return applied(SITE, res.module, "; ".join(notes)).needing(*res.imports)
+
+
+def _is_auto_test(test: cst.BaseExpression) -> bool:
+    """`backend == "auto"`."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    return (
+        isinstance(test, cst.Comparison)
+        and h.key(test.left) == "backend"
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+        and isinstance(test.comparisons[0].comparator, cst.SimpleString)
+        and test.comparisons[0].comparator.evaluated_value == "auto"
+    )
+
+
+def _chooses(body: cst.BaseSuite, backend: str) -> bool:
+    """Whether the block assigns `backend = "<backend>"`."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    return any(
+        len(a.targets) == 1  # type: ignore[attr-defined]
+        and h.key(a.targets[0].target) == "backend"  # type: ignore[attr-defined]
+        and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
+        and a.value.evaluated_value == backend  # type: ignore[attr-defined]
+        for a in h.find(body, cst.Assign)
+    )
+
+
+def _assigns_backend_string(func: cst.FunctionDef) -> bool:
+    """Whether the function assigns `backend` a literal of its own (a mapping we do not know)."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    return any(
+        len(a.targets) == 1  # type: ignore[attr-defined]
+        and h.key(a.targets[0].target) == "backend"  # type: ignore[attr-defined]
+        and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
+        for a in h.find(func.body, cst.Assign)
+    )
+
+
+def _is_ours(branch: cst.If) -> bool:
+    """`if <SM120 check> and _flashinfer_offers_b12x():` choosing flashinfer_b12x."""
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import syntax as h
+
+    ops = h.and_operands(branch.test)
+    return (
+        len(ops) == 2
+        and (arch.sglang_arch(ops[0]) or ("", ""))[0] == "sm120"
+        and h.key(ops[1]) == f"{HELPER}()"
+        and _chooses(branch.body, BACKEND)
+    )
+
+
+def _defines_helper(module: cst.Module) -> bool:
+    import libcst as cst
+
+    return any(isinstance(s, cst.FunctionDef) and s.name.value == HELPER for s in module.body)
+
+
+FP4_UTILS = "sglang/srt/layers/quantization/fp4_utils.py"
+FACTS = (
+    Fact(
+        "<0.5.8",
+        Status.NOT_APPLICABLE,
+        "no initialize_fp4_gemm_config",
+        source="real files",
+        note="fp4_utils.py exists from 0.5.8",
+    ),
+    Fact(
+        ">=0.5.8,<0.5.10",
+        Status.UPSTREAM,
+        "no `auto` mapping: `Fp4GemmRunnerBackend(backend)` passes auto to mm_fp4, whose own "
+        "auto prefers b12x on SM120",
+        FP4_UTILS,
+        SITE,
+        source="real files",
+    ),
+    Fact(
+        ">=0.5.10,<0.5.13",
+        Status.APPLIED,
+        '`if backend == "auto": if is_sm120_supported(): backend = "flashinfer_cudnn"` '
+        "(sglang issue 20043: cutlass NaN on SM120) ... `else: flashinfer_cutlass`",
+        FP4_UTILS,
+        SITE,
+        "call",
+        source="real files",
+    ),
+    Fact(
+        ">=0.5.13,<0.5.19",
+        Status.APPLIED,
+        "`if is_sm100_supported(): flashinfer_cutedsl` / `elif` SM80-SM90 `marlin` / "
+        "`else: flashinfer_cutlass`; is_sm120_supported not imported",
+        FP4_UTILS,
+        SITE,
+        "call",
+        source="real files",
+    ),
+    Fact(
+        ">=0.5.19,<0.5.24",
+        Status.APPLIED,
+        "the same chain with `get_platform().is_sm100`, reading the backend from "
+        "`get_exec().kernel`",
+        FP4_UTILS,
+        SITE,
+        "platform",
+        source="real files",
+    ),
+)
+
+
+PATCH = Patch(
+    id="sglang.fp4-gemm-auto",
+    target="sglang",
+    title="--fp4-gemm-backend auto picks flashinfer_b12x on SM120 when FlashInfer offers it",
+    why=(
+        "On SM120 SGLang's `auto` FP4 GEMM backend resolves to flashinfer_cutlass "
+        "(flashinfer_cudnn in 0.5.10 to 0.5.12), while FlashInfer's own `auto` prefers its "
+        "SM120 kernel, b12x. The patch puts `if <SM120> and _flashinfer_offers_b12x():` first "
+        "in the `auto` chain, in the release's arch spelling, choosing flashinfer_b12x with a "
+        "log line; the helper it adds asks the installed FlashInfer whether mm_fp4 has b12x "
+        "for this compute capability and whether CUDA is as new as b12x requires, and answers "
+        "no when it cannot tell, so `auto` then keeps upstream's choice. SM100, SM80-SM90 and "
+        "an explicit --fp4-gemm-backend are unchanged, as in sgl-project/sglang PR 38170. "
+        "Needs sglang.fp4-gemm-enum (the member it selects)."
+    ),
+    files=(FP4_UTILS,),
+    marker=f"def {SITE}",
+    facts=FACTS,
+    upstream="https://github.com/sgl-project/sglang/pull/38170",
+    transform=transform,
+)

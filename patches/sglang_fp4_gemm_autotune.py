@@ -1,0 +1,139 @@
+"""sglang.fp4-gemm-autotune: flashinfer_b12x keeps the FP4 GEMM autotune pass (site G).
+
+From 0.5.13 SGLang runs FlashInfer's autotuner at start-up for an NVFP4 model
+(`fp4_gemm_needs_autotune`) when the FP4 GEMM backend is flashinfer_cutlass or
+flashinfer_cutedsl: with `auto` choosing flashinfer_b12x on SM120 the pass would stop running
+there. The patch adds `or get_fp4_gemm_runner_backend().is_flashinfer_b12x()` to that `or`, in
+the spelling of its other operands, as sgl-project/sglang PR 38170 does. Before 0.5.13 no FP4
+GEMM backend is autotuned (not-applicable). Needs sglang.fp4-gemm-enum (the predicate).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
+    Patch,
+    Result,
+    Status,
+    already_applied,
+    applied,
+    not_applicable,
+    refused,
+)
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+TARGET = "fp4_gemm_needs_autotune"
+GETTER = "get_fp4_gemm_runner_backend()"
+KNOWN = {f"{GETTER}.is_flashinfer_cutlass()", f"{GETTER}.is_flashinfer_cutedsl()"}
+NEW = f"{GETTER}.is_flashinfer_b12x()"
+FUNCTIONS = ("should_run_flashinfer_autotune", "_should_run_flashinfer_autotune")
+EXPECTED = (
+    f"`{TARGET} = model_uses_fp4 and ({GETTER}.is_flashinfer_cutlass() or "
+    f"{GETTER}.is_flashinfer_cutedsl())`"
+)
+
+
+def transform(module: cst.Module) -> Result:
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    funcs = [f for name in FUNCTIONS for f in h.functions(module, name)]
+    if not funcs:
+        return not_applicable(FUNCTIONS[0], "no FlashInfer autotune gate in this file")
+    if len(funcs) > 1:
+        return refused(FUNCTIONS[0], "one autotune gate", f"{len(funcs)} definitions")
+    func = funcs[0]
+    site = func.name.value
+    blocks = [b for b in h.statements(func) if isinstance(b, cst.IndentedBlock)]
+    lines = [
+        s
+        for b in blocks
+        for s in b.body
+        if isinstance(s, cst.SimpleStatementLine)
+        and len(s.body) == 1
+        and isinstance(s.body[0], cst.Assign)
+        and len(s.body[0].targets) == 1
+        and h.key(s.body[0].targets[0].target) == TARGET
+    ]
+    if not lines:
+        return not_applicable(site, f"no `{TARGET} = ...`: no FP4 GEMM is autotuned here")
+    if len(lines) > 1:
+        return refused(site, EXPECTED, f"{len(lines)} assignments of {TARGET}")
+    value = lines[0].body[0].value  # type: ignore[attr-defined]
+    ops = h.and_operands(value)
+    groups = [o for o in ops if h.or_operands(o) is not None]
+    if len(ops) != 2 or len(groups) != 1:
+        return refused(site, EXPECTED, f"`{h.code(lines[0])}`")
+    group = groups[0]
+    keys = [h.key(o) for o in h.or_operands(group) or []]
+    if NEW in keys:
+        return already_applied(site, f"{TARGET} takes {NEW}")
+    if set(keys) != KNOWN:
+        return refused(site, EXPECTED, f"`{h.code(lines[0])}`")
+    new_group = h.widen_or(group, cst.parse_expression(NEW))  # type: ignore[arg-type]
+    new_module = h.replace(module, group, new_group, scope=func)
+    return applied(site, new_module, f"{TARGET}: `... or {NEW}`")
+
+
+FLASHINFER_AUTOTUNE = "sglang/srt/model_executor/runner/flashinfer_autotune.py"
+BASE_RUNNER = "sglang/srt/model_executor/runner/base_runner.py"
+MODEL_RUNNER = "sglang/srt/model_executor/model_runner.py"
+SHAPE = (
+    f"`{TARGET} = model_uses_fp4 and (...is_flashinfer_cutlass() or ...is_flashinfer_cutedsl())`"
+)
+FACTS = (
+    Fact(
+        "<0.5.13",
+        Status.NOT_APPLICABLE,
+        "no FP4 GEMM autotune term",
+        source="real files",
+        note="FlashInfer autotune is for MoE runner backends only before 0.5.13",
+    ),
+    Fact(
+        ">=0.5.13,<0.5.14",
+        Status.APPLIED,
+        SHAPE,
+        MODEL_RUNNER,
+        "ModelRunner._should_run_flashinfer_autotune",
+        source="real files",
+    ),
+    Fact(
+        ">=0.5.14,<0.5.15",
+        Status.APPLIED,
+        SHAPE,
+        BASE_RUNNER,
+        "BaseRunner._should_run_flashinfer_autotune",
+        source="real files",
+    ),
+    Fact(
+        ">=0.5.15,<0.5.24",
+        Status.APPLIED,
+        SHAPE,
+        FLASHINFER_AUTOTUNE,
+        "should_run_flashinfer_autotune",
+        source="real files",
+    ),
+)
+
+
+PATCH = Patch(
+    id="sglang.fp4-gemm-autotune",
+    target="sglang",
+    title="Autotune the FP4 GEMM for flashinfer_b12x as for flashinfer_cutlass",
+    why=(
+        "SGLang runs FlashInfer's autotuner for an NVFP4 model only when the FP4 GEMM backend "
+        "is flashinfer_cutlass or flashinfer_cutedsl; with flashinfer_b12x the start-up "
+        "tuning pass would stop and every GEMM run b12x's default tile. The patch adds "
+        "is_flashinfer_b12x() to that condition, as sgl-project/sglang PR 38170 does."
+    ),
+    files=(FLASHINFER_AUTOTUNE, BASE_RUNNER, MODEL_RUNNER),
+    marker=f"{TARGET} =",
+    facts=FACTS,
+    upstream="https://github.com/sgl-project/sglang/pull/38170",
+    transform=transform,
+)

@@ -1,0 +1,79 @@
+"""sglang.fp4-gemm-choices: `--fp4-gemm-backend flashinfer_b12x` is a valid choice (site G).
+
+The CLI's choices for --fp4-gemm-backend are a module-level list, FP4_GEMM_RUNNER_BACKEND_CHOICES:
+in server_args.py up to 0.5.19, in arg_groups/choices.py from 0.5.20 (server_args.py and
+arg_groups/fields/exec_.py import it there). The patch appends "flashinfer_b12x" to it, as
+sgl-project/sglang PR 38170 does; the list's other users (add_fp4_gemm_runner_backend_choices)
+share the same list object.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status, not_applicable
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+NAME = "FP4_GEMM_RUNNER_BACKEND_CHOICES"
+ADD = "flashinfer_b12x"
+# What every release with the list holds (0.5.8 on): auto and the FlashInfer backends of 0.5.8.
+EXPECT = ("auto", "flashinfer_cudnn", "flashinfer_cutlass", "flashinfer_trtllm")
+
+
+def transform(module: cst.Module) -> Result:
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
+
+    if not h.module_assignments(module, NAME):
+        return not_applicable(
+            NAME, f"no module-level `{NAME} = [...]` in this file (it exists from 0.5.8)"
+        )
+    return op.append_to_list(module, name=NAME, add=ADD, expect=EXPECT)
+
+
+SERVER_ARGS = "sglang/srt/server_args.py"
+CHOICES = "sglang/srt/arg_groups/choices.py"
+FACTS = (
+    Fact(
+        "<0.5.8",
+        Status.NOT_APPLICABLE,
+        f"no {NAME}",
+        source="real files",
+        note="--fp4-gemm-backend exists from 0.5.8",
+    ),
+    Fact(
+        ">=0.5.8,<0.5.20",
+        Status.APPLIED,
+        f'module-level `{NAME} = ["auto", ...]` in server_args.py',
+        SERVER_ARGS,
+        source="real files",
+    ),
+    Fact(
+        ">=0.5.20,<0.5.24",
+        Status.APPLIED,
+        f'module-level `{NAME} = ["auto", ...]` in arg_groups/choices.py',
+        CHOICES,
+        source="real files",
+    ),
+)
+
+
+PATCH = Patch(
+    id="sglang.fp4-gemm-choices",
+    target="sglang",
+    title="Accept --fp4-gemm-backend flashinfer_b12x",
+    why=(
+        "The --fp4-gemm-backend argument only accepts the names in "
+        "FP4_GEMM_RUNNER_BACKEND_CHOICES; the patch appends flashinfer_b12x, so the b12x "
+        "backend can be asked for by name (it needs sglang.fp4-gemm-enum, which adds the "
+        "member the name resolves to)."
+    ),
+    files=(CHOICES, SERVER_ARGS),
+    marker=f"{NAME} = [",
+    facts=FACTS,
+    upstream="https://github.com/sgl-project/sglang/pull/38170",
+    transform=transform,
+)

@@ -1,0 +1,229 @@
+"""sglang.fp4-gemm-enum: a `flashinfer_b12x` member of SGLang's FP4 GEMM runner backends (site G).
+
+FlashInfer's `mm_fp4` has a backend written for SM120/SM121, `b12x` (FlashInfer 0.6.9 on);
+SGLang's `Fp4GemmRunnerBackend` has no member that reaches it. The patch adds
+`FLASHINFER_B12X = "flashinfer_b12x"` after `FLASHINFER_TRTLLM` and its predicate
+`is_flashinfer_b12x()` after `is_flashinfer_trtllm()`, as sgl-project/sglang PR 38170 proposes.
+The mapping to FlashInfer's name needs no change: `get_flashinfer_backend()` strips the
+`flashinfer_` prefix in every release that has the enum, so the member maps to `b12x`; the patch
+refuses a release where it does not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
+    Patch,
+    Result,
+    Status,
+    already_applied,
+    not_applicable,
+    refused,
+)
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+CLASS = "Fp4GemmRunnerBackend"
+MEMBER = "FLASHINFER_B12X"
+VALUE = "flashinfer_b12x"
+PREDICATE = "is_flashinfer_b12x"
+ANCHOR_MEMBER = ("FLASHINFER_TRTLLM", "flashinfer_trtllm")
+ANCHOR_PREDICATE = "is_flashinfer_trtllm"
+MAPPING = "get_flashinfer_backend"
+PREFIX = "flashinfer_"
+
+
+def transform(module: cst.Module) -> Result:
+    import libcst as cst
+
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
+
+    found = h.classes(module, CLASS)
+    if not found:
+        return not_applicable(CLASS, f"no `class {CLASS}` in this file (it exists from 0.5.8)")
+    if len(found) > 1:
+        return refused(CLASS, f"one `class {CLASS}`", f"{len(found)} definitions")
+    cls = found[0]
+    if not isinstance(cls.body, cst.IndentedBlock):
+        return refused(CLASS, "a class body", f"`{h.code(cls)}`")
+    body = list(cls.body.body)
+    members = _members(body)
+    methods = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
+
+    if not _maps_by_prefix(methods.get(MAPPING)):
+        return refused(
+            CLASS,
+            f'`def {MAPPING}` returning `self.value.removeprefix("{PREFIX}")` (so that '
+            f"{VALUE} reaches FlashInfer's mm_fp4 as b12x)",
+            "another mapping" if MAPPING in methods else f"no `def {MAPPING}`",
+        )
+    others = [n for n, v in members.items() if v == VALUE and n != MEMBER]
+    if others:
+        return refused(CLASS, f"no member valued {VALUE!r} but {MEMBER}", f"`{others[0]}`")
+    if MEMBER in members or PREDICATE in methods:
+        if members.get(MEMBER) == VALUE and _is_predicate(methods.get(PREDICATE)):
+            return already_applied(CLASS, f'{MEMBER} = "{VALUE}" and {PREDICATE}()')
+        return refused(
+            CLASS,
+            f'no {MEMBER}, or `{MEMBER} = "{VALUE}"` with `def {PREDICATE}`',
+            f"{MEMBER} = {members.get(MEMBER)!r}, {PREDICATE} "
+            + ("defined" if PREDICATE in methods else "missing"),
+        )
+
+    anchor_name, anchor_value = ANCHOR_MEMBER
+    if members.get(anchor_name) != anchor_value or ANCHOR_PREDICATE not in methods:
+        return refused(
+            CLASS,
+            f'`{anchor_name} = "{anchor_value}"` and `def {ANCHOR_PREDICATE}` to add the new '
+            "member and predicate after",
+            f"{anchor_name} = {members.get(anchor_name)!r}, {ANCHOR_PREDICATE} "
+            + ("defined" if ANCHOR_PREDICATE in methods else "missing"),
+        )
+    member_stmt = next(s for s in body if _assigned(s) == anchor_name)
+    new_member = h.parse_statement(f'{MEMBER} = "{VALUE}"{module.default_newline}', module)
+    anchor_def = methods[ANCHOR_PREDICATE]
+    # The predicate in the form of its neighbour: `return self == <Class>.<MEMBER>`.
+    new_def = anchor_def.deep_replace(
+        anchor_def.name, anchor_def.name.with_changes(value=PREDICATE)
+    )
+    attrs = h.find(new_def.body, cst.Attribute, lambda a: a.attr.value == anchor_name)  # type: ignore[attr-defined]
+    if len(attrs) != 1 or not _is_predicate_of(anchor_def, anchor_name):
+        return refused(
+            CLASS,
+            f"`def {ANCHOR_PREDICATE}(self)` returning `self == {CLASS}.{anchor_name}`",
+            f"`{h.code(anchor_def)}`",
+        )
+    attr = attrs[0]
+    new_def = new_def.deep_replace(attr, attr.with_changes(attr=cst.Name(MEMBER)))  # type: ignore[attr-defined]
+    index_member = body.index(member_stmt)
+    body.insert(index_member + 1, new_member)
+    index_def = next(i for i, s in enumerate(body) if s is anchor_def)
+    body.insert(index_def + 1, new_def)  # its leading blank line comes with the copy
+    new_cls = cls.with_changes(body=cls.body.with_changes(body=body))
+    shape = f'{MEMBER} = "{VALUE}" after {anchor_name}; {PREDICATE}() after {ANCHOR_PREDICATE}()'
+    return op.replace_statement(module, cls, new_cls, site=CLASS, shape=shape)
+
+
+def _assigned(stmt: cst.CSTNode) -> str | None:
+    """The name a one-target `NAME = ...` statement assigns, else None."""
+    import libcst as cst
+
+    if (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Assign)
+        and len(stmt.body[0].targets) == 1
+        and isinstance(stmt.body[0].targets[0].target, cst.Name)
+    ):
+        return stmt.body[0].targets[0].target.value
+    return None
+
+
+def _members(body: list[cst.BaseStatement]) -> dict[str, str | None]:
+    """Enum members of a class body: name -> its string value (None for any other value)."""
+    import libcst as cst
+
+    out: dict[str, str | None] = {}
+    for stmt in body:
+        name = _assigned(stmt)
+        if name is None:
+            continue
+        value = stmt.body[0].value  # type: ignore[attr-defined]
+        out[name] = value.evaluated_value if isinstance(value, cst.SimpleString) else None
+    return out
+
+
+def _maps_by_prefix(func: cst.FunctionDef | None) -> bool:
+    """Whether the mapping method strips the `flashinfer_` prefix off the member's value."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    if func is None:
+        return False
+    calls = h.find(
+        func.body,
+        cst.Call,
+        lambda c: (
+            isinstance(c.func, cst.Attribute)  # type: ignore[attr-defined]
+            and c.func.attr.value == "removeprefix"  # type: ignore[attr-defined]
+            and h.key(c.func.value) == "self.value"  # type: ignore[attr-defined]
+            and len(c.args) == 1  # type: ignore[attr-defined]
+            and isinstance(c.args[0].value, cst.SimpleString)  # type: ignore[attr-defined]
+            and c.args[0].value.evaluated_value == PREFIX
+        ),  # type: ignore[attr-defined]
+    )
+    return len(calls) == 1
+
+
+def _is_predicate_of(func: cst.FunctionDef | None, member: str) -> bool:
+    """`def is_x(self) -> bool: return self == Fp4GemmRunnerBackend.<member>`."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    if func is None or not isinstance(func.body, cst.IndentedBlock) or len(func.body.body) != 1:
+        return False
+    line = func.body.body[0]
+    if not (isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Return)):
+        return False
+    value = line.body[0].value
+    return (
+        isinstance(value, cst.Comparison)
+        and h.key(value.left) == "self"
+        and len(value.comparisons) == 1
+        and isinstance(value.comparisons[0].operator, cst.Equal)
+        and h.key(value.comparisons[0].comparator) == f"{CLASS}.{member}"
+    )
+
+
+def _is_predicate(func: cst.FunctionDef | None) -> bool:
+    return _is_predicate_of(func, MEMBER)
+
+
+FP4_UTILS = "sglang/srt/layers/quantization/fp4_utils.py"
+FACTS = (
+    Fact(
+        "<0.5.8",
+        Status.NOT_APPLICABLE,
+        "no Fp4GemmRunnerBackend: modelopt_quant.py picks the mm_fp4 backend from "
+        "environment variables",
+        source="real files",
+        note="fp4_utils.py exists from 0.5.8",
+    ),
+    Fact(
+        ">=0.5.8,<0.5.24",
+        Status.APPLIED,
+        '`class Fp4GemmRunnerBackend(Enum)` with `FLASHINFER_TRTLLM = "flashinfer_trtllm"`, '
+        "`is_flashinfer_trtllm()` and `get_flashinfer_backend()` stripping `flashinfer_`",
+        FP4_UTILS,
+        CLASS,
+        source="real files",
+    ),
+)
+
+
+PATCH = Patch(
+    id="sglang.fp4-gemm-enum",
+    target="sglang",
+    title="Add flashinfer_b12x to SGLang's FP4 GEMM runner backends",
+    why=(
+        "FlashInfer's mm_fp4 has a b12x backend for SM120/SM121 from FlashInfer 0.6.9 (CUDA 13, "
+        "12.9 for NVFP4 from FlashInfer 0.7; the 128x4 scale layout), but SGLang's "
+        "Fp4GemmRunnerBackend has no member for it, so neither --fp4-gemm-backend nor auto "
+        "can reach it. The patch adds FLASHINFER_B12X = "
+        '"flashinfer_b12x" and is_flashinfer_b12x(), as sgl-project/sglang PR 38170 does; '
+        'get_flashinfer_backend() already maps it to FlashInfer\'s "b12x" by stripping the '
+        "flashinfer_ prefix. The weights are prepared as for flashinfer_cutlass (the 128x4 "
+        "swizzled scales both use)."
+    ),
+    files=(FP4_UTILS,),
+    marker=f"class {CLASS}",
+    facts=FACTS,
+    upstream="https://github.com/sgl-project/sglang/pull/38170",
+    transform=transform,
+)

@@ -1,0 +1,59 @@
+"""sglang.moe-backend-minimax: flashinfer_cutlass as the MoE runner of MiniMax-M2 on SM120 for
+a checkpoint whose config says NVFP4 (site D, as for GLM-4 MoE)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status
+from sm120patch.patchkit.moe import FLAG_NOTE
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+MODEL = "MiniMaxM2ForCausalLM"
+OVERRIDES_FUNC = "_minimax_m2_overrides"
+ABSENT = "upstream picks no MoE runner backend for MiniMaxM2ForCausalLM on any GPU here"
+
+
+def transform(module: cst.Module) -> Result:
+    from sm120patch.patchkit import moe
+
+    return moe.add_sm120_choice(module, moe.site(module, MODEL, OVERRIDES_FUNC), absent=ABSENT)
+
+
+OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+MINIMAX_M2 = "sglang/srt/arg_groups/model_overrides/minimax_m2.py"
+CHOICE = ('`if <sm100> and moe_runner_backend == "auto" and <model config>.quantization == '
+          '"modelopt_fp4":` overrides["moe_runner_backend"] = "flashinfer_trtllm_routed"')
+FACTS = (
+    Fact("<0.5.15", Status.NOT_APPLICABLE, "no MiniMaxM2ForCausalLM override"),
+    Fact(">=0.5.15,<0.5.18", Status.NOT_APPLICABLE, f"{OVERRIDES_FUNC} only enables TF32 "
+         "matmul", OVERRIDES, OVERRIDES_FUNC),
+    Fact(">=0.5.18,<0.5.19", Status.APPLIED, f"{CHOICE}, `is_sm100_supported()` and "
+         "`server_args.get_model_config()`", OVERRIDES, OVERRIDES_FUNC, "utils",
+         user_note=FLAG_NOTE),
+    Fact(">=0.5.19,<0.5.24", Status.APPLIED, f"{CHOICE}, `get_platform().is_sm100` and "
+         "`model_config_of(server_args)`", MINIMAX_M2, OVERRIDES_FUNC, "platform",
+         user_note=FLAG_NOTE),
+)
+
+
+PATCH = Patch(
+    id="sglang.moe-backend-minimax",
+    target="sglang",
+    title="Choose flashinfer_cutlass as the MoE runner for MiniMax-M2 NVFP4 on SM120",
+    why=(
+        "For MiniMaxM2ForCausalLM with a modelopt_fp4 model config SGLang picks a MoE runner "
+        "backend only on SM100 (flashinfer_trtllm_routed, whose TRT-LLM-gen kernels do not "
+        "run on SM120, from 0.5.18); on SM120 the backend stays 'auto'. Upstream picks "
+        "flashinfer_cutlass on SM120 for modelopt_fp4 given with --quantization, but not for "
+        "a checkpoint whose config says NVFP4. The patch adds the SM120 twin of that `if` "
+        "right after it, in the release's own form: the same conditions with the arch "
+        "changed, flashinfer_cutlass, logged in upstream's words."
+    ),
+    marker=MODEL,
+    facts=FACTS,
+    transform=transform,
+)

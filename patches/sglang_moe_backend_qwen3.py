@@ -1,0 +1,74 @@
+"""sglang.moe-backend-qwen3: flashinfer_cutlass as the MoE runner of the Qwen3 MoE family on
+SM120 for a checkpoint whose config says NVFP4 (site D, as for GLM-4 MoE)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import Patch, Result, Status
+from sm120patch.patchkit.moe import FLAG_NOTE
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+MODEL = "Qwen3MoeForCausalLM"
+OVERRIDES_FUNC = "_qwen3_moe_family_overrides"
+
+
+def transform(module: cst.Module) -> Result:
+    from sm120patch.patchkit import moe
+
+    return moe.add_sm120_choice(module, moe.site(module, MODEL, OVERRIDES_FUNC))
+
+
+SERVER_ARGS = "sglang/srt/server_args.py"
+OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+QWEN3_MOE = "sglang/srt/arg_groups/model_overrides/qwen3_moe.py"
+HANDLER = "ServerArgs._handle_model_specific_adjustments"
+FACTS = (
+    Fact("<0.5.6", Status.NOT_APPLICABLE, "no Qwen3MoeForCausalLM MoE branch"),
+    Fact(">=0.5.6,<0.5.8", Status.APPLIED, '`elif model_arch in ["Qwen3MoeForCausalLM", '
+         '"Qwen3VLMoeForConditionalGeneration"]:` `if is_sm100_supported():` derives the '
+         'quantization, then `self.quantization in ("fp8", "modelopt_fp4")` ... '
+         "flashinfer_trtllm", SERVER_ARGS, HANDLER, "utils"),
+    Fact(">=0.5.8,<0.5.13", Status.APPLIED, 'same, `(self.quantization in ("fp8", '
+         '"modelopt_fp4") or self.quantization is None)`; from 0.5.10 more Qwen3 architectures '
+         "in the list", SERVER_ARGS, HANDLER, "utils"),
+    Fact(">=0.5.13,<0.5.15", Status.APPLIED, "same; upstream picks flashinfer_cutlass on SM120 "
+         "for --quantization modelopt_fp4", SERVER_ARGS, HANDLER, "utils",
+         user_note=FLAG_NOTE),
+    Fact(">=0.5.15,<0.5.19", Status.APPLIED, f"{OVERRIDES_FUNC}: `if is_sm100_supported():` "
+         '... overrides["moe_runner_backend"] = "flashinfer_trtllm"', OVERRIDES, OVERRIDES_FUNC,
+         "utils", note="server_args.py keeps an empty branch pointing at overrides.py",
+         user_note=FLAG_NOTE),
+    Fact("==0.5.19", Status.APPLIED, "`if get_platform().is_sm100:`", QWEN3_MOE, OVERRIDES_FUNC,
+         "platform", user_note=FLAG_NOTE),
+    Fact(">=0.5.20,<0.5.24", Status.APPLIED, "`if get_platform().is_sm100:` ... `if "
+         "has_w4a16_moe_layers:` (marlin) `elif ...:` flashinfer_trtllm; the W4A16 branch is "
+         "left out of the SM120 one", QWEN3_MOE, OVERRIDES_FUNC, "platform",
+         user_note=FLAG_NOTE),
+)
+
+
+PATCH = Patch(
+    id="sglang.moe-backend-qwen3",
+    target="sglang",
+    title="Choose flashinfer_cutlass as the MoE runner for Qwen3 MoE NVFP4 on SM120",
+    why=(
+        "For the Qwen3 MoE family (Qwen3MoeForCausalLM and the other architectures of "
+        "upstream's list: Qwen3-VL MoE, Qwen3-Next, Qwen3.5 MoE...) SGLang picks a MoE runner "
+        "backend only on SM100 (flashinfer_trtllm, whose TRT-LLM-gen kernels do not run on "
+        "SM120); on SM120 the backend stays 'auto'. From 0.5.13 upstream picks "
+        "flashinfer_cutlass on SM120 for modelopt_fp4 given with --quantization, but not "
+        "for a checkpoint whose config says NVFP4. The patch adds an SM120 branch right after "
+        "the SM100 one, built from it as sglang.moe-backend builds GLM-4 MoE's: the "
+        "quantization read from the checkpoint's config into a local, then flashinfer_cutlass "
+        "for modelopt_fp4 with moe_a2a_backend 'none' and moe_runner_backend 'auto', logged "
+        "in upstream's words. fp8, bf16 and the W4A16 mixed-precision layers (0.5.20 on, "
+        "marlin on SM100) keep upstream's choice."
+    ),
+    marker=MODEL,
+    facts=FACTS,
+    transform=transform,
+)

@@ -1,0 +1,118 @@
+"""One release table: the patches' facts are the only place a release range is written. What
+other places need of it is derived from them (a patch's files, the release cache's site files
+and full range) or held to them here (the explain probe's site names; the default releases of
+the real tier, in tests/real/test_facts.py, which needs the index's listing)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from sm120patch.maintain import releases, trees
+from sm120patch.patchkit.facts import Fact, Status
+from sm120patch.patchkit.model import Patch, files_of
+from sm120patch.plan import catalog
+
+PROBE = Path(__file__).resolve().parents[1] / "sm120patch" / "explain" / "probe.py"
+
+
+def library() -> list[Patch]:
+    cat = catalog.load()
+    return [p for p in cat.patches.values() if cat.sources[p.id].built_in]
+
+
+def test_a_patch_reads_the_files_its_facts_name() -> None:
+    for patch in library():
+        assert patch.files == files_of(patch.facts), patch.id
+    fact = Fact(">=1", Status.APPLIED, "s", "pkg/new.py")
+    old = Fact("<1", Status.APPLIED, "s", "pkg/old.py")
+    made = Patch(id="t.p", target="sglang", title="t", why="w", marker="m",
+                 transform=lambda m: None, facts=(old, fact))  # type: ignore[arg-type,return-value]
+    assert made.files == ("pkg/new.py", "pkg/old.py")  # the newest release's first
+
+
+def test_the_catalog_refuses_a_fact_on_a_file_the_patch_does_not_read() -> None:
+    from sm120patch.plan.catalog import _patch_problems
+
+    patch = library()[0]
+    stray = replace(patch, facts=(*patch.facts, Fact(">=99", Status.APPLIED, "s", "pkg/x.py")))
+    assert any("pkg/x.py" in p for p in _patch_problems(stray))
+    assert not _patch_problems(patch)
+
+
+@pytest.mark.parametrize("kind", releases.KINDS)
+def test_the_release_cache_holds_every_file_a_fact_names(kind: str) -> None:
+    named = {f.file for p in library() if p.target == kind for f in p.facts if f.file}
+    assert named <= set(trees.site_files(kind)) <= set(trees.wanted_files(kind))
+
+
+@pytest.mark.parametrize("kind", releases.KINDS)
+def test_the_full_range_spans_every_fact_and_every_pin(kind: str) -> None:
+    full = SpecifierSet(releases.full_range(kind))
+    cat = catalog.load()
+    specs = [SpecifierSet(f.releases) for p in cat.patches.values() if p.target == kind
+             for f in p.facts]
+    specs += [p.pins[kind] for p in cat.profiles.values() if kind in p.pins]
+    for spec in specs:
+        for s in spec:
+            if s.operator in (">=", "=="):
+                assert full.contains(s.version, prereleases=True), (spec, full)
+    # Below the range no fact holds; a fact further down widens it.
+    low = min((s.version for spec in specs for s in spec if s.operator in (">=", "==")),
+              key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
+    assert releases.full_range(kind).startswith(f">={low},")
+
+
+def test_a_fact_below_the_range_widens_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    cat = catalog.load()
+    patch = cat.patches["sglang.pcie-allreduce"]
+    older = replace(patch, facts=(Fact(">=0.3.0,<0.4.6", Status.REFUSED, "s"), *patch.facts))
+    wider = replace(cat, patches={**cat.patches, patch.id: older})
+    monkeypatch.setattr(catalog, "load", lambda: wider)
+    assert releases.full_range("sglang") == ">=0.3.0,<0.5.24"
+
+
+# ---- the explain probe: a script run in the target's interpreter, so it names the sites itself
+
+
+def probe_module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("sm120patch_probe_under_test", PROBE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def modules(patch: Patch) -> tuple[str, ...]:
+    return tuple(f.removesuffix(".py").replace("/", ".") for f in patch.files)
+
+
+def functions(patch: Patch) -> tuple[str, ...]:
+    """The plain function names the facts give, newest first (not a Class.method)."""
+    names = (f.function for f in reversed(patch.facts) if f.function)
+    return tuple(dict.fromkeys(n for n in names if "." not in n))
+
+
+def test_the_probe_gate_is_where_the_gate_facts_say() -> None:
+    probe, cat = probe_module(), catalog.load()
+    gate = cat.patches["sglang.fusion-gate"]
+    assert probe.GATE_MODULES == modules(gate)
+    assert probe.GATE_FUNCTIONS == functions(gate)
+    comm = cat.patches["flashinfer.comm-arch"]
+    assert probe.COMM_MODULES == modules(comm)
+    assert (probe.COMM_FUNCTION,) == functions(comm)
+
+
+def test_the_probe_resolves_the_backend_where_the_facts_say() -> None:
+    backend = catalog.load().patches["sglang.fusion-backend"]
+    tree = ast.parse(PROBE.read_text(encoding="utf-8"))
+    [func] = [n for n in tree.body if isinstance(n, ast.FunctionDef)
+              and n.name == "resolve_backend"]
+    imports = [(n.module, a.name) for n in ast.walk(func) if isinstance(n, ast.ImportFrom)
+               for a in n.names]
+    assert imports == [(m, f) for m in modules(backend) for f in functions(backend)]

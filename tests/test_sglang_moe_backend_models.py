@@ -1,0 +1,338 @@
+# ruff: noqa: E501  (the fixtures keep upstream's long log lines at upstream's indentation)
+"""sglang.moe-backend-qwen3 and sglang.moe-backend-minimax on small fixtures in each upstream
+shape of their sites: the same SM120 twin as GLM-4 MoE's (patchkit/moe.py), for the Qwen3 MoE
+family's choice among other quantizations' and for MiniMax-M2's choice in one `if`."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from patches_under_test import load_patch
+
+from sm120patch.patchkit.model import Status
+
+QWEN3 = load_patch("sglang.moe-backend-qwen3")
+MINIMAX = load_patch("sglang.moe-backend-minimax")
+
+# server_args.py, 0.5.8 to 0.5.14: the family's branch; fp8, fp4 or unquantized on SM100.
+QWEN3_SERVER_ARGS = '''
+from sglang.srt.utils import is_sm100_supported, is_sm120_supported
+
+
+class ServerArgs:
+    def _handle_model_specific_adjustments(self):
+        if model_arch in ["Glm4MoeForCausalLM"]:
+            pass
+        elif model_arch in [
+            "Qwen3MoeForCausalLM",
+            "Qwen3VLMoeForConditionalGeneration",
+        ]:
+            if is_sm100_supported():
+                quant_method = get_quantization_config(hf_config)
+                if self.quantization is None and quant_method is not None:
+                    self.quantization = quant_method
+                if (
+                    (
+                        self.quantization in ("fp8", "modelopt_fp4")
+                        or self.quantization is None
+                    )
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    self.moe_runner_backend = "flashinfer_trtllm"
+                    logger.info(
+                        "Use flashinfer_trtllm as MoE runner backend on sm100 for "
+                        f"{model_arch}"
+                    )
+
+            if model_arch in ["Qwen3NextForCausalLM"]:
+                self.attention_backend = "triton"
+'''
+
+QWEN3_SERVER_ARGS_AFTER = '''
+from sglang.srt.utils import is_sm100_supported, is_sm120_supported
+
+
+class ServerArgs:
+    def _handle_model_specific_adjustments(self):
+        if model_arch in ["Glm4MoeForCausalLM"]:
+            pass
+        elif model_arch in [
+            "Qwen3MoeForCausalLM",
+            "Qwen3VLMoeForConditionalGeneration",
+        ]:
+            if is_sm100_supported():
+                quant_method = get_quantization_config(hf_config)
+                if self.quantization is None and quant_method is not None:
+                    self.quantization = quant_method
+                if (
+                    (
+                        self.quantization in ("fp8", "modelopt_fp4")
+                        or self.quantization is None
+                    )
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    self.moe_runner_backend = "flashinfer_trtllm"
+                    logger.info(
+                        "Use flashinfer_trtllm as MoE runner backend on sm100 for "
+                        f"{model_arch}"
+                    )
+            elif is_sm120_supported():
+                quantization = self.quantization
+                quant_method = get_quantization_config(hf_config)
+                if quantization is None and quant_method is not None:
+                    quantization = quant_method
+                if (
+                    quantization == "modelopt_fp4"
+                    and self.moe_a2a_backend == "none"
+                    and self.moe_runner_backend == "auto"
+                ):
+                    self.moe_runner_backend = "flashinfer_cutlass"
+                    logger.info(
+                        "Use flashinfer_cutlass as MoE runner backend on sm120 for "
+                        f"{model_arch}"
+                    )
+
+            if model_arch in ["Qwen3NextForCausalLM"]:
+                self.attention_backend = "triton"
+'''
+
+# model_overrides/qwen3_moe.py, 0.5.20 on: another quantization's choice (W4A16, marlin) comes
+# first in the chain, with a local only its test reads.
+QWEN3_CHAIN = '''
+from sglang.srt.runtime_context import get_platform
+
+
+def _qwen3_moe_family_overrides(server_args, hf_config):
+    cfg = resolving_view(server_args)
+    overrides = {}
+    if get_platform().is_sm100:
+        quantization = cfg.quantization
+        if quantization is None:
+            overrides["quantization"] = get_quantization_config(hf_config)
+            quantization = get_quantization_config(hf_config)
+        has_w4a16 = quantization == "modelopt_mixed" and mixed(hf_config)
+        if has_w4a16:
+            # trtllm-gen has no W4A16 path.
+            if cfg.moe_runner_backend == "auto":
+                overrides["moe_runner_backend"] = "marlin"
+        elif (
+            (quantization in ("fp8", "modelopt_fp4", "modelopt_mixed") or quantization is None)
+            and cfg.moe_a2a_backend == "none"
+            and cfg.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_trtllm"
+            logger.info(f"Use flashinfer_trtllm as MoE runner backend on sm100 for {hf_config.architectures[0]}")
+    return overrides
+'''
+
+QWEN3_CHAIN_AFTER = '''
+from sglang.srt.runtime_context import get_platform
+
+
+def _qwen3_moe_family_overrides(server_args, hf_config):
+    cfg = resolving_view(server_args)
+    overrides = {}
+    if get_platform().is_sm100:
+        quantization = cfg.quantization
+        if quantization is None:
+            overrides["quantization"] = get_quantization_config(hf_config)
+            quantization = get_quantization_config(hf_config)
+        has_w4a16 = quantization == "modelopt_mixed" and mixed(hf_config)
+        if has_w4a16:
+            # trtllm-gen has no W4A16 path.
+            if cfg.moe_runner_backend == "auto":
+                overrides["moe_runner_backend"] = "marlin"
+        elif (
+            (quantization in ("fp8", "modelopt_fp4", "modelopt_mixed") or quantization is None)
+            and cfg.moe_a2a_backend == "none"
+            and cfg.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_trtllm"
+            logger.info(f"Use flashinfer_trtllm as MoE runner backend on sm100 for {hf_config.architectures[0]}")
+    elif get_platform().is_sm120:
+        quantization = cfg.quantization
+        if quantization is None:
+            quantization = get_quantization_config(hf_config)
+        if (
+            quantization == "modelopt_fp4"
+            and cfg.moe_a2a_backend == "none"
+            and cfg.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_cutlass"
+            logger.info(f"Use flashinfer_cutlass as MoE runner backend on sm120 for {hf_config.architectures[0]}")
+    return overrides
+'''
+
+# arg_groups/overrides.py, 0.5.18: the choice is one `if`, led by the arch check; is_sm120_supported
+# is not imported in this fixture.
+MINIMAX_UTILS = '''
+from sglang.srt.utils.common import (
+    is_sm90_supported,
+    is_sm100_supported,
+)
+
+
+def _minimax_m2_overrides(server_args, hf_config):
+    overrides = {"enable_tf32_matmul": True}
+    if (
+        is_sm100_supported()
+        and server_args.moe_runner_backend == "auto"
+        and server_args.get_model_config().quantization == "modelopt_fp4"
+    ):
+        overrides["moe_runner_backend"] = "flashinfer_trtllm_routed"
+        logger.info(
+            "Use flashinfer_trtllm_routed as MoE runner backend on SM10X "
+            "for MiniMaxM2ForCausalLM with modelopt_fp4."
+        )
+    return overrides
+'''
+
+MINIMAX_UTILS_AFTER = '''
+from sglang.srt.utils.common import (
+    is_sm90_supported,
+    is_sm100_supported,
+    is_sm120_supported,
+)
+
+
+def _minimax_m2_overrides(server_args, hf_config):
+    overrides = {"enable_tf32_matmul": True}
+    if (
+        is_sm100_supported()
+        and server_args.moe_runner_backend == "auto"
+        and server_args.get_model_config().quantization == "modelopt_fp4"
+    ):
+        overrides["moe_runner_backend"] = "flashinfer_trtllm_routed"
+        logger.info(
+            "Use flashinfer_trtllm_routed as MoE runner backend on SM10X "
+            "for MiniMaxM2ForCausalLM with modelopt_fp4."
+        )
+    elif (
+        is_sm120_supported()
+        and server_args.moe_runner_backend == "auto"
+        and server_args.get_model_config().quantization == "modelopt_fp4"
+    ):
+        overrides["moe_runner_backend"] = "flashinfer_cutlass"
+        logger.info(
+            "Use flashinfer_cutlass as MoE runner backend on SM120 "
+            "for MiniMaxM2ForCausalLM with modelopt_fp4."
+        )
+    return overrides
+'''
+
+# model_overrides/minimax_m2.py, 0.5.19 on: the get_platform() form.
+MINIMAX_PLATFORM = '''
+def _minimax_m2_overrides(server_args, hf_config):
+    cfg = resolving_view(server_args)
+    overrides = {"enable_tf32_matmul": True}
+    if get_platform().is_sm100 and cfg.moe_runner_backend == "auto" and model_config_of(server_args).quantization == "modelopt_fp4":
+        overrides["moe_runner_backend"] = "flashinfer_trtllm_routed"
+        logger.info("Use flashinfer_trtllm_routed on SM10X for MiniMaxM2ForCausalLM.")
+    return overrides
+'''
+
+MINIMAX_PLATFORM_AFTER = '''
+def _minimax_m2_overrides(server_args, hf_config):
+    cfg = resolving_view(server_args)
+    overrides = {"enable_tf32_matmul": True}
+    if get_platform().is_sm100 and cfg.moe_runner_backend == "auto" and model_config_of(server_args).quantization == "modelopt_fp4":
+        overrides["moe_runner_backend"] = "flashinfer_trtllm_routed"
+        logger.info("Use flashinfer_trtllm_routed on SM10X for MiniMaxM2ForCausalLM.")
+    elif get_platform().is_sm120 and cfg.moe_runner_backend == "auto" and model_config_of(server_args).quantization == "modelopt_fp4":
+        overrides["moe_runner_backend"] = "flashinfer_cutlass"
+        logger.info("Use flashinfer_cutlass on SM120 for MiniMaxM2ForCausalLM.")
+    return overrides
+'''
+
+PAIRS = {
+    "qwen3-server-args": (QWEN3, QWEN3_SERVER_ARGS, QWEN3_SERVER_ARGS_AFTER),
+    "qwen3-chain": (QWEN3, QWEN3_CHAIN, QWEN3_CHAIN_AFTER),
+    "minimax-utils-import": (MINIMAX, MINIMAX_UTILS, MINIMAX_UTILS_AFTER),
+    "minimax-platform": (MINIMAX, MINIMAX_PLATFORM, MINIMAX_PLATFORM_AFTER),
+}
+
+
+def outcome(res):
+    [one] = res.outcomes
+    return one
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_applies_exactly_then_is_already_applied(run_patch, name):
+    patch, before, after = PAIRS[name]
+    res = run_patch(patch, before)
+    assert outcome(res).status is Status.APPLIED, outcome(res).reason
+    assert res.after == textwrap.dedent(after)
+    again = run_patch(patch, res.after)
+    assert outcome(again).status is Status.ALREADY_APPLIED, outcome(again).reason
+    assert not again.changed
+
+
+def test_shapes_say_what_changed(run_patch):
+    chain = outcome(run_patch(QWEN3, QWEN3_CHAIN))
+    assert chain.site == "_qwen3_moe_family_overrides"
+    assert "the branches before the choice left out" in chain.shape
+    assert 'narrowed to == "modelopt_fp4"' in chain.shape
+    assert "quantization derived locally" in chain.shape
+    branch = outcome(run_patch(QWEN3, QWEN3_SERVER_ARGS))
+    assert branch.site == "_handle_model_specific_adjustments[Qwen3MoeForCausalLM]"
+    utils = outcome(run_patch(MINIMAX, MINIMAX_UTILS))
+    assert utils.shape == (
+        "`elif is_sm120_supported():` after `if is_sm100_supported():`; is_sm120_supported imported"
+    )
+
+
+def test_a_site_choosing_nothing_by_arch_is_not_applicable(run_patch):
+    # arg_groups/overrides.py, 0.5.15 to 0.5.17: MiniMax-M2's override only enables TF32.
+    src = '''
+    def _minimax_m2_overrides(server_args, hf_config):
+        logger.info("Enable TF32 matmul for MiniMaxM2ForCausalLM model.")
+        return {"enable_tf32_matmul": True}
+    '''
+    res = run_patch(MINIMAX, src)
+    assert outcome(res).status is Status.NOT_APPLICABLE and not res.changed
+    assert "picks no MoE runner backend" in outcome(res).reason
+    # The same function testing an arch it does not choose by is a shape to refuse.
+    other = src.replace("    return", "    if get_platform().is_sm90:\n            pass\n        return")
+    assert outcome(run_patch(MINIMAX, other)).status is Status.REFUSED
+    # And GLM-4 MoE's site without an SM100 branch stays refused (its facts want one).
+    glm = load_patch("sglang.moe-backend")
+    assert outcome(run_patch(glm, src.replace("_minimax_m2", "_glm4_moe"))).status is Status.REFUSED
+
+
+def refusal(run_patch, patch, src):
+    res = run_patch(patch, src)
+    assert outcome(res).status is Status.REFUSED, outcome(res).reason
+    assert not res.changed
+    return outcome(res).reason
+
+
+def test_refuses_a_local_the_choice_reads_or_a_field_written(run_patch):
+    # `has_w4a16` read by the choice itself: no longer a choice this knows.
+    src = QWEN3_CHAIN.replace(
+        'and cfg.moe_a2a_backend == "none"\n', 'and cfg.moe_a2a_backend == "none"\n            and not has_w4a16\n'
+    )
+    assert src != QWEN3_CHAIN
+    assert "0 `if ... and" in refusal(run_patch, QWEN3, src)
+    # A field written beside the choice is not a local to leave out.
+    field = QWEN3_CHAIN.replace("        has_w4a16 = ", "        self.has_w4a16 = ")
+    assert "statement this patch does not know: `self.has_w4a16 = " in refusal(run_patch, QWEN3, field)
+
+
+def test_refuses_an_inline_choice_with_another_condition(run_patch):
+    src = MINIMAX_PLATFORM.replace(' and cfg.moe_runner_backend == "auto"', ' and cfg.tp_size == 1')
+    reason = refusal(run_patch, MINIMAX, src)
+    assert "found `if get_platform().is_sm100 and cfg.tp_size == 1" in reason
+
+
+def test_refuses_another_sm120_choice(run_patch):
+    src = MINIMAX_PLATFORM_AFTER.replace('"flashinfer_cutlass"', '"triton"')
+    assert "an SM120 branch in another form" in refusal(run_patch, MINIMAX, src)
+
+
+def test_refuses_an_sm120_choice_without_its_import(run_patch):
+    done = textwrap.dedent(MINIMAX_UTILS_AFTER).replace("    is_sm120_supported,\n", "")
+    assert "no such import" in refusal(run_patch, MINIMAX, done)
