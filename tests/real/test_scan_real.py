@@ -20,17 +20,32 @@ pytestmark = pytest.mark.real
 # What a patch that makes a gate admit SM120 writes: an SM120 word in a test (`or
 # _is_sm120_supported`, `elif get_platform().is_sm120:`, `[9, 10, 12]`). A flag's definition
 # (`_is_sm120_supported = ...`, sglang.sm120-flag) or an import is no test; a patch that writes
-# no SM120 word (pcie-allreduce's GPU count, fusion-preflight's multicast query) changes no gate.
+# no SM120 word (pcie-allreduce's GPU count, fusion-preflight's multicast query) changes no gate;
+# nor does one that changes what SM120 already gets (fp4-gemm-auto on 0.5.11, where the auto
+# choice has an `is_sm120_supported()` branch: the lines around its change name SM120 already).
 SM120_WORD = re.compile(r"is_sm12\d|sm_?12\d(?!patch)|\b12\b", re.IGNORECASE)
 NOT_A_TEST = re.compile(r"^\s*(?:_?is_sm12\w*\s*=|from\b|import\b|is_sm12\w*,?\s*$)")
+AROUND = 3  # lines of the text before a change that say what it changes
 
 
 def changes_an_arch_test(run_: SiteRun) -> bool:
-    """Whether a patch's step writes an SM120 word into a test (judged from its diff alone,
-    not from what `scan` makes of it)."""
-    before = set(run_.before.splitlines())
-    added = [line.split("#")[0] for line in run_.after.splitlines() if line not in before]
-    return any(SM120_WORD.search(x) and not NOT_A_TEST.match(x) for x in added)
+    """Whether a patch's step writes an SM120 word into a test where the code around it named
+    none (judged from its diff alone, not from what `scan` makes of it)."""
+    import difflib
+
+    def words(lines: list[str]) -> bool:
+        code = [x.split("#")[0] for x in lines]
+        return any(SM120_WORD.search(x) and not NOT_A_TEST.match(x) for x in code)
+
+    old, new = run_.before.splitlines(), run_.after.splitlines()
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new).get_opcodes():
+        if (
+            op != "equal"
+            and words(new[j1:j2])
+            and not words(old[max(0, i1 - AROUND) : i2 + AROUND])
+        ):
+            return True
+    return False
 
 
 # Gates of SGLang 0.5.23 that no profile covered when `scan` first read that release: the FP4
