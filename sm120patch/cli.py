@@ -632,16 +632,12 @@ def matrix_cmd(
 @click.option("--all", "all_", is_flag=True, help="List the upstream and kernel gates too.")
 @click.option("--fail-on-candidate", is_flag=True, help="Exit 1 when a new candidate is found.")
 @click.option("--known", metavar="FILE", help="A `scan --json` whose candidates are not new.")
-def scan_cmd(
-    sglang: str | None, flashinfer: str | None, as_json: bool, all_: bool,
-    fail_on_candidate: bool, known: str | None,
-) -> None:  # fmt: skip
-    """The GPU-arch gates of SGLang and FlashInfer that leave SM120 out, read from their sources
-    (nothing is imported): candidates, gates a patch covers, upstream, kernel. Given a path,
-    only that target; else the ones installed in this Python."""
+def scan_cmd(sglang: str | None, flashinfer: str | None, known: str | None, **o: bool) -> None:
+    """The GPU-arch gates that leave SM120 out, read from the sources (nothing is imported), by
+    class. Given a path, only that target; else the ones installed in this Python."""
     found = app.scan(session(sglang, flashinfer), known)
-    show(render.scan(found, as_json=as_json, all_=all_))
-    if fail_on_candidate and found.new_candidates():
+    show(render.scan(found, as_json=o["as_json"], all_=o["all_"]))
+    if o["fail_on_candidate"] and found.new_candidates():
         sys.exit(1)
 
 
