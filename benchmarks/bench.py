@@ -3,7 +3,7 @@
 Run: `python benchmarks/bench.py [--runs N] [--skip-matrix]` (not a test: targets live here).
 
 - floor: a process that imports libcst and parses once each file `all` touches on SGLang 0.5.8
-  and FlashInfer 0.6.1;
+  and FlashInfer 0.6.8 (a FlashInfer `all` accepts: it refuses one before 0.6.7);
 - cold (the plan cache off): `apply all --dry-run` target <= 1.5x the floor; `apply all` then
   `revert --all` on git checkouts target <= 2.5x the floor;
 - peak RSS of `apply all`: target <= 1.5x the floor's;
@@ -80,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
 
     sg = trees.tree("sglang", "0.5.8")
-    fi = trees.tree("flashinfer", "0.6.1")
+    fi = trees.tree("flashinfer", "0.6.8")
     plan = planner.plan("all", {"sglang": sg, "flashinfer": fi})
     files = [str(tp.target.path_of(f.file)) for tp in plan.targets for f in tp.changed]
     floor = [

@@ -208,9 +208,9 @@ def test_recover_after_an_upgrade_writes_nothing_of_the_old_release(tmp_path):
     """A killed apply of `all`, then pip installs SGLang 0.5.9: recover writes none of 0.5.8's
     bytes into 0.5.9 (the target is replaced) and rolls FlashInfer back as usual."""
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     add_record(sg, "sglang", "0.5.8")
-    add_record(fi, "flashinfer", "0.6.1")
+    add_record(fi, "flashinfer", "0.6.8")
     fi_pristine = tree_hash(fi)
     where = ["--sglang", str(sg), "--flashinfer", str(fi)]
     proc = sm("apply", "all", *where, "--no-gpu-check", env={KILL_ENV: "after-write:2"})
@@ -334,7 +334,7 @@ def write_pack(root: Path, mark: str, body: str = "pass", on_import: str = "") -
 def test_a_packs_code_is_part_of_the_plan_cache_key(tmp_path):
     """A pack edited after the dry run: apply writes what the edited code makes; a pack whose
     transform now raises applies nothing (it used to write the old code's bytes)."""
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     pack = write_pack(tmp_path / "pack", "v1")
     env: dict[str, str | None] = {"SM120PATCH_CACHE": str(tmp_path / "cache")}
     args = ["--patches", str(pack), "apply", "packmark", "--flashinfer", str(fi), "--no-gpu-check"]
@@ -681,7 +681,7 @@ def test_a_full_disk_at_any_write_is_one_line_and_leaves_the_trees_whole(verb, t
     def trees(n: int) -> list[str]:
         base = tmp_path / f"run{n}"
         sg = make_tree(base, "sglang", "0.5.8", "installed")
-        fi = make_tree(base, "flashinfer", "0.6.1", "installed")
+        fi = make_tree(base, "flashinfer", "0.6.8", "installed")
         where = ["--sglang", str(sg), "--flashinfer", str(fi)]
         if verb == "revert":
             assert cli("apply", "all", *where, "--no-gpu-check")[0] == 0

@@ -105,7 +105,7 @@ def text_of(root: Path, layout: str, rel: str, kind: str = "sglang") -> str:
 
 
 def pair(tmp: Path, layout: str, sglang: str = "0.5.8") -> tuple[Path, Path]:
-    return make_tree(tmp, "sglang", sglang, layout), make_tree(tmp, "flashinfer", "0.6.1", layout)
+    return make_tree(tmp, "sglang", sglang, layout), make_tree(tmp, "flashinfer", "0.6.8", layout)
 
 
 def apply_all(sg: Path, fi: Path) -> list[str]:
@@ -209,7 +209,7 @@ def not_an_sglang_tree(tmp: Path) -> Case:
 
 
 def flashinfer_given_as_sglang(tmp: Path) -> Case:
-    fi = make_tree(tmp, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp, "flashinfer", "0.6.8", "installed")
     return Case(apply_moe(fi), [fi], 1, "not a SGLang tree")
 
 

@@ -40,6 +40,23 @@ def test_pin_problems_bad_version_and_labels():
     assert catalog.refusal_problems(prof, {"flashinfer": "0.6.7"}) == []
 
 
+def test_a_profile_holding_a_refusing_profiles_patch_refuses_as_it_does():
+    """A refusal protects the patches of its profile: another profile that holds all of them
+    (all holds moe's) carries the same refusal, else it would apply what the first refuses."""
+    profiles = catalog.load().profiles
+    missing = []
+    for p in profiles.values():
+        for q in profiles.values():
+            if q is p or not set(p.patches) <= set(q.patches):
+                continue
+            for r in p.refuse:
+                if not any(x.kind == r.kind and x.releases == r.releases for x in q.refuse):
+                    missing.append(f"{q.name} lacks {p.name}'s refusal of {r.kind} {r.releases}")
+    assert missing == []
+    [line] = catalog.refusal_problems(profiles["all"], {"flashinfer": "0.6.1"})
+    assert line.startswith("profile all refuses flashinfer 0.6.1 (flashinfer <0.6.7): ")
+
+
 def test_pcie_allreduce_steps_aside_from_0_5_21():
     prof = catalog.load().profile("pcie-allreduce")
     assert catalog.refusal_problems(prof, {"sglang": "0.5.20"}) == []

@@ -26,7 +26,7 @@ def cli(*args: str) -> tuple[int, str, str]:
 @pytest.fixture(params=LAYOUTS)
 def trees(request, tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", request.param)
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", request.param)
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", request.param)
     return request.param, sg, fi
 
 
@@ -236,7 +236,7 @@ def test_corrupt_manifest_is_one_line(tmp_path):
 
 def test_dry_run_diff_applies_with_git_apply(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
     before = hashes(sg, fi)
     code, out, err = cli("apply", "all", *targets(sg, fi), "--dry-run")
     assert code == 0, err

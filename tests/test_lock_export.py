@@ -24,7 +24,7 @@ def pin(tmp_path, sg, fi, profile="all"):
 
 def test_lock_reproduces_on_a_fresh_checkout_and_on_an_installed_copy(tmp_path):
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "git")
     lock = pin(tmp_path, sg, fi)
     text = lock.read_text()
     assert 'profile = "all"' in text and 'sglang = "0.5.8"' in text and "sha256:" in text
@@ -33,7 +33,7 @@ def test_lock_reproduces_on_a_fresh_checkout_and_on_an_installed_copy(tmp_path):
 
     for layout in ("git", "installed"):
         sg2 = make_tree(tmp_path / layout, "sglang", "0.5.8", layout)
-        fi2 = make_tree(tmp_path / layout, "flashinfer", "0.6.1", layout)
+        fi2 = make_tree(tmp_path / layout, "flashinfer", "0.6.8", layout)
         code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg2),
                            "--flashinfer", str(fi2), "--no-gpu-check")
         assert code == 0, err
@@ -48,10 +48,10 @@ def test_lock_reproduces_on_a_fresh_checkout_and_on_an_installed_copy(tmp_path):
 
 def test_lock_refuses_another_release_and_changes_nothing(tmp_path):
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "git")
     lock = pin(tmp_path, sg, fi)
     sg2 = make_tree(tmp_path / "b", "sglang", "0.5.9", "git")
-    fi2 = make_tree(tmp_path / "b", "flashinfer", "0.6.1", "git")
+    fi2 = make_tree(tmp_path / "b", "flashinfer", "0.6.8", "git")
     before = [tree_hash(sg2), tree_hash(fi2)]
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg2), "--flashinfer",
                        str(fi2), "--no-gpu-check")
@@ -62,10 +62,10 @@ def test_lock_refuses_another_release_and_changes_nothing(tmp_path):
 
 def test_lock_refuses_a_changed_file(tmp_path):
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "git")
     lock = pin(tmp_path, sg, fi)
     sg2 = make_tree(tmp_path / "b", "sglang", "0.5.8", "installed")
-    fi2 = make_tree(tmp_path / "b", "flashinfer", "0.6.1", "installed")
+    fi2 = make_tree(tmp_path / "b", "flashinfer", "0.6.8", "installed")
     comm = fi2 / "flashinfer/jit/comm.py"
     comm.write_text("# local build tweak\n" + comm.read_text())
     before = tree_hash(fi2)
@@ -116,7 +116,7 @@ def test_corrupt_lock_is_one_line(tmp_path):
 
 def test_export_applies_with_git_am(tmp_path):
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "git")
     out = tmp_path / "patches"
     code, stdout, err = cli("export", "all", "--sglang", str(sg), "--flashinfer", str(fi), "-o", str(out))
     assert code == 0, err
@@ -129,7 +129,7 @@ def test_export_applies_with_git_am(tmp_path):
     assert len(list((out / "flashinfer").glob("*.patch"))) == 1
     # On another checkout of the same release, `git am` takes them, trailers and all.
     for kind, root in (("sglang", make_tree(tmp_path / "b", "sglang", "0.5.8", "git")),
-                       ("flashinfer", make_tree(tmp_path / "b", "flashinfer", "0.6.1", "git"))):
+                       ("flashinfer", make_tree(tmp_path / "b", "flashinfer", "0.6.8", "git"))):
         files = sorted(str(p) for p in (out / kind).glob("*.patch"))
         proc = subprocess.run(["git", "-C", str(root), "am", *files], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr

@@ -45,7 +45,7 @@ def imported(commands: list[list[str]], env: dict[str, str]) -> tuple[list[int],
 
 def test_runtime_commands_never_import_maintainer_tooling(tmp_path: Path) -> None:
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     env = pip_env(closed_port_url(), tmp_path / "cache")
     env["SM120PATCH_STATE_DIR"] = str(tmp_path / "state")
     targets = ["--sglang", str(sg), "--flashinfer", str(fi)]

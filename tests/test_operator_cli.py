@@ -138,7 +138,7 @@ def test_matrix_jobs_is_at_least_one():
 
 def test_recover_names_each_target_of_one_site_packages(tmp_path):
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path / "b", "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path / "b", "flashinfer", "0.6.8", "installed")
     shutil.copytree(fi, sg, dirs_exist_ok=True)  # both in one site-packages
     proc = subprocess.run(
         [sys.executable, "-m", "sm120patch", "apply", "all", *where(sg, sg), "--no-gpu-check"],

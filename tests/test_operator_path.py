@@ -47,7 +47,7 @@ def _series(directory: Path) -> dict[str, str]:
 @pytest.mark.parametrize("layout", ["git", "installed"])
 def test_export_on_an_applied_tree_is_the_series_of_the_pristine_one(layout, tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", layout)
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", layout)
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", layout)
     paths = {"sglang": sg, "flashinfer": fi}
     export.write(pristine.export_plan("all", paths), tmp_path / "before")
     assert (
@@ -102,7 +102,7 @@ def test_ensure_no_apply_says_what_to_do_in_each_state(tmp_path):
 
 def test_ensure_no_apply_names_the_other_profile_and_the_lock(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     lock = tmp_path / "all.lock"
     assert cli("pin", "all", "--sglang", str(sg), "--flashinfer", str(fi), "-o", str(lock))[0] == 0
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0

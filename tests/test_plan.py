@@ -10,7 +10,7 @@ from sm120patch.plan import planner
 
 def test_an_import_the_release_lacks_refuses_the_file(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     common = sg / "sglang/srt/utils/common.py"
     common.write_text(common.read_text().replace("def is_sm120_supported(): ...\n", ""))
     p = planner.plan("fusion", {"sglang": sg, "flashinfer": fi})
@@ -26,7 +26,7 @@ def test_an_import_the_release_lacks_refuses_the_file(tmp_path):
 
 def test_imports_resolve_through_star_imports(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     p = planner.plan("fusion", {"sglang": sg, "flashinfer": fi})
     assert not p.refused
     assert "+    is_sm120_supported,\n" in p.diff()
@@ -67,7 +67,7 @@ def test_patches_with_no_file_each_name_their_own_files(tmp_path):
     """Two patches whose files are all absent share one result, and each says which of its own
     files it looked for (not the first patch's)."""
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     p = planner.plan("all", {"sglang": sg, "flashinfer": fi})
     by_patch = {o.patch: o for o in p.outcomes}
     preflight, minimax = by_patch["sglang.fusion-preflight"], by_patch["sglang.moe-backend-minimax"]

@@ -34,7 +34,7 @@ AT_ONCE = textwrap.dedent(
 @pytest.mark.parametrize("layout", ["git", "installed"])
 def test_four_simultaneous_applies_one_wins(layout, tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", layout)
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", layout)
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", layout)
     args = ["apply", "all", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check"]
     go = tmp_path / "go"
     procs = [

@@ -33,7 +33,7 @@ GIT_REVERT_STEPS = {"during-switch", "after-switch"}
 @pytest.fixture(params=LAYOUTS)
 def trees(request, tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", request.param)
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", request.param)
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", request.param)
     return request.param, sg, fi
 
 

@@ -450,7 +450,7 @@ def sglang_tree(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def flashinfer_tree(tmp_path: Path) -> Path:
-    return make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    return make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
 
 
 def test_covered_sites_come_from_the_profiles_own_patches(sglang_tree: Path) -> None:

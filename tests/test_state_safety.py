@@ -179,7 +179,7 @@ def test_two_state_directories_one_lock_one_state(tmp_path, monkeypatch):
     code, out, _ = cli("status", "--sglang", str(sg), "--json")
     assert json.loads(out)["targets"][0]["state"] == "applied"
     code, _, err = cli("apply", "all", "--sglang", str(sg), "--flashinfer",
-                       str(make_tree(tmp_path, "flashinfer", "0.6.1", "installed")),
+                       str(make_tree(tmp_path, "flashinfer", "0.6.8", "installed")),
                        "--no-gpu-check")  # fmt: skip
     assert code == 1 and "profile moe is applied" in err
     # The lock is the target's, whatever the state directory: a second run is refused.

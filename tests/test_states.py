@@ -62,7 +62,7 @@ def everything(*roots: Path) -> str:
 def pair(request, tmp_path):
     layout = request.param
     return layout, make_tree(tmp_path, "sglang", "0.5.8", layout), make_tree(
-        tmp_path, "flashinfer", "0.6.1", layout
+        tmp_path, "flashinfer", "0.6.8", layout
     )
 
 
@@ -189,7 +189,7 @@ def upgrade(site: Path, kind: str, version: str, module: str, original: bytes) -
 
 def test_upgrade_then_revert_force_never_writes_the_old_release(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     original = (sg / SERVER_ARGS).read_bytes()
     assert cli("apply", "all", *where(sg, fi), "--no-gpu-check")[0] == 0
     upgrade(sg, "sglang", "0.5.9", SERVER_ARGS, original)
@@ -462,7 +462,7 @@ def test_ensure_in_each_state(tmp_path):
     assert tree_hash(sg) == before
     (sg / SERVER_ARGS).write_bytes(patched)
     code, _, err = cli("ensure", "all", "--sglang", str(sg), "--flashinfer",
-                       str(make_tree(tmp_path, "flashinfer", "0.6.1", "installed")),
+                       str(make_tree(tmp_path, "flashinfer", "0.6.8", "installed")),
                        "--no-gpu-check")  # fmt: skip
     assert code == 1 and "profile moe is applied" in err  # another profile: refused
     for info in sg.glob("sglang-*.dist-info"):
@@ -510,7 +510,7 @@ def test_ensure_refuses_an_unfinished_run(tmp_path):
 
 def test_revert_all_with_nothing_applied_names_each_target_once(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     code, out, err = cli("revert", "--all", *where(sg, fi))
     assert code == 0, err
     assert out.count(str(sg)) == 1 and out.count(str(fi)) == 1
@@ -518,14 +518,12 @@ def test_revert_all_with_nothing_applied_names_each_target_once(tmp_path):
 
 def test_export_refuses_a_non_empty_directory_unless_overwrite(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
     out_dir = tmp_path / "series"
     assert cli("export", "all", *where(sg, fi), "-o", str(out_dir))[0] == 0
-    # moe refuses FlashInfer 0.6.1 (wrong output before 0.6.7): --force, this test is about DIR
-    code, _, err = cli("export", "moe", *where(sg, fi), "-o", str(out_dir), "--force")
+    code, _, err = cli("export", "moe", *where(sg, fi), "-o", str(out_dir))
     assert code == 1 and "not empty" in err
-    code, _, err = cli("export", "moe", *where(sg, fi), "-o", str(out_dir), "--overwrite",
-                       "--force")  # fmt: skip
+    code, _, err = cli("export", "moe", *where(sg, fi), "-o", str(out_dir), "--overwrite")
     assert code == 0, err
     assert [p.name for p in sorted(out_dir.rglob("*.patch"))] == [
         "0001-sglang-moe-backend.patch", "0002-sglang-moe-backend-qwen3.patch"]
@@ -540,7 +538,7 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(tmp_path):
 def test_json_errors_are_json_on_stdout(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     code, out, err = cli("apply", "all", *where(sg, fi), "--no-gpu-check", "--json")
     doc = json.loads(out)
     assert code == doc["exit_code"] == 1

@@ -40,7 +40,7 @@ def run(*args: str, cache: Path) -> dict:
 @pytest.fixture(params=["git", "installed"])
 def trees(request, tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", request.param)
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", request.param)
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", request.param)
     return ["--sglang", str(sg), "--flashinfer", str(fi)], sg
 
 
@@ -93,7 +93,7 @@ def test_a_corrupt_cache_entry_is_planned_afresh(trees, tmp_path):
 
 def test_an_edited_file_is_a_cache_miss(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     cache = tmp_path / "cache"
     where = ["--sglang", str(sg), "--flashinfer", str(fi)]
     assert run("apply", "all", *where, "--dry-run", "--no-gpu-check", cache=cache)["code"] == 0

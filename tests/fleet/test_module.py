@@ -56,7 +56,7 @@ def _tool_error(proc: subprocess.CompletedProcess) -> tuple[str, str]:
 def test_profile_lifecycle_check_apply_again_absent(fleet: Fleet, site: Path, tmp_path: Path):
     pristine = snapshot(site)
     untouched = snapshot(site, with_state=True)
-    args = (fleet.collections, _vars(fleet, site, profile="all"), tmp_path)
+    args = (fleet.collections, _vars(fleet, site, profile="fusion"), tmp_path)
 
     check = playbook("patch.yml", *args, "--check", "--diff")
     assert check.rc == 0, check.output
@@ -78,7 +78,7 @@ def test_profile_lifecycle_check_apply_again_absent(fleet: Fleet, site: Path, tm
     )
     assert applies.returncode == 0, applies.stderr
     outcomes = {o["patch"]: o["status"] for o in check.result["outcomes"]}
-    assert outcomes["sglang.moe-backend"] == "applied"
+    assert outcomes["sglang.fusion-gate"] == "applied"
     assert outcomes["flashinfer.comm-arch"] == "applied"
 
     first = playbook("patch.yml", *args, "--diff")
@@ -88,8 +88,8 @@ def test_profile_lifecycle_check_apply_again_absent(fleet: Fleet, site: Path, tm
     patched = snapshot(site)
     assert changed_files(pristine, patched) == _diff_files(diff)
     assert {t["kind"]: t["profile"] for t in first.result["targets"]} == {
-        "sglang": "all",
-        "flashinfer": "all",
+        "sglang": "fusion",
+        "flashinfer": "fusion",
     }
 
     second = playbook("patch.yml", *args)
@@ -98,7 +98,7 @@ def test_profile_lifecycle_check_apply_again_absent(fleet: Fleet, site: Path, tm
     assert second.result["action"] == "nothing-to-do"
     assert snapshot(site) == patched
 
-    args = (fleet.collections, _vars(fleet, site, profile="all", wanted_state="absent"), tmp_path)
+    args = (fleet.collections, _vars(fleet, site, profile="fusion", wanted_state="absent"), tmp_path)
     applied_state = snapshot(site, with_state=True)
     predicted = playbook("patch.yml", *args, "--check", "--diff")
     assert predicted.rc == 0, predicted.output
@@ -228,19 +228,19 @@ def test_drifted_file_fails_the_task_with_the_tools_message(
     fleet: Fleet, site: Path, tmp_path: Path
 ):
     applied = fleet.tool(
-        "apply", "all", "--no-gpu-check", "--sglang", str(site), "--flashinfer", str(site)
+        "apply", "fusion", "--no-gpu-check", "--sglang", str(site), "--flashinfer", str(site)
     )
     assert applied.returncode == 0, applied.stderr
     edited = site / "flashinfer" / "jit" / "comm.py"
     edited.write_text(edited.read_text() + "# a hand edit on the node\n")
     before = snapshot(site)
 
-    run = playbook("patch.yml", fleet.collections, _vars(fleet, site, profile="all"), tmp_path)
+    run = playbook("patch.yml", fleet.collections, _vars(fleet, site, profile="fusion"), tmp_path)
     assert run.rc == 2, run.output
     assert run.result["failed"] is True and run.result["changed"] is False
     assert snapshot(site) == before  # the edit is kept
     direct = fleet.tool(
-        "apply", "all", "--no-gpu-check", "--sglang", str(site), "--flashinfer", str(site), "--json"
+        "apply", "fusion", "--no-gpu-check", "--sglang", str(site), "--flashinfer", str(site), "--json"
     )
     assert direct.returncode == 1
     message, hint = _tool_error(direct)
