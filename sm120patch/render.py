@@ -132,6 +132,9 @@ def profiles(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> Text:
         status = f"{p.status}, not here" if held.get(p.name) else p.status
         text.out.append(f"{p.name:{width}} [{status}] {p.title}{where}")
         text.out.append(f"{'':{width}} pins: {pins}")
+        if p.refuse:
+            refused = ", ".join(f"{r.kind} {range_text(r.releases)}" for r in p.refuse)
+            text.out.append(f"{'':{width}} refuses (unless --force): {refused}")
         for why in held.get(p.name, []):
             text.out.append(f"{'':{width}} not recommended here: {why}")
         for pid in p.patches:
@@ -153,6 +156,10 @@ def profiles_doc(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> d
                 "status": p.status,
                 "patches": list(p.patches),
                 "pins": {k: range_text(v) for k, v in p.pins.items()},
+                "refuses": [
+                    {"kind": r.kind, "releases": range_text(r.releases), "reason": r.reason}
+                    for r in p.refuse
+                ],
                 "source": cat.profile_sources[p.name].name,
                 "not_recommended_here": held.get(p.name, []),
             }

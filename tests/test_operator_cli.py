@@ -250,6 +250,23 @@ def test_list_prints_pins_as_a_range():
     assert "pins: sglang >=0.5.8,<0.5.24" in out and "<0.5.24,>=" not in out
 
 
+def test_list_says_which_releases_a_profile_refuses():
+    code, out, _ = cli("list")
+    assert code == 0
+    blocks = {b.split()[0]: b for b in out.split("\n") if b and not b.startswith(" ")}
+    assert blocks.keys() >= {"moe", "all", "fusion"}
+    lines = out.splitlines()
+    after = {name: lines[lines.index(block) + 2] for name, block in blocks.items()}
+    assert after["moe"].strip() == "refuses (unless --force): flashinfer <0.6.7"
+    assert after["all"].strip() == "refuses (unless --force): flashinfer <0.6.7"
+    assert "refuses" not in after["fusion"]
+    code, out, _ = cli("list", "--json")
+    doc = {p["name"]: p for p in json.loads(out)["profiles"]}
+    [moe] = doc["moe"]["refuses"]
+    assert moe["kind"] == "flashinfer" and moe["releases"] == "<0.6.7"
+    assert "issues/2723" in moe["reason"] and doc["fusion"]["refuses"] == []
+
+
 def test_status_shows_the_last_trials_and_says_how_many_more(tmp_path):
     from sm120patch.engine import trials
 
