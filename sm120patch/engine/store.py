@@ -379,7 +379,8 @@ class TargetState:
         try:
             doc = json.loads(raw.decode("utf-8"))
             schema = doc["schema"]
-        except (ValueError, KeyError, TypeError):
+        # RecursionError: a forged file of deeply nested brackets (the decoder recurses)
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise Refused(
                 f"{path} is corrupt or truncated",
                 f"if no sm120patch run is going on, move it aside ({path}) and check the "
