@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from sm120patch.engine.apply import Prepared
     from sm120patch.engine.assess import TargetStatus
     from sm120patch.engine.reports import Report
+    from sm120patch.engine.trialrecord import TrialRecord
     from sm120patch.explain.doctor import Examination
     from sm120patch.explain.explain import Explanation
     from sm120patch.maintain.matrix import Row
@@ -519,7 +520,7 @@ def trial(
             raise measured.unreachable(with_record=True)
         exported = bool(request.export_path) and measured.evidence
         if exported:
-            write_export(measured.to_dict(), Path(str(request.export_path)))
+            write_export(measured.record(), Path(str(request.export_path)))
         return Trialled(measured=measured, exported=exported)
     result = serve.run(
         request.profile,
@@ -541,7 +542,7 @@ def trial(
 
 @dataclass
 class Shown:
-    trial: dict[str, Any]
+    trial: TrialRecord
     html_path: str | None
     export_path: str | None
 
@@ -571,9 +572,9 @@ def trial_forget(session: Session, trial_ids: Sequence[str], *, everything: bool
     return known.forget(session.paths, list(trial_ids), everything=everything)
 
 
-def write_export(doc: dict[str, Any], path: Path) -> None:
+def write_export(trial: TrialRecord, path: Path) -> None:
     """A trial as one known.toml record."""
     from sm120patch.targets.files import write_output  # never through a link at its name
     from sm120patch.trial import known
 
-    write_output(path, known.export_record(doc))
+    write_output(path, known.export_record(trial))

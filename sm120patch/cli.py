@@ -434,7 +434,7 @@ def trial_cmd(
     if request.export_path:
         show(render.exported(found, request.export_path))
     if as_json:
-        doc = found.measured.to_dict() if found.measured else found.result.to_dict()  # type: ignore[union-attr]  # one of the two is set
+        doc = (found.measured or found.result).record().to_json()  # type: ignore[union-attr]  # one of the two is set
         emit_json(doc)
     else:
         show(render.trialled(found, profile))
@@ -462,7 +462,7 @@ def trial_show_cmd(
     if as_json:
         if export_path:
             echo_err(f"wrote {export_path}: one known.toml record")
-        emit_json(found.trial)
+        emit_json(found.trial.to_json())
         return
     show(render.shown(found))
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from sm120patch.app import DryRun, Matrix, Pinned, Shown, Trialled
     from sm120patch.engine.assess import TargetStatus
     from sm120patch.engine.reports import Report
+    from sm120patch.engine.trialrecord import TrialRecord
     from sm120patch.explain.doctor import Examination
     from sm120patch.explain.explain import Explanation
     from sm120patch.patchkit.model import Outcome
@@ -346,14 +347,14 @@ def pinned(found: Pinned, profile: str) -> Text:
 # ---- trials ----------------------------------------------------------------------------------
 
 
-def trial_line(t: dict[str, Any]) -> str:
+def trial_line(t: TrialRecord) -> str:
     """One line of a recorded trial, for `status` and `trial show`."""
     from sm120patch.trial import report
 
     return report.trial_line(t)
 
 
-def trial_lines(trials: list[dict[str, Any]], shown: int = 3) -> list[str]:
+def trial_lines(trials: list[TrialRecord], shown: int = 3) -> list[str]:
     """The last few trials of a target, and how many more there are."""
     lines = [trial_line(t) for t in trials[-shown:]]
     if len(trials) > shown:
@@ -364,12 +365,12 @@ def trial_lines(trials: list[dict[str, Any]], shown: int = 3) -> list[str]:
     return lines
 
 
-def measured_lines(doc: dict[str, Any]) -> list[str]:
+def measured_lines(trial: TrialRecord) -> list[str]:
     """A measured trial in words (trial.report): each run's figures, window and power, the
     paired gains, the wiring evidence and the quality checks, then the verdict."""
     from sm120patch.trial import report
 
-    return report.measured_lines(doc)
+    return report.measured_lines(trial)
 
 
 def power_lines(samples: list[dict[str, Any]]) -> list[str]:
@@ -394,7 +395,7 @@ def forgotten(ids: list[str]) -> Text:
 def trialled(found: Trialled, profile: str) -> Text:
     text = Text()
     if found.measured is not None:
-        text.out += measured_lines(found.measured.to_dict())
+        text.out += measured_lines(found.measured.record())
         return text
     result = found.result
     assert result is not None
@@ -409,7 +410,7 @@ def trialled(found: Trialled, profile: str) -> Text:
 
 def shown(found: Shown) -> Text:
     t = found.trial
-    text = Text(out=measured_lines(t) if t.get("kind") == "measured" else [trial_line(t)])
+    text = Text(out=measured_lines(t) if t.is_measured else [trial_line(t)])
     if found.export_path:
         text.err.append(f"wrote {found.export_path}: one known.toml record")
     if found.html_path:

@@ -269,12 +269,13 @@ def test_list_says_which_releases_a_profile_refuses():
 
 def test_status_shows_the_last_trials_and_says_how_many_more(tmp_path):
     from sm120patch.engine import trials
+    from sm120patch.engine.trialrecord import TrialRecord
 
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     for n in range(8):
-        trials.record_trial({"sglang": sg}, "moe", {"id": f"t{n}", "profile": "moe",
-                                                    "verdict": "crashed", "exit_code": 1,
-                                                    "command": ["x"]})  # fmt: skip
+        record = {"id": f"t{n}", "profile": "moe", "verdict": "crashed", "exit_code": 1,
+                  "command": ["x"]}  # fmt: skip
+        trials.record_trial({"sglang": sg}, "moe", TrialRecord.from_json(record))
     code, out, _ = cli("status", "--sglang", str(sg))
     assert code == 0
     assert "trial t5 " in out and "trial t7 " in out and "trial t4 " not in out

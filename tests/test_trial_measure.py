@@ -24,6 +24,7 @@ from trees import tree_hash
 from trialkit import free_port, gone, run_cli, two_trees
 
 from sm120patch.engine import trials
+from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import Wiring
 from sm120patch.trial import decide, gpu, known, loadgen, sanity, wiring
@@ -590,7 +591,7 @@ def record(trees, n: int) -> list[str]:
         doc = measure_.MeasuredTrial("moe", ["serve"], {}, 1_800_000_000.0 + i).to_dict()
         doc["id"] = f"20270115-0800{i:02d}-{i:04x}"
         doc["verdict"], doc["message"] = "inconclusive", f"trial number {i}"
-        trials.record_trial(paths, "moe", doc)
+        trials.record_trial(paths, "moe", TrialRecord.from_json(doc))
         ids.append(doc["id"])
     return ids
 
@@ -639,22 +640,27 @@ def test_evidence_of_records_written_before_verdicts_said_so():
     """Histories written by earlier releases: a keep from one run a side, a reverted-noise,
     a crash of the baseline are not evidence; a keep over 2 runs a side and a wrong output
     are."""
-    runs1 = [{"side": "baseline", "outcome": "ok"}, {"side": "patched", "outcome": "ok"}]
+    def evidence(doc):
+        return known.evidence(TrialRecord.from_json({"profile": "moe", **doc}))
+
+    runs1 = [{"side": "baseline", "round": 0, "outcome": "ok"},
+             {"side": "patched", "round": 0, "outcome": "ok"}]  # fmt: skip
     runs2 = runs1 * 2
     measured = {"kind": "measured"}
-    assert not known.evidence({**measured, "verdict": "kept", "runs": runs1})
-    assert known.evidence({**measured, "verdict": "kept", "runs": runs2})
-    assert not known.evidence({**measured, "verdict": "reverted-slower", "runs": runs1})
-    assert not known.evidence({**measured, "verdict": "reverted-noise", "runs": runs2})
-    assert known.evidence({**measured, "verdict": "reverted-wrong-output", "runs": runs1})
-    baseline_crash = [{"side": "baseline", "outcome": "crashed"}]
-    assert not known.evidence({**measured, "verdict": "crashed", "runs": baseline_crash})
-    assert known.evidence({"verdict": "crashed"})  # a plain trial's crash
-    assert not known.evidence({"verdict": "ready"})
-    assert not known.evidence({**measured, "verdict": "kept", "runs": runs2, "evidence": False})
+    assert not evidence({**measured, "verdict": "kept", "runs": runs1})
+    assert evidence({**measured, "verdict": "kept", "runs": runs2})
+    assert not evidence({**measured, "verdict": "reverted-slower", "runs": runs1})
+    assert not evidence({**measured, "verdict": "reverted-noise", "runs": runs2})
+    assert evidence({**measured, "verdict": "reverted-wrong-output", "runs": runs1})
+    baseline_crash = [{"side": "baseline", "round": 0, "outcome": "crashed"}]
+    assert not evidence({**measured, "verdict": "crashed", "runs": baseline_crash})
+    assert evidence({"verdict": "crashed"})  # a plain trial's crash
+    assert not evidence({"verdict": "ready"})
+    assert not evidence({**measured, "verdict": "kept", "runs": runs2, "evidence": False})
     lines = known.local_lines(
-        [{**measured, "profile": "moe", "verdict": "kept", "runs": runs1, "gain": 0.07}], "moe"
-    )
+        [TrialRecord.from_json({**measured, "profile": "moe", "verdict": "kept", "runs": runs1,
+                                "gain": 0.07})], "moe"
+    )  # fmt: skip
     assert lines == []
 
 

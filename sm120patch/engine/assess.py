@@ -29,6 +29,7 @@ from typing import Any
 from sm120patch import targets
 from sm120patch.engine.records import Journal, Manifest
 from sm120patch.engine.store import TargetState
+from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.targets import Target, files, git
 from sm120patch.targets.files import file_sha256
 
@@ -231,7 +232,7 @@ def _files(target: Target, manifest: Manifest) -> tuple[FileState, ...]:
 class TargetStatus:
     target: Target
     assessment: Assessment
-    trials: list[dict[str, Any]]
+    trials: list[TrialRecord]
 
     @property
     def state(self) -> str:
@@ -274,7 +275,7 @@ class TargetStatus:
             "base": self.base,
             "files": self.files,
             "unfinished": self.unfinished,
-            "trials": self.trials,
+            "trials": [t.to_json() for t in self.trials],
         }
 
 

@@ -13,9 +13,9 @@ site-packages (`<site-packages>/.sm120patch/<kind>/`). Layout of that directory:
 
 Every write is atomic (temp file in the same directory, fsync, rename). State files carry a
 schema number; a newer one than this tool knows is refused, never misread. The documents are
-read into typed records (`Manifest`, `Journal`) after their shape is checked. State written by
-sm120patch 0.1.0 in the user's state directory is read there and moved on the next locked run,
-when that directory is the running user's own.
+read into typed records (`Manifest`, `Journal`, `TrialRecord`) after their shape is checked.
+State written by sm120patch 0.1.0 in the user's state directory is read there and moved on the
+next locked run, when that directory is the running user's own.
 
 State is evidence, never instruction, and it is trusted only as far as who may write it: the
 state directory belongs to the target's owner (the owner of the site-packages or of the git
@@ -38,15 +38,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sm120patch.engine.records import (
-    SCHEMA,
-    Journal,
-    Manifest,
-    check_journal,
-    check_manifest,
-    check_trials,
-    trial_key,
-)
+from sm120patch.engine.records import SCHEMA, Journal, Manifest, check_journal, check_manifest
+from sm120patch.engine.trialrecord import TrialRecord, check_trials
 from sm120patch.errors import Refused
 from sm120patch.targets import files
 
@@ -386,7 +379,8 @@ class TargetState:
         try:
             doc = json.loads(raw.decode("utf-8"))
             schema = doc["schema"]
-        except (ValueError, KeyError, TypeError):
+        # RecursionError: a forged file of deeply nested brackets (the decoder recurses)
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise Refused(
                 f"{path} is corrupt or truncated",
                 f"if no sm120patch run is going on, move it aside ({path}) and check the "
@@ -450,17 +444,17 @@ class TargetState:
         except FileNotFoundError:
             pass
 
-    def trials(self) -> list[dict[str, Any]]:
-        doc = self._read(TRIALS)
-        return [] if doc is None else list(doc.get("trials", []))
+    def trials(self) -> list[TrialRecord]:
+        doc = self._read(TRIALS)  # checked whole (`check_trials`): each entry is a record
+        return [] if doc is None else [TrialRecord.from_json(t) for t in doc.get("trials", [])]
 
-    def add_trial(self, trial: dict[str, Any]) -> None:
-        self._write(TRIALS, {"trials": [*self.trials(), trial]})
+    def add_trial(self, trial: TrialRecord) -> None:
+        self._write(TRIALS, {"trials": [*(t.to_json() for t in self.trials()), trial.to_json()]})
 
     def drop_trials(self, keys: Collection[str]) -> int:
-        """Remove the trials whose `trial_key` is in `keys`; how many went."""
+        """Remove the trials whose `TrialRecord.key` is in `keys`; how many went."""
         trials = self.trials()
-        kept = [t for t in trials if trial_key(t) not in keys]
+        kept = [t.to_json() for t in trials if t.key not in keys]
         if len(kept) != len(trials):
             self._write(TRIALS, {"trials": kept})
         return len(trials) - len(kept)

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
 
 from sm120patch import targets
-from sm120patch.engine.records import trial_key
 from sm120patch.engine.store import TargetState
+from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
 
 
 def record_trial(
-    paths: Mapping[str, str | Path | None], profile: str, trial: dict[str, Any]
+    paths: Mapping[str, str | Path | None], profile: str, trial: TrialRecord
 ) -> None:
     """Keep a trial's record on every target of its profile (it survives the revert)."""
     for kind in catalog.load().profile(profile).targets:
@@ -34,7 +33,7 @@ def record_trial(
 
 
 def forget_trials(paths: Mapping[str, str | Path | None], keys: Collection[str]) -> int:
-    """Remove the trials named by `keys` (`records.trial_key`) from every target found in
+    """Remove the trials named by `keys` (`TrialRecord.key`) from every target found in
     `paths` (a trial is kept on each target of its profile); how many records went."""
     dropped = 0
     for kind in targets.KINDS:
@@ -42,7 +41,7 @@ def forget_trials(paths: Mapping[str, str | Path | None], keys: Collection[str])
         if target is None:
             continue
         st = TargetState.of(target.root, target.layout, target.kind)
-        if not any(trial_key(t) in keys for t in st.trials()):
+        if not any(t.key in keys for t in st.trials()):
             continue  # nothing to remove: no lock taken, no state directory made
         with st.locked():
             dropped += st.drop_trials(keys)

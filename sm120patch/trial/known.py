@@ -29,6 +29,7 @@ from sm120patch.errors import Sm120Error, UsageError
 from sm120patch.patchkit import versions
 
 if TYPE_CHECKING:
+    from sm120patch.engine.trialrecord import TrialRecord
     from sm120patch.trial import gpu
 
 OUTCOMES = ("faster", "slower", "no-gain", "wrong-output", "crash")
@@ -278,18 +279,20 @@ def box_of(
     )
 
 
-def evidence(trial: dict[str, Any]) -> bool:
+def evidence(trial: TrialRecord) -> bool:
     """Whether a recorded trial says something about its patch: a measured trial that kept,
     was slower beyond the noise, gave wrong output, or crashed on its patched side; a plain
     trial that crashed. Never an inconclusive, inert or unreachable one. Records written before
     trials said so themselves are judged by the same rule (a keep or a slower needs 2 runs a
     side: one run measures no noise)."""
-    if "evidence" in trial:
-        return bool(trial["evidence"])
-    verdict = trial.get("verdict")
-    if trial.get("kind") != "measured":
+    if trial.evidence is not None:
+        return trial.evidence
+    verdict = trial.verdict
+    if not trial.is_measured:
         return verdict in ("crashed", "timeout")
-    runs = [r for r in trial.get("runs") or [] if isinstance(r, dict)]
+    # The runs are rendered data (`TrialRecord.measured`), checked on read: each has a side
+    # and an outcome.
+    runs = [r for r in trial.measured.get("runs") or [] if isinstance(r, dict)]
     if verdict == "reverted-wrong-output":
         return True
     if verdict == "crashed":
@@ -300,17 +303,16 @@ def evidence(trial: dict[str, Any]) -> bool:
     return False
 
 
-def history(paths: Mapping[str, str | Path | None]) -> list[dict[str, Any]]:
+def history(paths: Mapping[str, str | Path | None]) -> list[TrialRecord]:
     """Every recorded trial on these targets, once each (a trial of a profile spanning SGLang
     and FlashInfer is kept on both), oldest first."""
     from sm120patch.engine import assess
-    from sm120patch.engine.records import trial_key
 
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, TrialRecord] = {}
     for status in assess.status(paths):
         for t in status.trials:
-            seen.setdefault(trial_key(t), t)
-    return sorted(seen.values(), key=lambda t: t.get("started") or 0)
+            seen.setdefault(t.key, t)
+    return sorted(seen.values(), key=lambda t: t.started or 0)
 
 
 def forget(
@@ -319,7 +321,6 @@ def forget(
     """Remove recorded trials (each ID or a unique prefix of one; every trial with
     `everything`) from every target that holds them; the ids removed, oldest first."""
     from sm120patch.engine import trials as kept
-    from sm120patch.engine.records import trial_key
 
     trials = history(paths)
     if everything:
@@ -328,21 +329,21 @@ def forget(
         if not trial_ids:
             raise UsageError("give the trial ID to forget, or --all")
         chosen = [find_trial(trials, tid) for tid in trial_ids]
-    keys = {trial_key(t) for t in chosen}
+    keys = {t.key for t in chosen}
     kept.forget_trials(paths, keys)
-    return [trial_key(t) for t in trials if trial_key(t) in keys]
+    return [t.key for t in trials if t.key in keys]
 
 
-def find_trial(trials: list[dict[str, Any]], trial_id: str | None) -> dict[str, Any]:
+def find_trial(trials: list[TrialRecord], trial_id: str | None) -> TrialRecord:
     from sm120patch.errors import Refused
 
     if not trials:
         raise Refused("no trial recorded on these targets", "run `sm120patch trial ...` first")
     if trial_id is None:
         return trials[-1]
-    hits = [t for t in trials if str(t.get("id", "")).startswith(trial_id)]
+    hits = [t for t in trials if (t.id or "").startswith(trial_id)]
     if len(hits) != 1:
-        ids = ", ".join(str(t.get("id")) for t in trials[-5:])
+        ids = ", ".join(str(t.id) for t in trials[-5:])
         raise UsageError(
             f"{'no' if not hits else 'more than one'} trial matches {trial_id!r}",
             f"the latest are: {ids}",
@@ -350,20 +351,18 @@ def find_trial(trials: list[dict[str, Any]], trial_id: str | None) -> dict[str, 
     return hits[0]
 
 
-def local_lines(trials: list[dict[str, Any]], profile: str | None) -> list[str]:
+def local_lines(trials: list[TrialRecord], profile: str | None) -> list[str]:
     """A user's own measured trials that are evidence (`evidence`), shown before the next one."""
     lines = []
     for t in trials:
-        if t.get("kind") != "measured" or (profile is not None and t.get("profile") != profile):
+        if not t.is_measured or (profile is not None and t.profile != profile):
             continue
         if not evidence(t):
             continue
-        day = time.strftime("%Y-%m-%d", time.localtime(t.get("started") or 0))
-        gain = t.get("gain")
-        change = f" {100 * gain:+.0f}%" if gain is not None else ""
+        day = time.strftime("%Y-%m-%d", time.localtime(t.started or 0))
+        change = f" {100 * t.gain:+.0f}%" if t.gain is not None else ""
         lines.append(
-            f"you measured {t.get('profile')}{change} on this box on {day}: "
-            f"{t.get('verdict')} ({t.get('message')})"
+            f"you measured {t.profile}{change} on this box on {day}: {t.verdict} ({t.message})"
         )
     return lines
 
@@ -389,40 +388,40 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def export_record(trial: dict[str, Any]) -> str:
+def export_record(trial: TrialRecord) -> str:
     """One `[[outcome]]` record in known.toml's schema from a recorded trial."""
-    verdict = trial.get("verdict")
-    outcome = _OUTCOME_OF.get(str(verdict)) if evidence(trial) else None
+    verdict = trial.verdict
+    outcome = _OUTCOME_OF.get(verdict) if evidence(trial) else None
     if outcome is None:
         raise UsageError(
-            f"trial {trial.get('id')} ({verdict}) is not evidence: it says nothing another "
+            f"trial {trial.id} ({verdict}) is not evidence: it says nothing another "
             "box can use",
             "export a measured trial that was kept, slower beyond the noise or gave wrong "
             "output (2 runs a side at least), or a crash of the patched side",
         )
-    command = trial.get("command", [])
-    record: dict[str, Any] = {"id": f"local-{trial.get('profile')}-{trial.get('id')}"}
-    record["profile"] = trial.get("profile")
-    for kind, version in (trial.get("versions") or {}).items():
+    command = trial.command
+    record: dict[str, Any] = {"id": f"local-{trial.profile}-{trial.id}"}
+    record["profile"] = trial.profile
+    for kind, version in trial.versions.items():
         record[kind] = f"=={version}"
-    if trial.get("gpu_family"):
-        record["gpu_family"] = trial["gpu_family"]
-    if trial.get("gpu_names"):
-        record["gpus"] = f"=={len(trial['gpu_names'])}"
+    if trial.gpu_family:
+        record["gpu_family"] = trial.gpu_family
+    if trial.gpu_names:
+        record["gpus"] = f"=={len(trial.gpu_names)}"
     tp = _flag(command, "--tp", "--tp-size", "--tensor-parallel-size")
     if tp:
         record["tp"] = f"=={tp}"
     quant = _flag(command, "--quantization")
     if quant:
         record["quantization"] = quant
-    if trial.get("gpu_names"):
-        counts = Counter(trial["gpu_names"])
+    if trial.gpu_names:
+        counts = Counter(trial.gpu_names)
         record["topology"] = ", ".join(f"{n} x {name}" for name, n in counts.items())
     record["outcome"] = outcome
     record["evidence"] = "measured"
-    record["measured"] = f"sm120patch trial of profile {trial.get('profile')} on this box"
-    record["figure"] = trial.get("message") or f"{verdict}, exit {trial.get('exit_code')}"
-    record["date"] = time.strftime("%Y-%m-%d", time.localtime(trial.get("started") or 0))
-    record["source"] = f"sm120patch trial {trial.get('id')}: {' '.join(command)}"
+    record["measured"] = f"sm120patch trial of profile {trial.profile} on this box"
+    record["figure"] = trial.message or f"{verdict}, exit {trial.exit_code}"
+    record["date"] = time.strftime("%Y-%m-%d", time.localtime(trial.started or 0))
+    record["source"] = f"sm120patch trial {trial.id}: {' '.join(command)}"
     body = "\n".join(f"{k} = {_toml_value(v)}" for k, v in record.items())
     return f"# exported by sm120patch; add it to patches/known.toml\n[[outcome]]\n{body}\n"

@@ -25,6 +25,7 @@ exportable). The engine never prints: server output goes to `on_line`, progress 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -39,6 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sm120patch.engine import apply, assess, revert, trials
+from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused, TrialUnreachable, UsageError
 from sm120patch.trial import decide, gpu, loadgen, sanity, serve, wiring
 
@@ -186,6 +188,10 @@ class MeasuredTrial:
         doc["exit_code"] = self.exit_code
         doc["evidence"] = self.evidence
         return doc
+
+    def record(self) -> TrialRecord:
+        """What the trial history keeps of it (checked as every record read back is)."""
+        return TrialRecord.from_json(self.to_dict())
 
     def unreachable(self, *, with_record: bool) -> TrialUnreachable:
         """The error an `unreachable` verdict is shown as (exit 8); `with_record`: the trial's
@@ -342,7 +348,7 @@ def run(
     elif result.verdict == "kept" and not is_applied:  # pragma: no cover - ABAB ends patched
         apply.apply(profile, paths, force=force)
     result.ended = time.time()
-    trials.record_trial(paths, profile, result.to_dict())
+    trials.record_trial(paths, profile, result.record())
     if result.verdict == "interrupted":
         raise KeyboardInterrupt
     return result
@@ -456,7 +462,12 @@ def _bench(
             )
         lines = [ln for ln in Path(out).read_text(encoding="utf-8").splitlines() if ln.strip()]
     doc = json.loads(lines[-1])  # bench_serving appends one JSON line per run
-    figures: dict[str, Any] = {ours: doc.get(theirs) for theirs, ours in BENCH_KEYS.items()}
+    # A figure the benchmark wrote as NaN or infinity is one it did not measure: a record
+    # holds finite numbers only (`TrialRecord.check`), or the trial could not be kept.
+    figures: dict[str, Any] = {
+        ours: None if isinstance(v := doc.get(theirs), float) and not math.isfinite(v) else v
+        for theirs, ours in BENCH_KEYS.items()
+    }
     figures["source"] = "bench-cmd"
     return figures
 

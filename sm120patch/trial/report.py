@@ -6,6 +6,8 @@ table of every run (its measured window's absolute start and end, figures, per-G
 watts, share of the power limit, utilisation, wiring evidence), output tokens/s over each run's
 measured window, power of every GPU over the same windows with the power limit drawn, latency
 percentiles per side, the output quality checks, and the greedy probe answers side by side.
+A record's typed fields (id, profile, command, verdict, versions, GPUs) come from the record,
+the rest from its `measured` mapping, whose shape `TrialRecord.check` vouches for on every read.
 Baseline is blue, patched orange; each series is a `<polyline>` with `data-side`, `data-run`
 (and `data-gpu`) so a script or a test can find it.
 """
@@ -14,8 +16,11 @@ from __future__ import annotations
 
 import html as _html
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sm120patch.engine.trialrecord import TrialRecord
 
 COLOURS = {"baseline": "#1f77b4", "patched": "#ff7f0e"}
 LIMIT_COLOUR = "#c62828"
@@ -111,7 +116,7 @@ def _legend(series: Sequence[tuple[dict[str, str], list[tuple[float, float]]]]) 
     return "".join(out)
 
 
-def _bars(doc: dict[str, Any]) -> str:
+def _bars(doc: Mapping[str, Any]) -> str:
     """Latency percentiles: baseline and patched medians side by side."""
     names = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
     summary = doc.get("summary") or {}
@@ -150,7 +155,7 @@ def _bars(doc: dict[str, Any]) -> str:
     return "<h3>Latency percentiles (median over runs, ms)</h3>" + "".join(parts)
 
 
-def _summary_table(doc: dict[str, Any]) -> str:
+def _summary_table(doc: Mapping[str, Any]) -> str:
     summary = doc.get("summary") or {}
     if not summary:
         return ""
@@ -189,7 +194,7 @@ def _clock(epoch: float | None) -> str:
     return f"{whole}.{int((epoch % 1) * 1000):03d}"
 
 
-def _runs_table(doc: dict[str, Any]) -> str:
+def _runs_table(doc: Mapping[str, Any]) -> str:
     """Every run: its measured window, figures, per-GPU power and utilisation, wiring."""
     runs = doc.get("runs") or []
     if not runs:
@@ -208,7 +213,7 @@ def _runs_table(doc: dict[str, Any]) -> str:
             for p, ev in (r.get("wiring") or {}).items()
         )
         figures = (
-            f"{f.get('output_tok_s', 0):.1f}</td><td>{f.get('req_s', 0):.2f}</td>"
+            f"{_fig(f.get('output_tok_s', 0), '.1f')}</td><td>{_fig(f.get('req_s', 0), '.2f')}</td>"
             f"<td>{_ms(f.get('ttft_p50_ms'))} / {_ms(f.get('itl_p50_ms'))}"
             if r.get("outcome") == "ok" and f
             else f"{_esc(r.get('outcome'))} (exit {_esc(r.get('exit_code'))})</td><td></td><td>"
@@ -239,10 +244,15 @@ def _share(g: dict[str, Any]) -> str:
 
 
 def _ms(value: float | None) -> str:
-    return "?" if value is None else f"{value:.1f}"
+    return _fig(value, ".1f")
 
 
-def _quality(doc: dict[str, Any]) -> str:
+def _fig(value: float | None, spec: str) -> str:
+    # None: a figure `--bench-cmd` did not report.
+    return "?" if value is None else format(value, spec)
+
+
+def _quality(doc: Mapping[str, Any]) -> str:
     """Top-1 token agreement, the quality command's scores, what was not checked."""
     lines = quality_lines(doc)
     if not lines:
@@ -250,7 +260,7 @@ def _quality(doc: dict[str, Any]) -> str:
     return "<h3>Output quality</h3>" + "".join(f"<p>{_esc(line)}</p>" for line in lines)
 
 
-def _answers(doc: dict[str, Any]) -> str:
+def _answers(doc: Mapping[str, Any]) -> str:
     firsts = {}
     for run in doc.get("runs", []):
         if run.get("answers") and run["side"] not in firsts:
@@ -280,9 +290,10 @@ def _answers(doc: dict[str, Any]) -> str:
     )
 
 
-def html(doc: dict[str, Any]) -> str:
+def html(trial: TrialRecord) -> str:
     """The report of one recorded trial (measured, or a plain liveness trial in words)."""
-    runs = doc.get("runs", [])
+    doc = trial.measured
+    runs = doc.get("runs") or []
     throughput = [
         (
             {
@@ -314,21 +325,21 @@ def html(doc: dict[str, Any]) -> str:
                     pts,
                 )
             )
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc.get("started") or 0))
-    verdict = doc.get("verdict", "?")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(trial.started or 0))
+    verdict = trial.verdict
     tone = "good" if verdict in GOOD else "bad" if verdict in BAD else "unsure"
-    versions = ", ".join(f"{k} {v}" for k, v in (doc.get("versions") or {}).items())
+    versions = ", ".join(f"{k} {v}" for k, v in trial.versions.items())
     limits = sorted({g["limit_w"] for r in runs for g in r.get("gpus") or [] if g.get("limit_w")})
     body = [
-        f"<h1>sm120patch trial {_esc(doc.get('id'))}: {_esc(doc.get('profile'))}</h1>",
+        f"<h1>sm120patch trial {_esc(trial.id)}: {_esc(trial.profile)}</h1>",
         f'<p class="{tone}" id="verdict"><b>{_esc(verdict)}</b>: '
-        f"{_esc(doc.get('message') or '')}</p>",
-        "".join(f"<p>{_esc(line)}</p>" for line in gain_lines(doc)),
+        f"{_esc(trial.message or '')}</p>",
+        "".join(f"<p>{_esc(line)}</p>" for line in gain_lines(trial)),
         "<table>",
         f"<tr><th>started</th><td>{_esc(when)}</td></tr>",
-        f"<tr><th>command</th><td><code>{_esc(' '.join(doc.get('command', [])))}</code></td></tr>",
+        f"<tr><th>command</th><td><code>{_esc(' '.join(trial.command))}</code></td></tr>",
         f"<tr><th>versions</th><td>{_esc(versions or '?')}</td></tr>",
-        f"<tr><th>GPUs</th><td>{_esc(', '.join(doc.get('gpu_names') or []) or 'none seen')}"
+        f"<tr><th>GPUs</th><td>{_esc(', '.join(trial.gpu_names) or 'none seen')}"
         "</td></tr>",
         "</table>",
         _summary_table(doc),
@@ -347,7 +358,7 @@ def html(doc: dict[str, Any]) -> str:
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>sm120patch trial {_esc(doc.get('id'))}</title><style>{style}</style></head>"
+        f"<title>sm120patch trial {_esc(trial.id)}</title><style>{style}</style></head>"
         f"<body>{''.join(body)}</body></html>\n"
     )
 
@@ -355,29 +366,25 @@ def html(doc: dict[str, Any]) -> str:
 # ---- in words: `trial show`, `status`, the end of `trial --measure` -------------------------
 
 
-def trial_line(t: dict[str, Any]) -> str:
+def trial_line(t: TrialRecord) -> str:
     """One line of a recorded trial, for `status` and `trial show`."""
-    if t.get("kind") == "measured":
-        return f"trial {t.get('id')} {t.get('profile')} measured: {t.get('verdict')}: " + str(
-            t.get("message")
-        )
-    head = f"trial {t['id']} " if t.get("id") else "trial "
-    return (
-        f"{head}{t.get('profile')}: {t.get('verdict')}, "
-        f"exit {t.get('exit_code')}: {' '.join(t.get('command', []))}"
-    )
+    if t.is_measured:
+        return f"trial {t.id} {t.profile} measured: {t.verdict}: {t.message}"
+    head = f"trial {t.id} " if t.id else "trial "
+    return f"{head}{t.profile}: {t.verdict}, exit {t.exit_code}: {' '.join(t.command)}"
 
 
-def gain_lines(doc: dict[str, Any]) -> list[str]:
+def gain_lines(trial: TrialRecord) -> list[str]:
     """The paired gains the verdict was taken on, and the noise."""
+    doc = trial.measured
     pairs = doc.get("pairs") or []
     if not pairs:
         return []
     figure = (doc.get("options") or {}).get("figure", "output_tok_s")
     each = ", ".join(f"{100 * p:+.1f}%" for p in pairs)
     line = f"{figure}, each patched run against its neighbouring baseline runs: {each}"
-    if doc.get("gain") is not None:
-        line += f"; median {100 * doc['gain']:+.1f}%"
+    if trial.gain is not None:
+        line += f"; median {100 * trial.gain:+.1f}%"
     noise = doc.get("noise")
     line += (
         "; noise not measured (one run a side)" if noise is None else f"; noise ±{100 * noise:.1f}%"
@@ -385,7 +392,7 @@ def gain_lines(doc: dict[str, Any]) -> list[str]:
     return [line]
 
 
-def quality_lines(doc: dict[str, Any]) -> list[str]:
+def quality_lines(doc: Mapping[str, Any]) -> list[str]:
     """Top-1 token agreement, the quality command's scores, and what was not checked."""
     sanity = doc.get("sanity") or {}
     lines = []
@@ -409,7 +416,7 @@ def quality_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def wiring_lines(doc: dict[str, Any]) -> list[str]:
+def wiring_lines(doc: Mapping[str, Any]) -> list[str]:
     """Per patch that declares its wiring: what each run's log showed, baseline against
     patched, and the line that showed it on the patched side."""
     runs = doc.get("runs") or []
@@ -441,16 +448,17 @@ def wiring_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def measured_lines(doc: dict[str, Any]) -> list[str]:
+def measured_lines(trial: TrialRecord) -> list[str]:
     """A measured trial in words: each run's figures, window and power, the paired gains, the
     quality checks and wiring evidence, then the verdict."""
     from sm120patch.trial import gpu
 
-    lines = [f"trial {doc['id']} of {doc['profile']}: {' '.join(doc['command'])}"]
-    if doc.get("versions") or doc.get("gpu_names"):
-        versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
-        lines.append(f"  {versions}; GPUs: {', '.join(doc.get('gpu_names') or ['none seen'])}")
-    for run in doc["runs"]:
+    doc = trial.measured
+    lines = [f"trial {trial.id} of {trial.profile}: {' '.join(trial.command)}"]
+    if trial.versions or trial.gpu_names:
+        versions = ", ".join(f"{k} {v}" for k, v in trial.versions.items())
+        lines.append(f"  {versions}; GPUs: {', '.join(trial.gpu_names or ['none seen'])}")
+    for run in doc.get("runs") or []:
         head = f"  {run['side']:8} run {run['round'] + 1}: "
         f = run.get("figures")
         if run["outcome"] != "ok" or not f:
@@ -460,7 +468,8 @@ def measured_lines(doc: dict[str, Any]) -> list[str]:
         if run.get("window_start") and run.get("window_end"):
             window = f"; window {_clock(run['window_start'])} to {_clock(run['window_end'])[11:]}"
         lines.append(
-            head + f"{f['output_tok_s']:.1f} tok/s, {f['req_s']:.2f} req/s, "
+            head
+            + f"{_fig(f.get('output_tok_s'), '.1f')} tok/s, {_fig(f.get('req_s'), '.2f')} req/s, "
             f"TTFT p50/p99 {_ms(f.get('ttft_p50_ms'))}/{_ms(f.get('ttft_p99_ms'))} ms, "
             f"ITL p50/p99 {_ms(f.get('itl_p50_ms'))}/{_ms(f.get('itl_p99_ms'))} ms{window}"
         )
@@ -468,14 +477,14 @@ def measured_lines(doc: dict[str, Any]) -> list[str]:
             lines.append("    " + gpu.GpuFigures(**g).describe())
         if run.get("nvml_problem"):
             lines.append(f"    no GPU figures: {run['nvml_problem']}")
-    lines += ["  " + line for line in gain_lines(doc)]
+    lines += ["  " + line for line in gain_lines(trial)]
     lines += ["  " + line for line in wiring_lines(doc)]
     lines += ["  " + line for line in quality_lines(doc)]
-    for reason in (doc.get("sanity") or {}).get("reasons", []):
+    for reason in (doc.get("sanity") or {}).get("reasons") or []:
         lines.append(f"  wrong output: {reason}")
     if doc.get("signature"):
         lines.append(f"  next: {doc['signature']['action']}")
-    lines.append(f"verdict: {doc['verdict']}: {doc['message']}")
+    lines.append(f"verdict: {trial.verdict}: {trial.message}")
     return lines
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120patch.engine import apply, revert, trials
+from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused, Sm120Error, TrialCrashed, UsageError
 
 TAIL_LINES = 60
@@ -86,6 +87,10 @@ class TrialResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def record(self) -> TrialRecord:
+        """What the trial history keeps of it (checked as every record read back is)."""
+        return TrialRecord.from_json(self.to_dict())
 
     def summary(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
@@ -294,12 +299,13 @@ def run(
         if we_applied:
             revert.revert(profile, paths, force=False)
             result.reverted = True
-    trials.record_trial(paths, profile, result.to_dict())
+    record = result.record()
+    trials.record_trial(paths, profile, record)
     if verdict == "interrupted":
         raise KeyboardInterrupt
     if not result.ok:
         crash = TrialCrashed(crash_message(result), crash_hint(result))
-        crash.record = result.to_dict()  # `--json` still prints the verdict and signature
+        crash.record = record.to_json()  # `--json` still prints the verdict and signature
         raise crash
     return result
 
