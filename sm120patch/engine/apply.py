@@ -172,7 +172,7 @@ def _preflight(
 
 def check_applied_matches_lock(ctx: TargetRun, found: Assessment, lock: Lock) -> None:
     assert found.manifest is not None
-    want = {f["path"]: f["after"] for f in lock.files if f["target"] == ctx.target.kind}
+    want = {f.path: f.after for f in lock.files if f.target == ctx.target.kind}
     have = {f.module: f.after for f in found.manifest.files}
     if want != have or lock.versions.get(ctx.target.kind) != ctx.target.version:
         raise Refused(
@@ -414,7 +414,7 @@ def _verify(ctx: TargetRun, tp: plans.TargetPlan, lock: Lock | None) -> None:
     already-applied): those checks hold for the file."""
     locked = {}
     if lock is not None:
-        locked = {f["path"]: f["after"] for f in lock.files if f["target"] == ctx.target.kind}
+        locked = {f.path: f.after for f in lock.files if f.target == ctx.target.kind}
     for f in tp.changed:
         path = ctx.path(tp.target.rel(f.file))
         data = path.read_bytes()
