@@ -21,7 +21,7 @@ from sm120patch import __version__
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
-from sm120patch.engine.reports import Action, Report, TargetReport
+from sm120patch.engine.reports import Action, Report, ReportedFile, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
     check_evidence,
@@ -403,7 +403,7 @@ def _write_target(
     for f in tp.changed:
         rel = tp.target.rel(f.file)
         ctx.state.keep_copy("patched", rel, f.after.encode("utf-8"))
-        report.files.append({"path": rel, "state": "patched"})
+        report.files.append(ReportedFile(rel, "patched"))
     return report
 
 

@@ -12,7 +12,7 @@ from sm120patch import __version__, targets
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
-from sm120patch.engine.reports import Action, Report, TargetReport
+from sm120patch.engine.reports import Action, Report, ReportedFile, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
     check_evidence,
@@ -148,7 +148,7 @@ def revert_dry_run(
             now = ctx.path(f.path)
             data = now.read_bytes() if now.is_file() else b""
             after = restored[f.path]
-            report.files.append({"path": f.path, "state": "pristine"})
+            report.files.append(ReportedFile(f.path, "pristine"))
             if after is not None and after != data:
                 diffs.append(diff_texts(f.path, data.decode("utf-8", "replace"),
                                         after.decode("utf-8", "replace")))  # fmt: skip
@@ -278,7 +278,7 @@ def finish_revert(ctx: TargetRun, journal: Journal) -> tuple[TargetReport, list[
     if manifest.git is not None and journal.keep_branch:
         report.branch = manifest.git.patch_branch
     for f in manifest.files:
-        report.files.append({"path": f.path, "state": "pristine"})
+        report.files.append(ReportedFile(f.path, "pristine"))
     interrupts.kill_point("before-manifest")
     ctx.state.remove_manifest()
     interrupts.kill_point("after-manifest")
