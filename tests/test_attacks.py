@@ -613,6 +613,7 @@ def test_export_overwrite_deletes_nothing_through_a_symlink(attacker, shared, vi
 @pytest.mark.parametrize("edit, needle", [
     (lambda m: m.update(applied_at="yesterday"), "applied_at is not a time"),
     (lambda m: m.update(target=[]), "target is not a table"),
+    (lambda m: m["target"].update(layout="svn"), "target.layout 'svn' is neither git nor"),
     (lambda m: m.update(patches=5), "patches is not a list"),
     (lambda m: m.update(tool_version=1), "tool_version is not a string"),
     (lambda m: m["files"][0].update(module=["x"]), "module is not a path"),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from sm120patch import __version__
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
+from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer, TargetRecord
 from sm120patch.engine.reports import Action, Report, ReportedFile, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
@@ -360,7 +360,7 @@ def _start_apply(
         txn=txn,
         peers=peers,
         tool_version=__version__,
-        target=tp.target.to_dict(),
+        target=TargetRecord.of(tp.target),
         files=tuple(files),
         git=ctx.layout.base(branch) if branch else None,
     )
@@ -458,7 +458,7 @@ def _write_manifest(
 
 def rollback_apply(ctx: TargetRun, journal: Journal) -> None:
     """Put every file of an unfinished apply back as it was, and git where it was."""
-    check_evidence(ctx, journal.profile, journal.files, kind=journal.target.get("kind"))
+    check_evidence(ctx, journal.profile, journal.files, kind=journal.target.kind)
     remove_temps(ctx, journal.files)
     ctx.layout.roll_back(journal.files, journal.git)
     if not ctx.layout.keeps_pristine():

@@ -214,7 +214,7 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
     from sm120patch.targets.files import file_sha256
 
     check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
-                   kind=manifest.target.get("kind"))  # fmt: skip
+                   kind=manifest.target.kind)  # fmt: skip
     for f in manifest.files:
         path = ctx.path(f.path)
         if path.is_symlink() or (path.exists() and not path.is_file()):
@@ -270,7 +270,7 @@ def finish_revert(ctx: TargetRun, journal: Journal) -> tuple[TargetReport, list[
     manifest = journal.manifest
     assert manifest is not None
     check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
-                   kind=manifest.target.get("kind"))  # fmt: skip
+                   kind=manifest.target.kind)  # fmt: skip
     report = TargetReport(ctx.target, state=assess.State.PRISTINE)
     remove_temps(ctx, manifest.files)
     ctx.layout.finish_revert(manifest.files, manifest.git, journal.keep_branch)
