@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -436,24 +437,25 @@ def edit_lock(lock: lockfile.Lock, how: str, before: str) -> lockfile.Lock:
     """What an attacker makes of a genuine lock."""
     step = lock.steps[0]
     if how == "a line added to a diff, after-hashes edited":
-        text = apply_diff(before, step["diff"])
+        text = apply_diff(before, step.diff)
         assert text is not None
         evil = text + "import os; os.system('id')\n"
-        step["diff"], step["after"] = diff_texts(step["path"], before, evil), sha(evil.encode())
-        lock.files[0]["after"] = sha(evil.encode())
+        lock.steps[0] = replace(step, diff=diff_texts(step.path, before, evil),
+                                after=sha(evil.encode()))  # fmt: skip
+        lock.files[0] = replace(lock.files[0], after=sha(evil.encode()))
     elif how == "its diff text alone edited":
-        lines = step["diff"].split("\n")
+        lines = step.diff.split("\n")
         idx = next(i for i, line in enumerate(lines)
                    if line.startswith("+") and not line.startswith("+++"))  # fmt: skip
         lines[idx] += "  # as reviewed"
-        step["diff"] = "\n".join(lines)
+        lock.steps[0] = replace(step, diff="\n".join(lines))
     else:
         text = "import os\n"
-        lock.files.append({"target": "sglang", "path": "sglang/__init__.py",
-                           "before": sha(b""), "after": sha(text.encode())})  # fmt: skip
-        lock.steps.append({"target": "sglang", "path": "sglang/__init__.py",
-                           "patch": step["patch"], "after": sha(text.encode()),
-                           "diff": diff_texts("sglang/__init__.py", "", text)})  # fmt: skip
+        lock.files.append(lockfile.LockedFile("sglang", "sglang/__init__.py", sha(b""),
+                                              sha(text.encode())))  # fmt: skip
+        lock.steps.append(lockfile.LockedStep("sglang", "sglang/__init__.py", step.patch,
+                                              sha(text.encode()),
+                                              diff_texts("sglang/__init__.py", "", text)))  # fmt: skip
     return lock
 
 
@@ -483,7 +485,7 @@ def test_a_lock_naming_a_bad_path_is_a_usage_error(rel, tmp_path):
     lock_path = tmp_path / "moe.lock"
     assert cli("pin", "moe", "--sglang", str(site), "-o", str(lock_path))[0] == 0
     lock = lockfile.read(lock_path)
-    lock.files[0]["path"] = rel
+    lock.files[0] = replace(lock.files[0], path=rel)
     lock_path.write_text(lock.to_toml())
     code, _, err = cli("apply", "--locked", str(lock_path), "--sglang", str(site), "--no-gpu-check")
     assert code == 2 and "not a path inside a sglang package" in err and one_line(err), err
@@ -611,6 +613,7 @@ def test_export_overwrite_deletes_nothing_through_a_symlink(attacker, shared, vi
 @pytest.mark.parametrize("edit, needle", [
     (lambda m: m.update(applied_at="yesterday"), "applied_at is not a time"),
     (lambda m: m.update(target=[]), "target is not a table"),
+    (lambda m: m["target"].update(layout="svn"), "target.layout 'svn' is neither git nor"),
     (lambda m: m.update(patches=5), "patches is not a list"),
     (lambda m: m.update(tool_version=1), "tool_version is not a string"),
     (lambda m: m["files"][0].update(module=["x"]), "module is not a path"),

@@ -82,6 +82,22 @@ def test_apply_status_revert_roundtrip(trees):
         assert "sm120patch/all" not in git(sg, "branch", "--list")
 
 
+def test_apply_and_revert_json_name_each_file_written(tmp_path):
+    """What `--json` says of each file is a path and a state, nothing more: scripts read it."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    sglang = ["sglang/srt/layers/communicator.py", "sglang/srt/server_args.py"]
+    for verb, state in (("apply", "patched"), ("revert", "pristine")):
+        args = ["all", "--no-gpu-check"] if verb == "apply" else ["--all"]
+        code, out, err = cli(verb, *args, *targets(sg, fi), "--json")
+        assert code == 0, err
+        found = {t["kind"]: t["files"] for t in json.loads(out)["targets"]}
+        assert found == {
+            "sglang": [{"path": p, "state": state} for p in sglang],
+            "flashinfer": [{"path": "flashinfer/jit/comm.py", "state": state}],
+        }, verb
+
+
 def test_second_apply_is_a_noop(trees):
     _, sg, fi = trees
     assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
 from click.testing import CliRunner
 from trees import git, make_tree, tree_hash
 
 from sm120patch.cli import main
+from sm120patch.plan import lockfile
 
 
 def cli(*args: str):
@@ -112,6 +114,90 @@ def test_corrupt_lock_is_one_line(tmp_path):
     code, _, err = cli("apply", "--locked", str(lock), "--no-gpu-check")
     assert code == 1
     assert "not a valid sm120patch lock" in err and "Traceback" not in err
+
+
+def _refusal(err: str) -> list[str]:
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 2 and lines[1].startswith("  next: ") and "Traceback" not in err, err
+    return lines
+
+
+def test_a_lock_reads_and_writes_back_byte_for_byte(tmp_path):
+    """What `pin` wrote is what reading it and writing it again gives: its digest (recorded in
+    manifests) and a reviewer's diff of two locks hold across versions of sm120patch."""
+    sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "installed")
+    path = pin(tmp_path, sg, fi)
+    lock = lockfile.read(path)
+    assert lock.files and lock.steps
+    assert all(isinstance(f, lockfile.LockedFile) for f in lock.files)
+    assert all(isinstance(s, lockfile.LockedStep) for s in lock.steps)
+    assert lock.to_toml().encode("utf-8") == path.read_bytes()
+
+
+# A lock in the format sm120patch has written since locks had steps: it must go on reading,
+# and write back to the same bytes.
+OLD_LOCK = f"""\
+# sm120patch lock file: `sm120patch apply --locked <this file>` reproduces exactly
+# this patch set, or refuses (changing nothing) when anything below differs.
+schema = 1
+tool_version = "0.1.0"
+profile = "all"
+
+[versions]
+sglang = "0.5.8"
+
+[[patches]]
+id = "sglang.sm120-flag"
+digest = "sha256:{"a" * 64}"
+pack = "built-in"
+source = "{"b" * 64}"
+
+[[files]]
+target = "sglang"
+path = "sglang/srt/server_args.py"
+before = "{"c" * 64}"
+after = "{"d" * 64}"
+
+[[steps]]
+target = "sglang"
+path = "sglang/srt/server_args.py"
+patch = "sglang.sm120-flag"
+after = "{"d" * 64}"
+diff = "--- a/sglang/srt/server_args.py\\n+++ b/sglang/srt/server_args.py\\n"
+"""
+
+
+def test_an_old_lock_reads_into_records_and_writes_back_the_same_bytes(tmp_path):
+    path = tmp_path / "old.lock"
+    path.write_text(OLD_LOCK)
+    lock = lockfile.read(path)
+    assert lock.files == [lockfile.LockedFile("sglang", "sglang/srt/server_args.py",
+                                              "c" * 64, "d" * 64)]  # fmt: skip
+    assert lock.steps[0].patch == "sglang.sm120-flag"
+    assert lock.steps[0].diff.endswith("server_args.py\n")
+    assert lock.to_toml() == OLD_LOCK
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda t: t.replace('after = "' + "d" * 64 + '"\ndiff', "after = 7\ndiff"),
+     "steps entry 1: after is not a string"),
+    (lambda t: t.replace('patch = "sglang.sm120-flag"', 'patch = ["sglang.sm120-flag"]'),
+     "steps entry 1: patch is not a string"),
+    (lambda t: t.replace("diff = ", "difff = "), "steps entry 1 has no diff"),
+    (lambda t: t.replace('before = "' + "c" * 64, 'before = "' + "c" * 63),
+     "files entry 1: before is not a sha256"),
+    (lambda t: t.replace("[[steps]]", "[steps]"), "steps is not an array of tables"),
+    (lambda t: t.replace('profile = "all"\n', 'profile = "all"\nfiles = [1]\n')
+     .replace("[[files]]", "[x]"), "files entry 1 is not a table"),
+])  # fmt: skip
+def test_a_lock_with_a_wrongly_typed_entry_is_one_line(tmp_path, edit, says):
+    path = tmp_path / "bad.lock"
+    path.write_text(edit(OLD_LOCK))
+    code, _, err = cli("apply", "--locked", str(path), "--no-gpu-check")
+    assert code == 1
+    first = _refusal(err)[0]
+    assert "is not a valid sm120patch lock" in first and says in first, err
 
 
 def test_export_applies_with_git_am(tmp_path):

@@ -188,3 +188,50 @@ def test_two_state_directories_one_lock_one_state(tmp_path, monkeypatch):
         code, _, err = cli("revert", "moe", "--sglang", str(sg))
         assert code == 1 and "another sm120patch run holds the lock" in err
     assert cli("revert", "moe", "--sglang", str(sg))[0] == 0
+
+
+def test_a_manifest_reads_and_writes_back_as_it_was(tmp_path):
+    """The target an apply found is a record now; the manifest it is written in is the same
+    JSON as before, key for key."""
+    from sm120patch.engine.records import Manifest, TargetRecord
+
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    doc = json.loads((state_dir_of(sg) / store.MANIFEST).read_text())
+    manifest = Manifest.from_doc(doc)
+    assert isinstance(manifest.target, TargetRecord) and manifest.target.kind == "sglang"
+    assert {**manifest.to_doc(), "schema": store.SCHEMA} == doc  # the store adds the schema
+    t = targets.find("sglang", sg)
+    assert doc["target"] == t.to_dict() == TargetRecord.of(t).to_doc()
+
+
+@pytest.mark.parametrize("target", [
+    {"kind": "sglang", "layout": "installed", "version": "0.5.8"},  # before root and package
+    {"kind": "sglang", "version": "0.5.8", "from_a_later_sm120patch": "x"},
+])  # fmt: skip
+def test_an_old_manifests_target_still_reads(target, tmp_path):
+    """A state an older sm120patch wrote, with some of the target's keys: status reads it and
+    revert undoes the apply."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    before = tree_hash(sg)
+    assert cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")[0] == 0
+    path = state_dir_of(sg) / store.MANIFEST
+    doc = json.loads(path.read_text())
+    doc["target"] = target
+    path.write_text(json.dumps(doc))
+    code, out, err = cli("status", "--sglang", str(sg), "--json")
+    assert code == 0, err
+    (found,) = json.loads(out)["targets"]
+    assert found["state"] == "applied"
+    assert found["applied_version"] == "0.5.8"
+    assert cli("revert", "moe", "--sglang", str(sg))[0] == 0
+    assert tree_hash(sg) == before
+
+
+def test_a_manifest_without_its_target_reads_as_of_an_unknown_release():
+    from sm120patch.engine.records import Manifest, TargetRecord
+
+    doc = {"profile": "moe", "patches": [], "files": []}
+    manifest = Manifest.from_doc(doc)
+    assert manifest.target == TargetRecord() and manifest.version == "unknown"
+    assert manifest.to_doc()["target"] == {}

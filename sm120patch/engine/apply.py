@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from sm120patch import __version__
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
-from sm120patch.engine.reports import Action, Report, TargetReport
+from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer, TargetRecord
+from sm120patch.engine.reports import Action, Report, ReportedFile, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
     check_evidence,
@@ -172,7 +172,7 @@ def _preflight(
 
 def check_applied_matches_lock(ctx: TargetRun, found: Assessment, lock: Lock) -> None:
     assert found.manifest is not None
-    want = {f["path"]: f["after"] for f in lock.files if f["target"] == ctx.target.kind}
+    want = {f.path: f.after for f in lock.files if f.target == ctx.target.kind}
     have = {f.module: f.after for f in found.manifest.files}
     if want != have or lock.versions.get(ctx.target.kind) != ctx.target.version:
         raise Refused(
@@ -360,7 +360,7 @@ def _start_apply(
         txn=txn,
         peers=peers,
         tool_version=__version__,
-        target=tp.target.to_dict(),
+        target=TargetRecord.of(tp.target),
         files=tuple(files),
         git=ctx.layout.base(branch) if branch else None,
     )
@@ -403,7 +403,7 @@ def _write_target(
     for f in tp.changed:
         rel = tp.target.rel(f.file)
         ctx.state.keep_copy("patched", rel, f.after.encode("utf-8"))
-        report.files.append({"path": rel, "state": "patched"})
+        report.files.append(ReportedFile(rel, "patched"))
     return report
 
 
@@ -414,7 +414,7 @@ def _verify(ctx: TargetRun, tp: plans.TargetPlan, lock: Lock | None) -> None:
     already-applied): those checks hold for the file."""
     locked = {}
     if lock is not None:
-        locked = {f["path"]: f["after"] for f in lock.files if f["target"] == ctx.target.kind}
+        locked = {f.path: f.after for f in lock.files if f.target == ctx.target.kind}
     for f in tp.changed:
         path = ctx.path(tp.target.rel(f.file))
         data = path.read_bytes()
@@ -458,7 +458,7 @@ def _write_manifest(
 
 def rollback_apply(ctx: TargetRun, journal: Journal) -> None:
     """Put every file of an unfinished apply back as it was, and git where it was."""
-    check_evidence(ctx, journal.profile, journal.files, kind=journal.target.get("kind"))
+    check_evidence(ctx, journal.profile, journal.files, kind=journal.target.kind)
     remove_temps(ctx, journal.files)
     ctx.layout.roll_back(journal.files, journal.git)
     if not ctx.layout.keeps_pristine():

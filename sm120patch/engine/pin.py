@@ -7,7 +7,7 @@ from typing import Any
 
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
-from sm120patch.plan.lockfile import Lock, from_plan, patch_digests
+from sm120patch.plan.lockfile import Lock, LockedFile, from_plan, patch_digests
 
 
 def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
@@ -44,7 +44,7 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
         )
     if applied:
         files = [
-            {"target": s.target.kind, "path": f.module, "before": f.before, "after": f.after}
+            LockedFile(s.target.kind, f.module, f.before, f.after)
             for s in applied
             for f in (s.assessment.manifest.files if s.assessment.manifest else ())
         ]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from sm120patch.targets import Target
 from sm120patch.targets.files import safe_relpath
 
 SCHEMA = 1
@@ -69,6 +70,32 @@ class GitBase:
 
 
 @dataclass(frozen=True)
+class TargetRecord:
+    """The target as an apply found it (`Target.to_dict`). Each key may be absent: a state an
+    older sm120patch wrote, or one made by hand, has only some, and an absent key is written
+    back absent; a key this sm120patch does not know is not kept."""
+
+    kind: str | None = None
+    root: str | None = None
+    package: str | None = None
+    layout: str | None = None
+    version: str | None = None
+    version_source: str | None = None
+
+    @classmethod
+    def of(cls, target: Target) -> TargetRecord:
+        return cls.from_doc(target.to_dict())
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any] | None) -> TargetRecord:
+        doc = doc or {}
+        return cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
+
+    def to_doc(self) -> dict[str, str]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
 class Peer:
     """How a journal names another target of its transaction."""
 
@@ -88,7 +115,7 @@ class Manifest:
     patches: tuple[str, ...]
     tool_version: str
     applied_at: float
-    target: dict[str, str]  # the target as found at apply time (kind, root, layout, version)
+    target: TargetRecord
     files: tuple[FileRecord, ...]
     git: GitBase | None = None
     txn: str | None = None
@@ -96,7 +123,7 @@ class Manifest:
 
     @property
     def version(self) -> str:
-        return str(self.target.get("version", "unknown"))
+        return "unknown" if self.target.version is None else self.target.version
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Manifest:
@@ -105,7 +132,7 @@ class Manifest:
             patches=tuple(doc.get("patches", [])),
             tool_version=str(doc.get("tool_version", "")),
             applied_at=float(doc.get("applied_at", 0)),
-            target=dict(doc.get("target") or {}),
+            target=TargetRecord.from_doc(doc.get("target")),
             files=tuple(FileRecord.from_doc(f) for f in doc["files"]),
             git=GitBase.from_doc(doc.get("git")),
             txn=doc.get("txn"),
@@ -118,7 +145,7 @@ class Manifest:
             "patches": list(self.patches),
             "tool_version": self.tool_version,
             "applied_at": self.applied_at,
-            "target": self.target,
+            "target": self.target.to_doc(),
             "files": [f.to_doc() for f in self.files],
             "git": None if self.git is None else self.git.to_doc(),
             "txn": self.txn,
@@ -148,7 +175,7 @@ class Journal:
     peers: tuple[Peer, ...]
     tool_version: str = ""
     # apply: the files to write, each with its planned before-hash, and the git base
-    target: dict[str, str] = field(default_factory=dict)
+    target: TargetRecord = field(default_factory=TargetRecord)
     files: tuple[FileRecord, ...] = ()
     git: GitBase | None = None
     # revert: the manifest being reverted
@@ -168,7 +195,7 @@ class Journal:
             txn=doc.get("txn"),
             peers=tuple(Peer(p["kind"], p["root"], p["layout"]) for p in doc.get("peers", [])),
             tool_version=str(doc.get("tool_version", "")),
-            target=dict(doc.get("target") or {}),
+            target=TargetRecord.from_doc(doc.get("target")),
             files=tuple(FileRecord.from_doc(f) for f in doc.get("files", [])),
             git=GitBase.from_doc(doc.get("git")),
             manifest=None if manifest is None else Manifest.from_doc(manifest),
@@ -188,7 +215,7 @@ class Journal:
             "txn": self.txn,
             "peers": [p.to_doc() for p in self.peers],
             "tool_version": self.tool_version,
-            "target": self.target,
+            "target": self.target.to_doc(),
             "files": [f.to_doc() for f in self.files],
             "git": None if self.git is None else self.git.to_doc(),
             "manifest": None if self.manifest is None else self.manifest.to_doc(),
@@ -216,6 +243,8 @@ def _check_target(target: object) -> str:
         return "target is not a table of strings"
     if target.get("kind") not in (None, "sglang", "flashinfer"):
         return f"target.kind {target.get('kind')!r} is not a target kind"
+    if target.get("layout") not in (None, "git", "installed"):
+        return f"target.layout {target.get('layout')!r} is neither git nor installed"
     return ""
 
 

@@ -55,10 +55,10 @@ def _check_evidence(ctxs: list[TargetRun], journals: dict[str, Journal | None]) 
         if journal is None or _replaced(ctx, journal):
             continue  # nothing is written to a replaced target
         if journal.op == Op.APPLY:
-            check_evidence(ctx, journal.profile, journal.files, kind=journal.target.get("kind"))
+            check_evidence(ctx, journal.profile, journal.files, kind=journal.target.kind)
         elif journal.manifest is not None:
             m = journal.manifest
-            check_evidence(ctx, m.profile, m.files, m.patches, kind=m.target.get("kind"))
+            check_evidence(ctx, m.profile, m.files, m.patches, kind=m.target.kind)
 
 
 def _recover(
@@ -121,9 +121,9 @@ def _replaced(ctx: TargetRun, journal: Journal) -> str | None:
     """The release the journal's run worked on, when another one is installed now (None:
     the same release, or the journal does not say)."""
     if journal.op == Op.REVERT and journal.manifest is not None:
-        was = journal.manifest.target.get("version")
+        was = journal.manifest.target.version
     else:
-        was = journal.target.get("version")
+        was = journal.target.version
     return was if was is not None and assess.other_release(ctx.target, was) else None
 
 

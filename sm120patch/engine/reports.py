@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from sm120patch.engine.assess import State
 from sm120patch.patchkit.model import Outcome
@@ -12,12 +12,23 @@ from sm120patch.plan.plans import Plan
 from sm120patch.targets import Target
 
 
+@dataclass(frozen=True)
+class ReportedFile:
+    """A file the command wrote: an apply leaves it patched, a revert pristine."""
+
+    path: str  # relative to the target root
+    state: Literal["patched", "pristine"]
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "state": self.state}
+
+
 @dataclass
 class TargetReport:
     target: Target
     branch: str | None = None
     commits: list[str] = field(default_factory=list)
-    files: list[dict[str, str]] = field(default_factory=list)
+    files: list[ReportedFile] = field(default_factory=list)
     state: State | None = None  # the target's state when the command finished
 
     def to_dict(self) -> dict[str, Any]:
@@ -25,7 +36,7 @@ class TargetReport:
             **self.target.to_dict(),
             "branch": self.branch,
             "commits": self.commits,
-            "files": self.files,
+            "files": [f.to_dict() for f in self.files],
             "state": self.state,
         }
 

@@ -12,7 +12,7 @@ from sm120patch import __version__, targets
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
-from sm120patch.engine.reports import Action, Report, TargetReport
+from sm120patch.engine.reports import Action, Report, ReportedFile, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
     check_evidence,
@@ -148,7 +148,7 @@ def revert_dry_run(
             now = ctx.path(f.path)
             data = now.read_bytes() if now.is_file() else b""
             after = restored[f.path]
-            report.files.append({"path": f.path, "state": "pristine"})
+            report.files.append(ReportedFile(f.path, "pristine"))
             if after is not None and after != data:
                 diffs.append(diff_texts(f.path, data.decode("utf-8", "replace"),
                                         after.decode("utf-8", "replace")))  # fmt: skip
@@ -214,7 +214,7 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
     from sm120patch.targets.files import file_sha256
 
     check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
-                   kind=manifest.target.get("kind"))  # fmt: skip
+                   kind=manifest.target.kind)  # fmt: skip
     for f in manifest.files:
         path = ctx.path(f.path)
         if path.is_symlink() or (path.exists() and not path.is_file()):
@@ -270,7 +270,7 @@ def finish_revert(ctx: TargetRun, journal: Journal) -> tuple[TargetReport, list[
     manifest = journal.manifest
     assert manifest is not None
     check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
-                   kind=manifest.target.get("kind"))  # fmt: skip
+                   kind=manifest.target.kind)  # fmt: skip
     report = TargetReport(ctx.target, state=assess.State.PRISTINE)
     remove_temps(ctx, manifest.files)
     ctx.layout.finish_revert(manifest.files, manifest.git, journal.keep_branch)
@@ -278,7 +278,7 @@ def finish_revert(ctx: TargetRun, journal: Journal) -> tuple[TargetReport, list[
     if manifest.git is not None and journal.keep_branch:
         report.branch = manifest.git.patch_branch
     for f in manifest.files:
-        report.files.append({"path": f.path, "state": "pristine"})
+        report.files.append(ReportedFile(f.path, "pristine"))
     interrupts.kill_point("before-manifest")
     ctx.state.remove_manifest()
     interrupts.kill_point("after-manifest")

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sm120patch import __version__
 from sm120patch.errors import Refused, UsageError
@@ -29,6 +31,42 @@ from sm120patch.plan.codedigest import patch_digest, source_key
 from sm120patch.plan.plans import Plan
 
 SCHEMA = 1
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class LockedFile:
+    """A file the lock pins: its hash before the profile is applied and after."""
+
+    target: str  # the target kind
+    path: str  # module path (`sglang/srt/server_args.py`)
+    before: str  # sha256 hex
+    after: str
+
+
+@dataclass(frozen=True)
+class LockedStep:
+    """One patch's step on one file, as a reviewer read it."""
+
+    target: str
+    path: str
+    patch: str  # the patch id
+    after: str  # sha256 hex of the text after this step
+    diff: str  # from the text before this step to `after`'s
+
+
+# The order of a table's keys is the order of its record's fields: `to_toml` writes them so,
+# and the bytes of a lock (its digest, a reviewer's diff of two locks) depend on it.
+_FILE_KEYS = tuple(f.name for f in fields(LockedFile))
+_STEP_KEYS = tuple(f.name for f in fields(LockedStep))
+_HASH_KEYS = ("before", "after")
+
+
+class PlanCheck(Protocol):
+    """What `check` returns: refuses a plan that is not the lock's; `skip` names the target
+    kinds already applied exactly as the lock says."""
+
+    def __call__(self, plan: Plan, skip: frozenset[str] = ...) -> None: ...
 
 
 @dataclass
@@ -36,11 +74,11 @@ class Lock:
     profile: str
     versions: dict[str, str]
     patches: dict[str, str]  # id -> digest
-    files: list[dict[str, str]] = field(default_factory=list)  # target, path, before, after
+    files: list[LockedFile] = field(default_factory=list)
     tool_version: str = __version__
-    # The reviewed result, step by step (target, path, patch, after, diff): a node whose files
-    # have the locked before-hashes writes exactly these bytes without parsing anything.
-    steps: list[dict[str, str]] = field(default_factory=list)
+    # The reviewed result, step by step: a node whose files have the locked before-hashes
+    # writes exactly these bytes without parsing anything.
+    steps: list[LockedStep] = field(default_factory=list)
     # id -> codedigest.source_key on the box that pinned: a node with the same key runs the
     # same code, byte for byte, so has the same digest without computing it.
     sources: dict[str, str] = field(default_factory=dict)
@@ -89,18 +127,20 @@ class Lock:
             out += [
                 "",
                 "[[files]]",
-                *(f"{k} = {q(f[k])}" for k in ("target", "path", "before", "after")),
+                *(f"{k} = {q(getattr(f, k))}" for k in _FILE_KEYS),
             ]
         for s in self.steps:
             out += [
                 "",
                 "[[steps]]",
-                *(f"{k} = {q(s[k])}" for k in ("target", "path", "patch", "after", "diff")),
+                *(f"{k} = {q(getattr(s, k))}" for k in _STEP_KEYS),
             ]
         return "\n".join(out) + "\n"
 
 
-def patch_digests(ids: Any, known: Lock | None = None) -> tuple[dict[str, str], dict[str, str]]:
+def patch_digests(
+    ids: Iterable[str], known: Lock | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """Each patch's digest and source key, computed here (or read from this user's own digest
     cache, keyed by the source key): never taken from the lock being checked (`known` is
     accepted for the callers' sake and not read), which would then vouch for itself."""
@@ -117,12 +157,7 @@ def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> L
     """The lock of `plan`; `steps=False` leaves out the reviewed diffs (a comparison with
     another lock reads none of them, and they are a fifth of an `apply --locked`)."""
     files = [
-        {
-            "target": tp.target.kind,
-            "path": f.file,
-            "before": _sha(f.before),
-            "after": _sha(f.after),
-        }
+        LockedFile(tp.target.kind, f.file, _sha(f.before), _sha(f.after))
         for tp in plan.targets
         for f in tp.changed
     ]
@@ -133,9 +168,8 @@ def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> L
         for f in tp.changed:
             before = f.before
             for pid, text in f.step_texts():
-                reviewed.append({"target": tp.target.kind, "path": f.file, "patch": pid,
-                              "after": _sha(text),
-                              "diff": diff_texts(f.file, before, text)})  # fmt: skip
+                reviewed.append(LockedStep(tp.target.kind, f.file, pid, _sha(text),
+                                           diff_texts(f.file, before, text)))  # fmt: skip
                 before = text
     digests, sources = patch_digests(plan.profile.patches, known)
     return Lock(
@@ -171,12 +205,16 @@ def read(path: Path) -> Lock:
     return lock
 
 
+def _entries(lock: Lock) -> list[LockedFile | LockedStep]:
+    return [*lock.files, *lock.steps]
+
+
 def _check_paths(path: Path, lock: Lock) -> None:
     """Every file a lock names is a plain relative path of a target kind (else exit 2)."""
     from pathlib import PurePosixPath
 
-    for entry in [*lock.files, *lock.steps]:
-        rel, kind = entry["path"], entry["target"]
+    for entry in _entries(lock):
+        rel, kind = entry.path, entry.target
         p = PurePosixPath(rel)
         if (
             kind not in TARGETS
@@ -200,24 +238,24 @@ def _check_paths(path: Path, lock: Lock) -> None:
             )
 
 
-def check_files_of_profile(lock: Lock, profile: Any, path: Path) -> None:
+def check_files_of_profile(lock: Lock, profile: catalog.Profile, path: Path) -> None:
     """A lock may name only files that a patch of its profile touches."""
     cat = catalog.load()
     allowed = {
         (p.target, f) for p in cat.patches_of(profile) for f in p.files
     }  # fmt: skip
-    for entry in [*lock.files, *lock.steps]:
-        if (entry["target"], entry["path"]) not in allowed:
+    for entry in _entries(lock):
+        if (entry.target, entry.path) not in allowed:
             raise Refused(
-                f"{path} names {entry['target']} {entry['path']}, which no patch of profile "
+                f"{path} names {entry.target} {entry.path}, which no patch of profile "
                 f"{profile.name} touches; nothing was changed",
                 "use the lock `sm120patch pin` wrote, or make a new one",
             )
     known = {pid for pid in profile.patches}
     for entry in lock.steps:
-        if entry["patch"] not in known:
+        if entry.patch not in known:
             raise Refused(
-                f"{path} has a step of patch {entry['patch']}, which is not in profile "
+                f"{path} has a step of patch {entry.patch}, which is not in profile "
                 f"{profile.name}; nothing was changed",
                 "use the lock `sm120patch pin` wrote, or make a new one",
             )
@@ -246,21 +284,42 @@ def _parse(path: Path, raw: str) -> Lock:
             sources={
                 str(p["id"]): str(p["source"]) for p in doc.get("patches", []) if "source" in p
             },
-            files=[
-                {k: str(f[k]) for k in ("target", "path", "before", "after")}
-                for f in doc.get("files", [])
-            ],
+            files=[LockedFile(**_entry(f, "files", i, _FILE_KEYS))
+                   for i, f in enumerate(_tables(doc, "files"), 1)],
             tool_version=str(doc.get("tool_version", "")),
-            steps=[
-                {k: str(s[k]) for k in ("target", "path", "patch", "after", "diff")}
-                for s in doc.get("steps", [])
-            ],
-        )
-    except (TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
+            steps=[LockedStep(**_entry(s, "steps", i, _STEP_KEYS))
+                   for i, s in enumerate(_tables(doc, "steps"), 1)],
+        )  # fmt: skip
+    except (TOMLDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise Refused(
             f"lock file {path} is not a valid sm120patch lock ({exc})",
             "regenerate it with `sm120patch pin`",
         ) from None
+
+
+def _tables(doc: dict[str, Any], name: str) -> list[Any]:
+    found = doc.get(name, [])
+    if not isinstance(found, list):
+        raise ValueError(f"{name} is not an array of tables")
+    return found
+
+
+def _entry(table: object, name: str, n: int, keys: tuple[str, ...]) -> dict[str, str]:
+    """The values of one [[files]] or [[steps]] table, each a string (a hash one a sha256):
+    a number or a table where a path or a diff belongs is a lock no `pin` wrote."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{name} entry {n} is not a table")
+    out = {}
+    for key in keys:
+        if key not in table:
+            raise ValueError(f"{name} entry {n} has no {key}")
+        value = table[key]
+        if not isinstance(value, str):
+            raise ValueError(f"{name} entry {n}: {key} is not a string")
+        if key in _HASH_KEYS and not _SHA256.fullmatch(value):
+            raise ValueError(f"{name} entry {n}: {key} is not a sha256")
+        out[key] = value
+    return out
 
 
 def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> list[str]:
@@ -273,9 +332,9 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
     now = from_plan(plan, known=lock, steps=bool(lock.steps))
     if skip:
         lock = replace(lock, versions={k: v for k, v in lock.versions.items() if k not in skip},
-                       files=[f for f in lock.files if f["target"] not in skip])  # fmt: skip
+                       files=[f for f in lock.files if f.target not in skip])  # fmt: skip
         now.versions = {k: v for k, v in now.versions.items() if k not in skip}
-        now.files = [f for f in now.files if f["target"] not in skip]
+        now.files = [f for f in now.files if f.target not in skip]
     problems = []
     profile = now.profile
     if lock.profile != profile:
@@ -309,8 +368,8 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
                 f"patch {pid}: lock digest {_short(a)}, this sm120patch has {_short(b)} (its "
                 "code changed since the lock was made)"
             )
-    locked = {(f["target"], f["path"]): f for f in lock.files}
-    found = {(f["target"], f["path"]): f for f in now.files}
+    locked = {(f.target, f.path): f for f in lock.files}
+    found = {(f.target, f.path): f for f in now.files}
     for key in sorted(set(locked) | set(found)):
         mine, theirs = locked.get(key), found.get(key)
         where = f"{key[0]} {key[1]}"
@@ -318,12 +377,12 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
             problems.append(f"{where}: would be patched but is not in the lock")
         elif theirs is None:
             problems.append(f"{where}: in the lock but would not be patched here")
-        elif mine["before"] != theirs["before"]:
+        elif mine.before != theirs.before:
             problems.append(
                 f"{where}: file differs from the locked original "
-                f"({_short(mine['before'])} locked, {_short(theirs['before'])} here)"
+                f"({_short(mine.before)} locked, {_short(theirs.before)} here)"
             )
-        elif mine["after"] != theirs["after"]:
+        elif mine.after != theirs.after:
             problems.append(f"{where}: patched text would differ from the locked result")
     if lock.steps and not problems:
         problems += _step_differences(lock, now, skip)
@@ -333,19 +392,22 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
 def _step_differences(lock: Lock, now: Lock, skip: frozenset[str]) -> list[str]:
     """What was reviewed is what is written: each step of the lock is this plan's, with the
     same after-hash and the same diff text."""
-    keys = ("target", "path", "patch")
-    locked = [s for s in lock.steps if s["target"] not in skip]
-    found = [s for s in now.steps if s["target"] not in skip]
-    if [tuple(s[k] for k in keys) for s in locked] != [tuple(s[k] for k in keys) for s in found]:
+    locked = [s for s in lock.steps if s.target not in skip]
+    found = [s for s in now.steps if s.target not in skip]
+    if [_step_of(s) for s in locked] != [_step_of(s) for s in found]:
         return ["steps: the lock's patch steps are not the ones these patches make here"]
     problems = []
     for a, b in zip(locked, found, strict=True):
-        where = f"{a['target']} {a['path']} ({a['patch']})"
-        if a["after"] != b["after"]:
+        where = f"{a.target} {a.path} ({a.patch})"
+        if a.after != b.after:
             problems.append(f"{where}: the step's result differs from the locked one")
-        elif a["diff"] != b["diff"]:
+        elif a.diff != b.diff:
             problems.append(f"{where}: the lock's diff is not the change these patches make")
     return problems
+
+
+def _step_of(s: LockedStep) -> tuple[str, str, str]:
+    return s.target, s.path, s.patch
 
 
 def _short(digest: str | None) -> str:
@@ -354,7 +416,7 @@ def _short(digest: str | None) -> str:
     return digest.removeprefix("sha256:")[:12]
 
 
-def check(lock: Lock, path: Path) -> Any:
+def check(lock: Lock, path: Path) -> PlanCheck:
     """A plan check for `engine.apply`: refuse, naming each difference, unless identical.
 
     The check is called with the kinds of the targets already applied as the lock says."""

@@ -135,7 +135,7 @@ def test_rollout_applies_once_and_restarts_once(fleet: Fleet, site: Path, tmp_pa
     assert node.lock.read_bytes() == fleet.lock.read_bytes()
     assert node.drop_in.read_bytes() == DROP_IN.read_bytes()  # its directory created
     for f in lockfile.read(fleet.lock).files:
-        assert snapshot(site)[f["path"]] == f["after"], f["path"]
+        assert snapshot(site)[f.path] == f.after, f.path
     calls = [c for c in node.systemctl_calls() if not c.startswith("show ")]
     assert calls == ["daemon-reload", "restart 'sglang.service'"] or calls == [
         "daemon-reload",

@@ -37,8 +37,8 @@ def test_image_build_applies_exactly_the_lock(fleet: Fleet):
     # Every file the lock names now has the locked after-bytes, in the venv's own packages.
     assert len(lock.files) == 3
     for f in lock.files:
-        path = fleet.site_packages / f["path"]
-        assert _sha(path) == f["after"], f["path"]
+        path = fleet.site_packages / f.path
+        assert _sha(path) == f.after, f.path
     # The lock was copied to the image's lock path and the image's sm120patch records it.
     locked = Path(fleet.image.env["SM120PATCH_LOCK"])
     assert locked.read_bytes() == fleet.lock.read_bytes()
@@ -86,7 +86,7 @@ def test_image_entrypoint_runs_ensure_then_the_command(fleet: Fleet):
 
 def test_image_entrypoint_stops_a_drifted_image(fleet: Fleet, tmp_path):
     lock = lockfile.read(fleet.lock)
-    path = fleet.site_packages / lock.files[0]["path"]
+    path = fleet.site_packages / lock.files[0].path
     original = path.read_bytes()
     try:
         path.write_bytes(original + b"# edited in the image\n")

@@ -145,7 +145,7 @@ def test_lock_handler_runs_once_after_a_change_and_not_on_the_second_run(
     assert first.recap["changed"] == 2  # the task and its handler
     assert restarts.read_text().splitlines() == ["restarted"]
     for f in lockfile.read(fleet.lock).files:
-        assert snapshot(site)[f["path"]] == f["after"]
+        assert snapshot(site)[f.path] == f.after
 
     second = playbook("handler.yml", fleet.collections, extra, tmp_path)
     assert second.rc == 0, second.output
