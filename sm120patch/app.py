@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
     from sm120patch.plan.plans import Plan
     from sm120patch.scan.run import Report as ScanReport
-    from sm120patch.trial.gpu import Probe
+    from sm120patch.trial.gpu import GpuInventory
     from sm120patch.trial.measure import MeasuredTrial
     from sm120patch.trial.serve import TrialResult
 
@@ -52,7 +52,7 @@ class Session:
     sglang: str | None = None
     flashinfer: str | None = None
     packs: tuple[str, ...] = ()
-    _probe: Probe | None = field(default=None, repr=False)
+    _gpus: GpuInventory | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         from sm120patch.plan import catalog
@@ -72,13 +72,13 @@ class Session:
     def profile(self, name: str) -> Profile:
         return self.catalog.profile(name)
 
-    def probe(self) -> Probe:
+    def gpus(self) -> GpuInventory:
         """The GPUs, read once per command (starting NVML is a tenth of a second)."""
-        if self._probe is None:
+        if self._gpus is None:
             from sm120patch.trial import gpu
 
-            self._probe = gpu.probe()
-        return self._probe
+            self._gpus = gpu.read_gpus()
+        return self._gpus
 
     def sm120_check(self, gpu_check: bool) -> Callable[[], None] | None:
         """The apply's precondition: an SM120 GPU here, unless the check is off."""
@@ -87,7 +87,7 @@ class Session:
         from sm120patch.trial import gpu
 
         def check() -> None:
-            gpu.require_sm120(self.probe())
+            gpu.require_sm120(self.gpus())
 
         return check
 
@@ -95,7 +95,7 @@ class Session:
         """The known outcomes and the trials measured here that match this box."""
         from sm120patch.trial import known
 
-        return known.lines(profile, self.paths, command or [], self.probe)
+        return known.lines(profile, self.paths, command or [], self.gpus)
 
 
 # ---- lock files --------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def list_profiles(session: Session) -> Catalog:
 def held_here(cat: Catalog) -> dict[str, list[str]]:
     """Per recommended profile, why not to recommend it with the SGLang and FlashInfer
     installed here: a release it refuses, or a wrong-output known entry about it that matches
-    (no GPU probe: `list` stays quick, and an unknown GPU does not exclude an entry)."""
+    (no reading of the GPUs: `list` stays quick, and an unknown GPU does not exclude an entry)."""
     recommended = [p for p in cat.profiles.values() if p.status == "recommended"]
     if not recommended:
         return {}
@@ -196,7 +196,7 @@ def apply_dry_run(
     )
     gpu_doc = None
     if gpu_check:
-        found = session.probe()
+        found = session.gpus()
         gpu_doc = {"has_sm120": found.has_sm120, "summary": found.summary()}
     assert prep.plan is not None  # a dry run always plans (or refuses)
     return DryRun(prep, prep.plan, gpu_doc)

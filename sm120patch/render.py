@@ -415,12 +415,12 @@ def shown(found: Shown) -> Text:
 
 def doctor(found: Examination) -> Text:
     text = Text()
-    probe = found.probe
-    if probe.problem or not probe.gpus:
-        text.out.append(f"GPUs: {probe.summary()}")
+    gpus = found.gpus
+    if gpus.problem or not gpus.gpus:
+        text.out.append(f"GPUs: {gpus.summary()}")
     else:
-        text.out.append(f"GPUs (driver {probe.driver}, CUDA {probe.cuda_driver}):")
-        for g in probe.gpus:
+        text.out.append(f"GPUs (driver {gpus.driver}, CUDA {gpus.cuda_driver}):")
+        for g in gpus.gpus:
             mark = "SM120" if g.is_sm120 else "not SM120"
             text.out.append(f"  {g.describe()} ({mark})")
     for t in found.targets:

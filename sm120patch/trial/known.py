@@ -247,9 +247,9 @@ def _flag(command: Sequence[str], *names: str) -> str | None:
 def box_of(
     paths: Mapping[str, str | Path | None],
     command: Sequence[str] = (),
-    probe: Callable[[], gpu.Probe] | None = None,
+    read_gpus: Callable[[], gpu.GpuInventory] | None = None,
 ) -> Box:
-    """This box, as known.toml's conditions read it. `probe`: how to read the GPUs (a command
+    """This box, as known.toml's conditions read it. `read_gpus`: how to read the GPUs (a command
     that also checks them passes its own, so that NVML starts once: a tenth of a second)."""
     from sm120patch.engine import assess
     from sm120patch.trial import gpu as nvml  # imported here: most commands never read known.toml
@@ -258,7 +258,7 @@ def box_of(
         versions = {s.target.kind: s.target.version for s in assess.status(paths)}
     except Sm120Error:
         versions = {}
-    found = (probe or nvml.probe)()
+    found = (read_gpus or nvml.read_gpus)()
     tp = _flag(command, "--tp", "--tp-size", "--tensor-parallel-size")
     model = _flag(command, "--model-path", "--model")
     architecture = None
@@ -372,10 +372,10 @@ def lines(
     profile: str | None,
     paths: Mapping[str, str | Path | None],
     command: Sequence[str] = (),
-    probe: Callable[[], gpu.Probe] | None = None,
+    read_gpus: Callable[[], gpu.GpuInventory] | None = None,
 ) -> list[str]:
     """The known entries matching this box, then this box's own measured trials."""
-    box = box_of(paths, command, probe)
+    box = box_of(paths, command, read_gpus)
     out = [e.line() for e in entries() if matches(e, profile, box)]
     try:
         out += local_lines(history(paths), profile)
