@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from sm120patch.maintain.matrix import Row
     from sm120patch.patchkit.newpatch import Written
     from sm120patch.plan.catalog import Catalog, Profile
-    from sm120patch.plan.export import Exported
     from sm120patch.plan.lockfile import Lock
+    from sm120patch.plan.mails import MailFile
     from sm120patch.plan.plans import Plan
     from sm120patch.scan.run import Report as ScanReport
     from sm120patch.trial.gpu import GpuInventory
@@ -286,15 +286,15 @@ def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
     return Pinned(lock, output)
 
 
-def export(
+def write_patch_mails(
     session: Session, profile: str, out_dir: str, *, force: bool, overwrite: bool
-) -> list[Exported]:
+) -> list[MailFile]:
     from sm120patch.engine import pristine
-    from sm120patch.plan import export as exporting
+    from sm120patch.plan import mails
 
     # On a reference box the profile is usually applied: planned from the pristine side.
-    plan = pristine.export_plan(profile, session.paths, force=force)
-    return exporting.write(plan, Path(out_dir), overwrite=overwrite)
+    plan = pristine.plan_from_pristine(profile, session.paths, force=force)
+    return mails.write_mails(plan, Path(out_dir), overwrite=overwrite)
 
 
 @dataclass(frozen=True)
@@ -443,7 +443,7 @@ class TrialRequest:
     leave_running: bool = False
     sample_power: bool = False
     # a measured trial only
-    export_path: str | None = None
+    record_path: str | None = None
 
 
 def measure_options(request: TrialRequest, *, min_gain: float, **measured: Any) -> Any:
@@ -467,7 +467,7 @@ class Trialled:
     result: TrialResult | None = None
     measured: MeasuredTrial | None = None
     # whether --export wrote the record (only a trial that is evidence is exported)
-    exported: bool = False
+    record_written: bool = False
 
 
 def trial(
@@ -483,7 +483,7 @@ def trial(
     """Apply, run the command, judge, keep or revert. `measure` (trial.measure.Options) makes
     it an A/B measurement. The known outcomes go to `on_known` before anything runs;
     `on_progress` hears a line every few seconds while a server is not ready. A measured trial
-    is exported (`export_path`) only when it is evidence; one that found nothing answering at
+    is exported (`record_path`) only when it is evidence; one that found nothing answering at
     the API is the error TrialUnreachable (exit 8), its record in the error's JSON."""
     from sm120patch.trial import serve
 
@@ -491,11 +491,11 @@ def trial(
         if on_progress is not None:
             on_progress(f"sm120patch: {serve.waiting_line(elapsed, last)}")
 
-    if request.export_path and measure is None:
+    if request.record_path and measure is None:
         raise UsageError(
             "--export needs --measure",
             "add --measure, or export the latest recorded trial: "
-            f"`sm120patch trial show --export {request.export_path}`",
+            f"`sm120patch trial show --export {request.record_path}`",
         )
     for line in session.known_lines(request.profile, list(request.command)):
         on_known(line)
@@ -517,10 +517,10 @@ def trial(
         )
         if measured.verdict == "unreachable":
             raise measured.unreachable(with_record=True)
-        exported = bool(request.export_path) and measured.evidence
-        if exported:
-            write_export(measured.to_dict(), Path(str(request.export_path)))
-        return Trialled(measured=measured, exported=exported)
+        written = bool(request.record_path) and measured.evidence
+        if written:
+            write_outcome_record(measured.to_dict(), Path(str(request.record_path)))
+        return Trialled(measured=measured, record_written=written)
     result = serve.run(
         request.profile,
         session.paths,
@@ -543,11 +543,11 @@ def trial(
 class Shown:
     trial: dict[str, Any]
     html_path: str | None
-    export_path: str | None
+    record_path: str | None
 
 
 def trial_show(
-    session: Session, trial_id: str | None, html_path: str | None, export_path: str | None
+    session: Session, trial_id: str | None, html_path: str | None, record_path: str | None
 ) -> Shown:
     from sm120patch.trial import known, report
 
@@ -556,9 +556,9 @@ def trial_show(
         from sm120patch.targets.files import write_output  # never through a link at its name
 
         write_output(html_path, report.html(found))
-    if export_path:
-        write_export(found, Path(export_path))
-    return Shown(found, html_path, export_path)
+    if record_path:
+        write_outcome_record(found, Path(record_path))
+    return Shown(found, html_path, record_path)
 
 
 def trial_forget(session: Session, trial_ids: Sequence[str], *, everything: bool) -> list[str]:
@@ -571,9 +571,9 @@ def trial_forget(session: Session, trial_ids: Sequence[str], *, everything: bool
     return known.forget(session.paths, list(trial_ids), everything=everything)
 
 
-def write_export(doc: dict[str, Any], path: Path) -> None:
+def write_outcome_record(doc: dict[str, Any], path: Path) -> None:
     """A trial as one known.toml record."""
     from sm120patch.targets.files import write_output  # never through a link at its name
     from sm120patch.trial import known
 
-    write_output(path, known.export_record(doc))
+    write_output(path, known.outcome_record(doc))

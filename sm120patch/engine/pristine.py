@@ -28,7 +28,7 @@ def pristine_bytes(target: Target, rel: str) -> bytes | None:
     return st.copy("pristine", rel)
 
 
-def export_plan(
+def plan_from_pristine(
     profile_name: str, paths: Mapping[str, str | Path | None], *, force: bool = False
 ) -> Plan:
     """The plan `export` writes: on trees where the profile is applied (checked from the

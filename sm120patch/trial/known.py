@@ -389,7 +389,7 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def export_record(trial: dict[str, Any]) -> str:
+def outcome_record(trial: dict[str, Any]) -> str:
     """One `[[outcome]]` record in known.toml's schema from a recorded trial."""
     verdict = trial.get("verdict")
     outcome = _OUTCOME_OF.get(str(verdict)) if evidence(trial) else None
