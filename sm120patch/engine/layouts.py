@@ -55,7 +55,7 @@ class TargetLayout(Protocol):
     def write(self, rel: str, text: str) -> None: ...
     def record_step(self, rel: str, message: str) -> str | None: ...
     def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
-    def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
+    def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
     def changes_since_apply(self, git: GitBase | None) -> list[str]: ...
     def finish_revert(
         self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
@@ -151,7 +151,8 @@ class InstalledLayout:
         self.restore_pristine(files)
 
     # ---- revert -----------------------------------------------------------------------
-    def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+    def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+        """Before the journal: every file not back to the release has a pristine copy to restore."""
         for f in files:
             now = file_sha256(self.path(f.path))
             if now is None or now == f.before or now == self.released(f):
@@ -281,7 +282,7 @@ class GitLayout(InstalledLayout):
         self.repo.delete_branch(git.patch_branch)
 
     # ---- revert -----------------------------------------------------------------------
-    def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+    def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
         """Before the journal: the revert can be finished by git alone."""
         if git is None:
             return
