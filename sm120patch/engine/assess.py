@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120patch import targets
-from sm120patch.engine.records import Journal, Manifest
+from sm120patch.engine.records import FileRecord, Journal, Manifest
 from sm120patch.engine.store import TargetState
 from sm120patch.targets import Target, files, git
 from sm120patch.targets.files import file_sha256
@@ -201,19 +201,28 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
     )
 
 
+def file_verdict(f: FileRecord, now: str | None, released: str | None = None) -> str:
+    """The verdict on one touched file from its sha256 `now`: "missing" (deleted), "patched"
+    (the bytes the apply wrote), "pristine" (its before-bytes, or `released`: the release's
+    own bytes as its RECORD lists them), else "drifted". The one place a file's hash is judged:
+    `assess`, revert's preflight and the layouts' restores all read it from here."""
+    if now is None:
+        return "missing"
+    # The release's bytes first: a restore must leave a file that holds them as it is.
+    if now == f.before or (released is not None and now == released):
+        return "pristine"
+    if now == f.after:
+        return "patched"
+    return "drifted"
+
+
 def _files(target: Target, manifest: Manifest) -> tuple[FileState, ...]:
     record = targets.record_hashes(target)
     out = []
     for f in manifest.files:
         now = file_sha256(files.inside(target.root, f.path))
-        if now is None:
-            word = "missing"
-        elif now == f.after:
-            word = "patched"
-        elif now == f.before:
-            word = "pristine"
-        else:
-            word = "drifted"
+        # Against the manifest alone; the RECORD's word is reported beside it (`as_installed`).
+        word = file_verdict(f, now)
         installed = record.get(f.module)
         out.append(
             FileState(

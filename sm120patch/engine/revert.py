@@ -228,7 +228,7 @@ def _preflight(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
             )
     def unchanged(f: FileRecord) -> bool:
         now = file_sha256(ctx.path(f.path))
-        return now is not None and now in (f.after, f.before, ctx.layout.released(f))
+        return assess.file_verdict(f, now, ctx.layout.released(f)) in ("patched", "pristine")
 
     changed = [f for f in manifest.files if not unchanged(f)]
     problems = []
