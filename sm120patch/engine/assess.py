@@ -47,6 +47,16 @@ class State(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def stale(self) -> bool:
+        """A record the bytes no longer bear out (gone, replaced): a revert only drops it."""
+        return self in (State.GONE, State.REPLACED)
+
+    @property
+    def holds_no_patch(self) -> bool:
+        """Nothing sm120patch wrote is in the tree: pristine, or a stale record."""
+        return self is State.PRISTINE or self.stale
+
 
 @dataclass(frozen=True)
 class FileState:

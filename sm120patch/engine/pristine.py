@@ -40,7 +40,7 @@ def plan_from_pristine(
     texts: dict[str, dict[str, str]] = {}
     for target in found:
         state = assess.assess(target)
-        if state.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
+        if state.state.holds_no_patch:
             continue
         if state.state != assess.State.APPLIED or state.profile != profile.name:
             raise Refused(

@@ -185,7 +185,7 @@ def _revert_preflight(
                 f"not {profile_name}",
                 f"run `sm120patch revert {manifest.profile}` or `sm120patch revert --all`",
             )
-        if found_state.state in (assess.State.GONE, assess.State.REPLACED):
+        if found_state.state.stale:
             stale.append((ctx, found_state))
         else:
             todo.append((ctx, manifest))
