@@ -41,8 +41,8 @@ def window(seconds):
             "describe": [f.describe() for f in gpu.summarise(samples)]}
 
 
-probe = gpu.probe()
-print(json.dumps({"probe": probe.to_dict()}, default=str), flush=True)
+found = gpu.read_gpus()
+print(json.dumps({"probe": found.to_dict()}, default=str), flush=True)
 idle = window(3)
 print(json.dumps({"idle": idle}), flush=True)
 proc = subprocess.Popen([sys.executable, "-c", LOAD, "25"], stdout=subprocess.PIPE, text=True)

@@ -158,7 +158,7 @@ def _mentions(node: cst.CSTNode, attr: str) -> bool:
     from sm120patch.patchkit import syntax as h
 
     return bool(
-        h.find(
+        h.matching_nodes(
             node,
             (cst.Attribute, cst.Name),
             lambda n: (
@@ -177,7 +177,7 @@ def _returns(body: cst.BaseSuite, value: str) -> bool:
 
     return any(
         isinstance(r.value, cst.SimpleString) and r.value.evaluated_value == value  # type: ignore[attr-defined]
-        for r in h.find(body, cst.Return)
+        for r in h.matching_nodes(body, cst.Return)
     )
 
 

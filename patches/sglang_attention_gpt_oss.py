@@ -111,7 +111,7 @@ def _sets_trtllm(branch: cst.If) -> bool:
         and h.code(a.targets[0].target) == TARGET  # type: ignore[attr-defined]
         and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
         and a.value.evaluated_value == "trtllm_mha"  # type: ignore[attr-defined]
-        for a in h.find(branch.body, cst.Assign)
+        for a in h.matching_nodes(branch.body, cst.Assign)
     )
 
 
@@ -120,7 +120,7 @@ def _is_ours(branch: cst.If) -> bool:
 
     from sm120patch.patchkit import syntax as h
 
-    assigns = h.find(branch.body, cst.Assign)
+    assigns = h.matching_nodes(branch.body, cst.Assign)
     return len(assigns) == 1 and "".join(h.code(assigns[0], 400).split()) == "".join(
         f"{TARGET} = {VALUE}".split()
     )

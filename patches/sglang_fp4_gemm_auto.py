@@ -190,7 +190,7 @@ def _chooses(body: cst.BaseSuite, backend: str) -> bool:
         and h.key(a.targets[0].target) == "backend"  # type: ignore[attr-defined]
         and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
         and a.value.evaluated_value == backend  # type: ignore[attr-defined]
-        for a in h.find(body, cst.Assign)
+        for a in h.matching_nodes(body, cst.Assign)
     )
 
 
@@ -204,7 +204,7 @@ def _assigns_backend_string(func: cst.FunctionDef) -> bool:
         len(a.targets) == 1  # type: ignore[attr-defined]
         and h.key(a.targets[0].target) == "backend"  # type: ignore[attr-defined]
         and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
-        for a in h.find(func.body, cst.Assign)
+        for a in h.matching_nodes(func.body, cst.Assign)
     )
 
 

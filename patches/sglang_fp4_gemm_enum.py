@@ -91,7 +91,7 @@ def transform(module: cst.Module) -> Result:
     new_def = anchor_def.deep_replace(
         anchor_def.name, anchor_def.name.with_changes(value=PREDICATE)
     )
-    attrs = h.find(new_def.body, cst.Attribute, lambda a: a.attr.value == anchor_name)  # type: ignore[attr-defined]
+    attrs = h.matching_nodes(new_def.body, cst.Attribute, lambda a: a.attr.value == anchor_name)  # type: ignore[attr-defined]
     if len(attrs) != 1 or not _is_predicate_of(anchor_def, anchor_name):
         return refused(
             CLASS,
@@ -146,7 +146,7 @@ def _maps_by_prefix(func: cst.FunctionDef | None) -> bool:
 
     if func is None:
         return False
-    calls = h.find(
+    calls = h.matching_nodes(
         func.body,
         cst.Call,
         lambda c: (

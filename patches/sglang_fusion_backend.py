@@ -61,7 +61,7 @@ def _raises(check: cst.If) -> list[cst.CSTNode]:
 
     from sm120patch.patchkit import syntax as h
 
-    return h.find(check.body, cst.Raise)
+    return h.matching_nodes(check.body, cst.Raise)
 
 
 COMM_FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"

@@ -27,11 +27,11 @@ if TYPE_CHECKING:
     from sm120patch.maintain.matrix import Row
     from sm120patch.patchkit.newpatch import Written
     from sm120patch.plan.catalog import Catalog, Profile
-    from sm120patch.plan.export import Exported
     from sm120patch.plan.lockfile import Lock
+    from sm120patch.plan.mails import MailFile
     from sm120patch.plan.plans import Plan
     from sm120patch.scan.run import Report as ScanReport
-    from sm120patch.trial.gpu import Probe
+    from sm120patch.trial.gpu import GpuInventory
     from sm120patch.trial.measure import MeasuredTrial
     from sm120patch.trial.serve import TrialResult
 
@@ -53,7 +53,7 @@ class Session:
     sglang: str | None = None
     flashinfer: str | None = None
     packs: tuple[str, ...] = ()
-    _probe: Probe | None = field(default=None, repr=False)
+    _gpus: GpuInventory | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         from sm120patch.plan import catalog
@@ -73,13 +73,13 @@ class Session:
     def profile(self, name: str) -> Profile:
         return self.catalog.profile(name)
 
-    def probe(self) -> Probe:
+    def gpus(self) -> GpuInventory:
         """The GPUs, read once per command (starting NVML is a tenth of a second)."""
-        if self._probe is None:
+        if self._gpus is None:
             from sm120patch.trial import gpu
 
-            self._probe = gpu.probe()
-        return self._probe
+            self._gpus = gpu.read_gpus()
+        return self._gpus
 
     def sm120_check(self, gpu_check: bool) -> Callable[[], None] | None:
         """The apply's precondition: an SM120 GPU here, unless the check is off."""
@@ -88,7 +88,7 @@ class Session:
         from sm120patch.trial import gpu
 
         def check() -> None:
-            gpu.require_sm120(self.probe())
+            gpu.require_sm120(self.gpus())
 
         return check
 
@@ -96,7 +96,7 @@ class Session:
         """The known outcomes and the trials measured here that match this box."""
         from sm120patch.trial import known
 
-        return known.lines(profile, self.paths, command or [], self.probe)
+        return known.lines(profile, self.paths, command or [], self.gpus)
 
 
 # ---- lock files --------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def list_profiles(session: Session) -> Catalog:
 def held_here(cat: Catalog) -> dict[str, list[str]]:
     """Per recommended profile, why not to recommend it with the SGLang and FlashInfer
     installed here: a release it refuses, or a wrong-output known entry about it that matches
-    (no GPU probe: `list` stays quick, and an unknown GPU does not exclude an entry)."""
+    (no reading of the GPUs: `list` stays quick, and an unknown GPU does not exclude an entry)."""
     recommended = [p for p in cat.profiles.values() if p.status == "recommended"]
     if not recommended:
         return {}
@@ -197,7 +197,7 @@ def apply_dry_run(
     )
     gpu_doc = None
     if gpu_check:
-        found = session.probe()
+        found = session.gpus()
         gpu_doc = {"has_sm120": found.has_sm120, "summary": found.summary()}
     assert prep.plan is not None  # a dry run always plans (or refuses)
     return DryRun(prep, prep.plan, gpu_doc)
@@ -287,15 +287,15 @@ def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
     return Pinned(lock, output)
 
 
-def export(
+def write_patch_mails(
     session: Session, profile: str, out_dir: str, *, force: bool, overwrite: bool
-) -> list[Exported]:
+) -> list[MailFile]:
     from sm120patch.engine import pristine
-    from sm120patch.plan import export as exporting
+    from sm120patch.plan import mails
 
     # On a reference box the profile is usually applied: planned from the pristine side.
-    plan = pristine.export_plan(profile, session.paths, force=force)
-    return exporting.write(plan, Path(out_dir), overwrite=overwrite)
+    plan = pristine.plan_from_pristine(profile, session.paths, force=force)
+    return mails.write_mails(plan, Path(out_dir), overwrite=overwrite)
 
 
 @dataclass(frozen=True)
@@ -444,7 +444,7 @@ class TrialRequest:
     leave_running: bool = False
     sample_power: bool = False
     # a measured trial only
-    export_path: str | None = None
+    record_path: str | None = None
 
 
 def measure_options(request: TrialRequest, *, min_gain: float, **measured: Any) -> Any:
@@ -468,7 +468,7 @@ class Trialled:
     result: TrialResult | None = None
     measured: MeasuredTrial | None = None
     # whether --export wrote the record (only a trial that is evidence is exported)
-    exported: bool = False
+    record_written: bool = False
 
 
 def trial(
@@ -484,7 +484,7 @@ def trial(
     """Apply, run the command, judge, keep or revert. `measure` (trial.measure.Options) makes
     it an A/B measurement. The known outcomes go to `on_known` before anything runs;
     `on_progress` hears a line every few seconds while a server is not ready. A measured trial
-    is exported (`export_path`) only when it is evidence; one that found nothing answering at
+    is exported (`record_path`) only when it is evidence; one that found nothing answering at
     the API is the error TrialUnreachable (exit 8), its record in the error's JSON."""
     from sm120patch.trial import serve
 
@@ -492,11 +492,11 @@ def trial(
         if on_progress is not None:
             on_progress(f"sm120patch: {serve.waiting_line(elapsed, last)}")
 
-    if request.export_path and measure is None:
+    if request.record_path and measure is None:
         raise UsageError(
             "--export needs --measure",
             "add --measure, or export the latest recorded trial: "
-            f"`sm120patch trial show --export {request.export_path}`",
+            f"`sm120patch trial show --export {request.record_path}`",
         )
     for line in session.known_lines(request.profile, list(request.command)):
         on_known(line)
@@ -518,10 +518,10 @@ def trial(
         )
         if measured.verdict == "unreachable":
             raise measured.unreachable(with_record=True)
-        exported = bool(request.export_path) and measured.evidence
-        if exported:
-            write_export(measured.record(), Path(str(request.export_path)))
-        return Trialled(measured=measured, exported=exported)
+        written = bool(request.record_path) and measured.evidence
+        if written:
+            write_outcome_record(measured.record(), Path(str(request.record_path)))
+        return Trialled(measured=measured, record_written=written)
     result = serve.run(
         request.profile,
         session.paths,
@@ -544,11 +544,11 @@ def trial(
 class Shown:
     trial: TrialRecord
     html_path: str | None
-    export_path: str | None
+    record_path: str | None
 
 
 def trial_show(
-    session: Session, trial_id: str | None, html_path: str | None, export_path: str | None
+    session: Session, trial_id: str | None, html_path: str | None, record_path: str | None
 ) -> Shown:
     from sm120patch.trial import known, report
 
@@ -557,9 +557,9 @@ def trial_show(
         from sm120patch.targets.files import write_output  # never through a link at its name
 
         write_output(html_path, report.html(found))
-    if export_path:
-        write_export(found, Path(export_path))
-    return Shown(found, html_path, export_path)
+    if record_path:
+        write_outcome_record(found, Path(record_path))
+    return Shown(found, html_path, record_path)
 
 
 def trial_forget(session: Session, trial_ids: Sequence[str], *, everything: bool) -> list[str]:
@@ -572,9 +572,9 @@ def trial_forget(session: Session, trial_ids: Sequence[str], *, everything: bool
     return known.forget(session.paths, list(trial_ids), everything=everything)
 
 
-def write_export(trial: TrialRecord, path: Path) -> None:
+def write_outcome_record(trial: TrialRecord, path: Path) -> None:
     """A trial as one known.toml record."""
     from sm120patch.targets.files import write_output  # never through a link at its name
     from sm120patch.trial import known
 
-    write_output(path, known.export_record(trial))
+    write_output(path, known.outcome_record(trial))

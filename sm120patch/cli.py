@@ -390,7 +390,7 @@ MEASURE_OPTIONS = (
 @click.option("--model", default=None, help="Model name for the API (default: /v1/models).")
 @click.option("--bench-cmd", default=None, metavar="CMDLINE",
               help="Measure with this benchmark instead (JSON result at {output}).")
-@click.option("--export", "export_path", type=click.Path(dir_okay=False),
+@click.option("--export", "record_path", type=click.Path(dir_okay=False),
               help="Write this trial as a known.toml record (when it is evidence).")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -431,8 +431,8 @@ def trial_cmd(
                        "exit_code": 3})  # fmt: skip
             sys.exit(exc.exit_code)
         raise
-    if request.export_path:
-        show(render.exported(found, request.export_path))
+    if request.record_path:
+        show(render.record_written(found, request.record_path))
     if as_json:
         doc = (found.measured or found.result).record().to_json()  # type: ignore[union-attr]  # one of the two is set
         emit_json(doc)
@@ -446,7 +446,7 @@ def trial_cmd(
 @click.argument("trial_id", required=False)
 @with_targets
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a report.")
-@click.option("--export", "export_path", type=click.Path(dir_okay=False),
+@click.option("--export", "record_path", type=click.Path(dir_okay=False),
               help="Write the trial as a known.toml record.")
 @json_option
 def trial_show_cmd(
@@ -454,14 +454,14 @@ def trial_show_cmd(
     sglang: str | None,
     flashinfer: str | None,
     html_path: str | None,
-    export_path: str | None,
+    record_path: str | None,
     as_json: bool,
 ) -> None:
     """Show a recorded trial (the latest, or ID or a prefix of it); --html draws a report."""
-    found = app.trial_show(session(sglang, flashinfer), trial_id, html_path, export_path)
+    found = app.trial_show(session(sglang, flashinfer), trial_id, html_path, record_path)
     if as_json:
-        if export_path:
-            echo_err(f"wrote {export_path}: one known.toml record")
+        if record_path:
+            echo_err(f"wrote {record_path}: one known.toml record")
         emit_json(found.trial.to_json())
         return
     show(render.shown(found))
@@ -540,7 +540,7 @@ def export_cmd(
     overwrite: bool,
 ) -> None:
     """Write one mail-format patch per applied patch per target (for git am / git apply)."""
-    written = app.export(session(sglang, flashinfer), profile, out_dir, force=force,
+    written = app.write_patch_mails(session(sglang, flashinfer), profile, out_dir, force=force,
                          overwrite=overwrite)  # fmt: skip
     for item in written:
         click.echo(f"{item.target}: {item.path}")

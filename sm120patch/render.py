@@ -380,9 +380,9 @@ def power_lines(samples: list[dict[str, Any]]) -> list[str]:
     return report.power_lines(samples)
 
 
-def exported(found: Trialled, path: str) -> Text:
+def record_written(found: Trialled, path: str) -> Text:
     """What `trial --measure --export FILE` says of the export."""
-    if found.exported:
+    if found.record_written:
         return Text(err=[f"wrote {path}: one known.toml record"])
     verdict = found.measured.verdict if found.measured else "?"
     return Text(err=[f"sm120patch: nothing exported: {verdict} is not evidence"])
@@ -411,8 +411,8 @@ def trialled(found: Trialled, profile: str) -> Text:
 def shown(found: Shown) -> Text:
     t = found.trial
     text = Text(out=measured_lines(t) if t.is_measured else [trial_line(t)])
-    if found.export_path:
-        text.err.append(f"wrote {found.export_path}: one known.toml record")
+    if found.record_path:
+        text.err.append(f"wrote {found.record_path}: one known.toml record")
     if found.html_path:
         text.out.append(f"report: {found.html_path}")
     return text
@@ -423,12 +423,12 @@ def shown(found: Shown) -> Text:
 
 def doctor(found: Examination) -> Text:
     text = Text()
-    probe = found.probe
-    if probe.problem or not probe.gpus:
-        text.out.append(f"GPUs: {probe.summary()}")
+    gpus = found.gpus
+    if gpus.problem or not gpus.gpus:
+        text.out.append(f"GPUs: {gpus.summary()}")
     else:
-        text.out.append(f"GPUs (driver {probe.driver}, CUDA {probe.cuda_driver}):")
-        for g in probe.gpus:
+        text.out.append(f"GPUs (driver {gpus.driver}, CUDA {gpus.cuda_driver}):")
+        for g in gpus.gpus:
             mark = "SM120" if g.is_sm120 else "not SM120"
             text.out.append(f"  {g.describe()} ({mark})")
     for t in found.targets:

@@ -68,7 +68,7 @@ H200 = {
 
 def test_sm120_found(mocker):
     fake_nvml(mocker, [RTX, RTX])
-    found = gpu.probe()
+    found = gpu.read_gpus()
     assert found.has_sm120
     assert found.cuda_driver == "13.0"
     assert found.gpus[0].power_w == 240.0 and found.gpus[0].power_limit_w == 600.0
@@ -85,12 +85,12 @@ def test_sm90_only_refuses_naming_the_gpu(mocker):
 
 def test_mixed_machine_passes(mocker):
     fake_nvml(mocker, [H200, RTX])
-    assert gpu.probe().has_sm120
+    assert gpu.read_gpus().has_sm120
 
 
 def test_no_driver(mocker):
     mocker.patch.object(pynvml, "nvmlInit", side_effect=pynvml.NVMLError_LibraryNotFound())
-    found = gpu.probe()
+    found = gpu.read_gpus()
     assert found.problem and "no NVIDIA driver found" in found.problem
     with pytest.raises(Refused) as exc:
         gpu.require_sm120(found)
@@ -102,7 +102,7 @@ def test_nvml_error_while_reading(mocker):
     mocker.patch.object(
         pynvml, "nvmlDeviceGetCount", side_effect=pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
     )
-    found = gpu.probe()
+    found = gpu.read_gpus()
     assert found.problem and found.problem.startswith("NVML error")
     assert not found.has_sm120
 
@@ -114,7 +114,7 @@ def test_power_not_supported_is_none(mocker):
         "nvmlDeviceGetPowerUsage",
         side_effect=pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED),
     )
-    assert gpu.probe().gpus[0].power_w is None
+    assert gpu.read_gpus().gpus[0].power_w is None
 
 
 def test_real_h200_reading_is_refused(mocker):
@@ -196,7 +196,7 @@ def test_probe_without_the_binding_says_what_pynvml_says(tmp_path):
         "from sm120patch.trial import gpu\n"
         "if sys.argv[1] == 'binding':\n"
         "    import pynvml\n"
-        "p = gpu.probe()\n"
+        "p = gpu.read_gpus()\n"
         "print(json.dumps({'probe': p.to_dict(), 'imported': 'pynvml' in sys.modules}))\n"
     )
     out = {}

@@ -66,7 +66,7 @@ def test_matched_by_gpu_family_tp_quantization_and_profile():
 
 
 def test_box_reads_tp_and_quantization_from_the_command(tmp_path, mocker):
-    mocker.patch.object(gpu, "probe", return_value=gpu.Probe())
+    mocker.patch.object(gpu, "read_gpus", return_value=gpu.GpuInventory())
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"architectures": ["Glm4MoeForCausalLM"]}')
@@ -119,7 +119,7 @@ def test_only_a_wrong_output_entry_about_the_profile_condemns_it():
 
 @pytest.mark.parametrize(("fi_version", "shown"), [("0.6.1", True), ("0.6.8", False)])
 def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, shown):
-    mocker.patch.object(gpu, "probe", return_value=gpu.Probe())  # no GPU seen: not excluding
+    mocker.patch.object(gpu, "read_gpus", return_value=gpu.GpuInventory())  # no GPU seen: not excluding
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
     fi = make_tree(tmp_path, "flashinfer", fi_version, "installed")
     code, out, err = run_cli("doctor", "--sglang", str(sg), "--flashinfer", str(fi))
@@ -154,7 +154,7 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
 def test_moe_refusal_finds_the_flashinfer_beside_sglang(tmp_path, mocker):
     """`apply moe --sglang SITE` with no --flashinfer reads the FlashInfer installed in the
     same site-packages: the one that server runs with."""
-    mocker.patch.object(gpu, "probe", return_value=gpu.Probe())
+    mocker.patch.object(gpu, "read_gpus", return_value=gpu.GpuInventory())
     site = tmp_path / "site"
     sg = make_tree(site, "sglang", "0.5.9", "installed")
     fi = make_tree(site, "flashinfer", "0.6.3", "installed")

@@ -333,7 +333,7 @@ def test_a_dry_run_under_json_still_warns_of_no_sm120_gpu(tmp_path):
     """The Ansible module's check mode reads this warning to fail as the apply would."""
     from sm120patch.trial import gpu
 
-    if gpu.probe().has_sm120:
+    if gpu.read_gpus().has_sm120:
         pytest.skip("this machine has an SM120 GPU")
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     code, out, err = cli("apply", "moe", "--sglang", str(sg), "--dry-run", "--json")

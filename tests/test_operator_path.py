@@ -13,7 +13,7 @@ from test_states import SERVER_ARGS, cli, status_of, tree_hash  # noqa: F401
 from trees import git, make_tree
 
 from sm120patch.engine import pristine
-from sm120patch.plan import export
+from sm120patch.plan import mails
 
 
 def test_commits_on_the_patch_branch_are_drifted_not_applied(tmp_path):
@@ -49,12 +49,12 @@ def test_export_on_an_applied_tree_is_the_series_of_the_pristine_one(layout, tmp
     sg = make_tree(tmp_path, "sglang", "0.5.8", layout)
     fi = make_tree(tmp_path, "flashinfer", "0.6.8", layout)
     paths = {"sglang": sg, "flashinfer": fi}
-    export.write(pristine.export_plan("all", paths), tmp_path / "before")
+    mails.write_mails(pristine.plan_from_pristine("all", paths), tmp_path / "before")
     assert (
         cli("apply", "all", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check")[0] == 0
     )
     applied = tree_hash(sg), tree_hash(fi)
-    export.write(pristine.export_plan("all", paths), tmp_path / "after")
+    mails.write_mails(pristine.plan_from_pristine("all", paths), tmp_path / "after")
     assert _series(tmp_path / "after") == _series(tmp_path / "before") != {}
     assert (tree_hash(sg), tree_hash(fi)) == applied  # read only
 
@@ -66,7 +66,7 @@ def test_export_refuses_a_tree_edited_since_the_apply(tmp_path):
     from sm120patch.errors import Refused
 
     with pytest.raises(Refused, match="is drifted"):
-        pristine.export_plan("moe", {"sglang": sg})
+        pristine.plan_from_pristine("moe", {"sglang": sg})
 
 
 def _verify(sg: Path, *extra: str) -> tuple[int, str, str]:

@@ -134,8 +134,8 @@ def test_unknown_output_has_no_diagnosis():
 def test_sample_power_reports_draw_against_the_limit(trees, mocker):
     from sm120patch.trial import gpu
 
-    probe = gpu.Probe(gpus=[gpu.Gpu(0, "NVIDIA RTX PRO 6000", 12, 0, 240.0, 600.0, 98304, 1024)])
-    mocker.patch.object(gpu, "probe", return_value=probe)
+    found = gpu.GpuInventory(gpus=[gpu.Gpu(0, "NVIDIA RTX PRO 6000", 12, 0, 240.0, 600.0, 98304, 1024)])
+    mocker.patch.object(gpu, "read_gpus", return_value=found)
     sg, fi = trees
     cmd = "import time; time.sleep(1.5); print('ready', flush=True); time.sleep(30)"
     code, out, err = run_cli(

@@ -114,7 +114,7 @@ def _preflight(
         if found.state == assess.State.APPLIED and other == profile.name:
             applied.append((ctx, found))
             continue
-        if found.state in (assess.State.GONE, assess.State.REPLACED):
+        if found.state.stale:
             prep.notes.append(f"{ctx.target.at}: {found.message}")
             prep.stale.append(ctx)
             continue

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120patch import targets
-from sm120patch.engine.records import Journal, Manifest
+from sm120patch.engine.records import FileRecord, Journal, Manifest
 from sm120patch.engine.store import TargetState
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.targets import Target, files, git
@@ -47,6 +47,16 @@ class State(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def stale(self) -> bool:
+        """A record the bytes no longer bear out (gone, replaced): a revert only drops it."""
+        return self in (State.GONE, State.REPLACED)
+
+    @property
+    def holds_no_patch(self) -> bool:
+        """Nothing sm120patch wrote is in the tree: pristine, or a stale record."""
+        return self is State.PRISTINE or self.stale
 
 
 @dataclass(frozen=True)
@@ -202,19 +212,28 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
     )
 
 
+def file_verdict(f: FileRecord, now: str | None, released: str | None = None) -> str:
+    """The verdict on one touched file from its sha256 `now`: "missing" (deleted), "patched"
+    (the bytes the apply wrote), "pristine" (its before-bytes, or `released`: the release's
+    own bytes as its RECORD lists them), else "drifted". The one place a file's hash is judged:
+    `assess`, revert's preflight and the layouts' restores all read it from here."""
+    if now is None:
+        return "missing"
+    # The release's bytes first: a restore must leave a file that holds them as it is.
+    if now == f.before or (released is not None and now == released):
+        return "pristine"
+    if now == f.after:
+        return "patched"
+    return "drifted"
+
+
 def _files(target: Target, manifest: Manifest) -> tuple[FileState, ...]:
     record = targets.record_hashes(target)
     out = []
     for f in manifest.files:
         now = file_sha256(files.inside(target.root, f.path))
-        if now is None:
-            word = "missing"
-        elif now == f.after:
-            word = "patched"
-        elif now == f.before:
-            word = "pristine"
-        else:
-            word = "drifted"
+        # Against the manifest alone; the RECORD's word is reported beside it (`as_installed`).
+        word = file_verdict(f, now)
         installed = record.get(f.module)
         out.append(
             FileState(

@@ -90,7 +90,7 @@ def verify_hint(found: assess.Assessment, profile: str, lock: Lock | None) -> st
     other = found.profile
     if found.state == assess.State.UNFINISHED:
         return "an interrupted run left its journal: `sm120patch recover` finishes it"
-    stale = found.state in (assess.State.GONE, assess.State.REPLACED)
+    stale = found.state.stale
     if other is not None and other != profile and not stale:
         return f"profile {other} is applied instead: `sm120patch revert {other}`, then {again}"
     if found.state == assess.State.APPLIED:  # the profile, but not as the lock says

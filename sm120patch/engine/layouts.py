@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from sm120patch.engine import interrupts, records
+from sm120patch.engine.assess import file_verdict
 from sm120patch.engine.records import FileRecord, GitBase, Journal
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
@@ -55,7 +56,7 @@ class TargetLayout(Protocol):
     def write(self, rel: str, text: str) -> None: ...
     def record_step(self, rel: str, message: str) -> str | None: ...
     def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
-    def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
+    def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
     def changes_since_apply(self, git: GitBase | None) -> list[str]: ...
     def finish_revert(
         self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
@@ -151,10 +152,11 @@ class InstalledLayout:
         self.restore_pristine(files)
 
     # ---- revert -----------------------------------------------------------------------
-    def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+    def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+        """Before the journal: every file not back to the release has a pristine copy to restore."""
         for f in files:
             now = file_sha256(self.path(f.path))
-            if now is None or now == f.before or now == self.released(f):
+            if file_verdict(f, now, self.released(f)) in ("missing", "pristine"):
                 continue  # a deleted file is reported, never created; the release's is there
             copy = self.state.copy("pristine", f.path)
             if copy is None or sha256(copy) != f.before:
@@ -185,10 +187,10 @@ class InstalledLayout:
         out: Restored = {}
         for f in files:
             path = self.path(f.path)
-            now = file_sha256(path)
-            if now is None:
+            verdict = file_verdict(f, file_sha256(path), self.released(f))
+            if verdict == "missing":
                 out[f.path] = None  # deleted: a revert does not create it again
-            elif now in (f.before, self.released(f)):
+            elif verdict == "pristine":
                 out[f.path] = path.read_bytes()
             else:
                 try:
@@ -209,8 +211,7 @@ class InstalledLayout:
                 if note not in self.notes:
                     self.notes.append(note)
                 continue
-            now = file_sha256(path)
-            if now == f.before or (now is not None and now == self.released(f)):
+            if file_verdict(f, file_sha256(path), self.released(f)) == "pristine":
                 continue  # already the release's bytes
             data = self.pristine_bytes(f)
             # Over the file that is there, with its own mode: never a mode from the state.
@@ -281,7 +282,7 @@ class GitLayout(InstalledLayout):
         self.repo.delete_branch(git.patch_branch)
 
     # ---- revert -----------------------------------------------------------------------
-    def check_revertable(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+    def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
         """Before the journal: the revert can be finished by git alone."""
         if git is None:
             return

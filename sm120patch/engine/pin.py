@@ -29,7 +29,7 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     states = {s.target.kind: s for s in assess.status(paths) if s.target.kind in profile.targets}
     applied = [s for s in states.values() if s.state == assess.State.APPLIED]
     for s in states.values():
-        if s.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
+        if s.assessment.state.holds_no_patch:
             continue
         if s.state == assess.State.APPLIED and s.profile == profile.name:
             continue

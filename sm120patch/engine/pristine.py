@@ -28,7 +28,7 @@ def pristine_bytes(target: Target, rel: str) -> bytes | None:
     return st.copy("pristine", rel)
 
 
-def export_plan(
+def plan_from_pristine(
     profile_name: str, paths: Mapping[str, str | Path | None], *, force: bool = False
 ) -> Plan:
     """The plan `export` writes: on trees where the profile is applied (checked from the
@@ -40,7 +40,7 @@ def export_plan(
     texts: dict[str, dict[str, str]] = {}
     for target in found:
         state = assess.assess(target)
-        if state.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
+        if state.state.holds_no_patch:
             continue
         if state.state != assess.State.APPLIED or state.profile != profile.name:
             raise Refused(

@@ -185,7 +185,7 @@ def _revert_preflight(
                 f"not {profile_name}",
                 f"run `sm120patch revert {manifest.profile}` or `sm120patch revert --all`",
             )
-        if found_state.state in (assess.State.GONE, assess.State.REPLACED):
+        if found_state.state.stale:
             stale.append((ctx, found_state))
         else:
             todo.append((ctx, manifest))
@@ -199,7 +199,7 @@ def _revert_preflight(
             notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
         )
     for ctx, manifest in todo:
-        _check_revertable(ctx, manifest, force)
+        _preflight(ctx, manifest, force)
         for f in manifest.files:
             check_writable(ctx.path(f.path), regular=False)
     return todo, stale, None
@@ -210,7 +210,10 @@ def _dropped_note(ctx: TargetRun, found: Assessment, *, dry_run: bool = False) -
     return f"{ctx.target.at}: {found.message}; nothing to restore, {done}"
 
 
-def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
+def _preflight(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
+    """Refuse before any journal is written: the manifest checked as evidence, every file it
+    names a regular file, edits since the apply (unless `force`), and whether the layout can
+    restore every file (`check_can_restore`), so a revert never stops halfway."""
     from sm120patch.targets.files import file_sha256
 
     check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
@@ -225,7 +228,7 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
             )
     def unchanged(f: FileRecord) -> bool:
         now = file_sha256(ctx.path(f.path))
-        return now is not None and now in (f.after, f.before, ctx.layout.released(f))
+        return assess.file_verdict(f, now, ctx.layout.released(f)) in ("patched", "pristine")
 
     changed = [f for f in manifest.files if not unchanged(f)]
     problems = []
@@ -237,7 +240,7 @@ def _check_revertable(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
         problems.append(_drift_diff(ctx, drifted))
     git = manifest.git
     problems.extend(ctx.layout.changes_since_apply(git))
-    ctx.layout.check_revertable(manifest.files, git)
+    ctx.layout.check_can_restore(manifest.files, git)
     if problems and not force:
         raise Refused(
             f"{ctx.target.at}: changed since the apply; refusing to throw that away:\n"

@@ -135,7 +135,7 @@ def check_restored(ctx: TargetRun, files: tuple[FileRecord, ...]) -> None:
     from sm120patch.targets.files import file_sha256
 
     for f in files:
-        if file_sha256(ctx.path(f.path)) != f.before:
+        if assess.file_verdict(f, file_sha256(ctx.path(f.path))) != "pristine":
             raise Refused(
                 f"{ctx.target.at}: after rolling back, {f.path} does not have its original "
                 "bytes",

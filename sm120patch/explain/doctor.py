@@ -34,7 +34,7 @@ class ProfileCheck:
 
 @dataclass
 class Examination:
-    probe: gpu.Probe
+    gpus: gpu.GpuInventory
     targets: list[dict[str, Any]]
     missing: list[str]
     profiles: list[ProfileCheck]
@@ -44,7 +44,7 @@ class Examination:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "gpu": self.probe.to_dict(),
+            "gpu": self.gpus.to_dict(),
             "targets": self.targets,
             "missing": self.missing,
             "profiles": [p.__dict__ for p in self.profiles],
@@ -55,7 +55,7 @@ class Examination:
 
 
 def examine(paths: Mapping[str, str | Path | None]) -> Examination:
-    probe = gpu.probe()
+    gpus = gpu.read_gpus()
     found: dict[str, targets.Target] = {}
     missing = []
     for kind in TARGETS:
@@ -85,18 +85,18 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
         applied = [{"problem": exc.message}]
     from sm120patch.trial import known
 
-    box = known.box_of(paths, probe=lambda: probe)
+    box = known.box_of(paths, read_gpus=lambda: gpus)
     shipped = known.entries()
     for check in checks:
         check.condemned = [e.line() for e in known.condemning(check.name, box, shipped)]
     return Examination(
-        probe,
+        gpus,
         [t.to_dict() for t in found.values()],
         missing,
         checks,
         applied,
         recommendation=recommendation(checks),
-        known=known.lines(None, paths, probe=lambda: probe),
+        known=known.lines(None, paths, read_gpus=lambda: gpus),
     )
 
 

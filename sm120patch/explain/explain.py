@@ -124,7 +124,7 @@ def applied_files(target: Target) -> list[dict[str, Any]] | None:
     found = assess.assess(target)
     if found.state == assess.State.APPLIED and found.manifest is not None:
         return [{"path": f.path, "module": f.module} for f in found.manifest.files]
-    if found.state in (assess.State.PRISTINE, assess.State.GONE, assess.State.REPLACED):
+    if found.state.holds_no_patch:
         return None
     raise UsageError(
         f"{target.name} at {target.root} is {found.state}: {found.message}",

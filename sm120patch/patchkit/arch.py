@@ -13,7 +13,7 @@ import re
 import libcst as cst
 
 from sm120patch.patchkit.model import Import
-from sm120patch.patchkit.syntax import find, key
+from sm120patch.patchkit.syntax import key, matching_nodes
 
 # GPU-arch checks as SGLang spells them: `is_sm100_supported()` (sglang.srt.utils),
 # `get_platform().is_sm100` (0.5.19 on) and module flags `_is_sm100_supported`.
@@ -95,7 +95,7 @@ def sglang_arch_twin_node(node: cst.BaseExpression, arch: str = "sm120") -> cst.
 def mentions_sglang_arch(node: cst.CSTNode, arch: str | None = None) -> bool:
     """Whether any part of `node` is an SGLang GPU-arch check (see `sglang_arch`), of `arch`
     when given."""
-    candidates = find(node, (cst.Call, cst.Attribute, cst.Name))
+    candidates = matching_nodes(node, (cst.Call, cst.Attribute, cst.Name))
     found = [sglang_arch(c) for c in candidates]  # type: ignore[arg-type]
     return any(f is not None and arch in (None, f[0]) for f in found)
 

@@ -19,7 +19,7 @@ def code(node: cst.CSTNode, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def find(
+def matching_nodes(
     root: cst.CSTNode,
     kinds: type[cst.CSTNode] | tuple[type[cst.CSTNode], ...],
     want: Callable[[cst.CSTNode], bool] | None = None,
@@ -43,8 +43,8 @@ Node = TypeVar("Node", bound=cst.CSTNode)
 
 
 def nodes(root: cst.CSTNode, kind: type[Node]) -> list[Node]:
-    """`find` for one kind of node, typed as that kind."""
-    return [n for n in find(root, kind) if isinstance(n, kind)]
+    """`matching_nodes` for one kind of node, typed as that kind."""
+    return [n for n in matching_nodes(root, kind) if isinstance(n, kind)]
 
 
 def keyword_args(scope: cst.CSTNode, keyword: str) -> list[cst.Arg]:
@@ -53,9 +53,7 @@ def keyword_args(scope: cst.CSTNode, keyword: str) -> list[cst.Arg]:
     out: list[cst.Arg] = []
     for stmt in statements(scope):
         for part in _headers_and_lines(stmt):
-            out += [
-                a for a in find(part, cst.Arg) if isinstance(a, cst.Arg) and _is_keyword(a, keyword)
-            ]
+            out += [a for a in nodes(part, cst.Arg) if _is_keyword(a, keyword)]
     return out
 
 

@@ -1,5 +1,6 @@
-"""The NVML probe (nvidia-ml-py, module `pynvml`): what GPUs this machine has. The only module
-importing pynvml. A missing driver, no GPU or an NVML error is a state, never a traceback."""
+"""Reading the GPUs through NVML (nvidia-ml-py, module `pynvml`): what GPUs this machine has.
+The only module importing pynvml. A missing driver, no GPU or an NVML error is a state, never
+a traceback."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ class Gpu:
 
 
 @dataclass(frozen=True)
-class Probe:
+class GpuInventory:
+    """The GPUs of this machine as NVML reported them once, or why it could not."""
+
     gpus: list[Gpu] = field(default_factory=list)
     driver: str | None = None
     cuda_driver: str | None = None  # "12.8"
@@ -101,21 +104,22 @@ def _nvml_library_absent() -> bool:
     return False
 
 
-def probe() -> Probe:
+def read_gpus() -> GpuInventory:
+    """Start NVML, read every GPU, stop it: a missing driver or an NVML error is `problem`."""
     if _nvml_library_absent():
-        return Probe(problem=NO_LIBRARY)
+        return GpuInventory(problem=NO_LIBRARY)
     try:
         import pynvml
     except ImportError:  # pragma: no cover - a runtime dependency
-        return Probe(problem="nvidia-ml-py is not installed")
+        return GpuInventory(problem="nvidia-ml-py is not installed")
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError_LibraryNotFound:
-        return Probe(problem=NO_LIBRARY)
+        return GpuInventory(problem=NO_LIBRARY)
     except pynvml.NVMLError_DriverNotLoaded:
-        return Probe(problem="no NVIDIA driver found (the kernel driver is not loaded)")
+        return GpuInventory(problem="no NVIDIA driver found (the kernel driver is not loaded)")
     except pynvml.NVMLError as exc:
-        return Probe(problem=f"NVML could not start: {exc}")
+        return GpuInventory(problem=f"NVML could not start: {exc}")
     try:
         driver = _text(_optional(pynvml.nvmlSystemGetDriverVersion) or "") or None
         cuda = _optional(pynvml.nvmlSystemGetCudaDriverVersion)
@@ -139,9 +143,9 @@ def probe() -> Probe:
                     memory_used_mib=None if memory is None else int(memory.used) // 2**20,
                 )
             )
-        return Probe(gpus=gpus, driver=driver, cuda_driver=cuda_driver)
+        return GpuInventory(gpus=gpus, driver=driver, cuda_driver=cuda_driver)
     except pynvml.NVMLError as exc:
-        return Probe(problem=f"NVML error while reading the GPUs: {exc}")
+        return GpuInventory(problem=f"NVML error while reading the GPUs: {exc}")
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -149,9 +153,9 @@ def probe() -> Probe:
             pass
 
 
-def require_sm120(found: Probe | None = None) -> Probe:
+def require_sm120(found: GpuInventory | None = None) -> GpuInventory:
     """The apply/trial precondition: at least one SM120 GPU, else a refusal naming what is here."""
-    found = found or probe()
+    found = found or read_gpus()
     if not found.has_sm120:
         raise Refused(
             f"no SM120 GPU on this machine ({found.summary()})",

@@ -248,9 +248,9 @@ def _flag(command: Sequence[str], *names: str) -> str | None:
 def box_of(
     paths: Mapping[str, str | Path | None],
     command: Sequence[str] = (),
-    probe: Callable[[], gpu.Probe] | None = None,
+    read_gpus: Callable[[], gpu.GpuInventory] | None = None,
 ) -> Box:
-    """This box, as known.toml's conditions read it. `probe`: how to read the GPUs (a command
+    """This box, as known.toml's conditions read it. `read_gpus`: how to read the GPUs (a command
     that also checks them passes its own, so that NVML starts once: a tenth of a second)."""
     from sm120patch.engine import assess
     from sm120patch.trial import gpu as nvml  # imported here: most commands never read known.toml
@@ -259,7 +259,7 @@ def box_of(
         versions = {s.target.kind: s.target.version for s in assess.status(paths)}
     except Sm120Error:
         versions = {}
-    found = (probe or nvml.probe)()
+    found = (read_gpus or nvml.read_gpus)()
     tp = _flag(command, "--tp", "--tp-size", "--tensor-parallel-size")
     model = _flag(command, "--model-path", "--model")
     architecture = None
@@ -371,10 +371,10 @@ def lines(
     profile: str | None,
     paths: Mapping[str, str | Path | None],
     command: Sequence[str] = (),
-    probe: Callable[[], gpu.Probe] | None = None,
+    read_gpus: Callable[[], gpu.GpuInventory] | None = None,
 ) -> list[str]:
     """The known entries matching this box, then this box's own measured trials."""
-    box = box_of(paths, command, probe)
+    box = box_of(paths, command, read_gpus)
     out = [e.line() for e in entries() if matches(e, profile, box)]
     try:
         out += local_lines(history(paths), profile)
@@ -388,7 +388,7 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def export_record(trial: TrialRecord) -> str:
+def outcome_record(trial: TrialRecord) -> str:
     """One `[[outcome]]` record in known.toml's schema from a recorded trial."""
     verdict = trial.verdict
     outcome = _OUTCOME_OF.get(verdict) if evidence(trial) else None

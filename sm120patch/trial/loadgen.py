@@ -31,7 +31,7 @@ PROMPTS: tuple[str, ...] = (
 
 # Greedy probes for output sanity: short factual prompts whose answers are plain text, compared
 # between baseline and patched.
-PROBES: tuple[str, ...] = (
+SANITY_PROMPTS: tuple[str, ...] = (
     "The capital of France is",
     "Count from one to ten in words: one, two,",
     "Q: What is 12 plus 30?\nA:",
@@ -143,8 +143,8 @@ def run(
     return asyncio.run(_run(spec, on_start, on_end))
 
 
-def probe(
-    api: str, model: str, prompts: Sequence[str] = PROBES, max_tokens: int = 32
+def greedy_answers(
+    api: str, model: str, prompts: Sequence[str] = SANITY_PROMPTS, max_tokens: int = 32
 ) -> list[Answer]:
     """The greedy answers to the probe prompts, one at a time (batch size 1), with their tokens
     where the server gives logprobs. A server that refuses `logprobs` is asked again without."""

@@ -299,9 +299,9 @@ def run(
         planner.checked(profile, paths, force=force)  # refuse now, not after the baseline ran
     result = MeasuredTrial(profile, list(command), asdict(opts), time.time())
     result.versions = {s.target.kind: s.target.version for s in assess.status(paths)}
-    probe = gpu.probe()
-    result.gpu_names = [g.name for g in probe.gpus]
-    result.gpu_family = probe.family
+    found = gpu.read_gpus()
+    result.gpu_names = [g.name for g in found.gpus]
+    result.gpu_family = found.family
     declared = wiring.declared(profile)
     is_applied = profile in applied
     log = serve.open_log(log_path)
@@ -425,7 +425,7 @@ def _one_run(
         one.nvml_problem = sampler.problem
         one.gpus = [asdict(g) for g in gpu.summarise(sampler.samples)]
         if first and proc.poll() is None:
-            one.answers = [asdict(a) for a in loadgen.probe(api, model)]
+            one.answers = [asdict(a) for a in loadgen.greedy_answers(api, model)]
             if opts.eval_cmd and proc.poll() is None and one.answered():
                 one.eval_score = _eval(opts, api, model)
         if proc.poll() is not None:

@@ -194,7 +194,7 @@ class _PowerSampler:
 
         start = time.monotonic()
         while not self.stop.is_set():
-            found = gpu.probe()
+            found = gpu.read_gpus()
             self.samples.append(
                 {
                     "t": round(time.monotonic() - start, 2),

@@ -203,7 +203,7 @@ def test_lock_for_another_release_fails_in_check_mode(fleet: Fleet, site: Path, 
 def test_gpu_check_fails_in_check_mode_as_the_apply_does(fleet: Fleet, site: Path, tmp_path: Path):
     from sm120patch.trial import gpu
 
-    if gpu.probe().has_sm120:
+    if gpu.read_gpus().has_sm120:
         pytest.skip("this machine has an SM120 GPU: the GPU precondition holds here")
     before = snapshot(site)
     # fusion: moe refuses the FlashInfer 0.6.1 of this fleet before the GPU is asked about

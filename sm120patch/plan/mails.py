@@ -1,5 +1,5 @@
-"""`export`: one mail-format patch per applied patch per target, for `git am` or `git apply` on
-another checkout of the same release (or `patch -p1` in an image build)."""
+"""The mail-format patches `export` writes: one per applied patch per target, for `git am` or
+`git apply` on another checkout of the same release (or `patch -p1` in an image build)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ AUTHOR = "sm120patch <sm120patch@localhost>"
 
 
 @dataclass(frozen=True)
-class Exported:
+class MailFile:
     target: str
     patch: str
     path: Path
@@ -68,7 +68,7 @@ def _mail(n: int, total: int, profile: str, patch: Patch, diff: str) -> str:
     )
 
 
-def write(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[Exported]:
+def write_mails(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[MailFile]:
     """Write the series; a DIR that already holds files is refused unless `overwrite`: an old
     series left beside a new one would be applied with it by `git am DIR/*/*.patch`."""
     found = mails(plan)
@@ -112,5 +112,5 @@ def write(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[Exporte
         for n, (pid, text) in enumerate(items, start=1):
             path = directory / f"{n:04d}-{pid.replace('.', '-')}.patch"
             files.write_output(path, text)
-            written.append(Exported(kind, pid, path))
+            written.append(MailFile(kind, pid, path))
     return written
