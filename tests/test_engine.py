@@ -85,7 +85,7 @@ def test_apply_status_revert_roundtrip(trees):
 def test_apply_and_revert_json_name_each_file_written(tmp_path):
     """What `--json` says of each file is a path and a state, nothing more: scripts read it."""
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     sglang = ["sglang/srt/layers/communicator.py", "sglang/srt/server_args.py"]
     for verb, state in (("apply", "patched"), ("revert", "pristine")):
         args = ["all", "--no-gpu-check"] if verb == "apply" else ["--all"]

@@ -126,7 +126,7 @@ def test_a_lock_reads_and_writes_back_byte_for_byte(tmp_path):
     """What `pin` wrote is what reading it and writing it again gives: its digest (recorded in
     manifests) and a reviewer's diff of two locks hold across versions of sm120patch."""
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "installed")
     path = pin(tmp_path, sg, fi)
     lock = lockfile.read(path)
     assert lock.files and lock.steps

@@ -74,3 +74,18 @@ def test_patches_with_no_file_each_name_their_own_files(tmp_path):
     assert preflight.status is minimax.status is Status.NOT_APPLICABLE
     assert "flashinfer_comm_fusion.py" in preflight.reason
     assert "minimax_m2.py" in minimax.reason and "flashinfer_comm_fusion" not in minimax.reason
+
+
+def test_a_targets_kind_is_the_kind_enum_and_prints_as_its_word(tmp_path):
+    import json
+
+    from sm120patch import targets
+    from sm120patch.patchkit.model import Kind
+
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    target = targets.find("sglang", sg)
+    assert target.kind is Kind.SGLANG
+    assert f"{target.kind}" == "sglang" and json.dumps({target.kind: target.kind}) == (
+        '{"sglang": "sglang"}'
+    )
+    assert targets.KINDS == (Kind.SGLANG, Kind.FLASHINFER) == ("sglang", "flashinfer")

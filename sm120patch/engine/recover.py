@@ -34,7 +34,7 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
     reports: list[TargetReport] = []
     notes: list[str] = []
     with locked(ctxs):
-        journals = {ctx.target.kind: ctx.state.journal() for ctx in ctxs}
+        journals: dict[str, Journal | None] = {c.target.kind: c.state.journal() for c in ctxs}
         _check_evidence(ctxs, journals)  # before anything changes: a refusal changes nothing
         with interrupts.critical(  # [signals] recover is finished, never cut short
             "recover",
@@ -156,7 +156,7 @@ def _with_peers(ctxs: list[TargetRun]) -> list[TargetRun]:
     """`ctxs` and the targets their journals name: recover finishes a whole transaction."""
     out = list(ctxs)
     # (kind, root): SGLang and FlashInfer may share a root (one site-packages).
-    seen = {(ctx.target.kind, ctx.target.root) for ctx in ctxs}
+    seen: set[tuple[str, Path]] = {(ctx.target.kind, ctx.target.root) for ctx in ctxs}
     for ctx in ctxs:
         journal = ctx.state.journal()
         for peer in journal.peers if journal else ():

@@ -60,8 +60,9 @@ from sm120patch.maintain.index import (
     read_project,
     redact,
 )
+from sm120patch.patchkit.model import TARGETS
 
-KINDS = ("sglang", "flashinfer")
+KINDS = TARGETS
 
 
 # PyPI project of each target kind, and the import package inside it.
@@ -172,7 +173,7 @@ def trees_dir() -> Path:
 
 def check_kind(kind: str) -> None:
     if kind not in KINDS:
-        raise ValueError(f"unknown target kind {kind!r}; expected one of {KINDS}")
+        raise ValueError(f"unknown target kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
 STALE_S = 3600.0

@@ -22,7 +22,18 @@ if TYPE_CHECKING:
     import libcst as cst
 
 # The two kinds of target a patch may name, in the order commands report them.
-TARGETS = ("sglang", "flashinfer")
+class Kind(str, Enum):
+    """What a target is. A str enum: equal to its value, so JSON, TOML, state files and pack
+    modules (`Patch(target="sglang")`) keep the plain words."""
+
+    SGLANG = "sglang"
+    FLASHINFER = "flashinfer"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TARGETS: tuple[Kind, ...] = tuple(Kind)
 
 
 @dataclass(frozen=True)

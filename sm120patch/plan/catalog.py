@@ -485,7 +485,9 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             if pid not in patches:
                 raise RuntimeError(f"profiles.toml: profile {name} names unknown patch {pid}")
         try:
-            pins = {t: SpecifierSet(raw["pins"][t]) for t in TARGETS if t in raw.get("pins", {})}
+            pins: dict[str, SpecifierSet] = {
+                t: SpecifierSet(raw["pins"][t]) for t in TARGETS if t in raw.get("pins", {})
+            }
             absent = {pid: SpecifierSet(spec) for pid, spec in raw.get("absent", {}).items()}
             refuse = tuple(_refusal(name, r) for r in raw.get("refuse", []))
         except InvalidSpecifier as exc:

@@ -80,13 +80,13 @@ def write_mails(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[M
         )
     if out_dir.exists() and not out_dir.is_dir():
         raise Refused(f"{out_dir} is a file, not a directory", "give -o a directory")
-    for kind in TARGETS:
-        if (out_dir / kind).is_symlink():
+    for each in TARGETS:
+        if (out_dir / each).is_symlink():
             # Neither written nor emptied through a link: it may lead anywhere.
             raise Refused(
-                f"{out_dir / kind} is a symbolic link; export writes and deletes nothing "
+                f"{out_dir / each} is a symbolic link; export writes and deletes nothing "
                 "through one",
-                f"remove the link {out_dir / kind}, or give -o another directory",
+                f"remove the link {out_dir / each}, or give -o another directory",
             )
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not overwrite:
@@ -100,8 +100,8 @@ def write_mails(plan: Plan, out_dir: Path, *, overwrite: bool = False) -> list[M
                 f"{out_dir} is a symbolic link; --overwrite deletes nothing through one",
                 f"give -o the directory it points to ({out_dir.resolve()})",
             )
-        for kind in TARGETS:
-            files.remove_entries(out_dir / kind, "*.patch")
+        for each in TARGETS:
+            files.remove_entries(out_dir / each, "*.patch")
     written = []
     for kind, items in found.items():
         directory = out_dir / kind

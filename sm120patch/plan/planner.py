@@ -60,7 +60,7 @@ def refusal_lines(
     """One line per release of the targets found (or, for a kind the profile does not patch,
     moe refusing a FlashInfer, of the one `beside` finds) that the profile refuses, with why.
     Where that other kind is not found, nothing is refused."""
-    have = {t.kind: t for t in found}
+    have: dict[str, Target] = {t.kind: t for t in found}
     problems = []
     for kind in dict.fromkeys(r.kind for r in profile.refuse):
         target = have.get(kind) or beside(kind, found, (paths or {}).get(kind))

@@ -12,9 +12,10 @@ from enum import Enum
 from pathlib import Path
 
 from sm120patch.errors import Refused, UsageError
+from sm120patch.patchkit.model import TARGETS, Kind
 from sm120patch.targets import git
 
-KINDS = ("sglang", "flashinfer")
+KINDS = TARGETS  # the kinds, in the order targets are listed and handled
 DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
 DIST_NAMES = {"sglang": ("sglang",), "flashinfer": ("flashinfer_python", "flashinfer")}
 
@@ -32,7 +33,7 @@ class Layout(str, Enum):
 
 @dataclass(frozen=True)
 class Target:
-    kind: str  # "sglang" or "flashinfer"
+    kind: Kind
     package_dir: Path  # .../sglang
     parent: Path  # the directory holding the package: patch file paths are relative to it
     root: Path  # git work tree root for a git target, else `parent`; diff paths are relative to it
@@ -147,7 +148,7 @@ def _describe(kind: str, package_dir: Path) -> Target:
     layout = Layout.GIT if git_root is not None else Layout.INSTALLED
     version, source = _version(kind, package_dir, git_root)
     return Target(
-        kind=kind,
+        kind=Kind(kind),
         package_dir=package_dir,
         parent=parent,
         root=git_root or parent,

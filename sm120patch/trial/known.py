@@ -256,7 +256,7 @@ def box_of(
     from sm120patch.trial import gpu as nvml  # imported here: most commands never read known.toml
 
     try:
-        versions = {s.target.kind: s.target.version for s in assess.status(paths)}
+        versions: dict[str, str] = {s.target.kind: s.target.version for s in assess.status(paths)}
     except Sm120Error:
         versions = {}
     found = (read_gpus or nvml.read_gpus)()
