@@ -21,7 +21,7 @@ from sm120patch.errors import Sm120Error
 
 if TYPE_CHECKING:
     from sm120patch.app import DryRun, Matrix, Pinned, Shown, Trialled
-    from sm120patch.engine.assess import TargetStatus
+    from sm120patch.engine.assess import FileState, TargetStatus
     from sm120patch.engine.reports import Report
     from sm120patch.engine.trialrecord import TrialRecord
     from sm120patch.explain.doctor import Examination
@@ -308,15 +308,15 @@ def recovered(found: Report) -> Text:
     return Text(out=list(found.notes))
 
 
-def _file_line(f: dict[str, Any]) -> str:
+def _file_line(f: FileState) -> str:
     extra = ""
-    if f["as_installed"] is True and f["state"] != "pristine":
+    if f.as_installed is True and f.state != "pristine":
         extra = " (matches the installed RECORD)"
-    elif f["as_installed"] is False and f["state"] == "drifted":
+    elif f.as_installed is False and f.state == "drifted":
         extra = " (matches neither what sm120patch wrote nor the installed RECORD)"
-    elif f["as_installed"] is False and f["state"] == "pristine":
+    elif f.as_installed is False and f.state == "pristine":
         extra = " (differs from the installed RECORD)"
-    return f"    {f['state']:9} {f['path']}{extra}"
+    return f"    {f.state:9} {f.path}{extra}"
 
 
 def status(found: list[TargetStatus]) -> Text:

@@ -277,8 +277,8 @@ class TargetStatus:
         return j.op if j else None
 
     @property
-    def files(self) -> list[dict[str, Any]]:
-        return [f.to_dict() for f in self.assessment.files]
+    def files(self) -> tuple[FileState, ...]:
+        return self.assessment.files
 
     def to_dict(self) -> dict[str, Any]:
         a = self.assessment
@@ -292,7 +292,7 @@ class TargetStatus:
             "branch_now": a.branch_now,
             "patch_branch_exists": a.patch_branch_exists,
             "base": self.base,
-            "files": self.files,
+            "files": [f.to_dict() for f in self.files],
             "unfinished": self.unfinished,
             "trials": [t.to_json() for t in self.trials],
         }
