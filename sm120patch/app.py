@@ -56,9 +56,9 @@ class Session:
     _gpus: GpuInventory | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        from sm120patch.plan import catalog
+        from sm120patch.plan import packdirs
 
-        catalog.use_packs(self.packs)  # also when empty: one process may run several commands
+        packdirs.use_packs(self.packs)  # also when empty: one process may run several commands
 
     @property
     def paths(self) -> dict[str, str | None]:

@@ -132,3 +132,27 @@ def test_a_diff_applies_back_to_exactly_its_text(old, new, cut_old, cut_new):
             for line in before.splitlines(True)
         )
         assert apply_diff(other, diff) is None
+
+
+STATUS_PROBE = """
+import json, sys
+from sm120patch.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(m for m in sys.modules if m.startswith(("sm120patch.", "packaging")))),
+      file=sys.stderr)
+"""
+
+
+def test_status_and_help_load_neither_the_catalog_nor_packaging(trees):
+    """`status` decides from hashes and the state alone; loading the catalog (every patch module)
+    or packaging (version rules) would charge every start of a service for nothing."""
+    where, _ = trees
+    for args in (["status", *where], ["--help"]):
+        proc = subprocess.run([sys.executable, "-c", STATUS_PROBE, *args],
+                              capture_output=True, text=True)  # fmt: skip
+        loaded = json.loads(proc.stderr.strip().splitlines()[-1])
+        assert "sm120patch.plan.catalog" not in loaded, args
+        assert not [m for m in loaded if m.startswith(("packaging", "sm120patch.patches"))], args

@@ -14,26 +14,18 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-# Status is named here too: a patch module takes its result vocabulary from the model.
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.facts import Status as Status
+
+# Status is named here too: a patch module takes its result vocabulary from the model.
+from sm120patch.patchkit.kinds import TARGETS as TARGETS
+from sm120patch.patchkit.kinds import Kind as Kind
 
 if TYPE_CHECKING:
     import libcst as cst
 
 # The two kinds of target a patch may name, in the order commands report them.
-class Kind(str, Enum):
-    """What a target is. A str enum: equal to its value, so JSON, TOML, state files and pack
-    modules (`Patch(target="sglang")`) keep the plain words."""
 
-    SGLANG = "sglang"
-    FLASHINFER = "flashinfer"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-TARGETS: tuple[Kind, ...] = tuple(Kind)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import os
 import pkgutil
 import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +32,9 @@ from sm120patch.errors import UsageError
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
 from sm120patch.patchkit.versions import base_release, contains, range_text
+from sm120patch.plan.packdirs import PACKS_ENV as PACKS_ENV
+from sm120patch.plan.packdirs import pack_dirs as pack_dirs
+from sm120patch.plan.packdirs import use_packs as use_packs
 
 # The one place that picks the TOML reader (lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
@@ -115,7 +118,6 @@ class Profile:
 
 BUILT_IN = "built-in"
 ENTRY_POINT_GROUP = "sm120patch.patches"
-PACKS_ENV = "SM120PATCH_PATCHES"  # directories of patch packs, os.pathsep-separated
 
 
 @dataclass(frozen=True)
@@ -256,20 +258,6 @@ def refusal_problems(
                 f"{r.reason}"
             )
     return problems
-
-
-def pack_dirs() -> tuple[str, ...]:
-    """The pack directories in effect: `use_packs` (--patches), then SM120PATCH_PATCHES."""
-    env = tuple(d for d in os.environ.get(PACKS_ENV, "").split(os.pathsep) if d)
-    return (*_CHOSEN, *env)
-
-
-_CHOSEN: list[str] = []
-
-
-def use_packs(dirs: Iterable[str]) -> None:
-    """Load the pack directories `dirs` too (the CLI's --patches), before SM120PATCH_PATCHES."""
-    _CHOSEN[:] = [str(d) for d in dirs]
 
 
 def load() -> Catalog:

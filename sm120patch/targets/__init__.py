@@ -12,7 +12,7 @@ from enum import Enum
 from pathlib import Path
 
 from sm120patch.errors import Refused, UsageError
-from sm120patch.patchkit.model import TARGETS, Kind
+from sm120patch.patchkit.kinds import TARGETS, Kind
 from sm120patch.targets import git
 
 KINDS = TARGETS  # the kinds, in the order targets are listed and handled
