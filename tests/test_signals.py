@@ -106,7 +106,7 @@ def test_sigint_at_moments_of_revert(trees, tmp_path):  # noqa: F811
 def test_repeated_and_other_signals_cut_nothing_short(tmp_path, layout, spec):
     """A second (and third) Ctrl-C, SIGTERM, a closed terminal: the same clean end."""
     sg = make_tree(tmp_path, "sglang", "0.5.8", layout)
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", layout)
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", layout)
     states = States([sg, fi])
     proc = signalled(apply_args(sg, fi), f"after-write:1={spec}")
     assert proc.returncode == 130, proc.stderr
@@ -120,7 +120,7 @@ def test_repeated_and_other_signals_cut_nothing_short(tmp_path, layout, spec):
 
 def test_sigint_during_recover_finishes_it(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
     states = States([sg, fi])
     assert run(*apply_args(sg, fi), env={KILL_ENV: "after-commit:2"}).returncode == -9
     proc = signalled(["recover", *targets_of(sg, fi)], "during-switch:1=INTx2")
@@ -188,7 +188,7 @@ def test_a_failing_rollback_after_sigint_keeps_its_journal_and_exits_75(tmp_path
     from sm120patch.targets import files
 
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     states = States([sg, fi])
     real = files.atomic_write
     comm = fi / "flashinfer/jit/comm.py"
@@ -222,7 +222,7 @@ def killed_apply_with_a_lock(tmp_path) -> tuple[Path, Path, States, Path]:
     """An apply killed with git: its journal open and .git/index.lock left, as git's lockfile
     code leaves it when SIGKILLed (an empty file nobody holds)."""
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
     states = States([sg, fi])
     assert run(*apply_args(sg, fi), env={KILL_ENV: "after-commit:2"}).returncode == -9
     lock = sg / ".git" / "index.lock"
@@ -316,7 +316,7 @@ def test_procscan_tells_a_live_run_from_a_reused_pid_and_a_zombie():
 def test_git_children_run_in_sessions_of_their_own(tmp_path):
     """Neither a one-off git command nor GitPython's long-lived cat-file shares our session,
     so the terminal's Ctrl-C (or SIGHUP) never reaches them."""
-    root = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
+    root = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
     repo = git.Repo(root)
     sid = repo.repo.git.execute([sys.executable, "-c", "import os; print(os.getsid(0))"])
     assert int(sid) != os.getsid(0)
@@ -328,7 +328,7 @@ def test_git_children_run_in_sessions_of_their_own(tmp_path):
 def test_head_survives_a_killed_cat_file(tmp_path):
     """A signal to the whole control group kills git cat-file too: the next read starts it
     again instead of failing a rollback with "Broken pipe"."""
-    root = make_tree(tmp_path, "flashinfer", "0.6.1", "git")
+    root = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
     repo = git.Repo(root)
     before = repo.head()
     proc = repo.repo.git.cat_file_header.proc

@@ -1,4 +1,4 @@
-"""The engine on real releases: SGLang 0.5.8 + FlashInfer 0.6.1 as git checkouts
+"""The engine on real releases: SGLang 0.5.8 + FlashInfer 0.6.8 as git checkouts
 and as packages pip installed into a virtual environment. apply all, status, revert --all."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from sm120patch.maintain import releases, trees
 
 pytestmark = pytest.mark.real
 
-SGLANG, FLASHINFER = "0.5.8", "0.6.1"
+# FlashInfer 0.6.8, not the 0.6.1 SGLang 0.5.8 pins: `all` refuses a FlashInfer before 0.6.7.
+SGLANG, FLASHINFER = "0.5.8", "0.6.8"
 # What `all` applies on these two releases: the fusion-backend site only exists from 0.5.14.
 SGLANG_PATCHES = ["sglang.sm120-flag", "sglang.fusion-gate", "sglang.fusion-autoenable",
                   "sglang.moe-backend", "sglang.moe-backend-qwen3"]
