@@ -106,3 +106,18 @@ sglang = ">=0.5.4"
     prof = catalog.parse_profiles(text, cat.patches)["x"]
     assert prof.absent_ok("sglang.sm120-flag", "0.5.7")
     assert not prof.absent_ok("sglang.sm120-flag", "0.5.8")
+
+
+def test_outside_the_pins_the_hint_asks_for_a_pinned_release(tmp_path):
+    from trees import make_tree
+
+    from sm120patch.errors import Refused
+    from sm120patch.plan import planner
+
+    sg = make_tree(tmp_path, "sglang", "0.5.3", "installed")
+    prof = catalog.load().profile("moe")
+    found = planner.resolve_targets(prof, {"sglang": sg})
+    with pytest.raises(Refused) as exc:
+        planner.require_pins(prof, found, {"sglang": sg}, force=False, verb="pin")
+    assert exc.value.hint == "use a pinned release, or --force to pin anyway"
+    planner.require_pins(prof, found, {"sglang": sg}, force=True, verb="pin")  # forced: no refusal

@@ -135,7 +135,9 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
     if shown:  # FlashInfer before 0.6.7: refused with the reason, --force to apply anyway
         assert code == 1 and out == ""
         assert "profile moe refuses FlashInfer 0.6.1" in err and "issues/2723" in err
-        assert "--force" in err
+        # Inside the pins: the hint is the refusal's, not "use a pinned release".
+        assert "next: use a release it does not refuse (its reason says which), or --force to " \
+            "apply anyway" in err and "pinned release" not in err
         code, out, err = run_cli(*dry, "--force")
     assert code == 0, err
     assert ("known: moe wrong-output" in err) is shown

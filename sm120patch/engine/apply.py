@@ -65,9 +65,7 @@ def runs_for(
     lock: Lock | None = None,
 ) -> list[TargetRun]:
     found = planner.resolve_targets(profile, paths)
-    outside = planner.check_pins(profile, found, paths)
-    if outside and not force:
-        raise Refused("; ".join(outside), "use a pinned release, or --force to apply anyway")
+    planner.require_pins(profile, found, paths, force=force, verb="apply")
     if lock is not None:
         # Before anything is locked or read: a lock for another release is refused at once.
         other = [

@@ -23,9 +23,7 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     cat = catalog.load()
     profile = cat.profile(profile_name)
     found = planner.resolve_targets(profile, paths)
-    outside = planner.check_pins(profile, found, paths)
-    if outside and not force:
-        raise Refused("; ".join(outside), "use a pinned release, or --force to pin anyway")
+    planner.require_pins(profile, found, paths, force=force, verb="pin")
     states = {s.target.kind: s for s in assess.status(paths) if s.target.kind in profile.targets}
     applied = [s for s in states.values() if s.state == assess.State.APPLIED]
     for s in states.values():

@@ -52,6 +52,35 @@ def check_pins(
     return problems + refusal_lines(profile, found, paths)
 
 
+def require_pins(
+    profile: Profile,
+    found: list[Target],
+    paths: Mapping[str, str | Path | None] | None,
+    *,
+    force: bool,
+    verb: str,
+) -> None:
+    """Refuse (unless `force`) a target outside the profile's pins or a release it refuses,
+    with a hint that fits: a pinned release for the first, what the reason asks for the second."""
+    outside = [
+        line
+        for t in found
+        for line in catalog.pin_problems(
+            profile, {t.kind: t.version}, {t.kind: (t.name, t.version_source)}
+        )
+    ]
+    refused = refusal_lines(profile, found, paths)
+    if force or not (outside or refused):
+        return
+    hint = (
+        f"use a pinned release, or --force to {verb} anyway"
+        if outside
+        else f"use a release it does not refuse (its reason says which), or --force to {verb} "
+        "anyway"
+    )
+    raise Refused("; ".join(outside + refused), hint)
+
+
 def refusal_lines(
     profile: Profile,
     found: list[Target],
@@ -119,9 +148,8 @@ def plan(
     cat = catalog.load()
     profile = cat.profile(profile_name)
     found = found if found is not None else resolve_targets(profile, paths or {})
-    outside = check_pins(profile, found, paths)
-    if outside and not force:
-        raise Refused("; ".join(outside), "use a pinned release, or --force to plan anyway")
+    require_pins(profile, found, paths, force=force, verb="plan")
+    outside = check_pins(profile, found, paths)  # what --force overrode, kept on the plan
     with no_cycle_collection():
         plans = [
             plan_target(profile, cat.patches_of(profile), t, texts[t.kind])
