@@ -1,7 +1,8 @@
 """Typed errors the engine raises and the CLI renders as one line plus what to do.
 
-Each maps to a documented exit code (README): a refusal or failed precondition leaves every
-file as it was (1), a usage error (2), a trial that crashed and was reverted (3), a bug (4).
+Each maps to a documented exit code (docs/operator.md): a refusal or failed precondition leaves
+every file as it was (1), a usage error (2), a trial that crashed and was reverted (3), a bug
+(4), a measured trial whose server never answered (8).
 """
 
 from __future__ import annotations

@@ -104,3 +104,25 @@ def test_the_link_check_finds_bare_numbers():
         "FlashInfer PR 3903 (https://github.com/flashinfer-ai/flashinfer/pull/3903)"
     ) == []
     assert bare_references("FlashInfer PR 3903 (https://github.com/x/y/pull/3904)") != []
+
+
+def test_every_exit_code_is_documented():
+    """The operator guide's table and the README's line name every code the tool exits with:
+    each error class's, the measured verdicts' (5, 6), explain's (7), unfinished (75) and
+    interrupted (130)."""
+    from sm120patch import errors
+
+    raised = {
+        c.exit_code
+        for c in vars(errors).values()
+        if isinstance(c, type) and issubclass(c, errors.Sm120Error)
+    }
+    codes = raised | {0, 5, 6, 7, 75, 130}
+    guide = (ROOT / "docs" / "operator.md").read_text(encoding="utf-8")
+    table = guide[guide.index("## Exit codes") :]
+    documented = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.M)}
+    assert documented == codes
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = re.sub(r"\s+", " ", readme[readme.index("Exit codes:") :][:700])
+    for code in sorted(codes):
+        assert re.search(rf"\b{code} [a-z`]", line), (code, line)
