@@ -145,16 +145,16 @@ def colour_wanted() -> bool:
 
 def show(text: render.Text) -> None:
     for line in text.err:
-        click.echo(paste(line), err=True)
+        click.echo(render.printable(paste(line)), err=True)
     for line in text.out:
-        click.echo(paste(line))
+        click.echo(render.printable(paste(line)))
     if text.raw:
         colour = colour_wanted()
         click.echo(render.coloured(text.raw) if colour else text.raw, nl=False, color=colour)
 
 
 def echo_err(line: str) -> None:
-    click.echo(line, err=True)
+    click.echo(render.printable(line), err=True)
 
 
 echo_out: Callable[[str], None] = click.echo

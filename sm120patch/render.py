@@ -508,6 +508,17 @@ def remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bo
     return value
 
 
+# C0 and C1 control characters but tab and newline: a record read from a state directory, a
+# server's log line or a path may hold terminal escapes (clear the screen, rewrite the line
+# before it, set the title); a line the tool prints shows them as `\xNN`, never acts on them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(line: str) -> str:
+    """`line` as text a terminal only shows: each control character written as `\\xNN`."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+
+
 def paste(text: str) -> str:
     """`text` with each `sm120patch ...` in it completed with this command's paths and packs."""
     ctx = click.get_current_context(silent=True)
@@ -518,8 +529,8 @@ def paste(text: str) -> str:
 def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:
     """One line and what to do (every refusal has a next), and the same as JSON with --json."""
     hint = paste(error.hint or fallback_hint(error.exit_code, verb))
-    click.echo(f"sm120patch: {paste(error.message)}", err=True)
-    click.echo(f"  next: {hint}", err=True)
+    click.echo(printable(f"sm120patch: {paste(error.message)}"), err=True)
+    click.echo(printable(f"  next: {hint}"), err=True)
     if as_json:
         emit_json(error_doc(paste(error.message), hint, error.exit_code, error.details))
     sys.exit(error.exit_code)

@@ -340,3 +340,24 @@ def test_a_dry_run_under_json_still_warns_of_no_sm120_gpu(tmp_path):
     assert code == 0, err
     assert json.loads(out)["gpu"]["has_sm120"] is False
     assert "warning: no SM120 GPU here" in err
+
+
+def test_a_trial_records_terminal_escapes_are_shown_not_obeyed(tmp_path):
+    """A trial record is read from the state directory: a message or a command word holding a
+    terminal escape (here: clear the screen, a carriage return that would rewrite the line)
+    prints as `\\xNN`, in `status` and in a refusal's line alike."""
+    from sm120patch.engine import trials
+    from sm120patch.engine.trialrecord import TrialRecord
+
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    record = {"id": "t1", "profile": "moe", "verdict": "crashed", "exit_code": 1,
+              "command": ["serve\x1b[2J"], "message": "boom\rall fine"}  # fmt: skip
+    trials.record_trial({"sglang": sg}, "moe", TrialRecord.from_json(record))
+    code, out, _ = cli("status", "--sglang", str(sg))
+    assert code == 0
+    assert "\x1b" not in out and "\r" not in out
+    assert "serve\\x1b[2J" in out
+    code, _, err = cli("apply", "moe", "--sglang", str(tmp_path / "no\x1b]0;title\x07where"))
+    assert code == 2 and "\x1b" not in err and "\x07" not in err and "\\x1b]0;title\\x07" in err
+    code, out, _ = cli("apply", "moe", "--sglang", str(tmp_path / "x\x1b"), "--json")
+    assert json.loads(out)["error"]  # the JSON document stays JSON (its own escaping)
