@@ -126,3 +126,13 @@ def test_every_exit_code_is_documented():
     line = re.sub(r"\s+", " ", readme[readme.index("Exit codes:") :][:700])
     for code in sorted(codes):
         assert re.search(rf"\b{code} [a-z`]", line), (code, line)
+
+
+def test_the_readmes_map_names_every_wing():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    map_ = readme[readme.index("## Map of the code") :]
+    wings = sorted(
+        p.name for p in (ROOT / "sm120patch").iterdir()
+        if p.is_dir() and (p / "__init__.py").exists()
+    )  # fmt: skip
+    assert wings and [w for w in wings if f"`{w}/`" not in map_] == []
