@@ -42,6 +42,10 @@ def check_pins(
 ) -> list[str]:
     """One line per target whose version is outside the profile's pins, then one per release
     the profile refuses (`refusal_lines`): what --force overrides."""
+    return _outside_pins(profile, found) + refusal_lines(profile, found, paths)
+
+
+def _outside_pins(profile: Profile, found: list[Target]) -> list[str]:
     problems = []
     for target in found:  # one target per kind in a plan; a list keeps each target's line
         problems += catalog.pin_problems(
@@ -49,7 +53,7 @@ def check_pins(
             {target.kind: target.version},
             {target.kind: (target.name, target.version_source)},
         )
-    return problems + refusal_lines(profile, found, paths)
+    return problems
 
 
 def require_pins(
@@ -59,19 +63,14 @@ def require_pins(
     *,
     force: bool,
     verb: str,
-) -> None:
+) -> list[str]:
     """Refuse (unless `force`) a target outside the profile's pins or a release it refuses,
-    with a hint that fits: a pinned release for the first, what the reason asks for the second."""
-    outside = [
-        line
-        for t in found
-        for line in catalog.pin_problems(
-            profile, {t.kind: t.version}, {t.kind: (t.name, t.version_source)}
-        )
-    ]
+    with a hint that fits: a pinned release for the first, what the reason asks for the second.
+    Returns what `force` overrode (`check_pins`'s lines), empty when nothing was."""
+    outside = _outside_pins(profile, found)
     refused = refusal_lines(profile, found, paths)
     if force or not (outside or refused):
-        return
+        return outside + refused
     hint = (
         f"use a pinned release, or --force to {verb} anyway"
         if outside
@@ -148,8 +147,7 @@ def plan(
     cat = catalog.load()
     profile = cat.profile(profile_name)
     found = found if found is not None else resolve_targets(profile, paths or {})
-    require_pins(profile, found, paths, force=force, verb="plan")
-    outside = check_pins(profile, found, paths)  # what --force overrode, kept on the plan
+    outside = require_pins(profile, found, paths, force=force, verb="plan")  # kept on the plan
     with no_cycle_collection():
         plans = [
             plan_target(profile, cat.patches_of(profile), t, texts[t.kind])
