@@ -91,7 +91,7 @@ def run() -> None:
         if code is None:
             code = 0
         elif not isinstance(code, int):
-            click.echo(str(code), err=True)  # sys.exit("message"): printed, status 1
+            click.echo(render.printable(str(code)), err=True)  # sys.exit("message"): status 1
             code = 1
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -145,19 +145,22 @@ def colour_wanted() -> bool:
 
 def show(text: render.Text) -> None:
     for line in text.err:
-        click.echo(render.printable(paste(line)), err=True)
+        echo_err(paste(line))
     for line in text.out:
-        click.echo(render.printable(paste(line)))
+        echo_out(paste(line))
     if text.raw:
         colour = colour_wanted()
         click.echo(render.coloured(text.raw) if colour else text.raw, nl=False, color=colour)
 
 
+# Every line of text the CLI prints goes through these two: what it shows from outside (a trial
+# record, a server's log line, a path) cannot drive the terminal (`render.printable`).
 def echo_err(line: str) -> None:
     click.echo(render.printable(line), err=True)
 
 
-echo_out: Callable[[str], None] = click.echo
+def echo_out(line: str) -> None:
+    click.echo(render.printable(line))
 
 
 def quiet(line: str) -> None:  # --json keeps stdout one document
@@ -422,7 +425,7 @@ def trial_cmd(
             measure_options,
             on_known=echo_err if as_json else echo_out,
             on_line=echo_err if (measure or as_json) else echo_out,
-            on_event=lambda line: click.echo(f"sm120patch: {line}", err=True),
+            on_event=lambda line: echo_err(f"sm120patch: {line}"),
             on_progress=echo_err if sys.stderr.isatty() else None,
         )
     except TrialCrashed as exc:
@@ -543,7 +546,7 @@ def export_cmd(
     written = app.write_patch_mails(session(sglang, flashinfer), profile, out_dir, force=force,
                          overwrite=overwrite)  # fmt: skip
     for item in written:
-        click.echo(f"{item.target}: {item.path}")
+        echo_out(f"{item.target}: {item.path}")
 
 
 @main.command("new-patch")
@@ -564,9 +567,9 @@ def new_patch_cmd(**options: Any) -> None:
     """Write a patch module, its facts table, a profile and a test into a pack directory."""
     written = app.new_patch(app.NewPatchRequest(**options))
     for path in (written.module, written.test, written.profiles):
-        click.echo(f"wrote {path}")
+        echo_out(f"wrote {path}")
     directory = options["directory"]
-    click.echo(f"next: fill in the TODOs, then `python -m pytest {written.test}` and "
+    echo_out(f"next: fill in the TODOs, then `python -m pytest {written.test}` and "
                f"`sm120patch --patches {directory} apply {written.profile} --dry-run`")
 
 
@@ -617,7 +620,7 @@ def matrix_cmd(
         {"sglang": sglang_spec, "flashinfer": flashinfer_spec},
         profiles,
         jobs,
-        on_warning=lambda line: click.echo(f"sm120patch: warning: {line}", err=True),
+        on_warning=lambda line: echo_err(f"sm120patch: warning: {line}"),
         progress_quiet=quiet,
         scan=scan,
     )

@@ -591,7 +591,8 @@ class Group(click.Group):
         except Exception as exc:
             if os.environ.get("SM120PATCH_DEBUG"):
                 raise
-            click.echo(f"sm120patch: internal error: {type(exc).__name__}: {exc}", err=True)
+            line = f"sm120patch: internal error: {type(exc).__name__}: {exc}"
+            click.echo(printable(line), err=True)
             click.echo(
                 "  next: rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
                 "`sm120patch status` shows the state of your trees",

@@ -200,3 +200,17 @@ def test_a_trial_says_how_long_it_has_waited(trees, mocker):
     assert found.result is not None and found.result.verdict == "ready"
     assert said and said[0].startswith("sm120patch: waiting for readiness: ")
     assert said[0].endswith("s, last line: Load weight begin")
+
+
+def test_a_servers_terminal_escapes_are_shown_not_obeyed(trees):
+    """The server's own lines pass through `trial` as they come, and so does their escape: a
+    line that clears the screen prints as `\\xNN`."""
+    sg, fi = trees
+    crash = "import sys; print('\\x1b[2Jwiped\\rrewritten', flush=True); sys.exit(1)"
+    code, out, err = run_cli(
+        "trial", "fusion", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check",
+        "--timeout", "30", "--", sys.executable, "-c", crash,
+    )
+    assert code == 3
+    assert "\x1b" not in out + err and "\r" not in out + err
+    assert "\\x1b[2Jwiped" in out + err  # (a carriage return reaches us as a line break)
