@@ -351,9 +351,9 @@ def trial_group() -> None:
 
 # The options of `trial --measure` only, in the names of trial.measure.Options.
 MEASURE_OPTIONS = (
-    "api", "requests", "concurrency", "max_tokens", "warmup", "repeat", "min_gain", "figure",
-    "min_similarity", "min_agreement", "eval_cmd", "eval_key", "eval_tolerance", "model",
-    "bench_cmd",
+    "api", "requests", "concurrency", "max_tokens", "warmup", "repeat", "max_repeat", "min_gain",
+    "figure", "min_similarity", "min_agreement", "eval_cmd", "eval_key", "eval_tolerance",
+    "model", "bench_cmd",
 )  # fmt: skip
 
 
@@ -377,6 +377,8 @@ MEASURE_OPTIONS = (
 @click.option("--warmup", type=int, default=None, help="Uncounted requests first [concurrency].")
 @click.option("--repeat", type=int, default=3, show_default=True,
               help="ABAB rounds: runs a side (a keep needs 2 at least).")
+@click.option("--max-repeat", type=int, default=6, show_default=True,
+              help="Most runs a side while the figures lean but have not cleared the noise.")
 @click.option("--min-gain", type=float, default=2.0, show_default=True,
               help="Percent the figure must improve beyond the measured noise to keep the patch.")
 @click.option("--figure", default="output_tok_s", show_default=True,

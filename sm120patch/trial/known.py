@@ -285,9 +285,11 @@ def evidence(trial: TrialRecord) -> bool:
     trial that crashed. Never an inconclusive, inert or unreachable one. Records written before
     trials said so themselves are judged by the same rule (a keep or a slower needs 2 runs a
     side: one run measures no noise)."""
+    verdict = trial.verdict
+    if trial.is_measured and verdict in ("kept", "reverted-slower"):
+        return trial.evidence is not False and _decided_again(trial)
     if trial.evidence is not None:
         return trial.evidence
-    verdict = trial.verdict
     if not trial.is_measured:
         return verdict in ("crashed", "timeout")
     # The runs are rendered data (`TrialRecord.measured`), checked on read: each has a side
@@ -297,10 +299,35 @@ def evidence(trial: TrialRecord) -> bool:
         return True
     if verdict == "crashed":
         return any(r.get("side") == "patched" and r.get("outcome") != "ok" for r in runs)
-    if verdict in ("kept", "reverted-slower"):
-        sides = Counter(r.get("side") for r in runs)
-        return min(sides.get("baseline", 0), sides.get("patched", 0)) >= 2
     return False
+
+
+def _decided_again(trial: TrialRecord) -> bool:
+    """Whether this release's rule (`decide.decide_gain`), on the figures the trial recorded,
+    reaches the keep or the slower it recorded: a record written under an earlier, looser rule
+    (one run a side, a noise it underestimated) is evidence only where today's rule agrees."""
+    from sm120patch.trial import decide
+
+    options = trial.measured.get("options")
+    options = options if isinstance(options, dict) else {}
+    figure = options.get("figure")
+    figure = figure if figure in decide.FIGURES else "output_tok_s"
+    min_gain = options.get("min_gain")
+    if not isinstance(min_gain, (int, float)) or isinstance(min_gain, bool):
+        min_gain = 0.02
+    runs = [r for r in trial.measured.get("runs") or [] if isinstance(r, dict)]
+
+    def values(side: str) -> list[float]:
+        return [
+            float((r.get("figures") or {}).get(figure) or 0.0)
+            for r in runs
+            if r.get("side") == side
+        ]
+
+    decided = decide.decide_gain(
+        values("baseline"), values("patched"), decide.FIGURES[figure][1], float(min_gain)
+    )
+    return decided.verdict == trial.verdict
 
 
 def history(paths: Mapping[str, str | Path | None]) -> list[TrialRecord]:

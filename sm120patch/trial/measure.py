@@ -1,11 +1,13 @@
 """`trial PROFILE --measure`: the patch judged by measurement, baseline against patched.
 
 The same server command runs without the profile (baseline) and with it (patched), alternated
-ABAB... `repeat` times (default 3 of each). Each run: start the server in its own process group,
-wait for readiness, drive the same load (built-in generator, or `bench_cmd`) while NVML samples
-every GPU, ask the greedy probe prompts and run `eval_cmd` (first run of each side), stop the
-group; every line of its output is read for the profile's wiring evidence (the log lines a
-patch declares to show that its path ran or was skipped). Then, first match wins:
+ABAB... `repeat` times (default 3 of each), and again up to `max_repeat` (6) while the
+figures lean one way without clearing the noise (`decide.GainDecision.more`). Each run: start
+the server in its own process group, wait for readiness, drive the same load (built-in
+generator, or `bench_cmd`) while NVML samples every GPU, ask the greedy probe prompts and run
+`eval_cmd` (first run of each side), stop the group; every line of its output is read for
+the profile's wiring evidence (the log lines a patch declares to show that its path ran or was
+skipped). Then, first match wins:
 
 - a crash or no readiness on either side: `crashed` (exit 3), matched against the known
   failure signatures;
@@ -58,17 +60,10 @@ EXIT_UNREACHABLE = EXIT["unreachable"]
 # Verdicts that say something about the patch: the only "you measured" lines and exports.
 DECIDED = ("kept", "reverted-slower", "reverted-wrong-output")
 REPEAT = 3  # default rounds: ABAB with 3 runs a side
+MAX_REPEAT = 6  # default most runs a side while the figures lean without clearing the noise
 MIN_RUNS = decide.MIN_RUNS
 
-# figure -> (unit shown, higher is better)
-FIGURES: dict[str, tuple[str, bool]] = {
-    "output_tok_s": ("tok/s", True),
-    "req_s": ("req/s", True),
-    "ttft_p50_ms": ("ms TTFT p50", False),
-    "ttft_p99_ms": ("ms TTFT p99", False),
-    "itl_p50_ms": ("ms ITL p50", False),
-    "itl_p99_ms": ("ms ITL p99", False),
-}
+FIGURES = decide.FIGURES
 
 # sglang.bench_serving's result keys -> ours
 BENCH_KEYS = {
@@ -95,6 +90,9 @@ class Options:
     max_tokens: int = 128
     warmup: int | None = None
     repeat: int = REPEAT
+    # While the figures lean one way without clearing the noise, one more run a side, up to
+    # this many (decide.GainDecision.more).
+    max_repeat: int = MAX_REPEAT
     min_gain: float = 0.02
     figure: str = "output_tok_s"
     min_similarity: float = sanity.MIN_SIMILARITY
@@ -223,10 +221,11 @@ def check_options(opts: Options) -> None:
             f"--figure {opts.figure} is not one of {', '.join(FIGURES)}",
             "the default, output_tok_s, is what the patches are meant to raise",
         )
-    if opts.repeat < 1 or opts.requests < 1 or opts.concurrency < 1:
+    if min(opts.repeat, opts.max_repeat, opts.requests, opts.concurrency) < 1:
         raise UsageError(
-            "--repeat, --requests and --concurrency must be at least 1",
-            "leave them out for the defaults (3 runs a side, 64 requests, 8 in flight)",
+            "--repeat, --max-repeat, --requests and --concurrency must be at least 1",
+            "leave them out for the defaults (3 runs a side, up to 6 while the figures lean; "
+            "64 requests, 8 in flight)",
         )
     if not 0 <= opts.min_agreement <= 1:
         raise UsageError("--min-agreement is a share between 0 and 1")
@@ -306,7 +305,14 @@ def run(
     is_applied = profile in applied
     log = serve.open_log(log_path)
     try:
-        for round_ in range(opts.repeat):
+        limit = max(opts.repeat, opts.max_repeat)
+        round_ = 0
+        while round_ < opts.repeat or (round_ < limit and _leans(result, opts)):
+            if round_ >= opts.repeat:
+                on_event(
+                    f"the figures lean but have not cleared the noise after {round_} runs a "
+                    f"side: one more (--max-repeat {limit})"
+                )
             for side in ("baseline", "patched"):
                 want = side == "patched"
                 if want and not is_applied:
@@ -314,7 +320,7 @@ def run(
                 elif not want and is_applied:
                     revert.revert(profile, paths)
                 is_applied = want
-                on_event(f"{side} run {round_ + 1} of {opts.repeat}")
+                on_event(f"{side} run {round_ + 1} of {max(opts.repeat, round_ + 1)}")
                 one = _one_run(
                     side, round_, command, opts, on_line, log, declared, on_wait,
                     first=round_ == 0,
@@ -326,6 +332,7 @@ def run(
                     raise _Stop  # unreachable: more runs would not answer either
                 if side == "patched" and wiring.skipped(one.wiring) is not None:
                     raise _Stop  # inert: the figures would measure the unpatched path
+            round_ += 1
     except _Stop:
         pass
     except KeyboardInterrupt:
@@ -352,6 +359,21 @@ def run(
     if result.verdict == "interrupted":
         raise KeyboardInterrupt
     return result
+
+
+def _leans(result: MeasuredTrial, opts: Options) -> bool:
+    """Whether the figures so far lean one way without clearing the noise: one more run a
+    side could decide them (`decide.GainDecision.more`)."""
+    base, patched = (
+        _figure_values([r for r in result.runs if r.side == side], opts.figure)
+        for side in ("baseline", "patched")
+    )
+    return decide.decide_gain(base, patched, FIGURES[opts.figure][1], opts.min_gain).more
+
+
+def _figure_values(runs: list[Run], figure: str) -> list[float]:
+    """In ABAB order, 0 where a run measured nothing (kept, so the pairs stay aligned)."""
+    return [float((r.figures or {}).get(figure) or 0.0) for r in runs]
 
 
 class _Stop(Exception):
@@ -578,11 +600,10 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
     result.sanity = asdict(verdict)
     unit, higher = FIGURES[opts.figure]
 
-    def values(runs: list[Run]) -> list[float]:
-        """In ABAB order, 0 where a run measured nothing (kept, so the pairs stay aligned)."""
-        return [float((r.figures or {}).get(opts.figure) or 0.0) for r in runs]
-
-    decision = decide.decide_gain(values(base), values(patched), higher, opts.min_gain)
+    decision = decide.decide_gain(
+        _figure_values(base, opts.figure), _figure_values(patched, opts.figure), higher,
+        opts.min_gain,
+    )  # fmt: skip
     result.gain, result.noise, result.pairs = decision.gain, decision.noise, decision.pairs
     figures = _figures_line(result, opts.figure, unit)
     skipped = next((s for r in patched if (s := wiring.skipped(r.wiring)) is not None), None)
@@ -608,7 +629,10 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
         )
     else:
         result.verdict = decision.verdict
-        noise = f"±{100 * (decision.noise or 0):.1f}% noise + --min-gain {100 * opts.min_gain:g}%"
+        noise = (
+            f"±{100 * (decision.noise or 0):.1f}% noise + --min-gain {100 * opts.min_gain:g}% "
+            f"({len(patched)} runs a side)"
+        )
         if decision.verdict == "inconclusive":
             result.message = f"{figures}: inside the {noise}: reverted"
         elif decision.verdict == "kept":
