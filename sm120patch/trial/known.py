@@ -282,9 +282,10 @@ def box_of(
 def evidence(trial: TrialRecord) -> bool:
     """Whether a recorded trial says something about its patch: a measured trial that kept,
     was slower beyond the noise, gave wrong output, or crashed on its patched side; a plain
-    trial that crashed. Never an inconclusive, inert or unreachable one. Records written before
-    trials said so themselves are judged by the same rule (a keep or a slower needs 2 runs a
-    side: one run measures no noise)."""
+    trial that crashed. Never an inconclusive, inert or unreachable one. A keep or a slower
+    is evidence only where this release's rule reaches it on the trial's own figures
+    (`_decided_again`): records written under a looser rule are judged by today's. Records
+    written before trials said whether they were evidence are judged by the same rule."""
     verdict = trial.verdict
     if trial.is_measured and verdict in ("kept", "reverted-slower"):
         return trial.evidence is not False and _decided_again(trial)
@@ -423,8 +424,9 @@ def outcome_record(trial: TrialRecord) -> str:
         raise UsageError(
             f"trial {trial.id} ({verdict}) is not evidence: it says nothing another "
             "box can use",
-            "export a measured trial that was kept, slower beyond the noise or gave wrong "
-            "output (2 runs a side at least), or a crash of the patched side",
+            "export a measured trial that was kept or slower beyond the noise (as this "
+            "release's rule reads its figures), that gave wrong output, or a crash of the "
+            "patched side",
         )
     command = trial.command
     record: dict[str, Any] = {"id": f"local-{trial.profile}-{trial.id}"}
