@@ -20,12 +20,15 @@ nvidia-smi.csv, summary.json; the summary is printed last. Exit status: the tria
 
 `--repeat-trials N` runs N such trials one after another (each on fresh targets; more files).
 
-On the lent H200 (python3 3.12 with torch and transformers, nothing else fetchable), carry
-the wheels sm120patch needs that its image lacks (libcst, GitPython, gitdb, smmap,
-platformdirs, cp312) in `.whl` and run, from the repository root:
+It runs the sm120patch that is installed (an editable install of this tree is one). On the
+lent H200 (python3 3.12 with torch and transformers, nothing else fetchable), carry the wheels
+sm120patch needs that its image lacks (libcst, GitPython, gitdb, smmap, platformdirs, cp312)
+in `.whl`, install them and this tree, and run, from the repository root:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; \
+        --target /tmp/site .whl/*.whl && python3 -m pip install -q --no-index --no-deps \
+        --no-build-isolation --target /tmp/sm120 . && \
+        export PYTHONPATH=/tmp/sm120:/tmp/site || exit; \
     timeout 570 python3 benchmarks/trial_h200.py --out $OUT
 """
 
@@ -116,10 +119,10 @@ def one_trial(args: argparse.Namespace, extra: list[str], out: Path, n: int) -> 
     server = [sys.executable, str(SERVER), "--port", str(port), *args.server_args]
     cli = [sys.executable, "-m", "sm120patch"]
     paths = ["--sglang", str(sg), "--flashinfer", str(fi)]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
+    # sm120patch as installed (its patch library ships inside it as sm120patch.patches; the
+    # source tree has it at the top, patches/), run from outside the source tree so that
+    # `-m sm120patch` does not find the tree's package first.
+    env = dict(os.environ)
     tag = "" if args.repeat_trials == 1 else f"-{n + 1}"
     smi_path = out / f"nvidia-smi{tag}.csv"
     smi = smi_log(smi_path)
@@ -127,7 +130,7 @@ def one_trial(args: argparse.Namespace, extra: list[str], out: Path, n: int) -> 
     done = subprocess.run(
         [*cli, "trial", args.profile, "--measure", *paths, "--no-gpu-check", "--timeout", "600",
          "--log", str(out / f"server{tag}.log"), *extra, "--json", "--", *server],
-        capture_output=True, text=True, env=env, cwd=ROOT, check=False,
+        capture_output=True, text=True, env=env, cwd=base, check=False,
     )  # fmt: skip
     wall = time.time() - started
     (out / f"stderr{tag}.txt").write_text(done.stderr)
@@ -143,7 +146,7 @@ def one_trial(args: argparse.Namespace, extra: list[str], out: Path, n: int) -> 
     subprocess.run(
         [*cli, "trial", "show", doc["id"], *paths, "--html", str(out / f"report{tag}.html")],
         stdout=open(out / f"trial{tag}.txt", "w"),  # noqa: SIM115
-        env=env, cwd=ROOT, check=False,
+        env=env, cwd=base, check=False,
     )  # fmt: skip
     runs = doc.get("runs", [])
     summary = {
