@@ -8,7 +8,7 @@ libcst nodes whose whitespace is copied from the neighbours so diffs stay minima
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TypeGuard, TypeVar
 
 import libcst as cst
 
@@ -123,15 +123,43 @@ _BLOCKS = (
 _BLOCK_FIELDS = ("body", "orelse", "handlers", "finalbody", "cases")
 
 
+# Whether a node type is one of `_BLOCKS`, by type: most of those are abstract classes, whose
+# `isinstance` goes through `ABCMeta.__instancecheck__`, and a walk asks it of every line of
+# every block (most of a walk's time, before this table). A type's answer never changes.
+_IS_BLOCK: dict[type, bool] = {}
+
+
+def _is_block(value: object) -> TypeGuard[cst.CSTNode]:
+    hit = _IS_BLOCK.get(type(value))
+    if hit is None:
+        hit = _IS_BLOCK[type(value)] = isinstance(value, _BLOCKS)
+    return hit
+
+
+# The names of `_BLOCK_FIELDS` a node type has (every libcst node is a dataclass; anything
+# else is asked for all of them).
+_FIELDS_OF: dict[type, tuple[str, ...]] = {}
+
+
+def _fields_of(kind: type) -> tuple[str, ...]:
+    hit = _FIELDS_OF.get(kind)
+    if hit is None:
+        fields = getattr(kind, "__dataclass_fields__", None)
+        hit = _FIELDS_OF[kind] = (
+            _BLOCK_FIELDS if fields is None else tuple(n for n in _BLOCK_FIELDS if n in fields)
+        )
+    return hit
+
+
 def _blocks_under(node: cst.CSTNode) -> list[cst.CSTNode]:
     # Read the block fields directly: `CSTNode.children` runs a visitor over every
     # expression of the node, which is what we are avoiding.
     out: list[cst.CSTNode] = []
-    for name in _BLOCK_FIELDS:
+    for name in _fields_of(type(node)):
         value = getattr(node, name, None)
         if isinstance(value, (tuple, list)):
-            out.extend(v for v in value if isinstance(v, _BLOCKS))
-        elif isinstance(value, _BLOCKS):
+            out.extend(v for v in value if _is_block(v))
+        elif _is_block(value):
             out.append(value)
     return out
 
