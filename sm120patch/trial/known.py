@@ -29,6 +29,7 @@ from sm120patch.errors import Sm120Error, UsageError
 from sm120patch.patchkit import versions
 
 if TYPE_CHECKING:
+    from sm120patch.engine.assess import TargetStatus
     from sm120patch.engine.trialrecord import TrialRecord
     from sm120patch.trial import gpu
 
@@ -249,16 +250,16 @@ def box_of(
     paths: Mapping[str, str | Path | None],
     command: Sequence[str] = (),
     read_gpus: Callable[[], gpu.GpuInventory] | None = None,
+    statuses: Sequence[TargetStatus] | None = None,
 ) -> Box:
     """This box, as known.toml's conditions read it. `read_gpus`: how to read the GPUs (a command
-    that also checks them passes its own, so that NVML starts once: a tenth of a second)."""
-    from sm120patch.engine import assess
+    that also checks them passes its own, so that NVML starts once: a tenth of a second).
+    `statuses`: the targets' `assess.status(paths)`, where the caller has it (`lines`)."""
     from sm120patch.trial import gpu as nvml  # imported here: most commands never read known.toml
 
-    try:
-        versions: dict[str, str] = {s.target.kind: s.target.version for s in assess.status(paths)}
-    except Sm120Error:
-        versions = {}
+    if statuses is None:
+        statuses = _status_or_none(paths)
+    versions: dict[str, str] = {s.target.kind: s.target.version for s in statuses or ()}
     found = (read_gpus or nvml.read_gpus)()
     tp = _flag(command, "--tp", "--tp-size", "--tensor-parallel-size")
     model = _flag(command, "--model-path", "--model")
@@ -336,11 +337,26 @@ def history(paths: Mapping[str, str | Path | None]) -> list[TrialRecord]:
     and FlashInfer is kept on both), oldest first."""
     from sm120patch.engine import assess
 
+    return _history_of(assess.status(paths))
+
+
+def _history_of(statuses: Sequence[TargetStatus]) -> list[TrialRecord]:
     seen: dict[str, TrialRecord] = {}
-    for status in assess.status(paths):
+    for status in statuses:
         for t in status.trials:
             seen.setdefault(t.key, t)
     return sorted(seen.values(), key=lambda t: t.started or 0)
+
+
+def _status_or_none(paths: Mapping[str, str | Path | None]) -> list[TargetStatus] | None:
+    """`assess.status(paths)`, or None where it refuses (the box is then read without the
+    targets' versions, and without their trials)."""
+    from sm120patch.engine import assess
+
+    try:
+        return assess.status(paths)
+    except Sm120Error:
+        return None
 
 
 def forget(
@@ -401,13 +417,16 @@ def lines(
     command: Sequence[str] = (),
     read_gpus: Callable[[], gpu.GpuInventory] | None = None,
 ) -> list[str]:
-    """The known entries matching this box, then this box's own measured trials."""
-    box = box_of(paths, command, read_gpus)
+    """The known entries matching this box, then this box's own measured trials. The targets
+    are looked up once for both (finding a checkout runs git)."""
+    statuses = _status_or_none(paths)
+    box = box_of(paths, command, read_gpus, statuses=[] if statuses is None else statuses)
     out = [e.line() for e in entries() if matches(e, profile, box)]
-    try:
-        out += local_lines(history(paths), profile)
-    except Sm120Error:
-        pass
+    if statuses is not None:
+        try:
+            out += local_lines(_history_of(statuses), profile)
+        except Sm120Error:
+            pass
     return out
 
 
