@@ -323,6 +323,20 @@ def test_max_repeat_caps_the_runs_the_figures_may_ask_for(trees, tmp_path, fake_
     assert code == 2 and "--max-repeat" in err
 
 
+def test_wrong_output_asks_for_no_more_runs_however_the_figures_lean(trees, tmp_path, fake_nvml):
+    """The leaning figures of the test above, and degenerate answers: the verdict is wrong
+    output on the first runs' answers, so the trial stops at its 3 runs a side."""
+    base = "50,53,47,51,49,50"
+    patched = ",".join(f"{0.8 * float(d):g}" for d in base.split(","))
+    code, doc, err = measure(
+        trees, tmp_path, "--delay-ms-pristine", base, "--delay-ms-patched", patched,
+        "--degenerate-when-patched",
+    )  # fmt: skip
+    assert code == 6, err
+    assert doc["verdict"] == "reverted-wrong-output" and len(doc["runs"]) == 6
+    assert "lean" not in err
+
+
 def test_fast_but_degenerate_is_reverted_as_wrong_output(trees, tmp_path, fake_nvml):
     sg, _ = trees
     before = tree_hash(sg)

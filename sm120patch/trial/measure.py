@@ -362,13 +362,38 @@ def run(
 
 
 def _leans(result: MeasuredTrial, opts: Options) -> bool:
-    """Whether the figures so far lean one way without clearing the noise: one more run a
-    side could decide them (`decide.GainDecision.more`)."""
-    base, patched = (
-        _figure_values([r for r in result.runs if r.side == side], opts.figure)
-        for side in ("baseline", "patched")
+    """Whether the figures so far lean one way without clearing the noise, so that one more
+    run a side could decide them (`decide.GainDecision.more`); never once the output is
+    wrong: that verdict needs no more runs."""
+    base = [r for r in result.runs if r.side == "baseline"]
+    patched = [r for r in result.runs if r.side == "patched"]
+    if not _judge_output(base, patched, opts).ok:
+        return False
+    decided = decide.decide_gain(
+        _figure_values(base, opts.figure), _figure_values(patched, opts.figure),
+        FIGURES[opts.figure][1], opts.min_gain,
+    )  # fmt: skip
+    return decided.more
+
+
+def _judge_output(base: list[Run], patched: list[Run], opts: Options) -> sanity.Sanity:
+    """The output checks (`sanity.judge`) on the first run of each side's probes and eval
+    score, and every run's load texts and errors."""
+    scores = None
+    if opts.eval_cmd and base[0].eval_score is not None and patched[0].eval_score is not None:
+        scores = sanity.EvalScores(
+            base[0].eval_score, patched[0].eval_score, opts.eval_tolerance, opts.eval_key
+        )
+    return sanity.judge(
+        [loadgen.Answer(**a) for a in base[0].answers],
+        [loadgen.Answer(**a) for a in patched[0].answers],
+        patched_load_texts=[t for r in patched for t in r.load_texts],
+        patched_load_errors=[e for r in patched for e in r.load_errors],
+        baseline_load_errors=[e for r in base for e in r.load_errors],
+        min_similarity=opts.min_similarity,
+        min_agreement=opts.min_agreement,
+        scores=scores,
     )
-    return decide.decide_gain(base, patched, FIGURES[opts.figure][1], opts.min_gain).more
 
 
 def _figure_values(runs: list[Run], figure: str) -> list[float]:
@@ -582,21 +607,7 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
         result.summary[side]["power_w"] = _stats(
             [p for r in runs if (p := r.mean_power_w()) is not None]
         )
-    scores = None
-    if opts.eval_cmd and base[0].eval_score is not None and patched[0].eval_score is not None:
-        scores = sanity.EvalScores(
-            base[0].eval_score, patched[0].eval_score, opts.eval_tolerance, opts.eval_key
-        )
-    verdict = sanity.judge(
-        [loadgen.Answer(**a) for a in base[0].answers],
-        [loadgen.Answer(**a) for a in patched[0].answers],
-        patched_load_texts=[t for r in patched for t in r.load_texts],
-        patched_load_errors=[e for r in patched for e in r.load_errors],
-        baseline_load_errors=[e for r in base for e in r.load_errors],
-        min_similarity=opts.min_similarity,
-        min_agreement=opts.min_agreement,
-        scores=scores,
-    )
+    verdict = _judge_output(base, patched, opts)
     result.sanity = asdict(verdict)
     unit, higher = FIGURES[opts.figure]
 
