@@ -449,6 +449,9 @@ def edit_lock(lock: lockfile.Lock, how: str, before: str) -> lockfile.Lock:
                    if line.startswith("+") and not line.startswith("+++"))  # fmt: skip
         lines[idx] += "  # as reviewed"
         lock.steps[0] = replace(step, diff="\n".join(lines))
+    elif how == "its diff made to name another file":
+        head, sep, rest = step.diff.partition("@@ ")
+        lock.steps[0] = replace(step, diff=head.replace(step.path, "sglang/version.py") + sep + rest)
     else:
         text = "import os\n"
         lock.files.append(lockfile.LockedFile("sglang", "sglang/__init__.py", sha(b""),
@@ -460,7 +463,8 @@ def edit_lock(lock: lockfile.Lock, how: str, before: str) -> lockfile.Lock:
 
 
 @pytest.mark.parametrize("how", ["a line added to a diff, after-hashes edited",
-                                 "its diff text alone edited", "a file no patch touches"])
+                                 "its diff text alone edited", "its diff made to name another file",
+                                 "a file no patch touches"])  # fmt: skip
 def test_a_lock_is_a_claim_to_verify_never_a_source_of_bytes(how, attacker, shared, tmp_path):
     site = make_tree(shared, "sglang", "0.5.8", "installed")
     genuine = tmp_path / "moe.lock"
@@ -476,6 +480,41 @@ def test_a_lock_is_a_claim_to_verify_never_a_source_of_bytes(how, attacker, shar
     if how == "a file no patch touches":
         assert "sglang/__init__.py, which no patch of profile moe touches" in err, err
     assert cli("apply", "--locked", str(genuine), "--sglang", str(site), "--no-gpu-check")[0] == 0
+
+
+def test_a_lock_whose_diffs_show_the_same_change_another_way_is_accepted(tmp_path):
+    """A lock's diff is checked by applying it: a reviewer's diff with more context (what
+    `git diff -U5` shows) turns the same text into the same bytes, so the lock holds; one
+    that does not is refused."""
+    site = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    lock_path = tmp_path / "moe.lock"
+    assert cli("pin", "moe", "--sglang", str(site), "-o", str(lock_path))[0] == 0
+    lock = lockfile.read(lock_path)
+    step = lock.steps[0]
+    before = (site / step.path).read_text()
+    after = apply_diff(before, step.diff)
+    assert after is not None
+    import difflib
+
+    wide = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                        f"a/{step.path}", f"b/{step.path}", n=5))  # fmt: skip
+    assert wide != step.diff.split("\n", 1)[1]  # another text of the same change
+    lock.steps[0] = replace(step, diff=f"diff --git a/{step.path} b/{step.path}\n" + wide)
+    lock_path.write_text(lock.to_toml())
+    before_tree = tree_hash(site)
+    code, _, err = cli("apply", "--locked", str(lock_path), "--sglang", str(site), "--no-gpu-check")
+    assert code == 0, err
+    assert tree_hash(site) != before_tree
+    assert cli("revert", "--all", "--sglang", str(site))[0] == 0
+    # One context line of the wide diff changed: it no longer gives those bytes.
+    lines = lock.steps[0].diff.split("\n")
+    idx = next(i for i, line in enumerate(lines) if line.startswith(" "))
+    lines[idx] = " # not what the file says"
+    lock.steps[0] = replace(lock.steps[0], diff="\n".join(lines))
+    lock_path.write_text(lock.to_toml())
+    code, _, err = cli("apply", "--locked", str(lock_path), "--sglang", str(site), "--no-gpu-check")
+    assert code == 1 and "the lock's diff is not the change these patches make" in err, err
+    assert tree_hash(site) == before_tree
 
 
 @pytest.mark.parametrize("rel", ["../../etc/passwd", "/etc/passwd", "sglang/../../x.py",

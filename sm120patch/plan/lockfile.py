@@ -154,8 +154,8 @@ def patch_digests(
 
 
 def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> Lock:
-    """The lock of `plan`; `steps=False` leaves out the reviewed diffs (a comparison with
-    another lock reads none of them, and they are a fifth of an `apply --locked`)."""
+    """The lock of `plan`; `steps=False` leaves out the reviewed diffs (making them is difflib
+    over each whole file: `differences` checks a lock's diffs by applying them instead)."""
     files = [
         LockedFile(tp.target.kind, f.file, _sha(f.before), _sha(f.after))
         for tp in plan.targets
@@ -163,14 +163,10 @@ def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> L
     ]
     from sm120patch.plan.diffs import diff_texts
 
-    reviewed = []
-    for tp in plan.targets if steps else ():
-        for f in tp.changed:
-            before = f.before
-            for pid, text in f.step_texts():
-                reviewed.append(LockedStep(tp.target.kind, f.file, pid, _sha(text),
-                                           diff_texts(f.file, before, text)))  # fmt: skip
-                before = text
+    reviewed = [
+        replace(step, diff=diff_texts(step.path, before, after))
+        for step, before, after in (_planned_steps(plan) if steps else ())
+    ]
     digests, sources = patch_digests(plan.profile.patches, known)
     return Lock(
         profile=plan.profile.name,
@@ -180,6 +176,19 @@ def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> L
         steps=reviewed,
         sources=sources,
     )
+
+
+def _planned_steps(plan: Plan) -> list[tuple[LockedStep, str, str]]:
+    """Each patch's step of `plan` on each file, as a lock records it but with no diff yet,
+    with the file's text before and after the step."""
+    out = []
+    for tp in plan.targets:
+        for f in tp.changed:
+            before = f.before
+            for pid, text in f.step_texts():
+                out.append((LockedStep(tp.target.kind, f.file, pid, _sha(text), ""), before, text))
+                before = text
+    return out
 
 
 def _sha(text: str) -> str:
@@ -329,7 +338,7 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
 
     `skip`: target kinds already applied exactly as the lock says (checked from their bytes).
     """
-    now = from_plan(plan, known=lock, steps=bool(lock.steps))
+    now = from_plan(plan, known=lock, steps=False)
     if skip:
         lock = replace(lock, versions={k: v for k, v in lock.versions.items() if k not in skip},
                        files=[f for f in lock.files if f.target not in skip])  # fmt: skip
@@ -385,25 +394,39 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
         elif mine.after != theirs.after:
             problems.append(f"{where}: patched text would differ from the locked result")
     if lock.steps and not problems:
-        problems += _step_differences(lock, now, skip)
+        problems += _step_differences(lock, plan, skip)
     return problems
 
 
-def _step_differences(lock: Lock, now: Lock, skip: frozenset[str]) -> list[str]:
+def _step_differences(lock: Lock, plan: Plan, skip: frozenset[str]) -> list[str]:
     """What was reviewed is what is written: each step of the lock is this plan's, with the
-    same after-hash and the same diff text."""
+    same after-hash, and the lock's diff of it, applied to the text before the step, gives
+    exactly the text this plan writes (so every byte the step writes is a line the reviewer
+    read). Applying the diff is linear; making ours to compare texts was difflib over each
+    whole file, a third of an `apply --locked` on a node that has the plan cached."""
     locked = [s for s in lock.steps if s.target not in skip]
-    found = [s for s in now.steps if s.target not in skip]
-    if [_step_of(s) for s in locked] != [_step_of(s) for s in found]:
+    found = [step for step in _planned_steps(plan) if step[0].target not in skip]
+    if [_step_of(s) for s in locked] != [_step_of(s) for s, _, _ in found]:
         return ["steps: the lock's patch steps are not the ones these patches make here"]
     problems = []
-    for a, b in zip(locked, found, strict=True):
+    for a, (b, before, after) in zip(locked, found, strict=True):
         where = f"{a.target} {a.path} ({a.patch})"
         if a.after != b.after:
             problems.append(f"{where}: the step's result differs from the locked one")
-        elif a.diff != b.diff:
+        elif not _diff_shows(a.diff, a.path, before, after):
             problems.append(f"{where}: the lock's diff is not the change these patches make")
     return problems
+
+
+def _diff_shows(diff: str, path: str, before: str, after: str) -> bool:
+    """Whether `diff` is a diff of `path` (the header `diffs.diff_texts` writes, nothing else
+    before the first hunk) that turns `before` into exactly `after`."""
+    from sm120patch.plan.diffs import apply_diff
+
+    if before == after:
+        return diff == ""
+    header = f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ "
+    return diff.startswith(header) and apply_diff(before, diff) == after
 
 
 def _step_of(s: LockedStep) -> tuple[str, str, str]:
