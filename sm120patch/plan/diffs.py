@@ -11,20 +11,25 @@ def unified_diff(target: Target, result: FileResult) -> str:
     return diff_texts(target.rel(result.file), result.before, result.after)
 
 
+def diff_header(rel: str) -> str:
+    """What `diff_texts` writes before a file's first hunk."""
+    return f"diff --git a/{rel} b/{rel}\n--- a/{rel}\n+++ b/{rel}\n"
+
+
 def diff_texts(rel: str, before: str, after: str) -> str:
     """A `git apply`-able diff of one file's two texts, `a/` and `b/` prefixed."""
     import difflib
 
     lines = []
     old, new = _lines(before), _lines(after)
-    for line in difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}"):
+    for line in difflib.unified_diff(old, new, n=3, lineterm="\n"):
         if not line.endswith("\n"):
             # The file's last line has no newline: say so the way git does.
             line += "\n\\ No newline at end of file\n"
         lines.append(line)
     if not lines:
         return ""
-    return f"diff --git a/{rel} b/{rel}\n" + "".join(lines)
+    return diff_header(rel) + "".join(lines[2:])  # difflib's own ---/+++ lines replaced
 
 
 def apply_diff(before: str, diff: str) -> str | None:

@@ -421,12 +421,11 @@ def _step_differences(lock: Lock, plan: Plan, skip: frozenset[str]) -> list[str]
 def _diff_shows(diff: str, path: str, before: str, after: str) -> bool:
     """Whether `diff` is a diff of `path` (the header `diffs.diff_texts` writes, nothing else
     before the first hunk) that turns `before` into exactly `after`."""
-    from sm120patch.plan.diffs import apply_diff
+    from sm120patch.plan.diffs import apply_diff, diff_header
 
     if before == after:
         return diff == ""
-    header = f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ "
-    return diff.startswith(header) and apply_diff(before, diff) == after
+    return diff.startswith(diff_header(path) + "@@ ") and apply_diff(before, diff) == after
 
 
 def _step_of(s: LockedStep) -> tuple[str, str, str]:
