@@ -54,6 +54,50 @@ class FileResult:
             texts.append((self.steps[-1][0], self.after))
         return texts
 
+    def imports_added(self) -> set[tuple[str, str]]:
+        """(module, name) of each module-level `from <module> import name` the patches added."""
+        from sm120patch.patchkit import syntax
+
+        if not self.steps:
+            return set()
+        return syntax.imported_from(self.steps[-1][1]) - syntax.imported_from(self.tree)
+
+    def drop_changes(self) -> None:
+        """Keep the outcomes, forget every change (`refuse_all`)."""
+        self.after = self.before
+        self.steps = []
+
+    def as_text(self) -> TextFileResult:
+        """The same result without its trees: what a worker process sends back."""
+        return TextFileResult(
+            file=self.file,
+            before=self.before,
+            after=self.after,
+            outcomes=list(self.outcomes),
+            texts=self.step_texts(),
+            added=frozenset(self.imports_added()),
+        )
+
+
+@dataclass
+class TextFileResult(FileResult):
+    """A FileResult as text alone (from a worker process or the plan cache): the text after
+    each step and the imports the patches added, no trees."""
+
+    texts: list[tuple[str, str]] = field(default_factory=list)
+    added: frozenset[tuple[str, str]] = frozenset()
+
+    def step_texts(self) -> list[tuple[str, str]]:
+        return list(self.texts)
+
+    def imports_added(self) -> set[tuple[str, str]]:
+        return set(self.added)
+
+    def drop_changes(self) -> None:
+        super().drop_changes()
+        self.texts = []
+        self.added = frozenset()
+
 
 @lru_cache(maxsize=4)
 def _parsed(text: str) -> cst.Module:
@@ -270,8 +314,7 @@ def refuse_all(result: FileResult, reason: str) -> None:
         replace(o, status=Status.REFUSED, reason=reason) if o.patch in applied_ids else o
         for o in result.outcomes
     ]
-    result.after = result.before
-    result.steps = []
+    result.drop_changes()
 
 
 def _rerun_problem(patches: Sequence[Patch], result: FileResult, final: cst.Module) -> str | None:

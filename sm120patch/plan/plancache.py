@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from sm120patch import __version__
 from sm120patch.patchkit.model import Outcome, Status
-from sm120patch.patchkit.runner import FileResult
+from sm120patch.patchkit.runner import FileResult, TextFileResult
 
 if TYPE_CHECKING:
     from sm120patch.plan.catalog import Profile
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from sm120patch.targets import Target
 
 ENV = "SM120PATCH_PLAN_CACHE"
-FORMAT = 1
+FORMAT = 2  # 2: each file keeps the imports its patches added
 
 
 def enabled() -> bool:
@@ -184,15 +184,6 @@ def key(profile: Profile, patch_files: list[str], target: Target) -> str | None:
     return h.hexdigest()
 
 
-class CachedFileResult(FileResult):
-    """A FileResult read back from the cache: the texts of every step, no trees."""
-
-    texts: list[tuple[str, str]]
-
-    def step_texts(self) -> list[tuple[str, str]]:
-        return list(self.texts)
-
-
 def load(entry: str, target: Target) -> list[FileResult] | None:
     """The file results of the entry's plan, or None (plan afresh)."""
     if not enabled():
@@ -212,8 +203,13 @@ def load(entry: str, target: Target) -> list[FileResult] | None:
         names = {f.name for f in fields(Outcome)}
         for f in doc["files"]:
             before = "" if not f["file"] else (target.path_of(f["file"]).read_bytes().decode())
-            result = CachedFileResult(file=f["file"], before=before, after=f["after"])
-            result.texts = [(pid, f["after"] if text is None else text) for pid, text in f["steps"]]
+            result = TextFileResult(
+                file=f["file"],
+                before=before,
+                after=f["after"],
+                texts=[(pid, f["after"] if text is None else text) for pid, text in f["steps"]],
+                added=frozenset((module, name) for module, name in f["added"]),
+            )
             result.outcomes = [
                 Outcome(**{**{k: v for k, v in o.items() if k in names},
                            "status": Status(o["status"])})  # fmt: skip
@@ -248,6 +244,7 @@ def store(entry: str, plan: TargetPlan, deps: list[str]) -> None:
                 "steps": [[pid, None if i == len(steps) - 1 else text]
                           for i, (pid, text) in enumerate(steps)],  # fmt: skip
                 "outcomes": [o.to_dict() for o in f.outcomes],
+                "added": sorted(f.imports_added()),
             }
         )
     doc = {
@@ -268,14 +265,11 @@ def import_deps(target: Target, plan: TargetPlan) -> list[str]:
     """The files the planner's import check read for `plan`: for every module of the target's
     own package that a patch imports, the `.py` files of that package and of its parent (star
     imports are followed among siblings). Over-approximated on purpose."""
-    from sm120patch.patchkit import syntax
-
     out: set[str] = set()
     for f in plan.files:
-        if not f.changed or not f.steps:
+        if not f.changed:
             continue
-        added = syntax.imported_from(f.steps[-1][1]) - syntax.imported_from(f.tree)
-        for module, _ in added:
+        for module, _ in f.imports_added():
             if module != target.kind and not module.startswith(target.kind + "."):
                 continue
             base = target.parent.joinpath(*module.split("."))

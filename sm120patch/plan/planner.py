@@ -9,7 +9,9 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120patch import targets
 from sm120patch.errors import Refused, Sm120Error
@@ -19,6 +21,9 @@ from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
+
+if TYPE_CHECKING:
+    from sm120patch.plan.workers import Job
 
 
 def checked(
@@ -157,13 +162,28 @@ def plan(
     profile = cat.profile(profile_name)
     found = found if found is not None else resolve_targets(profile, paths or {})
     outside = require_pins(profile, found, paths, force=force, verb="plan")  # kept on the plan
+    patches = cat.patches_of(profile)
     with no_cycle_collection():
-        plans = [
-            plan_target(profile, cat.patches_of(profile), t, texts[t.kind])
-            if texts and texts.get(t.kind)
-            else _plan_target_cached(profile, cat.patches_of(profile), t)
-            for t in found
-        ]
+        # Every target's files are read first and transformed together, so that a large file
+        # of one target is parsed in a worker while the others are (`workers`).
+        pending: list[_Pending | TargetPlan] = []
+        entries: dict[str, str | None] = {}  # per target kind; a plan of given texts is not kept
+        for t in found:
+            given = texts.get(t.kind) if texts else None
+            entry = entries[t.kind] = None if given else _cache_entry(profile, patches, t)
+            cached = _from_cache(entry, t) if entry else None
+            pending.append(_prepare(patches, t, given) if cached is None else cached)
+        jobs = [job for p in pending if isinstance(p, _Pending) for job in p.jobs()]
+        done = iter(_transform_all(jobs) if jobs else [])
+        plans = []
+        for p in pending:
+            if isinstance(p, TargetPlan):
+                plans.append(p)
+                continue
+            tp = _finish(profile, p, [next(done) for _ in p.jobs()])
+            if entry := entries[p.target.kind]:
+                _to_cache(entry, tp)
+            plans.append(tp)
     order = {pid: i for i, pid in enumerate(profile.patches)}
     outcomes = sorted(
         (o for tp in plans for f in tp.files for o in f.outcomes), key=lambda o: order[o.patch]
@@ -171,21 +191,39 @@ def plan(
     return Plan(profile, plans, outcomes, outside)
 
 
-def _plan_target_cached(profile: Profile, patches: list[Patch], target: Target) -> TargetPlan:
-    """`plan_target`, or the same plan from the plan cache when the bytes it read are the same."""
+def _transform_all(jobs: list[Job]) -> list[FileResult]:
+    from sm120patch.plan import workers  # imported only where a file is to be parsed
+
+    return workers.transform_all(jobs)
+
+
+def _cache_entry(profile: Profile, patches: list[Patch], target: Target) -> str | None:
+    """The plan cache's entry for `target`, or None (the cache is off, or the files cannot be
+    keyed)."""
     from sm120patch.plan import plancache
 
+    if not plancache.enabled():
+        return None
     files = [f for p in patches if p.target == target.kind for f in p.files]
-    entry = plancache.key(profile, files, target)
-    cached = plancache.load(entry, target) if entry else None
-    if cached is not None:
-        return TargetPlan(target, cached)
-    result = plan_target(profile, patches, target)
-    if entry and not any(o.status is Status.REFUSED for f in result.files for o in f.outcomes):
+    return plancache.key(profile, files, target)
+
+
+def _from_cache(entry: str, target: Target) -> TargetPlan | None:
+    """The plan of `target` from the plan cache, when the bytes it read are the same."""
+    from sm120patch.plan import plancache
+
+    cached = plancache.load(entry, target)
+    return None if cached is None else TargetPlan(target, cached)
+
+
+def _to_cache(entry: str, result: TargetPlan) -> None:
+    from sm120patch.plan import plancache
+
+    if any(o.status is Status.REFUSED for f in result.files for o in f.outcomes):
         # A refusal is not kept: what it depends on (an import the release lacks, a file that
         # does not parse) is for the user to fix, and the next run must see the fix.
-        plancache.store(entry, result, plancache.import_deps(target, result))
-    return result
+        return
+    plancache.store(entry, result, plancache.import_deps(result.target, result))
 
 
 def plan_target(
@@ -194,6 +232,27 @@ def plan_target(
     target: Target,
     given: Mapping[str, str] | None = None,
 ) -> TargetPlan:
+    """The plan of one target, every file in this process (no plan cache)."""
+    pending = _prepare(patches, target, given)
+    return _finish(profile, pending, [transform_text(*job) for job in pending.jobs()])
+
+
+@dataclass
+class _Pending:
+    """A target's files read and grouped, before their transforms: each entry is a result
+    already known (missing or unreadable files) or a job for the runner."""
+
+    target: Target
+    mine: list[Patch]
+    entries: list[FileResult | Job]
+
+    def jobs(self) -> list[Job]:
+        return [e for e in self.entries if not isinstance(e, FileResult)]
+
+
+def _prepare(
+    patches: list[Patch], target: Target, given: Mapping[str, str] | None = None
+) -> _Pending:
     mine = [p for p in patches if p.target == target.kind]
     texts: dict[str, str | None] = dict(given or {})
     problems: dict[str, str] = {}
@@ -222,20 +281,31 @@ def plan_target(
     for patch in mine:
         by_file.setdefault(patch.pick_file(read), []).append(patch)
 
-    result = TargetPlan(target)
+    entries: list[FileResult | Job] = []
     for rel, group in by_file.items():
         if rel is None:
-            result.files.append(_missing(group))
+            entries.append(_missing(group))
         elif rel in problems:
-            result.files.append(_unreadable(group, rel, problems[rel], texts[rel] or ""))
+            entries.append(_unreadable(group, rel, problems[rel], texts[rel] or ""))
         else:
-            result.files.append(
-                _check_imports(target, transform_text(group, rel, texts[rel] or ""))
-            )
-    by_id = {p.id: p for p in mine}
+            entries.append((group, rel, texts[rel] or ""))
+    return _Pending(target, mine, entries)
+
+
+def _finish(profile: Profile, pending: _Pending, done: list[FileResult]) -> TargetPlan:
+    """The target's plan from its jobs' results (in `jobs()` order): imports checked against
+    the release, outcomes judged by the profile and the facts."""
+    results = iter(done)
+    result = TargetPlan(pending.target)
+    for entry in pending.entries:
+        if isinstance(entry, FileResult):
+            result.files.append(entry)
+        else:
+            result.files.append(_check_imports(pending.target, next(results)))
+    by_id = {p.id: p for p in pending.mine}
     for file_result in result.files:
         file_result.outcomes = [
-            _judge(profile, by_id[o.patch], target, o) for o in file_result.outcomes
+            _judge(profile, by_id[o.patch], pending.target, o) for o in file_result.outcomes
         ]
     return result
 
@@ -247,11 +317,9 @@ def _check_imports(target: Target, result: FileResult) -> FileResult:
     from 0.5.4 on) is only known here. An import that would fail at start-up refuses every
     patch of the file, nothing half-applied.
     """
-    if not result.steps:
-        return result
     missing = [
         f"{module}.{name}"
-        for module, name in sorted(_imports(result.steps[-1][1]) - _imports(result.tree))
+        for module, name in sorted(result.imports_added())
         if (module == target.kind or module.startswith(target.kind + "."))
         and not _defines(target, module, name, depth=0)
     ]
@@ -263,13 +331,6 @@ def _check_imports(target: Target, result: FileResult) -> FileResult:
         "such name, so the import the patch adds would fail at start-up",
     )
     return result
-
-
-def _imports(module: object) -> set[tuple[str, str]]:
-    """(module, name) of each module-level `from <absolute module> import name`."""
-    from sm120patch.patchkit import syntax
-
-    return syntax.imported_from(module)  # type: ignore[arg-type]
 
 
 def _defines(target: Target, module: str, name: str, depth: int) -> bool:
