@@ -189,12 +189,20 @@ def apply_dry_run(
     """The known outcomes go to `on_known` before anything is decided (a refusal follows
     them)."""
     from sm120patch.engine import apply
+    from sm120patch.plan import planner
 
-    for line in session.known_lines(want.profile):
-        on_known(line)
-    prep = apply.dry_run(
-        want.profile, session.paths, force=force, check_plan=want.check_plan, lock=want.lock
-    )
+    # The plan's large files parse in workers meanwhile (`planner.start_workers`).
+    with planner.start_workers(want.profile, session.paths) as started:
+        for line in session.known_lines(want.profile):
+            on_known(line)
+        prep = apply.dry_run(
+            want.profile,
+            session.paths,
+            force=force,
+            check_plan=want.check_plan,
+            lock=want.lock,
+            started=started,
+        )
     gpu_doc = None
     if gpu_check:
         found = session.gpus()
@@ -207,17 +215,20 @@ def apply(
     session: Session, want: Locked, *, force: bool, gpu_check: bool, on_known: Lines
 ) -> Report:
     from sm120patch.engine import apply as applying
+    from sm120patch.plan import planner
 
-    for line in session.known_lines(want.profile):
-        on_known(line)
-    return applying.apply(
-        want.profile,
-        session.paths,
-        force=force,
-        preconditions=session.sm120_check(gpu_check),
-        check_plan=want.check_plan,
-        lock=want.lock,
-    )
+    with planner.start_workers(want.profile, session.paths) as started:
+        for line in session.known_lines(want.profile):
+            on_known(line)
+        return applying.apply(
+            want.profile,
+            session.paths,
+            force=force,
+            preconditions=session.sm120_check(gpu_check),
+            check_plan=want.check_plan,
+            lock=want.lock,
+            started=started,
+        )
 
 
 def ensure(

@@ -130,3 +130,41 @@ def test_no_worker_where_it_cannot_help(
     assert fork.call_count == 0
     for a, b in zip(got, [workers.transform_text(*job) for job in work], strict=True):
         same(a, b)
+
+
+def test_started_workers_are_taken_for_the_same_job_only(
+    two_cpus: None, mocker: MockerFixture
+) -> None:
+    work = jobs((edit("x"), BIG), (edit("y"), small("y")))
+    fork = mocker.spy(os, "fork")
+    with workers.start(work) as started:
+        assert fork.call_count == 1 and len(started.children) == 1
+        got = workers.transform_all(work, started)
+        assert fork.call_count == 1  # the started worker was taken, none forked again
+        assert not started.children
+    assert type(got[0]).__name__ == "TextFileResult"
+    for a, b in zip(got, [workers.transform_text(*job) for job in work], strict=True):
+        same(a, b)
+    # The file changed between the start and the plan: the worker's result is not used.
+    edited = [(work[0][0], work[0][1], BIG.replace("# padding", "# edited")), work[1]]
+    with workers.start(work) as started:
+        [(pid, _)] = started.children.values()
+        got = workers.transform_all(edited, started)
+        assert len(started.children) == 1  # still running, for the old text
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # closed: killed and reaped
+    assert type(got[0]).__name__ == "FileResult"
+    same(got[0], workers.transform_text(*edited[0]))
+
+
+def test_closing_started_workers_kills_them(two_cpus: None) -> None:
+    def slow_in_a_worker(module: cst.Module) -> None:
+        if os.getpid() != PARENT:
+            time.sleep(120)
+
+    work = jobs((edit("x", slow_in_a_worker), BIG), (edit("y"), small("y")))
+    with workers.start(work) as started:
+        [(pid, _)] = started.children.values()
+        os.kill(pid, 0)  # running
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

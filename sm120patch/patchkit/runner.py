@@ -32,10 +32,10 @@ class FileResult:
     before: str
     after: str
     outcomes: list[Outcome] = field(default_factory=list)
-    # The module after each applied patch, in order: the engine commits one patch at a time.
-    # Kept as trees: turning a 5,000-line module back into text is the costly part of a plan,
-    # and a dry run needs only the last one (`after`).
+    # The module after each applied patch, in order, and the text after it: the engine commits
+    # one patch at a time.
     steps: list[tuple[str, Any]] = field(default_factory=list)
+    texts: list[tuple[str, str]] = field(default_factory=list)
     tree: Any = None  # the parsed original, for checks that compare before and after
 
     @property
@@ -44,15 +44,7 @@ class FileResult:
 
     def step_texts(self) -> list[tuple[str, str]]:
         """(patch id, text after it) for each applied patch, in order."""
-        texts = []
-        tree, text = self.tree, self.before
-        for pid, module in self.steps[:-1]:
-            text = spliced_code(tree, text, module) if tree is not None else module.code
-            tree = module
-            texts.append((pid, text))
-        if self.steps:
-            texts.append((self.steps[-1][0], self.after))
-        return texts
+        return list(self.texts)
 
     def imports_added(self) -> set[tuple[str, str]]:
         """(module, name) of each module-level `from <module> import name` the patches added."""
@@ -66,6 +58,7 @@ class FileResult:
         """Keep the outcomes, forget every change (`refuse_all`)."""
         self.after = self.before
         self.steps = []
+        self.texts = []
 
     def as_text(self) -> TextFileResult:
         """The same result without its trees: what a worker process sends back."""
@@ -84,18 +77,13 @@ class TextFileResult(FileResult):
     """A FileResult as text alone (from a worker process or the plan cache): the text after
     each step and the imports the patches added, no trees."""
 
-    texts: list[tuple[str, str]] = field(default_factory=list)
     added: frozenset[tuple[str, str]] = frozenset()
-
-    def step_texts(self) -> list[tuple[str, str]]:
-        return list(self.texts)
 
     def imports_added(self) -> set[tuple[str, str]]:
         return set(self.added)
 
     def drop_changes(self) -> None:
         super().drop_changes()
-        self.texts = []
         self.added = frozenset()
 
 
@@ -148,7 +136,14 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
             Outcome(patch.id, patch.target, file, res.site, res.status, res.reason, res.shape)
         )
     if result.steps:
-        result.after = spliced_code(result.tree, text, module)
+        # Each step's change spliced into the text before it: the few statements one patch
+        # rebuilt, where splicing every change into the original at once can mean generating
+        # the one statement that holds them all (SGLang's whole ServerArgs class).
+        tree = result.tree
+        for pid, step in result.steps:
+            text, tree = spliced_code(tree, text, step), step
+            result.texts.append((pid, text))
+        result.after = text
         problem = _compile_problem(result.after, file) or _rerun_problem(patches, result, module)
         if problem:
             # A bug in the library: apply none of this file's patches rather than guess.

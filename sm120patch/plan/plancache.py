@@ -101,6 +101,12 @@ def _own_file(fd: int) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
+def has(entry: str) -> bool:
+    """Whether an entry is there to be read (it may still turn out stale or not this user's)."""
+    directory = cache_dir() if enabled() else None
+    return directory is not None and (directory / f"{entry}.json.z").is_file()
+
+
 def read_entry(path: Path) -> bytes | None:
     """The bytes of a cache file, None unless it is a regular file of this user's alone."""
     import stat

@@ -23,7 +23,7 @@ from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
 
 if TYPE_CHECKING:
-    from sm120patch.plan.workers import Job
+    from sm120patch.plan.workers import Job, Started
 
 
 def checked(
@@ -151,12 +151,14 @@ def plan(
     force: bool = False,
     found: list[Target] | None = None,
     texts: Mapping[str, Mapping[str, str]] | None = None,
+    started: Started | None = None,
 ) -> Plan:
     """Outcomes and diff of `profile_name` on the targets at `paths` (None: installed ones).
 
     `texts` (per target kind, module path -> text) stands in for files on disk: the pristine
-    side of an applied tree, which `export` plans from. Raises Refused when a target is
-    outside the profile's pins, unless `force`.
+    side of an applied tree, which `export` plans from. `started`: workers already parsing
+    some of its files (`start_workers`). Raises Refused when a target is outside the
+    profile's pins, unless `force`.
     """
     cat = catalog.load()
     profile = cat.profile(profile_name)
@@ -174,7 +176,7 @@ def plan(
             cached = _from_cache(entry, t) if entry else None
             pending.append(_prepare(patches, t, given) if cached is None else cached)
         jobs = [job for p in pending if isinstance(p, _Pending) for job in p.jobs()]
-        done = iter(_transform_all(jobs) if jobs else [])
+        done = iter(_transform_all(jobs, started) if jobs else [])
         plans = []
         for p in pending:
             if isinstance(p, TargetPlan):
@@ -191,10 +193,32 @@ def plan(
     return Plan(profile, plans, outcomes, outside)
 
 
-def _transform_all(jobs: list[Job]) -> list[FileResult]:
+def _transform_all(jobs: list[Job], started: Started | None) -> list[FileResult]:
     from sm120patch.plan import workers  # imported only where a file is to be parsed
 
-    return workers.transform_all(jobs)
+    return workers.transform_all(jobs, started)
+
+
+def start_workers(profile_name: str, paths: Mapping[str, str | Path | None]) -> Started:
+    """Workers started now on the large files a plan of `profile_name` will parse, for a
+    caller with checks to make first (`engine.apply`): they parse while it checks, and
+    `plan(..., started=)` takes their results. Nothing is started where the plan cache holds
+    the plan, and nothing here raises: a plan that cannot be started is made later, and
+    refuses then in its own words. Close the result (a context manager) when done."""
+    from sm120patch.plan import plancache, workers
+
+    try:
+        cat = catalog.load()
+        profile = cat.profile(profile_name)
+        patches = cat.patches_of(profile)
+        jobs = []
+        for t in resolve_targets(profile, paths):
+            entry = _cache_entry(profile, patches, t)
+            if entry is None or not plancache.has(entry):
+                jobs += _prepare(patches, t).jobs()
+    except Exception:  # the plan itself reports it
+        return workers.Started()
+    return workers.start(jobs)
 
 
 def _cache_entry(profile: Profile, patches: list[Patch], target: Target) -> str | None:

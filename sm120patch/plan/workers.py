@@ -33,15 +33,62 @@ MIN_CHARS = 64 * 1024
 ENV = "SM120PATCH_WORKERS"
 
 
-def transform_all(jobs: Sequence[Job]) -> list[FileResult]:
-    """`transform_text` of each job, in order: the largest files in forked workers when there
-    are CPUs to spare, the others here meanwhile."""
-    children: dict[int, tuple[int, int]] = {}
-    results: dict[int, FileResult] = {}
+class Started:
+    """Workers started on some jobs ahead of their plan (`start`), so that they parse while
+    the caller does other work; `transform_all` takes their results for the same jobs (the
+    same patches on the same file and text). Closing kills and reaps those not taken."""
+
+    def __init__(self) -> None:
+        self.children: dict[tuple[tuple[str, ...], str, str], tuple[int, int]] = {}
+
+    def __enter__(self) -> Started:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        while self.children:
+            _, (pid, fd) = self.children.popitem()
+            _abandon(pid, fd)
+
+    def take(self, job: Job) -> tuple[int, int] | None:
+        return self.children.pop(_key(job), None)
+
+
+def _key(job: Job) -> tuple[tuple[str, ...], str, str]:
+    patches, file, text = job
+    return tuple(p.id for p in patches), file, text
+
+
+def start(jobs: Sequence[Job]) -> Started:
+    """Workers forked now for the jobs `transform_all` would give them."""
+    started = Started()
     try:
         for i in _forked(jobs):
             child = _start(jobs[i])
             if child is not None:
+                started.children[_key(jobs[i])] = child
+    except BaseException:
+        started.close()
+        raise
+    return started
+
+
+def transform_all(jobs: Sequence[Job], started: Started | None = None) -> list[FileResult]:
+    """`transform_text` of each job, in order: the largest files in forked workers when there
+    are CPUs to spare (those of `started` where it holds the same job), the others here
+    meanwhile."""
+    if started is None and _forked(jobs):
+        # Imported once, before the fork, so that a worker inherits it instead of paying for
+        # it again: libcst's import is as long as the parse of a middling file.
+        import libcst  # noqa: F401
+    own = start(jobs) if started is None else started
+    children: dict[int, tuple[int, int]] = {}
+    results: dict[int, FileResult] = {}
+    try:
+        for i, job in enumerate(jobs):
+            if (child := own.take(job)) is not None:
                 children[i] = child
         for i, job in enumerate(jobs):
             if i not in children:
@@ -53,6 +100,8 @@ def transform_all(jobs: Sequence[Job]) -> list[FileResult]:
     finally:
         for pid, fd in children.values():  # interrupted: leave no child behind
             _abandon(pid, fd)
+        if started is None:
+            own.close()
     return [results[i] for i in range(len(jobs))]
 
 

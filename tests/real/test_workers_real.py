@@ -14,11 +14,12 @@ from sm120patch.plan import planner, workers
 
 
 @pytest.mark.parametrize("sglang", release_set("sglang"))
-@pytest.mark.parametrize("profile", ["all", "fusion"])
+@pytest.mark.parametrize(("profile", "started"), [("all", True), ("fusion", False)])
 def test_workers_plan_what_one_process_plans(
     real: RealReleases,
     sglang: str,
     profile: str,
+    started: bool,
     monkeypatch: pytest.MonkeyPatch,
     mocker: MockerFixture,
 ) -> None:
@@ -30,7 +31,13 @@ def test_workers_plan_what_one_process_plans(
     monkeypatch.delenv(workers.ENV, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     fork = mocker.spy(os, "fork")
-    forked = planner.plan(profile, paths, force=True)
+    if started:  # as apply does: workers started first, taken by the plan
+        with planner.start_workers(profile, paths) as ahead:
+            assert fork.call_count == 1 and len(ahead.children) == 1
+            forked = planner.plan(profile, paths, force=True, started=ahead)
+            assert not ahead.children
+    else:
+        forked = planner.plan(profile, paths, force=True)
     assert fork.call_count == 1  # server_args.py is far over the size a worker takes
     monkeypatch.setenv(workers.ENV, "0")
     alone = planner.plan(profile, paths, force=True)
