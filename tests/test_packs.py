@@ -269,8 +269,8 @@ def test_patch_digest_follows_the_helpers_a_patch_uses():
                        "sglang.fp4-gemm-autotune"}  # fmt: skip
     # A change to the runner counts for every patch.
     edited["sm120patch.patchkit.runner"] = helpers["sm120patch.patchkit.runner"].replace(
-        "result.after = spliced_code(result.tree, text, module)",
-        "result.after = str(spliced_code(result.tree, text, module))",
+        "text, tree = spliced_code(tree, text, step), step",
+        "text, tree = str(spliced_code(tree, text, step)), step",
     )
     assert edited["sm120patch.patchkit.runner"] != helpers["sm120patch.patchkit.runner"]
     assert all(codedigest.digest_of(t, edited) != before[pid] for pid, t in patches.items())

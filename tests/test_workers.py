@@ -85,7 +85,7 @@ def test_a_worker_that_dies_is_done_again_here(two_cpus: None, mocker: MockerFix
     assert type(got[0]).__name__ == "FileResult"  # planned again in this process
     same(got[0], workers.transform_text(*work[0]))
     with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)  # reaped: no zombie
+        os.waitpid(fork.spy_return, os.WNOHANG)  # reaped: no zombie
 
 
 def test_an_interrupt_leaves_no_worker_running(two_cpus: None, mocker: MockerFixture) -> None:

@@ -14,7 +14,6 @@ but the runner's pure text-in, outcomes-out transform, and a worker writes nothi
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import threading
 from collections.abc import Sequence
@@ -133,6 +132,8 @@ def _start(job: Job) -> tuple[int, int] | None:
     if pid == 0:  # the child: transform, send, and leave without running any of the parent's
         code = 1  # exit handlers or flushing its buffers
         try:
+            import pickle
+
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             os.close(read)
@@ -150,6 +151,8 @@ def _start(job: Job) -> tuple[int, int] | None:
 
 def _collect(pid: int, fd: int, job: Job) -> FileResult | None:
     """The child's result, or None when it did not finish cleanly."""
+    import pickle
+
     try:
         with os.fdopen(fd, "rb") as pipe:
             data = pipe.read()
