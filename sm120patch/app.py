@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
     from sm120patch.plan.mails import MailFile
     from sm120patch.plan.plans import Plan
+    from sm120patch.plan.workers import Started
     from sm120patch.scan.run import Report as ScanReport
     from sm120patch.trial.gpu import GpuInventory
     from sm120patch.trial.measure import MeasuredTrial
@@ -183,18 +185,26 @@ class DryRun:
     gpu: dict[str, Any] | None  # None when the GPU check is off
 
 
+@contextmanager
+def _known_then_plan(session: Session, profile: str, on_known: Lines) -> Iterator[Started]:
+    """The known outcomes sent to `on_known`, while workers already parse the plan's large
+    files (`planner.start_workers`), for the apply or dry run inside; closed after it."""
+    from sm120patch.plan import planner
+
+    with planner.start_workers(profile, session.paths) as started:
+        for line in session.known_lines(profile):
+            on_known(line)
+        yield started
+
+
 def apply_dry_run(
     session: Session, want: Locked, *, force: bool, gpu_check: bool, on_known: Lines
 ) -> DryRun:
     """The known outcomes go to `on_known` before anything is decided (a refusal follows
     them)."""
     from sm120patch.engine import apply
-    from sm120patch.plan import planner
 
-    # The plan's large files parse in workers meanwhile (`planner.start_workers`).
-    with planner.start_workers(want.profile, session.paths) as started:
-        for line in session.known_lines(want.profile):
-            on_known(line)
+    with _known_then_plan(session, want.profile, on_known) as started:
         prep = apply.dry_run(
             want.profile,
             session.paths,
@@ -215,11 +225,8 @@ def apply(
     session: Session, want: Locked, *, force: bool, gpu_check: bool, on_known: Lines
 ) -> Report:
     from sm120patch.engine import apply as applying
-    from sm120patch.plan import planner
 
-    with planner.start_workers(want.profile, session.paths) as started:
-        for line in session.known_lines(want.profile):
-            on_known(line)
+    with _known_then_plan(session, want.profile, on_known) as started:
         return applying.apply(
             want.profile,
             session.paths,
