@@ -169,12 +169,14 @@ def plan(
         # Every target's files are read first and transformed together, so that a large file
         # of one target is parsed in a worker while the others are (`workers`).
         pending: list[_Pending | TargetPlan] = []
-        entries: dict[str, str | None] = {}  # per target kind; a plan of given texts is not kept
         for t in found:
             given = texts.get(t.kind) if texts else None
-            entry = entries[t.kind] = None if given else _cache_entry(profile, patches, t)
+            entry = None if given else _cache_entry(profile, patches, t)  # given: not kept
             cached = _from_cache(entry, t) if entry else None
-            pending.append(_prepare(patches, t, given) if cached is None else cached)
+            if cached is None:
+                pending.append(_prepare(patches, t, given, entry))
+            else:
+                pending.append(cached)
         jobs = [job for p in pending if isinstance(p, _Pending) for job in p.jobs()]
         done = iter(_transform_all(jobs, started) if jobs else [])
         plans = []
@@ -183,8 +185,8 @@ def plan(
                 plans.append(p)
                 continue
             tp = _finish(profile, p, [next(done) for _ in p.jobs()])
-            if entry := entries[p.target.kind]:
-                _to_cache(entry, tp)
+            if p.cache_entry:
+                _to_cache(p.cache_entry, tp)
             plans.append(tp)
     order = {pid: i for i, pid in enumerate(profile.patches)}
     outcomes = sorted(
@@ -269,13 +271,17 @@ class _Pending:
     target: Target
     mine: list[Patch]
     entries: list[FileResult | Job]
+    cache_entry: str | None = None  # where the finished plan is kept (None: not kept)
 
     def jobs(self) -> list[Job]:
         return [e for e in self.entries if not isinstance(e, FileResult)]
 
 
 def _prepare(
-    patches: list[Patch], target: Target, given: Mapping[str, str] | None = None
+    patches: list[Patch],
+    target: Target,
+    given: Mapping[str, str] | None = None,
+    cache_entry: str | None = None,
 ) -> _Pending:
     mine = [p for p in patches if p.target == target.kind]
     texts: dict[str, str | None] = dict(given or {})
@@ -313,7 +319,7 @@ def _prepare(
             entries.append(_unreadable(group, rel, problems[rel], texts[rel] or ""))
         else:
             entries.append((group, rel, texts[rel] or ""))
-    return _Pending(target, mine, entries)
+    return _Pending(target, mine, entries, cache_entry)
 
 
 def _finish(profile: Profile, pending: _Pending, done: list[FileResult]) -> TargetPlan:
