@@ -391,6 +391,64 @@ def test_a_choice_with_an_sm120_counterpart_is_a_candidate_a_guard_a_kernel() ->
     assert guard.cls == "kernel"
 
 
+# SGLang 0.5.23's NVFP4 MoE `auto` (ModelOptNvFp4FusedMoEMethod.create_moe_runner), reduced.
+AUTO_MOE = """
+def create_moe_runner(self):
+    backend = get_moe_runner_backend()
+    if backend.is_auto():
+        if is_cuda() and (8, 0) <= get_device_capability() < (10, 0):
+            backend = MoeRunnerBackend.MARLIN
+        else:
+            backend = MoeRunnerBackend.FAST_MOE
+"""
+
+
+def test_a_gate_that_admits_sm120_into_a_kernel_it_cannot_run_is_a_gap_naming_it() -> None:
+    gate = one(AUTO_MOE)
+    assert gate.verdict == evaluate.ADMITS  # SM120 takes SM100's `else`...
+    assert gate.choices == ("backend=marlin",) and gate.sm120_choices == ("backend=fast_moe",)
+    found = classify.classify(gate, FAMILIES)
+    # ... which ends in a kernel SM120 cannot run: a gap, not upstream's.
+    assert (found.cls, found.family) == ("candidate", "moe")
+    assert "SM120 goes the way sm100/sm103/sm110 goes, to backend=fast_moe" in found.reason
+    assert "fused MoE cubins for SM100" in found.reason and "cutlass_moe" in found.reason
+    assert classify.leaves_out(gate, FAMILIES) and not classify.leaves_out(gate)
+    # SM120 taking the `if` itself, and an `x if test else y`.
+    taken = cls("def f():\n    if major >= 10:\n        b = 'gen_mla'\n    return b\n")
+    assert (taken.cls, taken.family) == ("candidate", "gen")
+    ifexp = cls("def f():\n    return 'trtllm_gen' if is_blackwell() else 'fa3'\n")
+    assert ifexp.cls == "candidate" and "to trtllm_gen" in ifexp.reason
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # an SM120 branch of its own (what a patch writes): no gate there any more
+        AUTO_MOE.replace(
+            "        else:",
+            "        elif is_sm120_supported():\n"
+            "            backend = MoeRunnerBackend.CUTLASS_MOE\n        else:",
+        ),
+        # a path to something SM120 runs, or to a value no family knows
+        AUTO_MOE.replace("FAST_MOE", "CUTLASS_MOE"),
+        AUTO_MOE.replace("MoeRunnerBackend.FAST_MOE", "pick(x)"),
+        # the path depends on more than the GPU
+        AUTO_MOE.replace(
+            "        else:", "        elif other:\n            backend = 'x'\n        else:"
+        ),
+        # a family read off names names no value ("sm100", a plan table's name)
+        "def f(major):\n    if major >= 10:\n        return 'sm100_tile'\n    return 'x'\n",
+    ],
+)
+def test_a_path_sm120_runs_or_one_the_gpu_alone_does_not_decide_is_no_gap(text: str) -> None:
+    families = (*FAMILIES, *classify.load_kernels(
+        'schema = 1\n[[family]]\nid = "t"\nreason = "r"\nmatch = ["_tile"]\nwhere = "names"\n'
+    ))  # fmt: skip
+    for gate in scan(text):
+        found = classify.classify(gate, families)
+        assert found.cls != "candidate", (gate.expression, found.reason)
+
+
 def test_classes_from_the_verdict_the_sibling_and_the_arch() -> None:
     assert cls("def f():\n    if major >= 10:\n        return 1\n").cls == "upstream"
     assert cls("def f():\n    if major != 12 and major >= 10:\n        return 1\n").cls == "kernel"

@@ -9,6 +9,7 @@ import re
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
+from packaging.version import Version
 from realcache import RealReleases, SiteCase, SiteRun, release_set, workers
 
 from sm120patch.maintain import releases, trees
@@ -136,16 +137,45 @@ def test_known_gates_of_0523_read_candidate_until_a_profile_covers_them(
     hits = [x for x in gates if part in x.gate.key[2]]  # the whole expression
     assert len(hits) == 1, [x.gate.expression for x in gates]
     # Covered once a patch of the catalog changes this function on 0.5.23, else a candidate.
-    patches = [
-        p.id
-        for p in catalog.load().patches.values()
-        if any(f.file == file and f.function == function for f in p.facts_at("0.5.23"))
-    ]
+    patches = _patches_naming(file, function, "0.5.23")
     if patches:
         assert hits[0].cls == "covered", hits[0].reason
         assert {c.patch for c in hits[0].covered_by} & set(patches)
     else:
         assert hits[0].cls == "candidate", hits[0].reason
+
+
+# The NVFP4 MoE runner's `auto` (from 0.5.13: MARLIN for `(8, 0) <= capability < (10, 0)`,
+# else FLASHINFER_TRTLLM): SM120 goes SM100's way, into TRT-LLM-gen MoE, which it cannot run.
+MOE_AUTO = ("sglang/srt/layers/quantization/modelopt_quant.py",
+            "ModelOptNvFp4FusedMoEMethod.create_moe_runner", "(8, 0) <= get_device_capability()")  # fmt: skip
+MOE_AUTO_CASES = [c for c in CASES if c[0] == "sglang" and Version(c[1]) >= Version("0.5.13")]
+
+
+def _patches_naming(file: str, function: str, version: str) -> list[str]:
+    return [
+        p.id
+        for p in catalog.load().patches.values()
+        if any(f.file == file and f.function == function for f in p.facts_at(version))
+    ]
+
+
+@pytest.mark.parametrize("case", MOE_AUTO_CASES, ids=lambda c: c[1])
+def test_the_nvfp4_moe_auto_choice_is_a_gap_naming_trtllm_gen(
+    scans: dict[tuple[str, str], run.TargetScan], case: tuple[str, str]
+) -> None:
+    file, function, part = MOE_AUTO
+    gates = [x for x in scans[case].gates if x.gate.file == file and x.gate.function == function]
+    hits = [x for x in gates if part in x.gate.key[2]]
+    assert len(hits) == 1, [x.gate.expression for x in gates]
+    # Covered once a patch of the catalog changes this function on the release, else a gap.
+    patches = _patches_naming(file, function, case[1])
+    if patches:
+        assert hits[0].cls == "covered", hits[0].reason
+        assert {c.patch for c in hits[0].covered_by} & set(patches)
+    else:
+        assert (hits[0].cls, hits[0].family) == ("candidate", "trtllm-gen-moe"), hits[0].reason
+        assert "flashinfer_trtllm" in hits[0].reason and "TRT-LLM-gen" in hits[0].reason
 
 
 def test_a_whole_sglang_release_in_seconds(scans: dict[tuple[str, str], run.TargetScan]) -> None:
