@@ -492,6 +492,33 @@ def test_what_the_release_itself_refuses_on_sm120_is_kernel() -> None:
     assert "server_args.py:11" in classes[0].reason
 
 
+def test_the_labelled_sample_is_large_honest_in_shape_and_holds_a_floor_per_class() -> None:
+    """tests/data/scan_labels.toml (measured in tests/real/test_scan_real.py): at least 60
+    gates of both targets, each with its label and the reason for it."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    doc = tomllib.loads((Path(__file__).parent / "data" / "scan_labels.toml").read_text())
+    gates = doc["gate"]
+    assert len(gates) >= 60 and {g["target"] for g in gates} == {"sglang", "flashinfer"}
+    assert {(g["target"], g["version"]) for g in gates} == {
+        ("sglang", "0.5.23"),
+        ("flashinfer", "0.7.4"),
+    }
+    assert {g["label"] for g in gates} <= {*classify.CLASSES, "no-gate"}
+    assert all(len(g["reason"]) > 20 and g["expression"] and g["function"] for g in gates)
+    idents = {
+        (g["file"], g["function"], g["kind"], g["expression"], g["occurrence"]) for g in gates
+    }
+    assert len(idents) == len(gates)
+    assert set(doc["precision"]) == set(classify.CLASSES)
+    assert all(0 < v <= 1 for v in doc["precision"].values())
+
+
 def test_the_shipped_kernel_table_loads() -> None:
     families = classify.load_kernels()
     assert {"trtllm-gen", "fa3", "capability-declaration"} <= {f.id for f in families}
