@@ -449,6 +449,28 @@ def test_a_path_sm120_runs_or_one_the_gpu_alone_does_not_decide_is_no_gap(text: 
         assert found.cls != "candidate", (gate.expression, found.reason)
 
 
+def test_the_comment_above_a_test_and_its_message_name_the_kernel() -> None:
+    shipped = classify.load_kernels()
+    said = """
+    def init(self):
+        # This kernel uses tcgen05 + TMEM: datacenter Blackwell only.
+        self.fast = get_device_capability()[0] == 10
+    """
+    found = classify.classify(one(said), shipped)
+    assert (found.cls, found.family) == ("kernel", "tcgen05")
+    unsaid = said.replace("# This kernel uses tcgen05 + TMEM: datacenter Blackwell only.", "x = 1")
+    assert classify.classify(one(unsaid), shipped).cls == "candidate"
+    refusal = """
+    def init(major):
+        if major != 9:
+            raise ValueError("hpc_ops needs Hopper (the kernels ship sm90a only)")
+    """
+    found = classify.classify(one(refusal), shipped)
+    assert (found.cls, found.family) == ("kernel", "built-for-an-arch")
+    plain = refusal.replace("(the kernels ship sm90a only)", "for now")
+    assert classify.classify(one(plain), shipped).cls == "candidate"
+
+
 def test_classes_from_the_verdict_the_sibling_and_the_arch() -> None:
     assert cls("def f():\n    if major >= 10:\n        return 1\n").cls == "upstream"
     assert cls("def f():\n    if major != 12 and major >= 10:\n        return 1\n").cls == "kernel"

@@ -390,7 +390,7 @@ class _Finder:
         if not sibling and reading.verdict != ADMITS:
             sibling = self._twin(func)
         body_text = " ".join(_short(ast.unparse(s), 300) for s in body[:6])
-        context = " ".join([self._shown(node), what, body_text])
+        context = " ".join([self._comment_above(node), self._shown(node), what, body_text])
         if not choices and body and not any(isinstance(s, ast.Raise) for s in body):
             choices = tuple(dict.fromkeys(v for _, v in _chosen(body)))
         requires: tuple[str, ...] = ()
@@ -648,6 +648,17 @@ class _Finder:
 
     def _line(self, node: ast.AST) -> int:
         return int(getattr(node, "lineno", 1)) + self.offset
+
+    def _comment_above(self, node: ast.AST) -> str:
+        """The comment lines right above the line a test starts on (its statement's, where the
+        test opens it): authors say there which kernel a test is for ("This kernel uses tcgen05
+        + TMEM ... not on Blackwell desktop SM120")."""
+        n = int(getattr(node, "lineno", 1)) - 2  # the line above, 0-based
+        found: list[str] = []
+        while n >= 0 and len(found) < 8 and self.lines[n].lstrip().startswith("#"):
+            found.append(self.lines[n].lstrip().lstrip("#").strip())
+            n -= 1
+        return " ".join(reversed(found))
 
     def _line_text(self, node: ast.AST) -> str:
         n = int(getattr(node, "lineno", 1)) - 1
