@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -418,6 +419,42 @@ def test_a_gate_that_admits_sm120_into_a_kernel_it_cannot_run_is_a_gap_naming_it
     assert (taken.cls, taken.family) == ("candidate", "gen")
     ifexp = cls("def f():\n    return 'trtllm_gen' if is_blackwell() else 'fa3'\n")
     assert ifexp.cls == "candidate" and "to trtllm_gen" in ifexp.reason
+
+
+def test_a_patch_giving_the_dead_end_an_sm120_branch_covers_it() -> None:
+    """The coverage run counts a dead end as a gate to change: the profile's patch that adds
+    `elif is_sm120_supported():` makes create_moe_runner's `auto` read covered."""
+    from types import SimpleNamespace
+
+    import libcst as cst
+
+    from sm120patch.patchkit.model import Patch, already_applied, applied
+
+    rel = "sglang/srt/layers/quantization/modelopt_quant.py"
+    text = textwrap.dedent(AUTO_MOE)
+    branch = (
+        "        elif is_sm120_supported():\n            backend = MoeRunnerBackend.CUTLASS_MOE\n"
+    )
+
+    def transform(module: cst.Module) -> Any:
+        if "is_sm120_supported" in module.code:
+            return already_applied("create_moe_runner", "SM120 branch")
+        new = module.code.replace("        else:\n", branch + "        else:\n")
+        return applied("create_moe_runner", cst.parse_module(new), "SM120 branch")
+
+    patch = Patch(id="t.moe-auto", target="sglang", title="t", why="w", files=(rel,),
+                  marker="create_moe_runner", transform=transform)  # fmt: skip
+    profile = SimpleNamespace(name="moe", targets=("sglang",), patches=[patch.id],
+                              pinned=lambda kind, version: True)  # fmt: skip
+    cat = SimpleNamespace(profiles={"moe": profile}, patches={patch.id: patch})
+    found = run.scan_files("sglang", "0.5.23", [(rel, text.encode())], catalog=cat,
+                           families=FAMILIES)  # fmt: skip
+    [gate] = found.gates
+    assert gate.cls == "covered" and [c.patch for c in gate.covered_by] == ["t.moe-auto"]
+    # Without the kernel table the same gate reads upstream and no patch covers it.
+    plain = run.scan_files("sglang", "0.5.23", [(rel, text.encode())], catalog=cat,
+                           families=())  # fmt: skip
+    assert [x.cls for x in plain.gates] == ["upstream"]
 
 
 @pytest.mark.parametrize(
