@@ -5,8 +5,10 @@ backend itself when none is given: trtllm_mha on SM100, fa3 on SM90, and on SM12
 through to triton. The patch adds `elif get_platform().is_sm120:` right after the SM100 branch,
 asking the release's own `get_default_attn_backend` (as the Qwen3.5 override does): unpatched,
 that answers triton for GPT-OSS (an attention-sink model) on SM120, so nothing changes; with
-sglang.attention-default it answers trtllm_mha where SM120 can run it (which supports attention
-sinks; FlashInfer fixed sinks on SM12x in 0.6.16, https://github.com/flashinfer-ai/flashinfer/issues/4070).
+sglang.attention-default it answers trtllm_mha where SM120 can run it (for sinks on SM12x,
+https://github.com/flashinfer-ai/flashinfer/issues/4070 was closed saying they "should be
+available starting 0.6.16", and https://github.com/vllm-project/vllm/pull/52148 later found
+FlashInfer's generic FA2 prefill on SM12x ignoring them).
 """
 
 from __future__ import annotations
@@ -157,8 +159,12 @@ PATCH = Patch(
         "GPT-OSS's override sets trtllm_mha on SM100 and falls to triton on SM120. The patch "
         "makes SM120 ask get_default_attn_backend, as the Qwen3.5 override does: without "
         "sglang.attention-default that is triton for GPT-OSS (a model with attention sinks), "
-        "with it trtllm_mha where SM120 can run it. trtllm_mha supports attention sinks; "
-        "FlashInfer fixed sinks on SM12x in 0.6.16 (https://github.com/flashinfer-ai/flashinfer/issues/4070)."
+        "with it trtllm_mha where SM120 can run it. For sinks on SM12x, FlashInfer's "
+        "maintainers closed https://github.com/flashinfer-ai/flashinfer/issues/4070 saying the "
+        'fix "should be available starting 0.6.16"; later '
+        "https://github.com/vllm-project/vllm/pull/52148 found FlashInfer's generic FA2 prefill "
+        "path on SM12x accepting a sinks argument without applying it. Whether trtllm_mha's "
+        "prefill applies GPT-OSS's sinks on SM120 is unmeasured: a trial should judge the output."
     ),
     marker=f"def {SITE}",
     facts=FACTS,

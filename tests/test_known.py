@@ -34,6 +34,10 @@ def test_shipped_entries_are_complete_and_cited():
         # Only the field report may cite no page, and it says so in words a user can follow.
         if e.evidence == "unpublished":
             assert "published" in e.source and not e.source.startswith("https://")
+        # What it relies on, quoted from the source; the field report has no text to quote.
+        assert len(e.quote) >= 20, f"{e.id}: quote the sentence or figure the entry relies on"
+        if e.evidence == "unpublished":
+            assert e.quote.startswith("unpublished"), e.id
         # Nothing a user cannot open: the house test reads every entry for such citations.
         for key in ("sglang", "flashinfer", "gpus", "tp"):
             if key in e.condition:
@@ -99,10 +103,69 @@ def test_a_bad_entry_is_one_clear_line():
         )
 
 
-def test_a_line_says_the_evidence_and_what_was_run():
+def test_a_line_says_the_evidence_what_was_run_and_the_source_quoted():
     line = entry("fusion-tp2-sm120-faster").line()
-    assert "(reported)" in line and "vLLM, not SGLang" in line and "one run per" in line
+    assert "(measured)" in line and "vLLM, not SGLang" in line and "one run per" in line
+    assert line.endswith('"' + entry("fusion-tp2-sm120-faster").quote + '")')
+    assert "single run per concurrency cell" in line  # the caveat, in the source's words
     assert "(unpublished)" in entry("fusion-8x-sm120-pcie-slower").line()
+
+
+UNQUOTED = (
+    'schema = 1\n[[outcome]]\nid = "ours"\noutcome = "faster"\nfigure = "f"\ndate = "2026"\n'
+    'source = "https://example.org/x"\nevidence = "measured"\n'
+)
+
+
+def test_an_entry_without_a_quote_fails_the_library_not_a_pack():
+    # A pack's own entry may leave the quote out...
+    assert [e.quote for e in known.entries(UNQUOTED)] == [""]
+    # ... the library's may not: the built-in known.toml is read as `quoted`.
+    with pytest.raises(UsageError, match="1 entries quote no source \\(ours\\)"):
+        known.entries(UNQUOTED, quoted=True)
+    quoted = UNQUOTED + 'quote = "the figure, as the source writes it"\n'
+    assert known.entries(quoted, quoted=True)[0].quote == "the figure, as the source writes it"
+    # The field report has no text to quote, and its quote says so.
+    field = quoted.replace('"measured"', '"unpublished"')
+    with pytest.raises(UsageError, match="quote no source"):
+        known.entries(field, quoted=True)
+
+
+def test_the_library_is_read_quoted(mocker, tmp_path):
+    """The built-in pack's known.toml with one quote dropped fails every read of it; the same
+    file as another pack's loads."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from sm120patch import patches
+    from sm120patch.plan import catalog
+
+    text = (Path(next(iter(patches.__path__))) / "known.toml").read_text(encoding="utf-8")
+    first = text.index("\nquote = ")
+    (tmp_path / "known.toml").write_text(text[:first] + text[text.index("\n", first + 1):])
+    for built_in in (True, False):
+        pack = SimpleNamespace(location=str(tmp_path), built_in=built_in)
+        mocker.patch.object(catalog, "load", return_value=SimpleNamespace(loaded=[pack]))
+        if built_in:
+            with pytest.raises(UsageError, match="quote no source"):
+                known.entries()
+        else:
+            assert len(known.entries()) == text.count("[[outcome]]")
+
+
+def test_the_sglang_fusion_figure_of_pr_30700_is_known():
+    e = entry("fusion-tp2-sm120-sglang-dsv4")
+    assert e.outcome == "faster" and e.evidence == "measured"
+    assert "+5.2% on medians" in e.quote and "five consecutive 30 s runs" in e.quote
+    assert "pull/30700" in e.source and "2026-07-24" in e.source
+    assert e.id in ids("fusion", known.Box(gpu_family="sm120", tp=2))
+    assert e.id not in ids("fusion", known.Box(gpu_family="sm120", tp=4))
+
+
+def test_the_cutlass_b12x_figure_says_the_fp4_gemm_backend_differed_too():
+    e = entry("moe-cutlass-slower-than-b12x-tp4")
+    assert "--fp4-gemm-backend flashinfer_cudnn" in e.measured and "flashinfer_cudnn" in e.quote
+    assert "not the MoE runner's alone" in e.measured
 
 
 def test_only_a_wrong_output_entry_about_the_profile_condemns_it():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -391,6 +392,122 @@ def test_a_choice_with_an_sm120_counterpart_is_a_candidate_a_guard_a_kernel() ->
     assert guard.cls == "kernel"
 
 
+# SGLang 0.5.23's NVFP4 MoE `auto` (ModelOptNvFp4FusedMoEMethod.create_moe_runner), reduced.
+AUTO_MOE = """
+def create_moe_runner(self):
+    backend = get_moe_runner_backend()
+    if backend.is_auto():
+        if is_cuda() and (8, 0) <= get_device_capability() < (10, 0):
+            backend = MoeRunnerBackend.MARLIN
+        else:
+            backend = MoeRunnerBackend.FAST_MOE
+"""
+
+
+def test_a_gate_that_admits_sm120_into_a_kernel_it_cannot_run_is_a_gap_naming_it() -> None:
+    gate = one(AUTO_MOE)
+    assert gate.verdict == evaluate.ADMITS  # SM120 takes SM100's `else`...
+    assert gate.choices == ("backend=marlin",) and gate.sm120_choices == ("backend=fast_moe",)
+    found = classify.classify(gate, FAMILIES)
+    # ... which ends in a kernel SM120 cannot run: a gap, not upstream's.
+    assert (found.cls, found.family) == ("candidate", "moe")
+    assert "SM120 goes the way sm100/sm103/sm110 goes, to backend=fast_moe" in found.reason
+    assert "fused MoE cubins for SM100" in found.reason and "cutlass_moe" in found.reason
+    assert classify.leaves_out(gate, FAMILIES) and not classify.leaves_out(gate)
+    # SM120 taking the `if` itself, and an `x if test else y`.
+    taken = cls("def f():\n    if major >= 10:\n        b = 'gen_mla'\n    return b\n")
+    assert (taken.cls, taken.family) == ("candidate", "gen")
+    ifexp = cls("def f():\n    return 'trtllm_gen' if is_blackwell() else 'fa3'\n")
+    assert ifexp.cls == "candidate" and "to trtllm_gen" in ifexp.reason
+
+
+def test_a_patch_giving_the_dead_end_an_sm120_branch_covers_it() -> None:
+    """The coverage run counts a dead end as a gate to change: the profile's patch that adds
+    `elif is_sm120_supported():` makes create_moe_runner's `auto` read covered."""
+    from types import SimpleNamespace
+
+    import libcst as cst
+
+    from sm120patch.patchkit.model import Patch, already_applied, applied
+
+    rel = "sglang/srt/layers/quantization/modelopt_quant.py"
+    text = textwrap.dedent(AUTO_MOE)
+    branch = (
+        "        elif is_sm120_supported():\n            backend = MoeRunnerBackend.CUTLASS_MOE\n"
+    )
+
+    def transform(module: cst.Module) -> Any:
+        if "is_sm120_supported" in module.code:
+            return already_applied("create_moe_runner", "SM120 branch")
+        new = module.code.replace("        else:\n", branch + "        else:\n")
+        return applied("create_moe_runner", cst.parse_module(new), "SM120 branch")
+
+    patch = Patch(id="t.moe-auto", target="sglang", title="t", why="w", files=(rel,),
+                  marker="create_moe_runner", transform=transform)  # fmt: skip
+    profile = SimpleNamespace(name="moe", targets=("sglang",), patches=[patch.id],
+                              pinned=lambda kind, version: True)  # fmt: skip
+    cat = SimpleNamespace(profiles={"moe": profile}, patches={patch.id: patch})
+    found = run.scan_files("sglang", "0.5.23", [(rel, text.encode())], catalog=cat,
+                           families=FAMILIES)  # fmt: skip
+    [gate] = found.gates
+    assert gate.cls == "covered" and [c.patch for c in gate.covered_by] == ["t.moe-auto"]
+    # Without the kernel table the same gate reads upstream and no patch covers it.
+    plain = run.scan_files("sglang", "0.5.23", [(rel, text.encode())], catalog=cat,
+                           families=())  # fmt: skip
+    assert [x.cls for x in plain.gates] == ["upstream"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # an SM120 branch of its own (what a patch writes): no gate there any more
+        AUTO_MOE.replace(
+            "        else:",
+            "        elif is_sm120_supported():\n"
+            "            backend = MoeRunnerBackend.CUTLASS_MOE\n        else:",
+        ),
+        # a path to something SM120 runs, or to a value no family knows
+        AUTO_MOE.replace("FAST_MOE", "CUTLASS_MOE"),
+        AUTO_MOE.replace("MoeRunnerBackend.FAST_MOE", "pick(x)"),
+        # the path depends on more than the GPU
+        AUTO_MOE.replace(
+            "        else:", "        elif other:\n            backend = 'x'\n        else:"
+        ),
+        # a family read off names names no value ("sm100", a plan table's name)
+        "def f(major):\n    if major >= 10:\n        return 'sm100_tile'\n    return 'x'\n",
+    ],
+)
+def test_a_path_sm120_runs_or_one_the_gpu_alone_does_not_decide_is_no_gap(text: str) -> None:
+    families = (*FAMILIES, *classify.load_kernels(
+        'schema = 1\n[[family]]\nid = "t"\nreason = "r"\nmatch = ["_tile"]\nwhere = "names"\n'
+    ))  # fmt: skip
+    for gate in scan(text):
+        found = classify.classify(gate, families)
+        assert found.cls != "candidate", (gate.expression, found.reason)
+
+
+def test_the_comment_above_a_test_and_its_message_name_the_kernel() -> None:
+    shipped = classify.load_kernels()
+    said = """
+    def init(self):
+        # This kernel uses tcgen05 + TMEM: datacenter Blackwell only.
+        self.fast = get_device_capability()[0] == 10
+    """
+    found = classify.classify(one(said), shipped)
+    assert (found.cls, found.family) == ("kernel", "tcgen05")
+    unsaid = said.replace("# This kernel uses tcgen05 + TMEM: datacenter Blackwell only.", "x = 1")
+    assert classify.classify(one(unsaid), shipped).cls == "candidate"
+    refusal = """
+    def init(major):
+        if major != 9:
+            raise ValueError("hpc_ops needs Hopper (the kernels ship sm90a only)")
+    """
+    found = classify.classify(one(refusal), shipped)
+    assert (found.cls, found.family) == ("kernel", "built-for-an-arch")
+    plain = refusal.replace("(the kernels ship sm90a only)", "for now")
+    assert classify.classify(one(plain), shipped).cls == "candidate"
+
+
 def test_classes_from_the_verdict_the_sibling_and_the_arch() -> None:
     assert cls("def f():\n    if major >= 10:\n        return 1\n").cls == "upstream"
     assert cls("def f():\n    if major != 12 and major >= 10:\n        return 1\n").cls == "kernel"
@@ -432,6 +549,33 @@ def test_what_the_release_itself_refuses_on_sm120_is_kernel() -> None:
     ]
     assert "this release refuses attention_backend=fast on SM120" in classes[0].reason
     assert "server_args.py:11" in classes[0].reason
+
+
+def test_the_labelled_sample_is_large_honest_in_shape_and_holds_a_floor_per_class() -> None:
+    """tests/data/scan_labels.toml (measured in tests/real/test_scan_real.py): at least 60
+    gates of both targets, each with its label and the reason for it."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    doc = tomllib.loads((Path(__file__).parent / "data" / "scan_labels.toml").read_text())
+    gates = doc["gate"]
+    assert len(gates) >= 60 and {g["target"] for g in gates} == {"sglang", "flashinfer"}
+    assert {(g["target"], g["version"]) for g in gates} == {
+        ("sglang", "0.5.23"),
+        ("flashinfer", "0.7.4"),
+    }
+    assert {g["label"] for g in gates} <= {*classify.CLASSES, "no-gate"}
+    assert all(len(g["reason"]) > 20 and g["expression"] and g["function"] for g in gates)
+    idents = {
+        (g["file"], g["function"], g["kind"], g["expression"], g["occurrence"]) for g in gates
+    }
+    assert len(idents) == len(gates)
+    assert set(doc["precision"]) == set(classify.CLASSES)
+    assert all(0 < v <= 1 for v in doc["precision"].values())
 
 
 def test_the_shipped_kernel_table_loads() -> None:

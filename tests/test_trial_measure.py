@@ -521,8 +521,10 @@ def test_report_and_export_and_local_evidence(trees, tmp_path, fake_nvml):
     assert f"{stamp}.{int((window % 1) * 1000):03d}" in text
     assert "reverted-slower" in text and "src=" not in text  # self-contained
     # The export is one record in known.toml's schema.
-    [entry] = known.entries((tmp_path / "mine.toml").read_text())
+    # It quotes its source (the trial's own verdict), as the library's entries must.
+    [entry] = known.entries((tmp_path / "mine.toml").read_text(), quoted=True)
     assert entry.outcome == "slower" and entry.condition["profile"] == "moe"
+    assert entry.quote == entry.figure
     assert entry.condition["sglang"] == "==0.5.8" and entry.condition["gpus"] == "==2"
     # The next doctor shows this box's own measurement.
     code, out, err = run_cli("doctor", "--sglang", str(sg), "--flashinfer", str(fi))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sm120patch.patchkit import arch
 from sm120patch.scan import evaluate
 from sm120patch.scan import gates as g
 
@@ -126,9 +127,30 @@ class Coverages:
     outcomes: list[SiteOutcome] = field(default_factory=list)
 
 
-def leaves_out(gate: g.Gate) -> bool:
-    """Whether a gate still keeps SM120 away (no sibling gives it a path)."""
-    return gate.verdict in (evaluate.LEAVES_OUT, evaluate.EXCLUDES) and not gate.sibling
+def leaves_out(gate: g.Gate, families: Sequence[Family] = ()) -> bool:
+    """Whether a gate still keeps SM120 away (no sibling gives it a path), or, with the
+    kernel table, sends it down a path that ends in a kernel SM120 cannot run."""
+    if gate.verdict in (evaluate.LEAVES_OUT, evaluate.EXCLUDES) and not gate.sibling:
+        return True
+    return bool(families) and dead_end(gate, families) is not None
+
+
+def dead_end(
+    gate: g.Gate, families: Sequence[Family], refused: Mapping[str, g.Gate] | None = None
+) -> tuple[Family | None, str] | None:
+    """(the family, or None for what the release refuses; the value) where a gate admits
+    SM120 and every value of the path SM120 takes is a kernel SM120 cannot run: SGLang
+    0.5.23's NVFP4 MoE `auto` sends SM120 the way SM100 goes, to flashinfer_trtllm. None
+    when the path chooses nothing known, or anything else."""
+    if gate.verdict != evaluate.ADMITS or gate.sibling or not gate.sm120_choices:
+        return None
+    refused = refused or {}
+    # Families read off file and function names (`sm100` a plan table's name) name no value.
+    by_value = tuple(f for f in families if f.where != "names")
+    found = [(_family_of(_value(v), by_value), v) for v in gate.sm120_choices]
+    if not all(f is not None or v in refused for f, v in found):
+        return None
+    return next(((f, v) for f, v in found if f is not None), (None, found[0][1]))
 
 
 def coverage(
@@ -137,9 +159,11 @@ def coverage(
     read: Callable[[str], str | None],
     scans: Mapping[str, g.FileScan],
     catalog: Any,
+    families: Sequence[Family] = (),
 ) -> Coverages:
     """Which gates each profile's patches change, run on this release's texts (`read` gives
-    a file's text by its path relative to the package's parent, None if it is absent).
+    a file's text by its path relative to the package's parent, None if it is absent); with
+    the kernel table, a gate sending SM120 to a kernel it cannot run counts as one to change.
 
     Each patch runs once, in the chain of the smallest profile holding it (the patches of that
     profile before it in the same file run first, as `apply` runs them): a patch sees only
@@ -156,7 +180,7 @@ def coverage(
     profiles = [p for p in catalog.profiles.values() if kind in p.targets]
     runs: dict[str, tuple[str | None, str, str, list[g.Gate]]] = {}  # id -> file, site, ...
     for chain in _chains(kind, profiles, catalog):
-        runs.update(_run_chain(chain, version, cached, scans))
+        runs.update(_run_chain(chain, version, cached, scans, families))
     for profile in profiles:
         pinned = profile.pinned(kind, version)
         for pid in profile.patches:
@@ -192,6 +216,7 @@ def _run_chain(
     version: str,
     read: Callable[[str], str | None],
     scans: Mapping[str, g.FileScan],
+    families: Sequence[Family] = (),
 ) -> dict[str, tuple[str | None, str, str, list[g.Gate]]]:
     """patch id -> (file, site, outcome, the gates its step stops leaving SM120 out)."""
     from sm120patch.patchkit.facts import Status
@@ -209,10 +234,10 @@ def _run_chain(
         result = transform_text(group, rel, text)
         by_id = {p.id: p for p in group}
         before = scans.get(rel) or g.scan_text(rel, text)
-        left = [x for x in before.gates if leaves_out(x)]
+        left = [x for x in before.gates if leaves_out(x, families)]
         removed: dict[str, list[g.Gate]] = {}
         for patch_id, step_text in result.step_texts():
-            still = {x.key for x in g.scan_text(rel, step_text).gates if leaves_out(x)}
+            still = {x.key for x in g.scan_text(rel, step_text).gates if leaves_out(x, families)}
             removed[patch_id] = [x for x in left if x.key not in still]
             left = [x for x in left if x.key in still]
         for o in result.outcomes:
@@ -259,6 +284,7 @@ class Classified:
             "reason": self.reason,
             "family": self.family or None,
             "choices": list(gate.choices),
+            "sm120_choices": list(gate.sm120_choices),
             "key": list(gate.key[:3]),
             "covered_by": [
                 {"profile": c.profile, "patch": c.patch, "outcome": c.outcome,
@@ -287,13 +313,16 @@ def classify(
     """The class of one gate, with its reason in words; `refused` (see `required`) holds what
     the release itself refuses on SM120."""
     covered = tuple(covered)
-    if covered and leaves_out(gate):
+    families = tuple(families)
+    if covered and leaves_out(gate, families):
         return Classified(gate, COVERED, "; ".join(c.describe() for c in covered), covered)
+    end = dead_end(gate, families, refused)
+    if end is not None:
+        return _into_a_kernel(gate, *end, refused or {})
     if gate.verdict == evaluate.ADMITS:
         return Classified(gate, UPSTREAM, "SM120 takes the path of the archs it favours")
     if gate.sibling:
         return Classified(gate, UPSTREAM, f"SM120 has a path of its own: {gate.sibling}")
-    families = tuple(families)
     if gate.verdict == evaluate.EXCLUDES:
         return Classified(gate, KERNEL, "the code names SM120 to leave it out here")
     if gate.arch_specific:
@@ -344,6 +373,22 @@ def _by_family(
         if not family.match or family.matches(text):
             return Classified(gate, KERNEL, family.reason, family=family.id)
     return Classified(gate, CANDIDATE, _candidate(gate))
+
+
+def _into_a_kernel(
+    gate: g.Gate, family: Family | None, value: str, refused: Mapping[str, g.Gate]
+) -> Classified:
+    """A gate that admits SM120 into a kernel it cannot run: a gap (a candidate), named."""
+    like = "/".join(n for n in map(arch.arch_name, arch.FAVOURED) if n not in gate.favoured)
+    head = f"SM120 goes the way {like} goes, to {value}: "
+    if family is None:
+        check = refused[value]
+        why = f"this release refuses it on SM120 ({check.file}:{check.line}: {check.gates})"
+        return Classified(gate, CANDIDATE, head + why)
+    why = f"{family.id}, a kernel SM120 cannot run ({family.reason})"
+    if family.sm120:
+        why += f"; SM120's counterpart: {family.sm120}"
+    return Classified(gate, CANDIDATE, head + why, family=family.id)
 
 
 def _family_of(text: str, families: tuple[Family, ...]) -> Family | None:

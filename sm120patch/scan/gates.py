@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import bisect
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from sm120patch.patchkit import arch
@@ -48,7 +48,15 @@ from sm120patch.scan.evaluate import (
     judge,
     spelled,
 )
-from sm120patch.scan.regions import _outermost, _parse_region, _Shape
+from sm120patch.scan.regions import (
+    _line_offsets,
+    _outermost,
+    _outside,
+    _outside_comments,
+    _parse_region,
+    _Shape,
+    _string_spans,
+)
 
 # A statement or def longer than this is generated code (FlashInfer's 500 kB module tables and
 # 400 kB kernel bodies): not parsed, and said so (`FileScan.skipped`).
@@ -69,6 +77,11 @@ class Gate:
     sibling: str = ""  # a sibling test routing SM120 elsewhere: "line N: <test>"
     arch_specific: tuple[str, ...] = ()  # `a` compile targets it names ("sm_100a")
     choices: tuple[str, ...] = ()  # the values (backend names...) the guarded code chooses
+    # Where the gate admits SM120 and its chain's arch tests alone decide SM120's branch: the
+    # values the branch SM120 takes chooses (0.5.23's NVFP4 MoE `auto`: the `else` of
+    # `(8, 0) <= capability < (10, 0)`, FLASHINFER_TRTLLM). A path that ends in a kernel
+    # SM120 cannot run is a gap, not upstream's (classify.py).
+    sm120_choices: tuple[str, ...] = ()
     # The names (backends...) this gate refuses outside the archs it favours: a check that
     # raises when `backend == "x"` and the GPU is not one of them, nothing else asked.
     requires: tuple[str, ...] = ()
@@ -161,69 +174,10 @@ def scan_text(file: str, text: str | bytes) -> FileScan:
     return out
 
 
-_TRIPLE = re.compile(rb'"""|\'\'\'')
-
-
-def _string_spans(data: bytes) -> list[tuple[int, int]]:
-    """(start, end) offsets of the triple-quoted strings, by pairing the quotes: a rough
-    reading (a quote inside a one-line string fools it) that the parser then checks."""
-    if b'"""' not in data and b"'''" not in data:
-        return []
-    spans: list[tuple[int, int]] = []
-    inside: bytes | None = None
-    begin = 0
-    for m in _TRIPLE.finditer(data):
-        q = m.group()
-        if inside is None:
-            inside, begin = q, m.start()
-        elif q == inside:  # a ''' inside a """ string is text, and so on
-            spans.append((begin, m.end()))
-            inside = None
-    if inside is not None:
-        spans.append((begin, len(data)))
-    return spans
-
-
-def _outside(spans: list[tuple[int, int]], hits: list[int]) -> list[int]:
-    """The hits not inside one of `spans` (docstrings name archs all the time)."""
-    if not spans:
-        return hits
-    starts = [a for a, _ in spans]
-    out = []
-    for h in hits:
-        i = bisect.bisect_right(starts, h) - 1
-        if i < 0 or h >= spans[i][1]:
-            out.append(h)
-    return out
-
-
-def _outside_comments(data: bytes, hits: list[int]) -> list[int]:
-    """The hits not in a comment: after a `#` that no quote before it on the line hides."""
-    out = []
-    for h in hits:
-        prefix = data[data.rfind(b"\n", 0, h) + 1 : h]
-        hash_at = prefix.find(b"#")
-        if hash_at < 0:
-            out.append(h)
-            continue
-        before = prefix[:hash_at]
-        if before.count(b'"') % 2 or before.count(b"'") % 2:
-            out.append(h)  # the `#` is inside a string
-    return out
-
-
 def _with_key(gate: Gate, key: tuple[str, str, str, int]) -> Gate:
     from dataclasses import replace
 
     return replace(gate, key=key)
-
-
-def _line_offsets(data: bytes) -> list[int]:
-    offsets = [0]
-    offsets += [m.end() for m in re.finditer(rb"\n", data)]
-    return offsets
-
-
 
 
 _ARCH_CONTEXT = re.compile(r"major|arch|(?:^|_)sm(?:_|s?$)|capabilit|(?:^|_)cc(?:_|$)")
@@ -292,6 +246,21 @@ class _Finder:
                 node = node.orelse[0]
                 continue
             return bool(node.orelse) and _exits(node.orelse)
+
+    def _sm120_branch(self, tests: Sequence[ast.AST]) -> int | None:
+        """Which branch of a chain (these tests, then its `else`) SM120 surely takes: the
+        index of the first test SM120 surely passes after tests it surely fails, len(tests)
+        for the `else`; None where something besides the GPU decides."""
+        for i, test in enumerate(tests):
+            answers = self._sm120_answers(test)
+            if answers is None:
+                return None
+            taken, full = answers
+            if taken == full:
+                return i
+            if taken != 0:
+                return None
+        return len(tests)
 
     def _sm120_answers(self, test: ast.AST) -> tuple[int, int] | None:
         """(SM120's answers, the mask of every assignment) of a test that has arch atoms."""
@@ -374,12 +343,17 @@ class _Finder:
         ]
         tests: list[ast.AST] = [c.test for c in chain if not _refuses(c.body)]
         branches = list(around)
+        bodies = [c.body for c in chain] + [chain[-1].orelse]
         for i, node in enumerate(chain):
             siblings = [t for t in tests if t is not node.test]
             if not _refuses(node.body):
                 siblings += others
+            taken = self._sm120_branch([c.test for c in chain[i:]])
+            path = bodies[i + taken] if taken is not None else []
+            sm120 = tuple(dict.fromkeys(v for _, v in _chosen(path))) if path else ()
             self._test(node.test, "elif" if i else "if", self._what(node.body),
-                       (qual, func, branches), node.body, siblings)  # fmt: skip
+                       (qual, func, branches), node.body, siblings,
+                       sm120_choices=sm120)  # fmt: skip
             self._block(node.body, qual, func, [*branches, (node, True)])
             branches = [*branches, (node, False)]
         last = chain[-1]
@@ -392,6 +366,7 @@ class _Finder:
         self, node: ast.AST, kind: str, what: str, where: Where, body: list[ast.stmt],
         siblings: list[ast.AST] = (),  # type: ignore[assignment]
         choices: tuple[str, ...] = (),
+        sm120_choices: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
         if not self._mentions(node):
             return
@@ -401,12 +376,12 @@ class _Finder:
         reading = judge(expr.table(), expr.names_sm120)
         if reading.verdict is None:
             return
-        self._add(node, kind, what, reading, where, body, siblings, (), choices)
+        self._add(node, kind, what, reading, where, body, siblings, (), choices, sm120_choices)
 
     def _add(
         self, node: ast.AST, kind: str, what: str, reading: Reading, where: Where,
         body: list[ast.stmt], siblings: list[ast.AST], arch_specific: list[str] | tuple[str, ...],
-        choices: tuple[str, ...] = (),
+        choices: tuple[str, ...] = (), sm120_choices: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
         qual, func, around = where
         if self._unreachable_on_sm120(around):
@@ -415,7 +390,7 @@ class _Finder:
         if not sibling and reading.verdict != ADMITS:
             sibling = self._twin(func)
         body_text = " ".join(_short(ast.unparse(s), 300) for s in body[:6])
-        context = " ".join([self._shown(node), what, body_text])
+        context = " ".join([self._comment_above(node), self._shown(node), what, body_text])
         if not choices and body and not any(isinstance(s, ast.Raise) for s in body):
             choices = tuple(dict.fromkeys(v for _, v in _chosen(body)))
         requires: tuple[str, ...] = ()
@@ -435,6 +410,7 @@ class _Finder:
                 sibling=sibling,
                 arch_specific=tuple(dict.fromkeys(arch_specific)),
                 choices=choices,
+                sm120_choices=sm120_choices if reading.verdict == ADMITS else (),
                 requires=requires,
                 refuses=refuses or _declines(body),
                 context=context,
@@ -468,13 +444,16 @@ class _Finder:
         while isinstance(chain[-1].orelse, ast.IfExp):
             chain.append(chain[-1].orelse)
         tests = [c.test for c in chain]
-        for c in chain:
+        values = [_choice(v) for v in [*(c.body for c in chain), chain[-1].orelse]]
+        named = [(f"{into}={v}" if into else v) if v else "" for v in values]
+        for i, c in enumerate(chain):
             picked = _short(ast.unparse(c.body), 60)
-            value = _choice(c.body)
-            value = f"{into}={value}" if value and into else value
+            taken = self._sm120_branch(tests[i:])
+            sm120 = named[i + taken] if taken is not None else ""
             self._test(c.test, "ifexp", f"{what} = {picked}", where, [],
                        [t for t in tests if t is not c.test],
-                       (value,) if value else ())  # fmt: skip
+                       (named[i],) if named[i] else (),
+                       (sm120,) if sm120 else ())  # fmt: skip
 
     def _inner(self, stmt: ast.stmt, where: Where) -> None:
         """Keyword arguments, lists and `x if t else y` inside a simple statement's
@@ -669,6 +648,17 @@ class _Finder:
 
     def _line(self, node: ast.AST) -> int:
         return int(getattr(node, "lineno", 1)) + self.offset
+
+    def _comment_above(self, node: ast.AST) -> str:
+        """The comment lines right above the line a test starts on (its statement's, where the
+        test opens it): authors say there which kernel a test is for ("This kernel uses tcgen05
+        + TMEM ... not on Blackwell desktop SM120")."""
+        n = int(getattr(node, "lineno", 1)) - 2  # the line above, 0-based
+        found: list[str] = []
+        while n >= 0 and len(found) < 8 and self.lines[n].lstrip().startswith("#"):
+            found.append(self.lines[n].lstrip().lstrip("#").strip())
+            n -= 1
+        return " ".join(reversed(found))
 
     def _line_text(self, node: ast.AST) -> str:
         n = int(getattr(node, "lineno", 1)) - 1

@@ -4,6 +4,7 @@ from the text by indentation so that a whole release parses only what mentions a
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from collections.abc import Iterator
 
@@ -126,3 +127,60 @@ def _parse_region(lines: list[str], start: int, end: int) -> tuple[ast.AST, int,
     except (SyntaxError, ValueError):
         return None
     return tree, start - (1 if indented else 0), source
+
+
+_TRIPLE = re.compile(rb'"""|\'\'\'')
+
+
+def _string_spans(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) offsets of the triple-quoted strings, by pairing the quotes: a rough
+    reading (a quote inside a one-line string fools it) that the parser then checks."""
+    if b'"""' not in data and b"'''" not in data:
+        return []
+    spans: list[tuple[int, int]] = []
+    inside: bytes | None = None
+    begin = 0
+    for m in _TRIPLE.finditer(data):
+        q = m.group()
+        if inside is None:
+            inside, begin = q, m.start()
+        elif q == inside:  # a ''' inside a """ string is text, and so on
+            spans.append((begin, m.end()))
+            inside = None
+    if inside is not None:
+        spans.append((begin, len(data)))
+    return spans
+
+
+def _outside(spans: list[tuple[int, int]], hits: list[int]) -> list[int]:
+    """The hits not inside one of `spans` (docstrings name archs all the time)."""
+    if not spans:
+        return hits
+    starts = [a for a, _ in spans]
+    out = []
+    for h in hits:
+        i = bisect.bisect_right(starts, h) - 1
+        if i < 0 or h >= spans[i][1]:
+            out.append(h)
+    return out
+
+
+def _outside_comments(data: bytes, hits: list[int]) -> list[int]:
+    """The hits not in a comment: after a `#` that no quote before it on the line hides."""
+    out = []
+    for h in hits:
+        prefix = data[data.rfind(b"\n", 0, h) + 1 : h]
+        hash_at = prefix.find(b"#")
+        if hash_at < 0:
+            out.append(h)
+            continue
+        before = prefix[:hash_at]
+        if before.count(b'"') % 2 or before.count(b"'") % 2:
+            out.append(h)  # the `#` is inside a string
+    return out
+
+
+def _line_offsets(data: bytes) -> list[int]:
+    offsets = [0]
+    offsets += [m.end() for m in re.finditer(rb"\n", data)]
+    return offsets

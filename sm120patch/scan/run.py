@@ -178,7 +178,7 @@ def scan_files(
             return _decode(contents[rel])
         return read(rel) if read is not None else None
 
-    cover = c.coverage(kind, version, read_text, scans, catalog)
+    cover = c.coverage(kind, version, read_text, scans, catalog, families)
     out.outcomes = cover.outcomes
     refused = c.required(gate for found in scans.values() for gate in found.gates)
     for rel in sorted(scans):

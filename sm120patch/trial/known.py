@@ -7,7 +7,8 @@ better one line too many before a trial than a known regression unsaid.
 
 Each entry also says what its figure rests on (`evidence`: measured, reported, inferred, or
 unpublished for the field report this project started from) and what was run, in the
-source's terms (`measured`: engine, kernel, TP, runs); both are printed with it. A wrong-output
+source's terms (`measured`: engine, kernel, TP, runs), and the sentence or figure of the source
+it relies on (`quote`, required of the built-in library); all are printed with it. A wrong-output
 entry about a profile that matches the box condemns the profile there: `doctor` and `list`
 stop recommending it.
 """
@@ -50,7 +51,10 @@ RECORD = ("id", "outcome", "figure", "date", "source", "evidence")
 # What an entry's figure rests on: the source ran it, states it, it was read off code, or it
 # is the unpublished field report this project started from.
 EVIDENCE = ("measured", "reported", "inferred", "unpublished")
-OPTIONAL = ("measured",)  # what was run, in the source's terms
+# What was run, in the source's terms; the sentence or figure of the source the entry relies on
+# (required of the built-in library, `QUOTED`: a pack's own entries may leave it out).
+OPTIONAL = ("measured", "quote")
+QUOTED = "quote"
 
 # verdict of a trial that is evidence (`evidence`) -> outcome of a record
 _OUTCOME_OF = {
@@ -72,6 +76,7 @@ class Entry:
     evidence: str = "measured"
     condition: dict[str, Any] = field(default_factory=dict)
     measured: str = ""
+    quote: str = ""
 
     def line(self) -> str:
         what = self.condition.get("profile") or self.condition.get("patch") or "any profile"
@@ -81,9 +86,10 @@ class Entry:
             if k not in ("profile", "patch", "quantization", "architecture")
         )
         ran = f" [{self.measured}]" if self.measured else ""
+        said = f': "{self.quote}"' if self.quote else ""
         return (
             f"known: {what} {self.outcome} ({self.evidence}): {self.figure}{ran} "
-            f"({where}; {self.date}; {self.source})"
+            f"({where}; {self.date}; {self.source}{said})"
         )
 
     def condemns(self, profile: str, box: Box) -> bool:
@@ -107,9 +113,12 @@ class Box:
     architecture: list[str] | None = None
 
 
-def entries(text: str | None = None, where: str = "known.toml") -> list[Entry]:
+def entries(
+    text: str | None = None, where: str = "known.toml", *, quoted: bool = False
+) -> list[Entry]:
     """The known outcomes of `text`, or of the built-in library and every pack loaded (each
-    pack's own known.toml beside its profiles.toml)."""
+    pack's own known.toml beside its profiles.toml). The built-in library's entries, and with
+    `quoted` those of `text`, must each carry a `quote` of their source (`check_quotes`)."""
     from sm120patch.plan import catalog
 
     if text is None:
@@ -118,9 +127,33 @@ def entries(text: str | None = None, where: str = "known.toml") -> list[Entry]:
             path = Path(pack.location, "known.toml") if pack.location else None
             if path is not None and path.is_file():
                 hint = catalog.DAMAGED_HINT if pack.built_in else f"fix {path}, or drop the pack"
-                out += _parse(path.read_text(encoding="utf-8"), str(path), hint)
+                found = _parse(path.read_text(encoding="utf-8"), str(path), hint)
+                if pack.built_in:
+                    check_quotes(found, str(path), hint)
+                out += found
         return out
-    return _parse(text, where, "fix the file")
+    found = _parse(text, where, "fix the file")
+    if quoted:
+        check_quotes(found, where, "fix the file")
+    return found
+
+
+def check_quotes(found: Sequence[Entry], where: str, hint: str) -> None:
+    """UsageError naming every entry without a `quote` of its source, or whose quote of the
+    unpublished field report does not say it is unpublished (there is no text to quote)."""
+    bad = [e.id for e in found if not e.quote.strip()]
+    bad += [
+        e.id
+        for e in found
+        if e.quote.strip() and e.evidence == "unpublished" and "unpublished" not in e.quote
+    ]
+    if bad:
+        raise UsageError(
+            f"{where}: {len(bad)} entries quote no source ({', '.join(bad)}); each needs "
+            '`quote`, the sentence or figure of its source it relies on ("unpublished: ..." '
+            "where there is none)",
+            hint + " (its header says what a quote is)",
+        )
 
 
 def _parse(text: str, where: str, hint: str) -> list[Entry]:
@@ -150,6 +183,7 @@ def _parse(text: str, where: str, hint: str) -> list[Entry]:
                 **{k: str(raw[k]) for k in RECORD},
                 condition={k: raw[k] for k in CONDITIONS if k in raw},
                 measured=str(raw.get("measured", "")),
+                quote=str(raw.get(QUOTED, "")),
             )
         )
     return out
@@ -471,5 +505,7 @@ def outcome_record(trial: TrialRecord) -> str:
     record["figure"] = trial.message or f"{verdict}, exit {trial.exit_code}"
     record["date"] = time.strftime("%Y-%m-%d", time.localtime(trial.started or 0))
     record["source"] = f"sm120patch trial {trial.id}: {' '.join(command)}"
+    # The trial is its own source: its verdict line is the figure the entry relies on.
+    record[QUOTED] = record["figure"]
     body = "\n".join(f"{k} = {_toml_value(v)}" for k, v in record.items())
     return f"# exported by sm120patch; add it to patches/known.toml\n[[outcome]]\n{body}\n"

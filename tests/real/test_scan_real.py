@@ -6,14 +6,23 @@ once a profile's patch changes them: the expectation is read from the catalog)."
 from __future__ import annotations
 
 import re
+import sys
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
+from packaging.version import Version
 from realcache import RealReleases, SiteCase, SiteRun, release_set, workers
 
 from sm120patch.maintain import releases, trees
 from sm120patch.plan import catalog
 from sm120patch.scan import run
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 pytestmark = pytest.mark.real
 
@@ -136,16 +145,93 @@ def test_known_gates_of_0523_read_candidate_until_a_profile_covers_them(
     hits = [x for x in gates if part in x.gate.key[2]]  # the whole expression
     assert len(hits) == 1, [x.gate.expression for x in gates]
     # Covered once a patch of the catalog changes this function on 0.5.23, else a candidate.
-    patches = [
-        p.id
-        for p in catalog.load().patches.values()
-        if any(f.file == file and f.function == function for f in p.facts_at("0.5.23"))
-    ]
+    patches = _patches_naming(file, function, "0.5.23")
     if patches:
         assert hits[0].cls == "covered", hits[0].reason
         assert {c.patch for c in hits[0].covered_by} & set(patches)
     else:
         assert hits[0].cls == "candidate", hits[0].reason
+
+
+# The NVFP4 MoE runner's `auto` (from 0.5.13: MARLIN for `(8, 0) <= capability < (10, 0)`,
+# else FLASHINFER_TRTLLM): SM120 goes SM100's way, into TRT-LLM-gen MoE, which it cannot run.
+MOE_AUTO = ("sglang/srt/layers/quantization/modelopt_quant.py",
+            "ModelOptNvFp4FusedMoEMethod.create_moe_runner", "(8, 0) <= get_device_capability()")  # fmt: skip
+MOE_AUTO_CASES = [c for c in CASES if c[0] == "sglang" and Version(c[1]) >= Version("0.5.13")]
+
+
+def _patches_naming(file: str, function: str, version: str) -> list[str]:
+    return [
+        p.id
+        for p in catalog.load().patches.values()
+        if any(f.file == file and f.function == function for f in p.facts_at(version))
+    ]
+
+
+@pytest.mark.parametrize("case", MOE_AUTO_CASES, ids=lambda c: c[1])
+def test_the_nvfp4_moe_auto_choice_is_a_gap_naming_trtllm_gen(
+    scans: dict[tuple[str, str], run.TargetScan], case: tuple[str, str]
+) -> None:
+    file, function, part = MOE_AUTO
+    gates = [x for x in scans[case].gates if x.gate.file == file and x.gate.function == function]
+    hits = [x for x in gates if part in x.gate.key[2]]
+    assert len(hits) == 1, [x.gate.expression for x in gates]
+    # Covered once a patch of the catalog changes this function on the release, else a gap.
+    patches = _patches_naming(file, function, case[1])
+    if patches:
+        assert hits[0].cls == "covered", hits[0].reason
+        assert {c.patch for c in hits[0].covered_by} & set(patches)
+    else:
+        assert (hits[0].cls, hits[0].family) == ("candidate", "trtllm-gen-moe"), hits[0].reason
+        assert "flashinfer_trtllm" in hits[0].reason and "TRT-LLM-gen" in hits[0].reason
+
+
+# The hand-labelled sample (tests/data/scan_labels.toml): scan's precision per class on it.
+LABELS = Path(__file__).resolve().parent.parent / "data" / "scan_labels.toml"
+
+
+def labelled() -> dict[str, Any]:
+    return dict(tomllib.loads(LABELS.read_text(encoding="utf-8")))
+
+
+@pytest.fixture(scope="module")
+def labelled_scans(real: RealReleases) -> dict[tuple[str, str], run.TargetScan]:
+    """The releases the sample was drawn from (FlashInfer 0.7.4 is outside the default set)."""
+    cases = sorted({(g["target"], g["version"]) for g in labelled()["gate"]})
+    return {case: _scan(case) for case in cases}
+
+
+def precision(
+    gates: list[dict[str, str]], scans: dict[tuple[str, str], run.TargetScan]
+) -> dict[str, tuple[int, int]]:
+    """scan class -> (labelled gates of that class whose label agrees, labelled gates of that
+    class). A labelled gate the scan no longer finds is an error: the sample is stale."""
+    out: dict[str, tuple[int, int]] = {}
+    for g in gates:
+        found = [
+            x
+            for x in scans[(g["target"], g["version"])].gates
+            if (x.gate.file, x.gate.function, x.gate.kind, x.gate.key[2], x.gate.key[3])
+            == (g["file"], g["function"], g["kind"], g["expression"], g["occurrence"])
+        ]
+        assert found, f"no longer found: {g['file']} {g['function']} {g['expression'][:80]}"
+        right, seen = out.get(found[0].cls, (0, 0))
+        out[found[0].cls] = (right + (g["label"] == found[0].cls), seen + 1)
+    return out
+
+
+def test_scan_precision_per_class_holds_on_the_labelled_sample(
+    labelled_scans: dict[tuple[str, str], run.TargetScan],
+) -> None:
+    doc = labelled()
+    found = precision(doc["gate"], labelled_scans)
+    for cls, floor in doc["precision"].items():
+        right, seen = found.get(cls, (0, 0))
+        assert seen, f"no labelled gate reads {cls} any more"
+        assert right / seen >= floor, (
+            f"{cls}: {right} of {seen} labels agree ({right / seen:.2f}), below the "
+            f"{floor} docs/scan.md reports"
+        )
 
 
 def test_a_whole_sglang_release_in_seconds(scans: dict[tuple[str, str], run.TargetScan]) -> None:
