@@ -1,8 +1,11 @@
-"""The two ways a version counts as a release, named, and used everywhere a version is compared.
+"""The two ways a version counts as a release, named, and used everywhere a version is compared;
+and the version setuptools-scm gives a commit (`scm_version`), computed from git's facts.
 
-- `base_release`: what a pin or a known outcome means by a release. A `.postN` hotfix, a dev
-  build and a checkout's local version count as the release they patch: 0.5.9.post1,
-  0.5.9.dev12 and 0.5.9+12.gabc are all 0.5.9 for `sglang = ">=0.5.8,<0.5.10"`.
+- `base_release`: what a pin or a known outcome means by a release. A `.postN` hotfix and a
+  release candidate count as the release they patch or precede (0.5.9.post1 and 0.5.9rc1 are
+  0.5.9 for `sglang = ">=0.5.8,<0.5.10"`); a checkout's local part is dropped, as PEP 440 drops
+  it (0.5.9+gabc is 0.5.9). A dev build stays a dev build, compared as PEP 440 says: 0.5.24.dev3
+  comes before 0.5.24, so it is neither inside `<0.5.24` nor inside `>=0.5.24`.
 - `own_release`: what a fact (the code at a site) and a target's identity mean by a release. A
   `.postN` hotfix is its own release (0.5.4.post3 already carries what 0.5.4 lacks); only a
   checkout's local part is dropped (0.5.9+12.gabc is 0.5.9).
@@ -22,9 +25,12 @@ if TYPE_CHECKING:
 
 def base_release(version: str) -> Version | None:
     try:
-        return Version(Version(version).base_version)
+        parsed = Version(version)
     except InvalidVersion:
         return None
+    if parsed.dev is not None:  # a dev build is not yet the release it leads to
+        return Version(parsed.public)
+    return Version(parsed.base_version)
 
 
 def own_release(version: str) -> Version | None:
@@ -50,3 +56,86 @@ def range_text(spec: SpecifierSet) -> str:
     """A SpecifierSet as a range reads: `>=0.5.4,<0.5.24`, not `<0.5.24,>=0.5.4`."""
     items = sorted(spec, key=lambda s: (_ORDER.get(s.operator, 4), s.version))
     return ",".join(str(s) for s in items)
+
+
+# ---- the version setuptools-scm gives a commit --------------------------------------------
+# setuptools-scm's default `tag_regex`: an optional dashed prefix, then the version.
+SCM_TAG_REGEX = r"^(?:[\w-]+-)?(?P<version>[vV]?\d+(?:\.\d+){0,2}[^\+]*)(?:\+.*)?$"
+# setuptools-scm writes a commit id as `g` and 9 hex digits (its node, cut to 10 characters).
+SCM_NODE_DIGITS = 9
+
+
+def tag_version(tag: str, regex: str = SCM_TAG_REGEX) -> Version | None:
+    """The version a tag names, read as setuptools-scm reads it (its `version` group, or its
+    only group); None when the tag is no version."""
+    import re
+
+    try:
+        match = re.match(regex, tag)
+    except re.error:
+        return None
+    if match is None:
+        return None
+    text = match.group("version") if "version" in match.groupdict() else match.group(1)
+    try:
+        return Version(text)
+    except (InvalidVersion, TypeError):
+        return None
+
+
+def scm_version(
+    tag: Version,
+    distance: int,
+    commit: str,
+    *,
+    version_scheme: str = "guess-next-dev",
+    local_scheme: str = "node-and-date",
+) -> str | None:
+    """What setuptools-scm records for a clean commit `distance` commits past `tag`, with these
+    schemes; None for a scheme it is not written for (the caller then reads `unknown`).
+
+    guess-next-dev, the default: the tag itself on the tagged commit, else a dev build of the
+    next release, `0.5.23` -> `0.5.24.dev3`, `0.5.10.post1` -> `0.5.10.post2.dev3`. The local
+    part (node-and-date, the default) is `+g` and the commit's first 9 hex digits; the date is
+    only added for uncommitted changes, which a commit does not have.
+    """
+    import re
+
+    public = str(tag).partition("+")[0]
+    if distance == 0 or version_scheme == "only-version":
+        main = public
+    elif version_scheme == "guess-next-dev":
+        if ".dev" in public:
+            prefix, _, number = public.rpartition(".dev")
+            if number != "0":  # setuptools-scm refuses to guess past a `.devN` tag
+                return None
+            guessed = prefix
+        else:
+            bumped = re.match(r"(.*?)(\d+)$", public)
+            if bumped is None:
+                return None
+            guessed = f"{bumped[1]}{int(bumped[2]) + 1}"
+        main = f"{guessed}.dev{distance}"
+    elif version_scheme == "post-release":
+        main = f"{public}.post{distance}"
+    elif version_scheme == "no-guess-dev":
+        if ".dev" in public or "post" in public:
+            return None
+        main = f"{public}.post1.dev{distance}"
+    else:
+        return None
+    if local_scheme in ("node-and-date", "node-and-timestamp"):
+        local = "" if distance == 0 else f"+g{commit[:SCM_NODE_DIGITS]}"
+    elif local_scheme in ("no-local-version", "dirty-tag"):
+        local = ""
+    else:
+        return None
+    try:
+        return str(Version(main + local))
+    except InvalidVersion:  # `0.5.10.post1` with post-release: not a version
+        return None
+
+
+def highest(tags: dict[str, Version]) -> str | None:
+    """The tag naming the highest version (PEP 440 order), or None."""
+    return max(tags, key=lambda t: tags[t], default=None)
