@@ -147,3 +147,22 @@ def test_flashinfer_main_reads_version_txt_and_a_dev_build_is_not_its_release(tm
     )
     assert from_release.pinned("flashinfer", FLASHINFER)
     assert not from_release.pinned("flashinfer", dev.version)
+
+
+def test_a_lock_pinned_on_the_release_tag_holds_after_the_apply(tmp_path, released):
+    """The fleet flow on a checkout: the lock names 0.5.23, and the tool's commits leave it so
+    (it refused "lock has 0.5.23, found 0.5.23+3.g..." on the second locked run)."""
+    root = sglang_checkout(tmp_path, released[0])
+    upstream_history(root)
+    git(root, "checkout", "-q", "-b", "deploy", f"v{SGLANG}")
+    fi = flashinfer_tree(tmp_path, released[1], "installed")
+    where = ["--sglang", str(root), "--flashinfer", str(fi), "--no-gpu-check"]
+    lock = tmp_path / "moe.lock"
+    code, _, err = cli("pin", "moe", *where[:4], "-o", str(lock))
+    assert code == 0, err
+    assert f'sglang = "{SGLANG}"' in lock.read_text()
+    for verb in ("apply", "ensure", "apply"):
+        code, _, err = cli(verb, "--locked", str(lock), *where)
+        assert code == 0, (verb, err)
+        assert targets.find("sglang", root).version == SGLANG
+    assert git(root, "rev-parse", "--abbrev-ref", "HEAD") == "sm120patch/moe"
