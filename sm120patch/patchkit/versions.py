@@ -15,15 +15,18 @@ Both return None for a string that is not a PEP 440 version.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from packaging.version import InvalidVersion, Version
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # packaging is imported where a version is compared: `status` never does
     from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
 
 
 def base_release(version: str) -> Version | None:
+    from packaging.version import InvalidVersion, Version
+
     try:
         parsed = Version(version)
     except InvalidVersion:
@@ -34,6 +37,8 @@ def base_release(version: str) -> Version | None:
 
 
 def own_release(version: str) -> Version | None:
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(Version(version).public)
     except InvalidVersion:
@@ -70,6 +75,8 @@ def tag_version(tag: str, regex: str = SCM_TAG_REGEX) -> Version | None:
     only group); None when the tag is no version."""
     import re
 
+    from packaging.version import InvalidVersion, Version
+
     try:
         match = re.match(regex, tag)
     except re.error:
@@ -100,6 +107,8 @@ def scm_version(
     only added for uncommitted changes, which a commit does not have.
     """
     import re
+
+    from packaging.version import InvalidVersion, Version
 
     public = str(tag).partition("+")[0]
     if distance == 0 or version_scheme == "only-version":
@@ -139,3 +148,67 @@ def scm_version(
 def highest(tags: dict[str, Version]) -> str | None:
     """The tag naming the highest version (PEP 440 order), or None."""
     return max(tags, key=lambda t: tags[t], default=None)
+
+
+# ---- what a tree's packaging files say ------------------------------------------------------
+def assigned_version(data: bytes | None) -> str | None:
+    """`__version__ = "x"` (or `version = "x"`, or both chained, as setuptools-scm and
+    FlashInfer's build write them) at the top of a version file, read with ast."""
+    import ast
+
+    try:
+        tree = ast.parse(data) if data is not None else None
+    except (SyntaxError, ValueError):
+        return None
+    for node in tree.body if tree else ():
+        value: ast.expr | None
+        if isinstance(node, ast.Assign):
+            value, assigned = node.value, node.targets
+        elif isinstance(node, ast.AnnAssign):
+            value, assigned = node.value, [node.target]
+        else:
+            continue
+        if not isinstance(value, ast.Constant) or not isinstance(value.value, str):
+            continue
+        if {t.id for t in assigned if isinstance(t, ast.Name)} & {"__version__", "version"}:
+            return value.value
+    return None
+
+
+@dataclass(frozen=True)
+class Packaging:
+    """Where a `pyproject.toml` says the version comes from: a static `[project] version`,
+    setuptools-scm (its table), or a module's `__version__` (the module's file, relative to
+    the pyproject's directory); `why` when none of them."""
+
+    static: str | None = None
+    scm: dict[str, Any] | None = None
+    module_file: str | None = None
+    why: str = ""
+
+
+def read_pyproject(text: bytes) -> Packaging:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    try:
+        doc = tomllib.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return Packaging(why="its pyproject.toml is not valid TOML")
+
+    def table(parent: dict[str, Any], key: str) -> dict[str, Any]:
+        found = parent.get(key)
+        return found if isinstance(found, dict) else {}
+
+    project, tool = table(doc, "project"), table(doc, "tool")
+    if isinstance(project.get("version"), str) and "version" not in project.get("dynamic", ()):
+        return Packaging(static=project["version"])
+    if "setuptools_scm" in tool:
+        return Packaging(scm=table(tool, "setuptools_scm"))
+    attr = table(table(table(tool, "setuptools"), "dynamic"), "version").get("attr")
+    module, _, name = str(attr or "").rpartition(".")
+    if module and name in ("__version__", "version"):
+        return Packaging(module_file=module.replace(".", "/") + ".py")
+    return Packaging(why="its pyproject.toml names no version sm120patch can read")

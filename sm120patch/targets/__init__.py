@@ -13,7 +13,7 @@ every git command that writes stay in git.py.
 
 from __future__ import annotations
 
-import ast
+import functools
 import importlib.util
 import os
 import subprocess
@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from sm120patch.errors import Refused, UsageError
+from sm120patch.patchkit import versions
 from sm120patch.patchkit.kinds import TARGETS, Kind
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ def _installed_version(kind: str, package_dir: Path) -> tuple[str, str]:
         if version:
             return version, f"{infos[0].name}/METADATA"
     for file in dict.fromkeys(("version.py", "_version.py", *_RECORDS[kind])):
-        version = _assigned_version(_read_file(package_dir / file))
+        version = versions.assigned_version(_read_file(package_dir / file))
         if version:
             return version, f"{kind}/{file}"
     return UNKNOWN, f"no dist-info, version.py or _version.py; {state_hint(kind)}"
@@ -259,30 +260,6 @@ def _read_file(path: Path) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
-
-
-def _assigned_version(data: bytes | None) -> str | None:
-    """`__version__ = "x"` (or `version = "x"`, or both chained, as setuptools-scm and
-    FlashInfer's build write them) at the top of a version file, read with ast."""
-    if data is None:
-        return None
-    try:
-        tree = ast.parse(data)
-    except (SyntaxError, ValueError):
-        return None
-    for node in tree.body:
-        value: ast.expr | None
-        if isinstance(node, ast.Assign):
-            value, assigned = node.value, node.targets
-        elif isinstance(node, ast.AnnAssign):
-            value, assigned = node.value, [node.target]
-        else:
-            continue
-        if not isinstance(value, ast.Constant) or not isinstance(value.value, str):
-            continue
-        if {t.id for t in assigned if isinstance(t, ast.Name)} & {"__version__", "version"}:
-            return value.value
-    return None
 
 
 # ---- is it a checkout, and whose --------------------------------------------------------------
@@ -316,6 +293,28 @@ def work_tree_of(path: Path) -> Path | None:
         if os.path.lexists(directory / ".git"):
             return directory
     return None
+
+
+def git_dir_of(root: Path) -> Path:
+    """The git directory of a work tree: `.git`, or where a `.git` file points (worktrees)."""
+    dot = root / ".git"
+    if dot.is_file():
+        text = dot.read_text(encoding="utf-8", errors="replace").strip()
+        if text.startswith("gitdir:"):
+            target = Path(text.split(":", 1)[1].strip())
+            return target if target.is_absolute() else (root / target).resolve()
+    return dot
+
+
+def head_branch(root: Path) -> str | None:
+    """The branch checked out in the work tree at `root` (None: detached or unreadable), read
+    from its HEAD file without running git: `status` stays a process without git."""
+    try:
+        text = (git_dir_of(root) / "HEAD").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    prefix = "ref: refs/heads/"
+    return text[len(prefix) :] if text.startswith(prefix) else None
 
 
 def _owner(path: Path) -> int | None:
@@ -406,18 +405,21 @@ def is_tracked(root: Path, path: Path) -> bool:
 
 # ---- a checkout's version ---------------------------------------------------------------------
 PATCH_TRAILER = "Sm120patch-Patch:"  # every commit sm120patch makes carries it
+PATCH_BRANCH_PREFIX = "sm120patch/"  # the branches sm120patch commits on
 # The files an editable install writes into the package and git does not track: setuptools-
 # scm's `version_file` (SGLang), FlashInfer's build metadata.
 _RECORDS = {"sglang": ("_version.py",), "flashinfer": ("_build_meta.py", "_version.py")}
 
 
 def patch_base(root: Path) -> str | None:
-    """The commit a checkout's version is read at: HEAD, or, on sm120patch's patch branch,
-    the first commit below it that is not sm120patch's own (so an apply never changes it)."""
+    """The commit a checkout's version is read at: HEAD, or, on sm120patch's patch branch
+    (or a detached HEAD), the first commit below it that is not sm120patch's own (so an apply
+    never changes it). `HEAD` itself where the branch is another (no git command for it)."""
+    branch = head_branch(root)
+    if branch is not None and not branch.startswith(PATCH_BRANCH_PREFIX):
+        return "HEAD"
     out = _git_out(root, "log", "--first-parent", "-n", "256", "--format=%H%x00%B%x01", "HEAD")
-    if not out:
-        return None
-    for entry in out.split("\x01"):
+    for entry in (out or "").split("\x01"):
         sha, _, body = entry.strip().partition("\x00")
         if sha and PATCH_TRAILER not in body:
             return sha
@@ -427,13 +429,54 @@ def patch_base(root: Path) -> str | None:
 class _AtCommit:
     """A checkout's files and tags as they are at one commit, read through git."""
 
-    def __init__(self, root: Path, commit: str) -> None:
-        self.root, self.commit = root, commit
+    def __init__(self, root: Path, rev: str) -> None:
+        self.root, self.rev = root, rev
         self._tags: dict[str, str] | None = None
+        self._files: dict[str, bytes | None] = {}
+        self._exists: bool | None = None
+
+    @functools.cached_property
+    def commit(self) -> str:
+        """The commit's id (`rev` may be `HEAD`)."""
+        return _git_out(self.root, "rev-parse", "--verify", f"{self.rev}^{{commit}}") or self.rev
+
+    def prefetch(self, rels: list[PurePosixPath]) -> None:
+        """Read these files at the commit with one git command (`cat-file --batch`): a
+        checkout's version is looked for in a few files, and `status` runs this every time.
+        The first call also learns whether the commit exists (`exists`: no commit yet)."""
+        wanted = [r.as_posix() for r in rels if r.as_posix() not in self._files]
+        asked = [f"{self.rev}:{r}" for r in wanted]
+        if self._exists is None:
+            asked.insert(0, self.rev)
+        if not asked:
+            return
+        proc = subprocess.run(
+            ["git", *SAFE_CONFIG, "-C", str(self.root), "cat-file", "--batch"],
+            input="".join(f"{name}\n" for name in asked).encode(),
+            capture_output=True,
+            check=False,
+        )
+        out, at, found = proc.stdout, 0, []
+        for _ in asked:
+            end = out.find(b"\n", at)
+            header = out[at:end].split() if end >= 0 else []
+            size = int(header[2]) if len(header) == 3 and header[2].isdigit() else None
+            found.append(out[end + 1 : end + 1 + size] if size is not None else None)
+            kind = header[1] if size is not None else b""
+            found[-1] = found[-1] if kind in (b"blob", b"commit") else None
+            at = (end + 1 + size + 1) if size is not None else (end + 1 if end >= 0 else len(out))
+        if self._exists is None:
+            self._exists = found.pop(0) is not None
+        self._files.update(zip(wanted, found, strict=True))
+
+    @property
+    def exists(self) -> bool:
+        self.prefetch([])
+        return bool(self._exists)
 
     def read(self, rel: PurePosixPath) -> bytes | None:
-        proc = _run_git(self.root, "show", f"{self.commit}:{rel.as_posix()}")
-        return proc.stdout if proc.returncode == 0 else None
+        self.prefetch([rel])
+        return self._files[rel.as_posix()]
 
     def tags(self) -> dict[str, str]:
         """Every tag of the repository: name -> the commit it points at."""
@@ -476,12 +519,14 @@ def _checkout_version(kind: str, package_dir: Path, root: Path) -> tuple[str, st
     before a first commit).
     """
     base = patch_base(root)
-    if base is None:  # no commit yet: its files are all there is (apply refuses it anyway)
-        return _installed_version(kind, package_dir)
-    at = _AtCommit(root, base)
+    at = _AtCommit(root, base or "HEAD")
     project = PurePosixPath(package_dir.parent.relative_to(root).as_posix())
     package = project / package_dir.name
-    short = base[:9]
+    at.prefetch([project / "version.txt", project / "pyproject.toml", package / "version.py",
+                 package / "_version.py"])  # fmt: skip
+    if base is None or not at.exists:  # no commit yet: the files are all there is
+        return _installed_version(kind, package_dir)
+    short = "HEAD" if base == "HEAD" else base[:9]
     record, record_file = _record(kind, package_dir)
     if kind == "flashinfer":
         text = at.read(project / "version.txt")
@@ -497,7 +542,7 @@ def _checkout_version(kind: str, package_dir: Path, root: Path) -> tuple[str, st
         if version:
             return version, f"{(project / 'pyproject.toml').as_posix()} at {short}: {why}"
     for file in ("version.py", "_version.py"):
-        version = _assigned_version(at.read(package / file))
+        version = versions.assigned_version(at.read(package / file))
         if version:
             return version, f"{(package / file).as_posix()} at {short}"
     if record:
@@ -508,7 +553,7 @@ def _checkout_version(kind: str, package_dir: Path, root: Path) -> tuple[str, st
 def _record(kind: str, package_dir: Path) -> tuple[str | None, str]:
     """The version an editable install wrote into the package (untracked), and its file."""
     for file in _RECORDS[kind]:
-        version = _assigned_version(_read_file(package_dir / file))
+        version = versions.assigned_version(_read_file(package_dir / file))
         if version and version not in _FALLBACKS:
             return version, file
     return None, ""
@@ -523,56 +568,29 @@ def _pyproject_version(
 ) -> tuple[str | None, str]:
     """The version a `pyproject.toml` gives the commit, and how; (None, why) when it gives none
     that can be trusted."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:
-        import tomli as tomllib
-
-    try:
-        doc = tomllib.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None, "its pyproject.toml is not valid TOML"
-    proj = doc.get("project") if isinstance(doc.get("project"), dict) else {}
-    if isinstance(proj.get("version"), str) and "version" not in proj.get("dynamic", ()):
-        return proj["version"], "[project] version"
-    tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
-    scm = tool.get("setuptools_scm")
-    if isinstance(scm, dict):
-        return scm_checkout_version(at, project, scm)
-    dynamic = tool.get("setuptools", {}).get("dynamic", {}).get("version", {})
-    attr = dynamic.get("attr") if isinstance(dynamic, dict) else None
-    if isinstance(attr, str) and "." in attr:
-        module, _, name = attr.rpartition(".")
-        if name in ("__version__", "version"):
-            rel = project / (module.replace(".", "/") + ".py")
-            version = _assigned_version(at.read(rel))
-            if version:
-                return version, f"[tool.setuptools.dynamic] version from {rel.as_posix()}"
-    return None, "its pyproject.toml names no version sm120patch can read"
+    said = versions.read_pyproject(text)
+    if said.static:
+        return said.static, "[project] version"
+    if said.scm is not None:
+        return scm_checkout_version(at, project, said.scm)
+    rel = (project / said.module_file).as_posix() if said.module_file else ""
+    version = versions.assigned_version(at.read(PurePosixPath(rel))) if rel else None
+    if version:
+        return version, f"[tool.setuptools.dynamic] version from {rel}"
+    return None, said.why or f"{rel} has no version"
 
 
 def scm_checkout_version(
     at: _AtCommit, project: PurePosixPath, scm: dict[str, Any]
 ) -> tuple[str | None, str]:
     """What `pip install -e` records for the commit under this `[tool.setuptools_scm]`, as a
-    clean commit (uncommitted changes are not a version); (None, why) where that would not be
-    the tree's version.
-
-    Which tag it counts from, by the configuration's `git_describe_command`:
-    - none: setuptools-scm's own `git describe` (the nearest tag below the commit). When the
-      repository holds a higher release tag that is not below the commit (upstream keeps
-      release tags on release branches), that nearest tag may be an old release still reachable
-      from main, so the version is `unknown` unless the commit is itself tagged.
-    - SGLang's `python/tools/get_version_tag.py`: the commit's own `v*` tag, else the highest
-      `v*.*.*` tag of the repository (PEP 440 order), counting commits from its merge base; so
-      main past a release on its branch is a dev build of the next release, never an older one.
-      (Its `--tag-only` form, in SGLang's setup around 0.5.10, named the highest tag for every
-      commit; sm120patch counts the commits past it as the later form does.)
-    - anything else runs a program of the checkout's, which sm120patch does not run: `unknown`.
-    No tag at all (a shallow clone) is `unknown` too, never the `fallback_version`.
+    clean commit; (None, why) where that would not be the tree's version. The tag counted from
+    depends on `git_describe_command` (docs/operator.md, "A checkout's version"): none is
+    setuptools-scm's `git describe` (`_nearest_tag`, and its rule against an old release still
+    reachable from main); SGLang's `python/tools/get_version_tag.py` is read, not run
+    (`_sglang_tag`; its `--tag-only` form around 0.5.10 counted as the later form does); any
+    other would run a program of the checkout's. No tag is `unknown`, never `fallback_version`.
     """
-    from sm120patch.patchkit import versions
-
     setting = scm.get("root", ".")
     root_at = os.path.normpath((project / str(setting)).as_posix())
     if root_at != ".":
@@ -611,8 +629,6 @@ def _nearest_tag(at: _AtCommit, named: dict[str, Version]) -> tuple[str, int] | 
     below the commit), with the rule against an old release still reachable from main."""
     import re
 
-    from sm120patch.patchkit import versions
-
     out = _git_out(
         at.root, "describe", "--tags", "--long", "--abbrev=40", "--match", "*[0-9]*", at.commit
     )
@@ -639,8 +655,6 @@ def _nearest_tag(at: _AtCommit, named: dict[str, Version]) -> tuple[str, int] | 
 def _sglang_tag(at: _AtCommit, named: dict[str, Version]) -> tuple[str, int] | str:
     """SGLang's rule (`python/tools/get_version_tag.py`), read rather than run."""
     from fnmatch import fnmatchcase
-
-    from sm120patch.patchkit import versions
 
     exact = versions.highest({t: v for t, v in _tags_at(at, named).items() if t.startswith("v")})
     if exact:

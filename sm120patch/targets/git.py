@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from sm120patch.errors import Refused
 from sm120patch.targets import PATCH_TRAILER, SAFE_CONFIG, procscan
+from sm120patch.targets import git_dir_of as git_dir_of  # read without git: with finding
+from sm120patch.targets import head_branch as head_branch
 
 if TYPE_CHECKING:
     import git
@@ -35,28 +37,6 @@ FALLBACK_EMAIL = "sm120patch@localhost"
 # How long `recover` waits for a git command still running in the repository (a child of the
 # killed run, which outlives it in its own session) before it refuses.
 SETTLE_WAIT_S = 10.0
-
-
-def git_dir_of(root: Path) -> Path:
-    """The git directory of a work tree: `.git`, or where a `.git` file points (worktrees)."""
-    dot = root / ".git"
-    if dot.is_file():
-        text = dot.read_text(encoding="utf-8", errors="replace").strip()
-        if text.startswith("gitdir:"):
-            target = Path(text.split(":", 1)[1].strip())
-            return target if target.is_absolute() else (root / target).resolve()
-    return dot
-
-
-def head_branch(root: Path) -> str | None:
-    """The branch checked out in the work tree at `root` (None: detached or unreadable), read
-    from its HEAD file without running git: `status` stays a process without git."""
-    try:
-        text = (git_dir_of(root) / "HEAD").read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    prefix = "ref: refs/heads/"
-    return text[len(prefix) :] if text.startswith(prefix) else None
 
 
 def _common_dir(root: Path) -> Path:
