@@ -158,6 +158,24 @@ def test_a_clone_without_tags_reads_the_editable_record_else_unknown(tmp_path):
         "0.5.23", "sglang/_version.py, written by its editable install")  # fmt: skip
 
 
+def test_the_tag_only_form_counts_the_commits_past_the_tag(tmp_path):
+    """SGLang's setup around 0.5.10 ran the script with --tag-only, which names the highest
+    tag for every commit: main would read as that release; it is counted as the later form."""
+    root = sglang_repo(tmp_path, SCM_SGLANG.replace('.py"]', '.py", "--tag-only"]'))
+    shas = upstream_shape(root)
+    assert version_of(root).version == f"0.5.24.dev2+g{shas['main'][:9]}"
+
+
+def test_a_version_attribute_named_by_setuptools(tmp_path):
+    root = sglang_repo(tmp_path, '[project]\nname = "sglang"\ndynamic = ["version"]\n'
+                       '[tool.setuptools.dynamic]\nversion = {attr = "sglang.version.__version__"}\n')
+    (root / "python" / "sglang" / "version.py").write_text('__version__ = "0.4.6.post5"\n')
+    commit(root, "version")
+    found = version_of(root)
+    assert found.version == "0.4.6.post5"
+    assert "[tool.setuptools.dynamic] version from python/sglang/version.py" in found.version_source
+
+
 def test_a_static_project_version_and_an_unknown_describe_command(tmp_path):
     root = sglang_repo(tmp_path, '[project]\nname = "sglang"\nversion = "0.5.1.post3"\n')
     assert version_of(root).version == "0.5.1.post3"
