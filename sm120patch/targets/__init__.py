@@ -412,18 +412,18 @@ _RECORDS = {"sglang": ("_version.py",), "flashinfer": ("_build_meta.py", "_versi
 
 
 def patch_base(root: Path) -> str | None:
-    """The commit a checkout's version is read at: HEAD, or, on sm120patch's patch branch
-    (or a detached HEAD), the first commit below it that is not sm120patch's own (so an apply
-    never changes it). `HEAD` itself where the branch is another (no git command for it)."""
+    """The commit a checkout's version is read at: HEAD, or, on sm120patch's patch branch (or
+    a detached HEAD), the commit below sm120patch's own commits (commits of the user's on top of
+    them are drift, which `status` reports, not another release). `HEAD` where the branch is
+    another (no git command for it)."""
     branch = head_branch(root)
     if branch is not None and not branch.startswith(PATCH_BRANCH_PREFIX):
         return "HEAD"
     out = _git_out(root, "log", "--first-parent", "-n", "256", "--format=%H%x00%B%x01", "HEAD")
-    for entry in (out or "").split("\x01"):
-        sha, _, body = entry.strip().partition("\x00")
-        if sha and PATCH_TRAILER not in body:
-            return sha
-    return None
+    chain = [e.strip().partition("\x00") for e in (out or "").split("\x01") if e.strip()]
+    ours = [i for i, (_, _, body) in enumerate(chain) if PATCH_TRAILER in body]
+    below = ours[-1] + 1 if ours else 0
+    return chain[below][0] if below < len(chain) else None
 
 
 class _AtCommit:

@@ -116,7 +116,13 @@ def test_the_release_tag_then_an_apply_leaves_the_version_unchanged(tmp_path, re
     assert targets.find("sglang", root).version == SGLANG  # ... and do not count
     code, out, err = cli("status", *where, "--json")
     assert f'"version": "{SGLANG}"' in out, err
-    code, _, err = cli("revert", "--all", *where)
+    # a commit of the user's on top: drift on the same release, not another release
+    (root / "NOTES").write_text("mine\n")
+    commit_all(root, "a note of mine")
+    assert targets.find("sglang", root).version == SGLANG
+    code, out, err = cli("status", *where, "--json")
+    assert '"state": "drifted"' in out and '"state": "replaced"' not in out, out
+    code, _, err = cli("revert", "--all", *where, "--force")
     assert code == 0, err
 
 
