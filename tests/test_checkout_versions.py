@@ -281,6 +281,11 @@ def test_an_unknown_version_refuses_with_the_flag_that_states_it(tmp_path, capsy
         main(["apply", "moe", *where, "--sglang-version", "0.1.0", "--dry-run", "--no-gpu-check"])
     assert exc.value.code == 1
     assert "SGLang 0.1.0 is outside the pins of profile moe" in capsys.readouterr().err
+    for command in ("status", "doctor"):  # each says why, and how to state it, in one line
+        with pytest.raises(SystemExit):
+            main([command, *where])
+        assert ("  version unknown: no version file in the tree; state it with --sglang-version "
+                "VERSION") in capsys.readouterr().out.splitlines()  # fmt: skip
     with pytest.raises(SystemExit) as exc:
         main(["status", *where, "--sglang-version", "0.5.x"])
     assert exc.value.code == 2
