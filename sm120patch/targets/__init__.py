@@ -181,9 +181,8 @@ def state_versions(stated: Mapping[str, str | None]) -> None:
     every target of those kinds found in this process; called once per command (`app.Session`),
     also with none, since one process may run several commands. UsageError for one that is not
     a PEP 440 version."""
-    checked = {k: _checked(k, v) for k, v in stated.items() if v}
-    _stated.clear()
-    _stated.update(checked)
+    _stated.clear()  # first: a refused statement leaves none of an earlier command's
+    _stated.update({k: _checked(k, v) for k, v in stated.items() if v})
 
 
 def state_hint(kind: str) -> str:
