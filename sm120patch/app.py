@@ -55,12 +55,15 @@ class Session:
     sglang: str | None = None
     flashinfer: str | None = None
     packs: tuple[str, ...] = ()
+    stated: dict[str, str] = field(default_factory=dict)  # --sglang-version, --flashinfer-version
     _gpus: GpuInventory | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        from sm120patch import targets
         from sm120patch.plan import packdirs
 
         packdirs.use_packs(self.packs)  # also when empty: one process may run several commands
+        targets.state_versions(self.stated)  # the same
 
     @property
     def paths(self) -> dict[str, str | None]:

@@ -21,6 +21,11 @@ from sm120patch.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+def _stated(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:  # --sglang-version / --flashinfer-version, for `session` (checked there)
+        ctx.meta.setdefault("sm120patch.stated", {})[str(param.name)[: -len("_version")]] = value
+
+
 target_options = [
     click.option(
         "--sglang",
@@ -38,6 +43,9 @@ target_options = [
         help="FlashInfer checkout root, package parent or site-packages "
         "(default: the one installed in this Python).",
     ),
+    *(click.option(f"--{k}-version", metavar="VERSION", expose_value=False, callback=_stated,
+                   help=f"The {n} release this tree is, where its packaging does not say.")
+      for k, n in (("sglang", "SGLang"), ("flashinfer", "FlashInfer"))),  # fmt: skip
 ]
 
 
@@ -135,7 +143,7 @@ def session(sglang: str | None = None, flashinfer: str | None = None) -> app.Ses
     """The command's session: its targets and the group's --patches."""
     root = click.get_current_context().find_root()
     root.meta[render.PATHS_META] = {"sglang": sglang, "flashinfer": flashinfer}  # hints use it
-    return app.Session(sglang, flashinfer, root.obj or ())
+    return app.Session(sglang, flashinfer, root.obj or (), root.meta.get("sm120patch.stated", {}))
 
 
 def colour_wanted() -> bool:

@@ -326,6 +326,8 @@ def status(found: list[TargetStatus]) -> Text:
     for s in found:
         t = s.target
         text.out.append(f"{t.name} {t.version} ({t.layout}) at {t.root}: {s.state}")
+        if t.version == "unknown":  # targets.UNKNOWN: why, and how to state it
+            text.out.append(f"  version unknown: {t.version_source}")
         if s.state != "pristine":
             text.out.append(f"  {s.assessment.message}")
         text.out += ["  " + line for line in trial_lines(s.trials)]
@@ -433,6 +435,8 @@ def doctor(found: Examination) -> Text:
             text.out.append(f"  {g.describe()} ({mark})")
     for t in found.targets:
         text.out.append(f"{t['kind']}: {t['version']} ({t['layout']}) at {t['root']}")
+        if t["version"] == "unknown":
+            text.out.append(f"  version unknown: {t['version_source']}")
     text.out += found.missing
     for p in found.profiles:
         pins = {True: "inside its pins", False: "OUTSIDE its pins", None: "not checked"}

@@ -7,6 +7,7 @@ or FlashInfer. docs/ARCHITECTURE.md describes the wings and their order."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sm120patch"
@@ -102,14 +103,17 @@ def wing_of(module: str) -> int:
 
 
 def graph() -> dict[str, set[str]]:
+    """Each module's imports, plus its package: Python runs a package's `__init__.py` before
+    any module of it, so an init importing a module of its own package is a circle too."""
     modules = _modules()
     for path in LIBRARY.glob("*.py"):
         stem = path.stem
         modules["sm120patch.patches" + ("" if stem == "__init__" else f".{stem}")] = path
     return {
-        name: {m for m in _imports(ast.parse(path.read_text()), modules) if m in modules} - {name}
+        name: ({m for m in _imports(ast.parse(path.read_text()), modules) if m in modules}
+               | {name.rpartition(".")[0]} & set(modules)) - {name}
         for name, path in modules.items()
-    }
+    }  # fmt: skip
 
 
 def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
@@ -143,6 +147,19 @@ def test_every_module_has_a_wing():
     for name in graph():
         assert wing_of(name) >= 0, name
         assert name == "sm120patch" or wing_of(name) > 0, f"{name} belongs to no wing"
+
+
+def test_a_package_init_importing_its_own_module_is_a_circle(tmp_path, monkeypatch):
+    """The circle the import statements alone do not show: `pkg/__init__.py` importing
+    `pkg.mod`, which Python can only import after running `pkg/__init__.py`."""
+    pkg = tmp_path / "sm120patch" / "targets"
+    pkg.mkdir(parents=True)
+    (tmp_path / "sm120patch" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from sm120patch.targets import git\n")
+    (pkg / "git.py").write_text("import os\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "sm120patch")
+    monkeypatch.setattr(sys.modules[__name__], "LIBRARY", tmp_path / "none")
+    assert cycles(graph()) == [["sm120patch.targets", "sm120patch.targets.git"]]
 
 
 def test_the_cycle_finder_finds_a_cycle():

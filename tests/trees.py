@@ -121,6 +121,21 @@ def gen_vllm_comm_module():
 
 DIST = {"sglang": "sglang", "flashinfer": "flashinfer_python"}
 
+# SGLang's python/pyproject.toml since 0.5.10, the part that gives a checkout its version:
+# setuptools-scm, counting from the tag its python/tools/get_version_tag.py names, its record
+# written to sglang/_version.py (which git ignores).
+SGLANG_SCM_PYPROJECT = """\
+[project]
+name = "sglang"
+dynamic = ["version"]
+
+[tool.setuptools_scm]
+root = ".."
+version_file = "sglang/_version.py"
+git_describe_command = ["python3", "python/tools/get_version_tag.py"]
+fallback_version = "0.0.0.dev0"
+"""
+
 
 def git(root: Path, *args: str) -> str:
     return subprocess.run(
@@ -144,12 +159,24 @@ def make_tree(base: Path, kind: str, version: str, layout: str) -> Path:
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {kind}\nVersion: {version}\n")
     else:
         (parent / kind / "version.py").write_text(f'__version__ = "{version}"\n')
-        git(root, "init", "-q", "-b", "main")
-        git(root, "config", "user.name", "Test User")
-        git(root, "config", "user.email", "test@example.com")
-        git(root, "add", "-A")
-        git(root, "commit", "-q", "-m", "base")
+        commit_all(init_repo(root), "base")
     return root
+
+
+def init_repo(root: Path) -> Path:
+    """A new repository at `root` (branch main) with a committer of its own."""
+    root.mkdir(parents=True, exist_ok=True)
+    git(root, "init", "-q", "-b", "main")
+    git(root, "config", "user.name", "Test User")
+    git(root, "config", "user.email", "test@example.com")
+    return root
+
+
+def commit_all(root: Path, message: str) -> str:
+    """Commit everything in the work tree; the new commit's id."""
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "--allow-empty", "-m", message)
+    return git(root, "rev-parse", "HEAD").strip()
 
 
 def tree_hash(root: Path) -> str:

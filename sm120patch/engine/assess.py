@@ -99,8 +99,7 @@ def version_changed(target: Target, manifest: Manifest) -> bool:
     """Whether the release on disk is another one than the manifest's.
 
     An installed package compares its whole version string (a `+cu128` build is another
-    build). A checkout compares the public version: the commits an apply makes change what
-    `git describe` says (`0.5.8` -> `0.5.8+1.gabc`) without changing the release.
+    build). A checkout compares the public version (its local part names a commit).
     """
     return other_release(target, manifest.version)
 

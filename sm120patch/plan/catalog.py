@@ -227,6 +227,12 @@ def pin_problems(
             continue
         spec = profile.pins[kind]
         label, source = (labels or {}).get(kind, (kind, ""))
+        if version == "unknown":  # targets.UNKNOWN: the source says why and how to state it
+            problems.append(
+                f"{label} version unknown ({source}): profile {profile.name} is pinned to "
+                + range_text(spec)
+            )
+            continue
         if base_release(version) is None:
             problems.append(
                 f"{label} version '{version}'" + (f" (from {source})" if source else "")

@@ -76,8 +76,11 @@ def require_pins(
     refused = refusal_lines(profile, found, paths)
     if force or not (outside or refused):
         return outside + refused
+    unknown = [t.kind for t in found if t.version == targets.UNKNOWN]
     hint = (
-        f"use a pinned release, or --force to {verb} anyway"
+        f"state the version (--{unknown[0]}-version VERSION), or --force to {verb} anyway"
+        if unknown
+        else f"use a pinned release, or --force to {verb} anyway"
         if outside
         else f"use a release it does not refuse (its reason says which), or --force to {verb} "
         "anyway"

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sm120patch.errors import Refused, UsageError
+from sm120patch.targets import user_name
 
 TMP_SUFFIX = ".sm120patch-tmp"
 
@@ -171,18 +172,7 @@ def inside(root: Path, rel: str) -> Path:
 
 
 # ---- who may write a path -------------------------------------------------------------------
-def _who(uid: int) -> str:
-    try:
-        import pwd
-
-        return pwd.getpwuid(uid).pw_name
-    except (KeyError, ImportError):
-        return f"uid {uid}"
-
-
-def owner_name(uid: int) -> str:
-    """A user's name for a message (`alice`, or `uid 1234` when it has none)."""
-    return _who(uid)
+_who = owner_name = user_name  # a user's name for a message (`alice`, or `uid 1234`)
 
 
 def lax_entry(path: Path, st: os.stat_result, uids: tuple[int, ...]) -> str | None:

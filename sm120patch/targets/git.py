@@ -6,7 +6,8 @@ post-checkout nor reference-transaction hook), without fsmonitor, signing or aut
 (`SAFE_CONFIG`): a checkout's hooks and configuration are code of its owner's, which must not
 run in sm120patch's process (often root's), reformat the files just verified, or block an
 unattended run on a prompt. A checkout owned by another user than the one running sm120patch
-is refused (`check_owner`) before any git command runs in it.
+is refused (`targets.check_owner`) before any git command runs in it; the read-only git that
+finding a target needs (is it tracked, its version) runs from `targets/__init__.py`.
 
 Every git child runs in a session of its own (`start_new_session`): a Ctrl-C in the terminal,
 or a closed terminal, signals the terminal's foreground process group, and a git killed
@@ -17,7 +18,6 @@ defers those signals itself (`interrupts.py`) and lets each git command finish.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch.errors import Refused
-from sm120patch.targets import procscan
+from sm120patch.targets import PATCH_TRAILER, SAFE_CONFIG, procscan
+from sm120patch.targets import git_dir_of as git_dir_of  # read without git: with finding
+from sm120patch.targets import head_branch as head_branch
 
 if TYPE_CHECKING:
     import git
@@ -35,67 +37,6 @@ FALLBACK_EMAIL = "sm120patch@localhost"
 # How long `recover` waits for a git command still running in the repository (a child of the
 # killed run, which outlives it in its own session) before it refuses.
 SETTLE_WAIT_S = 10.0
-# `-c` options given to every git command sm120patch runs (they override every config file).
-SAFE_CONFIG = (
-    "-c", "core.hooksPath=/dev/null",
-    "-c", "core.fsmonitor=false",
-    "-c", "commit.gpgSign=false",
-    "-c", "tag.gpgSign=false",
-    "-c", "gc.auto=0",
-    "-c", "maintenance.auto=false",
-)  # fmt: skip
-
-
-def check_owner(root: Path) -> None:
-    """Refuse a checkout owned by another user than the effective one: its hooks, filters
-    and configuration would run as this user (root, under sudo). git's own `safe.directory`
-    check lets root through under sudo; sm120patch does not."""
-    uid = os.geteuid()
-    for path in (root, root / ".git"):
-        try:
-            owner = os.stat(path).st_uid
-        except OSError:
-            continue
-        if owner != uid:
-            from sm120patch.targets.files import owner_name
-
-            raise Refused(
-                f"{root} is a git checkout owned by another user ({owner_name(owner)}), not "
-                f"by {owner_name(uid)}, who runs sm120patch: its hooks and configuration are "
-                "its owner's code, which sm120patch does not run",
-                f"run sm120patch as {owner_name(owner)} (`sudo -u {owner_name(owner)} "
-                "sm120patch ...`)",
-            )
-
-
-def work_tree_of(path: Path) -> Path | None:
-    """The root of the git work tree holding `path`, or None (found without running git)."""
-    for directory in (path, *path.parents):
-        if (directory / ".git").exists():
-            return directory
-    return None
-
-
-def git_dir_of(root: Path) -> Path:
-    """The git directory of a work tree: `.git`, or where a `.git` file points (worktrees)."""
-    dot = root / ".git"
-    if dot.is_file():
-        text = dot.read_text(encoding="utf-8", errors="replace").strip()
-        if text.startswith("gitdir:"):
-            target = Path(text.split(":", 1)[1].strip())
-            return target if target.is_absolute() else (root / target).resolve()
-    return dot
-
-
-def head_branch(root: Path) -> str | None:
-    """The branch checked out in the work tree at `root` (None: detached or unreadable), read
-    from its HEAD file without running git: `status` stays a process without git."""
-    try:
-        text = (git_dir_of(root) / "HEAD").read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    prefix = "ref: refs/heads/"
-    return text[len(prefix) :] if text.startswith(prefix) else None
 
 
 def _common_dir(root: Path) -> Path:
@@ -138,76 +79,6 @@ def branch_sha_light(root: Path, name: str) -> str | None:
         if ref == f"refs/heads/{name}":
             return sha
     return None
-
-
-def describe_version(root: Path) -> str | None:
-    try:
-        described = _own_session_repo()(root).git.describe("--tags", "--match", "v*")
-    except Exception:  # no tags, no git binary, odd repository: the caller reports "unknown"
-        return None
-    return version_from_describe(described)
-
-
-_DESCRIBE = re.compile(
-    r"^v?(?P<tag>\d+(?:\.\d+)*(?:\.post\d+)?)(?:-(?P<n>\d+)-g(?P<sha>[0-9a-f]+))?$"
-)
-
-
-def version_from_describe(described: str) -> str | None:
-    """`v0.5.9` -> 0.5.9; `v0.5.9-12-gabc123` -> 0.5.9+12.gabc123 (a local version of 0.5.9)."""
-    match = _DESCRIBE.match(described.strip())
-    if not match:
-        return None
-    if match["n"]:
-        return f"{match['tag']}+{match['n']}.g{match['sha']}"
-    return match["tag"]
-
-
-def is_tracked(root: Path, path: Path) -> bool:
-    """Whether git tracks `path`; refuses a repository git itself will not work in, rather
-    than silently treating the checkout as an installed package.
-
-    Runs git directly instead of through GitPython: this is the only git call `status` makes,
-    and importing GitPython would double that command's start-up time.
-    """
-    import subprocess
-
-    rel = str(path.relative_to(root))
-    try:
-        proc = subprocess.run(
-            [
-                "git",
-                *SAFE_CONFIG,
-                "--literal-pathspecs",
-                "-C",
-                str(root),
-                "ls-files",
-                "--error-unmatch",
-                "--",
-                rel,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    except OSError as exc:
-        raise Refused(
-            f"cannot run git for {root} ({exc.strerror})",
-            "install git, or point sm120patch at an installed package",
-        ) from None
-    if proc.returncode == 0:
-        return True
-    if "dubious ownership" in proc.stderr:
-        raise Refused(
-            f"git refuses to work in {root}: it is owned by another user",
-            "run sm120patch as the checkout's owner",
-        )
-    if "not a git repository" in proc.stderr:
-        raise Refused(
-            f"{root}/.git is not a usable git repository",
-            "repair or remove it, then run sm120patch again",
-        )
-    return False
 
 
 def _git_problem(exc: Exception) -> str:
@@ -472,7 +343,7 @@ class Repo:
         with self._failing("log"):
             out = self.repo.git.log("--format=%H%x00%B%x01", branch, *others, "--")
         commits = [c for c in out.split("\x01") if c.strip()]
-        return all("Sm120patch-Patch:" in c for c in commits)
+        return all(PATCH_TRAILER in c for c in commits)
 
     def worktree_of(self, branch: str) -> Path | None:
         """Another worktree that has `branch` checked out (git refuses to delete it then)."""

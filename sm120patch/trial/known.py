@@ -217,8 +217,8 @@ def _in(spec: str, value: str | int) -> bool:
 
 
 def _release_in(spec: str, version: str) -> bool:
-    """Whether `version`, as its release (0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as
-    the pins do), is inside `spec`."""
+    """Whether `version`, as its release (0.5.9.post1 and 0.5.9+gabc count as 0.5.9, a dev
+    build does not, as the pins do: `versions.base_release`), is inside `spec`."""
     try:
         return versions.contains(spec, versions.base_release(version))
     except InvalidSpecifier:
