@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 from sm120patch import __version__
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer, TargetRecord
+from sm120patch.engine.records import (
+    CheckedFile,
+    FileRecord,
+    Journal,
+    Manifest,
+    Op,
+    Peer,
+    TargetRecord,
+)
 from sm120patch.engine.reports import Action, Report, ReportedFile, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
@@ -35,10 +43,11 @@ from sm120patch.engine.run import (
     start_time,
 )
 from sm120patch.errors import Refused
+from sm120patch.patchkit.facts import Status
 from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target, procscan
-from sm120patch.targets.files import sha256
+from sm120patch.targets.files import file_sha256, sha256
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
@@ -57,6 +66,8 @@ class Prepared:
     stale: list[TargetRun] = field(default_factory=list)
     branches: dict[str, str | None] = field(default_factory=dict)
     nothing_to_do: bool = False
+    # targets already as wanted (the profile applied, or its record that it needs nothing)
+    wanted: list[TargetRun] = field(default_factory=list)
 
 
 def runs_for(
@@ -113,8 +124,11 @@ def _preflight(
             continue
         if found.state == assess.State.APPLIED and other == profile.name:
             applied.append((ctx, found))
+            prep.wanted.append(ctx)
             continue
-        if found.state.stale:
+        if found.state.stale or (found.manifest is not None and found.manifest.needs_nothing):
+            # Another profile's record that it needs nothing here holds no byte of it: it
+            # goes as a stale one does (that profile's other targets still refuse, below).
             prep.notes.append(f"{ctx.target.at}: {found.message}")
             prep.stale.append(ctx)
             continue
@@ -157,7 +171,10 @@ def _preflight(
             check_plan(plan)
     if not plan.applies:
         prep.nothing_to_do = True
-        prep.notes.append("every site is already SM120-ready; nothing was changed")
+        prep.notes.append(
+            f"profile {profile.name} is already applied; nothing was changed" if applied
+            else "every site is already SM120-ready; nothing was changed"
+        )
         return prep
     tplans = {tp.target.kind: tp for tp in plan.targets}
     for ctx in ctxs:
@@ -241,12 +258,13 @@ def apply(
                 # The new release needs nothing (upstream has it): the old record goes.
                 ctx.state.remove_manifest()
                 ctx.state.drop_copies()
+            notes = prep.notes + _record_needs_nothing(prep, lock)
             return Report(
                 Action.NOTHING_TO_DO,
                 profile.name,
                 [TargetReport(c.target, state=assess.State.APPLIED) for c in ctxs],
                 outcomes=prep.plan.outcomes if prep.plan else [],
-                notes=prep.notes,
+                notes=notes,
                 plan=prep.plan,
             )
         if preconditions is not None:
@@ -256,7 +274,75 @@ def apply(
         report.notes[:0] = [*prep.notes, *(
             [f"re-applied {profile.name}"] if prep.stale else []
         )]  # fmt: skip
+        # After the commit, outside the transaction: a kill before these records are written
+        # loses nothing, the next apply or ensure plans those targets again and writes them.
+        report.notes += _record_needs_nothing(prep, lock)
         return report
+
+
+_NOTHING_NEEDED = frozenset((Status.UPSTREAM, Status.NOT_APPLICABLE))
+
+
+def _record_needs_nothing(prep: Prepared, lock: Lock | None) -> list[str]:
+    """Record, on each target of the plan that the profile needs nothing from (every site
+    upstream or not applicable), that it is as wanted, with the bytes of every file its
+    patches read: `assess` then says so from the bytes, without a plan. Returns notes."""
+    if prep.plan is None:
+        return []
+    tplans = {tp.target.kind: tp for tp in prep.plan.targets}
+    cat = catalog.load()
+    notes = []
+    for ctx in prep.ctxs:
+        tp = tplans.get(ctx.target.kind)
+        if ctx in prep.wanted or tp is None or tp.changed:
+            continue
+        if any(o.status not in _NOTHING_NEEDED for f in tp.files for o in f.outcomes):
+            continue  # already-applied without a record of ours: not ours to vouch for
+        checked = _checked_files(cat, prep.profile, ctx.target, tp)
+        if checked is None:
+            continue  # a file changed since it was planned: the next run plans it again
+        ctx.state.write_manifest(
+            Manifest(
+                profile=prep.profile.name,
+                patches=tuple(sorted(set(prep.profile.patches))),
+                tool_version=__version__,
+                applied_at=time.time(),
+                target=TargetRecord.of(ctx.target),
+                files=(),
+                lock=lock.digest() if lock is not None else None,
+                checked=checked,
+                refuses=refuses_beside(prep.profile, ctx.target.kind),
+            )
+        )
+        notes.append(
+            f"{ctx.target.at}: profile {prep.profile.name} needs nothing here (every site "
+            "upstream or not applicable); recorded as applied"
+        )
+    return notes
+
+
+def _checked_files(
+    cat: catalog.Catalog, profile: catalog.Profile, target: Target, tp: plans.TargetPlan
+) -> tuple[CheckedFile, ...] | None:
+    """Every file the profile's patches read on `target`, with its sha256 now (None: absent);
+    None when a file the plan read has other bytes now than it read."""
+    modules = sorted({f for p in cat.patches_of(profile) if p.target == target.kind
+                      for f in p.files})  # fmt: skip
+    now = {m: file_sha256(target.path_of(m)) for m in modules}
+    for f in tp.files:
+        if f.file and now.get(f.file) != sha256(f.before.encode("utf-8")):
+            return None
+    return tuple(CheckedFile(target.rel(m), m, now[m]) for m in modules)
+
+
+def refuses_beside(profile: catalog.Profile, kind: str) -> dict[str, tuple[str, ...]]:
+    """The releases of the other targets that `profile` refuses (moe: FlashInfer <0.6.7), kept
+    in the manifest of `kind` so that `status` says so when one is installed after the apply."""
+    out: dict[str, tuple[str, ...]] = {}
+    for r in profile.refuse:
+        if r.kind != kind:
+            out[r.kind] = (*out.get(r.kind, ()), str(r.releases))
+    return out
 
 
 def _transaction(prep: Prepared, lock: Lock | None) -> Report:
@@ -457,6 +543,7 @@ def _write_manifest(
         git=None if git is None else replace(git, commits=tuple(report.commits)),
         txn=journal.txn,
         lock=lock.digest() if lock is not None else None,
+        refuses=refuses_beside(profile, ctx.target.kind),
     )
     ctx.state.write_manifest(manifest)
 

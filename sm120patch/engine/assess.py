@@ -148,6 +148,8 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
             f"{target.version} is installed now: the patches are gone",
             **common,  # type: ignore[arg-type]
         )
+    if manifest.needs_nothing:
+        return _needs_nothing(target, manifest)
     words = {f.state for f in files}
     if "missing" in words:
         gone = ", ".join(f.path for f in files if f.state == "missing")
@@ -209,6 +211,37 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
         State.DRIFTED,
         f"changed since profile {profile} was applied: {changed}",
         **common,  # type: ignore[arg-type]
+    )
+
+
+def _needs_nothing(target: Target, manifest: Manifest) -> Assessment:
+    """A record of "profile P needs nothing here": as wanted while every file the plan read
+    still has the bytes it read (or is still absent); else stale, and an apply plans again."""
+    assert manifest.checked is not None
+    changed = [
+        f.path
+        for f in manifest.checked
+        if file_sha256(files.inside(target.root, f.path)) != f.sha256
+    ]
+    if changed:
+        return Assessment(
+            target,
+            State.GONE,
+            f"profile {manifest.profile} needed nothing here when it was applied, but "
+            f"{', '.join(changed)} changed since: an apply plans it again",
+            manifest,
+        )
+    why = (
+        f"every site upstream or not applicable; the {len(manifest.checked)} file(s) that "
+        "said so are unchanged"
+        if manifest.checked
+        else "it has no patch for this target"
+    )
+    return Assessment(
+        target,
+        State.APPLIED,
+        f"profile {manifest.profile} applied: it needs nothing here ({why})",
+        manifest,
     )
 
 
