@@ -102,6 +102,34 @@ def runs_for(
     return [TargetRun(t) for t in found]
 
 
+def unchecked_refusals(
+    profile: catalog.Profile, found: list[Target], paths: Mapping[str, str | Path | None]
+) -> list[str]:
+    """One line per target kind whose releases `profile` refuses but does not patch (moe: a
+    FlashInfer before 0.6.7) where no such target can be found to check: why the run goes on,
+    and how to have it checked. The profile's patches do not need that target, and SGLang's
+    checkout or a venv under construction may not hold it yet; status and ensure check it
+    once it is there."""
+    from sm120patch.targets import DISPLAY
+
+    have = {t.kind for t in found}
+    lines = []
+    for kind in dict.fromkeys(r.kind for r in profile.refuse if r.kind not in have):
+        if planner.beside(kind, found, paths.get(kind)) is not None:
+            continue  # found and checked (`planner.require_pins`)
+        label = DISPLAY[kind]
+        specs = " or ".join(str(r.releases) for r in profile.refuse if r.kind == kind)
+        near = ", ".join(str(t.parent) for t in found if t.layout != "git")
+        lines.append(
+            f"profile {profile.name} refuses {label} {specs}, and no {label} was found "
+            f"({'none in ' + near + ', ' if near else ''}none importable by this Python), so "
+            f"that was not checked: the profile's patches do not need {label} to apply; give "
+            f"--{kind} PATH (the {label} the server runs with) to check it now, and "
+            f"`sm120patch status` and `ensure` check it once it is installed"
+        )
+    return lines
+
+
 def _preflight(
     profile: catalog.Profile,
     ctxs: list[TargetRun],
@@ -109,6 +137,7 @@ def _preflight(
     check_plan: Callable[[Plan], None] | None,
     lock: Lock | None,
     started: Started | None = None,
+    paths: Mapping[str, str | Path | None] | None = None,
 ) -> Prepared:
     refuse_unfinished(ctxs)
     if lock is not None and check_plan is None:
@@ -116,6 +145,7 @@ def _preflight(
 
         check_plan = lockfile.check(lock, Path("the lock file"))  # a lock is always verified
     prep = Prepared(profile, ctxs, None)
+    prep.notes += unchecked_refusals(profile, [c.target for c in ctxs], paths or {})
     applied = []
     for ctx in ctxs:
         found = ctx.assess()
@@ -226,7 +256,8 @@ def dry_run(
     ctxs = runs_for(profile, paths, force, lock)
     for ctx in ctxs:
         ctx.state.check_lockable()
-    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started)
+    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started,
+                      paths=paths)  # fmt: skip
     if prep.plan is None:
         found = [c.target for c in ctxs]
         prep.plan = planner.plan(profile.name, found=found, force=True, started=started)
@@ -252,7 +283,8 @@ def apply(
     profile = catalog.load().profile(profile_name)
     ctxs = runs_for(profile, paths, force, lock)
     with locked(ctxs):
-        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started)
+        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started,
+                          paths=paths)  # fmt: skip
         if prep.nothing_to_do:
             for ctx in prep.stale:
                 # The new release needs nothing (upstream has it): the old record goes.
