@@ -182,3 +182,25 @@ def _attached(root: Path) -> bool:
         ).returncode
         == 0
     )
+
+
+def upstream_checkout(base: Path, kind: str, version: str) -> Path:
+    """A git checkout of a real release (from the release cache, `maintain.trees`) laid out as
+    upstream keeps it: SGLang under python/, the release tagged `v<version>` on `main`, none of
+    the version files a build generates (SGLang's _version.py, FlashInfer's _build_meta.py),
+    FlashInfer's version.txt at the root. Returns the checkout root."""
+    import shutil
+
+    from sm120patch.maintain import trees
+
+    root = base / f"{kind}-checkout"
+    parent = root / "python" if kind == "sglang" else root
+    shutil.copytree(trees.tree(kind, version) / kind, parent / kind)
+    (parent / kind / "_version.py").unlink(missing_ok=True)
+    if kind == "flashinfer":
+        (root / "version.txt").write_text(version + "\n")
+    git(base, "init", "-q", "-b", "main", str(root))
+    git(root, "add", "-A")
+    git(root, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", version)
+    git(root, "tag", f"v{version}")
+    return root

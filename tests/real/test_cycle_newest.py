@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from packaging.version import Version
-from trees import tree_hash
+from trees import tree_hash, upstream_checkout
 
 from sm120patch.cli import main
 from sm120patch.maintain import releases, trees
@@ -62,23 +62,6 @@ def newest() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def plan_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("plan-cache")
-
-
-def upstream_checkout(base: Path, kind: str, version: str) -> Path:
-    """A repository laid out as upstream's (SGLang under python/), its release tagged
-    `v<version>` as upstream tags it, without the version files a build generates (SGLang's
-    _version.py, FlashInfer's _build_meta.py); FlashInfer's version.txt at the root."""
-    root = base / f"{kind}-git"
-    parent = root / "python" if kind == "sglang" else root
-    shutil.copytree(trees.tree(kind, version) / kind, parent / kind)
-    (parent / kind / "_version.py").unlink(missing_ok=True)
-    if kind == "flashinfer":
-        (root / "version.txt").write_text(version + "\n")
-    git(base, "init", "-q", "-b", "main", str(root))
-    git(root, "add", "-A")
-    git(root, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", version)
-    git(root, "tag", f"v{version}")
-    return root
 
 
 def installed(base: Path, kind: str, version: str) -> Path:
