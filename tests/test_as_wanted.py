@@ -61,6 +61,7 @@ def test_the_whole_cycle_treats_a_target_that_needs_nothing_as_wanted(pair, tmp_
     assert found["flashinfer"]["state"] == "applied"
     assert found["flashinfer"]["profile"] == "fusion"
     assert found["flashinfer"]["files"] == []
+    assert (found["flashinfer"]["needs_nothing"], found["sglang"]["needs_nothing"]) == (True, False)
     assert "needs nothing here" in found["flashinfer"]["message"]
     assert tree_hash(fi) == before[fi]  # nothing written into FlashInfer
 

@@ -46,6 +46,9 @@ def test_moe_applied_without_flashinfer_says_so_then_a_refused_one_is_seen(layou
     assert code == 0, err
     assert "profile moe refuses FlashInfer <0.6.7, and no FlashInfer was found" in out
     assert "so that was not checked" in out
+    code, out, err = cli("ensure", "moe", "--sglang", str(sg), "--no-gpu-check")
+    assert code == 0, err
+    assert "and no FlashInfer was found" in out  # the service start says so too
 
     install_flashinfer(site, "0.6.8")
     code, out, _ = cli("status", "--sglang", str(sg), *given, "--json")

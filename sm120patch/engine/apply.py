@@ -159,7 +159,11 @@ def _preflight(
         if found.state.stale or (found.manifest is not None and found.manifest.needs_nothing):
             # Another profile's record that it needs nothing here holds no byte of it: it
             # goes as a stale one does (that profile's other targets still refuse, below).
-            prep.notes.append(f"{ctx.target.at}: {found.message}")
+            prep.notes.append(
+                f"{ctx.target.at}: {found.message}" if found.state.stale
+                else f"{ctx.target.at}: dropped the record that profile {other} needs nothing "
+                "here"
+            )  # fmt: skip
             prep.stale.append(ctx)
             continue
         if other != profile.name:

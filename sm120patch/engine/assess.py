@@ -327,6 +327,8 @@ class TargetStatus:
             "patch_branch_exists": a.patch_branch_exists,
             "base": self.base,
             "files": [f.to_dict() for f in self.files],
+            # the profile needs nothing here (every site upstream or not applicable)
+            "needs_nothing": bool(a.manifest and a.manifest.needs_nothing),
             "unfinished": self.unfinished,
             "trials": [t.to_json() for t in self.trials],
         }
