@@ -4,9 +4,9 @@ FlashInfer 0.7.4 when this was written), installed and as git checkouts kept as 
 them (a release tag, no generated version file; FlashInfer's version.txt):
 
     apply, status, ensure twice, pin (the same lock as pinned on the pristine tree, steps and
-    diffs included), on the same tree apply --locked and ensure --locked, then on a fresh copy
-    (a clone, for a checkout) apply --locked, ensure --locked, apply --locked again, and
-    revert --all byte for byte on both (the state directory aside).
+    diffs included), on the same tree apply --locked, ensure --locked and apply --locked
+    again, then on a fresh copy (a clone, for a checkout) the same three, and revert --all
+    byte for byte on both (the state directory aside).
 
 A profile that refuses one of these releases (pcie-allreduce from SGLang 0.5.21) must refuse it
 with the catalog's reason and change nothing. FlashInfer 0.7.4 needs none of `fusion`'s patch
@@ -26,7 +26,7 @@ from trees import tree_hash, upstream_checkout
 
 from sm120patch.cli import main
 from sm120patch.maintain import releases, trees
-from sm120patch.plan import catalog, planner
+from sm120patch.plan import catalog, lockfile, planner
 from sm120patch.targets import find
 
 pytestmark = pytest.mark.real
@@ -166,7 +166,11 @@ def test_the_operators_cycle_on_the_newest_releases(
     assert code == 0, err
     assert lock.read_text() == pristine_lock.read_text()
     assert "[[steps]]" in lock.read_text()
-    for verb in ("apply", "ensure"):  # the same tree
+    # A target the lock writes nothing into is one the profile needs nothing from, recorded.
+    written = {f.target for f in lockfile.read(lock).files}
+    assert {k: t["needs_nothing"] for k, t in found.items()} == {
+        k: k not in written for k in prof.targets}  # fmt: skip
+    for verb in ("apply", "ensure", "apply"):  # the same tree
         code, _, err = cli(verb, "--locked", str(lock), *where, "--no-gpu-check")
         assert code == 0, f"{verb} --locked on the applied tree: {err}"
 
