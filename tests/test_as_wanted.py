@@ -17,6 +17,9 @@ from test_warm_paths import run as probe  # the command in a fresh interpreter; 
 from trees import make_tree, tree_hash
 
 from sm120patch.cli import main
+from sm120patch.engine.store import TargetState
+from sm120patch.plan import catalog
+from sm120patch.targets import find
 
 COMM = "flashinfer/jit/comm.py"
 UPSTREAM = "supported_major_versions=[9, 10, 12]"
@@ -137,3 +140,20 @@ def test_a_kill_before_the_record_then_recover_and_ensure(pair):
     assert (found["sglang"]["state"], found["flashinfer"]["state"]) == ("pristine", "applied")
     assert cli("ensure", "fusion", *where, "--no-gpu-check")[0] == 0
     assert {t["state"] for t in states(where).values()} == {"applied"}
+
+
+def test_a_record_that_does_not_name_the_patches_files_is_planned_again(pair):
+    """The record is state, not instruction: one that does not check every file the profile's
+    patches read (edited, or written before a pack added a patch) does not make the target as
+    wanted; ensure plans it again and writes a whole record."""
+    layout, sg, fi, where = pair
+    assert cli("apply", "fusion", *where, "--no-gpu-check")[0] == 0
+    st = TargetState.of(find("flashinfer", fi).root, layout, "flashinfer")
+    doc = json.loads((st.dir / "manifest.json").read_text())
+    whole = doc["checked"]
+    assert [c["module"] for c in whole] == sorted(catalog.load().patches["flashinfer.comm-arch"].files)
+    (st.dir / "manifest.json").write_text(json.dumps({**doc, "checked": []}))
+    code, out, err = cli("ensure", "fusion", *where, "--no-gpu-check")
+    assert code == 0, err
+    assert "does not name the files its patches read now" in out
+    assert json.loads((st.dir / "manifest.json").read_text())["checked"] == whole
