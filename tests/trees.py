@@ -199,6 +199,17 @@ def upstream_checkout(base: Path, kind: str, version: str) -> Path:
     (parent / kind / "_version.py").unlink(missing_ok=True)
     if kind == "flashinfer":
         (root / "version.txt").write_text(version + "\n")
+    else:
+        # SGLang's python/pyproject.toml since 0.5.10, the part that versions a checkout:
+        # setuptools-scm from the tag python/tools/get_version_tag.py names; its record
+        # (sglang/_version.py) is ignored by git.
+        (parent / "pyproject.toml").write_text(
+            '[project]\nname = "sglang"\ndynamic = ["version"]\n\n[tool.setuptools_scm]\n'
+            'root = ".."\nversion_file = "sglang/_version.py"\n'
+            'git_describe_command = ["python3", "python/tools/get_version_tag.py"]\n'
+            'fallback_version = "0.0.0.dev0"\n'
+        )
+        (root / ".gitignore").write_text("python/sglang/_version.py\n__pycache__/\n")
     git(base, "init", "-q", "-b", "main", str(root))
     git(root, "add", "-A")
     git(root, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", version)
