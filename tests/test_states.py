@@ -133,18 +133,17 @@ def test_a_lock_applies_again_over_a_reinstall_and_proves_its_result(pair, tmp_p
     assert hashlib.sha256(sa.read_bytes()).hexdigest() in locked_after
 
 
-def test_pin_on_a_patched_box_records_the_applied_state(pair, tmp_path):
+def test_pin_on_a_patched_box_writes_the_lock_of_the_pristine_box(pair, tmp_path):
     layout, sg, fi = pair
     pristine_lock, patched_lock = tmp_path / "a.lock", tmp_path / "b.lock"
     assert cli("pin", "all", *where(sg, fi), "-o", str(pristine_lock))[0] == 0
     assert cli("apply", "all", *where(sg, fi), "--no-gpu-check")[0] == 0
     code, _, err = cli("pin", "all", *where(sg, fi), "-o", str(patched_lock))
     assert code == 0, err
-    # The same versions, digests and hashes; only the reviewed steps are left out (a node then
-    # plans, and the lock's hashes still prove the bytes).
-    pristine = pristine_lock.read_text().split("\n[[steps]]")[0]
+    # Planned from the pristine side (the pristine copies, or the commit the apply started
+    # from): the same lock, byte for byte, the reviewed steps and their diffs included.
     assert "[[steps]]" in pristine_lock.read_text()
-    assert patched_lock.read_text() == pristine
+    assert patched_lock.read_text() == pristine_lock.read_text()
     assert cli("revert", "all", *where(sg, fi))[0] == 0
     assert cli("apply", "--locked", str(patched_lock), *where(sg, fi), "--no-gpu-check")[0] == 0
 

@@ -209,3 +209,36 @@ def _attached(root: Path) -> bool:
         ).returncode
         == 0
     )
+
+
+def upstream_checkout(base: Path, kind: str, version: str) -> Path:
+    """A git checkout of a real release (from the release cache, `maintain.trees`) laid out as
+    upstream keeps it: SGLang under python/, the release tagged `v<version>` on `main`, none of
+    the version files a build generates (SGLang's _version.py, FlashInfer's _build_meta.py),
+    FlashInfer's version.txt at the root. Returns the checkout root."""
+    import shutil
+
+    from sm120patch.maintain import trees
+
+    root = base / f"{kind}-checkout"
+    parent = root / "python" if kind == "sglang" else root
+    shutil.copytree(trees.tree(kind, version) / kind, parent / kind)
+    (parent / kind / "_version.py").unlink(missing_ok=True)
+    if kind == "flashinfer":
+        (root / "version.txt").write_text(version + "\n")
+    else:
+        # SGLang's python/pyproject.toml since 0.5.10, the part that versions a checkout:
+        # setuptools-scm from the tag python/tools/get_version_tag.py names; its record
+        # (sglang/_version.py) is ignored by git.
+        (parent / "pyproject.toml").write_text(
+            '[project]\nname = "sglang"\ndynamic = ["version"]\n\n[tool.setuptools_scm]\n'
+            'root = ".."\nversion_file = "sglang/_version.py"\n'
+            'git_describe_command = ["python3", "python/tools/get_version_tag.py"]\n'
+            'fallback_version = "0.0.0.dev0"\n'
+        )
+        (root / ".gitignore").write_text("python/sglang/_version.py\n__pycache__/\n")
+    git(base, "init", "-q", "-b", "main", str(root))
+    git(root, "add", "-A")
+    git(root, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", version)
+    git(root, "tag", f"v{version}")
+    return root

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 from sm120patch import __version__
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer, TargetRecord
+from sm120patch.engine.records import (
+    CheckedFile,
+    FileRecord,
+    Journal,
+    Manifest,
+    Op,
+    Peer,
+    TargetRecord,
+)
 from sm120patch.engine.reports import Action, Report, ReportedFile, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
@@ -35,10 +43,11 @@ from sm120patch.engine.run import (
     start_time,
 )
 from sm120patch.errors import Refused
+from sm120patch.patchkit.facts import Status
 from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target, procscan
-from sm120patch.targets.files import sha256
+from sm120patch.targets.files import file_sha256, sha256
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
@@ -57,6 +66,8 @@ class Prepared:
     stale: list[TargetRun] = field(default_factory=list)
     branches: dict[str, str | None] = field(default_factory=dict)
     nothing_to_do: bool = False
+    # targets already as wanted (the profile applied, or its record that it needs nothing)
+    wanted: list[TargetRun] = field(default_factory=list)
 
 
 def runs_for(
@@ -91,6 +102,34 @@ def runs_for(
     return [TargetRun(t) for t in found]
 
 
+def unchecked_refusals(
+    profile: catalog.Profile, found: list[Target], paths: Mapping[str, str | Path | None]
+) -> list[str]:
+    """One line per target kind whose releases `profile` refuses but does not patch (moe: a
+    FlashInfer before 0.6.7) where no such target can be found to check: why the run goes on,
+    and how to have it checked. The profile's patches do not need that target, and SGLang's
+    checkout or a venv under construction may not hold it yet; status and ensure check it
+    once it is there."""
+    from sm120patch.targets import DISPLAY
+
+    have = {t.kind for t in found}
+    lines = []
+    for kind in dict.fromkeys(r.kind for r in profile.refuse if r.kind not in have):
+        if planner.beside(kind, found, paths.get(kind)) is not None:
+            continue  # found and checked (`planner.require_pins`)
+        label = DISPLAY[kind]
+        specs = " or ".join(str(r.releases) for r in profile.refuse if r.kind == kind)
+        near = ", ".join(str(t.parent) for t in found if t.layout != "git")
+        lines.append(
+            f"profile {profile.name} refuses {label} {specs}, and no {label} was found "
+            f"({'none in ' + near + ', ' if near else ''}none importable by this Python), so "
+            f"that was not checked: the profile's patches do not need {label} to apply; give "
+            f"--{kind} PATH (the {label} the server runs with) to check it now, and "
+            f"`sm120patch status` and `ensure` check it once it is installed"
+        )
+    return lines
+
+
 def _preflight(
     profile: catalog.Profile,
     ctxs: list[TargetRun],
@@ -98,6 +137,7 @@ def _preflight(
     check_plan: Callable[[Plan], None] | None,
     lock: Lock | None,
     started: Started | None = None,
+    paths: Mapping[str, str | Path | None] | None = None,
 ) -> Prepared:
     refuse_unfinished(ctxs)
     if lock is not None and check_plan is None:
@@ -105,6 +145,7 @@ def _preflight(
 
         check_plan = lockfile.check(lock, Path("the lock file"))  # a lock is always verified
     prep = Prepared(profile, ctxs, None)
+    prep.notes += unchecked_refusals(profile, [c.target for c in ctxs], paths or {})
     applied = []
     for ctx in ctxs:
         found = ctx.assess()
@@ -113,9 +154,16 @@ def _preflight(
             continue
         if found.state == assess.State.APPLIED and other == profile.name:
             applied.append((ctx, found))
+            prep.wanted.append(ctx)
             continue
-        if found.state.stale:
-            prep.notes.append(f"{ctx.target.at}: {found.message}")
+        if found.state.stale or (found.manifest is not None and found.manifest.needs_nothing):
+            # Another profile's record that it needs nothing here holds no byte of it: it
+            # goes as a stale one does (that profile's other targets still refuse, below).
+            prep.notes.append(
+                f"{ctx.target.at}: {found.message}" if found.state.stale
+                else f"{ctx.target.at}: dropped the record that profile {other} needs nothing "
+                "here"
+            )  # fmt: skip
             prep.stale.append(ctx)
             continue
         if other != profile.name:
@@ -157,7 +205,10 @@ def _preflight(
             check_plan(plan)
     if not plan.applies:
         prep.nothing_to_do = True
-        prep.notes.append("every site is already SM120-ready; nothing was changed")
+        prep.notes.append(
+            f"profile {profile.name} is already applied; nothing was changed" if applied
+            else "every site is already SM120-ready; nothing was changed"
+        )
         return prep
     tplans = {tp.target.kind: tp for tp in plan.targets}
     for ctx in ctxs:
@@ -209,7 +260,8 @@ def dry_run(
     ctxs = runs_for(profile, paths, force, lock)
     for ctx in ctxs:
         ctx.state.check_lockable()
-    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started)
+    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started,
+                      paths=paths)  # fmt: skip
     if prep.plan is None:
         found = [c.target for c in ctxs]
         prep.plan = planner.plan(profile.name, found=found, force=True, started=started)
@@ -235,18 +287,20 @@ def apply(
     profile = catalog.load().profile(profile_name)
     ctxs = runs_for(profile, paths, force, lock)
     with locked(ctxs):
-        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started)
+        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started,
+                          paths=paths)  # fmt: skip
         if prep.nothing_to_do:
             for ctx in prep.stale:
                 # The new release needs nothing (upstream has it): the old record goes.
                 ctx.state.remove_manifest()
                 ctx.state.drop_copies()
+            notes = prep.notes + _record_needs_nothing(prep, lock)
             return Report(
                 Action.NOTHING_TO_DO,
                 profile.name,
                 [TargetReport(c.target, state=assess.State.APPLIED) for c in ctxs],
                 outcomes=prep.plan.outcomes if prep.plan else [],
-                notes=prep.notes,
+                notes=notes,
                 plan=prep.plan,
             )
         if preconditions is not None:
@@ -256,7 +310,75 @@ def apply(
         report.notes[:0] = [*prep.notes, *(
             [f"re-applied {profile.name}"] if prep.stale else []
         )]  # fmt: skip
+        # After the commit, outside the transaction: a kill before these records are written
+        # loses nothing, the next apply or ensure plans those targets again and writes them.
+        report.notes += _record_needs_nothing(prep, lock)
         return report
+
+
+_NOTHING_NEEDED = frozenset((Status.UPSTREAM, Status.NOT_APPLICABLE))
+
+
+def _record_needs_nothing(prep: Prepared, lock: Lock | None) -> list[str]:
+    """Record, on each target of the plan that the profile needs nothing from (every site
+    upstream or not applicable), that it is as wanted, with the bytes of every file its
+    patches read: `assess` then says so from the bytes, without a plan. Returns notes."""
+    if prep.plan is None:
+        return []
+    tplans = {tp.target.kind: tp for tp in prep.plan.targets}
+    cat = catalog.load()
+    notes = []
+    for ctx in prep.ctxs:
+        tp = tplans.get(ctx.target.kind)
+        if ctx in prep.wanted or tp is None or tp.changed:
+            continue
+        if any(o.status not in _NOTHING_NEEDED for f in tp.files for o in f.outcomes):
+            continue  # already-applied without a record of ours: not ours to vouch for
+        checked = _checked_files(cat, prep.profile, ctx.target, tp)
+        if checked is None:
+            continue  # a file changed since it was planned: the next run plans it again
+        ctx.state.write_manifest(
+            Manifest(
+                profile=prep.profile.name,
+                patches=tuple(sorted(set(prep.profile.patches))),
+                tool_version=__version__,
+                applied_at=time.time(),
+                target=TargetRecord.of(ctx.target),
+                files=(),
+                lock=lock.digest() if lock is not None else None,
+                checked=checked,
+                refuses=refuses_beside(prep.profile, ctx.target.kind),
+            )
+        )
+        notes.append(
+            f"{ctx.target.at}: profile {prep.profile.name} needs nothing here (every site "
+            "upstream or not applicable); recorded as applied"
+        )
+    return notes
+
+
+def _checked_files(
+    cat: catalog.Catalog, profile: catalog.Profile, target: Target, tp: plans.TargetPlan
+) -> tuple[CheckedFile, ...] | None:
+    """Every file the profile's patches read on `target`, with its sha256 now (None: absent);
+    None when a file the plan read has other bytes now than it read."""
+    modules = sorted({f for p in cat.patches_of(profile) if p.target == target.kind
+                      for f in p.files})  # fmt: skip
+    now = {m: file_sha256(target.path_of(m)) for m in modules}
+    for f in tp.files:
+        if f.file and now.get(f.file) != sha256(f.before.encode("utf-8")):
+            return None
+    return tuple(CheckedFile(target.rel(m), m, now[m]) for m in modules)
+
+
+def refuses_beside(profile: catalog.Profile, kind: str) -> dict[str, tuple[str, ...]]:
+    """The releases of the other targets that `profile` refuses (moe: FlashInfer <0.6.7), kept
+    in the manifest of `kind` so that `status` says so when one is installed after the apply."""
+    out: dict[str, tuple[str, ...]] = {}
+    for r in profile.refuse:
+        if r.kind != kind:
+            out[r.kind] = (*out.get(r.kind, ()), str(r.releases))
+    return out
 
 
 def _transaction(prep: Prepared, lock: Lock | None) -> Report:
@@ -457,6 +579,7 @@ def _write_manifest(
         git=None if git is None else replace(git, commits=tuple(report.commits)),
         txn=journal.txn,
         lock=lock.digest() if lock is not None else None,
+        refuses=refuses_beside(profile, ctx.target.kind),
     )
     ctx.state.write_manifest(manifest)
 

@@ -21,7 +21,7 @@ No parse and no git process: `status` and `ensure` run this at every service sta
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from sm120patch import targets
 from sm120patch.engine.records import FileRecord, Journal, Manifest
 from sm120patch.engine.store import TargetState
 from sm120patch.engine.trialrecord import TrialRecord
+from sm120patch.errors import Sm120Error
 from sm120patch.targets import Target, files, git
 from sm120patch.targets.files import file_sha256
 
@@ -147,6 +148,8 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
             f"{target.version} is installed now: the patches are gone",
             **common,  # type: ignore[arg-type]
         )
+    if manifest.needs_nothing:
+        return _needs_nothing(target, manifest)
     words = {f.state for f in files}
     if "missing" in words:
         gone = ", ".join(f.path for f in files if f.state == "missing")
@@ -208,6 +211,37 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
         State.DRIFTED,
         f"changed since profile {profile} was applied: {changed}",
         **common,  # type: ignore[arg-type]
+    )
+
+
+def _needs_nothing(target: Target, manifest: Manifest) -> Assessment:
+    """A record of "profile P needs nothing here": as wanted while every file the plan read
+    still has the bytes it read (or is still absent); else stale, and an apply plans again."""
+    assert manifest.checked is not None
+    changed = [
+        f.path
+        for f in manifest.checked
+        if file_sha256(files.inside(target.root, f.path)) != f.sha256
+    ]
+    if changed:
+        return Assessment(
+            target,
+            State.GONE,
+            f"profile {manifest.profile} needed nothing here when it was applied, but "
+            f"{', '.join(changed)} changed since: an apply plans it again",
+            manifest,
+        )
+    why = (
+        f"every site upstream or not applicable; the {len(manifest.checked)} file(s) that "
+        "said so are unchanged"
+        if manifest.checked
+        else "it has no patch for this target"
+    )
+    return Assessment(
+        target,
+        State.APPLIED,
+        f"profile {manifest.profile} applied: it needs nothing here ({why})",
+        manifest,
     )
 
 
@@ -292,6 +326,8 @@ class TargetStatus:
             "patch_branch_exists": a.patch_branch_exists,
             "base": self.base,
             "files": [f.to_dict() for f in self.files],
+            # the profile needs nothing here (every site upstream or not applicable)
+            "needs_nothing": bool(a.manifest and a.manifest.needs_nothing),
             "unfinished": self.unfinished,
             "trials": [t.to_json() for t in self.trials],
         }
@@ -306,4 +342,47 @@ def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
             continue
         st = TargetState.of(target.root, target.layout, target.kind)
         out.append(TargetStatus(target, assess(target, st), st.trials()))
+    found: dict[str, Target] = {str(s.target.kind): s.target for s in out}
+    for s in out:
+        lines = refused_beside(s.assessment, found)
+        if lines:
+            a = s.assessment
+            s.assessment = replace(a, message="; ".join([a.message, *lines]),
+                                   notes=(*a.notes, *lines))  # fmt: skip
     return out
+
+
+def refused_beside(found: Assessment, others: Mapping[str, Target]) -> list[str]:
+    """One line per other target, now at hand, in a release the applied profile refuses (the
+    manifest's `refuses`: moe refuses a FlashInfer before 0.6.7), installed after the apply or
+    not found by it. `others`: the targets of this run; else the one beside an installed
+    target (the same site-packages)."""
+    m = found.manifest
+    if m is None or not m.refuses or found.state != State.APPLIED:
+        return []
+    from sm120patch.patchkit import versions
+
+    lines = []
+    for kind, specs in sorted(m.refuses.items()):
+        other = others.get(kind) or _beside(kind, found.target)
+        if other is None:
+            continue
+        release = versions.base_release(other.version)
+        hit = [spec for spec in specs if versions.contains(spec, release)]
+        if hit:
+            lines.append(
+                f"profile {m.profile} refuses {other.name} {other.version} ({kind} "
+                f"{' or '.join(hit)}), which is at {other.root} now: `sm120patch ensure "
+                f"{m.profile}` refuses to start on it; install a {other.name} the profile "
+                f"accepts, or `sm120patch revert {m.profile}`"
+            )
+    return lines
+
+
+def _beside(kind: str, target: Target) -> Target | None:
+    if target.layout == "git" or not (target.parent / kind).is_dir():
+        return None
+    try:
+        return targets.find_quiet(kind, target.parent, required=False)
+    except Sm120Error:  # an unreadable version: nothing to say about it here
+        return None

@@ -7,7 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch.engine import assess
-from sm120patch.engine.apply import apply, check_applied_matches_lock, runs_for
+from sm120patch.engine.apply import (
+    apply,
+    check_applied_matches_lock,
+    runs_for,
+    unchecked_refusals,
+)
 from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
@@ -54,7 +59,8 @@ def ensure(
                 notes=[
                     f"profile {profile.name} is already applied: every touched file has the "
                     "bytes sm120patch wrote"
-                    + (", the bytes the lock records" if lock is not None else "")
+                    + (", the bytes the lock records" if lock is not None else ""),
+                    *unchecked_refusals(profile, [c.target for c in ctxs], paths),
                 ],
             )
         except Refused:

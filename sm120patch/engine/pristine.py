@@ -29,12 +29,19 @@ def pristine_bytes(target: Target, rel: str) -> bytes | None:
 
 
 def plan_from_pristine(
-    profile_name: str, paths: Mapping[str, str | Path | None], *, force: bool = False
+    profile_name: str,
+    paths: Mapping[str, str | Path | None],
+    *,
+    force: bool = False,
+    verb: str = "export",
 ) -> Plan:
-    """The plan `export` writes: on trees where the profile is applied (checked from the
-    bytes), planned from their pristine side, so the series is the same as before the apply;
-    elsewhere from the files on disk. Refuses a tree that is neither (another profile applied,
-    an edit since the apply, a journal left open)."""
+    """The plan `export` and `pin` write: on trees where the profile is applied (checked from
+    the bytes), planned from their pristine side, so the series is the same as before the
+    apply; elsewhere from the files on disk. Refuses a tree that is neither (another profile
+    applied, an edit since the apply, a journal left open), and pristine bytes that are not
+    the ones the apply read (its before-hash)."""
+    from sm120patch.targets.files import sha256
+
     profile = catalog.load().profile(profile_name)
     found = planner.resolve_targets(profile, paths)
     texts: dict[str, dict[str, str]] = {}
@@ -45,17 +52,20 @@ def plan_from_pristine(
         if state.state != assess.State.APPLIED or state.profile != profile.name:
             raise Refused(
                 f"{target.name} at {target.root} is {state.state}: {state.message}",
-                "export from a tree where this profile is applied as sm120patch left it, or "
+                f"{verb} on trees where this profile is applied as sm120patch left it, or "
                 "nothing is (see `sm120patch status`)",
             )
         assert state.manifest is not None
         texts[target.kind] = {}
         for f in state.manifest.files:
             data = pristine_bytes(target, f.path)
-            if data is None:
+            if data is None or sha256(data) != f.before:
                 raise Refused(
-                    f"no pristine copy of {f.path} for the applied {target.name}",
-                    "see `sm120patch status`",
+                    f"{target.at}: the pristine side of {f.path} is "
+                    + ("missing" if data is None else "not the bytes the apply read")
+                    + ", so the profile cannot be planned as before the apply",
+                    "see `sm120patch status`; revert the profile, then "
+                    f"`sm120patch {verb} {profile.name}` on the pristine tree",
                 )
             texts[target.kind][f.module] = data.decode("utf-8")
     plan = planner.plan(profile.name, found=found, force=force, texts=texts)

@@ -50,6 +50,24 @@ class FileRecord:
 
 
 @dataclass(frozen=True)
+class CheckedFile:
+    """A file a profile's patches read on a target they changed nothing on: its sha256 then
+    (None: it did not exist). While every one still has it, the verdict "nothing needed" holds
+    without planning again."""
+
+    path: str  # relative to the target root
+    module: str  # relative to the package's parent
+    sha256: str | None
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> CheckedFile:
+        return cls(doc["path"], doc.get("module", doc["path"]), doc.get("sha256"))
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class GitBase:
     """Where a checkout was when the apply began, and what the apply made there."""
 
@@ -120,10 +138,22 @@ class Manifest:
     git: GitBase | None = None
     txn: str | None = None
     lock: str | None = None  # digest of the lock file applied, when `--locked`
+    # Set on a target the profile needs nothing from (every site upstream or not applicable):
+    # the files that said so, for `assess` to check against the bytes. None on a manifest of
+    # files written.
+    checked: tuple[CheckedFile, ...] | None = None
+    # kind -> specifier: releases of another target the profile refuses (moe: FlashInfer
+    # <0.6.7), for `status` to say so when one is installed after the apply.
+    refuses: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def version(self) -> str:
         return "unknown" if self.target.version is None else self.target.version
+
+    @property
+    def needs_nothing(self) -> bool:
+        """A record of "this profile needs nothing here", no file written."""
+        return self.checked is not None
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Manifest:
@@ -137,9 +167,22 @@ class Manifest:
             git=GitBase.from_doc(doc.get("git")),
             txn=doc.get("txn"),
             lock=doc.get("lock"),
+            checked=None if doc.get("checked") is None
+            else tuple(CheckedFile.from_doc(f) for f in doc["checked"]),
+            refuses={k: tuple(v) for k, v in (doc.get("refuses") or {}).items()},
         )
 
     def to_doc(self) -> dict[str, Any]:
+        out = self._doc()
+        # Written only where set: a manifest of files written reads as before to an older
+        # sm120patch.
+        if self.checked is not None:
+            out["checked"] = [f.to_doc() for f in self.checked]
+        if self.refuses:
+            out["refuses"] = {k: list(v) for k, v in self.refuses.items()}
+        return out
+
+    def _doc(self) -> dict[str, Any]:
         return {
             "profile": self.profile,
             "patches": list(self.patches),
@@ -248,18 +291,18 @@ def _check_target(target: object) -> str:
     return ""
 
 
-def _check_files(files: object) -> str:
+def _check_files(files: object, name: str = "files", hashes: tuple[str, ...] = ("before", "after"),
+                 absent: bool = False) -> str:  # fmt: skip
+    """`files` (or `checked`, whose sha256 may be None: `absent`) entry by entry."""
     if not isinstance(files, list):
-        return "files is not a list"
+        return f"{name} is not a list"
     for f in files:
-        if not isinstance(f, dict) or not isinstance(f.get("path"), str):
-            return "a file entry without a path"
-        safe_relpath(f["path"])
-        if "module" in f:
-            if not isinstance(f["module"], str):
-                return f"{f['path']}: module is not a path"
-            safe_relpath(f["module"])
-        for key in ("before", "after"):
+        problem = _paths_problem(f, "a file entry" if name == "files" else f"a {name} entry")
+        if problem:
+            return problem
+        for key in hashes:
+            if absent and f.get(key) is None:
+                continue
             if not isinstance(f.get(key), str) or not _SHA256.fullmatch(f[key]):
                 return f"{f['path']}: {key} is not a sha256"
         mode = f.get("mode")
@@ -320,7 +363,43 @@ def check_manifest(doc: dict[str, Any]) -> str:
         or _check_target(doc.get("target"))
         or _check_files(doc.get("files"))
         or _check_git(doc.get("git"), commits=True)
+        or _check_checked(doc)
+        or _check_refuses(doc.get("refuses"))
     )
+
+
+def _check_checked(doc: dict[str, Any]) -> str:
+    checked = doc.get("checked")
+    if checked is None:
+        return ""
+    if doc.get("files") or doc.get("git") is not None:
+        return "checked is set on a manifest of files written"
+    return _check_files(checked, "checked", ("sha256",), absent=True)
+
+
+def _check_refuses(refuses: object) -> str:
+    ok = refuses is None or (
+        isinstance(refuses, dict)
+        and all(
+            k in ("sglang", "flashinfer") and isinstance(v, list)
+            and all(isinstance(spec, str) for spec in v)
+            for k, v in refuses.items()
+        )
+    )  # fmt: skip
+    return "" if ok else "refuses is not a table of target kind to specifiers"
+
+
+def _paths_problem(f: object, what: str) -> str:
+    """What is wrong with the path and module of one entry (a path leaving the target is a
+    usage error, `safe_relpath`)."""
+    if not isinstance(f, dict) or not isinstance(f.get("path"), str):
+        return f"{what} without a path"
+    safe_relpath(f["path"])
+    if "module" in f:
+        if not isinstance(f["module"], str):
+            return f"{f['path']}: module is not a path"
+        safe_relpath(f["module"])
+    return ""
 
 
 def check_journal(doc: dict[str, Any]) -> str:

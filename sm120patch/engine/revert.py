@@ -53,7 +53,7 @@ def revert(
                 notes.extend(ctx.layout.drop_branch(found_state.manifest.git, keep_branch))
             ctx.state.remove_manifest()
             ctx.state.drop_copies()
-            reports.append(TargetReport(ctx.target, state=found_state.state))
+            reports.append(TargetReport(ctx.target, state=_left(found_state)))
         txn = new_txn()
         peers = tuple(ctx.peer() for ctx, _ in todo)
         # [signals] deferred from the first journal write to the last close: a revert is
@@ -139,7 +139,7 @@ def revert_dry_run(
         return nothing
     reports: list[TargetReport] = []
     notes = [_dropped_note(ctx, found, dry_run=True) for ctx, found in stale]
-    reports += [TargetReport(ctx.target, state=found.state) for ctx, found in stale]
+    reports += [TargetReport(ctx.target, state=_left(found)) for ctx, found in stale]
     diffs = []
     for ctx, manifest in todo:
         report = TargetReport(ctx.target, state=assess.State.PRISTINE)
@@ -179,13 +179,17 @@ def _revert_preflight(
         manifest = found_state.manifest
         if manifest is None:
             continue
+        if manifest.needs_nothing and profile_name not in (None, manifest.profile):
+            continue  # another profile's record that it needs nothing here: nothing of ours
         if profile_name is not None and manifest.profile != profile_name:
             raise Refused(
                 f"profile {manifest.profile} is applied on {ctx.target.root}, "
                 f"not {profile_name}",
                 f"run `sm120patch revert {manifest.profile}` or `sm120patch revert --all`",
             )
-        if found_state.state.stale:
+        if found_state.state.stale or manifest.needs_nothing:
+            # Nothing was written (the record that the profile needs nothing here), or what
+            # was is gone: the revert drops the record and writes nothing.
             stale.append((ctx, found_state))
         else:
             todo.append((ctx, manifest))
@@ -205,8 +209,17 @@ def _revert_preflight(
     return todo, stale, None
 
 
+def _left(found: Assessment) -> assess.State:
+    """The state a dropped record leaves: a target that needed nothing is pristine after."""
+    return assess.State.PRISTINE if found.state == assess.State.APPLIED else found.state
+
+
 def _dropped_note(ctx: TargetRun, found: Assessment, *, dry_run: bool = False) -> str:
     done = "the revert would drop the record" if dry_run else "dropped the record"
+    m = found.manifest
+    if m is not None and m.needs_nothing and found.state == assess.State.APPLIED:
+        return (f"{ctx.target.at}: profile {m.profile} needed nothing here; nothing to "
+                f"restore, {done}")  # fmt: skip
     return f"{ctx.target.at}: {found.message}; nothing to restore, {done}"
 
 

@@ -41,7 +41,33 @@ class TargetRun:
         return Peer(t.kind, str(t.root), t.layout)
 
     def assess(self) -> Assessment:
-        return assess.assess(self.target, self.state)
+        found = assess.assess(self.target, self.state)
+        m = found.manifest
+        if found.state is assess.State.APPLIED and m is not None and m.needs_nothing:
+            return self._held_to_the_patches(found, m)
+        return found
+
+    def _held_to_the_patches(self, found: Assessment, m: Manifest) -> Assessment:
+        """A record that a profile needs nothing here holds only while it checked every file
+        that profile's patches read on this target, as the patches loaded now name them (a
+        pack update may add a patch; the record is state, not instruction)."""
+        from dataclasses import replace
+
+        cat = catalog.load()
+        profile = cat.profiles.get(m.profile)
+        if profile is None:
+            return found  # no loaded patches say otherwise: the bytes still hold
+        wanted = {f for p in cat.patches_of(profile) if p.target == self.target.kind
+                  for f in p.files}  # fmt: skip
+        if {f.module for f in m.checked or ()} == wanted:
+            return found
+        return replace(
+            found,
+            state=assess.State.GONE,
+            message=f"the record that profile {m.profile} needs nothing here does not name "
+            "the files its patches read now (another version of the patches?): an apply plans "
+            "again",
+        )
 
 
 @contextmanager

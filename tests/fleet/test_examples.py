@@ -57,6 +57,7 @@ class Node:
 
     def __init__(self, fleet: Fleet, site: Path, tmp: Path) -> None:
         self.fleet, self.site, self.tmp = fleet, site, tmp
+        self.trees = {"sglang": site, "flashinfer": site}  # a checkout's node sets its roots
         self.etc = tmp / "etc"  # a stock node's /etc: no lock, no drop-in directory
         self.etc.mkdir()
         self.systemctl_log = tmp / "systemctl.log"
@@ -90,8 +91,8 @@ class Node:
             "sm120patch_lock": str(self.lock),
             "systemd_unit_dir": str(self.etc / "systemd" / "system"),
             "sglang_python": str(self.fleet.python),
-            "sglang_tree": str(self.site),
-            "flashinfer_tree": str(self.site),
+            "sglang_tree": str(self.trees["sglang"]),
+            "flashinfer_tree": str(self.trees["flashinfer"]),
             "sm120patch_gpu_check": False,  # no SM120 GPU on this machine
         }
         return ansible_playbook(
