@@ -103,19 +103,11 @@ def everything(where: list[str]) -> dict[Path, str]:
     return {root: tree_hash(root) for root in roots(where)}
 
 
-def moved_by_own_commits(where: list[str], newest: dict[str, str]) -> None:
-    """Expected to fail, and only here, while a checkout's version is `git describe` of its
-    HEAD: the commits an apply makes on sm120patch/<profile> then count (0.5.23 reads
-    0.5.23+N.g...), and the lock, `ensure --locked` and a second `apply --locked` see another
-    release (issue: "a checkout's version moves with the tool's own commits")."""
+def version_unmoved(where: list[str], newest: dict[str, str]) -> None:
+    """sm120patch's own commits never change a checkout's version: it is read below them, so
+    the lock, `ensure --locked` and a second `apply --locked` see the same release."""
     now = {t["kind"]: t["version"] for t in states(where).values()}
-    moved = {k: v for k, v in now.items() if v != newest[k]}
-    if moved:
-        pytest.xfail(
-            "a checkout's version moves with sm120patch's own commits ("
-            + ", ".join(f"{k} {newest[k]} reads {v}" for k, v in moved.items())
-            + "); reading it at the base of the patch branch fixes it"
-        )
+    assert now == {k: newest[k] for k in now}, now
 
 
 def states(where: list[str]) -> dict[str, dict]:
@@ -154,7 +146,7 @@ def test_the_operators_cycle_on_the_newest_releases(
     assert code == 0, err
     code, _, err = cli("apply", profile, *where, "--no-gpu-check")
     assert code == 0, err
-    moved_by_own_commits(where, newest)
+    version_unmoved(where, newest)
     found = states(where)
     assert {k: (t["state"], t["profile"]) for k, t in found.items()} == {
         k: ("applied", profile) for k in prof.targets}, found  # fmt: skip
