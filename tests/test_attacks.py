@@ -756,3 +756,26 @@ def test_a_full_disk_at_any_write_is_one_line_and_leaves_the_trees_whole(verb, t
             assert cli("recover", *where)[0] == 0
         whole(where)
 
+
+
+# ---- test hooks ---------------------------------------------------------------------------------
+def test_the_test_hooks_cannot_be_driven_from_the_environment(tmp_path):
+    """SM120PATCH_KILL_AT, SM120PATCH_SIGNAL_AT and SM120PATCH_TRACE_STEPS in a service's
+    EnvironmentFile: a plain `python -m sm120patch` neither kills nor signals itself, nor
+    writes the trace file; the same variables with the harness's switch on do."""
+    from sm120patch.engine import interrupts
+
+    site = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    trace = tmp_path / "steps.txt"
+    env = {**os.environ, KILL_ENV: "after-write", TRACE_ENV: str(trace),
+           interrupts.SIGNAL_ENV: "after-journal=TERM"}  # fmt: skip
+    plain = [sys.executable, "-m", "sm120patch", "apply", "moe", "--sglang", str(site),
+             "--no-gpu-check"]  # fmt: skip
+    proc = subprocess.run(plain, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "applied" in proc.stdout, proc.stdout + proc.stderr
+    assert not trace.exists()
+    assert not (site / ".sm120patch" / "sglang" / "journal.json").exists()
+    assert cli("revert", "moe", "--sglang", str(site))[0] == 0
+    hooked = subprocess.run(command(*plain[3:]), env=env, capture_output=True, text=True)
+    assert hooked.returncode == 130 and "interrupted (SIGTERM)" in hooked.stderr, hooked.stderr
+    assert "after-journal:1" in trace.read_text().split()
