@@ -583,6 +583,65 @@ def test_a_checkout_owned_by_another_user_is_refused_without_safe_directory(
     assert tree_hash(sg) == before and not marker.exists()
 
 
+FILTER = "[filter \"evil\"]\n\tclean = {s} clean\n\tsmudge = {s} smudge\n\trequired = true\n" \
+         "[filter \"evil2\"]\n\tprocess = {s} process\n"
+
+
+@pytest.mark.parametrize("where", ["a global config", "the environment", "info/attributes",
+                                   "a .gitattributes"])  # fmt: skip
+def test_git_runs_no_filter_driver_from_anywhere(where, attacker, shared, tmp_path, monkeypatch):
+    """root runs apply and revert on its own checkout with a user's HOME (sudo keeping HOME):
+    a filter driver that user defines in ~/.gitconfig (assigned through core.attributesFile),
+    or one the repository's own config defines and `$GIT_DIR/info/attributes` or an in-tree
+    `.gitattributes` assigns, never runs; the bytes are the patches' and then the branch's."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    marker = attacker.give(shared / "out", 0o777) / "filter-ran"
+    script = attacker.give(shared / "bin") / "filter.sh"
+    attacker.write(script, f"#!/bin/sh\necho \"$1 $(id -u)\" >> {marker}\ncat\n", 0o755)
+    drivers = FILTER.format(s=script)
+    if where == "a global config":
+        home = attacker.give(shared / "home")
+        attacker.write(home / "attributes", "* filter=evil\n*.py filter=evil2\n")
+        attacker.write(home / ".gitconfig", drivers + f"[core]\n\tattributesFile = {home}/attributes\n")
+        attacker.write(home / ".config" / "git" / "config", drivers)
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+        monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    elif where == "the environment":  # an EnvironmentFile's GIT_CONFIG_* (git >= 2.31)
+        attrs = attacker.give(shared / "env") / "attributes"
+        attacker.write(attrs, "* filter=evil\n")
+        for i, (key, value) in enumerate([("core.attributesFile", str(attrs)),
+                                          ("filter.evil.clean", f"{script} clean"),
+                                          ("filter.evil.smudge", f"{script} smudge")]):  # fmt: skip
+            monkeypatch.setenv(f"GIT_CONFIG_KEY_{i}", key)
+            monkeypatch.setenv(f"GIT_CONFIG_VALUE_{i}", value)
+        monkeypatch.setenv("GIT_CONFIG_COUNT", "3")
+    else:
+        if where == "a .gitattributes":
+            (sg / ".gitattributes").write_text("* filter=evil\n*.py filter=evil2\n")
+            git(sg, "add", ".gitattributes")
+            git(sg, "commit", "-q", "-m", "attributes")
+        else:
+            (sg / ".git" / "info").mkdir(exist_ok=True)
+            (sg / ".git" / "info" / "attributes").write_text("* filter=evil\n*.py filter=evil2\n")
+        with (sg / ".git" / "config").open("a") as fh:
+            fh.write(drivers)
+    pristine = (sg / "python" / SERVER_ARGS).read_bytes()
+    assert not marker.exists()
+    code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
+    assert code == 0, err
+    patched = (sg / "python" / SERVER_ARGS).read_bytes()
+    assert patched != pristine
+    committed = subprocess.run(["git", "-C", str(sg), "-c", "filter.evil.process=", "-c",
+                                "filter.evil2.process=", "show", f"HEAD:python/{SERVER_ARGS}"],
+                               capture_output=True, check=True).stdout  # fmt: skip
+    assert committed == patched  # what was committed is what the patches wrote
+    code, _, err = cli("revert", "moe", "--sglang", str(sg))
+    assert code == 0, err
+    assert (sg / "python" / SERVER_ARGS).read_bytes() == pristine
+    assert not marker.exists(), marker.read_text()
+
+
 # ---- outputs ----------------------------------------------------------------------------------
 @pytest.fixture
 def victim(shared):

@@ -8,6 +8,14 @@ run in sm120patch's process (often root's), reformat the files just verified, or
 unattended run on a prompt. A checkout owned by another user than the one running sm120patch
 is refused (`check_owner`) before any git command runs in it.
 
+Git also runs with no configuration but the repository's own and no code of anyone's: a clean
+environment (`git_env`: no system or global config, no `HOME` to find one in, no `GIT_*` of the
+caller's), no attributes file, and every filter driver the repository's config defines switched
+off (`_filters_off`), so no clean, smudge or process filter runs whatever `.gitattributes` or
+`$GIT_DIR/info/attributes` assign. (root run with a user's HOME used to run that user's
+`~/.gitconfig` filters.) Every git child is started through `/usr/bin/env -i`: GitPython merges
+the caller's whole environment into each child's, and this is the one way to drop it.
+
 Every git child runs in a session of its own (`start_new_session`): a Ctrl-C in the terminal,
 or a closed terminal, signals the terminal's foreground process group, and a git killed
 half-way through a checkout leaves a half-switched work tree and its `index.lock`. sm120patch
@@ -43,7 +51,71 @@ SAFE_CONFIG = (
     "-c", "tag.gpgSign=false",
     "-c", "gc.auto=0",
     "-c", "maintenance.auto=false",
+    "-c", "core.attributesFile=/dev/null",
 )  # fmt: skip
+# The caller's variables git may see (values only: a locale or a time zone runs nothing).
+_KEPT_ENV = ("PATH", "TZ")
+# The caller's identity for sm120patch's commits, when set (data, never code).
+_IDENTITY_ENV = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL")
+ENV_BIN = "/usr/bin/env"
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of a git child: no system or global configuration (and no HOME
+    or XDG directory to find a user's in), no system attributes, no prompt, the C locale."""
+    env = {k: os.environ[k] for k in _KEPT_ENV if k in os.environ}
+    env.setdefault("PATH", os.defpath)
+    env.update(
+        HOME="/dev/null",  # ~/.gitconfig, ~/.config/git/*: never a file
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_SYSTEM="/dev/null",
+        GIT_CONFIG_GLOBAL="/dev/null",
+        GIT_ATTR_NOSYSTEM="1",
+        GIT_TERMINAL_PROMPT="0",
+        LANGUAGE="C",
+        LC_ALL="C",
+    )
+    env.update(extra or {})
+    return env
+
+
+def _clean_command(command: list[str], env: dict[str, str]) -> list[str]:
+    """`command` run with exactly `env` (see the module's docstring)."""
+    if not os.path.exists(ENV_BIN):
+        return command  # not Linux-like: GitPython's merged environment, less safe but working
+    return [ENV_BIN, "-i", *(f"{k}={v}" for k, v in env.items()), *command]
+
+
+def _filters_off(root: Path) -> dict[str, str]:
+    """`GIT_CONFIG_*` settings (command-line scope, above every file) that switch off every
+    filter driver the repository's configuration defines: with `process` empty git uses
+    neither it nor `clean`/`smudge`, and a driver no longer `required` is skipped. The
+    attributes that name a driver (`.gitattributes`, `info/attributes`) then do nothing."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            _clean_command(["git", *SAFE_CONFIG, "-C", str(root), "config", "--name-only",
+                            "--get-regexp", r"^filter\."], git_env()),
+            capture_output=True, text=True, check=False, start_new_session=True,
+        )  # fmt: skip
+    except OSError:
+        return {}
+    names = set()
+    for line in proc.stdout.splitlines():
+        section, _, rest = line.partition(".")
+        name, _, _key = rest.rpartition(".")
+        if section == "filter" and name:
+            names.add(name)
+    env: dict[str, str] = {}
+    off = (("process", ""), ("clean", ""), ("smudge", ""), ("required", "false"))
+    pairs = [(f"filter.{n}.{k}", v) for n in sorted(names) for k, v in off]
+    for i, (key, value) in enumerate(pairs):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    if pairs:
+        env["GIT_CONFIG_COUNT"] = str(len(pairs))
+    return env
 
 
 def check_owner(root: Path) -> None:
@@ -189,6 +261,7 @@ def is_tracked(root: Path, path: Path) -> bool:
             capture_output=True,
             text=True,
             check=False,
+            env=git_env(),
         )
     except OSError as exc:
         raise Refused(
@@ -241,8 +314,10 @@ def _own_session_repo() -> type[git.Repo]:
                     and len(command) > 1
                     and command[0] in ("git", self.GIT_PYTHON_GIT_EXECUTABLE)
                 ):
-                    # No hook, fsmonitor, signing or gc: whatever the repository says.
-                    command = [command[0], *SAFE_CONFIG, *command[1:]]
+                    # No hook, fsmonitor, signing or gc: whatever the repository says; and
+                    # nothing of the caller's environment (`git_env`).
+                    env = git_env({**self._environment, **(kwargs.pop("env", None) or {})})
+                    command = _clean_command([command[0], *SAFE_CONFIG, *command[1:]], env)
                 with _terminal_signals_blocked():
                     return super().execute(command, *args, **kwargs)
 
@@ -290,6 +365,8 @@ class Repo:
             raise Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")
         # Paths come from the plan and from state: never let one be read as pathspec magic.
         self.repo.git.update_environment(GIT_LITERAL_PATHSPECS="1")
+        # No filter driver of the repository's config runs (the module's docstring).
+        self.repo.git.update_environment(**_filters_off(root))
         self.root = root
 
     @contextmanager
@@ -463,7 +540,7 @@ class Repo:
 
     def changed_between(self, a: str, b: str) -> list[str]:
         with self._failing("diff"):
-            out = self.repo.git.diff("--name-only", a, b, "--")
+            out = self.repo.git.diff("--no-ext-diff", "--no-textconv", "--name-only", a, b, "--")
         return [line for line in out.splitlines() if line]
 
     def only_ours(self, branch: str) -> bool:
@@ -536,13 +613,13 @@ class Repo:
         return self._head_sha()
 
     def _identity_env(self) -> dict[str, str]:
-        """The user's git identity when configured, else a clear fallback (never a prompt)."""
-        reader = self.repo.config_reader()
-        env: dict[str, str] = {}
-        name = reader.get_value("user", "name", default="") or os.environ.get("GIT_AUTHOR_NAME")
-        email = reader.get_value("user", "email", default="") or os.environ.get("GIT_AUTHOR_EMAIL")
-        if not name:
-            env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = FALLBACK_NAME
-        if not email:
-            env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = FALLBACK_EMAIL
+        """The identity of sm120patch's commits: `GIT_AUTHOR_*`/`GIT_COMMITTER_*` when set,
+        else the repository's `user.name`/`user.email`, else a clear fallback (never a prompt).
+        Git sees no global configuration (`git_env`), so the identity is always given."""
+        reader = self.repo.config_reader("repository")
+        name = str(reader.get_value("user", "name", default="") or FALLBACK_NAME)
+        email = str(reader.get_value("user", "email", default="") or FALLBACK_EMAIL)
+        env = {"GIT_AUTHOR_NAME": name, "GIT_COMMITTER_NAME": name,
+               "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_EMAIL": email}  # fmt: skip
+        env.update({k: os.environ[k] for k in _IDENTITY_ENV if os.environ.get(k)})
         return env
