@@ -838,3 +838,83 @@ def test_the_test_hooks_cannot_be_driven_from_the_environment(tmp_path):
     hooked = subprocess.run(command(*plain[3:]), env=env, capture_output=True, text=True)
     assert hooked.returncode == 130 and "interrupted (SIGTERM)" in hooked.stderr, hooked.stderr
     assert "after-journal:1" in trace.read_text().split()
+
+
+# ---- reads: regular files only ------------------------------------------------------------------
+def users_site(base: Path, who: Attacker) -> Path:
+    """An installed SGLang 0.5.8 in a site-packages of the attacker's own (root is asked to
+    look at or patch it: the security model lets root make its state theirs)."""
+    site = make_tree(base, "sglang", "0.5.8", "installed")
+    add_record(site, "sglang", "0.5.8")
+    for path in [site, *site.rglob("*")]:
+        os.lchown(path, who.uid, who.gid)
+    return site
+
+
+def test_a_fifo_in_state_or_in_a_scanned_tree_blocks_nothing(attacker, shared):
+    """The attacker makes a FIFO of `.sm120patch/sglang/journal.json` in their environment:
+    root's status and ensure refuse in one line at once (they used to wait forever on the
+    open); a FIFO among the package's modules is skipped by scan, with a note."""
+    site = users_site(shared, attacker)
+    fifo = site / ".sm120patch" / "sglang" / "journal.json"
+    attacker.mkdir(fifo.parent)
+    attacker.ok("import os, sys\nos.mkfifo(sys.argv[1], 0o644)", str(fifo))
+    before = tree_hash(site)
+    for args in (["status"], ["ensure", "moe", "--no-gpu-check"]):
+        proc = subprocess.run(command(*args, "--sglang", str(site)), capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 1 and "is a FIFO, not a regular file" in proc.stderr, proc
+        assert one_line(proc.stderr), proc.stderr
+    assert tree_hash(site) == before and stat.S_ISFIFO(fifo.lstat().st_mode)
+    os.unlink(fifo)
+    module = site / "sglang" / "srt" / "evil_fifo.py"
+    attacker.ok("import os, sys\nos.mkfifo(sys.argv[1], 0o644)", str(module))
+    proc = subprocess.run(command("scan", "--sglang", str(site)), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "evil_fifo.py" in proc.stdout and "a FIFO" in proc.stdout, proc.stdout
+
+
+def test_a_target_file_swapped_for_a_link_or_grown_huge_is_never_read(attacker, shared,
+                                                                     monkeypatch):
+    """The attacker, who owns `sglang/srt/`, swaps server_args.py for a link to a root-only
+    file between root's check of the path and its read (their inotify race, driven here by a
+    hook after every check: the check sees the regular file, the read the link). The link
+    leads to a root-only file with the release's bytes (root's own copy elsewhere, 0600):
+    root's apply refuses in one line and keeps no copy of it in the attacker's state. A 65 MiB
+    server_args.py is refused before it is read."""
+    site = users_site(shared, attacker)
+    target = site / SERVER_ARGS
+    private = shared / "root-only"
+    private.mkdir(mode=0o700)
+    secret = private / "server_args.py"
+    secret.write_bytes(target.read_bytes())
+    secret.chmod(0o600)
+    swap = "import os, sys\nos.rename(sys.argv[1], sys.argv[1] + '.real')\nos.symlink(sys.argv[2], sys.argv[1])"
+    back = "import os, sys\nos.unlink(sys.argv[1])\nos.rename(sys.argv[1] + '.real', sys.argv[1])"
+
+    def racing(check):
+        def checked(*args, **kwargs):
+            if target.is_symlink():
+                attacker.ok(back, str(target))
+            out = check(*args, **kwargs)  # the check sees the regular file ...
+            attacker.ok(swap, str(target), str(secret))  # ... the use finds the link
+            return out
+
+        return checked
+
+    from sm120patch.engine import apply as engine_apply
+
+    monkeypatch.setattr(files, "inside", racing(files.inside))
+    monkeypatch.setattr(engine_apply, "check_writable", racing(engine_apply.check_writable))
+    code, _, err = cli("apply", "moe", "--sglang", str(site), "--no-gpu-check")
+    monkeypatch.undo()
+    assert code == 1 and "reads no target or state file through one" in err and one_line(err), err
+    assert not (site / ".sm120patch" / "sglang" / "pristine" / SERVER_ARGS).exists()
+    assert mode(secret) == 0o600 and secret.stat().st_uid == 0
+    attacker.ok(back, str(target))
+    attacker.ok("import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)\n"
+                "os.ftruncate(fd, 65 << 20)", str(target))  # fmt: skip
+    code, _, err = cli("apply", "moe", "--sglang", str(site), "--no-gpu-check")
+    assert code == 1 and "more than sm120patch reads" in err and one_line(err), err
+    assert target.stat().st_size == 65 << 20 and target.stat().st_uid == attacker.uid

@@ -26,9 +26,70 @@ def sha256(data: bytes) -> str:
 
 def file_sha256(path: Path) -> str | None:
     try:
-        return sha256(path.read_bytes())
-    except (FileNotFoundError, IsADirectoryError):
+        return sha256(read_regular(path))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None  # not the file we wrote: reported as such, never a traceback
+
+
+# The largest file sm120patch reads from a target or a state directory: a source file or a
+# state document is far smaller; anything larger was put there to exhaust memory.
+READ_LIMIT = 64 << 20
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+class NotOwned(Refused):
+    """`read_regular`'s refusal of a file owned by someone outside `owners` (the caller may
+    say more: whose it should be, and the fix)."""
+
+
+def read_regular(
+    path: Path, *, limit: int = READ_LIMIT, owners: tuple[int, ...] | None = None
+) -> bytes:
+    """The bytes of the regular file at `path` (a target's file, a state file), judged on the
+    file actually opened: opened without following a symbolic link at its name and without
+    blocking (a FIFO would block the open until someone writes), then `fstat`-ed: a FIFO, a
+    device, a socket, a file over `limit` bytes or, with `owners`, one owned by anyone else
+    is refused in one line before a byte is read. A directory raises IsADirectoryError and a
+    missing file FileNotFoundError, as `Path.read_bytes` does."""
+    import errno
+
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise Refused(
+            f"{path} is a symbolic link; sm120patch reads no target or state file through one",
+            f"replace {path} by the file itself (or move it aside), then run sm120patch again",
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        problem = None
+        if not stat.S_ISREG(st.st_mode):
+            what = next((w for test, w in _KINDS if test(st.st_mode)), "not a regular file")
+            problem = f"{path} is {what}, not a regular file; sm120patch reads regular files only"
+        elif st.st_size > limit:
+            problem = f"{path} is {st.st_size} bytes, more than sm120patch reads ({limit})"
+        elif owners is not None and st.st_uid not in owners:
+            raise NotOwned(f"{path} is owned by {_who(st.st_uid)}", "move it aside")
+        if problem:
+            raise Refused(problem, f"move {path} aside, then run sm120patch again")
+        os.set_blocking(fd, True)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        raise Refused(f"{path} grew past {limit} bytes while read", f"move {path} aside")
+    finally:
+        os.close(fd)
 
 
 # Bits a write never sets, whatever the file or the record says: setuid, setgid, sticky, and
