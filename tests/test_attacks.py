@@ -918,3 +918,33 @@ def test_a_target_file_swapped_for_a_link_or_grown_huge_is_never_read(attacker, 
     code, _, err = cli("apply", "moe", "--sglang", str(site), "--no-gpu-check")
     assert code == 1 and "more than sm120patch reads" in err and one_line(err), err
     assert target.stat().st_size == 65 << 20 and target.stat().st_uid == attacker.uid
+
+
+# ---- targets come from the command line ---------------------------------------------------------
+def test_recover_writes_no_peer_it_was_not_given(attacker, shared):
+    """A journal in the attacker's environment names root's production FlashInfer as the peer
+    of a killed revert: root's `recover --sglang <theirs>` finishes the attacker's SGLang and
+    only reports the FlashInfer; its patched bytes, manifest, owner and modes stay as they
+    were (root reverts it by naming it)."""
+    theirs = make_tree(shared / "user", "sglang", "0.5.8", "installed")
+    prod = make_tree(shared / "prod", "flashinfer", "0.6.8", "installed")
+    add_record(prod, "flashinfer", "0.6.8")
+    where = ["--sglang", str(theirs), "--flashinfer", str(prod)]
+    assert cli("apply", "all", *where, "--no-gpu-check")[0] == 0
+    proc = sm("revert", "--all", *where, env={KILL_ENV: "after-journal:1"})
+    assert proc.returncode == -9, proc.stderr
+    journal_path = theirs / ".sm120patch" / "sglang" / "journal.json"
+    assert json.loads(journal_path.read_text())["peers"], "the revert journals its peer"
+    for path in [theirs, *theirs.rglob("*")]:
+        os.lchown(path, attacker.uid, attacker.gid)  # the attacker's environment, their journal
+    prod_before = {p: (p.read_bytes(), mode(p), p.stat().st_uid)
+                   for p in prod.rglob("*") if p.is_file()}  # fmt: skip
+    code, out, err = cli("recover", "--sglang", str(theirs))
+    assert code == 0, err
+    assert f"names flashinfer at {prod} too, which you did not name" in out + err, out + err
+    assert {p: (p.read_bytes(), mode(p), p.stat().st_uid)
+            for p in prod.rglob("*") if p.is_file()} == prod_before  # fmt: skip
+    assert not journal_path.exists()
+    code, out, _ = cli("status", "--flashinfer", str(prod), "--json")
+    assert json.loads(out)["targets"][0]["state"] == "applied"  # root's, reverted by root
+    assert cli("revert", "--all", "--flashinfer", str(prod))[0] == 0
