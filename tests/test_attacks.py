@@ -948,3 +948,60 @@ def test_recover_writes_no_peer_it_was_not_given(attacker, shared):
     code, out, _ = cli("status", "--flashinfer", str(prod), "--json")
     assert json.loads(out)["targets"][0]["state"] == "applied"  # root's, reverted by root
     assert cli("revert", "--all", "--flashinfer", str(prod))[0] == 0
+
+
+# ---- the release cache ----------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["the user's HOME", "a shared SM120PATCH_CACHE"])
+def test_a_release_cache_of_someone_elses_is_ignored(where, attacker, shared, monkeypatch,
+                                                     capsys):  # fmt: skip
+    """A release cache the attacker could write (root with their HOME, or a shared directory)
+    with a planted tree and a lock symlink to a root-only file: it is ignored with one
+    warning, nothing in it is read or opened, and the root-only file keeps its bytes and mode."""
+    from sm120patch.maintain import releases, trees
+
+    victim = shared / "root-only"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    if where == "the user's HOME":
+        home = attacker.give(shared / "home")
+        cache = home / ".cache" / "sm120patch"
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.delenv("SM120PATCH_CACHE", raising=False)
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        cache = shared / "cache"
+        cache.mkdir()
+        cache.chmod(0o1777)
+        monkeypatch.setenv("SM120PATCH_CACHE", str(cache))
+    attacker.write(cache / "trees" / "sglang-0.5.8" / SERVER_ARGS, "import os; os.system('id')\n")
+    attacker.mkdir(cache / "dist")
+    attacker.symlink(victim, cache / "dist" / ".sglang-0.5.8.lock")
+    monkeypatch.setattr(releases, "_judged", {}, raising=False)
+    monkeypatch.setattr(releases, "warn", lambda text: print(f"WARN {text}"), raising=False)
+    for _ in range(2):
+        used = releases.cache_dir()
+        assert cache not in (used, *used.parents) and used.stat().st_uid == 0
+        assert releases.trees_dir() == used / "trees"
+    out = capsys.readouterr().out
+    assert out.count("WARN ignoring the release cache") == 1, out
+    with releases.locked(releases.dist_dir() / ".sglang-0.5.8.lock"):
+        pass
+    assert not trees._tree_covers(releases.trees_dir() / "sglang-0.5.8", (SERVER_ARGS,))
+    assert victim.read_text() == "precious\n" and mode(victim) == 0o600
+
+
+def test_a_lock_link_in_the_release_cache_is_never_followed(tmp_path, monkeypatch):
+    from sm120patch.maintain import releases
+
+    monkeypatch.setenv("SM120PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(releases, "_judged", {}, raising=False)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    lock = releases.dist_dir() / ".sglang-0.5.8.lock"
+    lock.parent.mkdir(parents=True)
+    lock.symlink_to(victim)
+    with pytest.raises(releases.ReleaseError, match="cannot open the lock"):
+        with releases.locked(lock):
+            pass
+    assert victim.read_text() == "precious\n" and mode(victim) == 0o600
