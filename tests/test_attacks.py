@@ -1005,3 +1005,42 @@ def test_a_lock_link_in_the_release_cache_is_never_followed(tmp_path, monkeypatc
         with releases.locked(lock):
             pass
     assert victim.read_text() == "precious\n" and mode(victim) == 0o600
+
+
+# ---- explain's interpreter ----------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["a pyvenv.cfg above a pip --target tree",
+                                 "a venv whose bin/ the group may write", "--python theirs"])  # fmt: skip
+def test_explain_runs_no_interpreter_someone_else_could_choose(how, attacker, shared):
+    """explain runs the target environment's own interpreter (its pyvenv.cfg at the root of
+    `lib/pythonX.Y/site-packages`) or --python, and refuses one that anyone but its owner or
+    root could change: the attacker's planted `bin/python` never runs as root."""
+    marker = attacker.give(shared / "out", 0o777) / "ran"
+    evil = f"#!/bin/sh\necho \"$(id -u)\" >> {marker}\nexit 3\n"
+    if how == "a pyvenv.cfg above a pip --target tree":
+        above = shared / "ww"
+        above.mkdir()
+        above.chmod(0o777)  # two levels above root's `pip install --target` tree
+        site = make_tree(above / "deps", "sglang", "0.5.8", "installed")
+        attacker.write(above / "pyvenv.cfg", "home = /usr/bin\n")
+        attacker.write(above / "bin" / "python", evil, 0o755)
+        args = ["--sglang", str(site)]
+        code_wanted, needle = 2, "pass --python PATH"
+    elif how == "a venv whose bin/ the group may write":
+        env = shared / "venv"
+        site = make_tree(env / "lib" / "python3.11", "sglang", "0.5.8", "installed")
+        site = site.rename(site.with_name("site-packages"))
+        (env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (env / "bin").mkdir()
+        os.chown(env / "bin", 0, attacker.group_gid)
+        (env / "bin").chmod(0o775)
+        attacker.write(env / "bin" / "python", evil, 0o755)
+        args = ["--sglang", str(site)]
+        code_wanted, needle = 1, "writable by its group or by others"
+    else:
+        site = make_tree(shared, "sglang", "0.5.8", "installed")
+        attacker.write(shared / "out" / "python", evil, 0o755)
+        args = ["--sglang", str(site), "--python", str(shared / "out" / "python")]
+        code_wanted, needle = 1, "refusing to run"
+    code, _, err = cli("explain", *args, "--simulate", "sm120")
+    assert code == code_wanted and needle in err and one_line(err), err
+    assert not marker.exists(), marker.read_text()
