@@ -867,6 +867,15 @@ def test_a_fifo_in_state_or_in_a_scanned_tree_blocks_nothing(attacker, shared):
         assert one_line(proc.stderr), proc.stderr
     assert tree_hash(site) == before and stat.S_ISFIFO(fifo.lstat().st_mode)
     os.unlink(fifo)
+    record = next(site.glob("*.dist-info")) / "METADATA"  # read for the version
+    os.unlink(record)
+    attacker.ok("import os, sys\nos.mkfifo(sys.argv[1], 0o644)", str(record))
+    proc = subprocess.run(command("status", "--sglang", str(site)), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1 and "METADATA is a FIFO" in proc.stderr, proc
+    assert one_line(proc.stderr), proc.stderr
+    os.unlink(record)
+    attacker.write(record, "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.8\n")
     module = site / "sglang" / "srt" / "evil_fifo.py"
     attacker.ok("import os, sys\nos.mkfifo(sys.argv[1], 0o644)", str(module))
     proc = subprocess.run(command("scan", "--sglang", str(site)), capture_output=True,

@@ -188,22 +188,26 @@ def _version(kind: str, package_dir: Path, git_root: Path | None) -> tuple[str, 
 
 
 def _metadata_version(path: Path) -> str | None:
+    from sm120patch.targets.files import read_regular  # a FIFO there never blocks
+
     try:
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
-                if not line.strip():
-                    break
+        text = read_regular(path).decode("utf-8", "replace")
     except OSError:
         return None
+    for line in text.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+        if not line.strip():
+            break
     return None
 
 
 def _assigned_version(path: Path) -> str | None:
     """`__version__ = "x"` (or `version = "x"`) from a version file, read with ast."""
+    from sm120patch.targets.files import read_regular  # a FIFO there never blocks
+
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = ast.parse(read_regular(path).decode("utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return None
     for node in tree.body:
@@ -223,15 +227,16 @@ def record_hashes(target: Target) -> dict[str, str]:
     import base64
     import csv
 
+    from sm120patch.targets.files import read_regular  # a FIFO there never blocks
+
     if target.layout != "installed":
         return {}
     out: dict[str, str] = {}
     for dist in DIST_NAMES[target.kind]:
         for info in target.parent.glob(f"{dist}-*.dist-info"):
             try:
-                with (info / "RECORD").open(encoding="utf-8", newline="") as fh:
-                    rows = list(csv.reader(fh))
-            except OSError:
+                rows = list(csv.reader(read_regular(info / "RECORD").decode("utf-8").splitlines()))
+            except (OSError, UnicodeDecodeError):
                 continue
             for row in rows:
                 if len(row) >= 2 and row[1].startswith("sha256="):
