@@ -5,11 +5,14 @@ import textwrap
 
 import pytest
 
+from sm120patch.engine import interrupts
 from sm120patch.patchkit.model import Patch
 from sm120patch.patchkit.runner import FileResult, transform_text
 
 
 def pytest_configure(config):
+    # The kill, signal and trace hooks of the in-process runs (children: tests/killing.py).
+    interrupts.TEST_HOOKS = True
     """Signals as a terminal gives them, whoever started the run. A shell's background job
     (`pytest &`, `nohup`) starts with SIGINT or SIGHUP ignored, every child inherits that,
     and sm120patch rightly leaves an ignored signal ignored: the signal tests would then

@@ -28,8 +28,20 @@ def cli(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+# `python -m sm120patch` with the test hooks on (kill points, signal points, the step trace):
+# they are honoured only when code switches them on (`interrupts.TEST_HOOKS`), never from the
+# environment alone, so the child is started through this switch.
+HOOKED = (
+    "import sys, runpy\n"
+    "import sm120patch.engine.interrupts as hooks\n"
+    "hooks.TEST_HOOKS = True\n"
+    "runpy.run_module('sm120patch', run_name='__main__', alter_sys=True)\n"
+)
+
+
 def command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "sm120patch", *args]
+    """sm120patch as a process of its own, as `python -m sm120patch` with the test hooks on."""
+    return [sys.executable, "-c", HOOKED, *args]
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

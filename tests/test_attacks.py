@@ -583,6 +583,65 @@ def test_a_checkout_owned_by_another_user_is_refused_without_safe_directory(
     assert tree_hash(sg) == before and not marker.exists()
 
 
+FILTER = "[filter \"evil\"]\n\tclean = {s} clean\n\tsmudge = {s} smudge\n\trequired = true\n" \
+         "[filter \"evil2\"]\n\tprocess = {s} process\n"
+
+
+@pytest.mark.parametrize("where", ["a global config", "the environment", "info/attributes",
+                                   "a .gitattributes"])  # fmt: skip
+def test_git_runs_no_filter_driver_from_anywhere(where, attacker, shared, tmp_path, monkeypatch):
+    """root runs apply and revert on its own checkout with a user's HOME (sudo keeping HOME):
+    a filter driver that user defines in ~/.gitconfig (assigned through core.attributesFile),
+    or one the repository's own config defines and `$GIT_DIR/info/attributes` or an in-tree
+    `.gitattributes` assigns, never runs; the bytes are the patches' and then the branch's."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    marker = attacker.give(shared / "out", 0o777) / "filter-ran"
+    script = attacker.give(shared / "bin") / "filter.sh"
+    attacker.write(script, f"#!/bin/sh\necho \"$1 $(id -u)\" >> {marker}\ncat\n", 0o755)
+    drivers = FILTER.format(s=script)
+    if where == "a global config":
+        home = attacker.give(shared / "home")
+        attacker.write(home / "attributes", "* filter=evil\n*.py filter=evil2\n")
+        attacker.write(home / ".gitconfig", drivers + f"[core]\n\tattributesFile = {home}/attributes\n")
+        attacker.write(home / ".config" / "git" / "config", drivers)
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+        monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    elif where == "the environment":  # an EnvironmentFile's GIT_CONFIG_* (git >= 2.31)
+        attrs = attacker.give(shared / "env") / "attributes"
+        attacker.write(attrs, "* filter=evil\n")
+        for i, (key, value) in enumerate([("core.attributesFile", str(attrs)),
+                                          ("filter.evil.clean", f"{script} clean"),
+                                          ("filter.evil.smudge", f"{script} smudge")]):  # fmt: skip
+            monkeypatch.setenv(f"GIT_CONFIG_KEY_{i}", key)
+            monkeypatch.setenv(f"GIT_CONFIG_VALUE_{i}", value)
+        monkeypatch.setenv("GIT_CONFIG_COUNT", "3")
+    else:
+        if where == "a .gitattributes":
+            (sg / ".gitattributes").write_text("* filter=evil\n*.py filter=evil2\n")
+            git(sg, "add", ".gitattributes")
+            git(sg, "commit", "-q", "-m", "attributes")
+        else:
+            (sg / ".git" / "info").mkdir(exist_ok=True)
+            (sg / ".git" / "info" / "attributes").write_text("* filter=evil\n*.py filter=evil2\n")
+        with (sg / ".git" / "config").open("a") as fh:
+            fh.write(drivers)
+    pristine = (sg / "python" / SERVER_ARGS).read_bytes()
+    assert not marker.exists()
+    code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
+    assert code == 0, err
+    patched = (sg / "python" / SERVER_ARGS).read_bytes()
+    assert patched != pristine
+    committed = subprocess.run(["git", "-C", str(sg), "-c", "filter.evil.process=", "-c",
+                                "filter.evil2.process=", "show", f"HEAD:python/{SERVER_ARGS}"],
+                               capture_output=True, check=True).stdout  # fmt: skip
+    assert committed == patched  # what was committed is what the patches wrote
+    code, _, err = cli("revert", "moe", "--sglang", str(sg))
+    assert code == 0, err
+    assert (sg / "python" / SERVER_ARGS).read_bytes() == pristine
+    assert not marker.exists(), marker.read_text()
+
+
 # ---- outputs ----------------------------------------------------------------------------------
 @pytest.fixture
 def victim(shared):
@@ -756,3 +815,241 @@ def test_a_full_disk_at_any_write_is_one_line_and_leaves_the_trees_whole(verb, t
             assert cli("recover", *where)[0] == 0
         whole(where)
 
+
+
+# ---- test hooks ---------------------------------------------------------------------------------
+def test_the_test_hooks_cannot_be_driven_from_the_environment(tmp_path):
+    """SM120PATCH_KILL_AT, SM120PATCH_SIGNAL_AT and SM120PATCH_TRACE_STEPS in a service's
+    EnvironmentFile: a plain `python -m sm120patch` neither kills nor signals itself, nor
+    writes the trace file; the same variables with the harness's switch on do."""
+    from sm120patch.engine import interrupts
+
+    site = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    trace = tmp_path / "steps.txt"
+    env = {**os.environ, KILL_ENV: "after-write", TRACE_ENV: str(trace),
+           interrupts.SIGNAL_ENV: "after-journal=TERM"}  # fmt: skip
+    plain = [sys.executable, "-m", "sm120patch", "apply", "moe", "--sglang", str(site),
+             "--no-gpu-check"]  # fmt: skip
+    proc = subprocess.run(plain, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "applied" in proc.stdout, proc.stdout + proc.stderr
+    assert not trace.exists()
+    assert not (site / ".sm120patch" / "sglang" / "journal.json").exists()
+    assert cli("revert", "moe", "--sglang", str(site))[0] == 0
+    hooked = subprocess.run(command(*plain[3:]), env=env, capture_output=True, text=True)
+    assert hooked.returncode == 130 and "interrupted (SIGTERM)" in hooked.stderr, hooked.stderr
+    assert "after-journal:1" in trace.read_text().split()
+
+
+# ---- reads: regular files only ------------------------------------------------------------------
+def users_site(base: Path, who: Attacker) -> Path:
+    """An installed SGLang 0.5.8 in a site-packages of the attacker's own (root is asked to
+    look at or patch it: the security model lets root make its state theirs)."""
+    site = make_tree(base, "sglang", "0.5.8", "installed")
+    add_record(site, "sglang", "0.5.8")
+    for path in [site, *site.rglob("*")]:
+        os.lchown(path, who.uid, who.gid)
+    return site
+
+
+def test_a_fifo_in_state_or_in_a_scanned_tree_blocks_nothing(attacker, shared):
+    """The attacker makes a FIFO of `.sm120patch/sglang/journal.json` in their environment:
+    root's status and ensure refuse in one line at once (they used to wait forever on the
+    open); a FIFO among the package's modules is skipped by scan, with a note."""
+    site = users_site(shared, attacker)
+    fifo = site / ".sm120patch" / "sglang" / "journal.json"
+    attacker.mkdir(fifo.parent)
+    attacker.ok("import os, sys\nos.mkfifo(sys.argv[1], 0o644)", str(fifo))
+    before = tree_hash(site)
+    for args in (["status"], ["ensure", "moe", "--no-gpu-check"]):
+        proc = subprocess.run(command(*args, "--sglang", str(site)), capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 1 and "is a FIFO, not a regular file" in proc.stderr, proc
+        assert one_line(proc.stderr), proc.stderr
+    assert tree_hash(site) == before and stat.S_ISFIFO(fifo.lstat().st_mode)
+    os.unlink(fifo)
+    record = next(site.glob("*.dist-info")) / "METADATA"  # read for the version
+    os.unlink(record)
+    attacker.ok("import os, sys\nos.mkfifo(sys.argv[1], 0o644)", str(record))
+    proc = subprocess.run(command("status", "--sglang", str(site)), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1 and "METADATA is a FIFO" in proc.stderr, proc
+    assert one_line(proc.stderr), proc.stderr
+    os.unlink(record)
+    attacker.write(record, "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.8\n")
+    module = site / "sglang" / "srt" / "evil_fifo.py"
+    attacker.ok("import os, sys\nos.mkfifo(sys.argv[1], 0o644)", str(module))
+    proc = subprocess.run(command("scan", "--sglang", str(site)), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "evil_fifo.py" in proc.stdout and "a FIFO" in proc.stdout, proc.stdout
+
+
+def test_a_target_file_swapped_for_a_link_or_grown_huge_is_never_read(attacker, shared,
+                                                                     monkeypatch):
+    """The attacker, who owns `sglang/srt/`, swaps server_args.py for a link to a root-only
+    file between root's check of the path and its read (their inotify race, driven here by a
+    hook after every check: the check sees the regular file, the read the link). The link
+    leads to a root-only file with the release's bytes (root's own copy elsewhere, 0600):
+    root's apply refuses in one line and keeps no copy of it in the attacker's state. A 65 MiB
+    server_args.py is refused before it is read."""
+    site = users_site(shared, attacker)
+    target = site / SERVER_ARGS
+    private = shared / "root-only"
+    private.mkdir(mode=0o700)
+    secret = private / "server_args.py"
+    secret.write_bytes(target.read_bytes())
+    secret.chmod(0o600)
+    swap = "import os, sys\nos.rename(sys.argv[1], sys.argv[1] + '.real')\nos.symlink(sys.argv[2], sys.argv[1])"
+    back = "import os, sys\nos.unlink(sys.argv[1])\nos.rename(sys.argv[1] + '.real', sys.argv[1])"
+
+    def racing(check):
+        def checked(*args, **kwargs):
+            if target.is_symlink():
+                attacker.ok(back, str(target))
+            out = check(*args, **kwargs)  # the check sees the regular file ...
+            attacker.ok(swap, str(target), str(secret))  # ... the use finds the link
+            return out
+
+        return checked
+
+    from sm120patch.engine import apply as engine_apply
+
+    monkeypatch.setattr(files, "inside", racing(files.inside))
+    monkeypatch.setattr(engine_apply, "check_writable", racing(engine_apply.check_writable))
+    code, _, err = cli("apply", "moe", "--sglang", str(site), "--no-gpu-check")
+    monkeypatch.undo()
+    assert code == 1 and "reads no target or state file through one" in err and one_line(err), err
+    assert not (site / ".sm120patch" / "sglang" / "pristine" / SERVER_ARGS).exists()
+    assert mode(secret) == 0o600 and secret.stat().st_uid == 0
+    attacker.ok(back, str(target))
+    attacker.ok("import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)\n"
+                "os.ftruncate(fd, 65 << 20)", str(target))  # fmt: skip
+    code, _, err = cli("apply", "moe", "--sglang", str(site), "--no-gpu-check")
+    assert code == 1 and "more than sm120patch reads" in err and one_line(err), err
+    assert target.stat().st_size == 65 << 20 and target.stat().st_uid == attacker.uid
+
+
+# ---- targets come from the command line ---------------------------------------------------------
+def test_recover_writes_no_peer_it_was_not_given(attacker, shared):
+    """A journal in the attacker's environment names root's production FlashInfer as the peer
+    of a killed revert: root's `recover --sglang <theirs>` finishes the attacker's SGLang and
+    only reports the FlashInfer; its patched bytes, manifest, owner and modes stay as they
+    were (root reverts it by naming it)."""
+    theirs = make_tree(shared / "user", "sglang", "0.5.8", "installed")
+    prod = make_tree(shared / "prod", "flashinfer", "0.6.8", "installed")
+    add_record(prod, "flashinfer", "0.6.8")
+    where = ["--sglang", str(theirs), "--flashinfer", str(prod)]
+    assert cli("apply", "all", *where, "--no-gpu-check")[0] == 0
+    proc = sm("revert", "--all", *where, env={KILL_ENV: "after-journal:1"})
+    assert proc.returncode == -9, proc.stderr
+    journal_path = theirs / ".sm120patch" / "sglang" / "journal.json"
+    assert json.loads(journal_path.read_text())["peers"], "the revert journals its peer"
+    for path in [theirs, *theirs.rglob("*")]:
+        os.lchown(path, attacker.uid, attacker.gid)  # the attacker's environment, their journal
+    prod_before = {p: (p.read_bytes(), mode(p), p.stat().st_uid)
+                   for p in prod.rglob("*") if p.is_file()}  # fmt: skip
+    code, out, err = cli("recover", "--sglang", str(theirs))
+    assert code == 0, err
+    assert f"names flashinfer at {prod} too, which you did not name" in out + err, out + err
+    assert {p: (p.read_bytes(), mode(p), p.stat().st_uid)
+            for p in prod.rglob("*") if p.is_file()} == prod_before  # fmt: skip
+    assert not journal_path.exists()
+    code, out, _ = cli("status", "--flashinfer", str(prod), "--json")
+    assert json.loads(out)["targets"][0]["state"] == "applied"  # root's, reverted by root
+    assert cli("revert", "--all", "--flashinfer", str(prod))[0] == 0
+
+
+# ---- the release cache ----------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["the user's HOME", "a shared SM120PATCH_CACHE"])
+def test_a_release_cache_of_someone_elses_is_ignored(where, attacker, shared, monkeypatch,
+                                                     capsys):  # fmt: skip
+    """A release cache the attacker could write (root with their HOME, or a shared directory)
+    with a planted tree and a lock symlink to a root-only file: it is ignored with one
+    warning, nothing in it is read or opened, and the root-only file keeps its bytes and mode."""
+    from sm120patch.maintain import releases, trees
+
+    victim = shared / "root-only"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    if where == "the user's HOME":
+        home = attacker.give(shared / "home")
+        cache = home / ".cache" / "sm120patch"
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.delenv("SM120PATCH_CACHE", raising=False)
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        cache = shared / "cache"
+        cache.mkdir()
+        cache.chmod(0o1777)
+        monkeypatch.setenv("SM120PATCH_CACHE", str(cache))
+    attacker.write(cache / "trees" / "sglang-0.5.8" / SERVER_ARGS, "import os; os.system('id')\n")
+    attacker.mkdir(cache / "dist")
+    attacker.symlink(victim, cache / "dist" / ".sglang-0.5.8.lock")
+    monkeypatch.setattr(releases, "_judged", {}, raising=False)
+    monkeypatch.setattr(releases, "warn", lambda text: print(f"WARN {text}"), raising=False)
+    for _ in range(2):
+        used = releases.cache_dir()
+        assert cache not in (used, *used.parents) and used.stat().st_uid == 0
+        assert releases.trees_dir() == used / "trees"
+    out = capsys.readouterr().out
+    assert out.count("WARN ignoring the release cache") == 1, out
+    with releases.locked(releases.dist_dir() / ".sglang-0.5.8.lock"):
+        pass
+    assert not trees._tree_covers(releases.trees_dir() / "sglang-0.5.8", (SERVER_ARGS,))
+    assert victim.read_text() == "precious\n" and mode(victim) == 0o600
+
+
+def test_a_lock_link_in_the_release_cache_is_never_followed(tmp_path, monkeypatch):
+    from sm120patch.maintain import releases
+
+    monkeypatch.setenv("SM120PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(releases, "_judged", {}, raising=False)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    lock = releases.dist_dir() / ".sglang-0.5.8.lock"
+    lock.parent.mkdir(parents=True)
+    lock.symlink_to(victim)
+    with pytest.raises(releases.ReleaseError, match="cannot open the lock"):
+        with releases.locked(lock):
+            pass
+    assert victim.read_text() == "precious\n" and mode(victim) == 0o600
+
+
+# ---- explain's interpreter ----------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["a pyvenv.cfg above a pip --target tree",
+                                 "a venv whose bin/ the group may write", "--python theirs"])  # fmt: skip
+def test_explain_runs_no_interpreter_someone_else_could_choose(how, attacker, shared):
+    """explain runs the target environment's own interpreter (its pyvenv.cfg at the root of
+    `lib/pythonX.Y/site-packages`) or --python, and refuses one that anyone but its owner or
+    root could change: the attacker's planted `bin/python` never runs as root."""
+    marker = attacker.give(shared / "out", 0o777) / "ran"
+    evil = f"#!/bin/sh\necho \"$(id -u)\" >> {marker}\nexit 3\n"
+    if how == "a pyvenv.cfg above a pip --target tree":
+        above = shared / "ww"
+        above.mkdir()
+        above.chmod(0o777)  # two levels above root's `pip install --target` tree
+        site = make_tree(above / "deps", "sglang", "0.5.8", "installed")
+        attacker.write(above / "pyvenv.cfg", "home = /usr/bin\n")
+        attacker.write(above / "bin" / "python", evil, 0o755)
+        args = ["--sglang", str(site)]
+        code_wanted, needle = 2, "pass --python PATH"
+    elif how == "a venv whose bin/ the group may write":
+        env = shared / "venv"
+        site = make_tree(env / "lib" / "python3.11", "sglang", "0.5.8", "installed")
+        site = site.rename(site.with_name("site-packages"))
+        (env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (env / "bin").mkdir()
+        os.chown(env / "bin", 0, attacker.group_gid)
+        (env / "bin").chmod(0o775)
+        attacker.write(env / "bin" / "python", evil, 0o755)
+        args = ["--sglang", str(site)]
+        code_wanted, needle = 1, "writable by its group or by others"
+    else:
+        site = make_tree(shared, "sglang", "0.5.8", "installed")
+        attacker.write(shared / "out" / "python", evil, 0o755)
+        args = ["--sglang", str(site), "--python", str(shared / "out" / "python")]
+        code_wanted, needle = 1, "refusing to run"
+    code, _, err = cli("explain", *args, "--simulate", "sm120")
+    assert code == code_wanted and needle in err and one_line(err), err
+    assert not marker.exists(), marker.read_text()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from killing import command
 from trees import FLASHINFER_FILES, git, make_tree, tree_hash
 
 from sm120patch.cli import main
@@ -198,7 +198,7 @@ def test_kill_during_apply_then_recover(trees, step):
     before = hashes(sg, fi)
     env = {**os.environ, "SM120PATCH_KILL_AT": step}
     proc = subprocess.run(
-        [sys.executable, "-m", "sm120patch", "apply", "all", *targets(sg, fi), "--no-gpu-check"],
+        command("apply", "all", *targets(sg, fi), "--no-gpu-check"),
         env=env,
         capture_output=True,
         text=True,

@@ -79,6 +79,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 WINGS = (
     "sm120patch",
     "sm120patch.errors",
+    "sm120patch.safeio",
     "sm120patch.patchkit",
     "sm120patch.patches",
     "sm120patch.targets",

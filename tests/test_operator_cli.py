@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from killing import command
 from test_states import SERVER_ARGS, cli, where  # noqa: F401
 from trees import make_tree, tree_hash
 
@@ -141,7 +142,7 @@ def test_recover_names_each_target_of_one_site_packages(tmp_path):
     fi = make_tree(tmp_path / "b", "flashinfer", "0.6.8", "installed")
     shutil.copytree(fi, sg, dirs_exist_ok=True)  # both in one site-packages
     proc = subprocess.run(
-        [sys.executable, "-m", "sm120patch", "apply", "all", *where(sg, sg), "--no-gpu-check"],
+        command("apply", "all", *where(sg, sg), "--no-gpu-check"),
         env={**os.environ, "SM120PATCH_KILL_AT": "after-write"},
         capture_output=True,
     )

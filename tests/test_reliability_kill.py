@@ -161,7 +161,7 @@ def test_revert_killed_before_its_second_journal_rolls_forward_both(trees, tmp_p
     states = States([sg, fi])
     assert cli(*apply_args(sg, fi))[0] == 0
     assert run(*revert_args(sg, fi), env={KILL_ENV: "after-journal:1"}).returncode == -9
-    # Only the SGLang side is named: the journal names its peer, and recover finishes both.
+    # Both named (a journal's peer is written only when named): recover finishes both.
     code, out, err = cli("recover", "--sglang", str(sg), "--flashinfer", str(fi))
     assert code == 0, err
     assert_settled(sg, fi, "pristine", states)

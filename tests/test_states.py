@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from killing import command
 from trees import git, make_tree, tree_hash
 
 from sm120patch import targets
@@ -495,7 +496,7 @@ def test_the_apply_report_carries_its_diff(tmp_path):
 def test_ensure_refuses_an_unfinished_run(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     proc = subprocess.run(
-        [sys.executable, "-m", "sm120patch", "apply", "moe", "--sglang", str(sg), "--no-gpu-check"],
+        command("apply", "moe", "--sglang", str(sg), "--no-gpu-check"),
         env={**os.environ, "SM120PATCH_KILL_AT": "after-write"},
         capture_output=True,
     )
@@ -595,7 +596,7 @@ def test_an_unwritable_directory_during_recover_is_one_line(tmp_path, monkeypatc
 
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     proc = subprocess.run(
-        [sys.executable, "-m", "sm120patch", "apply", "moe", "--sglang", str(sg), "--no-gpu-check"],
+        command("apply", "moe", "--sglang", str(sg), "--no-gpu-check"),
         env={**os.environ, "SM120PATCH_KILL_AT": "after-write"},
         capture_output=True,
     )

@@ -47,7 +47,7 @@ from sm120patch.patchkit.facts import Status
 from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target, procscan
-from sm120patch.targets.files import file_sha256, sha256
+from sm120patch.targets.files import file_sha256, read_regular, sha256
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
@@ -462,7 +462,7 @@ def _start_apply(
     for f in tp.changed:
         rel = tp.target.rel(f.file)
         path = ctx.path(rel)
-        data = path.read_bytes()
+        data = read_regular(path)
         planned = sha256(f.before.encode("utf-8"))
         if sha256(data) != planned:
             # Read again for the journal: an install that landed since the plan must not get a
@@ -495,7 +495,7 @@ def _start_apply(
     ctx.state.write_journal(journal)
     if ctx.layout.keeps_pristine():
         for record in files:
-            ctx.state.keep_copy("pristine", record.path, ctx.path(record.path).read_bytes())
+            ctx.state.keep_copy("pristine", record.path, read_regular(ctx.path(record.path)))
             interrupts.kill_point("after-copy")
     interrupts.kill_point("after-journal")
     return journal
@@ -544,7 +544,7 @@ def _verify(ctx: TargetRun, tp: plans.TargetPlan, lock: Lock | None) -> None:
         locked = {f.path: f.after for f in lock.files if f.target == ctx.target.kind}
     for f in tp.changed:
         path = ctx.path(tp.target.rel(f.file))
-        data = path.read_bytes()
+        data = read_regular(path)
         if data != f.after.encode("utf-8"):
             raise Refused(
                 f"verify: {path} does not hold the planned text after writing",

@@ -34,6 +34,12 @@ from sm120patch.errors import Sm120Error
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_INTERRUPTED = 130
 EXIT_UNFINISHED = 75
+# The test hooks below (SIGNAL_ENV, KILL_ENV, TRACE_ENV) are honoured only when this switch is
+# on, and only code can turn it on: the test harness does, in its own process (conftest) and in
+# the children it starts (`python -c "...; interrupts.TEST_HOOKS = True; ..."`, tests/killing.py).
+# An environment alone (a service's EnvironmentFile, a user's shell) cannot: a production run
+# never kills itself, signals itself or writes a trace file because a variable says so.
+TEST_HOOKS = False
 # Test hook, like the engine's SM120PATCH_KILL_AT: `STEP[:N][=SIG[xK]]` makes this process
 # send itself SIG (INT, TERM or HUP; default INT) K times at that kill point. (A terminal's
 # Ctrl-C signals the whole foreground group; the tests send that one from outside, with killpg.)
@@ -191,7 +197,7 @@ def _raise_for(section: Section, exc: BaseException | None, unfinished: Callable
 def at_step(step: str, count: int) -> None:
     """The engine's kill point `step` (its `count`-th passage): the test hook, then a
     checkpoint."""
-    spec = os.environ.get(SIGNAL_ENV)
+    spec = os.environ.get(SIGNAL_ENV) if TEST_HOOKS else None
     if spec:
         where, _, how = spec.partition("=")
         if where in (step, f"{step}:{count}"):
@@ -211,6 +217,9 @@ _passed: dict[str, int] = {}
 
 
 def kill_point(step: str) -> None:
+    if not TEST_HOOKS:
+        checkpoint()  # [signals] a deferred SIGINT stops an apply here
+        return
     count = _passed[step] = _passed.get(step, 0) + 1
     trace = os.environ.get(TRACE_ENV)
     if trace:

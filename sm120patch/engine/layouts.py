@@ -30,7 +30,7 @@ from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
 from sm120patch.patchkit.runner import FileResult
 from sm120patch.targets import Target, files, git, record_hashes
-from sm120patch.targets.files import file_sha256, sha256
+from sm120patch.targets.files import file_sha256, read_regular, sha256
 
 # Path -> the bytes a revert leaves there (None: none to be had).
 Restored = dict[str, bytes | None]
@@ -191,7 +191,7 @@ class InstalledLayout:
             if verdict == "missing":
                 out[f.path] = None  # deleted: a revert does not create it again
             elif verdict == "pristine":
-                out[f.path] = path.read_bytes()
+                out[f.path] = read_regular(path)
             else:
                 try:
                     out[f.path] = self.pristine_bytes(f)
@@ -393,7 +393,7 @@ class GitLayout(InstalledLayout):
         for f in files:
             blob = self.repo.show("HEAD", f.path)
             now = self.path(f.path)
-            data = now.read_bytes() if now.is_file() else None
+            data = read_regular(now) if now.is_file() else None
             if blob != data:
                 branch, head = self.repo.head()
                 raise Refused(

@@ -19,7 +19,7 @@ from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.revert import finish_revert
 from sm120patch.engine.run import TargetRun, check_evidence, locked, remove_temps, same_run
 from sm120patch.engine.store import TargetState
-from sm120patch.errors import Refused, Sm120Error
+from sm120patch.errors import Refused
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.targets.git import head_branch as git_head_branch
 
@@ -30,9 +30,9 @@ def recover(paths: Mapping[str, str | Path | None]) -> Report:
         targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
         for kind in TARGETS
     ]
-    ctxs = _with_peers([TargetRun(t) for t in found if t is not None])
+    ctxs = [TargetRun(t) for t in found if t is not None]
     reports: list[TargetReport] = []
-    notes: list[str] = []
+    notes: list[str] = _unnamed_peers(ctxs)
     with locked(ctxs):
         journals: dict[str, Journal | None] = {c.target.kind: c.state.journal() for c in ctxs}
         _check_evidence(ctxs, journals)  # before anything changes: a refusal changes nothing
@@ -152,25 +152,30 @@ def _drop_replaced(ctx: TargetRun, journal: Journal, was: str) -> list[str]:
     return notes
 
 
-def _with_peers(ctxs: list[TargetRun]) -> list[TargetRun]:
-    """`ctxs` and the targets their journals name: recover finishes a whole transaction."""
-    out = list(ctxs)
-    # (kind, root): SGLang and FlashInfer may share a root (one site-packages).
-    seen: set[tuple[str, Path]] = {(ctx.target.kind, ctx.target.root) for ctx in ctxs}
+def _unnamed_peers(ctxs: list[TargetRun]) -> list[str]:
+    """What the journals of `ctxs` say of targets the command did not name: reported, never
+    written. Targets come from the command line (or the documented defaults) only; a journal
+    is evidence, and one in a user's environment could name root's production FlashInfer as
+    its "peer". Such a peer keeps its own journal, which `recover` naming it finishes."""
+    import shlex
+
+    named = {(ctx.target.kind, ctx.target.root) for ctx in ctxs}
+    kinds = {kind for kind, _ in named}
+    notes: list[str] = []
     for ctx in ctxs:
         journal = ctx.state.journal()
-        for peer in journal.peers if journal else ():
-            root = Path(peer.root)
-            if (peer.kind, root) in seen or peer.kind in {c.target.kind for c in out}:
+        if journal is None:
+            continue
+        for peer in journal.peers:
+            if (peer.kind, Path(peer.root)) in named or peer.kind in kinds:
                 continue
-            try:
-                target = targets.find_quiet(peer.kind, root, required=False)
-            except Sm120Error:
-                target = None  # gone: its own journal (if any) is recovered where it is
-            if target is not None and target.root == root:
-                out.append(TargetRun(target))
-                seen.add((peer.kind, root))
-    return out
+            notes.append(
+                f"{ctx.target.at}: the interrupted {journal.op} of {journal.profile} names "
+                f"{peer.kind} at {peer.root} too, which you did not name: nothing was written "
+                f"there (`sm120patch recover --{peer.kind} {shlex.quote(peer.root)}` "
+                "finishes it, if it is yours)"
+            )
+    return notes
 
 
 def _apply_committed(journal: Journal) -> bool:

@@ -26,7 +26,7 @@ from sm120patch.engine.run import (
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog
-from sm120patch.targets import procscan
+from sm120patch.targets import files, procscan
 
 
 def revert(
@@ -146,7 +146,7 @@ def revert_dry_run(
         restored = ctx.layout.restores(manifest.files, manifest.git)
         for f in manifest.files:
             now = ctx.path(f.path)
-            data = now.read_bytes() if now.is_file() else b""
+            data = files.read_regular(now) if now.is_file() else b""
             after = restored[f.path]
             report.files.append(ReportedFile(f.path, "pristine"))
             if after is not None and after != data:
@@ -269,7 +269,7 @@ def _drift_diff(ctx: TargetRun, drifted: list[FileRecord]) -> str:
     out: list[str] = []
     for f in drifted:
         ours = (ctx.state.copy("patched", f.path) or b"").decode("utf-8", "replace")
-        now = ctx.path(f.path).read_bytes().decode("utf-8", "replace")
+        now = files.read_regular(ctx.path(f.path)).decode("utf-8", "replace")
         out.extend(
             difflib.unified_diff(
                 ours.splitlines(True),

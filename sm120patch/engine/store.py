@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sm120patch import safeio
 from sm120patch.engine.records import SCHEMA, Journal, Manifest, check_journal, check_manifest
 from sm120patch.engine.trialrecord import TrialRecord, check_trials
 from sm120patch.errors import Refused
@@ -197,6 +198,12 @@ class TargetState:
         return self.dir_mode & 0o644
 
     @property
+    def _owners(self) -> tuple[int, ...]:
+        """Who may own a state file sm120patch reads: the target's owner, root, or (0.1.0's
+        per-user state, read only from a directory of its own) the running user."""
+        return (self.owner[0], 0, os.geteuid())
+
+    @property
     def owner(self) -> tuple[int, int]:
         """(uid, gid) of the target's owner: the owner of the site-packages or git directory."""
         try:
@@ -239,13 +246,17 @@ class TargetState:
                 )
             problem = files.lax_entry(path, st, (uid, 0))
             if problem:
-                raise Refused(
-                    f"{problem}: sm120patch's state must be owned by {who} (the owner of "
-                    f"{self.anchor}) and writable by no one else, or anyone could have "
-                    "written it",
-                    f"if you trust what is in {top}, `chown -R {who} {top} && chmod -R go-w "
-                    f"{top}`; otherwise move {top} aside (and check the target's files)",
-                )
+                raise self._untrusted(problem)
+
+    def _untrusted(self, problem: str) -> Refused:
+        """The refusal of state someone else could have written, with the fix."""
+        who, top = files.owner_name(self.owner[0]), self.dir.parent
+        return Refused(
+            f"{problem}: sm120patch's state must be owned by {who} (the owner of "
+            f"{self.anchor}) and writable by no one else, or anyone could have written it",
+            f"if you trust what is in {top}, `chown -R {who} {top} && chmod -R go-w {top}`; "
+            f"otherwise move {top} aside (and check the target's files)",
+        )
 
     # ---- lock -------------------------------------------------------------------------
     @contextmanager
@@ -315,7 +326,8 @@ class TargetState:
         import fcntl
 
         try:
-            fd = os.open(self.dir / "lock", os.O_RDONLY)
+            # Never blocking on a FIFO there, never through a link.
+            fd = os.open(self.dir / "lock", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except OSError:
             return  # no lock file: nobody holds it
         try:
@@ -368,7 +380,7 @@ class TargetState:
     def _read_at(self, path: Path) -> dict[str, Any] | None:
         name = path.name
         try:
-            raw = _read_nofollow(path)
+            raw = _read_nofollow(path, self)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
@@ -479,7 +491,7 @@ class TargetState:
             if base is None:
                 continue
             try:
-                return _read_nofollow(self._copy_path(kind, rel, base))
+                return _read_nofollow(self._copy_path(kind, rel, base), self)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             except OSError:
@@ -493,20 +505,13 @@ class TargetState:
             shutil.rmtree(self.dir / kind, ignore_errors=True)
 
 
-def _read_nofollow(path: Path) -> bytes:
-    """The bytes of the regular file at `path`, never through a symbolic link at its name."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+def _read_nofollow(path: Path, state: TargetState) -> bytes:
+    """The bytes of the regular file at `path`, never through a symbolic link at its name,
+    never blocking on a FIFO, and owned by the target's owner or root (`files.read_regular`)."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise IsADirectoryError(21, "not a regular file", str(path))
-        chunks: list[bytes] = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
+        return files.read_regular(path, owners=state._owners)
+    except safeio.NotOwned as exc:
+        raise state._untrusted(exc.message) from None
 
 
 _CHECKS = {MANIFEST: check_manifest, JOURNAL: check_journal, TRIALS: check_trials}

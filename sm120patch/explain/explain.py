@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm120patch.errors import Sm120Error, UsageError
-from sm120patch.targets import Target
+from sm120patch.errors import Refused, Sm120Error, UsageError
+from sm120patch.targets import Target, files
 
 PROBE = Path(__file__).with_name("probe.py")
 PROFILE = "all"  # what the planned patched side applies unless --profile says another
@@ -308,14 +309,52 @@ class Explanation:
 
 
 def interpreter_for(target: Target) -> Path:
-    """The `python` of the virtual environment whose site-packages holds the target; else
-    the interpreter running sm120patch."""
-    for up in (target.parent, *target.parent.parents[:4]):
-        if (up / "pyvenv.cfg").is_file():
-            for name in ("bin/python", "bin/python3", "Scripts/python.exe"):
-                if (up / name).exists():
-                    return up / name
-    return Path(sys.executable)
+    """The target environment's own interpreter: the `python` of the virtual environment
+    whose root (its `pyvenv.cfg`) holds the target's `lib/pythonX.Y/site-packages`, or the
+    interpreter running sm120patch when the target's directory is on its own `sys.path`.
+    Nothing else: no `pyvenv.cfg` found further up (a directory above a `pip --target` tree
+    that others may write), no interpreter of another environment's."""
+    site = target.parent
+    if site.name in ("site-packages", "dist-packages") and site.parent.name.startswith("python"):
+        root = site.parents[2]
+        if site.parents[1].name in ("lib", "lib64") and (root / "pyvenv.cfg").is_file():
+            for name in ("bin/python", "bin/python3"):
+                if os.path.lexists(root / name):
+                    return root / name
+    own = {os.path.realpath(p) for p in sys.path if p}
+    if os.path.realpath(site) in own:
+        return Path(sys.executable)
+    raise UsageError(
+        f"no interpreter of the environment that holds {target.parent} (no pyvenv.cfg at its "
+        "root, and it is not the environment sm120patch runs in)",
+        "pass --python PATH: the interpreter SGLang runs in",
+    )
+
+
+def untrusted_interpreter(python: Path) -> str | None:
+    """Why someone other than its owner or root could change what `python` runs, or None:
+    the interpreter, the file it leads to and every directory above either must be owned by
+    its owner or root and writable by no one else (a sticky directory of root's or the
+    owner's, such as /tmp, aside: nobody renames another's entry there). A path that does not
+    exist is left to the probe's run."""
+    if not python.exists():
+        return None
+    owner = os.lstat(python).st_uid
+    real = Path(os.path.realpath(python))
+    for path in dict.fromkeys([python, *python.parents, real, *real.parents]):
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            return f"{path} cannot be read ({exc.strerror})"
+        if stat.S_ISLNK(st.st_mode):
+            continue  # where it leads is judged too (`real`)
+        bits = stat.S_IMODE(st.st_mode)
+        sticky = stat.S_ISDIR(st.st_mode) and bits & stat.S_ISVTX and st.st_uid in (0, owner)
+        if st.st_uid not in (0, owner):
+            return f"{path} is owned by {files.owner_name(st.st_uid)}"
+        if bits & (stat.S_IWGRP | stat.S_IWOTH) and not sticky:
+            return f"{path} is writable by its group or by others (mode {bits:o})"
+    return None
 
 
 def explain(
@@ -341,7 +380,14 @@ def explain(
                 raise
     if not found:
         raise UsageError("found neither SGLang nor FlashInfer", "pass --sglang/--flashinfer PATH")
-    interp = Path(python) if python else interpreter_for(found[0])
+    interp = Path(python).absolute() if python else interpreter_for(found[0])
+    problem = untrusted_interpreter(interp)
+    if problem:
+        raise Refused(
+            f"refusing to run {interp}: {problem}, so someone else could choose what it runs "
+            "(explain runs the interpreter and the target's code with your privileges)",
+            "pass --python PATH of an interpreter that only its owner or root can change",
+        )
     launch = list(launch)
     notes = []
     if not launch:

@@ -39,7 +39,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -50,6 +50,7 @@ from packaging.version import InvalidVersion, Version
 
 from sm120patch.errors import Sm120Error
 from sm120patch.maintain import pipconfig
+from sm120patch.maintain.cacheowner import own_cache
 from sm120patch.maintain.index import (
     READ_ERRORS,
     IndexFile,
@@ -153,14 +154,33 @@ class ReleaseError(Sm120Error):
     exit_code = 1
 
 
+def _stderr(text: str) -> None:
+    print(f"sm120patch: warning: {text}", file=sys.stderr)
+
+
+# How the one warning of an ignored cache reaches the user (the caller may point it elsewhere).
+warn: Callable[[str], None] = _stderr
+_judged: dict[str, Path] = {}
+
+
 def cache_dir() -> Path:
-    """`$SM120PATCH_CACHE`, else the per-user cache directory of sm120patch."""
+    """`$SM120PATCH_CACHE`, else the per-user cache directory of sm120patch, when it is the
+    effective user's own: it and its `dist/`, `trees/` and `index/` owned by that user and
+    writable by no one else (as is every directory above it, or root's). Otherwise, as the
+    plan cache, it is ignored with one warning (a user's cache, when root runs with their
+    HOME, or a shared one could hold a planted tree or a lock link): this process then
+    fetches into a private directory of its own."""
     env = os.environ.get("SM120PATCH_CACHE")
     if env:
-        return Path(env).expanduser()
-    import platformdirs
+        base = Path(env).expanduser().absolute()
+    else:
+        import platformdirs
 
-    return Path(platformdirs.user_cache_dir("sm120patch"))
+        base = Path(platformdirs.user_cache_dir("sm120patch"))
+    key = str(base)
+    if key not in _judged:
+        _judged[key] = own_cache(base, warn)
+    return _judged[key]
 
 
 def dist_dir() -> Path:
@@ -199,12 +219,28 @@ def sweep(directory: Path, prefixes: tuple[str, ...]) -> None:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Serialise work on one release across processes (pytest-xdist workers, parallel CI jobs)."""
-    import filelock
+    """Serialise work on one release across processes (pytest-xdist workers, parallel CI jobs):
+    an flock on `path`, opened without following a link at its name and never truncated
+    (filelock before 3.20.1 followed one, so a planted link truncated and chmod'ed its
+    target); anything but a regular file there is an error."""
+    import fcntl
+    import stat
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(path)):
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise ReleaseError(f"cannot open the lock {path} ({exc.strerror})",
+                           f"move {path} aside, then run the command again") from None  # fmt: skip
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReleaseError(f"the lock {path} is not a regular file",
+                               f"move {path} aside, then run the command again")  # fmt: skip
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
+from sm120patch.targets.files import read_regular
 
 if TYPE_CHECKING:
     from sm120patch.plan.workers import Job, Started
@@ -295,7 +296,7 @@ def _prepare(
             texts[rel] = None
             path = target.path_of(rel)
             try:
-                data = path.read_bytes()
+                data = read_regular(path)
             except FileNotFoundError:
                 return None
             except OSError as exc:

@@ -196,9 +196,15 @@ def _decode(data: bytes) -> str | None:
         return None
 
 
-def tree_files(package_dir: Path, parent: Path) -> Iterator[tuple[str, bytes]]:
+def tree_files(
+    package_dir: Path, parent: Path, notes: list[tuple[str, str]] | None = None
+) -> Iterator[tuple[str, bytes]]:
     """(path relative to `parent`, bytes) of every .py file under a package directory, the
-    skipped directories not walked."""
+    skipped directories not walked. A FIFO, a device, a socket, a link or a file too large to
+    be source is never read (a FIFO would hang the scan): it is skipped, with why in `notes`."""
+    from sm120patch.errors import Refused
+    from sm120patch.targets.files import read_regular
+
     base = str(parent)
     for folder, dirs, names in os.walk(package_dir):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and d != "__pycache__")
@@ -208,30 +214,39 @@ def tree_files(package_dir: Path, parent: Path) -> Iterator[tuple[str, bytes]]:
             if skipped(rel):
                 continue
             try:
-                with open(os.path.join(folder, name), "rb") as f:
-                    yield rel, f.read()
+                data = read_regular(Path(folder, name))
+            except Refused as exc:
+                if notes is not None:
+                    notes.append((rel, f"skipped: {exc.message.partition('; ')[0]}"))
+                continue
             except OSError:
                 continue
+            yield rel, data
 
 
 def scan_target(target: Any, **kwargs: Any) -> TargetScan:
     """`scan_files` over a target found on disk (`targets.find`)."""
+    from sm120patch.errors import Refused
+    from sm120patch.targets.files import read_regular
 
     def read(rel: str) -> str | None:
         try:
-            return str(target.path_of(rel).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
+            return read_regular(target.path_of(rel)).decode("utf-8")
+        except (OSError, UnicodeDecodeError, Refused):
             return None
 
-    return scan_files(
+    notes: list[tuple[str, str]] = []
+    out = scan_files(
         target.kind,
         target.version,
-        tree_files(target.package_dir, target.parent),
+        tree_files(target.package_dir, target.parent, notes),
         read,
         root=str(target.root),
         layout=target.layout,
         **kwargs,
     )
+    out.problems += notes
+    return out
 
 
 def scan(paths: Mapping[str, str | None], *, catalog: Any = None) -> Report:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sm120patch.errors import Refused, UsageError
 from sm120patch.patchkit import versions
 from sm120patch.patchkit.kinds import TARGETS, Kind
+from sm120patch.safeio import clean_command, git_env, read_regular, user_name
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -243,21 +244,21 @@ def _installed_version(kind: str, package_dir: Path) -> tuple[str, str]:
 
 def _metadata_version(path: Path) -> str | None:
     try:
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
-                if not line.strip():
-                    break
+        text = read_regular(path).decode("utf-8", "replace")
     except OSError:
         return None
+    for line in text.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+        if not line.strip():
+            break
     return None
 
 
 def _read_file(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
-    except OSError:
+        return read_regular(path)  # a FIFO or a link there never blocks nor redirects the read
+    except (OSError, Refused):
         return None
 
 
@@ -273,17 +274,8 @@ SAFE_CONFIG = (
     "-c", "tag.gpgSign=false",
     "-c", "gc.auto=0",
     "-c", "maintenance.auto=false",
+    "-c", "core.attributesFile=/dev/null",
 )  # fmt: skip
-
-
-def user_name(uid: int) -> str:
-    """A user's name for a message (`alice`, or `uid 1234` when it has none)."""
-    try:
-        import pwd
-
-        return pwd.getpwuid(uid).pw_name
-    except (KeyError, ImportError):
-        return f"uid {uid}"
 
 
 def work_tree_of(path: Path) -> Path | None:
@@ -364,7 +356,10 @@ def _run_git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     not imported for it (`status` would double its start-up time)."""
     try:
         return subprocess.run(
-            ["git", *SAFE_CONFIG, "--literal-pathspecs", "--no-pager", "-C", str(root), *args],
+            clean_command(
+                ["git", *SAFE_CONFIG, "--literal-pathspecs", "--no-pager", "-C", str(root), *args],
+                git_env(),
+            ),
             capture_output=True,
             check=False,
             stdin=subprocess.DEVNULL,
@@ -450,7 +445,9 @@ class _AtCommit:
         if not asked:
             return
         proc = subprocess.run(
-            ["git", *SAFE_CONFIG, "-C", str(self.root), "cat-file", "--batch"],
+            clean_command(
+                ["git", *SAFE_CONFIG, "-C", str(self.root), "cat-file", "--batch"], git_env()
+            ),
             input="".join(f"{name}\n" for name in asked).encode(),
             capture_output=True,
             check=False,
@@ -683,9 +680,8 @@ def record_hashes(target: Target) -> dict[str, str]:
     for dist in DIST_NAMES[target.kind]:
         for info in target.parent.glob(f"{dist}-*.dist-info"):
             try:
-                with (info / "RECORD").open(encoding="utf-8", newline="") as fh:
-                    rows = list(csv.reader(fh))
-            except OSError:
+                rows = list(csv.reader(read_regular(info / "RECORD").decode("utf-8").splitlines()))
+            except (OSError, UnicodeDecodeError):
                 continue
             for row in rows:
                 if len(row) >= 2 and row[1].startswith("sha256="):

@@ -16,7 +16,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sm120patch.errors import Refused, UsageError
-from sm120patch.targets import user_name
+from sm120patch.safeio import read_regular as read_regular  # where targets/ and above read files
+from sm120patch.safeio import user_name
 
 TMP_SUFFIX = ".sm120patch-tmp"
 
@@ -27,8 +28,8 @@ def sha256(data: bytes) -> str:
 
 def file_sha256(path: Path) -> str | None:
     try:
-        return sha256(path.read_bytes())
-    except (FileNotFoundError, IsADirectoryError):
+        return sha256(read_regular(path))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None  # not the file we wrote: reported as such, never a traceback
 
 
@@ -172,7 +173,7 @@ def inside(root: Path, rel: str) -> Path:
 
 
 # ---- who may write a path -------------------------------------------------------------------
-_who = owner_name = user_name  # a user's name for a message (`alice`, or `uid 1234`)
+owner_name = user_name  # a user's name for a message (`alice`, or `uid 1234`)
 
 
 def lax_entry(path: Path, st: os.stat_result, uids: tuple[int, ...]) -> str | None:
@@ -180,7 +181,7 @@ def lax_entry(path: Path, st: os.stat_result, uids: tuple[int, ...]) -> str | No
     if stat.S_ISLNK(st.st_mode):
         return f"{path} is a symbolic link"
     if st.st_uid not in uids:
-        return f"{path} is owned by {_who(st.st_uid)}"
+        return f"{path} is owned by {user_name(st.st_uid)}"
     if stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{path} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
@@ -225,7 +226,7 @@ def untrusted_by(
                 return problem
             break  # the link's target was judged, with everything above it
         if pst.st_uid not in trusted:
-            return f"{parent} is owned by {_who(pst.st_uid)}"
+            return f"{parent} is owned by {user_name(pst.st_uid)}"
         if stat.S_IMODE(pst.st_mode) & (stat.S_IWGRP | stat.S_IWOTH) and not (
             pst.st_mode & stat.S_ISVTX
         ):

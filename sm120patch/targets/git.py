@@ -9,6 +9,14 @@ unattended run on a prompt. A checkout owned by another user than the one runnin
 is refused (`targets.check_owner`) before any git command runs in it; the read-only git that
 finding a target needs (is it tracked, its version) runs from `targets/__init__.py`.
 
+Git also runs with no configuration but the repository's own and no code of anyone's: a clean
+environment (`git_env`: no system or global config, no `HOME` to find one in, no `GIT_*` of the
+caller's), no attributes file, and every filter driver the repository's config defines switched
+off (`_filters_off`), so no clean, smudge or process filter runs whatever `.gitattributes` or
+`$GIT_DIR/info/attributes` assign. (root run with a user's HOME used to run that user's
+`~/.gitconfig` filters.) Every git child is started through `/usr/bin/env -i`: GitPython merges
+the caller's whole environment into each child's, and this is the one way to drop it.
+
 Every git child runs in a session of its own (`start_new_session`): a Ctrl-C in the terminal,
 or a closed terminal, signals the terminal's foreground process group, and a git killed
 half-way through a checkout leaves a half-switched work tree and its `index.lock`. sm120patch
@@ -25,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch.errors import Refused
+from sm120patch.safeio import clean_command, git_env
 from sm120patch.targets import PATCH_TRAILER, SAFE_CONFIG, procscan
 from sm120patch.targets import git_dir_of as git_dir_of  # read without git: with finding
 from sm120patch.targets import head_branch as head_branch
@@ -37,6 +46,40 @@ FALLBACK_EMAIL = "sm120patch@localhost"
 # How long `recover` waits for a git command still running in the repository (a child of the
 # killed run, which outlives it in its own session) before it refuses.
 SETTLE_WAIT_S = 10.0
+# The caller's identity for sm120patch's commits, when set (data, never code).
+_IDENTITY_ENV = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL")
+
+
+def _filters_off(root: Path) -> dict[str, str]:
+    """`GIT_CONFIG_*` settings (command-line scope, above every file) that switch off every
+    filter driver the repository's configuration defines: with `process` empty git uses
+    neither it nor `clean`/`smudge`, and a driver no longer `required` is skipped. The
+    attributes that name a driver (`.gitattributes`, `info/attributes`) then do nothing."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            clean_command(["git", *SAFE_CONFIG, "-C", str(root), "config", "--name-only",
+                            "--get-regexp", r"^filter\."], git_env()),
+            capture_output=True, text=True, check=False, start_new_session=True,
+        )  # fmt: skip
+    except OSError:
+        return {}
+    names = set()
+    for line in proc.stdout.splitlines():
+        section, _, rest = line.partition(".")
+        name, _, _key = rest.rpartition(".")
+        if section == "filter" and name:
+            names.add(name)
+    env: dict[str, str] = {}
+    off = (("process", ""), ("clean", ""), ("smudge", ""), ("required", "false"))
+    pairs = [(f"filter.{n}.{k}", v) for n in sorted(names) for k, v in off]
+    for i, (key, value) in enumerate(pairs):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    if pairs:
+        env["GIT_CONFIG_COUNT"] = str(len(pairs))
+    return env
 
 
 def _common_dir(root: Path) -> Path:
@@ -112,8 +155,10 @@ def _own_session_repo() -> type[git.Repo]:
                     and len(command) > 1
                     and command[0] in ("git", self.GIT_PYTHON_GIT_EXECUTABLE)
                 ):
-                    # No hook, fsmonitor, signing or gc: whatever the repository says.
-                    command = [command[0], *SAFE_CONFIG, *command[1:]]
+                    # No hook, fsmonitor, signing or gc: whatever the repository says; and
+                    # nothing of the caller's environment (`git_env`).
+                    env = git_env({**self._environment, **(kwargs.pop("env", None) or {})})
+                    command = clean_command([command[0], *SAFE_CONFIG, *command[1:]], env)
                 with _terminal_signals_blocked():
                     return super().execute(command, *args, **kwargs)
 
@@ -161,6 +206,8 @@ class Repo:
             raise Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")
         # Paths come from the plan and from state: never let one be read as pathspec magic.
         self.repo.git.update_environment(GIT_LITERAL_PATHSPECS="1")
+        # No filter driver of the repository's config runs (the module's docstring).
+        self.repo.git.update_environment(**_filters_off(root))
         self.root = root
 
     @contextmanager
@@ -334,7 +381,7 @@ class Repo:
 
     def changed_between(self, a: str, b: str) -> list[str]:
         with self._failing("diff"):
-            out = self.repo.git.diff("--name-only", a, b, "--")
+            out = self.repo.git.diff("--no-ext-diff", "--no-textconv", "--name-only", a, b, "--")
         return [line for line in out.splitlines() if line]
 
     def only_ours(self, branch: str) -> bool:
@@ -407,13 +454,13 @@ class Repo:
         return self._head_sha()
 
     def _identity_env(self) -> dict[str, str]:
-        """The user's git identity when configured, else a clear fallback (never a prompt)."""
-        reader = self.repo.config_reader()
-        env: dict[str, str] = {}
-        name = reader.get_value("user", "name", default="") or os.environ.get("GIT_AUTHOR_NAME")
-        email = reader.get_value("user", "email", default="") or os.environ.get("GIT_AUTHOR_EMAIL")
-        if not name:
-            env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = FALLBACK_NAME
-        if not email:
-            env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = FALLBACK_EMAIL
+        """The identity of sm120patch's commits: `GIT_AUTHOR_*`/`GIT_COMMITTER_*` when set,
+        else the repository's `user.name`/`user.email`, else a clear fallback (never a prompt).
+        Git sees no global configuration (`git_env`), so the identity is always given."""
+        reader = self.repo.config_reader("repository")
+        name = str(reader.get_value("user", "name", default="") or FALLBACK_NAME)
+        email = str(reader.get_value("user", "email", default="") or FALLBACK_EMAIL)
+        env = {"GIT_AUTHOR_NAME": name, "GIT_COMMITTER_NAME": name,
+               "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_EMAIL": email}  # fmt: skip
+        env.update({k: os.environ[k] for k in _IDENTITY_ENV if os.environ.get(k)})
         return env

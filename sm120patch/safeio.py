@@ -1,0 +1,118 @@
+"""Reading what others own and running git without anyone's configuration: the primitives
+`targets/` (its package init included, which may import none of its own modules) stands on.
+
+A file of a target or a state directory is opened without following a link at its name and
+without blocking, then judged on the opened descriptor (`read_regular`); a git child gets an
+environment of its own, not the caller's (`git_env`, `clean_command`): root run with a user's
+HOME must not run that user's `~/.gitconfig`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from sm120patch.errors import Refused
+
+
+def user_name(uid: int) -> str:
+    """A user's name for a message (`alice`, or `uid 1234` when it has none)."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+# The largest file sm120patch reads from a target or a state directory: a source file or a
+# state document is far smaller; anything larger was put there to exhaust memory.
+READ_LIMIT = 64 << 20
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+class NotOwned(Refused):
+    """`read_regular`'s refusal of a file owned by someone outside `owners` (the caller may
+    say more: whose it should be, and the fix)."""
+
+
+def read_regular(
+    path: Path, *, limit: int = READ_LIMIT, owners: tuple[int, ...] | None = None
+) -> bytes:
+    """The bytes of the regular file at `path` (a target's file, a state file), judged on the
+    file actually opened: opened without following a symbolic link at its name and without
+    blocking (a FIFO would block the open until someone writes), then `fstat`-ed: a FIFO, a
+    device, a socket, a file over `limit` bytes or, with `owners`, one owned by anyone else
+    is refused in one line before a byte is read. A directory raises IsADirectoryError and a
+    missing file FileNotFoundError, as `Path.read_bytes` does."""
+    import errno
+
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise Refused(
+            f"{path} is a symbolic link; sm120patch reads no target or state file through one",
+            f"replace {path} by the file itself (or move it aside), then run sm120patch again",
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        problem = None
+        if not stat.S_ISREG(st.st_mode):
+            what = next((w for test, w in _KINDS if test(st.st_mode)), "not a regular file")
+            problem = f"{path} is {what}, not a regular file; sm120patch reads regular files only"
+        elif st.st_size > limit:
+            problem = f"{path} is {st.st_size} bytes, more than sm120patch reads ({limit})"
+        elif owners is not None and st.st_uid not in owners:
+            raise NotOwned(f"{path} is owned by {user_name(st.st_uid)}", "move it aside")
+        if problem:
+            raise Refused(problem, f"move {path} aside, then run sm120patch again")
+        os.set_blocking(fd, True)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        raise Refused(f"{path} grew past {limit} bytes while read", f"move {path} aside")
+    finally:
+        os.close(fd)
+
+
+# The caller's variables git may see (values only: a locale or a time zone runs nothing).
+_KEPT_ENV = ("PATH", "TZ")
+ENV_BIN = "/usr/bin/env"
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of a git child: no system or global configuration (and no HOME
+    or XDG directory to find a user's in), no system attributes, no prompt, the C locale."""
+    env = {k: os.environ[k] for k in _KEPT_ENV if k in os.environ}
+    env.setdefault("PATH", os.defpath)
+    env.update(
+        HOME="/dev/null",  # ~/.gitconfig, ~/.config/git/*: never a file
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_SYSTEM="/dev/null",
+        GIT_CONFIG_GLOBAL="/dev/null",
+        GIT_ATTR_NOSYSTEM="1",
+        GIT_TERMINAL_PROMPT="0",
+        LANGUAGE="C",
+        LC_ALL="C",
+    )
+    env.update(extra or {})
+    return env
+
+
+def clean_command(command: list[str], env: dict[str, str]) -> list[str]:
+    """`command` run with exactly `env` (see the module's docstring)."""
+    if not os.path.exists(ENV_BIN):
+        return command  # not Linux-like: GitPython's merged environment, less safe but working
+    return [ENV_BIN, "-i", *(f"{k}={v}" for k, v in env.items()), *command]
