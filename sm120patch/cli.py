@@ -10,14 +10,37 @@ API); 75 a run left its journal (`recover`), 130 interrupted.
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
 
-import click
 
-from sm120patch import __version__, app, render
-from sm120patch.errors import UsageError
+# A Ctrl-C while the tool starts (importing click and the command layer takes tens of
+# milliseconds) would end in the interpreter's KeyboardInterrupt traceback, outside every
+# handler of ours. When this module is imported to run the tool (the console script, `python
+# -m sm120patch`), a Ctrl-C until `run` takes over prints one line and exits 130; a program
+# that imports the module keeps its own handling.
+def _interrupted_at_start(signum: int, frame: object) -> None:
+    os.write(2, b"sm120patch: interrupted\n")
+    os._exit(130)
+
+
+def _run_as_tool() -> bool:
+    entry = sys.modules.get("__main__")
+    spec = getattr(entry, "__spec__", None)
+    script = os.path.basename(getattr(entry, "__file__", None) or "")
+    return getattr(spec, "name", None) == "sm120patch.__main__" or script == "sm120patch"
+
+
+if _run_as_tool() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_at_start)
+
+from collections.abc import Callable  # noqa: E402 (after the handler: imports take time)
+from typing import Any, TypeVar  # noqa: E402
+
+import click  # noqa: E402
+
+from sm120patch import __version__, app, render  # noqa: E402
+from sm120patch.errors import UsageError  # noqa: E402
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,6 +105,8 @@ def run() -> None:
     tool writes is closed before its command returns; standard output and error are flushed
     here, and the exit status is the one `sys.exit` would give."""
     code: Any = 1
+    if signal.getsignal(signal.SIGINT) is _interrupted_at_start:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ours now: one line, 130
     try:
         try:
             main()
@@ -96,7 +121,9 @@ def run() -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):  # a reader that left, a closed stream
+            except BrokenPipeError:  # the reader left (`status | head`): as git, quietly
+                pass
+            except (OSError, ValueError):  # a closed stream, a full disk
                 code = code or 1
     except KeyboardInterrupt:
         # A Ctrl-C outside every command's own handling: while click parses the arguments, or
@@ -131,11 +158,13 @@ def complete_profile(ctx: click.Context, param: object, incomplete: str) -> list
     return [CompletionItem(n) for n in app.profile_names(packs) if n.startswith(incomplete)]
 
 
-def session(sglang: str | None = None, flashinfer: str | None = None) -> app.Session:
+def session(
+    sglang: str | None = None, flashinfer: str | None = None, *, verbose: bool = False
+) -> app.Session:
     """The command's session: its targets and the group's --patches."""
     root = click.get_current_context().find_root()
     root.meta[render.PATHS_META] = {"sglang": sglang, "flashinfer": flashinfer}  # hints use it
-    return app.Session(sglang, flashinfer, root.obj or ())
+    return app.Session(sglang, flashinfer, root.obj or (), verbose=verbose)
 
 
 def colour_wanted() -> bool:
@@ -167,6 +196,11 @@ def quiet(line: str) -> None:  # --json keeps stdout one document
     pass
 
 
+def pasted(echo: Callable[[str], None]) -> Callable[[str], None]:
+    """`echo` of lines whose `sm120patch ...` commands paste (render.paste)."""
+    return lambda line: echo(paste(line))
+
+
 @main.command("list")
 @json_option
 def list_cmd(as_json: bool) -> None:
@@ -181,10 +215,17 @@ def list_cmd(as_json: bool) -> None:
 
 @main.command("show")
 @click.argument("profile", shell_complete=complete_profile)
-def show_cmd(profile: str) -> None:
-    """Show a profile: its patches, why each exists, the shapes each knows, its pins."""
+@json_option
+def show_cmd(profile: str, as_json: bool) -> None:
+    """Show a profile: its pins, what it refuses, its patches (why each exists, the shapes each
+    knows) and every known outcome about it, in full."""
     s = session()
-    show(render.profile(s.catalog, app.show(s, profile)))
+    prof = app.show(s, profile)
+    entries = app.known_about(profile)
+    if as_json:
+        emit_json(render.profile_doc(s.catalog, prof, entries))
+        return
+    show(render.profile(s.catalog, prof, entries))
 
 
 locked_option = click.option(
@@ -193,6 +234,11 @@ locked_option = click.option(
     metavar="LOCKFILE",
     type=click.Path(dir_okay=False),
     help="Exactly what this lock file (from `pin`) records, or refuse.",
+)
+
+
+verbose_option = click.option(
+    "-v", "--verbose", is_flag=True, help="The known outcomes in full, not one line each."
 )
 
 
@@ -205,6 +251,7 @@ locked_option = click.option(
 @click.option(
     "--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition (image builds, CI)."
 )
+@verbose_option
 @json_option
 def apply_cmd(
     profile: str | None,
@@ -214,12 +261,16 @@ def apply_cmd(
     locked: str | None,
     force: bool,
     no_gpu_check: bool,
+    verbose: bool,
     as_json: bool,
 ) -> None:
-    """Apply PROFILE (see `sm120patch list`) to SGLang and FlashInfer."""
-    s = session(sglang, flashinfer)
+    """Apply PROFILE (see `sm120patch list`) to SGLang and FlashInfer.
+
+    The known outcomes that match this box come first, one line each (--verbose: in full).
+    """
+    s = session(sglang, flashinfer, verbose=verbose)
     want = app.locked(profile, locked)
-    known = quiet if as_json else (echo_err if dry_run else echo_out)
+    known = quiet if as_json else (pasted(echo_err) if dry_run else pasted(echo_out))
     if dry_run:
         found = app.apply_dry_run(s, want, force=force, gpu_check=not no_gpu_check,
                                   on_known=known)  # fmt: skip
@@ -303,14 +354,23 @@ def revert_cmd(
 
 @main.command("status")
 @with_targets
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 0 only when every target is as recorded (pristine or applied): 1 when one is "
+    "drifted, gone, replaced or missing or none is found, 75 when one is unfinished.",
+)
 @json_option
-def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
+def status_cmd(sglang: str | None, flashinfer: str | None, check: bool, as_json: bool) -> None:
     """The state of each target, decided from the bytes on disk, and of every touched file."""
     found = app.status(session(sglang, flashinfer))
+    code = render.status_exit(found) if check else 0
     if as_json:
-        emit_json({"targets": [s.to_dict() for s in found]})
-        return
-    show(render.status(found))
+        emit_json({"targets": [s.to_dict() for s in found], "exit_code": code})
+    else:
+        show(render.status(found))
+    if code:
+        sys.exit(code)
 
 
 @main.command("recover")
@@ -494,10 +554,15 @@ def trial_forget_cmd(
 
 @main.command("doctor")
 @with_targets
+@verbose_option
 @json_option
-def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
-    """What this machine has (GPUs, SGLang, FlashInfer) and what each profile would do here."""
-    found = app.doctor(session(sglang, flashinfer))
+def doctor_cmd(sglang: str | None, flashinfer: str | None, verbose: bool, as_json: bool) -> None:
+    """What this machine has (GPUs, SGLang, FlashInfer) and one verdict per profile here.
+
+    The known outcomes that match this box come after the profiles, one line each (--verbose:
+    in full), then the summary.
+    """
+    found = app.doctor(session(sglang, flashinfer, verbose=verbose))
     if as_json:
         emit_json(found.to_dict())
         return
@@ -515,7 +580,11 @@ def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
     type=click.Path(dir_okay=False),
     help="Where to write the lock file.",
 )
-@click.option("--force", is_flag=True, help="Pin outside the profile's pinned versions.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Pin outside the profile's pinned versions, and replace an existing lock file.",
+)
 def pin_cmd(
     profile: str, sglang: str | None, flashinfer: str | None, output: str, force: bool
 ) -> None:
@@ -690,3 +759,39 @@ def explain_cmd(
         emit_json(found.to_dict())
         return
     show(render.explained(found, simulate))
+
+
+# ---- --help: each command's summary (it fits on its line) and an example ---------------------
+# In the order of the work, which is the order `sm120patch --help` lists them in
+# (render.Group.list_commands).
+HELP = {
+    "doctor": ("What this box has and what each profile would do", "sm120patch doctor"),
+    "apply": ("Apply a profile (--dry-run: the diff, nothing written)",
+              "sm120patch apply moe --dry-run"),
+    "status": ("Each target's state, from the bytes on disk (--check)",
+               "sm120patch status --check"),
+    "ensure": ("At service start: exactly as wanted, or exit 1",
+               "sm120patch ensure --locked /etc/sm120patch.lock"),
+    "revert": ("Put every touched file back, byte for byte", "sm120patch revert moe"),
+    "recover": ("Finish an interrupted apply or revert", "sm120patch recover"),
+    "pin": ("Write a lock file of the profile as applied here",
+            "sm120patch pin moe -o /etc/sm120patch.lock"),
+    "trial": ("Run a server under a profile; keep it only if it helps",
+              "sm120patch trial moe --measure -- python -m sglang.launch_server ..."),
+    "explain": ("What SGLang decides, pristine against patched",
+                "sm120patch explain --simulate sm120 -- --model-path M --tp 4"),
+    "list": ("The profiles, their pins and patches", "sm120patch list"),
+    "show": ("One profile in full, its known outcomes included", "sm120patch show moe --json"),
+    "export": ("Write the patches as mail files (git am)", "sm120patch export moe -o patches/"),
+    "scan": ("The arch gates that leave SM120 out", "sm120patch scan --json"),
+    "matrix": ("Plan every profile on every release (maintainers)",
+               "sm120patch matrix --sglang '>=0.5.23'"),
+    "new-patch": ("Start a patch in a pack of your own",
+                  "sm120patch new-patch my.site --target sglang --file F --function FN --pins P"),
+}  # fmt: skip
+for _name, (_summary, _example) in HELP.items():
+    _command = main.commands[_name]
+    _command.short_help = _summary
+    _command.epilog = f"Example: {_example}"
+render.Group.order = tuple(HELP)
+

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from sm120patch.errors import Sm120Error
+from sm120patch.errors import AGAIN, Sm120Error
 
 if TYPE_CHECKING:
     from sm120patch.app import DryRun, Matrix, Pinned, Shown, Trialled
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from sm120patch.patchkit.model import Outcome
     from sm120patch.plan.catalog import Catalog, Profile
     from sm120patch.scan.run import Report as ScanReport
+    from sm120patch.trial.known import Entry
 
 
 def error_doc(
@@ -58,35 +59,87 @@ TARGET_VERBS = frozenset(
 )  # fmt: skip
 # ...and those that are no command without an argument (`sm120patch pin` names the tool's verb)
 NEED_ARGUMENT = frozenset({"apply", "revert", "ensure", "pin", "export", "trial"})
+# The flags of the user's command that a follow-up command keeps, and the verbs that take them:
+# a user who gave --no-gpu-check on a box without an SM120 GPU needs it on the next apply too.
+KEPT_FLAGS = {"--no-gpu-check": frozenset({"apply", "ensure", "trial"})}
+# Words that mark a command as a pattern to fill in, not one to paste (`trial show ID`).
+_PLACEHOLDERS = re.compile(r"^(\.\.\.|[A-Z][A-Z_]+|<[^>]*>)$")
 _COMMAND = re.compile(r"`sm120patch((?: [^`]*)?)`")
+_SPAN = re.compile(r"`([^`]+)`")
 
 
-def pasteable(text: str, paths: Mapping[str, str | None], packs: Sequence[str] = ()) -> str:
-    """Every `sm120patch ...` in `text` as the user can paste it: with the --patches of the
-    command it follows and, for a command on targets, its --sglang/--flashinfer paths (made
-    absolute), where the words do not name them already."""
+def _given(argv: Sequence[str]) -> list[str]:
+    """The user's own words before a trial's `--`."""
+    words = list(argv)
+    return words[: words.index("--")] if "--" in words else words
+
+
+def pasteable(
+    text: str,
+    paths: Mapping[str, str | None],
+    packs: Sequence[str] = (),
+    argv: Sequence[str] = (),
+) -> str:
+    """Every `sm120patch ...` in `text` as the user can paste it: each word shell-quoted, with
+    the --patches of the command it follows, for a command on targets its --sglang/
+    --flashinfer paths (made absolute) and the flags it keeps (KEPT_FLAGS) where the words do
+    not name them already. `sm120patch <again> ...` is the user's own command line (`argv`)
+    with the words after it added (before a trial's `--`)."""
     import shlex
 
     def complete(match: re.Match[str]) -> str:
-        words = match.group(1).split(" ")[1:]
+        try:
+            words = shlex.split(match.group(1))
+        except ValueError:  # an unbalanced quote: not a command to complete
+            return match.group(0)
+        if words[:1] == [AGAIN]:
+            mine = list(argv)
+            at = mine.index("--") if "--" in mine else len(mine)
+            return "`" + shlex.join(["sm120patch", *mine[:at], *words[1:], *mine[at:]]) + "`"
         if not words or (len(words) == 1 and words[0] in NEED_ARGUMENT):
             return match.group(0)
-        front = [w for d in packs for w in ("--patches", shlex.quote(os.path.abspath(d)))]
+        front = [w for d in packs for w in ("--patches", os.path.abspath(d))]
         if "--patches" in words:
             front = []
-        targets = []
+        extra = []
         if words[0] in TARGET_VERBS and "--help" not in words:
             for kind, path in paths.items():
                 if path and f"--{kind}" not in words:
-                    targets += [f"--{kind}", shlex.quote(os.path.abspath(path))]
+                    extra += [f"--{kind}", os.path.abspath(path)]
+        given = _given(argv)
+        for flag, verbs in KEPT_FLAGS.items():
+            if flag in given and words[0] in verbs and flag not in words:
+                extra.append(flag)
         if "--" in words:  # a trial's own options go before its command
             at = words.index("--")
-            words = [*words[:at], *targets, *words[at:]]
+            words = [*words[:at], *extra, *words[at:]]
         else:
-            words = [*words, *targets]
-        return "`" + " ".join(["sm120patch", *front, *words]) + "`"
+            words = [*words, *extra]
+        return "`" + shlex.join(["sm120patch", *front, *words]) + "`"
 
     return _COMMAND.sub(complete, text)
+
+
+# What a hint's words mean beyond its commands (`run X first` says nothing X does not).
+_FILLER = frozenset("run then first and or see with to it again , ; : . ( )".split())
+
+
+def hint_lines(hint: str) -> list[str]:
+    """A (completed) hint as printed: one `next:` line per command in it that pastes as it
+    is, then the hint's words on a line of their own (indented, no `next:`) where they say
+    more than the commands: a `next:` line is only ever a command."""
+    commands = [
+        c for c in _SPAN.findall(hint)
+        if not any(_PLACEHOLDERS.match(w) for w in c.split())
+    ]  # fmt: skip
+    rest = _SPAN.sub(" ", hint)
+    for mark in ",;:.()":
+        rest = rest.replace(mark, f" {mark} ")
+    says_more = any(w.lower() not in _FILLER for w in rest.split())
+    lines = [f"  next: {c}" for c in commands]
+    if says_more or not commands:
+        lines.append(f"  {hint}")
+    return lines
 
 
 _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),
@@ -173,7 +226,37 @@ def profiles_doc(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> d
     }
 
 
-def profile(cat: Catalog, prof: Profile) -> Text:
+def profile_doc(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> dict[str, Any]:
+    """`show --json`: the profile as `list --json` has it, its patches in full and every known
+    outcome about it."""
+    [doc] = [p for p in profiles_doc(cat)["profiles"] if p["name"] == prof.name]
+    return {
+        **doc,
+        "known_text": " ".join(prof.known.split()) if prof.known else None,
+        "patches": [
+            {
+                "id": patch.id,
+                "target": patch.target,
+                "title": patch.title,
+                "source": cat.source(patch.id).name,
+                "why": patch.why,
+                "upstream": patch.upstream or None,
+                "shapes": [str(shape) for shape in patch.shapes],
+            }
+            for patch in cat.patches_of(prof)
+        ],
+        "known": [
+            {"id": e.id, "outcome": e.outcome, "evidence": e.evidence, "figure": e.figure,
+             "measured": e.measured or None, "condition": e.condition, "date": e.date,
+             "source": e.source}  # fmt: skip
+            for e in known
+        ],
+    }
+
+
+def profile(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> Text:
+    """`show PROFILE`: pins, refusals, the patches, then every known outcome about it, in
+    full (what the one-line known outcomes of `apply` and `doctor` point to)."""
     from sm120patch.patchkit.versions import range_text
 
     text = Text()
@@ -196,6 +279,9 @@ def profile(cat: Catalog, prof: Profile) -> Text:
                 text.out.append("  in the server log, skipped: " + " | ".join(patch.wiring.skipped))
         for shape in patch.shapes:
             text.out.append(f"  - {shape}")
+    if known:
+        text.out.append("")
+        text.out += [e.full() for e in known]
     return text
 
 
@@ -251,7 +337,13 @@ def dry_run(found: DryRun) -> Text:
 
 
 def dry_run_doc(found: DryRun) -> dict[str, Any]:
+    """The keys of `revert --dry-run --json` and `apply --json` for the same ideas: the
+    `action` the apply would take, whether it would change files (`changed`), `dry_run`."""
+    nothing = found.prepared.nothing_to_do or not found.plan.applies
     return {
+        "action": "nothing-to-do" if nothing else "applied",
+        "changed": not nothing,
+        "dry_run": True,
         **found.plan.to_dict(),
         "nothing_to_do": found.prepared.nothing_to_do,
         "notes": found.prepared.notes,
@@ -335,6 +427,18 @@ def status(found: list[TargetStatus]) -> Text:
         text.out.append(f"  profile {s.profile}{branch}")
         text.out += [_file_line(f) for f in s.files]
     return text
+
+
+def status_exit(found: Sequence[TargetStatus]) -> int:
+    """`status --check`: 0 when every target is as recorded (pristine, or applied with every
+    touched file as written), 75 when a run was interrupted (`recover`), 1 otherwise (drifted,
+    gone, replaced, missing) or when no target is found."""
+    states = {str(s.state) for s in found}
+    if not found:
+        return 1
+    if "unfinished" in states:
+        return 75
+    return 0 if states <= {"pristine", "applied"} else 1
 
 
 def pinned(found: Pinned, profile: str) -> Text:
@@ -435,14 +539,13 @@ def doctor(found: Examination) -> Text:
         text.out.append(f"{t['kind']}: {t['version']} ({t['layout']}) at {t['root']}")
     text.out += found.missing
     for p in found.profiles:
-        pins = {True: "inside its pins", False: "OUTSIDE its pins", None: "not checked"}
-        text.out.append(f"profile {p.name} [{p.status}]: {pins[p.pinned]}")
-        text.out += [f"  {problem}" for problem in p.problems]
+        text.out.append(f"profile {p.name} [{p.status}]: {p.verdict}")
         for o in p.outcomes:
             text.out.append(f"  {o['status']:16} {o['patch']:26} {o['file'] or ''}::{o['site']}")
+        text.out += [f"  applied now on {root}" for root in p.applied_on]
     for a in found.applied:
-        if a.get("profile"):
-            text.out.append(f"applied now on {a['root']}: {a['profile']}")
+        if a.get("problem"):
+            text.out.append(f"status: {a['problem']}")
     text.out += found.known
     text.out.append(found.recommendation)
     return text
@@ -512,27 +615,53 @@ def remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bo
 # server's log line or a path may hold terminal escapes (clear the screen, rewrite the line
 # before it, set the title); a line the tool prints shows them as `\xNN`, never acts on them.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# ...and the format characters (Unicode Cf: the bidi overrides and isolates that reorder what a
+# line shows, zero-width joiners) and the line and paragraph separators (Zl, Zp): a path that
+# reads one way and pastes another is no less a trick than an escape sequence.
+_HIDDEN = ("Cf", "Zl", "Zp")
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def printable(line: str) -> str:
-    """`line` as text a terminal only shows: each control character written as `\\xNN`."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+    """`line` as text a terminal only shows: each control character written as `\\xNN`, each
+    format or separator character as `\\uNNNN`."""
+    import unicodedata
+
+    line = _CONTROL.sub(lambda m: _escaped(m.group()), line)
+    if line.isascii():
+        return line
+    return "".join(_escaped(c) if unicodedata.category(c) in _HIDDEN else c for c in line)
 
 
 def paste(text: str) -> str:
-    """`text` with each `sm120patch ...` in it completed with this command's paths and packs."""
+    """`text` with each `sm120patch ...` in it completed with this command's paths, packs and
+    kept flags."""
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root() if ctx is not None else None
-    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or ()) if root else text
+    if root is None:
+        return text
+    argv = root.meta.get(ARGV_META, [])
+    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or (), argv)
 
 
 def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:
-    """One line and what to do (every refusal has a next), and the same as JSON with --json."""
+    """One line, then what to do (every refusal has one): `next:` lines that paste, the words
+    on their own; the same as JSON with --json (`next`: the words, `commands`: what pastes)."""
     hint = paste(error.hint or fallback_hint(error.exit_code, verb))
     click.echo(printable(f"sm120patch: {paste(error.message)}"), err=True)
-    click.echo(printable(f"  next: {hint}"), err=True)
+    lines = hint_lines(hint)
+    for line in lines:
+        click.echo(printable(line), err=True)
     if as_json:
-        emit_json(error_doc(paste(error.message), hint, error.exit_code, error.details))
+        doc = error_doc(paste(error.message), hint, error.exit_code, error.details)
+        doc["commands"] = [line[len("  next: "):] for line in lines if line.startswith("  next: ")]
+        emit_json(doc)
     sys.exit(error.exit_code)
 
 
@@ -557,7 +686,15 @@ def usage_failed(ctx: click.Context, error: click.UsageError) -> None:
 
 class Group(click.Group):
     """Renders every command's errors: a typed error is one line plus what to do (and JSON on
-    stdout with --json); anything else is a bug (exit 4)."""
+    stdout with --json); anything else is a bug (exit 4). Lists its commands in `order` (the
+    order of the work), any others after them."""
+
+    order: tuple[str, ...] = ()
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        first = [n for n in self.order if n in names]
+        return first + [n for n in names if n not in first]
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta.setdefault(ARGV_META, list(args))
@@ -576,16 +713,17 @@ class Group(click.Group):
         except Sm120Error as exc:
             fail(exc, json_wanted(ctx), ctx.invoked_subcommand)
         except KeyboardInterrupt:
+            # Outside the engine's writes (those end as Interrupted or Unfinished, with their
+            # own next step): nothing was cut short, so one line says it all.
             click.echo("sm120patch: interrupted", err=True)
-            click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
             sys.exit(130)
         except BrokenPipeError:
-            # `sm120patch status | head -1`: the reader left. Point stdout at /dev/null so the
-            # interpreter's last flush does not fail a second time.
+            # `sm120patch status | head -1`: the reader left, having read what it wanted. As
+            # git does, end quietly and successfully; stdout points at /dev/null so that the
+            # last flush does not fail a second time.
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
-            click.echo("sm120patch: standard output was closed before all was written", err=True)
-            sys.exit(1)
+            sys.exit(0)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
         except Exception as exc:
@@ -593,9 +731,10 @@ class Group(click.Group):
                 raise
             line = f"sm120patch: internal error: {type(exc).__name__}: {exc}"
             click.echo(printable(line), err=True)
-            click.echo(
-                "  next: rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
-                "`sm120patch status` shows the state of your trees",
-                err=True,
+            hint = paste(
+                "rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
+                "`sm120patch status` shows the state of your trees"
             )
+            for line in hint_lines(hint):
+                click.echo(printable(line), err=True)
             sys.exit(4)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -284,7 +285,8 @@ class Repo:
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise Refused(
                 f"{root} is not a usable git repository",
-                f"`git -C {root} status` says what is wrong; or give the installed package",
+                f"`git -C {shlex.quote(str(root))} status` says what is wrong; or give the "
+                "installed package",
             ) from None
         if self.repo.bare:
             raise Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")
