@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -316,7 +317,7 @@ def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
         # As `export` keeps the patches already in its directory: a lock is a fleet's record.
         raise UsageError(
             f"{output} exists; nothing was written",
-            f"`sm120patch pin {profile} -o {output} --force` replaces it",
+            f"`sm120patch pin {profile} -o {shlex.quote(output)} --force` replaces it",
         )
     lock = pinning.make(profile, session.paths, force=force)
     write_output(output, lock.to_toml())

@@ -9,38 +9,14 @@ API); 75 a run left its journal (`recover`), 130 interrupted.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import click
 
-# A Ctrl-C while the tool starts (importing click and the command layer takes tens of
-# milliseconds) would end in the interpreter's KeyboardInterrupt traceback, outside every
-# handler of ours. When this module is imported to run the tool (the console script, `python
-# -m sm120patch`), a Ctrl-C until `run` takes over prints one line and exits 130; a program
-# that imports the module keeps its own handling.
-def _interrupted_at_start(signum: int, frame: object) -> None:
-    os.write(2, b"sm120patch: interrupted\n")
-    os._exit(130)
-
-
-def _run_as_tool() -> bool:
-    entry = sys.modules.get("__main__")
-    spec = getattr(entry, "__spec__", None)
-    script = os.path.basename(getattr(entry, "__file__", None) or "")
-    return getattr(spec, "name", None) == "sm120patch.__main__" or script == "sm120patch"
-
-
-if _run_as_tool() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _interrupted_at_start)
-
-from collections.abc import Callable  # noqa: E402 (after the handler: imports take time)
-from typing import Any, TypeVar  # noqa: E402
-
-import click  # noqa: E402
-
-from sm120patch import __version__, app, render  # noqa: E402
-from sm120patch.errors import UsageError  # noqa: E402
+from sm120patch import __version__, _interrupted_at_start, app, render
+from sm120patch.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,64 +49,18 @@ def with_targets(fn: F) -> F:
 json_option = click.option(
     "--json", "as_json", is_flag=True, callback=render.remember_json, help="Print JSON for scripts."
 )
-paste, emit_json = render.paste, render.emit_json
+paste, emit_json, show = render.paste, render.emit_json, render.show
+echo_err, echo_out, quiet, pasted = render.echo_err, render.echo_out, render.quiet, render.pasted
 
 
-# ---- signals ------------------------------------------------------------------------------
-# During an apply, revert or recover the engine defers SIGINT/SIGTERM/SIGHUP (interrupts.py)
-# and ends as Interrupted (exit 130) or Unfinished (exit 75), both rendered by `handled`.
-# This only acknowledges each signal at once, so that a user does not press Ctrl-C again and
-# again; it runs inside the signal handler, hence os.write and no click.echo.
-def _interrupt_notice(signum: int, count: int) -> None:
-    import signal
-
-    name = signal.Signals(signum).name
-    text = (
-        f"\nsm120patch: {name}: finishing this step safely, then stopping\n"
-        if count == 1
-        else f"sm120patch: {name} again: still finishing safely (nothing is cut short)\n"
-    )
-    os.write(2, text.encode())
-
-
-app.on_interrupt(_interrupt_notice)
-# ---- end of signals ------------------------------------------------------------------------
+# During an apply, revert or recover the engine defers SIGINT/SIGTERM/SIGHUP and ends as
+# Interrupted (exit 130) or Unfinished (exit 75); each signal is acknowledged at once.
+app.on_interrupt(render.interrupt_notice)
 
 
 def run() -> None:
-    """The console entry point (and `python -m sm120patch`): `main`, then an exit without the
-    interpreter's teardown. A plan leaves a few libcst trees of a million objects each, and
-    freeing them one by one at exit took 80 ms, more than a tenth of a cold plan; the kernel
-    frees the memory at once. (mypy exits the same way for the same reason.) Every file this
-    tool writes is closed before its command returns; standard output and error are flushed
-    here, and the exit status is the one `sys.exit` would give."""
-    code: Any = 1
-    if signal.getsignal(signal.SIGINT) is _interrupted_at_start:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # ours now: one line, 130
-    try:
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-        if code is None:
-            code = 0
-        elif not isinstance(code, int):
-            click.echo(render.printable(str(code)), err=True)  # sys.exit("message"): status 1
-            code = 1
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BrokenPipeError:  # the reader left (`status | head`): as git, quietly
-                pass
-            except (OSError, ValueError):  # a closed stream, a full disk
-                code = code or 1
-    except KeyboardInterrupt:
-        # A Ctrl-C outside every command's own handling: while click parses the arguments, or
-        # once the command has ended. Nothing of a run is cut short here.
-        os.write(2, b"sm120patch: interrupted\n")
-        code = 130
-    os._exit(code)
+    """The console entry point (and `python -m sm120patch`): `render.run_tool`."""
+    render.run_tool(main, _interrupted_at_start)
 
 
 @click.group(cls=render.Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -165,40 +95,6 @@ def session(
     root = click.get_current_context().find_root()
     root.meta[render.PATHS_META] = {"sglang": sglang, "flashinfer": flashinfer}  # hints use it
     return app.Session(sglang, flashinfer, root.obj or (), verbose=verbose)
-
-
-def colour_wanted() -> bool:
-    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
-def show(text: render.Text) -> None:
-    for line in text.err:
-        echo_err(paste(line))
-    for line in text.out:
-        echo_out(paste(line))
-    if text.raw:
-        colour = colour_wanted()
-        click.echo(render.coloured(text.raw) if colour else text.raw, nl=False, color=colour)
-
-
-# Every line of text the CLI prints goes through these two: what it shows from outside (a trial
-# record, a server's log line, a path) cannot drive the terminal (`render.printable`).
-def echo_err(line: str) -> None:
-    click.echo(render.printable(line), err=True)
-
-
-def echo_out(line: str) -> None:
-    click.echo(render.printable(line))
-
-
-def quiet(line: str) -> None:  # --json keeps stdout one document
-    pass
-
-
-def pasted(echo: Callable[[str], None]) -> Callable[[str], None]:
-    """`echo` of lines whose `sm120patch ...` commands paste (render.paste)."""
-    return lambda line: echo(paste(line))
 
 
 @main.command("list")
@@ -761,37 +657,4 @@ def explain_cmd(
     show(render.explained(found, simulate))
 
 
-# ---- --help: each command's summary (it fits on its line) and an example ---------------------
-# In the order of the work, which is the order `sm120patch --help` lists them in
-# (render.Group.list_commands).
-HELP = {
-    "doctor": ("What this box has and what each profile would do", "sm120patch doctor"),
-    "apply": ("Apply a profile (--dry-run: the diff, nothing written)",
-              "sm120patch apply moe --dry-run"),
-    "status": ("Each target's state, from the bytes on disk (--check)",
-               "sm120patch status --check"),
-    "ensure": ("At service start: exactly as wanted, or exit 1",
-               "sm120patch ensure --locked /etc/sm120patch.lock"),
-    "revert": ("Put every touched file back, byte for byte", "sm120patch revert moe"),
-    "recover": ("Finish an interrupted apply or revert", "sm120patch recover"),
-    "pin": ("Write a lock file of the profile as applied here",
-            "sm120patch pin moe -o /etc/sm120patch.lock"),
-    "trial": ("Run a server under a profile; keep it only if it helps",
-              "sm120patch trial moe --measure -- python -m sglang.launch_server ..."),
-    "explain": ("What SGLang decides, pristine against patched",
-                "sm120patch explain --simulate sm120 -- --model-path M --tp 4"),
-    "list": ("The profiles, their pins and patches", "sm120patch list"),
-    "show": ("One profile in full, its known outcomes included", "sm120patch show moe --json"),
-    "export": ("Write the patches as mail files (git am)", "sm120patch export moe -o patches/"),
-    "scan": ("The arch gates that leave SM120 out", "sm120patch scan --json"),
-    "matrix": ("Plan every profile on every release (maintainers)",
-               "sm120patch matrix --sglang '>=0.5.23'"),
-    "new-patch": ("Start a patch in a pack of your own",
-                  "sm120patch new-patch my.site --target sglang --file F --function FN --pins P"),
-}  # fmt: skip
-for _name, (_summary, _example) in HELP.items():
-    _command = main.commands[_name]
-    _command.short_help = _summary
-    _command.epilog = f"Example: {_example}"
-render.Group.order = tuple(HELP)
-
+render.describe(main)  # --help: the order of the work, a summary that fits, an example each

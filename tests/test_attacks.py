@@ -39,9 +39,11 @@ def mode(path: Path) -> int:
 
 
 def one_line(err: str) -> bool:
-    """A refusal: `sm120patch: ...` and `  next: ...`, nothing else (no traceback)."""
+    """A refusal: `sm120patch: ...` and what to do (`  next: ...` commands, words), nothing
+    else (no traceback)."""
     lines = err.strip("\n").split("\n")
-    return len(lines) == 2 and lines[1].startswith("  next: ") and "internal error" not in err
+    return (lines[0].startswith("sm120patch: ") and len(lines) >= 2
+            and all(x.startswith("  ") for x in lines[1:]) and "internal error" not in err)
 
 
 def sm(*args: str, env: dict[str, str | None] | None = None, cwd: str | None = None):

@@ -18,7 +18,6 @@ from click.testing import CliRunner
 from test_states import SERVER_ARGS, cli, where  # noqa: F401
 from trees import make_tree, tree_hash
 
-from sm120patch import cli as cli_module
 from sm120patch import patches, render
 from sm120patch.cli import main
 from sm120patch.plan import catalog
@@ -324,7 +323,7 @@ def test_diffs_are_coloured_on_a_terminal_only(tmp_path, monkeypatch):
     args = ["apply", "moe", "--sglang", str(sg), "--dry-run"]
     plain = cli(*args)[1]  # not a terminal
     assert "\x1b[" not in plain and "\n+" in plain
-    monkeypatch.setattr(cli_module, "colour_wanted", lambda: True)
+    monkeypatch.setattr(render, "colour_wanted", lambda: True)
     coloured = CliRunner().invoke(main, args).stdout
     assert "\x1b[32m+" in coloured and "\x1b[1mdiff --git" in coloured, coloured[:300]
     monkeypatch.undo()
@@ -333,10 +332,10 @@ def test_diffs_are_coloured_on_a_terminal_only(tmp_path, monkeypatch):
         def isatty(self) -> bool:
             return True
 
-    monkeypatch.setattr(cli_module.sys, "stdout", Terminal())
-    assert cli_module.colour_wanted()
+    monkeypatch.setattr(render.sys, "stdout", Terminal())
+    assert render.colour_wanted()
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not cli_module.colour_wanted()
+    assert not render.colour_wanted()
 
 
 def test_export_works_on_the_reference_box_as_it_is(tmp_path):
