@@ -608,7 +608,8 @@ def test_pin_and_trial_outputs_replace_a_symlink_never_follow_it(attacker, share
     out = sticky(shared)
     for name in ("moe.lock", "report.html", "known.toml"):
         attacker.symlink(victim, out / name)
-    assert cli("pin", "moe", "--sglang", str(site), "-o", str(out / "moe.lock"))[0] == 0
+    # --force: `pin -o` replaces an existing name only when asked (a link too)
+    assert cli("pin", "moe", "--sglang", str(site), "-o", str(out / "moe.lock"), "--force")[0] == 0
     assert cli("trial", "moe", "--sglang", str(site), "--no-gpu-check", "--", "true")[0] == 0
     code, _, err = cli("trial", "show", "--sglang", str(site), "--html", str(out / "report.html"))
     assert code == 0, err

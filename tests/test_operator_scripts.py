@@ -13,7 +13,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from attackers import attacker_fixture, shared_fixture  # noqa: F401 (fixtures)
+from attackers import PYTHON, Attacker, _retry
 from test_states import cli, tree_hash, where
 from trees import make_tree
 
@@ -96,6 +96,37 @@ def test_printed_text_escapes_bidi_and_separators():
 # ---- a reader's commands -----------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def reader():
+    """Another local user, made for these tests (as test_attacks.py makes its attacker, under a
+    name of its own so that both can run in one session); skipped where that needs root."""
+    import shutil
+
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("useradd", "userdel", "setpriv")):
+        pytest.skip("a second user is made for the test: needs root, useradd and setpriv")
+    import pwd
+
+    name = f"sm120r{os.getpid() % 100000:05d}"
+    _retry(["useradd", "-M", "-U", "-s", "/usr/sbin/nologin", "-d", "/", name])
+    try:
+        user = pwd.getpwnam(name)
+        yield Attacker(name, user.pw_uid, user.pw_gid, name, user.pw_gid)
+    finally:
+        _retry(["userdel", name])
+
+
+@pytest.fixture
+def shared():
+    """A directory every user can enter (pytest's own tmp_path is root's alone)."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="sm120read-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
 def _as(user, *args: str, home: Path) -> subprocess.CompletedProcess[str]:
     """The tool run as `user` (another uid), from this venv's packages by the system's Python."""
     site = sysconfig.get_paths()["purelib"]
@@ -103,37 +134,37 @@ def _as(user, *args: str, home: Path) -> subprocess.CompletedProcess[str]:
             " sys.argv[0] = 'sm120patch'; run()")  # fmt: skip
     return subprocess.run(
         ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--",
-         sys.executable if os.access(sys.executable, os.X_OK) else "/usr/bin/python3",
+         sys.executable if os.access(sys.executable, os.X_OK) else PYTHON,
          "-c", code, site, *args],
         capture_output=True, text=True, cwd="/",
         env={"PATH": "/usr/bin:/bin", "HOME": str(home), "LC_ALL": "C"},
     )  # fmt: skip
 
 
-def test_a_reader_dry_runs_checks_and_reads_a_tree_it_cannot_write(attacker, shared):
+def test_a_reader_dry_runs_checks_and_reads_a_tree_it_cannot_write(reader, shared):
     """A root-owned environment another user may read but not write: the dry run prints the
     diff and says what the apply would refuse; status, doctor, list and show answer; the apply
     refuses naming the owner (no "as root (or root)"); nothing is written anywhere."""
-    probe = subprocess.run(["setpriv", f"--reuid={attacker.uid}", "--", sys.executable, "-c", ""],
+    probe = subprocess.run(["setpriv", f"--reuid={reader.uid}", "--", sys.executable, "-c", ""],
                            capture_output=True)  # fmt: skip
     if probe.returncode != 0:
         pytest.skip("this venv's interpreter cannot be run by another user here")
     sg = make_tree(shared, "sglang", "0.5.8", "installed")
     for path in [shared, *shared.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    home = attacker.give(shared / "home")
+    home = reader.give(shared / "home")
     before = tree_hash(sg)
 
-    dry = _as(attacker, "apply", "moe", "--dry-run", "--sglang", str(sg), "--no-gpu-check",
+    dry = _as(reader, "apply", "moe", "--dry-run", "--sglang", str(sg), "--no-gpu-check",
               home=home)  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.startswith("diff --git") or "+++ b/sglang/srt/server_args.py" in dry.stdout
     assert "the apply would refuse" in dry.stderr and "may not write" in dry.stderr, dry.stderr
     for args in (["status", "--check"], ["doctor"], ["list"], ["show", "moe"]):
-        proc = _as(attacker, *args, *(["--sglang", str(sg)] if args[0] in ("status", "doctor")
+        proc = _as(reader, *args, *(["--sglang", str(sg)] if args[0] in ("status", "doctor")
                                       else []), home=home)  # fmt: skip
         assert proc.returncode == 0, (args, proc.stderr)
-    real = _as(attacker, "apply", "moe", "--sglang", str(sg), "--no-gpu-check", home=home)
+    real = _as(reader, "apply", "moe", "--sglang", str(sg), "--no-gpu-check", home=home)
     assert real.returncode == 1 and "may not write" in real.stderr, real.stderr
     assert "(or root)" not in real.stderr
     assert tree_hash(sg) == before and not (sg / ".sm120patch").exists()
