@@ -103,7 +103,7 @@ class Session:
 
         found = known.lines(profile, self.paths, command or [], self.gpus, verbose=self.verbose)
         if profile and not self.verbose and any(line.startswith("known: ") for line in found):
-            found.append(f"known outcomes in full: `sm120patch show {profile}` (or --verbose)")
+            found.append(f"known outcomes in full: `sm120patch show {profile}`")
         return found
 
 

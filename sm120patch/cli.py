@@ -9,6 +9,7 @@ API); 75 a run left its journal (`recover`), 130 interrupted.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -536,8 +537,11 @@ def new_patch_cmd(**options: Any) -> None:
     for path in (written.module, written.test, written.profiles):
         echo_out(f"wrote {path}")
     directory = options["directory"]
-    echo_out(f"next: fill in the TODOs, then `python -m pytest {written.test}` and "
-               f"`sm120patch --patches {directory} apply {written.profile} --dry-run`")
+    for line in render.hint_lines(
+        f"fill in the TODOs, then `python -m pytest {shlex.quote(str(written.test))}` and "
+        f"`sm120patch --patches {shlex.quote(directory)} apply {written.profile} --dry-run`"
+    ):
+        echo_out(line.strip())
 
 
 @main.command("matrix")

@@ -149,8 +149,10 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
         assert code == 1 and out == ""
         assert "profile moe refuses FlashInfer 0.6.1" in err and "issues/2723" in err
         # Inside the pins: the hint is the refusal's, not "use a pinned release".
-        assert "  use a release it does not refuse (its reason says which), or --force to " \
-            "apply anyway" in err and "pinned release" not in err
+        assert "  use a release it does not refuse (its reason says which), or apply " \
+            "anyway: `sm120patch apply moe --dry-run" in err and "pinned release" not in err
+        # the next: line is the user's own command with --force, as it pastes
+        assert f"  next: sm120patch {' '.join(dry)} --force\n" in err, err
         code, out, err = run_cli(*dry, "--force")
     assert code == 0, err
     assert ("known: moe wrong-output" in err) is shown

@@ -254,6 +254,11 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(delay_ms, tmp_path):
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     if proc.returncode == 0:
         pytest.skip(f"doctor finished within {delay_ms} ms")
+    ours = [line for line in proc.stderr.splitlines()
+            if line.strip().startswith("File ") and f"{os.sep}sm120patch{os.sep}" in line]  # fmt: skip
+    if proc.returncode != 130 and not ours:
+        # landed before the package's first statement ran (a loaded box, no bytecode cached)
+        pytest.skip(f"the interrupt came before sm120patch's code ran: {proc.stderr[-200:]}")
     assert proc.returncode == 130, (proc.returncode, proc.stderr)
     assert proc.stderr.strip().splitlines() == ["sm120patch: interrupted"], proc.stderr
 
