@@ -75,3 +75,16 @@ def test_the_rollout_templates_the_drop_in_with_the_script_beside_its_python():
 def test_the_collection_has_the_tools_version():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert yaml.safe_load(GALAXY.read_text())["version"] == project == __version__
+
+
+def test_every_package_of_the_tool_ships():
+    """pyproject lists the packages by name: one left out installs a tool that cannot start
+    (a wheel without sm120patch/render/ fails at its first import)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])  # fmt: skip
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "sm120patch").rglob("__init__.py")
+        if "__pycache__" not in p.parts
+    }
+    assert found <= listed, found - listed
