@@ -315,3 +315,28 @@ def test_help_lists_the_commands_in_the_order_of_the_work_each_with_an_example()
     for name in main.commands:
         code, text, _ = cli(name, "--help")
         assert code == 0 and f"Example: {HELP[name][1]}" in text, name
+
+
+# ---- doctor ----------------------------------------------------------------------------------
+
+
+def test_doctor_gives_one_verdict_per_profile_and_names_every_experimental_one(tmp_path, mocker):
+    from sm120patch.plan import catalog
+    from sm120patch.trial import gpu
+
+    mocker.patch.object(gpu, "read_gpus", return_value=gpu.GpuInventory())
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.1", "installed")  # moe refuses it
+    code, out, err = cli("doctor", *where(sg, fi))
+    assert code == 0, err
+    lines = out.splitlines()
+    heads = [line for line in lines if line.startswith("profile ")]
+    profiles = catalog.load().profiles
+    assert [h.split()[1] for h in heads] == list(profiles)  # one verdict line each
+    at = next(i for i, line in enumerate(lines) if line.startswith("profile moe "))
+    assert "refused here: profile moe refuses FlashInfer 0.6.1" in lines[at], lines[at]
+    assert lines[at + 1].startswith("profile "), lines[at + 1]  # no planned rows under it
+    summary = lines[-1]
+    for p in profiles.values():
+        if p.status != "recommended":
+            assert p.name in summary.split("Experimental (")[1].split(")")[0], (p.name, summary)
