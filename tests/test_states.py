@@ -372,7 +372,10 @@ def _drifted(sg, fi, layout):
 def error_lines(err: str) -> list[str]:
     """The error and its next: line (the dry run shows known outcomes on stderr too, as its
     stdout is the diff)."""
-    return [line for line in err.splitlines() if line.startswith(("sm120patch:", "  next:"))]
+    # A next: line that repeats the user's own command (`... --force`) has the dry run's
+    # --dry-run in it after a dry run: the same step, as each command pastes it.
+    return [line.replace(" --dry-run", "") if line.startswith("  next:") else line
+            for line in err.splitlines() if line.startswith(("sm120patch:", "  next:"))]  # fmt: skip
 
 
 def _root_layout(sg: Path, layout: str) -> tuple[Path, str]:
