@@ -1,8 +1,11 @@
-"""`python -m sm120patch`: the console entry point, without the working directory on sys.path.
+"""`python -m sm120patch`: the console entry point, then without the working directory on
+sys.path.
 
-`python -m` puts the working directory first on `sys.path`; an entry point (a patch pack, which
-is code) or a module found there would then run with this process's privileges, often root's.
-sm120patch itself is imported already, so nothing of it is looked up there again.
+`python -m` puts the working directory first on `sys.path` before it imports this package: an
+`sm120patch/` planted there is imported instead, and nothing here can prevent that (run the
+`sm120patch` script, or `python -P -m sm120patch`). What this module does prevent is later: an
+entry point (a patch pack, which is code) or a module found there would otherwise run with this
+process's privileges, often root's.
 """
 
 import os

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class Session:
     packs: tuple[str, ...] = ()
     stated: dict[str, str] = field(default_factory=dict)  # --sglang-version, --flashinfer-version
     _gpus: GpuInventory | None = field(default=None, repr=False)
+    verbose: bool = False  # the known outcomes in full, not one short line each
 
     def __post_init__(self) -> None:
         from sm120patch import targets
@@ -98,10 +100,14 @@ class Session:
         return check
 
     def known_lines(self, profile: str | None, command: list[str] | None = None) -> list[str]:
-        """The known outcomes and the trials measured here that match this box."""
+        """The known outcomes and the trials measured here that match this box: one short
+        line each and where the whole entries are, or the whole entries with `verbose`."""
         from sm120patch.trial import known
 
-        return known.lines(profile, self.paths, command or [], self.gpus)
+        found = known.lines(profile, self.paths, command or [], self.gpus, verbose=self.verbose)
+        if profile and not self.verbose and any(line.startswith("known: ") for line in found):
+            found.append(f"known outcomes in full: `sm120patch show {profile}`")
+        return found
 
 
 # ---- lock files --------------------------------------------------------------------------
@@ -177,6 +183,13 @@ def profile_names(packs: tuple[str, ...]) -> list[str]:
 
 def show(session: Session, name: str) -> Profile:
     return session.profile(name)
+
+
+def known_about(profile: str) -> list[Any]:
+    """Every known outcome about `profile` (trial.known.Entry), whatever this box is."""
+    from sm120patch.trial import known
+
+    return known.about_profile(profile)
 
 
 @dataclass
@@ -290,7 +303,7 @@ def recover(session: Session) -> Report:
 def doctor(session: Session) -> Examination:
     from sm120patch.explain import doctor as examining
 
-    return examining.examine(session.paths)
+    return examining.examine(session.paths, verbose=session.verbose)
 
 
 @dataclass(frozen=True)
@@ -303,6 +316,12 @@ def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
     from sm120patch.engine import pin as pinning
     from sm120patch.targets.files import write_output  # never through a link at its name
 
+    if not force and os.path.lexists(output):
+        # As `export` keeps the patches already in its directory: a lock is a fleet's record.
+        raise UsageError(
+            f"{output} exists; nothing was written",
+            f"`sm120patch pin {profile} -o {shlex.quote(output)} --force` replaces it",
+        )
     lock = pinning.make(profile, session.paths, force=force)
     write_output(output, lock.to_toml())
     return Pinned(lock, output)

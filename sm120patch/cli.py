@@ -9,14 +9,14 @@ API); 75 a run left its journal (`recover`), 130 interrupted.
 
 from __future__ import annotations
 
-import os
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from sm120patch import __version__, app, render
+from sm120patch import __version__, _interrupted_at_start, app, render
 from sm120patch.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -58,60 +58,18 @@ def with_targets(fn: F) -> F:
 json_option = click.option(
     "--json", "as_json", is_flag=True, callback=render.remember_json, help="Print JSON for scripts."
 )
-paste, emit_json = render.paste, render.emit_json
+paste, emit_json, show = render.paste, render.emit_json, render.show
+echo_err, echo_out, quiet, pasted = render.echo_err, render.echo_out, render.quiet, render.pasted
 
 
-# ---- signals ------------------------------------------------------------------------------
-# During an apply, revert or recover the engine defers SIGINT/SIGTERM/SIGHUP (interrupts.py)
-# and ends as Interrupted (exit 130) or Unfinished (exit 75), both rendered by `handled`.
-# This only acknowledges each signal at once, so that a user does not press Ctrl-C again and
-# again; it runs inside the signal handler, hence os.write and no click.echo.
-def _interrupt_notice(signum: int, count: int) -> None:
-    import signal
-
-    name = signal.Signals(signum).name
-    text = (
-        f"\nsm120patch: {name}: finishing this step safely, then stopping\n"
-        if count == 1
-        else f"sm120patch: {name} again: still finishing safely (nothing is cut short)\n"
-    )
-    os.write(2, text.encode())
-
-
-app.on_interrupt(_interrupt_notice)
-# ---- end of signals ------------------------------------------------------------------------
+# During an apply, revert or recover the engine defers SIGINT/SIGTERM/SIGHUP and ends as
+# Interrupted (exit 130) or Unfinished (exit 75); each signal is acknowledged at once.
+app.on_interrupt(render.interrupt_notice)
 
 
 def run() -> None:
-    """The console entry point (and `python -m sm120patch`): `main`, then an exit without the
-    interpreter's teardown. A plan leaves a few libcst trees of a million objects each, and
-    freeing them one by one at exit took 80 ms, more than a tenth of a cold plan; the kernel
-    frees the memory at once. (mypy exits the same way for the same reason.) Every file this
-    tool writes is closed before its command returns; standard output and error are flushed
-    here, and the exit status is the one `sys.exit` would give."""
-    code: Any = 1
-    try:
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-        if code is None:
-            code = 0
-        elif not isinstance(code, int):
-            click.echo(render.printable(str(code)), err=True)  # sys.exit("message"): status 1
-            code = 1
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a reader that left, a closed stream
-                code = code or 1
-    except KeyboardInterrupt:
-        # A Ctrl-C outside every command's own handling: while click parses the arguments, or
-        # once the command has ended. Nothing of a run is cut short here.
-        os.write(2, b"sm120patch: interrupted\n")
-        code = 130
-    os._exit(code)
+    """The console entry point (and `python -m sm120patch`): `render.run_tool`."""
+    render.run_tool(main, _interrupted_at_start)
 
 
 @click.group(cls=render.Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -139,40 +97,15 @@ def complete_profile(ctx: click.Context, param: object, incomplete: str) -> list
     return [CompletionItem(n) for n in app.profile_names(packs) if n.startswith(incomplete)]
 
 
-def session(sglang: str | None = None, flashinfer: str | None = None) -> app.Session:
+def session(
+    sglang: str | None = None, flashinfer: str | None = None, *, verbose: bool = False
+) -> app.Session:
     """The command's session: its targets and the group's --patches."""
     root = click.get_current_context().find_root()
     root.meta[render.PATHS_META] = {"sglang": sglang, "flashinfer": flashinfer}  # hints use it
-    return app.Session(sglang, flashinfer, root.obj or (), root.meta.get("sm120patch.stated", {}))
-
-
-def colour_wanted() -> bool:
-    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
-def show(text: render.Text) -> None:
-    for line in text.err:
-        echo_err(paste(line))
-    for line in text.out:
-        echo_out(paste(line))
-    if text.raw:
-        colour = colour_wanted()
-        click.echo(render.coloured(text.raw) if colour else text.raw, nl=False, color=colour)
-
-
-# Every line of text the CLI prints goes through these two: what it shows from outside (a trial
-# record, a server's log line, a path) cannot drive the terminal (`render.printable`).
-def echo_err(line: str) -> None:
-    click.echo(render.printable(line), err=True)
-
-
-def echo_out(line: str) -> None:
-    click.echo(render.printable(line))
-
-
-def quiet(line: str) -> None:  # --json keeps stdout one document
-    pass
+    return app.Session(
+        sglang, flashinfer, root.obj or (), root.meta.get("sm120patch.stated", {}), verbose=verbose
+    )
 
 
 @main.command("list")
@@ -189,10 +122,17 @@ def list_cmd(as_json: bool) -> None:
 
 @main.command("show")
 @click.argument("profile", shell_complete=complete_profile)
-def show_cmd(profile: str) -> None:
-    """Show a profile: its patches, why each exists, the shapes each knows, its pins."""
+@json_option
+def show_cmd(profile: str, as_json: bool) -> None:
+    """Show a profile: its pins, what it refuses, its patches (why each exists, the shapes each
+    knows) and every known outcome about it, in full."""
     s = session()
-    show(render.profile(s.catalog, app.show(s, profile)))
+    prof = app.show(s, profile)
+    entries = app.known_about(profile)
+    if as_json:
+        emit_json(render.profile_doc(s.catalog, prof, entries))
+        return
+    show(render.profile(s.catalog, prof, entries))
 
 
 locked_option = click.option(
@@ -201,6 +141,11 @@ locked_option = click.option(
     metavar="LOCKFILE",
     type=click.Path(dir_okay=False),
     help="Exactly what this lock file (from `pin`) records, or refuse.",
+)
+
+
+verbose_option = click.option(
+    "-v", "--verbose", is_flag=True, help="The known outcomes in full, not one line each."
 )
 
 
@@ -213,6 +158,7 @@ locked_option = click.option(
 @click.option(
     "--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition (image builds, CI)."
 )
+@verbose_option
 @json_option
 def apply_cmd(
     profile: str | None,
@@ -222,12 +168,16 @@ def apply_cmd(
     locked: str | None,
     force: bool,
     no_gpu_check: bool,
+    verbose: bool,
     as_json: bool,
 ) -> None:
-    """Apply PROFILE (see `sm120patch list`) to SGLang and FlashInfer."""
-    s = session(sglang, flashinfer)
+    """Apply PROFILE (see `sm120patch list`) to SGLang and FlashInfer.
+
+    The known outcomes that match this box come first, one line each (--verbose: in full).
+    """
+    s = session(sglang, flashinfer, verbose=verbose)
     want = app.locked(profile, locked)
-    known = quiet if as_json else (echo_err if dry_run else echo_out)
+    known = quiet if as_json else (pasted(echo_err) if dry_run else pasted(echo_out))
     if dry_run:
         found = app.apply_dry_run(s, want, force=force, gpu_check=not no_gpu_check,
                                   on_known=known)  # fmt: skip
@@ -311,14 +261,23 @@ def revert_cmd(
 
 @main.command("status")
 @with_targets
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 0 only when every target is as recorded (pristine or applied): 1 when one is "
+    "drifted, gone, replaced or missing or none is found, 75 when one is unfinished.",
+)
 @json_option
-def status_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
+def status_cmd(sglang: str | None, flashinfer: str | None, check: bool, as_json: bool) -> None:
     """The state of each target, decided from the bytes on disk, and of every touched file."""
     found = app.status(session(sglang, flashinfer))
+    code = render.status_exit(found) if check else 0
     if as_json:
-        emit_json({"targets": [s.to_dict() for s in found]})
-        return
-    show(render.status(found))
+        emit_json({"targets": [s.to_dict() for s in found], "exit_code": code})
+    else:
+        show(render.status(found))
+    if code:
+        sys.exit(code)
 
 
 @main.command("recover")
@@ -502,10 +461,15 @@ def trial_forget_cmd(
 
 @main.command("doctor")
 @with_targets
+@verbose_option
 @json_option
-def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
-    """What this machine has (GPUs, SGLang, FlashInfer) and what each profile would do here."""
-    found = app.doctor(session(sglang, flashinfer))
+def doctor_cmd(sglang: str | None, flashinfer: str | None, verbose: bool, as_json: bool) -> None:
+    """What this machine has (GPUs, SGLang, FlashInfer) and one verdict per profile here.
+
+    The known outcomes that match this box come after the profiles, one line each (--verbose:
+    in full), then the summary.
+    """
+    found = app.doctor(session(sglang, flashinfer, verbose=verbose))
     if as_json:
         emit_json(found.to_dict())
         return
@@ -523,7 +487,11 @@ def doctor_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> Non
     type=click.Path(dir_okay=False),
     help="Where to write the lock file.",
 )
-@click.option("--force", is_flag=True, help="Pin outside the profile's pinned versions.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Pin outside the profile's pinned versions, and replace an existing lock file.",
+)
 def pin_cmd(
     profile: str, sglang: str | None, flashinfer: str | None, output: str, force: bool
 ) -> None:
@@ -579,8 +547,11 @@ def new_patch_cmd(**options: Any) -> None:
     for path in (written.module, written.test, written.profiles):
         echo_out(f"wrote {path}")
     directory = options["directory"]
-    echo_out(f"next: fill in the TODOs, then `python -m pytest {written.test}` and "
-               f"`sm120patch --patches {directory} apply {written.profile} --dry-run`")
+    for line in render.hint_lines(
+        f"fill in the TODOs, then `python -m pytest {shlex.quote(str(written.test))}` and "
+        f"`sm120patch --patches {shlex.quote(directory)} apply {written.profile} --dry-run`"
+    ):
+        echo_out(line.strip())
 
 
 @main.command("matrix")
@@ -698,3 +669,6 @@ def explain_cmd(
         emit_json(found.to_dict())
         return
     show(render.explained(found, simulate))
+
+
+render.describe(main)  # --help: the order of the work, a summary that fits, an example each

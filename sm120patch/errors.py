@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# In a hint, `sm120patch <again> WORDS` is the user's own command line with WORDS added (the
+# CLI fills it in): a refusal deep in the engine can say "the same again, with --no-gpu-check"
+# as a command that pastes.
+AGAIN = "<again>"
+
 
 class Sm120Error(Exception):
     exit_code = 4
@@ -42,3 +47,37 @@ class TrialUnreachable(Sm120Error):
     probe); the setup is wrong, the patch is not judged (reverted, never evidence)."""
 
     exit_code = 8
+
+
+class NotWritable(Refused):
+    """A refusal only because this user (or anyone: a read-only filesystem) cannot write where
+    a command would write. A dry run, which writes nothing, reports it and goes on: reviewing
+    a diff needs only read access."""
+
+
+def not_writable(what: str, path: object, reason: str | None = None) -> NotWritable:
+    """The refusal for `what` at `path` that this run cannot write, with what to do: on a
+    filesystem mounted read-only no user can write it, so the hint says so instead of asking
+    for another user."""
+    import os
+    import shlex
+
+    where = str(path)
+    probe = where
+    while probe and not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        read_only = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return NotWritable(
+            f"{what} {where}: the filesystem is mounted read-only; nothing was changed",
+            "no user can write a read-only filesystem: remount it read-write, or apply where "
+            "the tree is built (an image build, with --no-gpu-check)",
+        )
+    because = f" ({reason})" if reason else ""
+    return NotWritable(
+        f"{what} {where}{because}; nothing was changed",
+        f"run sm120patch as the owner of {shlex.quote(where)} (or as root), or make it writable",
+    )

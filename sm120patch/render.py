@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from sm120patch.errors import Sm120Error
+from sm120patch.terminal import error_doc as error_doc
+from sm120patch.terminal import fallback_hint as fallback_hint
+from sm120patch.terminal import hint_lines as hint_lines
+from sm120patch.terminal import interrupt_notice as interrupt_notice
+from sm120patch.terminal import json_asked as json_asked
+from sm120patch.terminal import pasteable as pasteable
+from sm120patch.terminal import printable as printable
+from sm120patch.terminal import run_tool as run_tool
 
 if TYPE_CHECKING:
     from sm120patch.app import DryRun, Matrix, Pinned, Shown, Trialled
@@ -29,64 +36,7 @@ if TYPE_CHECKING:
     from sm120patch.patchkit.model import Outcome
     from sm120patch.plan.catalog import Catalog, Profile
     from sm120patch.scan.run import Report as ScanReport
-
-
-def error_doc(
-    message: str, hint: str, exit_code: int, details: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """An error as `--json` prints it."""
-    return {"error": message, "next": hint or None, "exit_code": exit_code, **(details or {})}
-
-
-def json_asked(flag: bool, argv: Sequence[str]) -> bool:
-    """--json given: its flag parsed, or in the words before `--` (a trial's command) when
-    the command line failed to parse before the flag's callback ran."""
-    return flag or "--json" in list(argv)[: ([*argv, "--"]).index("--")]
-
-
-def fallback_hint(exit_code: int, verb: str | None) -> str:
-    """What to do after an error that brings no hint of its own."""
-    if exit_code == 2:
-        return f"see `sm120patch {verb} --help`" if verb else "see `sm120patch --help`"
-    return "`sm120patch status` shows the state of the trees"
-
-
-# The commands whose --sglang/--flashinfer name targets (matrix's name release specifiers).
-TARGET_VERBS = frozenset(
-    {"apply", "revert", "ensure", "status", "recover", "doctor", "pin", "export", "explain",
-     "trial"}
-)  # fmt: skip
-# ...and those that are no command without an argument (`sm120patch pin` names the tool's verb)
-NEED_ARGUMENT = frozenset({"apply", "revert", "ensure", "pin", "export", "trial"})
-_COMMAND = re.compile(r"`sm120patch((?: [^`]*)?)`")
-
-
-def pasteable(text: str, paths: Mapping[str, str | None], packs: Sequence[str] = ()) -> str:
-    """Every `sm120patch ...` in `text` as the user can paste it: with the --patches of the
-    command it follows and, for a command on targets, its --sglang/--flashinfer paths (made
-    absolute), where the words do not name them already."""
-    import shlex
-
-    def complete(match: re.Match[str]) -> str:
-        words = match.group(1).split(" ")[1:]
-        if not words or (len(words) == 1 and words[0] in NEED_ARGUMENT):
-            return match.group(0)
-        front = [w for d in packs for w in ("--patches", shlex.quote(os.path.abspath(d)))]
-        if "--patches" in words:
-            front = []
-        targets = []
-        if words[0] in TARGET_VERBS and "--help" not in words:
-            for kind, path in paths.items():
-                if path and f"--{kind}" not in words:
-                    targets += [f"--{kind}", shlex.quote(os.path.abspath(path))]
-        if "--" in words:  # a trial's own options go before its command
-            at = words.index("--")
-            words = [*words[:at], *targets, *words[at:]]
-        else:
-            words = [*words, *targets]
-        return "`" + " ".join(["sm120patch", *front, *words]) + "`"
-
-    return _COMMAND.sub(complete, text)
+    from sm120patch.trial.known import Entry
 
 
 _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),
@@ -173,7 +123,37 @@ def profiles_doc(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> d
     }
 
 
-def profile(cat: Catalog, prof: Profile) -> Text:
+def profile_doc(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> dict[str, Any]:
+    """`show --json`: the profile as `list --json` has it, its patches in full and every known
+    outcome about it."""
+    [doc] = [p for p in profiles_doc(cat)["profiles"] if p["name"] == prof.name]
+    return {
+        **doc,
+        "known_text": " ".join(prof.known.split()) if prof.known else None,
+        "patches": [
+            {
+                "id": patch.id,
+                "target": patch.target,
+                "title": patch.title,
+                "source": cat.source(patch.id).name,
+                "why": patch.why,
+                "upstream": patch.upstream or None,
+                "shapes": [str(shape) for shape in patch.shapes],
+            }
+            for patch in cat.patches_of(prof)
+        ],
+        "known": [
+            {"id": e.id, "outcome": e.outcome, "evidence": e.evidence, "figure": e.figure,
+             "measured": e.measured or None, "condition": e.condition, "date": e.date,
+             "source": e.source}  # fmt: skip
+            for e in known
+        ],
+    }
+
+
+def profile(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> Text:
+    """`show PROFILE`: pins, refusals, the patches, then every known outcome about it, in
+    full (what the one-line known outcomes of `apply` and `doctor` point to)."""
     from sm120patch.patchkit.versions import range_text
 
     text = Text()
@@ -196,6 +176,9 @@ def profile(cat: Catalog, prof: Profile) -> Text:
                 text.out.append("  in the server log, skipped: " + " | ".join(patch.wiring.skipped))
         for shape in patch.shapes:
             text.out.append(f"  - {shape}")
+    if known:
+        text.out.append("")
+        text.out += [e.full() for e in known]
     return text
 
 
@@ -251,7 +234,13 @@ def dry_run(found: DryRun) -> Text:
 
 
 def dry_run_doc(found: DryRun) -> dict[str, Any]:
+    """The keys of `revert --dry-run --json` and `apply --json` for the same ideas: the
+    `action` the apply would take, whether it would change files (`changed`), `dry_run`."""
+    nothing = found.prepared.nothing_to_do or not found.plan.applies
     return {
+        "action": "nothing-to-do" if nothing else "applied",
+        "changed": not nothing,
+        "dry_run": True,
         **found.plan.to_dict(),
         "nothing_to_do": found.prepared.nothing_to_do,
         "notes": found.prepared.notes,
@@ -337,6 +326,18 @@ def status(found: list[TargetStatus]) -> Text:
         text.out.append(f"  profile {s.profile}{branch}")
         text.out += [_file_line(f) for f in s.files]
     return text
+
+
+def status_exit(found: Sequence[TargetStatus]) -> int:
+    """`status --check`: 0 when every target is as recorded (pristine, or applied with every
+    touched file as written), 75 when a run was interrupted (`recover`), 1 otherwise (drifted,
+    gone, replaced, missing) or when no target is found."""
+    states = {str(s.state) for s in found}
+    if not found:
+        return 1
+    if "unfinished" in states:
+        return 75
+    return 0 if states <= {"pristine", "applied"} else 1
 
 
 def pinned(found: Pinned, profile: str) -> Text:
@@ -439,14 +440,13 @@ def doctor(found: Examination) -> Text:
             text.out.append(f"  version unknown: {t['version_source']}")
     text.out += found.missing
     for p in found.profiles:
-        pins = {True: "inside its pins", False: "OUTSIDE its pins", None: "not checked"}
-        text.out.append(f"profile {p.name} [{p.status}]: {pins[p.pinned]}")
-        text.out += [f"  {problem}" for problem in p.problems]
+        text.out.append(f"profile {p.name} [{p.status}]: {p.verdict}")
         for o in p.outcomes:
             text.out.append(f"  {o['status']:16} {o['patch']:26} {o['file'] or ''}::{o['site']}")
+        text.out += [f"  applied now on {root}" for root in p.applied_on]
     for a in found.applied:
-        if a.get("profile"):
-            text.out.append(f"applied now on {a['root']}: {a['profile']}")
+        if a.get("problem"):
+            text.out.append(f"status: {a['problem']}")
     text.out += found.known
     text.out.append(found.recommendation)
     return text
@@ -512,31 +512,29 @@ def remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bo
     return value
 
 
-# C0 and C1 control characters but tab and newline: a record read from a state directory, a
-# server's log line or a path may hold terminal escapes (clear the screen, rewrite the line
-# before it, set the title); a line the tool prints shows them as `\xNN`, never acts on them.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(line: str) -> str:
-    """`line` as text a terminal only shows: each control character written as `\\xNN`."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
-
-
 def paste(text: str) -> str:
-    """`text` with each `sm120patch ...` in it completed with this command's paths and packs."""
+    """`text` with each `sm120patch ...` in it completed with this command's paths, packs and
+    kept flags."""
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root() if ctx is not None else None
-    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or ()) if root else text
+    if root is None:
+        return text
+    argv = root.meta.get(ARGV_META, [])
+    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or (), argv)
 
 
 def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:
-    """One line and what to do (every refusal has a next), and the same as JSON with --json."""
+    """One line, then what to do (every refusal has one): `next:` lines that paste, the words
+    on their own; the same as JSON with --json (`next`: the words, `commands`: what pastes)."""
     hint = paste(error.hint or fallback_hint(error.exit_code, verb))
     click.echo(printable(f"sm120patch: {paste(error.message)}"), err=True)
-    click.echo(printable(f"  next: {hint}"), err=True)
+    lines = hint_lines(hint)
+    for line in lines:
+        click.echo(printable(line), err=True)
     if as_json:
-        emit_json(error_doc(paste(error.message), hint, error.exit_code, error.details))
+        doc = error_doc(paste(error.message), hint, error.exit_code, error.details)
+        doc["commands"] = [line[len("  next: "):] for line in lines if line.startswith("  next: ")]
+        emit_json(doc)
     sys.exit(error.exit_code)
 
 
@@ -561,7 +559,15 @@ def usage_failed(ctx: click.Context, error: click.UsageError) -> None:
 
 class Group(click.Group):
     """Renders every command's errors: a typed error is one line plus what to do (and JSON on
-    stdout with --json); anything else is a bug (exit 4)."""
+    stdout with --json); anything else is a bug (exit 4). Lists its commands in `order` (the
+    order of the work), any others after them."""
+
+    order: tuple[str, ...] = ()
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        first = [n for n in self.order if n in names]
+        return first + [n for n in names if n not in first]
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta.setdefault(ARGV_META, list(args))
@@ -580,16 +586,17 @@ class Group(click.Group):
         except Sm120Error as exc:
             fail(exc, json_wanted(ctx), ctx.invoked_subcommand)
         except KeyboardInterrupt:
+            # Outside the engine's writes (those end as Interrupted or Unfinished, with their
+            # own next step): nothing was cut short, so one line says it all.
             click.echo("sm120patch: interrupted", err=True)
-            click.echo("  next: `sm120patch status` says if `recover` is needed", err=True)
             sys.exit(130)
         except BrokenPipeError:
-            # `sm120patch status | head -1`: the reader left. Point stdout at /dev/null so the
-            # interpreter's last flush does not fail a second time.
+            # `sm120patch status | head -1`: the reader left, having read what it wanted. As
+            # git does, end quietly and successfully; stdout points at /dev/null so that the
+            # last flush does not fail a second time.
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
-            click.echo("sm120patch: standard output was closed before all was written", err=True)
-            sys.exit(1)
+            sys.exit(0)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
         except Exception as exc:
@@ -597,9 +604,87 @@ class Group(click.Group):
                 raise
             line = f"sm120patch: internal error: {type(exc).__name__}: {exc}"
             click.echo(printable(line), err=True)
-            click.echo(
-                "  next: rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
-                "`sm120patch status` shows the state of your trees",
-                err=True,
+            hint = paste(
+                "rerun with SM120PATCH_DEBUG=1 for the traceback and report it; "
+                "`sm120patch status` shows the state of your trees"
             )
+            for line in hint_lines(hint):
+                click.echo(printable(line), err=True)
             sys.exit(4)
+
+
+# In the order of the work, which is the order `sm120patch --help` lists them in
+# (`Group.list_commands`).
+HELP = {
+    "doctor": ("What this box has and what each profile would do", "sm120patch doctor"),
+    "apply": ("Apply a profile (--dry-run: the diff, nothing written)",
+              "sm120patch apply moe --dry-run"),
+    "status": ("Each target's state, from the bytes on disk (--check)",
+               "sm120patch status --check"),
+    "ensure": ("At service start: exactly as wanted, or exit 1",
+               "sm120patch ensure --locked /etc/sm120patch.lock"),
+    "revert": ("Put every touched file back, byte for byte", "sm120patch revert moe"),
+    "recover": ("Finish an interrupted apply or revert", "sm120patch recover"),
+    "pin": ("Write a lock file of the profile as applied here",
+            "sm120patch pin moe -o /etc/sm120patch.lock"),
+    "trial": ("Run a server under a profile; keep it only if it helps",
+              "sm120patch trial moe --measure -- python -m sglang.launch_server ..."),
+    "explain": ("What SGLang decides, pristine against patched",
+                "sm120patch explain --simulate sm120 -- --model-path M --tp 4"),
+    "list": ("The profiles, their pins and patches", "sm120patch list"),
+    "show": ("One profile in full, its known outcomes included", "sm120patch show moe --json"),
+    "export": ("Write the patches as mail files (git am)", "sm120patch export moe -o patches/"),
+    "scan": ("The arch gates that leave SM120 out", "sm120patch scan --json"),
+    "matrix": ("Plan every profile on every release (maintainers)",
+               "sm120patch matrix --sglang '>=0.5.23'"),
+    "new-patch": ("Start a patch in a pack of your own",
+                  "sm120patch new-patch my.site --target sglang --file F --function FN --pins P"),
+}  # fmt: skip
+
+
+def describe(group: click.Group) -> None:
+    """--help in the order of the work: each command's summary and example (`HELP`), the
+    group's order (`Group.list_commands`)."""
+    for name, (summary, example) in HELP.items():
+        command = group.commands[name]
+        command.short_help = summary
+        command.epilog = f"\b\nExample: {example}"  # \b: click keeps the line as it is
+    if isinstance(group, Group):
+        group.order = tuple(HELP)
+
+
+# ---- printing: every line of text the CLI prints goes through these ---------------------------
+
+
+def colour_wanted() -> bool:
+    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def show(text: Text) -> None:
+    for line in text.err:
+        echo_err(paste(line))
+    for line in text.out:
+        echo_out(paste(line))
+    if text.raw:
+        colour = colour_wanted()
+        click.echo(coloured(text.raw) if colour else text.raw, nl=False, color=colour)
+
+
+# Every line of text the CLI prints goes through these two: what it shows from outside (a trial
+# record, a server's log line, a path) cannot drive the terminal (`printable`).
+def echo_err(line: str) -> None:
+    click.echo(printable(line), err=True)
+
+
+def echo_out(line: str) -> None:
+    click.echo(printable(line))
+
+
+def quiet(line: str) -> None:  # --json keeps stdout one document
+    pass
+
+
+def pasted(echo: Callable[[str], None]) -> Callable[[str], None]:
+    """`echo` of lines whose `sm120patch ...` commands paste (render.paste)."""
+    return lambda line: echo(paste(line))

@@ -39,9 +39,11 @@ def mode(path: Path) -> int:
 
 
 def one_line(err: str) -> bool:
-    """A refusal: `sm120patch: ...` and `  next: ...`, nothing else (no traceback)."""
+    """A refusal: `sm120patch: ...` and what to do (`  next: ...` commands, words), nothing
+    else (no traceback)."""
     lines = err.strip("\n").split("\n")
-    return len(lines) == 2 and lines[1].startswith("  next: ") and "internal error" not in err
+    return (lines[0].startswith("sm120patch: ") and len(lines) >= 2
+            and all(x.startswith("  ") for x in lines[1:]) and "internal error" not in err)
 
 
 def sm(*args: str, env: dict[str, str | None] | None = None, cwd: str | None = None):
@@ -665,7 +667,8 @@ def test_pin_and_trial_outputs_replace_a_symlink_never_follow_it(attacker, share
     out = sticky(shared)
     for name in ("moe.lock", "report.html", "known.toml"):
         attacker.symlink(victim, out / name)
-    assert cli("pin", "moe", "--sglang", str(site), "-o", str(out / "moe.lock"))[0] == 0
+    # --force: `pin -o` replaces an existing name only when asked (a link too)
+    assert cli("pin", "moe", "--sglang", str(site), "-o", str(out / "moe.lock"), "--force")[0] == 0
     assert cli("trial", "moe", "--sglang", str(site), "--no-gpu-check", "--", "true")[0] == 0
     code, _, err = cli("trial", "show", "--sglang", str(site), "--html", str(out / "report.html"))
     assert code == 0, err

@@ -74,7 +74,7 @@ def assert_one_clear_line(result, code: int, needle: str) -> None:
     assert "Traceback" not in err and "internal error" not in err, err
     lines = err.splitlines()
     assert lines and lines[0].startswith("sm120patch: "), err
-    assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("  next: ")), err
+    assert all(x.startswith("  ") for x in lines[1:]), err  # what to do: `next:`, words
     assert needle in lines[0], (needle, err)
 
 
@@ -689,7 +689,8 @@ def test_no_traceback_from_a_real_process(tmp_path):
         assert proc.returncode == case.code, proc.stderr
         assert "Traceback" not in proc.stderr
         lines = proc.stderr.splitlines()
-        assert lines[0].startswith("sm120patch: ") and len(lines) <= 2, proc.stderr
+        assert lines[0].startswith("sm120patch: "), proc.stderr
+        assert all(x.startswith("  ") for x in lines[1:]), proc.stderr  # what to do
         assert [tree_hash(r) for r in case.roots] == before
 
 

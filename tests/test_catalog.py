@@ -119,5 +119,5 @@ def test_outside_the_pins_the_hint_asks_for_a_pinned_release(tmp_path):
     found = planner.resolve_targets(prof, {"sglang": sg})
     with pytest.raises(Refused) as exc:
         planner.require_pins(prof, found, {"sglang": sg}, force=False, verb="pin")
-    assert exc.value.hint == "use a pinned release, or --force to pin anyway"
+    assert exc.value.hint == "use a pinned release, or pin anyway: `sm120patch <again> --force`"
     planner.require_pins(prof, found, {"sglang": sg}, force=True, verb="pin")  # forced: no refusal

@@ -271,7 +271,9 @@ def test_an_unknown_version_refuses_with_the_flag_that_states_it(tmp_path, capsy
     assert exc.value.code == 1
     assert "SGLang version unknown (no version file in the tree; state it with " in err
     assert "--sglang-version VERSION): profile moe is pinned to" in err
-    assert "next: state the version (--sglang-version VERSION), or --force" in err
+    assert "state the version (--sglang-version VERSION), or apply anyway" in err
+    next_line = next(line for line in err.splitlines() if line.lstrip().startswith("next: "))
+    assert next_line.rstrip().endswith("--dry-run --no-gpu-check --force"), next_line
     # stated, it is that version (and a stated version outside the pins refuses as such)
     with pytest.raises(SystemExit) as exc:
         main(["apply", "moe", *where, "--sglang-version", "0.5.8", "--dry-run", "--no-gpu-check"])

@@ -38,7 +38,7 @@ def test_a_large_output_through_a_pipe_arrives_whole(tmp_path):
 @pytest.mark.parametrize(("raised", "status"), [(None, 0), (3, 3), ("a message", 1)])
 def test_run_exits_with_what_sys_exit_would(mocker, capsys, raised, status):
     mocker.patch.object(cli, "main", side_effect=SystemExit(raised))
-    exit_ = mocker.patch.object(cli.os, "_exit")
+    exit_ = mocker.patch("os._exit")
     cli.run()
     exit_.assert_called_once_with(status)
     if isinstance(raised, str):

@@ -90,6 +90,7 @@ WINGS = (
     "sm120patch.scan",
     "sm120patch.maintain",
     "sm120patch.app",
+    "sm120patch.terminal",
     "sm120patch.render",
     "sm120patch.cli",
     "sm120patch.__main__",

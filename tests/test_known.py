@@ -104,11 +104,20 @@ def test_a_bad_entry_is_one_clear_line():
 
 
 def test_a_line_says_the_evidence_what_was_run_and_the_source_quoted():
-    line = entry("fusion-tp2-sm120-faster").line()
+    e = entry("fusion-tp2-sm120-faster")
+    line = e.full()
     assert "(measured)" in line and "vLLM, not SGLang" in line and "one run per" in line
-    assert line.endswith('"' + entry("fusion-tp2-sm120-faster").quote + '")')
+    assert line.endswith('"' + e.quote + '")')
     assert "single run per concurrency cell" in line  # the caveat, in the source's words
-    assert "(unpublished)" in entry("fusion-8x-sm120-pcie-slower").line()
+    assert "(unpublished)" in entry("fusion-8x-sm120-pcie-slower").full()
+
+
+def test_a_short_line_is_verdict_profile_and_where_in_120_characters():
+    for e in known.entries():
+        line = e.line()
+        assert len(line) <= known.SHORT == 120, line
+        assert line.startswith(f"known: {e.about} {e.outcome} ({e.evidence})"), line
+    assert entry("fusion-tp2-sm120-faster").line() == "known: fusion faster (measured): sm120, tp ==2"
 
 
 UNQUOTED = (
@@ -185,7 +194,12 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
     mocker.patch.object(gpu, "read_gpus", return_value=gpu.GpuInventory())  # no GPU seen: not excluding
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
     fi = make_tree(tmp_path, "flashinfer", fi_version, "installed")
-    code, out, err = run_cli("doctor", "--sglang", str(sg), "--flashinfer", str(fi))
+    code, short, err = run_cli("doctor", "--sglang", str(sg), "--flashinfer", str(fi))
+    assert code == 0, err
+    known_lines = [line for line in short.splitlines() if line.startswith("known: ")]
+    assert known_lines and all(len(line) <= 120 for line in known_lines), short
+    assert "in full: `sm120patch doctor --verbose" in short  # where they are in full
+    code, out, err = run_cli("doctor", "--sglang", str(sg), "--flashinfer", str(fi), "--verbose")
     assert code == 0, err
     assert ("flashinfer/issues/2723" in out) is shown
     assert "flashinfer/pull/3903" in out  # fusion at TP2: no GPU and no TP known here
@@ -199,13 +213,15 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
         assert code == 1 and out == ""
         assert "profile moe refuses FlashInfer 0.6.1" in err and "issues/2723" in err
         # Inside the pins: the hint is the refusal's, not "use a pinned release".
-        assert "next: use a release it does not refuse (its reason says which), or --force to " \
-            "apply anyway" in err and "pinned release" not in err
+        assert "  use a release it does not refuse (its reason says which), or apply " \
+            "anyway: `sm120patch apply moe --dry-run" in err and "pinned release" not in err
+        # the next: line is the user's own command with --force, as it pastes
+        assert f"  next: sm120patch {' '.join(dry)} --force\n" in err, err
         code, out, err = run_cli(*dry, "--force")
     assert code == 0, err
     assert ("known: moe wrong-output" in err) is shown
     assert "known:" not in out  # the diff on stdout stays `git apply`-able
-    assert "flashinfer/pull/3903" not in err  # a fusion entry is not about moe
+    assert "known: fusion" not in err  # a fusion entry is not about moe
     code, out, err = run_cli(
         "apply", "moe", "--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check",
         *(["--force"] if shown else []),

@@ -118,7 +118,8 @@ def test_corrupt_lock_is_one_line(tmp_path):
 
 def _refusal(err: str) -> list[str]:
     lines = err.strip("\n").split("\n")
-    assert len(lines) == 2 and lines[1].startswith("  next: ") and "Traceback" not in err, err
+    assert len(lines) >= 2 and all(x.startswith("  ") for x in lines[1:]), err  # what to do
+    assert lines[0].startswith("sm120patch: ") and "Traceback" not in err, err
     return lines
 
 

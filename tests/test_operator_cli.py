@@ -19,14 +19,30 @@ from killing import command
 from test_states import SERVER_ARGS, cli, where  # noqa: F401
 from trees import make_tree, tree_hash
 
-from sm120patch import cli as cli_module
 from sm120patch import patches, render
 from sm120patch.cli import main
 from sm120patch.plan import catalog
 
 
-def next_line(err: str) -> str:
-    return next(line for line in err.splitlines() if line.startswith("  next: "))
+def hint_of(err: str) -> str:
+    """What a refusal says to do: its `next:` lines and its words, after the message."""
+    lines = err.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("sm120patch: "))
+    rest = [line for line in lines[at + 1 :] if line.startswith("  ")]
+    assert rest, err
+    return "\n".join(rest)
+
+
+def next_commands(err: str) -> list[list[str]]:
+    """Each `next:` line of a refusal as the words a shell passes (without the name): a `next:`
+    line is a command and nothing else."""
+    out = []
+    for line in err.splitlines():
+        if line.startswith("  next: "):
+            words = shlex.split(line[len("  next: ") :])
+            assert words[0] == "sm120patch", line
+            out.append(words[1:])
+    return out
 
 
 def commands_in(text: str) -> list[list[str]]:
@@ -63,11 +79,12 @@ def test_a_refusal_hint_repeats_paths_and_packs_and_does_what_it_says(tmp_path):
     assert cli("apply", "moe", *where(sg, fi), "--no-gpu-check")[0] == 0
     code, _, err = cli("--patches", str(pack), "apply", "fusion", *where(sg, fi), "--no-gpu-check")
     assert code == 1
-    first, then = commands_in(next_line(err))
+    first, then = next_commands(err)
     assert first == ["--patches", str(pack), "revert", "moe", *where(sg, fi)]
-    assert then == ["--patches", str(pack), "apply", "fusion", *where(sg, fi)]
+    # the user's --no-gpu-check is kept: the follow-up pastes as it is on this GPU-less box
+    assert then == ["--patches", str(pack), "apply", "fusion", *where(sg, fi), "--no-gpu-check"]
     assert cli(*first)[0] == 0
-    assert cli(*then, "--no-gpu-check")[0] == 0
+    assert cli(*then)[0] == 0
 
 
 def test_a_refused_plan_names_the_profile_not_a_placeholder(tmp_path):
@@ -80,8 +97,9 @@ def test_a_refused_plan_names_the_profile_not_a_placeholder(tmp_path):
     code, _, err = cli("--patches", str(pack), "apply", "other-site", "--sglang", str(sg),
                        "--no-gpu-check")  # fmt: skip
     assert code == 1 and "PROFILE" not in err, err
-    [dry] = commands_in(next_line(err))
-    assert dry == ["--patches", str(pack), "apply", "other-site", "--dry-run", "--sglang", str(sg)]
+    [dry] = next_commands(err)
+    assert dry == ["--patches", str(pack), "apply", "other-site", "--dry-run", "--sglang", str(sg),
+                   "--no-gpu-check"]  # fmt: skip
     assert cli(*dry)[0] == 1  # the same refusal, with every site shown
 
 
@@ -119,7 +137,7 @@ def test_no_refusal_without_next(args):
     assert code in (1, 2), (code, out, err)
     doc = json.loads(out)
     assert doc["next"], doc
-    assert next_line(err)
+    assert hint_of(err)
 
 
 def test_a_usage_error_under_json_is_json_exit_2():
@@ -162,7 +180,7 @@ def test_a_silent_crash_says_it_printed_nothing(tmp_path):
     code, _, err = cli("trial", "moe", "--sglang", str(sg), "--no-gpu-check", "--",
                        sys.executable, "-c", "raise SystemExit(4)")  # fmt: skip
     assert code == 3
-    hint = next_line(err)
+    hint = hint_of(err)
     assert "printed nothing" in hint and "above" not in hint, hint
 
 
@@ -212,7 +230,7 @@ def test_a_broken_built_in_toml_is_one_line_naming_the_file(library_copy, name, 
     assert code == 2, err
     lines = err.splitlines()
     assert f"{library_copy / name} is not valid TOML" in lines[0], err
-    assert "reinstall sm120patch" in next_line(err)
+    assert "reinstall sm120patch" in hint_of(err)
 
 
 def test_a_broken_signatures_toml_names_the_file(library_copy):
@@ -234,7 +252,7 @@ def test_a_packs_known_toml_is_read(tmp_path):
         'evidence = "measured"\n'
     )
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    code, out, err = cli("--patches", str(pack), "doctor", "--sglang", str(sg))
+    code, out, err = cli("--patches", str(pack), "doctor", "--sglang", str(sg), "--verbose")
     assert code == 0, err
     assert "known: moe faster" in out and "our own +4% on the lab box" in out
     (pack / "known.toml").write_text('[[outcome]]\nid = "x"\n')
@@ -306,7 +324,7 @@ def test_diffs_are_coloured_on_a_terminal_only(tmp_path, monkeypatch):
     args = ["apply", "moe", "--sglang", str(sg), "--dry-run"]
     plain = cli(*args)[1]  # not a terminal
     assert "\x1b[" not in plain and "\n+" in plain
-    monkeypatch.setattr(cli_module, "colour_wanted", lambda: True)
+    monkeypatch.setattr(render, "colour_wanted", lambda: True)
     coloured = CliRunner().invoke(main, args).stdout
     assert "\x1b[32m+" in coloured and "\x1b[1mdiff --git" in coloured, coloured[:300]
     monkeypatch.undo()
@@ -315,10 +333,10 @@ def test_diffs_are_coloured_on_a_terminal_only(tmp_path, monkeypatch):
         def isatty(self) -> bool:
             return True
 
-    monkeypatch.setattr(cli_module.sys, "stdout", Terminal())
-    assert cli_module.colour_wanted()
+    monkeypatch.setattr(render.sys, "stdout", Terminal())
+    assert render.colour_wanted()
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not cli_module.colour_wanted()
+    assert not render.colour_wanted()
 
 
 def test_export_works_on_the_reference_box_as_it_is(tmp_path):

@@ -74,7 +74,10 @@ def _verify(sg: Path, *extra: str) -> tuple[int, str, str]:
 
 
 def _hint(err: str) -> str:
-    return next(line for line in err.splitlines() if line.startswith("  next: "))
+    """What a refusal says to do: its `next:` commands and its words, after the message."""
+    lines = err.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("sm120patch: "))
+    return "\n".join(line for line in lines[at + 1 :] if line.startswith("  "))
 
 
 def test_ensure_no_apply_says_what_to_do_in_each_state(tmp_path):

@@ -372,7 +372,10 @@ def _drifted(sg, fi, layout):
 def error_lines(err: str) -> list[str]:
     """The error and its next: line (the dry run shows known outcomes on stderr too, as its
     stdout is the diff)."""
-    return [line for line in err.splitlines() if line.startswith(("sm120patch:", "  next:"))]
+    # A next: line that repeats the user's own command (`... --force`) has the dry run's
+    # --dry-run in it after a dry run: the same step, as each command pastes it.
+    return [line.replace(" --dry-run", "") if line.startswith("  next:") else line
+            for line in err.splitlines() if line.startswith(("sm120patch:", "  next:"))]  # fmt: skip
 
 
 def _root_layout(sg: Path, layout: str) -> tuple[Path, str]:
@@ -559,9 +562,10 @@ def test_a_closed_stdout_is_one_line(tmp_path):
     assert proc.stdout is not None
     proc.stdout.close()  # `| head -0`: the reader is gone before the diff is written
     _, err = proc.communicate()
-    assert proc.returncode == 1, err
+    # As git: the reader left on purpose; the command ends quietly and successfully.
+    assert proc.returncode == 0, err
     text = err.decode()
-    assert "standard output was closed" in text and "Traceback" not in text, text
+    assert "standard output was closed" not in text and "Traceback" not in text, text
 
 
 def test_state_of_0_1_0_is_read_and_migrated(tmp_path, monkeypatch):

@@ -462,7 +462,7 @@ def test_nothing_listening_at_the_api_is_unreachable_not_evidence(trees, tmp_pat
     assert doc["exit_code"] == 8 and doc["error"] == doc["message"]
     assert f"nothing answered at {closed} on the baseline" in doc["message"]
     assert "check --api" in doc["next"]
-    assert "sm120patch: nothing answered at" in err and "next: check --api" in err
+    assert "sm120patch: nothing answered at" in err and "\n  check --api" in err
     assert [r["side"] for r in doc["runs"]] == ["baseline"]  # no use starting more servers
     assert [tree_hash(sg), tree_hash(fi)] == before
     code, out, _ = run_cli("doctor", "--sglang", str(sg), "--flashinfer", str(fi))
@@ -589,7 +589,7 @@ def test_bench_cmd_needs_an_output_placeholder(trees):
         "--bench-cmd", "python -m sglang.bench_serving", "--", sys.executable, "-c", "pass",
     )  # fmt: skip
     assert code == 2
-    assert "{output}" in err and "next:" in err
+    assert "{output}" in err and "\n  " in err  # what to do, after the message
 
 
 def test_another_profile_applied_refuses(trees):

@@ -17,8 +17,9 @@ from sm120patch.trial import gpu, measure, serve
 
 
 def one_line(err: str) -> bool:
-    lines = err.strip("\n").split("\n")
-    return len(lines) == 2 and lines[1].startswith("  next: ") and "internal error" not in err
+    lines = err.strip("\n").split("\n")  # the message, then what to do (`next:`, words)
+    return (lines[0].startswith("sm120patch: ") and len(lines) >= 2
+            and all(x.startswith("  ") for x in lines[1:]) and "internal error" not in err)
 
 
 def measured_doc() -> dict:

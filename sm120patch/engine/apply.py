@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,7 +43,7 @@ from sm120patch.engine.run import (
     same_run,
     start_time,
 )
-from sm120patch.errors import Refused
+from sm120patch.errors import NotWritable, Refused
 from sm120patch.patchkit.facts import Status
 from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
@@ -138,7 +139,10 @@ def _preflight(
     lock: Lock | None,
     started: Started | None = None,
     paths: Mapping[str, str | Path | None] | None = None,
+    reading: bool = False,
 ) -> Prepared:
+    """The apply's checks and plan. `reading` (the dry run): what only keeps this user from
+    writing is a note, not a refusal, since a diff is reviewed with read access alone."""
     refuse_unfinished(ctxs)
     if lock is not None and check_plan is None:
         from sm120patch.plan import lockfile
@@ -216,7 +220,8 @@ def _preflight(
         if not tp.changed:
             continue
         for f in tp.changed:
-            check_writable(ctx.path(tp.target.rel(f.file)))
+            with _noted_if(reading, prep.notes):
+                check_writable(ctx.path(tp.target.rel(f.file)))
         prep.branches[ctx.target.kind] = ctx.layout.patch_branch(profile.name)
     return prep
 
@@ -245,6 +250,19 @@ def _candidate_files(cat: catalog.Catalog, profile: catalog.Profile, target: Tar
     return sorted(rels)
 
 
+@contextmanager
+def _noted_if(reading: bool, notes: list[str]) -> Iterator[None]:
+    """A dry run's way with a refusal that is only about writing: one note, the same words."""
+    try:
+        yield
+    except NotWritable as exc:
+        if not reading:
+            raise
+        note = f"the apply would refuse: {exc.message} ({exc.hint})"
+        if note not in notes:
+            notes.append(note)
+
+
 def dry_run(
     profile_name: str,
     paths: Mapping[str, str | Path | None],
@@ -258,10 +276,13 @@ def dry_run(
     `started`: workers already parsing the plan's files (`planner.start_workers`)."""
     profile = catalog.load().profile(profile_name)
     ctxs = runs_for(profile, paths, force, lock)
+    unwritable: list[str] = []
     for ctx in ctxs:
-        ctx.state.check_lockable()
+        with _noted_if(True, unwritable):
+            ctx.state.check_lockable()
     prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started,
-                      paths=paths)  # fmt: skip
+                      paths=paths, reading=True)  # fmt: skip
+    prep.notes[:0] = unwritable
     if prep.plan is None:
         found = [c.target for c in ctxs]
         prep.plan = planner.plan(profile.name, found=found, force=True, started=started)

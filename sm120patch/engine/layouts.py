@@ -19,6 +19,7 @@ prints.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -303,7 +304,8 @@ class GitLayout(InstalledLayout):
             raise Refused(
                 f"{self.target.at}: your branch {git.branch} no longer exists, so there is "
                 "nothing to go back to",
-                f"finish by hand: `git checkout -b {git.branch} {git.head[:12]}` (the commit "
+                f"finish by hand: `git -C {shlex.quote(str(self.target.root))} checkout -b "
+                f"{shlex.quote(git.branch)} {git.head[:12]}` (the commit "
                 f"the apply started from), then `sm120patch revert`",
             )
         target = git.branch or git.head
@@ -396,10 +398,12 @@ class GitLayout(InstalledLayout):
             data = read_regular(now) if now.is_file() else None
             if blob != data:
                 branch, head = self.repo.head()
+                root = shlex.quote(str(self.target.root))
                 raise Refused(
                     f"{self.target.at}: after switching back to {branch or head[:12]}, "
                     f"{f.path} differs from that branch's content",
-                    f"inspect it (`git diff HEAD -- {f.path}`); `git checkout HEAD -- {f.path}` "
+                    f"inspect it (`git -C {root} diff HEAD -- {shlex.quote(f.path)}`); "
+                    f"`git -C {root} checkout HEAD -- {shlex.quote(f.path)}` "
                     "restores the branch's version",
                 )
 

@@ -4,6 +4,7 @@ revert and recover share about journals and temp files."""
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -13,7 +14,7 @@ from sm120patch.engine.assess import Assessment
 from sm120patch.engine.layouts import TargetLayout, layout_of
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState
-from sm120patch.errors import Refused
+from sm120patch.errors import Refused, not_writable
 from sm120patch.plan import catalog
 from sm120patch.targets import Target, files, procscan
 
@@ -100,10 +101,7 @@ def check_writable(path: Path, *, regular: bool = True) -> None:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent  # a directory deleted with the file: made again where it was
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise Refused(
-            f"cannot write in {parent} (permission denied); nothing was changed",
-            "run sm120patch as a user who can write there, or make it writable",
-        )
+        raise not_writable("cannot write in", parent, "permission denied")
 
 
 def check_evidence(
@@ -165,7 +163,8 @@ def check_restored(ctx: TargetRun, files: tuple[FileRecord, ...]) -> None:
             raise Refused(
                 f"{ctx.target.at}: after rolling back, {f.path} does not have its original "
                 "bytes",
-                f"inspect it (`git -C {ctx.target.root} status`); the journal is kept",
+                f"inspect it (`git -C {shlex.quote(str(ctx.target.root))} status`); "
+                "the journal is kept",
             )
 
 

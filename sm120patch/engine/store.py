@@ -31,6 +31,7 @@ import errno
 import hashlib
 import json
 import os
+import shlex
 import stat
 import sys
 from collections.abc import Collection, Iterator
@@ -41,7 +42,7 @@ from typing import Any
 from sm120patch import safeio
 from sm120patch.engine.records import SCHEMA, Journal, Manifest, check_journal, check_manifest
 from sm120patch.engine.trialrecord import TrialRecord, check_trials
-from sm120patch.errors import Refused
+from sm120patch.errors import NotWritable, Refused, not_writable
 from sm120patch.targets import files
 
 MANIFEST = "manifest.json"
@@ -153,17 +154,11 @@ def state_dir(
 
 
 def _uncreatable(path: Path, reason: str | None) -> Refused:
-    return Refused(
-        f"cannot create sm120patch's state directory {path} ({reason})",
-        "run sm120patch as a user who can write the target",
-    )
+    return not_writable("cannot create sm120patch's state directory", path, reason)
 
 
 def _unopenable(path: Path, reason: str | None) -> Refused:
-    return Refused(
-        f"cannot open the lock {path} ({reason})",
-        "run sm120patch as a user who can write the target",
-    )
+    return not_writable("cannot open the lock", path, reason)
 
 
 class TargetState:
@@ -222,10 +217,10 @@ class TargetState:
         who = files.owner_name(uid)
         top = self.dir.parent
         if me not in (uid, 0):
-            raise Refused(
+            raise NotWritable(
                 f"the state of {self.root} belongs to {who}, the owner of {self.anchor}; "
                 f"{files.owner_name(me)} may not write it",
-                f"run sm120patch as {who} (or root)",
+                f"run sm120patch as {who}" + ("" if uid == 0 else " (or as root)"),
             )
         entries = [top, self.dir]
         if self.dir.is_dir() and not self.dir.is_symlink():
@@ -251,11 +246,12 @@ class TargetState:
     def _untrusted(self, problem: str) -> Refused:
         """The refusal of state someone else could have written, with the fix."""
         who, top = files.owner_name(self.owner[0]), self.dir.parent
+        quoted = shlex.quote(str(top))
         return Refused(
             f"{problem}: sm120patch's state must be owned by {who} (the owner of "
             f"{self.anchor}) and writable by no one else, or anyone could have written it",
-            f"if you trust what is in {top}, `chown -R {who} {top} && chmod -R go-w {top}`; "
-            f"otherwise move {top} aside (and check the target's files)",
+            f"if you trust what is in {top}, `chown -R {shlex.quote(who)} {quoted} && "
+            f"chmod -R go-w {quoted}`; otherwise move {top} aside (and check the target's files)",
         )
 
     # ---- lock -------------------------------------------------------------------------

@@ -14,11 +14,6 @@ from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog, planner
 from sm120patch.trial import gpu
 
-EXPERIMENTAL = (
-    "The experimental profiles (fusion, pcie-allreduce, all) are for `sm120patch trial`: "
-    "see the known outcomes."
-)
-
 
 @dataclass
 class ProfileCheck:
@@ -30,6 +25,35 @@ class ProfileCheck:
     refused: list[str] = field(default_factory=list)  # releases the profile refuses here
     # wrong-output known entries about this profile that match this box
     condemned: list[str] = field(default_factory=list)
+    # the one verdict on this box (`verdict()`), and the profile's applied here, if it is
+    verdict: str = ""
+    applied_on: list[str] = field(default_factory=list)
+
+    def decide(self) -> None:
+        """One verdict per profile, from the most to the least binding: a profile refused here
+        shows no planned rows (it would write nothing), one outside its pins is planned as
+        --force would plan it, and the rows of one inside its pins say what it would do."""
+        if self.refused:
+            self.verdict = f"refused here: {self.refused[0]}"
+            self.outcomes = []
+        elif self.pinned is None:
+            self.verdict = "not checked: " + "; ".join(self.problems)
+        elif self.problems and not self.outcomes:
+            self.verdict = f"cannot plan: {self.problems[-1]}"
+        elif not self.pinned:
+            self.verdict = f"outside its pins (--force to apply): {self.problems[0]}"
+        elif self.condemned:
+            self.verdict = f"wrong output known here: {self.condemned[0]}"
+        elif self.applied_on:
+            self.verdict = "applied here"
+        else:
+            statuses = {o["status"] for o in self.outcomes}
+            if "refused" in statuses:
+                self.verdict = "a site refuses: the apply would refuse"
+            elif "applied" in statuses:
+                self.verdict = "would apply"
+            else:
+                self.verdict = "nothing to apply: every site is upstream's or not here"
 
 
 @dataclass
@@ -54,7 +78,7 @@ class Examination:
         }
 
 
-def examine(paths: Mapping[str, str | Path | None]) -> Examination:
+def examine(paths: Mapping[str, str | Path | None], verbose: bool = False) -> Examination:
     gpus = gpu.read_gpus()
     found: dict[str, targets.Target] = {}
     missing = []
@@ -87,8 +111,11 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
 
     box = known.box_of(paths, read_gpus=lambda: gpus)
     shipped = known.entries()
+    on = {a["profile"]: a.get("root", "") for a in applied if a.get("profile")}
     for check in checks:
         check.condemned = [e.line() for e in known.condemning(check.name, box, shipped)]
+        check.applied_on = [root for name, root in on.items() if name == check.name]
+        check.decide()
     return Examination(
         gpus,
         [t.to_dict() for t in found.values()],
@@ -96,8 +123,16 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
         checks,
         applied,
         recommendation=recommendation(checks),
-        known=known.lines(None, paths, read_gpus=lambda: gpus),
+        known=_pointed(known.lines(None, paths, read_gpus=lambda: gpus, verbose=verbose), verbose),
     )
+
+
+def _pointed(lines: list[str], verbose: bool) -> list[str]:
+    """The known lines and, when they are short, where they are in full."""
+    if verbose or not any(line.startswith("known: ") for line in lines):
+        return lines
+    where = "known outcomes in full: `sm120patch doctor --verbose`, or `sm120patch show` a profile"
+    return [*lines, where]
 
 
 def recommendation(checks: list[ProfileCheck]) -> str:
@@ -118,4 +153,10 @@ def recommendation(checks: list[ProfileCheck]) -> str:
     lines += held
     if not good:
         lines.append("no profile is recommended on this box.")
-    return " ".join([*lines, EXPERIMENTAL])
+    # Every profile that is not recommended, read from the catalog (a pack's too).
+    others = [c.name for c in checks if c.status != "recommended"]
+    if others:
+        lines.append(
+            f"Experimental ({', '.join(others)}): for `sm120patch trial`; see the known outcomes."
+        )
+    return " ".join(lines)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch import targets
-from sm120patch.errors import Refused, Sm120Error
+from sm120patch.errors import AGAIN, Refused, Sm120Error
 from sm120patch.patchkit.model import Outcome, Patch, Status
 from sm120patch.patchkit.runner import FileResult, refuse_all, transform_text
 from sm120patch.plan import catalog
@@ -77,14 +77,15 @@ def require_pins(
     refused = refusal_lines(profile, found, paths)
     if force or not (outside or refused):
         return outside + refused
+    # `sm120patch <again> --force`: the user's own command with --force, as it pastes
+    again = f"`sm120patch {AGAIN} --force`"
     unknown = [t.kind for t in found if t.version == targets.UNKNOWN]
     hint = (
-        f"state the version (--{unknown[0]}-version VERSION), or --force to {verb} anyway"
+        f"state the version (--{unknown[0]}-version VERSION), or {verb} anyway: {again}"
         if unknown
-        else f"use a pinned release, or --force to {verb} anyway"
+        else f"use a pinned release, or {verb} anyway: {again}"
         if outside
-        else f"use a release it does not refuse (its reason says which), or --force to {verb} "
-        "anyway"
+        else f"use a release it does not refuse (its reason says which), or {verb} anyway: {again}"
     )
     raise Refused("; ".join(outside + refused), hint)
 

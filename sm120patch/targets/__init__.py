@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -137,7 +138,8 @@ def _package_in(kind: str, path: Path) -> Path:
     if not found and all((path / p).exists() for p in ("HEAD", "objects", "refs")):
         raise Refused(
             f"--{kind} {path}: a bare git repository (no work tree to patch)",
-            f"clone it (`git clone {path} DIR`) and point --{kind} at the checkout",
+            f"clone it (`git clone {shlex.quote(str(path))} DIR`) and point --{kind} at the "
+            "checkout",
         )
     if not found:
         raise Refused(

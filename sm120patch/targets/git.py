@@ -26,6 +26,7 @@ defers those signals itself (`interrupts.py`) and lets each git command finish.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -200,7 +201,8 @@ class Repo:
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise Refused(
                 f"{root} is not a usable git repository",
-                f"`git -C {root} status` says what is wrong; or give the installed package",
+                f"`git -C {shlex.quote(str(root))} status` says what is wrong; or give the "
+                "installed package",
             ) from None
         if self.repo.bare:
             raise Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")

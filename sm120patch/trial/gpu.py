@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sm120patch.errors import Refused
+from sm120patch.errors import AGAIN, Refused
 
 SM120_MAJOR = 12
 NO_LIBRARY = "no NVIDIA driver found (libnvidia-ml is not installed)"
@@ -159,8 +159,8 @@ def require_sm120(found: GpuInventory | None = None) -> GpuInventory:
     if not found.has_sm120:
         raise Refused(
             f"no SM120 GPU on this machine ({found.summary()})",
-            "these patches only help SM120 GPUs; pass --no-gpu-check to patch anyway "
-            "(image builds, CI)",
+            "these patches only help SM120 GPUs; to patch anyway (image builds, CI): "
+            f"`sm120patch {AGAIN} --no-gpu-check`",
         )
     return found
 

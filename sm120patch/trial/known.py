@@ -55,6 +55,9 @@ EVIDENCE = ("measured", "reported", "inferred", "unpublished")
 # (required of the built-in library, `QUOTED`: a pack's own entries may leave it out).
 OPTIONAL = ("measured", "quote")
 QUOTED = "quote"
+# The most characters of a known line before a command's output (a diff, a table): one line a
+# reader takes in; the whole entry is `sm120patch show PROFILE` (or the command's --verbose).
+SHORT = 120
 
 # verdict of a trial that is evidence (`evidence`) -> outcome of a record
 _OUTCOME_OF = {
@@ -78,18 +81,32 @@ class Entry:
     measured: str = ""
     quote: str = ""
 
-    def line(self) -> str:
-        what = self.condition.get("profile") or self.condition.get("patch") or "any profile"
-        where = ", ".join(
+    @property
+    def about(self) -> str:
+        return self.condition.get("profile") or self.condition.get("patch") or "any profile"
+
+    def _where(self, keys: Sequence[str]) -> str:
+        return ", ".join(
             f"{k} {v}" if k in ("sglang", "flashinfer", "gpus", "tp") else str(v)
             for k, v in self.condition.items()
-            if k not in ("profile", "patch", "quantization", "architecture")
+            if k in keys
         )
+
+    def line(self) -> str:
+        """One short line (SHORT characters at most): verdict, what it is about, where. The
+        figure, what was run and the source are `full()`'s (`sm120patch show PROFILE`)."""
+        head = f"known: {self.about} {self.outcome} ({self.evidence})"
+        where = self._where(("sglang", "flashinfer", "gpu_family", "gpus", "tp"))
+        return _cut(f"{head}: {where}" if where else head)
+
+    def full(self) -> str:
+        """The whole entry: the figure, what was run, every condition, date and source."""
+        where = self._where([k for k in self.condition if k not in ("profile", "patch")])
         ran = f" [{self.measured}]" if self.measured else ""
         said = f': "{self.quote}"' if self.quote else ""
         return (
-            f"known: {what} {self.outcome} ({self.evidence}): {self.figure}{ran} "
-            f"({where}; {self.date}; {self.source}{said})"
+            f"known: {self.about} {self.outcome} ({self.evidence}): {self.figure}{ran} "
+            f"({where}; {self.date}; {self.source}; id {self.id}{said})"
         )
 
     def condemns(self, profile: str, box: Box) -> bool:
@@ -187,6 +204,13 @@ def _parse(text: str, where: str, hint: str) -> list[Entry]:
             )
         )
     return out
+
+
+def about_profile(profile: str, found: Sequence[Entry] | None = None) -> list[Entry]:
+    """Every known entry about `profile` (or a patch of it, or any profile), whatever the box:
+    what `show PROFILE` prints in full."""
+    return [e for e in (entries() if found is None else found)
+            if _profile_matches(e.condition, profile)]  # fmt: skip
 
 
 def condemning(profile: str, box: Box, found: Sequence[Entry] | None = None) -> list[Entry]:
@@ -450,18 +474,25 @@ def lines(
     paths: Mapping[str, str | Path | None],
     command: Sequence[str] = (),
     read_gpus: Callable[[], gpu.GpuInventory] | None = None,
+    verbose: bool = False,
 ) -> list[str]:
-    """The known entries matching this box, then this box's own measured trials. The targets
-    are looked up once for both (finding a checkout runs git)."""
+    """The known entries matching this box (a short line each, or in full with `verbose`),
+    then this box's own measured trials. The targets are looked up once for both (finding a
+    checkout runs git)."""
     statuses = _status_or_none(paths)
     box = box_of(paths, command, read_gpus, statuses=[] if statuses is None else statuses)
-    out = [e.line() for e in entries() if matches(e, profile, box)]
+    out = [e.full() if verbose else e.line() for e in entries() if matches(e, profile, box)]
     if statuses is not None:
         try:
-            out += local_lines(_history_of(statuses), profile)
+            mine = local_lines(_history_of(statuses), profile)
+            out += mine if verbose else [_cut(line) for line in mine]
         except Sm120Error:
             pass
     return out
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= SHORT else line[: SHORT - 3] + "..."
 
 
 def _toml_value(value: Any) -> str:

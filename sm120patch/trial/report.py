@@ -483,7 +483,7 @@ def measured_lines(trial: TrialRecord) -> list[str]:
     for reason in (doc.get("sanity") or {}).get("reasons") or []:
         lines.append(f"  wrong output: {reason}")
     if doc.get("signature"):
-        lines.append(f"  next: {doc['signature']['action']}")
+        lines.append(f"  what to do: {doc['signature']['action']}")  # words, not a command
     lines.append(f"verdict: {trial.verdict}: {trial.message}")
     return lines
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -39,7 +40,6 @@ pytestmark = pytest.mark.fleet
 real = pytest.mark.real
 
 ROLLOUT = EXAMPLES / "ansible" / "rollout.yml"
-DROP_IN = EXAMPLES / "systemd" / "sglang.service.d" / "sm120patch.conf"
 
 FAKE_SYSTEMCTL = """#!/bin/sh
 # systemd stand-in for the tests: log the call, answer `show UNIT` as for a running unit.
@@ -113,10 +113,12 @@ def test_rollout_check_diff_predicts_a_bare_node(fleet: Fleet, site: Path, tmp_p
     run = node.rollout("--check", "--diff")
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
-    # The three tasks would change: the lock copied, the drop-in (and its directory) made,
-    # the files patched; the restart would run (a daemon-reload is "ok" in check mode).
-    assert recap(out)["changed"] == 4 and recap(out)["failed"] == 0, out
-    assert "+ExecStartPre=/opt/sglang/venv/bin/sm120patch ensure --locked" in out  # the drop-in
+    # The four tasks would change: the lock copied, the drop-in's directory and the drop-in
+    # made, the files patched; the restart would run (a daemon-reload is "ok" in check mode).
+    assert recap(out)["changed"] == 5 and recap(out)["failed"] == 0, out
+    # the drop-in, from the play's variables: this venv's script, the node's lock, no GPU check
+    script = fleet.python.parent / "sm120patch"
+    assert f'+ExecStartPre="{script}" ensure --locked "{node.lock}" --no-gpu-check' in out, out
     for path in ("sglang/srt/server_args.py", "flashinfer/jit/comm.py"):
         assert f"+++ b/{path}" in out, out  # the diff the apply would write
     assert "RUNNING HANDLER [Reload systemd]" in out and "RUNNING HANDLER [Restart sglang]" in out
@@ -134,7 +136,12 @@ def test_rollout_applies_once_and_restarts_once(fleet: Fleet, site: Path, tmp_pa
     out = first.stdout + first.stderr
     assert first.returncode == 0, out
     assert node.lock.read_bytes() == fleet.lock.read_bytes()
-    assert node.drop_in.read_bytes() == DROP_IN.read_bytes()  # its directory created
+    # its directory created; the guard runs the command the apply ran, on the same trees
+    [line] = [x for x in node.drop_in.read_text().splitlines() if x.startswith("ExecStartPre=")]
+    assert shlex.split(line[len("ExecStartPre=") :]) == [
+        str(fleet.python.parent / "sm120patch"), "ensure", "--locked", str(node.lock),
+        "--no-gpu-check", "--sglang", str(site), "--flashinfer", str(site),
+    ]  # fmt: skip
     for f in lockfile.read(fleet.lock).files:
         assert snapshot(site)[f.path] == f.after, f.path
     calls = [c for c in node.systemctl_calls() if not c.startswith("show ")]

@@ -25,6 +25,7 @@ from fleetkit import (
     snapshot,
 )
 
+from sm120patch import __version__
 from sm120patch.maintain import trees
 from sm120patch.plan import lockfile
 
@@ -317,7 +318,7 @@ def test_collection_documents_its_arguments_and_builds(fleet: Fleet, tmp_path: P
         text=True,
     )
     assert built.returncode == 0, built.stderr
-    assert (tmp_path / "sm120-sm120patch-0.1.0.tar.gz").is_file()
+    assert (tmp_path / f"sm120-sm120patch-{__version__}.tar.gz").is_file()  # the tool's version
 
 
 def test_example_playbooks_pass_syntax_check(fleet: Fleet, tmp_path: Path):

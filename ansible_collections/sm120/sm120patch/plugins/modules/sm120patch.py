@@ -66,8 +66,9 @@ options:
     type: path
   python:
     description:
-      - Interpreter whose sm120patch runs (C(PYTHON -m sm120patch)) and whose installed SGLang
-        and FlashInfer are the default targets, typically the serving virtual environment's.
+      - Interpreter whose sm120patch runs (the C(sm120patch) script beside it, else
+        C(PYTHON -m sm120patch) in C(/)) and whose installed SGLang and FlashInfer are the
+        default targets, typically the serving virtual environment's.
       - Default, C(sm120patch) on the host's PATH, else the interpreter running this module.
     type: path
   force:
@@ -234,9 +235,14 @@ class Tool:
         self.module = module
         self.params = module.params
         self.commands = []
+        # The environment's own `sm120patch` script, beside its interpreter: `python -m
+        # sm120patch` puts the working directory on sys.path before the package is imported (a
+        # planted sm120patch/ there would run). `-m` only where no script is installed, and
+        # then in "/" (below).
         python = self.params["python"]
         if python:
-            self.argv = [python, "-m", "sm120patch"]
+            script = os.path.join(os.path.dirname(python), "sm120patch")
+            self.argv = [script] if os.access(script, os.X_OK) else [python, "-m", "sm120patch"]
         else:
             found = module.get_bin_path("sm120patch")
             self.argv = [found] if found else [sys.executable, "-m", "sm120patch"]

@@ -1,0 +1,206 @@
+"""What reaches the terminal: what a refusal says to do (`next:` lines that paste, each
+`sm120patch ...` completed with the user's own paths, packs and flags and every word
+shell-quoted, and the words on their own line), text a terminal only shows (`printable`), the
+notice of a deferred signal, and the process's end (`run_tool`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import click
+
+from sm120patch.errors import AGAIN
+
+
+def error_doc(
+    message: str, hint: str, exit_code: int, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An error as `--json` prints it."""
+    return {"error": message, "next": hint or None, "exit_code": exit_code, **(details or {})}
+
+
+def json_asked(flag: bool, argv: Sequence[str]) -> bool:
+    """--json given: its flag parsed, or in the words before `--` (a trial's command) when
+    the command line failed to parse before the flag's callback ran."""
+    return flag or "--json" in list(argv)[: ([*argv, "--"]).index("--")]
+
+
+def fallback_hint(exit_code: int, verb: str | None) -> str:
+    """What to do after an error that brings no hint of its own."""
+    if exit_code == 2:
+        return f"see `sm120patch {verb} --help`" if verb else "see `sm120patch --help`"
+    return "`sm120patch status` shows the state of the trees"
+
+
+# The commands whose --sglang/--flashinfer name targets (matrix's name release specifiers).
+TARGET_VERBS = frozenset(
+    {"apply", "revert", "ensure", "status", "recover", "doctor", "pin", "export", "explain",
+     "trial"}
+)  # fmt: skip
+# ...and those that are no command without an argument (`sm120patch pin` names the tool's verb)
+NEED_ARGUMENT = frozenset({"apply", "revert", "ensure", "pin", "export", "trial"})
+# The flags of the user's command that a follow-up command keeps, and the verbs that take them:
+# a user who gave --no-gpu-check on a box without an SM120 GPU needs it on the next apply too.
+KEPT_FLAGS = {"--no-gpu-check": frozenset({"apply", "ensure", "trial"})}
+# Words that mark a command as a pattern to fill in, not one to paste (`trial show ID`).
+_PLACEHOLDERS = re.compile(r"^(\.\.\.|[A-Z][A-Z_]+|<[^>]*>)$")
+_COMMAND = re.compile(r"`sm120patch((?: [^`]*)?)`")
+_SPAN = re.compile(r"`([^`]+)`")
+
+
+def _given(argv: Sequence[str]) -> list[str]:
+    """The user's own words before a trial's `--`."""
+    words = list(argv)
+    return words[: words.index("--")] if "--" in words else words
+
+
+def pasteable(
+    text: str,
+    paths: Mapping[str, str | None],
+    packs: Sequence[str] = (),
+    argv: Sequence[str] = (),
+) -> str:
+    """Every `sm120patch ...` in `text` as the user can paste it: each word shell-quoted, with
+    the --patches of the command it follows, for a command on targets its --sglang/
+    --flashinfer paths (made absolute) and the flags it keeps (KEPT_FLAGS) where the words do
+    not name them already. `sm120patch <again> ...` is the user's own command line (`argv`)
+    with the words after it added (before a trial's `--`)."""
+    import shlex
+
+    def complete(match: re.Match[str]) -> str:
+        try:
+            words = shlex.split(match.group(1))
+        except ValueError:  # an unbalanced quote: not a command to complete
+            return match.group(0)
+        if words[:1] == [AGAIN]:
+            mine = list(argv)
+            at = mine.index("--") if "--" in mine else len(mine)
+            return "`" + shlex.join(["sm120patch", *mine[:at], *words[1:], *mine[at:]]) + "`"
+        if not words or (len(words) == 1 and words[0] in NEED_ARGUMENT):
+            return match.group(0)
+        front = [w for d in packs for w in ("--patches", os.path.abspath(d))]
+        if "--patches" in words:
+            front = []
+        extra = []
+        if words[0] in TARGET_VERBS and "--help" not in words:
+            for kind, path in paths.items():
+                if path and f"--{kind}" not in words:
+                    extra += [f"--{kind}", os.path.abspath(path)]
+        given = _given(argv)
+        for flag, verbs in KEPT_FLAGS.items():
+            if flag in given and words[0] in verbs and flag not in words:
+                extra.append(flag)
+        if "--" in words:  # a trial's own options go before its command
+            at = words.index("--")
+            words = [*words[:at], *extra, *words[at:]]
+        else:
+            words = [*words, *extra]
+        return "`" + shlex.join(["sm120patch", *front, *words]) + "`"
+
+    return _COMMAND.sub(complete, text)
+
+
+# What a hint's words mean beyond its commands (`run X first` says nothing X does not).
+_FILLER = frozenset("run then first and or see with to it again , ; : . ( )".split())
+
+
+def hint_lines(hint: str) -> list[str]:
+    """A (completed) hint as printed: one `next:` line per command in it that pastes as it
+    is, then the hint's words on a line of their own (indented, no `next:`) where they say
+    more than the commands: a `next:` line is only ever a command."""
+    commands = [
+        c for c in _SPAN.findall(hint)
+        if not any(_PLACEHOLDERS.match(w) for w in c.split())
+    ]  # fmt: skip
+    rest = _SPAN.sub(" ", hint)
+    for mark in ",;:.()":
+        rest = rest.replace(mark, f" {mark} ")
+    says_more = any(w.lower() not in _FILLER for w in rest.split())
+    lines = [f"  next: {c}" for c in commands]
+    if says_more or not commands:
+        lines.append(f"  {hint}")
+    return lines
+
+
+# C0 and C1 control characters but tab and newline: a record read from a state directory, a
+# server's log line or a path may hold terminal escapes (clear the screen, rewrite the line
+# before it, set the title); a line the tool prints shows them as `\xNN`, never acts on them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# ...and the format characters (Unicode Cf: the bidi overrides and isolates that reorder what a
+# line shows, zero-width joiners) and the line and paragraph separators (Zl, Zp): a path that
+# reads one way and pastes another is no less a trick than an escape sequence.
+_HIDDEN = ("Cf", "Zl", "Zp")
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(line: str) -> str:
+    """`line` as text a terminal only shows: each control character written as `\\xNN`, each
+    format or separator character as `\\uNNNN`."""
+    import unicodedata
+
+    line = _CONTROL.sub(lambda m: _escaped(m.group()), line)
+    if line.isascii():
+        return line
+    return "".join(_escaped(c) if unicodedata.category(c) in _HIDDEN else c for c in line)
+
+
+def interrupt_notice(signum: int, count: int) -> None:
+    """Acknowledge a deferred SIGINT/SIGTERM/SIGHUP at once, so that a user does not press
+    Ctrl-C again and again. It runs inside the signal handler: os.write, no click.echo."""
+    import signal
+
+    name = signal.Signals(signum).name
+    text = (
+        f"\nsm120patch: {name}: finishing this step safely, then stopping\n"
+        if count == 1
+        else f"sm120patch: {name} again: still finishing safely (nothing is cut short)\n"
+    )
+    os.write(2, text.encode())
+
+
+def run_tool(main: Callable[[], Any], early: Any) -> None:
+    """The console entry point (and `python -m sm120patch`): `main`, then an exit without the
+    interpreter's teardown. A plan leaves a few libcst trees of a million objects each, and
+    freeing them one by one at exit took 80 ms, more than a tenth of a cold plan; the kernel
+    frees the memory at once. (mypy exits the same way for the same reason.) Every file this
+    tool writes is closed before its command returns; standard output and error are flushed
+    here, and the exit status is the one `sys.exit` would give."""
+    code: Any = 1
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is early:  # the package's guard of the start
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ours now: one line, 130
+    try:
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            click.echo(printable(str(code)), err=True)  # sys.exit("message"): status 1
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BrokenPipeError:  # the reader left (`status | head`): as git, quietly
+                pass
+            except (OSError, ValueError):  # a closed stream, a full disk
+                code = code or 1
+    except KeyboardInterrupt:
+        # A Ctrl-C outside every command's own handling: while click parses the arguments, or
+        # once the command has ended. Nothing of a run is cut short here.
+        os.write(2, b"sm120patch: interrupted\n")
+        code = 130
+    os._exit(code)
