@@ -42,7 +42,6 @@ from sm120patch.targets.files import sha256
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
-    from sm120patch.plan.workers import Started
 
 
 @dataclass
@@ -97,7 +96,6 @@ def _preflight(
     *,
     check_plan: Callable[[Plan], None] | None,
     lock: Lock | None,
-    started: Started | None = None,
 ) -> Prepared:
     refuse_unfinished(ctxs)
     if lock is not None and check_plan is None:
@@ -144,9 +142,9 @@ def _preflight(
         # Before planning: a user's uncommitted edit must be named as such, not reported as an
         # unknown shape.
         ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
-    # Planned here, with the patches loaded here (or this user's own plan cache): a lock is a
-    # claim that `check_plan` holds this plan to, never a source of bytes.
-    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True, started=started)
+    # Planned here, with the patches loaded here: a lock is a claim that `check_plan` holds
+    # this plan to, never a source of bytes.
+    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
         raise PlanRefused(plan)
@@ -201,18 +199,16 @@ def dry_run(
     force: bool = False,
     check_plan: Callable[[Plan], None] | None = None,
     lock: Lock | None = None,
-    started: Started | None = None,
 ) -> Prepared:
-    """The apply minus the writes: the same preflight, the same refusals; writes nothing.
-    `started`: workers already parsing the plan's files (`planner.start_workers`)."""
+    """The apply minus the writes: the same preflight, the same refusals; writes nothing."""
     profile = catalog.load().profile(profile_name)
     ctxs = runs_for(profile, paths, force, lock)
     for ctx in ctxs:
         ctx.state.check_lockable()
-    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started)
+    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock)
     if prep.plan is None:
         found = [c.target for c in ctxs]
-        prep.plan = planner.plan(profile.name, found=found, force=True, started=started)
+        prep.plan = planner.plan(profile.name, found=found, force=True)
     return prep
 
 
@@ -224,18 +220,16 @@ def apply(
     preconditions: Callable[[], None] | None = None,
     check_plan: Callable[[Plan], None] | None = None,
     lock: Lock | None = None,
-    started: Started | None = None,
 ) -> Report:
     """Apply a profile to its targets as one transaction. Raises Refused with nothing changed.
 
     `check_plan` sees the plan before anything is written (a lock file's comparison); with
     `lock`, every written file must end with the lock's after-hash or the apply rolls back.
-    `started`: workers already parsing the plan's files (`planner.start_workers`).
     """
     profile = catalog.load().profile(profile_name)
     ctxs = runs_for(profile, paths, force, lock)
     with locked(ctxs):
-        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started)
+        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock)
         if prep.nothing_to_do:
             for ctx in prep.stale:
                 # The new release needs nothing (upstream has it): the old record goes.

@@ -7,7 +7,7 @@ from typing import Any
 
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
-from sm120patch.plan.lockfile import Lock, LockedFile, from_plan, patch_digests
+from sm120patch.plan.lockfile import Lock, LockedFile, from_plan
 
 
 def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
@@ -46,13 +46,11 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
             for s in applied
             for f in (s.assessment.manifest.files if s.assessment.manifest else ())
         ]
-        digests, sources = patch_digests(profile.patches)
         return Lock(
             profile=profile.name,
             versions={s.target.kind: s.target.version for s in applied},
-            patches=digests,
+            patches=list(profile.patches),
             files=files,
-            sources=sources,
         )
     lock = from_plan(planner.checked(profile.name, paths, force=True))
     if not lock.files:

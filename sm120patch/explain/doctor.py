@@ -83,12 +83,13 @@ def examine(paths: Mapping[str, str | Path | None]) -> Examination:
         applied = [s.to_dict() for s in assess.status(paths)]
     except Sm120Error as exc:
         applied = [{"problem": exc.message}]
+    from sm120patch.plan.known import condemning, entries
     from sm120patch.trial import known
 
     box = known.box_of(paths, read_gpus=lambda: gpus)
-    shipped = known.entries()
+    shipped = entries()
     for check in checks:
-        check.condemned = [e.line() for e in known.condemning(check.name, box, shipped)]
+        check.condemned = [e.line() for e in condemning(check.name, box, shipped)]
     return Examination(
         gpus,
         [t.to_dict() for t in found.values()],

@@ -60,32 +60,6 @@ class FileResult:
         self.steps = []
         self.texts = []
 
-    def as_text(self) -> TextFileResult:
-        """The same result without its trees: what a worker process sends back."""
-        return TextFileResult(
-            file=self.file,
-            before=self.before,
-            after=self.after,
-            outcomes=list(self.outcomes),
-            texts=self.step_texts(),
-            added=frozenset(self.imports_added()),
-        )
-
-
-@dataclass
-class TextFileResult(FileResult):
-    """A FileResult as text alone (from a worker process or the plan cache): the text after
-    each step and the imports the patches added, no trees."""
-
-    added: frozenset[tuple[str, str]] = frozenset()
-
-    def imports_added(self) -> set[tuple[str, str]]:
-        return set(self.added)
-
-    def drop_changes(self) -> None:
-        super().drop_changes()
-        self.added = frozenset()
-
 
 @lru_cache(maxsize=4)
 def _parsed(text: str) -> cst.Module:
