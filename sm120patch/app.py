@@ -341,7 +341,9 @@ def new_patch(request: NewPatchRequest) -> Written:
         request.patch_id, request.target, request.rel, request.function, request.pins,
         request.profile or "", request.keyword, majors, request.add,
     )  # fmt: skip
-    return newpatch.write(spec, Path(request.directory), force=request.force)
+    from sm120patch.targets.files import write_output
+
+    return newpatch.write(spec, Path(request.directory), write_output, force=request.force)
 
 
 @dataclass

@@ -214,6 +214,25 @@ def test_new_patch_bad_input(tmp_path, extra, message):
     assert code == 2 and message in err, err
 
 
+def test_new_patch_writes_through_the_files_module(tmp_path):
+    """A symbolic link at a name new-patch writes is replaced by the file, never followed (the
+    files module's atomic replace), and --force keeps an existing file's mode."""
+    pack, elsewhere = tmp_path / "pack", tmp_path / "elsewhere.py"
+    pack.mkdir()
+    elsewhere.write_text("kept\n")
+    (pack / "flashinfer_x_arch.py").symlink_to(elsewhere)
+    (pack / "profiles.toml").write_text("schema = 1\n")
+    (pack / "profiles.toml").chmod(0o640)
+    code, _, err = cli("new-patch", "flashinfer.x-arch", "--target", "flashinfer", "--file",
+                       "flashinfer/x.py", "--function", "f", "--pins", ">=1", "--dir", str(pack),
+                       "--force")  # fmt: skip
+    assert code == 0, err
+    assert elsewhere.read_text() == "kept\n"
+    assert not (pack / "flashinfer_x_arch.py").is_symlink()
+    assert "PATCH = Patch(" in (pack / "flashinfer_x_arch.py").read_text()
+    assert (pack / "profiles.toml").stat().st_mode & 0o777 == 0o640
+
+
 def test_new_patch_bad_id(tmp_path):
     code, _, err = cli("new-patch", "Bad Id", "--target", "flashinfer", "--file", "f.py",
                        "--function", "f", "--pins", ">=1", "--dir", str(tmp_path))
