@@ -54,11 +54,26 @@ class FileResult:
             return set()
         return syntax.imported_from(self.steps[-1][1]) - syntax.imported_from(self.tree)
 
+    def forget_trees(self) -> None:
+        """Keep the texts and outcomes, drop the trees (once the imports the patches added
+        are checked: `imports_added` has nothing to compare after this)."""
+        self.tree = None
+        self.steps = []
+
     def drop_changes(self) -> None:
         """Keep the outcomes, forget every change (`refuse_all`)."""
         self.after = self.before
         self.steps = []
         self.texts = []
+
+
+def forget_parses() -> None:
+    """Drop the trees `_parsed` and the walks of `syntax` keep (`planner.plan`, once its plan
+    is made)."""
+    from sm120patch.patchkit import syntax
+
+    _parsed.cache_clear()
+    syntax.forget_walks()
 
 
 @lru_cache(maxsize=4)

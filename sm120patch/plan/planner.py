@@ -15,7 +15,7 @@ from pathlib import Path
 from sm120patch import targets
 from sm120patch.errors import Refused, Sm120Error
 from sm120patch.patchkit.model import Outcome, Patch, Status
-from sm120patch.patchkit.runner import FileResult, refuse_all, transform_text
+from sm120patch.patchkit.runner import FileResult, forget_parses, refuse_all, transform_text
 from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
@@ -156,6 +156,13 @@ def plan(
     with no_cycle_collection():
         plans = [plan_target(profile, patches, t, texts.get(t.kind) if texts else None)
                  for t in found]  # fmt: skip
+        # A plan carries texts. Its trees (server_args.py's alone is about a million nodes)
+        # go now, with the parse cache, or every full collection of the cyclic collector for
+        # the rest of the process walks them: 0.2 s of CPU in a 1.2 s cold dry run.
+        for tp in plans:
+            for f in tp.files:
+                f.forget_trees()
+        forget_parses()
     order = {pid: i for i, pid in enumerate(profile.patches)}
     outcomes = sorted(
         (o for tp in plans for f in tp.files for o in f.outcomes), key=lambda o: order[o.patch]
