@@ -11,8 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import shlex
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
     from sm120patch.plan.mails import MailFile
     from sm120patch.plan.plans import Plan
-    from sm120patch.plan.workers import Started
     from sm120patch.scan.run import Report as ScanReport
     from sm120patch.trial.gpu import GpuInventory
     from sm120patch.trial.measure import MeasuredTrial
@@ -109,6 +107,31 @@ class Session:
             found.append(f"known outcomes in full: `sm120patch show {profile}`")
         return found
 
+    def known_before_apply(self, profile: str, gpu_check: bool) -> list[str]:
+        """The known outcomes and the trials measured here that match this box, for `apply`
+        and its dry run: data the plan wing reads (`plan.known`) and the trials as recorded,
+        never the trial wing. The GPUs are read only where the GPU check reads them anyway;
+        unread, a GPU condition does not exclude an entry."""
+        from sm120patch.engine import assess
+        from sm120patch.errors import Sm120Error
+        from sm120patch.plan import known
+
+        try:
+            statuses = assess.status(self.paths)
+        except Sm120Error:  # the apply itself refuses in its own words
+            statuses = []
+        found = self.gpus() if gpu_check else None
+        box = known.Box(
+            versions={s.target.kind: s.target.version for s in statuses},
+            gpu_family=found.family if found else None,
+            gpus=(len(found.gpus) or None) if found else None,
+        )
+        trials = known.once_each(t for s in statuses for t in s.trials)
+        shown = known.lines(profile, box, trials, verbose=self.verbose)
+        if not self.verbose and any(line.startswith("known: ") for line in shown):
+            shown.append(f"known outcomes in full: `sm120patch show {profile}`")
+        return shown
+
 
 # ---- lock files --------------------------------------------------------------------------
 
@@ -157,8 +180,7 @@ def held_here(cat: Catalog) -> dict[str, list[str]]:
     recommended = [p for p in cat.profiles.values() if p.status == "recommended"]
     if not recommended:
         return {}
-    from sm120patch.plan import planner
-    from sm120patch.trial import known
+    from sm120patch.plan import known, planner
 
     found = known.installed_targets()
     box = known.Box(versions={t.kind: t.version for t in found})
@@ -186,8 +208,8 @@ def show(session: Session, name: str) -> Profile:
 
 
 def known_about(profile: str) -> list[Any]:
-    """Every known outcome about `profile` (trial.known.Entry), whatever this box is."""
-    from sm120patch.trial import known
+    """Every known outcome about `profile` (plan.known.Entry), whatever this box is."""
+    from sm120patch.plan import known
 
     return known.about_profile(profile)
 
@@ -201,18 +223,6 @@ class DryRun:
     gpu: dict[str, Any] | None  # None when the GPU check is off
 
 
-@contextmanager
-def _known_then_plan(session: Session, profile: str, on_known: Lines) -> Iterator[Started]:
-    """The known outcomes sent to `on_known`, while workers already parse the plan's large
-    files (`planner.start_workers`), for the apply or dry run inside; closed after it."""
-    from sm120patch.plan import planner
-
-    with planner.start_workers(profile, session.paths) as started:
-        for line in session.known_lines(profile):
-            on_known(line)
-        yield started
-
-
 def apply_dry_run(
     session: Session, want: Locked, *, force: bool, gpu_check: bool, on_known: Lines
 ) -> DryRun:
@@ -220,15 +230,11 @@ def apply_dry_run(
     them)."""
     from sm120patch.engine import apply
 
-    with _known_then_plan(session, want.profile, on_known) as started:
-        prep = apply.dry_run(
-            want.profile,
-            session.paths,
-            force=force,
-            check_plan=want.check_plan,
-            lock=want.lock,
-            started=started,
-        )
+    for line in session.known_before_apply(want.profile, gpu_check):
+        on_known(line)
+    prep = apply.dry_run(
+        want.profile, session.paths, force=force, check_plan=want.check_plan, lock=want.lock
+    )
     gpu_doc = None
     if gpu_check:
         found = session.gpus()
@@ -242,16 +248,11 @@ def apply(
 ) -> Report:
     from sm120patch.engine import apply as applying
 
-    with _known_then_plan(session, want.profile, on_known) as started:
-        return applying.apply(
-            want.profile,
-            session.paths,
-            force=force,
-            preconditions=session.sm120_check(gpu_check),
-            check_plan=want.check_plan,
-            lock=want.lock,
-            started=started,
-        )
+    for line in session.known_before_apply(want.profile, gpu_check):
+        on_known(line)
+    return applying.apply(want.profile, session.paths, force=force, lock=want.lock,
+                          preconditions=session.sm120_check(gpu_check),
+                          check_plan=want.check_plan)  # fmt: skip
 
 
 def ensure(
@@ -366,7 +367,9 @@ def new_patch(request: NewPatchRequest) -> Written:
         request.patch_id, request.target, request.rel, request.function, request.pins,
         request.profile or "", request.keyword, majors, request.add,
     )  # fmt: skip
-    return newpatch.write(spec, Path(request.directory), force=request.force)
+    from sm120patch.targets.files import write_output
+
+    return newpatch.write(spec, Path(request.directory), write_output, force=request.force)
 
 
 @dataclass

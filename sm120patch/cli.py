@@ -495,7 +495,7 @@ def doctor_cmd(sglang: str | None, flashinfer: str | None, verbose: bool, as_jso
 def pin_cmd(
     profile: str, sglang: str | None, flashinfer: str | None, output: str, force: bool
 ) -> None:
-    """Write a lock file freezing versions, patch digests and file hashes of PROFILE here."""
+    """Write a lock file freezing versions, file hashes and each patch's diff of PROFILE here."""
     show(render.pinned(app.pin(session(sglang, flashinfer), profile, output, force=force), profile))
 
 

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from sm120patch.explain.explain import Explanation
     from sm120patch.patchkit.model import Outcome
     from sm120patch.plan.catalog import Catalog, Profile
+    from sm120patch.plan.known import Entry
     from sm120patch.scan.run import Report as ScanReport
-    from sm120patch.trial.known import Entry
 
 
 _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),

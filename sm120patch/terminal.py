@@ -169,12 +169,10 @@ def interrupt_notice(signum: int, count: int) -> None:
 
 
 def run_tool(main: Callable[[], Any], early: Any) -> None:
-    """The console entry point (and `python -m sm120patch`): `main`, then an exit without the
-    interpreter's teardown. A plan leaves a few libcst trees of a million objects each, and
-    freeing them one by one at exit took 80 ms, more than a tenth of a cold plan; the kernel
-    frees the memory at once. (mypy exits the same way for the same reason.) Every file this
-    tool writes is closed before its command returns; standard output and error are flushed
-    here, and the exit status is the one `sys.exit` would give."""
+    """The console entry point (and `python -m sm120patch`): `main`, its status, and one line
+    for a Ctrl-C that no command's own handling saw; standard output and error are flushed
+    here, so that a reader that left is a status (0 for a closed pipe, as git), not a
+    traceback at exit."""
     code: Any = 1
     import signal
 
@@ -195,12 +193,21 @@ def run_tool(main: Callable[[], Any], early: Any) -> None:
             try:
                 stream.flush()
             except BrokenPipeError:  # the reader left (`status | head`): as git, quietly
-                pass
+                _unwritten_to_devnull(stream)
             except (OSError, ValueError):  # a closed stream, a full disk
                 code = code or 1
+                _unwritten_to_devnull(stream)
     except KeyboardInterrupt:
         # A Ctrl-C outside every command's own handling: while click parses the arguments, or
         # once the command has ended. Nothing of a run is cut short here.
         os.write(2, b"sm120patch: interrupted\n")
         code = 130
-    os._exit(code)
+    sys.exit(code)
+
+
+def _unwritten_to_devnull(stream: Any) -> None:
+    """What is left unwritten goes nowhere, not into a warning at the interpreter's exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):
+        pass

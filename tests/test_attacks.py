@@ -1,7 +1,7 @@
-"""Attacks on what sm120patch reads: its state, its plan cache, lock files, packs, git, output
-paths. Each is planted as another user on the box would plant it (a user made for the test,
-whose own process writes what it plants; a group-writable environment; a crafted journal,
-manifest, cache entry, lock, pack, hook or symlink), and each test checks the bytes and modes
+"""Attacks on what sm120patch reads: its state, lock files, packs, git, output paths. Each is
+planted as another user on the box would plant it (a user made for the test, whose own process
+writes what it plants; a group-writable environment; a crafted journal, manifest, lock, pack,
+hook or symlink), and each test checks the bytes and modes
 on disk after the command: every byte written into a target is what the loaded patches make
 from the file's current bytes, or the release's own bytes.
 
@@ -16,7 +16,6 @@ import os
 import stat
 import subprocess
 import sys
-import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -260,45 +259,7 @@ def test_only_the_owner_can_hold_the_lock(attacker, shared):
     assert cli("revert", "moe", "--sglang", str(site))[0] == 0
 
 
-# ---- the plan cache -------------------------------------------------------------------------
-@pytest.mark.parametrize("where", ["a shared SM120PATCH_CACHE", "the user's HOME"])
-@pytest.mark.parametrize("poison", ["a line", "a syntax error"])
-def test_a_poisoned_plan_cache_entry_is_never_written(where, poison, attacker, shared, tmp_path):
-    site = make_tree(shared, "sglang", "0.5.8", "installed")
-    private = tmp_path / "private"
-    # What the attacker's own dry run stores (the key is of the code and the bytes only).
-    proc = sm("apply", "moe", "--sglang", str(site), "--dry-run", "--no-gpu-check",
-              env={"SM120PATCH_CACHE": str(private)})  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    [entry] = (private / "plans").glob("*.json.z")
-    doc = json.loads(zlib.decompress(entry.read_bytes()))
-    clean = {f["file"]: f["after"] for f in doc["files"] if f["file"]}  # "": no such file here
-    assert clean
-    added = "\nimport os; os.system('id')\n" if poison == "a line" else "\ndef (:\n"
-    for f in doc["files"]:
-        if f["file"]:
-            f["after"] += added
-    poisoned = zlib.compress(json.dumps(doc).encode())
-    if where == "a shared SM120PATCH_CACHE":
-        cache = shared / "cache"
-        cache.mkdir()
-        cache.chmod(0o1777)  # /var/cache/shared: every user may add to it
-        attacker.write(cache / "plans" / entry.name, poisoned)
-        env: dict[str, str | None] = {"SM120PATCH_CACHE": str(cache)}
-    else:
-        home = shared / "home"
-        attacker.give(home)
-        attacker.write(home / ".cache" / "sm120patch" / "plans" / entry.name, poisoned)
-        env = {"HOME": str(home), "SM120PATCH_CACHE": None, "XDG_CACHE_HOME": None}
-    proc = sm("apply", "moe", "--sglang", str(site), "--no-gpu-check", env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("warning: ignoring the plan cache") == 1, proc.stderr
-    for rel, text in clean.items():
-        assert (site / rel).read_text() == text  # what the patches make, nothing added
-    proc = sm("ensure", "moe", "--sglang", str(site), "--no-gpu-check", env=env)
-    assert proc.returncode == 0 and "already applied" in proc.stdout, proc.stdout + proc.stderr
-
-
+# ---- packs -------------------------------------------------------------------------------
 PACK_MODULE = '''
 import libcst as cst
 from sm120patch.patchkit.model import Patch, already_applied, applied
@@ -334,9 +295,9 @@ def write_pack(root: Path, mark: str, body: str = "pass", on_import: str = "") -
     return root
 
 
-def test_a_packs_code_is_part_of_the_plan_cache_key(tmp_path):
+def test_an_apply_runs_a_packs_code_as_it_is_now(tmp_path):
     """A pack edited after the dry run: apply writes what the edited code makes; a pack whose
-    transform now raises applies nothing (it used to write the old code's bytes)."""
+    transform now raises applies nothing (nothing of the dry run's plan is kept)."""
     fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     pack = write_pack(tmp_path / "pack", "v1")
     env: dict[str, str | None] = {"SM120PATCH_CACHE": str(tmp_path / "cache")}

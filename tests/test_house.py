@@ -136,3 +136,45 @@ def test_the_readmes_map_names_every_wing():
         if p.is_dir() and (p / "__init__.py").exists()
     )  # fmt: skip
     assert wings and [w for w in wings if f"`{w}/`" not in map_] == []
+
+
+def unnamed_modules(doc: str, root: Path = ROOT) -> list[str]:
+    """The modules under sm120patch/ and patches/ that docs/ARCHITECTURE.md does not name: a
+    module of a wing by its file name in that wing's row of the table, or by its path
+    (`engine/pristine.py`) or dotted name (`plan.planner`) anywhere; a top-level module, a patch
+    module or a package's `__init__.py` with any code in it by its file name or path. An empty
+    `__init__.py` is packaging, not a module."""
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z_]+)/` \|.*$", doc, re.M)}
+    missing = []
+    for path in sorted([*(root / "sm120patch").rglob("*.py"), *(root / "patches").rglob("*.py")]):
+        rel = path.relative_to(root)
+        if path.name == "__init__.py" and not path.read_text(encoding="utf-8").strip():
+            continue
+        inner = rel.parts[1:]  # below sm120patch/ or patches/
+        if len(inner) == 1:
+            named = f"`{path.name}`" in doc or rel.as_posix() in doc
+        else:
+            wing = inner[0]
+            named = (
+                (path.name != "__init__.py" and f"`{path.name}`" in rows.get(wing, ""))
+                or f"{wing}/{path.name}" in doc
+                or (path.name != "__init__.py" and f"{wing}.{path.stem}" in doc)
+            )
+        if not named:
+            missing.append(rel.as_posix())
+    return missing
+
+
+def test_the_architecture_names_every_module():
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    assert unnamed_modules(doc) == []
+
+
+def test_the_module_check_finds_an_unnamed_module(tmp_path):
+    (tmp_path / "sm120patch" / "plan").mkdir(parents=True)
+    (tmp_path / "patches").mkdir()
+    for rel in ("sm120patch/plan/planner.py", "sm120patch/plan/extra.py", "patches/p_one.py",
+                "sm120patch/plan/__init__.py"):  # fmt: skip
+        (tmp_path / rel).write_text("x = 1\n" if "__init__" not in rel else "")
+    doc = "| `plan/` | q | the planner (`planner.py`) |\n\n`p_one.py`\n\nsee `extra.py`\n"
+    assert unnamed_modules(doc, tmp_path) == ["sm120patch/plan/extra.py"]

@@ -9,7 +9,9 @@ from trees import make_tree
 from trialkit import run_cli
 
 from sm120patch.errors import UsageError
-from sm120patch.trial import gpu, known
+from sm120patch.plan import known
+from sm120patch.trial import gpu
+from sm120patch.trial.known import box_of
 
 MOE_GARBAGE = "flashinfer-nvfp4-moe-grouped-gemm-garbage"
 
@@ -74,7 +76,7 @@ def test_box_reads_tp_and_quantization_from_the_command(tmp_path, mocker):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"architectures": ["Glm4MoeForCausalLM"]}')
-    box = known.box_of(
+    box = box_of(
         {"sglang": None, "flashinfer": None},
         ["python", "-m", "sglang.launch_server", "--model-path", str(model), "--tp", "4",
          "--quantization=modelopt_fp4"],

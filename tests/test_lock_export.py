@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -78,34 +79,51 @@ def test_lock_refuses_a_changed_file(tmp_path):
     assert tree_hash(fi2) == before
 
 
-def _edit_patch_field(lock, key: str) -> None:
-    """Zero the first 12 hex digits of the first patch's `key` (digest or source)."""
-    text = lock.read_text()
-    start = text.index(f'{key} = "sha256:') + len(f'{key} = "sha256:')
-    lock.write_text(text[:start] + "0" * 12 + text[start + 12:])
+def as_02x(lock_text: str) -> str:
+    """A lock as sm120patch 0.2.x wrote it: schema 1, each patch with the digest of its code
+    and its source key (what this release no longer writes or compares)."""
+    text = lock_text.replace(f"schema = {lockfile.SCHEMA}\n", "schema = 1\n", 1)
+    text = re.sub(r'tool_version = "[^"]*"', 'tool_version = "0.2.1"', text, count=1)
+    text = re.sub(r'(\[\[patches\]\]\nid = "[^"]+"\n)', r'\1digest = "sha256:%s"\n' % ("0" * 64), text)
+    return re.sub(r'(\[\[patches\]\]\nid = [^\n]+\ndigest = [^\n]+\npack = "[^"]+"\n)',
+                  r'\1source = "sha256:%s"\n' % ("1" * 64), text)  # fmt: skip
 
 
-def test_lock_refuses_another_patch_digest(tmp_path):
-    """A lock made by other patch code (another digest, another source key) refuses."""
+def test_a_lock_written_by_02x_still_applies(tmp_path):
+    """A 0.2.x lock pins the same bytes (files and steps): it applies, `ensure --locked` holds
+    to it, and it reads back to the bytes it was written as; the digests of the patch code it
+    carries are kept, never compared (here they are zeros, which no code has)."""
     sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
     fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "git")  # moe refuses <0.6.7
     lock = pin(tmp_path, sg, fi, profile="moe")
-    _edit_patch_field(lock, "digest")
-    _edit_patch_field(lock, "source")
-    code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
-    assert code == 1
-    assert "patch sglang.moe-backend: lock digest 000000000000" in err
-
-
-def test_lock_of_other_bytes_of_the_same_code_applies(tmp_path):
-    """Another source key (a build that differs in comments, say) is no refusal by itself:
-    the digests are computed and compared, and they agree."""
-    sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "git")
-    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "git")  # moe refuses <0.6.7
-    lock = pin(tmp_path, sg, fi, profile="moe")
-    _edit_patch_field(lock, "source")
+    new = lock.read_text()
+    assert "digest" not in new.split("[[packs]]")[0] and f"schema = {lockfile.SCHEMA}" in new
+    lock.write_text(as_02x(new))
+    assert 'digest = "sha256:' + "0" * 64 in lock.read_text() and "source = " in lock.read_text()
+    old = lockfile.read(lock)
+    assert old.schema == 1 and old.to_toml() == lock.read_text()
     code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
     assert code == 0, err
+    code, out, err = cli("ensure", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
+    assert code == 0 and "already applied" in out, out + err
+
+
+def test_a_lock_written_by_02x_whose_bytes_differ_is_refused_saying_to_pin_again(tmp_path):
+    """Where a 0.2.x patch wrote other bytes than this release's (the lock's after-hashes),
+    the lock is refused in one line (and its hint), nothing changed, saying to pin again."""
+    sg = make_tree(tmp_path / "a", "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path / "a", "flashinfer", "0.6.8", "installed")
+    lock = pin(tmp_path, sg, fi, profile="moe")
+    first = lockfile.read(lock).files[0].after
+    lock.write_text(as_02x(lock.read_text()).replace(f'after = "{first}"', f'after = "{"e" * 64}"'))
+    before = tree_hash(sg)
+    code, _, err = cli("apply", "--locked", str(lock), "--sglang", str(sg), "--no-gpu-check")
+    assert code == 1, err
+    line, *what_to_do = _refusal(err)
+    hint = "\n".join(what_to_do)
+    assert "patched text would differ from the locked result" in line, err
+    assert "written by sm120patch 0.2.1: pin again" in hint and "sm120patch pin moe" in hint, err
+    assert tree_hash(sg) == before
 
 
 def test_corrupt_lock_is_one_line(tmp_path):

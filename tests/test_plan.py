@@ -89,3 +89,22 @@ def test_a_targets_kind_is_the_kind_enum_and_prints_as_its_word(tmp_path):
         '{"sglang": "sglang"}'
     )
     assert targets.KINDS == (Kind.SGLANG, Kind.FLASHINFER) == ("sglang", "flashinfer")
+
+
+def test_a_plan_keeps_texts_and_no_tree(tmp_path):
+    """Once planned, no syntax tree is held (neither by the plan nor by the parse cache): the
+    cyclic collector would walk each for the rest of the process. The texts stay."""
+    import gc
+
+    from sm120patch.patchkit import runner
+
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
+    p = planner.plan("all", {"sglang": sg, "flashinfer": fi})
+    changed = [f for tp in p.targets for f in tp.changed]
+    assert changed and all(f.step_texts() and f.tree is None and not f.steps for f in changed)
+    assert runner._parsed.cache_info().currsize == 0
+    import libcst
+
+    gc.collect()  # what is left unreferenced in a cycle is no tree anyone holds
+    assert not [o for o in gc.get_objects() if isinstance(o, libcst.Module)]

@@ -53,7 +53,7 @@ def test_four_simultaneous_applies_one_wins(layout, tmp_path):
     go.touch()
     results = [(p.wait(), *p.communicate()) for p in procs]
     # One run applies. Each other run either met the lock (exit 1, the lock's line) or, where
-    # the winner was done before it started (a warm plan cache makes an apply that quick),
+    # the winner was done before it started (an apply on small fixture files is that quick),
     # found the profile applied from the bytes and changed nothing (exit 0).
     won = [r for r in results if r[0] == 0 and "applied all;" in r[1]]
     later = [r for r in results if r[0] == 0 and "applied all;" not in r[1]]

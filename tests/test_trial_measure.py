@@ -29,6 +29,7 @@ from sm120patch.engine import trials
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import Wiring
+from sm120patch.plan.known import entries as known_entries
 from sm120patch.trial import decide, gpu, known, loadgen, sanity, wiring
 from sm120patch.trial import measure as measure_
 
@@ -522,7 +523,7 @@ def test_report_and_export_and_local_evidence(trees, tmp_path, fake_nvml):
     assert "reverted-slower" in text and "src=" not in text  # self-contained
     # The export is one record in known.toml's schema.
     # It quotes its source (the trial's own verdict), as the library's entries must.
-    [entry] = known.entries((tmp_path / "mine.toml").read_text(), quoted=True)
+    [entry] = known_entries((tmp_path / "mine.toml").read_text(), quoted=True)
     assert entry.outcome == "slower" and entry.condition["profile"] == "moe"
     assert entry.quote == entry.figure
     assert entry.condition["sglang"] == "==0.5.8" and entry.condition["gpus"] == "==2"

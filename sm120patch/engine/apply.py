@@ -52,7 +52,6 @@ from sm120patch.targets.files import file_sha256, read_regular, sha256
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
-    from sm120patch.plan.workers import Started
 
 
 @dataclass
@@ -137,7 +136,6 @@ def _preflight(
     *,
     check_plan: Callable[[Plan], None] | None,
     lock: Lock | None,
-    started: Started | None = None,
     paths: Mapping[str, str | Path | None] | None = None,
     reading: bool = False,
 ) -> Prepared:
@@ -196,9 +194,9 @@ def _preflight(
         # Before planning: a user's uncommitted edit must be named as such, not reported as an
         # unknown shape.
         ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
-    # Planned here, with the patches loaded here (or this user's own plan cache): a lock is a
-    # claim that `check_plan` holds this plan to, never a source of bytes.
-    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True, started=started)
+    # Planned here, with the patches loaded here: a lock is a claim that `check_plan` holds
+    # this plan to, never a source of bytes.
+    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
         raise PlanRefused(plan)
@@ -270,22 +268,19 @@ def dry_run(
     force: bool = False,
     check_plan: Callable[[Plan], None] | None = None,
     lock: Lock | None = None,
-    started: Started | None = None,
 ) -> Prepared:
-    """The apply minus the writes: the same preflight, the same refusals; writes nothing.
-    `started`: workers already parsing the plan's files (`planner.start_workers`)."""
+    """The apply minus the writes: the same preflight, the same refusals; writes nothing."""
     profile = catalog.load().profile(profile_name)
     ctxs = runs_for(profile, paths, force, lock)
     unwritable: list[str] = []
     for ctx in ctxs:
         with _noted_if(True, unwritable):
             ctx.state.check_lockable()
-    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started,
-                      paths=paths, reading=True)  # fmt: skip
+    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, paths=paths, reading=True)
     prep.notes[:0] = unwritable
     if prep.plan is None:
         found = [c.target for c in ctxs]
-        prep.plan = planner.plan(profile.name, found=found, force=True, started=started)
+        prep.plan = planner.plan(profile.name, found=found, force=True)
     return prep
 
 
@@ -297,19 +292,16 @@ def apply(
     preconditions: Callable[[], None] | None = None,
     check_plan: Callable[[Plan], None] | None = None,
     lock: Lock | None = None,
-    started: Started | None = None,
 ) -> Report:
     """Apply a profile to its targets as one transaction. Raises Refused with nothing changed.
 
     `check_plan` sees the plan before anything is written (a lock file's comparison); with
     `lock`, every written file must end with the lock's after-hash or the apply rolls back.
-    `started`: workers already parsing the plan's files (`planner.start_workers`).
     """
     profile = catalog.load().profile(profile_name)
     ctxs = runs_for(profile, paths, force, lock)
     with locked(ctxs):
-        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, started=started,
-                          paths=paths)  # fmt: skip
+        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, paths=paths)
         if prep.nothing_to_do:
             for ctx in prep.stale:
                 # The new release needs nothing (upstream has it): the old record goes.

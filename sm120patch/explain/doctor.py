@@ -107,13 +107,14 @@ def examine(paths: Mapping[str, str | Path | None], verbose: bool = False) -> Ex
         applied = [s.to_dict() for s in assess.status(paths)]
     except Sm120Error as exc:
         applied = [{"problem": exc.message}]
+    from sm120patch.plan.known import condemning, entries
     from sm120patch.trial import known
 
     box = known.box_of(paths, read_gpus=lambda: gpus)
-    shipped = known.entries()
+    shipped = entries()
     on = {a["profile"]: a.get("root", "") for a in applied if a.get("profile")}
     for check in checks:
-        check.condemned = [e.line() for e in known.condemning(check.name, box, shipped)]
+        check.condemned = [e.line() for e in condemning(check.name, box, shipped)]
         check.applied_on = [root for name, root in on.items() if name == check.name]
         check.decide()
     return Examination(

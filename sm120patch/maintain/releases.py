@@ -62,6 +62,7 @@ from sm120patch.maintain.index import (
     redact,
 )
 from sm120patch.patchkit.model import TARGETS
+from sm120patch.targets.files import atomic_write
 
 KINDS = TARGETS
 
@@ -282,7 +283,7 @@ def _save_listing(listing: Listing) -> None:
             for f in listing.files
         ],
     }
-    _write_atomic(_listing_path(listing.kind), json.dumps(doc, indent=1).encode())
+    write_atomic(_listing_path(listing.kind), json.dumps(doc, indent=1).encode())
 
 
 def _load_listing(kind: str) -> Listing | None:
@@ -453,7 +454,7 @@ def recorded_digest(path: Path) -> str | None:
 
 
 def _record_digest(path: Path, digest: str) -> None:
-    _write_atomic(_digest_path(path), f"{digest}  {path.name}\n".encode())
+    write_atomic(_digest_path(path), f"{digest}  {path.name}\n".encode())
 
 
 def _listed_digest(kind: str, path: Path) -> str | None:
@@ -674,17 +675,7 @@ def _have_build_requirements() -> bool:
     return all(importlib.util.find_spec(m) for m in ("setuptools", "packaging", "tvm_ffi"))
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-# For what the other maintainer tools keep in the cache (matrix's scans).
-write_atomic = _write_atomic
+def write_atomic(path: Path, data: bytes) -> None:
+    """A file of the cache (a listing, a digest, matrix's scans), by the files module's atomic
+    replace; no fsync, since a cache is rebuilt."""
+    atomic_write(path, data, durable=False)

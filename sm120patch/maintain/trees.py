@@ -29,6 +29,7 @@ from sm120patch.maintain.releases import (
     sweep,
     trees_dir,
 )
+from sm120patch.targets.files import atomic_write
 
 TREE_RECORD = ".sm120patch-tree.json"
 
@@ -84,7 +85,8 @@ def tree(kind: str, version: str) -> Path:
                 "source_sha256": sha256_file(source),
                 "sha256": written,
             }
-            (staging / TREE_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+            atomic_write(staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644,
+                         durable=False)  # fmt: skip
             if dest.exists():
                 # A stale tree: move it aside first, since a directory cannot be renamed over a
                 # non-empty one; readers see the old or the new tree, never a mix.
@@ -142,9 +144,8 @@ def _unpack(
     written: dict[str, str] = {}
 
     def write(rel: str, data: bytes) -> None:
-        path = dest / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)  # bytes as released: line endings and encoding untouched
+        # Bytes as released (line endings and encoding untouched), readable as a package is.
+        atomic_write(dest / rel, data, 0o644, durable=False)
         written[rel] = hashlib.sha256(data).hexdigest()
 
     with members as (read, names, metadata_name):

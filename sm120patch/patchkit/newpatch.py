@@ -9,6 +9,7 @@ Without them its transform refuses until written, and so does its test.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,8 +85,12 @@ def check(spec: NewPatch) -> None:
         )
 
 
-def write(spec: NewPatch, directory: Path, *, force: bool = False) -> Written:
-    """Write the module, its test and the profile; refuses to overwrite without `force`."""
+def write(
+    spec: NewPatch, directory: Path, put: Callable[[Path, str], None], *, force: bool = False
+) -> Written:
+    """Write the module, its test and the profile through `put` (the caller's writer: the
+    files module's, `targets.files.write_output`, since the kit writes nothing itself);
+    refuses to overwrite without `force`."""
     check(spec)
     directory.mkdir(parents=True, exist_ok=True)
     module = directory / f"{spec.module_name}.py"
@@ -100,10 +105,10 @@ def write(spec: NewPatch, directory: Path, *, force: bool = False) -> Written:
             f"{profiles} already defines profile {spec.profile_name}",
             "pick another --profile, or add the patch to that profile by hand",
         )
-    module.write_text(_module_text(spec), encoding="utf-8")
-    test.write_text(_test_text(spec), encoding="utf-8")
+    put(module, _module_text(spec))
+    put(test, _test_text(spec))
     text = existing or "# Profiles of this patch pack (sm120patch's format).\nschema = 1\n"
-    profiles.write_text(text.rstrip("\n") + "\n\n" + _profile_text(spec), encoding="utf-8")
+    put(profiles, text.rstrip("\n") + "\n\n" + _profile_text(spec))
     return Written(module, test, profiles, spec.profile_name)
 
 

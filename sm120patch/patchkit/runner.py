@@ -54,37 +54,26 @@ class FileResult:
             return set()
         return syntax.imported_from(self.steps[-1][1]) - syntax.imported_from(self.tree)
 
+    def forget_trees(self) -> None:
+        """Keep the texts and outcomes, drop the trees (once the imports the patches added
+        are checked: `imports_added` has nothing to compare after this)."""
+        self.tree = None
+        self.steps = []
+
     def drop_changes(self) -> None:
         """Keep the outcomes, forget every change (`refuse_all`)."""
         self.after = self.before
         self.steps = []
         self.texts = []
 
-    def as_text(self) -> TextFileResult:
-        """The same result without its trees: what a worker process sends back."""
-        return TextFileResult(
-            file=self.file,
-            before=self.before,
-            after=self.after,
-            outcomes=list(self.outcomes),
-            texts=self.step_texts(),
-            added=frozenset(self.imports_added()),
-        )
 
+def forget_parses() -> None:
+    """Drop the trees `_parsed` and the walks of `syntax` keep (`planner.plan`, once its plan
+    is made)."""
+    from sm120patch.patchkit import syntax
 
-@dataclass
-class TextFileResult(FileResult):
-    """A FileResult as text alone (from a worker process or the plan cache): the text after
-    each step and the imports the patches added, no trees."""
-
-    added: frozenset[tuple[str, str]] = frozenset()
-
-    def imports_added(self) -> set[tuple[str, str]]:
-        return set(self.added)
-
-    def drop_changes(self) -> None:
-        super().drop_changes()
-        self.added = frozenset()
+    _parsed.cache_clear()
+    syntax.forget_walks()
 
 
 @lru_cache(maxsize=4)

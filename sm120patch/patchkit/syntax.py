@@ -174,6 +174,11 @@ def statements(node: cst.CSTNode) -> list[cst.CSTNode]:
 _WALKS: dict[int, tuple[cst.CSTNode, list[tuple[cst.CSTNode, cst.CSTNode | None]]]] = {}
 
 
+def forget_walks() -> None:
+    """Drop the walks kept, and the trees they hold (`runner.forget_parses`)."""
+    _WALKS.clear()
+
+
 def _walk(node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode | None]]:
     hit = _WALKS.get(id(node))
     if hit is not None and hit[0] is node:

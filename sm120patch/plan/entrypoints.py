@@ -3,7 +3,7 @@ finds them, without importing `importlib.metadata`.
 
 Every command loads the patch catalog, and the catalog asks for the `sm120patch.patches` entry
 points. `importlib.metadata` brings `email`, `zipfile` and `csv` with it: about 18 ms, half of
-`import click`, on every warm command (`status`, `ensure`, `apply` from the plan cache). On
+`import click`, on every warm command (`status`, `ensure` on an applied tree). On
 the common layout, directories of `*.dist-info` and `*.egg-info` on `sys.path`, this module
 reads the same `entry_points.txt` files in the same order and keeps the same first
 distribution of each name. Anything else on `sys.path` (a zip archive, an egg) goes to the

@@ -1,16 +1,21 @@
 """Lock files (`sm120patch.lock`): freeze, for one deployment, the SGLang and FlashInfer versions,
-the profile, each patch's code digest and each touched file's hash before and after, so that
-`apply --locked` on another machine reproduces exactly that, or refuses saying what differs.
+the profile, its patches, each touched file's hash before and after and each patch's step (its
+after-hash and the diff a reviewer read), so that `apply --locked` on another machine
+reproduces exactly those bytes, or refuses saying what differs.
 
 File paths in a lock are module paths (`sglang/srt/server_args.py`), so a lock made on a git
 checkout applies to an installed package of the same release and the other way round.
 
 A lock is a claim to verify, never a source of bytes: `apply --locked` plans with the patches
-loaded here (or a trusted plan cache entry), and goes on only when that plan is the lock,
-file for file (each before- and after-hash), step for step (each step's diff text, what a
-reviewer read) and patch for patch (each code digest, computed here). A lock naming a file
-that no patch of its profile touches is refused; one naming a path that is no plain relative
-path is a usage error.
+loaded here, and goes on only when that plan is the lock, file for file (each before- and
+after-hash) and step for step (each step's after-hash and diff text). The bytes are what a
+lock pins: patch code that changed and still writes the same bytes applies the same lock. A
+lock naming a file that no patch of its profile touches is refused; one naming a path that is
+no plain relative path is a usage error.
+
+Schema 1 (sm120patch 0.2.x) also recorded a digest of each patch's code (`digest`, `source`);
+such a lock still applies: those two fields are kept as read, so that it writes back to the
+same bytes, and never compared.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,10 +31,11 @@ from sm120patch import __version__
 from sm120patch.errors import Refused, UsageError
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog
-from sm120patch.plan.codedigest import patch_digest, source_key
 from sm120patch.plan.plans import Plan
 
-SCHEMA = 1
+SCHEMA = 2  # 2: no patch code digests (schema 1, 0.2.x, had them: still read)
+# What a schema 1 lock says of a patch's code, kept as read, never compared (the module's doc).
+_LEGACY_KEYS = ("digest", "source")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -73,27 +78,26 @@ class PlanCheck(Protocol):
 class Lock:
     profile: str
     versions: dict[str, str]
-    patches: dict[str, str]  # id -> digest
+    patches: list[str]  # the profile's patch ids, in its order
     files: list[LockedFile] = field(default_factory=list)
     tool_version: str = __version__
     # The reviewed result, step by step: a node whose files have the locked before-hashes
-    # writes exactly these bytes without parsing anything.
+    # writes exactly these bytes.
     steps: list[LockedStep] = field(default_factory=list)
-    # id -> codedigest.source_key on the box that pinned: a node with the same key runs the
-    # same code, byte for byte, so has the same digest without computing it.
-    sources: dict[str, str] = field(default_factory=dict)
-
-    def digest(self) -> str:
-        """What the lock pins, as one digest (recorded in the manifest of an `--locked` apply)."""
-        return "sha256:" + hashlib.sha256(self.to_toml().encode("utf-8")).hexdigest()
-
     # id -> the pack it came from ("built-in", "entry point X", "directory /p"); pack -> its
     # digest (catalog.Pack.digest), recorded to say which version of a pack made the lock.
     # A lock without them (written before packs) reads as all built-in.
     pack_of: dict[str, str] = field(default_factory=dict)
     packs: dict[str, str] = field(default_factory=dict)
+    schema: int = SCHEMA
+    # id -> a schema 1 lock's `digest` and `source` of that patch, written back as read.
+    legacy: dict[str, dict[str, str]] = field(default_factory=dict)
     # The file it was read from (hints name it); not part of what the lock pins.
     path: Path | None = field(default=None, compare=False)
+
+    def digest(self) -> str:
+        """What the lock pins, as one digest (recorded in the manifest of an `--locked` apply)."""
+        return "sha256:" + hashlib.sha256(self.to_toml().encode("utf-8")).hexdigest()
 
     def __post_init__(self) -> None:
         # A lock made here (not read from a file) names the packs of the catalog in effect,
@@ -109,18 +113,19 @@ class Lock:
         out = [
             "# sm120patch lock file: `sm120patch apply --locked <this file>` reproduces exactly",
             "# this patch set, or refuses (changing nothing) when anything below differs.",
-            f"schema = {SCHEMA}",
+            f"schema = {self.schema}",
             f"tool_version = {q(self.tool_version)}",
             f"profile = {q(self.profile)}",
             "",
             "[versions]",
             *(f"{kind} = {q(v)}" for kind, v in sorted(self.versions.items())),
         ]
-        for pid, digest in self.patches.items():
-            out += ["", "[[patches]]", f"id = {q(pid)}", f"digest = {q(digest)}"]
+        for pid in self.patches:
+            old = self.legacy.get(pid, {})
+            out += ["", "[[patches]]", f"id = {q(pid)}"]
+            out += [f"digest = {q(old['digest'])}"] if "digest" in old else []
             out.append(f"pack = {q(self.pack_of.get(pid, catalog.BUILT_IN))}")
-            if pid in self.sources:
-                out.append(f"source = {q(self.sources[pid])}")
+            out += [f"source = {q(old['source'])}"] if "source" in old else []
         for name, digest in self.packs.items():
             out += ["", "[[packs]]", f"name = {q(name)}", f"digest = {q(digest)}"]
         for f in self.files:
@@ -138,22 +143,7 @@ class Lock:
         return "\n".join(out) + "\n"
 
 
-def patch_digests(
-    ids: Iterable[str], known: Lock | None = None
-) -> tuple[dict[str, str], dict[str, str]]:
-    """Each patch's digest and source key, computed here (or read from this user's own digest
-    cache, keyed by the source key): never taken from the lock being checked (`known` is
-    accepted for the callers' sake and not read), which would then vouch for itself."""
-    cat = catalog.load()
-    digests, sources = {}, {}
-    for pid in ids:
-        patch = cat.patches[pid]
-        sources[pid] = source_key(patch)
-        digests[pid] = patch_digest(patch, sources[pid])
-    return digests, sources
-
-
-def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> Lock:
+def from_plan(plan: Plan, *, steps: bool = True) -> Lock:
     """The lock of `plan`; `steps=False` leaves out the reviewed diffs (making them is difflib
     over each whole file: `differences` checks a lock's diffs by applying them instead)."""
     files = [
@@ -167,14 +157,12 @@ def from_plan(plan: Plan, known: Lock | None = None, *, steps: bool = True) -> L
         replace(step, diff=diff_texts(step.path, before, after))
         for step, before, after in (_planned_steps(plan) if steps else ())
     ]
-    digests, sources = patch_digests(plan.profile.patches, known)
     return Lock(
         profile=plan.profile.name,
         versions={tp.target.kind: tp.target.version for tp in plan.targets},
-        patches=digests,
+        patches=list(plan.profile.patches),
         files=files,
         steps=reviewed,
-        sources=sources,
     )
 
 
@@ -239,12 +227,12 @@ def _check_paths(path: Path, lock: Lock) -> None:
                 f"{kind} package",
                 "regenerate it with `sm120patch pin`",
             )
-    for name, table in (("versions", lock.versions), ("patches", lock.patches)):
-        if not all(isinstance(v, str) and v for v in table.values()):
-            raise UsageError(
-                f"lock file {path}: {name} holds a value that is not a string",
-                "regenerate it with `sm120patch pin`",
-            )
+    values = [*lock.versions.values(), *lock.patches]
+    if not all(isinstance(v, str) and v for v in values):
+        raise UsageError(
+            f"lock file {path}: versions or patches hold a value that is not a string",
+            "regenerate it with `sm120patch pin`",
+        )
 
 
 def check_files_of_profile(lock: Lock, profile: catalog.Profile, path: Path) -> None:
@@ -281,18 +269,17 @@ def _parse(path: Path, raw: str) -> Lock:
                 f"lock file {path} has schema {schema!r}; this sm120patch reads up to {SCHEMA}",
                 "use the sm120patch version that wrote it",
             )
+        patches = _tables(doc, "patches")
         return Lock(
             path=path,
+            schema=schema,
             profile=str(doc["profile"]),
             versions={str(k): str(v) for k, v in doc["versions"].items()},
-            patches={str(p["id"]): str(p["digest"]) for p in doc.get("patches", [])},
-            pack_of={
-                str(p["id"]): str(p.get("pack", catalog.BUILT_IN)) for p in doc.get("patches", [])
-            },
+            patches=[str(p["id"]) for p in patches],
+            pack_of={str(p["id"]): str(p.get("pack", catalog.BUILT_IN)) for p in patches},
             packs={str(p["name"]): str(p["digest"]) for p in doc.get("packs", [])},
-            sources={
-                str(p["id"]): str(p["source"]) for p in doc.get("patches", []) if "source" in p
-            },
+            legacy={str(p["id"]): {k: str(p[k]) for k in _LEGACY_KEYS if k in p}
+                    for p in patches if schema < 2 and any(k in p for k in _LEGACY_KEYS)},
             files=[LockedFile(**_entry(f, "files", i, _FILE_KEYS))
                    for i, f in enumerate(_tables(doc, "files"), 1)],
             tool_version=str(doc.get("tool_version", "")),
@@ -333,12 +320,12 @@ def _entry(table: object, name: str, n: int, keys: tuple[str, ...]) -> dict[str,
 
 def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> list[str]:
     """Everything in which `plan` (on pristine trees) differs from `lock`; empty when identical:
-    the profile, versions, packs, each patch's digest, each file's before- and after-hash, and
-    (when the lock records them) each step's after-hash and diff text.
+    the profile, versions, packs, the patches, each file's before- and after-hash, and (when
+    the lock records them) each step's after-hash and diff text.
 
     `skip`: target kinds already applied exactly as the lock says (checked from their bytes).
     """
-    now = from_plan(plan, known=lock, steps=False)
+    now = from_plan(plan, steps=False)
     if skip:
         lock = replace(lock, versions={k: v for k, v in lock.versions.items() if k not in skip},
                        files=[f for f in lock.files if f.target not in skip])  # fmt: skip
@@ -364,19 +351,13 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
         if a != b:
             problems.append(f"patch {pid}: lock has it from {a}, here it comes from {b}")
     known = set(catalog.load().patches)
-    for pid in sorted(set(lock.patches) | set(now.patches)):
-        a, b = lock.patches.get(pid), now.patches.get(pid)
-        if b is None and pid in known:
-            problems.append(f"patch {pid}: in the lock, not in profile {profile} here")
-        elif b is None:
-            problems.append(f"patch {pid}: in the lock, unknown to this sm120patch and its packs")
-        elif a is None:
+    for pid in sorted(set(lock.patches) ^ set(now.patches)):
+        if pid in now.patches:
             problems.append(f"patch {pid}: in profile {profile} here, not in the lock")
-        elif a != b:
-            problems.append(
-                f"patch {pid}: lock digest {_short(a)}, this sm120patch has {_short(b)} (its "
-                "code changed since the lock was made)"
-            )
+        elif pid in known:
+            problems.append(f"patch {pid}: in the lock, not in profile {profile} here")
+        else:
+            problems.append(f"patch {pid}: in the lock, unknown to this sm120patch and its packs")
     locked = {(f.target, f.path): f for f in lock.files}
     found = {(f.target, f.path): f for f in now.files}
     for key in sorted(set(locked) | set(found)):
@@ -402,8 +383,8 @@ def _step_differences(lock: Lock, plan: Plan, skip: frozenset[str]) -> list[str]
     """What was reviewed is what is written: each step of the lock is this plan's, with the
     same after-hash, and the lock's diff of it, applied to the text before the step, gives
     exactly the text this plan writes (so every byte the step writes is a line the reviewer
-    read). Applying the diff is linear; making ours to compare texts was difflib over each
-    whole file, a third of an `apply --locked` on a node that has the plan cached."""
+    read). Applying the diff is linear; making ours to compare texts would be difflib over
+    each whole file."""
     locked = [s for s in lock.steps if s.target not in skip]
     found = [step for step in _planned_steps(plan) if step[0].target not in skip]
     if [_step_of(s) for s in locked] != [_step_of(s) for s, _, _ in found]:
@@ -447,9 +428,16 @@ def check(lock: Lock, path: Path) -> PlanCheck:
         check_files_of_profile(lock, plan.profile, path)
         problems = differences(lock, plan, skip)
         if problems:
+            hint = "use the releases the lock was made on, or make a new lock"
+            if lock.schema < SCHEMA:
+                # Its patches may have written other bytes than this release's do.
+                hint = (
+                    f"it was written by sm120patch {lock.tool_version or '0.2 or older'}: pin "
+                    f"again with this one (`sm120patch pin {lock.profile}`)"
+                )
             raise Refused(
                 f"{path} does not match these trees: " + "; ".join(problems),
-                "nothing was changed; use the releases the lock was made on, or make a new lock",
+                "nothing was changed; " + hint,
             )
 
     return verify

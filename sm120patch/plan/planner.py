@@ -11,20 +11,19 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sm120patch import targets
 from sm120patch.errors import AGAIN, Refused, Sm120Error
 from sm120patch.patchkit.model import Outcome, Patch, Status
-from sm120patch.patchkit.runner import FileResult, refuse_all, transform_text
+from sm120patch.patchkit.runner import FileResult, forget_parses, refuse_all, transform_text
 from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
 from sm120patch.targets.files import read_regular
 
-if TYPE_CHECKING:
-    from sm120patch.plan.workers import Job, Started
+# (patches, file, text): one call of `transform_text`.
+Job = tuple[list[Patch], str, str]
 
 
 def checked(
@@ -130,22 +129,13 @@ def no_cycle_collection() -> Iterator[None]:
     server_args.py builds about a million objects, none in a cycle (libcst trees hold no
     parent links), and the collector walking them again and again as they are made was 45 ms
     of a 700 ms cold plan. Reference counting still frees everything; cycles made meanwhile
-    wait for the collector's next run once it is back on.
-
-    Before the collector is back on, everything alive is frozen (`gc.freeze`): a plan's trees
-    would otherwise be the young generation, and the first collections after it walked them
-    all again (a 76 ms collection right after the plan, in a 1.3 s cold dry run). Refcounting
-    still frees frozen objects; the next plan unfreezes what the last one froze, so a cycle
-    made meanwhile is collected by a later full collection, never kept for good."""
+    wait for the collector's next run once it is back on."""
     was = gc.isenabled()
     gc.disable()
-    if was:
-        gc.unfreeze()
     try:
         yield
     finally:
         if was:
-            gc.freeze()
             gc.enable()
 
 
@@ -156,14 +146,12 @@ def plan(
     force: bool = False,
     found: list[Target] | None = None,
     texts: Mapping[str, Mapping[str, str]] | None = None,
-    started: Started | None = None,
 ) -> Plan:
     """Outcomes and diff of `profile_name` on the targets at `paths` (None: installed ones).
 
     `texts` (per target kind, module path -> text) stands in for files on disk: the pristine
-    side of an applied tree, which `export` plans from. `started`: workers already parsing
-    some of its files (`start_workers`). Raises Refused when a target is outside the
-    profile's pins, unless `force`.
+    side of an applied tree, which `export` plans from. Raises Refused when a target is
+    outside the profile's pins, unless `force`.
     """
     cat = catalog.load()
     profile = cat.profile(profile_name)
@@ -171,90 +159,20 @@ def plan(
     outside = require_pins(profile, found, paths, force=force, verb="plan")  # kept on the plan
     patches = cat.patches_of(profile)
     with no_cycle_collection():
-        # Every target's files are read first and transformed together, so that a large file
-        # of one target is parsed in a worker while the others are (`workers`).
-        pending: list[_Pending | TargetPlan] = []
-        for t in found:
-            given = texts.get(t.kind) if texts else None
-            entry = None if given else _cache_entry(profile, patches, t)  # given: not kept
-            cached = _from_cache(entry, t) if entry else None
-            if cached is None:
-                pending.append(_prepare(patches, t, given, entry))
-            else:
-                pending.append(cached)
-        jobs = [job for p in pending if isinstance(p, _Pending) for job in p.jobs()]
-        done = iter(_transform_all(jobs, started) if jobs else [])
-        plans = []
-        for p in pending:
-            if isinstance(p, TargetPlan):
-                plans.append(p)
-                continue
-            tp = _finish(profile, p, [next(done) for _ in p.jobs()])
-            if p.cache_entry:
-                _to_cache(p.cache_entry, tp)
-            plans.append(tp)
+        plans = [plan_target(profile, patches, t, texts.get(t.kind) if texts else None)
+                 for t in found]  # fmt: skip
+        # A plan carries texts. Its trees (server_args.py's alone is about a million nodes)
+        # go now, with the parse cache, or every full collection of the cyclic collector for
+        # the rest of the process walks them: 0.2 s of CPU in a 1.2 s cold dry run.
+        for tp in plans:
+            for f in tp.files:
+                f.forget_trees()
+        forget_parses()
     order = {pid: i for i, pid in enumerate(profile.patches)}
     outcomes = sorted(
         (o for tp in plans for f in tp.files for o in f.outcomes), key=lambda o: order[o.patch]
     )
     return Plan(profile, plans, outcomes, outside)
-
-
-def _transform_all(jobs: list[Job], started: Started | None) -> list[FileResult]:
-    from sm120patch.plan import workers  # imported only where a file is to be parsed
-
-    return workers.transform_all(jobs, started)
-
-
-def start_workers(profile_name: str, paths: Mapping[str, str | Path | None]) -> Started:
-    """Workers started now on the large files a plan of `profile_name` will parse, for a
-    caller with checks to make first (`engine.apply`): they parse while it checks, and
-    `plan(..., started=)` takes their results. Nothing is started where the plan cache holds
-    the plan, and nothing here raises: a plan that cannot be started is made later, and
-    refuses then in its own words. Close the result (a context manager) when done."""
-    from sm120patch.plan import plancache, workers
-
-    try:
-        cat = catalog.load()
-        profile = cat.profile(profile_name)
-        patches = cat.patches_of(profile)
-        jobs = []
-        for t in resolve_targets(profile, paths):
-            entry = _cache_entry(profile, patches, t)
-            if entry is None or not plancache.has(entry):
-                jobs += _prepare(patches, t).jobs()
-    except Exception:  # the plan itself reports it
-        return workers.Started()
-    return workers.start(jobs)
-
-
-def _cache_entry(profile: Profile, patches: list[Patch], target: Target) -> str | None:
-    """The plan cache's entry for `target`, or None (the cache is off, or the files cannot be
-    keyed)."""
-    from sm120patch.plan import plancache
-
-    if not plancache.enabled():
-        return None
-    files = [f for p in patches if p.target == target.kind for f in p.files]
-    return plancache.key(profile, files, target)
-
-
-def _from_cache(entry: str, target: Target) -> TargetPlan | None:
-    """The plan of `target` from the plan cache, when the bytes it read are the same."""
-    from sm120patch.plan import plancache
-
-    cached = plancache.load(entry, target)
-    return None if cached is None else TargetPlan(target, cached)
-
-
-def _to_cache(entry: str, result: TargetPlan) -> None:
-    from sm120patch.plan import plancache
-
-    if any(o.status is Status.REFUSED for f in result.files for o in f.outcomes):
-        # A refusal is not kept: what it depends on (an import the release lacks, a file that
-        # does not parse) is for the user to fix, and the next run must see the fix.
-        return
-    plancache.store(entry, result, plancache.import_deps(result.target, result))
 
 
 def plan_target(
@@ -263,7 +181,7 @@ def plan_target(
     target: Target,
     given: Mapping[str, str] | None = None,
 ) -> TargetPlan:
-    """The plan of one target, every file in this process (no plan cache)."""
+    """The plan of one target: each file it reads parsed once, its patches run in order."""
     pending = _prepare(patches, target, given)
     return _finish(profile, pending, [transform_text(*job) for job in pending.jobs()])
 
@@ -276,7 +194,6 @@ class _Pending:
     target: Target
     mine: list[Patch]
     entries: list[FileResult | Job]
-    cache_entry: str | None = None  # where the finished plan is kept (None: not kept)
 
     def jobs(self) -> list[Job]:
         return [e for e in self.entries if not isinstance(e, FileResult)]
@@ -286,7 +203,6 @@ def _prepare(
     patches: list[Patch],
     target: Target,
     given: Mapping[str, str] | None = None,
-    cache_entry: str | None = None,
 ) -> _Pending:
     mine = [p for p in patches if p.target == target.kind]
     texts: dict[str, str | None] = dict(given or {})
@@ -324,7 +240,7 @@ def _prepare(
             entries.append(_unreadable(group, rel, problems[rel], texts[rel] or ""))
         else:
             entries.append((group, rel, texts[rel] or ""))
-    return _Pending(target, mine, entries, cache_entry)
+    return _Pending(target, mine, entries)
 
 
 def _finish(profile: Profile, pending: _Pending, done: list[FileResult]) -> TargetPlan:

@@ -1,0 +1,381 @@
+"""Known outcomes (patches/known.toml and each pack's), matched to a box: data the plan wing
+reads, so that `apply` and its dry run say what is known before they plan without entering the
+trial wing.
+
+An entry's condition names what it applies to (profile or patch, SGLang and FlashInfer ranges,
+GPU family and count, TP size, quantization, model architecture). A condition the box cannot
+tell (no GPU read, no server command to read the TP size from) does not exclude the entry:
+better one line too many before a trial than a known regression unsaid.
+
+Each entry also says what its figure rests on (`evidence`: measured, reported, inferred, or
+unpublished for the field report this project started from) and what was run, in the
+source's terms (`measured`: engine, kernel, TP, runs), and the sentence or figure of the
+source it relies on (`quote`, required of the built-in library); all are printed in full
+(`Entry.full`). A wrong-output
+entry about a profile that matches the box condemns the profile there: `doctor` and `list`
+stop recommending it.
+
+This box's own trials are shown as recorded: whether a trial is evidence was decided when it
+was recorded (`Trial.evidence`), not again here. Reading the GPUs and the trial records is the
+caller's: the plan wing reads neither NVML nor the engine's state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from sm120patch.errors import Sm120Error, UsageError
+from sm120patch.patchkit import versions
+from sm120patch.targets import Target
+
+OUTCOMES = ("faster", "slower", "no-gain", "wrong-output", "crash")
+CONDITIONS = (
+    "profile",
+    "patch",
+    "sglang",
+    "flashinfer",
+    "gpu_family",
+    "gpus",
+    "tp",
+    "quantization",
+    "architecture",
+    "topology",
+)
+RECORD = ("id", "outcome", "figure", "date", "source", "evidence")
+# What an entry's figure rests on: the source ran it, states it, it was read off code, or it
+# is the unpublished field report this project started from.
+EVIDENCE = ("measured", "reported", "inferred", "unpublished")
+# What was run, in the source's terms; the sentence or figure of the source the entry relies on
+# (required of the built-in library, `QUOTED`: a pack's own entries may leave it out).
+OPTIONAL = ("measured", "quote")
+QUOTED = "quote"
+# The most characters of a known line before a command's output (a diff, a table): one line a
+# reader takes in; the whole entry is `sm120patch show PROFILE` (or the command's --verbose).
+SHORT = 120
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    outcome: str
+    figure: str
+    date: str
+    source: str
+    evidence: str = "measured"
+    condition: dict[str, Any] = field(default_factory=dict)
+    measured: str = ""
+    quote: str = ""
+
+    @property
+    def about(self) -> str:
+        return self.condition.get("profile") or self.condition.get("patch") or "any profile"
+
+    def _where(self, keys: Sequence[str]) -> str:
+        return ", ".join(
+            f"{k} {v}" if k in ("sglang", "flashinfer", "gpus", "tp") else str(v)
+            for k, v in self.condition.items()
+            if k in keys
+        )
+
+    def line(self) -> str:
+        """One short line (SHORT characters at most): verdict, what it is about, where. The
+        figure, what was run and the source are `full()`'s (`sm120patch show PROFILE`)."""
+        head = f"known: {self.about} {self.outcome} ({self.evidence})"
+        where = self._where(("sglang", "flashinfer", "gpu_family", "gpus", "tp"))
+        return cut(f"{head}: {where}" if where else head)
+
+    def full(self) -> str:
+        """The whole entry: the figure, what was run, every condition, date and source."""
+        where = self._where([k for k in self.condition if k not in ("profile", "patch")])
+        ran = f" [{self.measured}]" if self.measured else ""
+        said = f': "{self.quote}"' if self.quote else ""
+        return (
+            f"known: {self.about} {self.outcome} ({self.evidence}): {self.figure}{ran} "
+            f"({where}; {self.date}; {self.source}; id {self.id}{said})"
+        )
+
+    def condemns(self, profile: str, box: Box) -> bool:
+        """Whether this entry says `profile` gives wrong output on `box`: a wrong-output
+        entry about the profile (or a patch of it) whose condition matches. An entry about
+        every server (a FlashInfer bug) does not condemn one profile more than not applying
+        it."""
+        about = "profile" in self.condition or "patch" in self.condition
+        return self.outcome == "wrong-output" and about and matches(self, profile, box)
+
+
+@dataclass(frozen=True)
+class Box:
+    """What is known of this box and, in a trial, of the server command."""
+
+    versions: dict[str, str] = field(default_factory=dict)
+    gpu_family: str | None = None
+    gpus: int | None = None
+    tp: int | None = None
+    quantization: str | None = None
+    architecture: list[str] | None = None
+
+
+def entries(
+    text: str | None = None, where: str = "known.toml", *, quoted: bool = False
+) -> list[Entry]:
+    """The known outcomes of `text`, or of the built-in library and every pack loaded (each
+    pack's own known.toml beside its profiles.toml). The built-in library's entries, and with
+    `quoted` those of `text`, must each carry a `quote` of their source (`check_quotes`)."""
+    from sm120patch.plan import catalog
+
+    if text is None:
+        out = []
+        for pack in catalog.load().loaded:
+            path = Path(pack.location, "known.toml") if pack.location else None
+            if path is not None and path.is_file():
+                hint = catalog.DAMAGED_HINT if pack.built_in else f"fix {path}, or drop the pack"
+                found = _parse(path.read_text(encoding="utf-8"), str(path), hint)
+                if pack.built_in:
+                    check_quotes(found, str(path), hint)
+                out += found
+        return out
+    found = _parse(text, where, "fix the file")
+    if quoted:
+        check_quotes(found, where, "fix the file")
+    return found
+
+
+def check_quotes(found: Sequence[Entry], where: str, hint: str) -> None:
+    """UsageError naming every entry without a `quote` of its source, or whose quote of the
+    unpublished field report does not say it is unpublished (there is no text to quote)."""
+    bad = [e.id for e in found if not e.quote.strip()]
+    bad += [
+        e.id
+        for e in found
+        if e.quote.strip() and e.evidence == "unpublished" and "unpublished" not in e.quote
+    ]
+    if bad:
+        raise UsageError(
+            f"{where}: {len(bad)} entries quote no source ({', '.join(bad)}); each needs "
+            '`quote`, the sentence or figure of its source it relies on ("unpublished: ..." '
+            "where there is none)",
+            hint + " (its header says what a quote is)",
+        )
+
+
+def _parse(text: str, where: str, hint: str) -> list[Entry]:
+    from sm120patch.plan import catalog
+
+    doc = catalog.parse_toml(text, where, hint)
+    out = []
+    for raw in doc.get("outcome", []):
+        missing = [k for k in RECORD if not raw.get(k)]
+        unknown = set(raw) - set(RECORD) - set(OPTIONAL) - set(CONDITIONS)
+        problems = []
+        if missing:
+            problems.append(f"missing {', '.join(missing)}")
+        if unknown:
+            problems.append(f"unknown keys {', '.join(sorted(unknown))}")
+        if not missing and raw["outcome"] not in OUTCOMES:
+            problems.append(f"outcome must be one of {', '.join(OUTCOMES)}")
+        if not missing and raw["evidence"] not in EVIDENCE:
+            problems.append(f"evidence must be one of {', '.join(EVIDENCE)}")
+        if problems:
+            raise UsageError(
+                f"{where} entry {raw.get('id', '?')}: " + "; ".join(problems),
+                hint + " (its header lists every key)",
+            )
+        out.append(
+            Entry(
+                **{k: str(raw[k]) for k in RECORD},
+                condition={k: raw[k] for k in CONDITIONS if k in raw},
+                measured=str(raw.get("measured", "")),
+                quote=str(raw.get(QUOTED, "")),
+            )
+        )
+    return out
+
+
+def about_profile(profile: str, found: Sequence[Entry] | None = None) -> list[Entry]:
+    """Every known entry about `profile` (or a patch of it, or any profile), whatever the box:
+    what `show PROFILE` prints in full."""
+    return [e for e in (entries() if found is None else found)
+            if _profile_matches(e.condition, profile)]  # fmt: skip
+
+
+def condemning(profile: str, box: Box, found: Sequence[Entry] | None = None) -> list[Entry]:
+    """The known entries that say `profile` gives wrong output on `box` (`Entry.condemns`)."""
+    return [e for e in (entries() if found is None else found) if e.condemns(profile, box)]
+
+
+def installed_targets() -> list[Target]:
+    """The SGLang and FlashInfer installed in this interpreter (those found)."""
+    from sm120patch import targets
+
+    out = []
+    for kind in ("sglang", "flashinfer"):
+        try:
+            found = targets.find_quiet(kind, None, required=False)
+        except Sm120Error:
+            found = None
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def _in(spec: str, value: str | int) -> bool:
+    try:
+        return SpecifierSet(spec).contains(Version(str(value)), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return False
+
+
+def _release_in(spec: str, version: str) -> bool:
+    """Whether `version`, as its release (0.5.9.post1 and 0.5.9.dev3+gabc count as 0.5.9, as
+    the pins do), is inside `spec`."""
+    try:
+        return versions.contains(spec, versions.base_release(version))
+    except InvalidSpecifier:
+        return False
+
+
+def _names(value: Any) -> list[str]:
+    return [str(v).lower() for v in (value if isinstance(value, list) else [value])]
+
+
+def matches(entry: Entry, profile: str | None, box: Box) -> bool:
+    c = entry.condition
+    if profile is not None and not _profile_matches(c, profile):
+        return False
+    for kind in ("sglang", "flashinfer"):
+        # A condition on a release this box does not have (FlashInfer not installed, say)
+        # does not describe this box.
+        if kind in c and (
+            kind not in box.versions or not _release_in(c[kind], box.versions[kind])
+        ):
+            return False
+    if "gpu_family" in c and box.gpu_family and c["gpu_family"].lower() != box.gpu_family:
+        return False
+    if "gpus" in c and box.gpus is not None and not _in(c["gpus"], box.gpus):
+        return False
+    if "tp" in c and box.tp is not None and not _in(c["tp"], box.tp):
+        return False
+    if "quantization" in c and box.quantization:
+        if box.quantization.lower() not in _names(c["quantization"]):
+            return False
+    if "architecture" in c and box.architecture:
+        if not {a.lower() for a in box.architecture} & set(_names(c["architecture"])):
+            return False
+    return True
+
+
+def _profile_matches(c: dict[str, Any], profile: str) -> bool:
+    from sm120patch.plan import catalog
+
+    if "profile" not in c and "patch" not in c:
+        return True
+    cat = catalog.load()
+    have = set(cat.profiles[profile].patches) if profile in cat.profiles else set()
+    if "patch" in c:
+        return c["patch"] in have
+    if c["profile"] == profile:
+        return True
+    theirs = cat.profiles.get(c["profile"])
+    return theirs is not None and set(theirs.patches) <= have
+
+
+def flag(command: Sequence[str], *names: str) -> str | None:
+    for i, part in enumerate(command):
+        for name in names:
+            if part == name and i + 1 < len(command):
+                return command[i + 1]
+            if part.startswith(name + "="):
+                return part.split("=", 1)[1]
+    return None
+
+
+class Trial(Protocol):
+    """What the known lines read of a recorded trial (`engine.trialrecord.TrialRecord`)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def profile(self) -> str: ...
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def kind(self) -> str | None: ...
+    @property
+    def evidence(self) -> bool | None: ...
+    @property
+    def started(self) -> float | None: ...
+    @property
+    def gain(self) -> float | None: ...
+    @property
+    def message(self) -> str | None: ...
+    @property
+    def measured(self) -> Mapping[str, Any]: ...
+
+
+T = TypeVar("T", bound=Trial)
+
+
+def recorded_evidence(trial: Trial) -> bool:
+    """Whether a trial is evidence, as recorded: what it said of itself when it was recorded.
+    A record older than that field is evidence where its verdict alone says so (a plain
+    trial's crash, a wrong output, a crash of the patched side); its keep or slower is not
+    judged again here (`sm120patch trial show` and an export judge it)."""
+    if trial.evidence is not None:
+        return trial.evidence
+    if trial.kind != "measured":
+        return trial.verdict in ("crashed", "timeout")
+    if trial.verdict == "reverted-wrong-output":
+        return True
+    runs = [r for r in trial.measured.get("runs") or [] if isinstance(r, dict)]
+    if trial.verdict == "crashed":
+        return any(r.get("side") == "patched" and r.get("outcome") != "ok" for r in runs)
+    return False
+
+
+def local_lines(trials: Sequence[Trial], profile: str | None) -> list[str]:
+    """A user's own measured trials that were evidence when recorded (`recorded_evidence`),
+    shown before the next apply or trial."""
+    lines = []
+    for t in trials:
+        if t.kind != "measured" or (profile is not None and t.profile != profile):
+            continue
+        if not recorded_evidence(t):
+            continue
+        day = time.strftime("%Y-%m-%d", time.localtime(t.started or 0))
+        change = f" {100 * t.gain:+.0f}%" if t.gain is not None else ""
+        lines.append(
+            f"you measured {t.profile}{change} on this box on {day}: {t.verdict} ({t.message})"
+        )
+    return lines
+
+
+def once_each(trials: Iterable[T]) -> list[T]:
+    """Each trial once (a trial of a profile spanning SGLang and FlashInfer is kept on both
+    targets), oldest first."""
+    seen: dict[str, T] = {}
+    for t in trials:
+        seen.setdefault(t.key, t)
+    return sorted(seen.values(), key=lambda t: t.started or 0)
+
+
+def lines(
+    profile: str | None, box: Box, trials: Sequence[Trial] = (), *, verbose: bool = False
+) -> list[str]:
+    """The known entries matching `box` (a short line each, or in full with `verbose`), then
+    this box's own measured trials."""
+    mine = local_lines(trials, profile)
+    return [e.full() if verbose else e.line() for e in entries() if matches(e, profile, box)] + (
+        mine if verbose else [cut(line) for line in mine]
+    )
+
+
+def cut(line: str) -> str:
+    """`line` in SHORT characters at most."""
+    return line if len(line) <= SHORT else line[: SHORT - 3] + "..."
