@@ -278,3 +278,28 @@ def test_explicit_backend_is_kept(monkeypatch, requested: str) -> None:
     chosen = MoeRunnerBackend(requested)
     for text in (V0523, patched()):
         assert decide(monkeypatch, text, (12, 0), requested) == (chosen, chosen is CUTLASS)
+
+
+# ---- the explain line ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("probe", "row"),
+    [
+        (None, "not checked"),
+        ({"backend": None}, "no auto choice (the runner follows --moe-runner-backend)"),
+        ({"backend": "flashinfer_trtllm", "cutlass_weights": False}, "flashinfer_trtllm"),
+        ({"backend": "flashinfer_cutlass", "cutlass_weights": True},
+         "flashinfer_cutlass; weights prepared for CUTLASS"),
+        ({"error": "ModuleNotFoundError: No module named 'sglang.srt.layers.moe'"},
+         "not in this release"),
+        ({"error": "RuntimeError: boom"}, "RuntimeError: boom"),
+    ],
+)
+def test_explain_row(probe, row: str) -> None:
+    from sm120patch.explain import explain
+
+    result = {} if probe is None else {"moe_runner": probe}
+    assert explain.decision(result, None).moe_runner_auto == row
+    labels = dict(explain.Explanation.ROWS)
+    assert labels["moe_runner_auto"] == "NVFP4 MoE runner (auto, no expert parallelism)"
