@@ -169,10 +169,12 @@ def test_doctor_json(tmp_path, mocker):
     assert doc["gpu"]["gpus"][0]["is_sm120"] is True
     profiles = {p["name"]: p for p in doc["profiles"]}
     assert profiles["moe"]["pinned"] is True
-    # GLM-4 MoE and Qwen3 MoE apply on the 0.5.8 fixture; MiniMax-M2's site is from 0.5.18.
+    # GLM-4 MoE and Qwen3 MoE apply on the 0.5.8 fixture; MiniMax-M2's site is from 0.5.18,
+    # the NVFP4 MoE `auto` choice from 0.5.13.
     statuses = {o["patch"]: o["status"] for o in profiles["moe"]["outcomes"]}
     assert statuses == {"sglang.moe-backend": "applied", "sglang.moe-backend-qwen3": "applied",
-                        "sglang.moe-backend-minimax": "not-applicable"}
+                        "sglang.moe-backend-minimax": "not-applicable",
+                        "sglang.moe-runner-auto": "not-applicable"}
     assert doc["recommendation"].startswith("recommended here: moe.")
     # With a FlashInfer the moe profile refuses, and a wrong-output entry about it matching
     # this SM120 box, doctor does not recommend it (its pins still hold).

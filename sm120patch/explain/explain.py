@@ -177,6 +177,8 @@ class Decision:
     preflight: str = "not checked"  # the fusion workspace preflight (0.5.11 on)
     attention_backend: str | None = None  # the launch's resolved --attention-backend
     fp4_gemm_backend: str = "not checked"  # what `--fp4-gemm-backend auto` resolves to
+    # what the NVFP4 MoE method resolves `--moe-runner-backend auto` to (no expert parallelism)
+    moe_runner_auto: str = "not checked"
 
 
 def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decision:
@@ -197,7 +199,7 @@ def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decisi
             if backend is not None:
                 fusion += f" (backend {backend})"
     return Decision(moe, quant, fusion, _gate(result), _resolve(result), _comm(result),
-                    _preflight(result), attention, _fp4(result))
+                    _preflight(result), attention, _fp4(result), _moe_runner(result))
 
 
 def _gate(result: Mapping[str, Any]) -> str:
@@ -235,14 +237,31 @@ def _preflight(result: Mapping[str, Any]) -> str:
     return "skips allreduce fusion" + driver + (f": {why}" if why else "")
 
 
-def _fp4(result: Mapping[str, Any]) -> str:
-    res = result.get("fp4_gemm")
+def _unanswered(res: Mapping[str, Any] | None) -> str | None:
+    """The row of a check that gave no answer (not run, or its error), else None."""
     if res is None:
         return "not checked"
     if "error" in res:
         return "not in this release" if "No module named" in res["error"] else res["error"]
+    return None
+
+
+def _fp4(result: Mapping[str, Any]) -> str:
+    res = result.get("fp4_gemm")
+    if (row := _unanswered(res)) is not None or res is None:
+        return row or "not checked"
     auto = res["backends"]["auto"]
     return auto["value"] if "value" in auto else f"raises {auto['error']}"
+
+
+def _moe_runner(result: Mapping[str, Any]) -> str:
+    res = result.get("moe_runner")
+    if (row := _unanswered(res)) is not None or res is None:
+        return row or "not checked"
+    if res["backend"] is None:
+        return "no auto choice (the runner follows --moe-runner-backend)"
+    prepared = "; weights prepared for CUTLASS" if res["cutlass_weights"] else ""
+    return f"{res['backend']}{prepared}"
 
 
 def _comm(result: Mapping[str, Any]) -> str:
@@ -277,6 +296,7 @@ class Explanation:
         ("resolve_backend", "_resolve_backend('auto')"),
         ("preflight", "fusion workspace preflight"),
         ("fp4_gemm_backend", "FP4 GEMM backend (auto)"),
+        ("moe_runner_auto", "NVFP4 MoE runner (auto, no expert parallelism)"),
         ("comm_arch", "FlashInfer trtllm comm archs"),
     )
 

@@ -27,7 +27,9 @@ held true), `resolve_backend` (per requested backend: the value or the error), `
 simulation with a driver binding without multicast on SM120, with it on SM100/SM90, or as
 `multicast` in the request says; on a real GPU the real driver's buffer sizes or error),
 `fp4_gemm` (the backend `initialize_fp4_gemm_config` resolves `--fp4-gemm-backend auto` to, or
-its error), and `comm_arch` (FlashInfer's `gen_trtllm_comm_module` nvcc arch flags, or its error).
+its error), `moe_runner` (the backend the NVFP4 MoE method resolves `--moe-runner-backend auto`
+to, and whether the weights are then prepared for CUTLASS), and `comm_arch` (FlashInfer's
+`gen_trtllm_comm_module` nvcc arch flags, or its error).
 
 Exit codes: 0 done (per-check errors are in the result); 5 the target could not be imported
 (torch missing, a broken environment): the result then holds only `fatal`, one line.
@@ -524,6 +526,51 @@ def fp4_gemm() -> dict[str, Any]:
     return {"backends": out}
 
 
+MODELOPT = "sglang.srt.layers.quantization.modelopt_quant"
+
+
+class Chosen(Exception):
+    """Stops `create_moe_runner` at the backend it keeps (see `moe_runner`)."""
+
+
+class MethodStandIn:
+    """The `self` of `create_moe_runner`: raises `Chosen` when it keeps `_moe_runner_backend`."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "_moe_runner_backend":
+            raise Chosen(value)
+
+
+def moe_runner() -> dict[str, Any]:
+    """What the NVFP4 MoE method's `create_moe_runner` resolves `--moe-runner-backend auto` to
+    for a layer without expert parallelism, and whether `enable_flashinfer_cutlass_moe` then says
+    the weights are prepared for CUTLASS: a copy of the method reading `auto`, run on a stand-in
+    up to the backend it keeps (before 0.5.13, the runner it builds); the property reads `auto`."""
+    import types
+    from unittest import mock
+
+    module = importlib.import_module(MODELOPT)
+    cls = module.ModelOptNvFp4FusedMoEMethod
+    fn, auto = cls.create_moe_runner, module.MoeRunnerBackend("auto")
+
+    def runner(backend: Any, config: Any) -> Any:
+        raise Chosen(backend)
+
+    scope = dict(fn.__globals__, get_moe_runner_backend=lambda: auto, MoeRunner=runner)
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    method = MethodStandIn()
+    try:
+        copy(method, SimpleNamespace(moe_ep_size=1), SimpleNamespace())
+        return {"backend": None}  # no `auto` choice here: the runner follows the flag
+    except Chosen as chosen:
+        backend = getattr(chosen.args[0], "value", str(chosen.args[0]))
+    moe = importlib.import_module("sglang.srt.layers.moe")
+    with mock.patch.object(moe, "get_moe_runner_backend", lambda: auto):
+        cutlass = bool(cls.enable_flashinfer_cutlass_moe.__get__(method))
+    return {"backend": backend, "cutlass_weights": cutlass}
+
+
 def comm_arch() -> dict[str, Any]:
     comm = None
     for name in COMM_MODULES:
@@ -610,6 +657,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         multicast = request.get("multicast", arch != "sm120") if arch else None
         result["preflight"] = _guarded(lambda: preflight(multicast))
         result["fp4_gemm"] = _guarded(fp4_gemm)
+        result["moe_runner"] = _guarded(moe_runner)
     if request.get("flashinfer", False):
         try:
             flashinfer = importlib.import_module("flashinfer")

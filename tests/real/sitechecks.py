@@ -732,3 +732,54 @@ CHECKS.update({
     "sglang.attention-default": check_attention_default,
     "sglang.attention-gpt-oss": check_attention_gpt_oss,
 })
+
+
+# ----------------------------------------------------------------------------- moe-runner-auto
+
+
+def check_moe_runner_auto(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+    """sglang.moe-runner-auto: in the `auto` if of the fact's method, right after the Marlin
+    branch, the patch's SM120 elif choosing FLASHINFER_CUTLASS and setting the method's mark,
+    the release's TRT-LLM `else` after it; the class's `enable_flashinfer_cutlass_moe` returns
+    the global read `or` the mark; with both taken out, the file is the release's."""
+    import copy
+
+    mod = _patch_module("sglang.moe-runner-auto")
+    prop_name = f"{mod.CLASS}.{mod.PROPERTY}"
+
+    def auto_of(tree: ast.Module) -> ast.If:
+        func = one_function(tree, fact.function or "")
+        [auto] = [s for s in func.body  # type: ignore[attr-defined]
+                  if isinstance(s, ast.If) and ast.unparse(s.test) == mod.AUTO_TEST]
+        return auto
+
+    def returned(tree: ast.Module) -> ast.Return:
+        last = one_function(tree, prop_name).body[-1]  # type: ignore[attr-defined]
+        assert isinstance(last, ast.Return), ast.unparse(last)
+        return last
+
+    [marlin] = auto_of(after).body
+    assert isinstance(marlin, ast.If) and ast.unparse(marlin.test) == mod.MARLIN_TEST
+    assert [ast.unparse(s) for s in marlin.body] == [f"{mod.VARIABLE} = {mod.MARLIN}"]
+    [ours] = marlin.orelse
+    assert isinstance(ours, ast.If), "no elif after the Marlin branch"
+    assert ast.unparse(ours.test) == ast.unparse(ast.parse(mod.SM120_TEST).body[0].value)
+    assert [ast.unparse(s) for s in ours.body] == [
+        f"{mod.VARIABLE} = {mod.CUTLASS}", f"self.{mod.FLAG} = True"]
+    assert [ast.unparse(s) for s in ours.orelse] == [f"{mod.VARIABLE} = {mod.TRTLLM}"]
+    new_ret = returned(after)
+    value = new_ret.value
+    assert isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or), ast.unparse(new_ret)
+    assert [ast.unparse(v) for v in value.values] == [
+        mod.GLOBAL_READ, f"getattr(self, '{mod.FLAG}', False)"], ast.unparse(value)
+    restored = copy.deepcopy(after)
+    [r_marlin] = auto_of(restored).body
+    r_marlin.orelse = r_marlin.orelse[0].orelse  # type: ignore[attr-defined]
+    r_ret = returned(restored)
+    r_ret.value = r_ret.value.values[0]  # type: ignore[union-attr]
+    _same_but(before, restored, "the SM120 branch and the property")
+    return Spans([span(auto_of(before)), span(returned(before))],
+                 [span(auto_of(after)), span(new_ret)])
+
+
+CHECKS["sglang.moe-runner-auto"] = check_moe_runner_auto

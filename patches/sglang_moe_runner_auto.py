@@ -1,0 +1,352 @@
+"""sglang.moe-runner-auto: `--moe-runner-backend auto` picks flashinfer_cutlass for NVFP4 MoE on
+SM120 (site I).
+
+`ModelOptNvFp4FusedMoEMethod.create_moe_runner` (layers/quantization/modelopt_quant.py) resolves
+`auto` for every ModelOpt NVFP4 MoE layer: from 0.5.13 Marlin for `(8, 0) <= capability <
+(10, 0)`, else FLASHINFER_TRTLLM, whose TRT-LLM-gen kernels are SM100-only. A launch reaches it
+whenever the runner stays `auto` on SM120: the quantization comes from the checkpoint and no
+model override (the moe profile's other patches) chose a runner. What SM120 then meets depends
+on how `apply()` picks its path: up to 0.5.15 it reads the global flags and falls back to
+SGLang's own `cutlass_moe_fp4`; 0.5.16 to 0.5.20 raise NotImplementedError at the first forward;
+from 0.5.21 it follows the resolved backend into the TRT-LLM-gen path.
+
+The patch makes two edits in the class, as https://github.com/sgl-project/sglang/pull/39807
+proposes: an `elif` after the Marlin branch, in the release's own spelling, choosing
+FLASHINFER_CUTLASS for compute capability 12.x and marking the method; and the property
+`enable_flashinfer_cutlass_moe`, which reads only the global `--moe-runner-backend` (still
+`auto`), also answers yes for a method so marked. Without the second edit the weights are never
+prepared for CUTLASS (input scales, the up/gate order, the SwiGLU parameters) and `apply()` skips
+its CUTLASS branch. The mark is set only by the new branch, so off SM120 and for an explicit
+backend every line reads as upstream's. The branch keeps to a layer without expert parallelism
+(`moe_ep_size == 1`): the token dispatcher of these releases maps expert ids to local ones from
+the global backend (`auto`), and FlashInfer's CUTLASS MoE takes global ids.
+
+0.5.11 and 0.5.12 resolve `auto` to FLASHINFER_TRTLLM with no arch check and keep no resolved
+backend: `apply()` never reads that choice, so there is nothing to change (not-applicable).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
+    Patch,
+    Result,
+    Status,
+    already_applied,
+    applied,
+    not_applicable,
+    refused,
+)
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+CLASS = "ModelOptNvFp4FusedMoEMethod"
+METHOD = "create_moe_runner"
+SITE = f"{CLASS}.{METHOD}"
+PROPERTY = "enable_flashinfer_cutlass_moe"
+FLAG = "_sm120_auto_flashinfer_cutlass"
+AUTO_TEST = "moe_runner_backend.is_auto()"
+WHOLE = 1000  # `h.code` shortens what it spells past its limit: comparisons take it whole
+VARIABLE = "moe_runner_backend"
+MARLIN_TEST = "is_cuda() and (8, 0) <= get_device_capability() < (10, 0)"
+SM120_TEST = (
+    "is_cuda() and (12, 0) <= get_device_capability() < (13, 0) "
+    'and getattr(layer, "moe_ep_size", None) == 1'
+)
+MARLIN = "MoeRunnerBackend.MARLIN"
+TRTLLM = "MoeRunnerBackend.FLASHINFER_TRTLLM"
+CUTLASS = "MoeRunnerBackend.FLASHINFER_CUTLASS"
+GLOBAL_READ = "get_moe_runner_backend().is_flashinfer_cutlass()"
+OURS_READ = f'{GLOBAL_READ} or getattr(self, "{FLAG}", False)'
+COMMENT = "# sm120patch moe: SM120 cannot run TRT-LLM-gen MoE; FlashInfer's CUTLASS MoE runs there."
+EXPECTED = (
+    f"in {SITE}: `if {AUTO_TEST}:` holding `if {MARLIN_TEST}: {VARIABLE} = {MARLIN}` / "
+    f"`else: {VARIABLE} = {TRTLLM}`"
+)
+
+
+def transform(module: cst.Module) -> Result:
+    import libcst as cst
+
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
+
+    found = _method(module, METHOD)
+    if isinstance(found, Result):
+        return found
+    func = found
+    if not isinstance(func.body, cst.IndentedBlock):
+        return refused(SITE, EXPECTED, f"`{h.code(func)}`")
+    params = [p.name.value for p in func.params.params]
+    if params[:2] != ["self", "layer"]:
+        return refused(SITE, f"`def {METHOD}(self, layer, ...)`", f"({', '.join(params)})")
+    autos = [s for s in func.body.body if isinstance(s, cst.If) and h.key(s.test) == AUTO_TEST]
+    if not autos:
+        if _mentions(func, "is_auto"):
+            return refused(SITE, EXPECTED, "`is_auto()` outside a top-level `if`")
+        return not_applicable(
+            SITE, "no `auto` choice in create_moe_runner: the runner follows "
+            "--moe-runner-backend (before 0.5.11)"
+        )
+    if len(autos) > 1 or autos[0].orelse is not None:
+        return refused(SITE, EXPECTED, f"{len(autos)} `if {AUTO_TEST}:` statements")
+    inner = autos[0].body.body if isinstance(autos[0].body, cst.IndentedBlock) else ()
+    if len(inner) == 1 and _assigns(inner[0], TRTLLM) and not _stores_backend(func):
+        return not_applicable(
+            SITE, "`auto` becomes FLASHINFER_TRTLLM on every GPU, and apply() never reads "
+            "that choice: it picks its path from --moe-runner-backend (0.5.11, 0.5.12)"
+        )
+    if len(inner) != 1 or not isinstance(inner[0], cst.If):
+        found = "; ".join(f"`{h.code(s, 60)}`" for s in inner) or f"`{h.code(autos[0])}`"
+        return refused(SITE, EXPECTED, f"{len(inner)} statements: {found}")
+    chain = op.if_chain(inner[0])
+    last = chain[-1].orelse
+    tests = "; ".join(f"`{h.code(b.test)}`" for b in chain)
+    if (
+        h.code(chain[0].test, WHOLE) != MARLIN_TEST
+        or not _assigns_only(chain[0].body, MARLIN)
+        or not isinstance(last, cst.Else)
+        or not _assigns_only(last.body, TRTLLM)
+        or len(chain) > 2
+        or (len(chain) == 2 and not _is_ours(chain[1]))
+    ):
+        return refused(SITE, EXPECTED, tests)
+
+    prop = _method(module, PROPERTY)
+    if isinstance(prop, Result):
+        return refused(SITE, f"a property `{CLASS}.{PROPERTY}`", "none")
+    ret = _last_return(prop)
+    reads = None if ret is None or ret.value is None else h.code(ret.value, WHOLE)
+    if reads not in (GLOBAL_READ, OURS_READ):
+        return refused(SITE, f"`{PROPERTY}` returning `{GLOBAL_READ}`", f"`{reads}`")
+    branch_done, property_done = len(chain) == 2, reads == OURS_READ
+    if branch_done and property_done:
+        return already_applied(
+            SITE, f"`elif {SM120_TEST}:` choosing {CUTLASS}; {PROPERTY} reads the choice"
+        )
+    if branch_done or property_done:
+        return refused(SITE, f"our SM120 branch and our `{PROPERTY}`", "one without the other")
+
+    nl = module.default_newline
+    body = h.parse_statement(
+        f"if x:{nl}"
+        f"    {COMMENT}{nl}"
+        f"    {VARIABLE} = {CUTLASS}{nl}"
+        f"    self.{FLAG} = True{nl}",
+        module,
+    ).body  # type: ignore[attr-defined]
+    branch = op.new_elif(chain[0], cst.parse_expression(SM120_TEST), body)
+    res = op.add_elif(module, chain[0], branch, site=SITE, shape="")
+    if res.status is not Status.APPLIED:
+        return res
+    # The property, found again in the new module (the elif rebuilt the class above it).
+    prop = _method(res.module, PROPERTY)
+    ret = _last_return(prop) if not isinstance(prop, Result) else None
+    if isinstance(prop, Result) or ret is None or not isinstance(prop.body, cst.IndentedBlock):
+        return refused(SITE, f"`{PROPERTY}` after the elif", "none")
+    new_ret = ret.with_changes(value=cst.parse_expression(OURS_READ))
+    lines = [
+        s.with_changes(body=[new_ret]) if ret in getattr(s, "body", ()) else s
+        for s in prop.body.body
+    ]
+    new_prop = prop.with_changes(body=prop.body.with_changes(body=lines))
+    res = op.then(res, op.replace_statement(res.module, prop, new_prop, site=SITE, shape=""))
+    if res.status is not Status.APPLIED:
+        return res
+    return applied(
+        SITE,
+        res.module,
+        f"`elif {SM120_TEST}:` choosing {CUTLASS} after the Marlin branch; "
+        f"`{PROPERTY}` also true where that branch chose",
+    )
+
+
+def _method(module: cst.Module, name: str) -> cst.FunctionDef | Result:
+    """The one method `name` of the one class CLASS; not-applicable when the class or the
+    method is absent, refused when there are several."""
+    from sm120patch.patchkit import syntax as h
+
+    classes = h.classes(module, CLASS)
+    if len(classes) != 1:
+        if not classes:
+            return not_applicable(SITE, f"no class {CLASS} in this file")
+        return refused(SITE, f"one class {CLASS}", f"{len(classes)}")
+    funcs = h.functions(classes[0], name)
+    if len(funcs) != 1:
+        if not funcs:
+            return not_applicable(SITE, f"no {CLASS}.{name}")
+        return refused(SITE, f"one {CLASS}.{name}", f"{len(funcs)}")
+    return funcs[0]
+
+
+def _assigns(stmt: cst.CSTNode, value: str) -> bool:
+    """`moe_runner_backend = <value>`."""
+    from sm120patch.patchkit import syntax as h
+
+    assign = h.single_assign(stmt)
+    return (
+        assign is not None
+        and h.key(assign.targets[0].target) == VARIABLE
+        and h.key(assign.value) == value
+    )
+
+
+def _assigns_only(body: cst.BaseSuite, value: str) -> bool:
+    """A block of one statement, `moe_runner_backend = <value>` (comments aside)."""
+    import libcst as cst
+
+    return (
+        isinstance(body, cst.IndentedBlock)
+        and len(body.body) == 1
+        and _assigns(body.body[0], value)
+    )
+
+
+def _is_ours(branch: cst.If) -> bool:
+    """`elif <SM120_TEST>:` choosing FLASHINFER_CUTLASS and setting the mark."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    body = branch.body.body if isinstance(branch.body, cst.IndentedBlock) else ()
+    return (
+        h.code(branch.test, WHOLE) == SM120_TEST
+        and len(body) == 2
+        and _assigns(body[0], CUTLASS)
+        and h.code(body[1], WHOLE) == f"self.{FLAG} = True"
+    )
+
+
+def _stores_backend(func: cst.FunctionDef) -> bool:
+    """Whether the method keeps its resolved backend (`self._moe_runner_backend = ...`), the
+    one apply() reads from 0.5.13 on."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    return any(
+        h.key(t.target) == "self._moe_runner_backend"
+        for a in h.nodes(func.body, cst.Assign)
+        for t in a.targets
+    )
+
+
+def _mentions(node: cst.CSTNode, attr: str) -> bool:
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    return any(a.attr.value == attr for a in h.nodes(node, cst.Attribute))
+
+
+def _last_return(func: cst.FunctionDef) -> cst.Return | None:
+    """The return statement ending the function's body, else None."""
+    import libcst as cst
+
+    if not isinstance(func.body, cst.IndentedBlock) or not func.body.body:
+        return None
+    last = func.body.body[-1]
+    if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1:
+        small = last.body[0]
+        return small if isinstance(small, cst.Return) else None
+    return None
+
+
+MODELOPT = "sglang/srt/layers/quantization/modelopt_quant.py"
+PR_39807 = "https://github.com/sgl-project/sglang/pull/39807"
+FACTS = (
+    Fact(
+        releases="<0.5.11",
+        status=Status.NOT_APPLICABLE,
+        shape="create_moe_runner has no `auto` choice: the runner follows "
+        "--moe-runner-backend",
+        source="real files",
+        note="0.5.4 to 0.5.10 read from the released modelopt_quant.py",
+    ),
+    Fact(
+        releases=">=0.5.11,<0.5.13",
+        status=Status.NOT_APPLICABLE,
+        shape="`if moe_runner_backend.is_auto(): moe_runner_backend = "
+        "MoeRunnerBackend.FLASHINFER_TRTLLM` on every GPU, the choice not kept; apply() picks "
+        "its path from the global flags and, with `auto`, falls back to SGLang's own "
+        "cutlass_moe_fp4",
+        file=MODELOPT,
+        function=SITE,
+        source="real files",
+        note="before 0.5.13 upstream's modelopt_fp4 rule does not pick flashinfer_cutlass on "
+        "SM120 either; nothing here for the patch to follow",
+    ),
+    Fact(
+        releases=">=0.5.13,<0.5.16",
+        status=Status.APPLIED,
+        shape="`if moe_runner_backend.is_auto():` Marlin for `(8, 0) <= "
+        "get_device_capability() < (10, 0)`, else FLASHINFER_TRTLLM, kept as "
+        "`self._moe_runner_backend`; apply() reads the global flags and, with `auto`, falls "
+        "back to SGLang's own cutlass_moe_fp4",
+        file=MODELOPT,
+        function=SITE,
+        source="real files",
+        user_note="on these releases SM120 with `auto` runs SGLang's own cutlass_moe_fp4; the "
+        "patch gives it the flashinfer_cutlass runner that --quantization modelopt_fp4 gets",
+    ),
+    Fact(
+        releases=">=0.5.16,<0.5.21",
+        status=Status.APPLIED,
+        shape="the same choice; apply() has no fallback: with `auto` on SM120 it raises "
+        "NotImplementedError (\"Unsupported moe_runner_backend for NVFP4 MoE\")",
+        file=MODELOPT,
+        function=SITE,
+        source="real files",
+    ),
+    Fact(
+        releases=">=0.5.21,<0.5.24",
+        status=Status.APPLIED,
+        shape="the same choice; apply() follows the kept backend into the FLASHINFER_TRTLLM "
+        "(TRT-LLM-gen, SM100-only) path",
+        file=MODELOPT,
+        function=SITE,
+        source="real files",
+        note=f"{PR_39807} (open) describes the failure on this shape",
+    ),
+)
+
+
+PATCH = Patch(
+    id="sglang.moe-runner-auto",
+    target="sglang",
+    title="--moe-runner-backend auto picks flashinfer_cutlass for NVFP4 MoE on SM120",
+    why=(
+        "SGLang resolves `--moe-runner-backend auto` for every ModelOpt NVFP4 MoE layer in "
+        "ModelOptNvFp4FusedMoEMethod.create_moe_runner: Marlin on SM80 to SM90, otherwise "
+        "flashinfer_trtllm, whose TRT-LLM-gen kernels are SM100-only. Any NVFP4 MoE checkpoint "
+        "the moe profile's per-model patches do not cover reaches it on SM120 whenever the "
+        "runner stays `auto`; from 0.5.16 that fails at the first forward "
+        f"({PR_39807}, open, describes it). The patch adds an SM120 branch after the Marlin "
+        "one choosing flashinfer_cutlass, the runner upstream's own rule picks on SM120 for "
+        "--quantization modelopt_fp4 (0.5.13 on) and the one the moe profile's other patches "
+        "pick, and makes `enable_flashinfer_cutlass_moe` true where that branch chose, so the "
+        "weights are prepared for CUTLASS and apply() takes its CUTLASS path, as the pull "
+        "request does. The branch keeps to layers without expert parallelism: with it the token "
+        "dispatcher of these releases maps expert ids for the global `auto`, and FlashInfer's "
+        "CUTLASS MoE takes global ids. Marlin (SGLang's W4A16 fallback for SM80 to SM90) was "
+        "the other candidate, and public SM12x figures favour it, all from vLLM: on 4 RTX PRO "
+        "6000 Marlin's 46 to 49 tok/s against 14.6 for native FP4 on a hand-patched "
+        "FlashInfer 0.6.5 (https://github.com/flashinfer-ai/flashinfer/issues/2723), 39 after "
+        "more patching (https://github.com/NVIDIA/cutlass/issues/3096); native NVFP4 7 to 25% "
+        "slower than Marlin on GB10 (SM121, https://github.com/NVIDIA/cutlass/issues/3227). "
+        "It was not chosen: no "
+        "public run of SGLang's NVFP4 Marlin MoE on SM120 was found (SGLang runs Marlin there "
+        "for MXFP4: https://github.com/sgl-project/sglang/pull/28231), that path was reported "
+        "to give incoherent output with `auto` on Hopper "
+        "(https://github.com/sgl-project/sglang/pull/29931, closed), and flashinfer_cutlass is "
+        "what SGLang itself runs on SM120 for --quantization modelopt_fp4. SM80, SM90, SM100 "
+        "and an explicit --moe-runner-backend keep upstream's choice."
+    ),
+    marker=f"class {CLASS}",
+    facts=FACTS,
+    upstream=PR_39807,
+    transform=transform,
+)
