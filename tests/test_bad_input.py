@@ -558,7 +558,8 @@ def target_file_is_a_link_outside(tmp: Path) -> Case:
     outside.write_bytes(path.read_bytes())
     path.unlink()
     path.symlink_to(outside)
-    return Case(apply_moe(sg), [sg, tmp], 1, "outside the target")
+    # Refused at the first read: no target file is read through a link (safeio.read_regular).
+    return Case(apply_moe(sg), [sg, tmp], 1, "is a symbolic link")
 
 
 def target_file_is_a_link_inside(tmp: Path) -> Case:

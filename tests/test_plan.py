@@ -96,15 +96,19 @@ def test_a_plan_keeps_texts_and_no_tree(tmp_path):
     cyclic collector would walk each for the rest of the process. The texts stay."""
     import gc
 
+    import libcst
+
     from sm120patch.patchkit import runner
 
+    def trees() -> set[int]:
+        gc.collect()  # what is left unreferenced in a cycle is no tree anyone holds
+        return {id(o) for o in gc.get_objects() if isinstance(o, libcst.Module)}
+
+    held = trees()  # what earlier tests of the same process may still hold
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     p = planner.plan("all", {"sglang": sg, "flashinfer": fi})
     changed = [f for tp in p.targets for f in tp.changed]
     assert changed and all(f.step_texts() and f.tree is None and not f.steps for f in changed)
     assert runner._parsed.cache_info().currsize == 0
-    import libcst
-
-    gc.collect()  # what is left unreferenced in a cycle is no tree anyone holds
-    assert not [o for o in gc.get_objects() if isinstance(o, libcst.Module)]
+    assert not trees() - held

@@ -115,9 +115,12 @@ def _git(repo: Path, *args: str, stdin: str | None = None) -> subprocess.Complet
     )
 
 
-def git_repo_of(tree: Path, dest: Path) -> Path:
-    """A git repository whose one commit is the release tree, as a user's checkout would be."""
+def git_repo_of(tree: Path, dest: Path, version_txt: str | None = None) -> Path:
+    """A git repository whose one commit is the release tree, as a user's checkout would be;
+    FlashInfer's repository keeps its version in `version.txt` at its root (`version_txt`)."""
     shutil.copytree(tree, dest)
+    if version_txt is not None:
+        (dest / "version.txt").write_text(version_txt + "\n")
     for args in (("init", "-q"), ("add", "-A"), ("commit", "-q", "-m", "release")):
         done = _git(dest, *args)
         assert done.returncode == 0, done.stderr
@@ -134,7 +137,7 @@ def test_plan_on_git_repos(
     paths = {"sglang": git_repo_of(real.tree("sglang", sglang), tmp_path / "sglang")}
     if flashinfer:
         paths["flashinfer"] = git_repo_of(real.tree("flashinfer", flashinfer),
-                                          tmp_path / "flashinfer")
+                                          tmp_path / "flashinfer", version_txt=flashinfer)
     prof = catalog.load().profile(profile)
     refused = [r for kind, v in (("sglang", sglang), ("flashinfer", flashinfer)) if v
                for r in prof.refusals(kind, v)]
