@@ -68,14 +68,16 @@ EXPECTED = (
 
 def transform(module: cst.Module) -> Result:
     import libcst as cst
+    from libcst.helpers import ensure_type
 
     from sm120patch.patchkit import arch
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.8)")
-    if isinstance(func, Result):
-        return func
+    found = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.8)")
+    if isinstance(found, Result):
+        return found
+    func = found
     if not isinstance(func.body, cst.IndentedBlock):
         return refused(SITE, "a function body", f"`{h.code(func)}`")
     autos = [s for s in func.body.body if isinstance(s, cst.If) and _is_auto_test(s.test)]
@@ -92,14 +94,9 @@ def transform(module: cst.Module) -> Result:
         return refused(SITE, EXPECTED, f'{len(autos)} `if backend == "auto":` statements')
     auto = autos[0]
     inner = auto.body
-    chains = (
-        [s for s in inner.body if isinstance(s, cst.If)]
-        if isinstance(inner, cst.IndentedBlock)
-        else []
-    )
-    if len(chains) != 1 or len(inner.body) != 1:  # type: ignore[attr-defined]
+    chain = inner.body[0] if isinstance(inner, cst.IndentedBlock) and len(inner.body) == 1 else None
+    if not isinstance(chain, cst.If):
         return refused(SITE, EXPECTED, f"`{h.code(inner)}`")
-    chain = chains[0]
     branches = op.if_chain(chain)
 
     ours = _is_ours(branches[0])
@@ -117,10 +114,10 @@ def transform(module: cst.Module) -> Result:
         return upstream(SITE, f"the release's own `auto` already picks {BACKEND}")
 
     forms = {
-        found[1]
+        check[1]
         for b in branches
         for operand in h.and_operands(b.test)
-        if (found := arch.sglang_arch(operand)) is not None
+        if (check := arch.sglang_arch(operand)) is not None
     }
     if len(forms) != 1 or not forms <= {"call", "platform"}:
         tests = "; ".join(f"`{h.code(b.test)}`" for b in branches)
@@ -136,15 +133,18 @@ def transform(module: cst.Module) -> Result:
         right=cst.Call(func=cst.Name(HELPER)),
     )
     nl = module.default_newline
-    body = h.parse_statement(
-        f"if x:{nl}"
-        f'    backend = "{BACKEND}"{nl}'
-        f"    logger.info({nl}"
-        f'        "{LOG[0]}"{nl}'
-        f'        "{LOG[1]}"{nl}'
-        f"    ){nl}",
-        module,
-    ).body  # type: ignore[attr-defined]
+    body = ensure_type(
+        h.parse_statement(
+            f"if x:{nl}"
+            f'    backend = "{BACKEND}"{nl}'
+            f"    logger.info({nl}"
+            f'        "{LOG[0]}"{nl}'
+            f'        "{LOG[1]}"{nl}'
+            f"    ){nl}",
+            module,
+        ),
+        cst.If,
+    ).body
     res = op.add_function_after(module, func, HELPER_SOURCE.format(name=HELPER), site=SITE)
     if res.status is not Status.APPLIED:
         return res
@@ -186,10 +186,11 @@ def _chooses(body: cst.BaseSuite, backend: str) -> bool:
     from sm120patch.patchkit import syntax as h
 
     return any(
-        len(a.targets) == 1  # type: ignore[attr-defined]
-        and h.key(a.targets[0].target) == "backend"  # type: ignore[attr-defined]
-        and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
-        and a.value.evaluated_value == backend  # type: ignore[attr-defined]
+        isinstance(a, cst.Assign)
+        and len(a.targets) == 1
+        and h.key(a.targets[0].target) == "backend"
+        and isinstance(a.value, cst.SimpleString)
+        and a.value.evaluated_value == backend
         for a in h.matching_nodes(body, cst.Assign)
     )
 
@@ -201,9 +202,10 @@ def _assigns_backend_string(func: cst.FunctionDef) -> bool:
     from sm120patch.patchkit import syntax as h
 
     return any(
-        len(a.targets) == 1  # type: ignore[attr-defined]
-        and h.key(a.targets[0].target) == "backend"  # type: ignore[attr-defined]
-        and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
+        isinstance(a, cst.Assign)
+        and len(a.targets) == 1
+        and h.key(a.targets[0].target) == "backend"
+        and isinstance(a.value, cst.SimpleString)
         for a in h.matching_nodes(func.body, cst.Assign)
     )
 
