@@ -157,17 +157,12 @@ def _mentions(node: cst.CSTNode, attr: str) -> bool:
 
     from sm120patch.patchkit import syntax as h
 
-    return bool(
-        h.matching_nodes(
-            node,
-            (cst.Attribute, cst.Name),
-            lambda n: (
-                n.attr.value
-                if isinstance(n, cst.Attribute)  # type: ignore[attr-defined]
-                else n.value
-            ).startswith(attr),
-        )
-    )  # type: ignore[attr-defined]
+    def named(n: cst.CSTNode) -> bool:
+        if isinstance(n, cst.Attribute):
+            return n.attr.value.startswith(attr)
+        return isinstance(n, cst.Name) and n.value.startswith(attr)
+
+    return bool(h.matching_nodes(node, (cst.Attribute, cst.Name), named))
 
 
 def _returns(body: cst.BaseSuite, value: str) -> bool:

@@ -100,8 +100,8 @@ def transform(module: cst.Module) -> Result:
             "that choice: it picks its path from --moe-runner-backend (0.5.11, 0.5.12)"
         )
     if len(inner) != 1 or not isinstance(inner[0], cst.If):
-        found = "; ".join(f"`{h.code(s, 60)}`" for s in inner) or f"`{h.code(autos[0])}`"
-        return refused(SITE, EXPECTED, f"{len(inner)} statements: {found}")
+        listed = "; ".join(f"`{h.code(s, 60)}`" for s in inner) or f"`{h.code(autos[0])}`"
+        return refused(SITE, EXPECTED, f"{len(inner)} statements: {listed}")
     chain = op.if_chain(inner[0])
     last = chain[-1].orelse
     tests = "; ".join(f"`{h.code(b.test)}`" for b in chain)

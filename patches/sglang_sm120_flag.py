@@ -34,7 +34,10 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
 
     from sm120patch.patchkit import syntax as h
 
-    value = stmt.body[0].value  # type: ignore[attr-defined]
+    assign = stmt.body[0]
+    if not isinstance(assign, cst.Assign):
+        return None
+    value = assign.value
     if not (isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.And)):
         return None
     return h.key(value.left), h.key(value.right)
@@ -51,13 +54,14 @@ def transform(module: cst.Module) -> Result:
     cuda, sm120, needs = "", "", None  # no single SM100 flag: add_module_flag refuses
     if len(anchors) == 1:
         keys = _and_keys(anchors[0])
-        if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
+        left, sm100 = keys if keys is not None else (None, None)
+        twin = arch.sglang_arch_twin(sm100)
+        if left not in CUDA_FORMS or sm100 not in ARCH_FORMS or twin is None:
             return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
-        cuda, sm100 = keys
-        sm120 = arch.sglang_arch_twin(sm100)  # type: ignore[assignment]
+        cuda, sm120 = left, twin
         # From sglang.srt.utils itself: it has is_sm120_supported from 0.5.4 on, while the
         # releases before 0.5.2 import is_sm100_supported from another module.
-        call = arch.sglang_arch_import("sm120", ARCH_FORMS[sm100])  # type: ignore[index]
+        call = arch.sglang_arch_import("sm120", ARCH_FORMS[sm100])
         needs = call and replace(call, module=UTILS)
     form = f"{cuda} and {sm120}"
     existing = h.module_assignments(module, SITE)
