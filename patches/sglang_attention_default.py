@@ -197,22 +197,22 @@ def _defines(module: cst.Module, name: str) -> bool:
 BASE = "sglang/srt/arg_groups/model_override_base.py"
 FACTS = (
     Fact(
-        "<0.5.19",
-        Status.NOT_APPLICABLE,
-        "no arg_groups/model_override_base.py: the default is ServerArgs."
+        releases="<0.5.19",
+        status=Status.NOT_APPLICABLE,
+        shape="no arg_groups/model_override_base.py: the default is ServerArgs."
         "_get_default_attn_backend, and upstream refuses trtllm_mha prefill on SM120 there "
         "(the whole backend before 0.5.10)",
         source="real files",
         note="the attention profile is pinned from 0.5.19",
     ),
     Fact(
-        ">=0.5.19,<0.5.24",
-        Status.APPLIED,
-        "MHA: `elif get_platform().is_sm100 and is_no_spec_infer_or_topk_one(...) and "
+        releases=">=0.5.19,<0.5.24",
+        status=Status.APPLIED,
+        shape="MHA: `elif get_platform().is_sm100 and is_no_spec_infer_or_topk_one(...) and "
         "(...):` returns fa4 or trtllm_mha; SM120 falls to flashinfer (triton with sinks)",
-        BASE,
-        SITE,
-        "platform",
+        file=BASE,
+        function=SITE,
+        form="platform",
         source="real files",
     ),
 )

@@ -131,21 +131,21 @@ def _is_ours(branch: cst.If) -> bool:
 GPT_OSS = "sglang/srt/arg_groups/model_overrides/gpt_oss.py"
 FACTS = (
     Fact(
-        "<0.5.19",
-        Status.NOT_APPLICABLE,
-        "no arg_groups/model_overrides/gpt_oss.py (the GPT-OSS override is in "
+        releases="<0.5.19",
+        status=Status.NOT_APPLICABLE,
+        shape="no arg_groups/model_overrides/gpt_oss.py (the GPT-OSS override is in "
         "server_args.py or arg_groups/overrides.py)",
         source="real files",
         note="the attention profile is pinned from 0.5.19",
     ),
     Fact(
-        ">=0.5.19,<0.5.24",
-        Status.APPLIED,
-        "`if is_attention_backend_not_set(cfg): if get_platform().is_sm100: "
+        releases=">=0.5.19,<0.5.24",
+        status=Status.APPLIED,
+        shape="`if is_attention_backend_not_set(cfg): if get_platform().is_sm100: "
         'overrides["attention_backend"] = "trtllm_mha"` ... SM120 falls to triton',
-        GPT_OSS,
-        SITE,
-        "platform",
+        file=GPT_OSS,
+        function=SITE,
+        form="platform",
         source="real files",
     ),
 )

@@ -233,50 +233,50 @@ def _defines_helper(module: cst.Module) -> bool:
 FP4_UTILS = "sglang/srt/layers/quantization/fp4_utils.py"
 FACTS = (
     Fact(
-        "<0.5.8",
-        Status.NOT_APPLICABLE,
-        "no initialize_fp4_gemm_config",
+        releases="<0.5.8",
+        status=Status.NOT_APPLICABLE,
+        shape="no initialize_fp4_gemm_config",
         source="real files",
         note="fp4_utils.py exists from 0.5.8",
     ),
     Fact(
-        ">=0.5.8,<0.5.10",
-        Status.UPSTREAM,
-        "no `auto` mapping: `Fp4GemmRunnerBackend(backend)` passes auto to mm_fp4, whose own "
+        releases=">=0.5.8,<0.5.10",
+        status=Status.UPSTREAM,
+        shape="no `auto` mapping: `Fp4GemmRunnerBackend(backend)` passes auto to mm_fp4, whose own "
         "auto prefers b12x on SM120",
-        FP4_UTILS,
-        SITE,
+        file=FP4_UTILS,
+        function=SITE,
         source="real files",
     ),
     Fact(
-        ">=0.5.10,<0.5.13",
-        Status.APPLIED,
-        '`if backend == "auto": if is_sm120_supported(): backend = "flashinfer_cudnn"` '
+        releases=">=0.5.10,<0.5.13",
+        status=Status.APPLIED,
+        shape='`if backend == "auto": if is_sm120_supported(): backend = "flashinfer_cudnn"` '
         "(cutlass NaN on SM120: https://github.com/sgl-project/sglang/issues/20043) ... `else: "
         "flashinfer_cutlass`",
-        FP4_UTILS,
-        SITE,
-        "call",
+        file=FP4_UTILS,
+        function=SITE,
+        form="call",
         source="real files",
     ),
     Fact(
-        ">=0.5.13,<0.5.19",
-        Status.APPLIED,
-        "`if is_sm100_supported(): flashinfer_cutedsl` / `elif` SM80-SM90 `marlin` / "
+        releases=">=0.5.13,<0.5.19",
+        status=Status.APPLIED,
+        shape="`if is_sm100_supported(): flashinfer_cutedsl` / `elif` SM80-SM90 `marlin` / "
         "`else: flashinfer_cutlass`; is_sm120_supported not imported",
-        FP4_UTILS,
-        SITE,
-        "call",
+        file=FP4_UTILS,
+        function=SITE,
+        form="call",
         source="real files",
     ),
     Fact(
-        ">=0.5.19,<0.5.24",
-        Status.APPLIED,
-        "the same chain with `get_platform().is_sm100`, reading the backend from "
+        releases=">=0.5.19,<0.5.24",
+        status=Status.APPLIED,
+        shape="the same chain with `get_platform().is_sm100`, reading the backend from "
         "`get_exec().kernel`",
-        FP4_UTILS,
-        SITE,
-        "platform",
+        file=FP4_UTILS,
+        function=SITE,
+        form="platform",
         source="real files",
     ),
 )

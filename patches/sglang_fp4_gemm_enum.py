@@ -193,20 +193,20 @@ def _is_predicate(func: cst.FunctionDef | None) -> bool:
 FP4_UTILS = "sglang/srt/layers/quantization/fp4_utils.py"
 FACTS = (
     Fact(
-        "<0.5.8",
-        Status.NOT_APPLICABLE,
-        "no Fp4GemmRunnerBackend: modelopt_quant.py picks the mm_fp4 backend from "
+        releases="<0.5.8",
+        status=Status.NOT_APPLICABLE,
+        shape="no Fp4GemmRunnerBackend: modelopt_quant.py picks the mm_fp4 backend from "
         "environment variables",
         source="real files",
         note="fp4_utils.py exists from 0.5.8",
     ),
     Fact(
-        ">=0.5.8,<0.5.24",
-        Status.APPLIED,
-        '`class Fp4GemmRunnerBackend(Enum)` with `FLASHINFER_TRTLLM = "flashinfer_trtllm"`, '
+        releases=">=0.5.8,<0.5.24",
+        status=Status.APPLIED,
+        shape='`class Fp4GemmRunnerBackend(Enum)` with `FLASHINFER_TRTLLM = "flashinfer_trtllm"`, '
         "`is_flashinfer_trtllm()` and `get_flashinfer_backend()` stripping `flashinfer_`",
-        FP4_UTILS,
-        CLASS,
+        file=FP4_UTILS,
+        function=CLASS,
         source="real files",
     ),
 )

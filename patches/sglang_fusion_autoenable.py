@@ -214,36 +214,47 @@ def _judge(gate: cst.If) -> Gate:
 SERVER_ARGS = "sglang/srt/server_args.py"
 OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 FACTS = (
-    Fact("==0.5.4", Status.APPLIED, "GptOss block `if is_sm100_supported():` -> `or "
+    Fact(releases="==0.5.4", status=Status.APPLIED,
+         shape="GptOss block `if is_sm100_supported():` -> `or "
          "is_sm120_supported()`; the DeepseekV3 block (also SM100-only kernels) is left",
-         SERVER_ARGS, "ServerArgs._handle_model_specific_adjustments", "bare", "real files",
-         note="On 0.5.4 the GptOss block gates on a bare `if "
+         file=SERVER_ARGS, function="ServerArgs._handle_model_specific_adjustments", form="bare",
+         source="real files", note="On 0.5.4 the GptOss block gates on a bare `if "
          "is_sm100_supported():`, the test 0.5.5 widened upstream to "
          "is_blackwell_supported(); widening it the same way is the 0.5.5 behaviour. The "
          "DeepseekV3 block (`is_cuda() and is_sm100_supported()`) also picks SM100-only "
          "trtllm_mla attention and stays as it is."),
-    Fact("==0.5.4.post3", Status.UPSTREAM, "GptOss block `if is_blackwell_supported():`",
-         SERVER_ARGS, source="real files (found by the full real tier over post releases)",
+    Fact(releases="==0.5.4.post3", status=Status.UPSTREAM,
+         shape="GptOss block `if is_blackwell_supported():`", file=SERVER_ARGS,
+         source="real files (found by the full real tier over post releases)",
          note="the hotfix already carries 0.5.5's is_blackwell_supported() (majors 10 and 12)"),
-    Fact(">=0.5.5,<0.5.7", Status.UPSTREAM, "GptOss block `if is_blackwell_supported():`",
-         SERVER_ARGS, source="released files",
+    Fact(releases=">=0.5.5,<0.5.7", status=Status.UPSTREAM,
+         shape="GptOss block `if is_blackwell_supported():`", file=SERVER_ARGS,
+         source="released files",
          note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),
-    Fact("==0.5.7", Status.UPSTREAM, "unified block, `(is_sm90_supported() or "
-         "is_blackwell_supported())`", SERVER_ARGS, source="released files",
+    Fact(releases="==0.5.7", status=Status.UPSTREAM,
+         shape="unified block, `(is_sm90_supported() or "
+         "is_blackwell_supported())`", file=SERVER_ARGS, source="released files",
          note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),
-    Fact(">=0.5.8,<0.5.14", Status.APPLIED, "_handle_model_specific_adjustments, unified block "
+    Fact(releases=">=0.5.8,<0.5.14", status=Status.APPLIED,
+         shape="_handle_model_specific_adjustments, unified block "
          "`(is_sm90_supported() or is_sm100_supported())` then "
-         "`self.enable_flashinfer_allreduce_fusion = True`", SERVER_ARGS,
-         "ServerArgs._handle_model_specific_adjustments", "utils", "released files"),
-    Fact("==0.5.14", Status.APPLIED, 'same test, then `self.flashinfer_allreduce_fusion_backend '
-         '= "auto"`', SERVER_ARGS, "ServerArgs._handle_model_specific_adjustments", "utils",
-         "released files"),
-    Fact(">=0.5.15,<0.5.19", Status.APPLIED, "arg_groups/overrides.py, same test, returns "
-         '{"flashinfer_allreduce_fusion_backend": "auto"}', OVERRIDES,
-         "_flashinfer_allreduce_fusion_auto_enable", "utils", "released files"),
-    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "same function, `(get_platform().is_sm90 or "
-         "get_platform().is_sm100)`", OVERRIDES, "_flashinfer_allreduce_fusion_auto_enable",
-         "platform", "released files"),
+         "`self.enable_flashinfer_allreduce_fusion = True`", file=SERVER_ARGS,
+         function="ServerArgs._handle_model_specific_adjustments", form="utils",
+         source="released files"),
+    Fact(releases="==0.5.14", status=Status.APPLIED,
+         shape='same test, then `self.flashinfer_allreduce_fusion_backend '
+         '= "auto"`', file=SERVER_ARGS, function="ServerArgs._handle_model_specific_adjustments",
+         form="utils", source="released files"),
+    Fact(releases=">=0.5.15,<0.5.19", status=Status.APPLIED,
+         shape="arg_groups/overrides.py, same test, returns "
+         '{"flashinfer_allreduce_fusion_backend": "auto"}', file=OVERRIDES,
+         function="_flashinfer_allreduce_fusion_auto_enable", form="utils",
+         source="released files"),
+    Fact(releases=">=0.5.19,<0.5.24", status=Status.APPLIED,
+         shape="same function, `(get_platform().is_sm90 or "
+         "get_platform().is_sm100)`", file=OVERRIDES,
+         function="_flashinfer_allreduce_fusion_auto_enable", form="platform",
+         source="released files"),
 )
 
 

@@ -78,21 +78,27 @@ def transform(module: cst.Module) -> Result:
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
 ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 FACTS = (
-    Fact(">=0.5.2,<0.5.4", Status.REFUSED, "`_is_sm100_supported = is_cuda() and "
+    Fact(releases=">=0.5.2,<0.5.4", status=Status.REFUSED,
+         shape="`_is_sm100_supported = is_cuda() and "
          "is_sm100_supported()`; sglang.srt.utils has no is_sm120_supported to import",
-         COMMUNICATOR, None, "import", "released files",
+         file=COMMUNICATOR, function=None, form="import", source="released files",
          note="the import it adds does not exist before 0.5.4: the planner refuses every "
          "patch of the file"),
-    Fact(">=0.5.4,<0.5.6", Status.APPLIED, "`_is_sm100_supported = is_cuda() and "
-         "is_sm100_supported()`, imported from sglang.srt.utils", COMMUNICATOR, None, "import",
-         "released files"),
-    Fact(">=0.5.6,<0.5.19", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
-         "is_sm100_supported()`, same import", COMMUNICATOR, None, "import", "released files"),
-    Fact(">=0.5.19,<0.5.21", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
-         "get_platform().is_sm100`, no import needed", COMMUNICATOR, None, "platform",
-         "released files"),
-    Fact(">=0.5.21,<0.5.24", Status.APPLIED, "same, in layer_boundary/residual/add_norm.py",
-         ADD_NORM, None, "platform", "released files"),
+    Fact(releases=">=0.5.4,<0.5.6", status=Status.APPLIED,
+         shape="`_is_sm100_supported = is_cuda() and "
+         "is_sm100_supported()`, imported from sglang.srt.utils", file=COMMUNICATOR, function=None,
+         form="import", source="released files"),
+    Fact(releases=">=0.5.6,<0.5.19", status=Status.APPLIED,
+         shape="`_is_sm100_supported = _is_cuda and "
+         "is_sm100_supported()`, same import", file=COMMUNICATOR, function=None, form="import",
+         source="released files"),
+    Fact(releases=">=0.5.19,<0.5.21", status=Status.APPLIED,
+         shape="`_is_sm100_supported = _is_cuda and "
+         "get_platform().is_sm100`, no import needed", file=COMMUNICATOR, function=None,
+         form="platform", source="released files"),
+    Fact(releases=">=0.5.21,<0.5.24", status=Status.APPLIED,
+         shape="same, in layer_boundary/residual/add_norm.py", file=ADD_NORM, function=None,
+         form="platform", source="released files"),
 )
 
 
