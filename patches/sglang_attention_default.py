@@ -76,6 +76,7 @@ EXPECTED = (
 
 def transform(module: cst.Module) -> Result:
     import libcst as cst
+    from libcst.helpers import ensure_type
 
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
@@ -125,7 +126,8 @@ def transform(module: cst.Module) -> Result:
 
     nl = module.default_newline
     test = cst.parse_expression(f"{SM120} and {HELPER}(cfg, model_config)")
-    body = h.parse_statement(f'if x:{nl}    {COMMENT}{nl}    return "{BACKEND}"{nl}', module).body  # type: ignore[attr-defined]
+    template = f'if x:{nl}    {COMMENT}{nl}    return "{BACKEND}"{nl}'
+    body = ensure_type(h.parse_statement(template, module), cst.If).body
     branch = op.new_elif(anchor, test, body)
     res = op.add_function_after(module, func, HELPER_SOURCE.format(name=HELPER), site=SITE)
     res = op.then(res, op.add_elif(res.module, anchor, branch, site=SITE, shape=""))
@@ -171,7 +173,9 @@ def _returns(body: cst.BaseSuite, value: str) -> bool:
     from sm120patch.patchkit import syntax as h
 
     return any(
-        isinstance(r.value, cst.SimpleString) and r.value.evaluated_value == value  # type: ignore[attr-defined]
+        isinstance(r, cst.Return)
+        and isinstance(r.value, cst.SimpleString)
+        and r.value.evaluated_value == value
         for r in h.matching_nodes(body, cst.Return)
     )
 

@@ -52,31 +52,33 @@ def transform(module: cst.Module) -> Result:
     site = func.name.value
     blocks = [b for b in h.statements(func) if isinstance(b, cst.IndentedBlock)]
     lines = [
-        s
+        (s, a)
         for b in blocks
         for s in b.body
-        if isinstance(s, cst.SimpleStatementLine)
-        and len(s.body) == 1
-        and isinstance(s.body[0], cst.Assign)
-        and len(s.body[0].targets) == 1
-        and h.key(s.body[0].targets[0].target) == TARGET
+        if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
+        for a in s.body
+        if isinstance(a, cst.Assign)
+        and len(a.targets) == 1
+        and h.key(a.targets[0].target) == TARGET
     ]
     if not lines:
         return not_applicable(site, f"no `{TARGET} = ...`: no FP4 GEMM is autotuned here")
     if len(lines) > 1:
         return refused(site, EXPECTED, f"{len(lines)} assignments of {TARGET}")
-    value = lines[0].body[0].value  # type: ignore[attr-defined]
-    ops = h.and_operands(value)
-    groups = [o for o in ops if h.or_operands(o) is not None]
+    line, assign = lines[0]
+    ops = h.and_operands(assign.value)
+    groups = [
+        o for o in ops if isinstance(o, cst.BooleanOperation) and h.or_operands(o) is not None
+    ]
     if len(ops) != 2 or len(groups) != 1:
-        return refused(site, EXPECTED, f"`{h.code(lines[0])}`")
+        return refused(site, EXPECTED, f"`{h.code(line)}`")
     group = groups[0]
     keys = [h.key(o) for o in h.or_operands(group) or []]
     if NEW in keys:
         return already_applied(site, f"{TARGET} takes {NEW}")
     if set(keys) != KNOWN:
-        return refused(site, EXPECTED, f"`{h.code(lines[0])}`")
-    new_group = h.widen_or(group, cst.parse_expression(NEW))  # type: ignore[arg-type]
+        return refused(site, EXPECTED, f"`{h.code(line)}`")
+    new_group = h.widen_or(group, cst.parse_expression(NEW))
     new_module = h.replace(module, group, new_group, scope=func)
     return applied(site, new_module, f"{TARGET}: `... or {NEW}`")
 

@@ -44,7 +44,9 @@ def _mentions_flags(node: cst.CSTNode) -> bool:
     from sm120patch.patchkit import syntax as h
 
     names = ARCH_FLAGS | {SM120}
-    return bool(h.matching_nodes(node, cst.Name, lambda n: n.value in names))  # type: ignore[attr-defined]
+    return bool(
+        h.matching_nodes(node, cst.Name, lambda n: isinstance(n, cst.Name) and n.value in names)
+    )
 
 
 def transform(module: cst.Module) -> Result:
