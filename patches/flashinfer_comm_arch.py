@@ -23,18 +23,22 @@ def transform(module: cst.Module) -> Result:
 TRTLLM_AR = "flashinfer/comm/trtllm_ar.py"
 JIT_COMM = "flashinfer/jit/comm.py"
 FACTS = (
-    Fact(">=0.2.8,<0.3.1", Status.REFUSED, "`gen_trtllm_comm_module()` passes no "
+    Fact(releases=">=0.2.8,<0.3.1", status=Status.REFUSED,
+         shape="`gen_trtllm_comm_module()` passes no "
          "supported_major_versions (0.2.8 reads the device capability, 0.3.0 filters "
-         "_get_cuda_arch_flags() for SM100): a shape the patch does not know", TRTLLM_AR, SITE),
-    Fact(">=0.3.1,<0.4.0", Status.APPLIED, "`gen_trtllm_comm_module(..., "
-         "supported_major_versions=[9, 10])`", TRTLLM_AR, SITE, source="released files"),
-    Fact(">=0.4.0,<0.6.16", Status.APPLIED, "same call, moved to jit/comm.py", JIT_COMM, SITE,
+         "_get_cuda_arch_flags() for SM100): a shape the patch does not know", file=TRTLLM_AR,
+         function=SITE),
+    Fact(releases=">=0.3.1,<0.4.0", status=Status.APPLIED, shape="`gen_trtllm_comm_module(..., "
+         "supported_major_versions=[9, 10])`", file=TRTLLM_AR, function=SITE,
          source="released files"),
-    Fact(">=0.6.16,<0.6.17", Status.APPLIED, "same call, still [9, 10]", JIT_COMM, SITE,
-         source="real files",
+    Fact(releases=">=0.4.0,<0.6.16", status=Status.APPLIED, shape="same call, moved to jit/comm.py",
+         file=JIT_COMM, function=SITE, source="released files"),
+    Fact(releases=">=0.6.16,<0.6.17", status=Status.APPLIED, shape="same call, still [9, 10]",
+         file=JIT_COMM, function=SITE, source="real files",
          note="0.6.16 (and its posts) still pass [9, 10]; 0.6.17 on pass [9, 10, 12]"),
-    Fact(">=0.6.17", Status.UPSTREAM, "`supported_major_versions=[9, 10, 12]` upstream",
-         JIT_COMM, SITE, source="released files"),
+    Fact(releases=">=0.6.17", status=Status.UPSTREAM,
+         shape="`supported_major_versions=[9, 10, 12]` upstream", file=JIT_COMM, function=SITE,
+         source="released files"),
 )
 
 

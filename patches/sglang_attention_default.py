@@ -76,6 +76,7 @@ EXPECTED = (
 
 def transform(module: cst.Module) -> Result:
     import libcst as cst
+    from libcst.helpers import ensure_type
 
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
@@ -125,7 +126,8 @@ def transform(module: cst.Module) -> Result:
 
     nl = module.default_newline
     test = cst.parse_expression(f"{SM120} and {HELPER}(cfg, model_config)")
-    body = h.parse_statement(f'if x:{nl}    {COMMENT}{nl}    return "{BACKEND}"{nl}', module).body  # type: ignore[attr-defined]
+    template = f'if x:{nl}    {COMMENT}{nl}    return "{BACKEND}"{nl}'
+    body = ensure_type(h.parse_statement(template, module), cst.If).body
     branch = op.new_elif(anchor, test, body)
     res = op.add_function_after(module, func, HELPER_SOURCE.format(name=HELPER), site=SITE)
     res = op.then(res, op.add_elif(res.module, anchor, branch, site=SITE, shape=""))
@@ -157,17 +159,12 @@ def _mentions(node: cst.CSTNode, attr: str) -> bool:
 
     from sm120patch.patchkit import syntax as h
 
-    return bool(
-        h.matching_nodes(
-            node,
-            (cst.Attribute, cst.Name),
-            lambda n: (
-                n.attr.value
-                if isinstance(n, cst.Attribute)  # type: ignore[attr-defined]
-                else n.value
-            ).startswith(attr),
-        )
-    )  # type: ignore[attr-defined]
+    def named(n: cst.CSTNode) -> bool:
+        if isinstance(n, cst.Attribute):
+            return n.attr.value.startswith(attr)
+        return isinstance(n, cst.Name) and n.value.startswith(attr)
+
+    return bool(h.matching_nodes(node, (cst.Attribute, cst.Name), named))
 
 
 def _returns(body: cst.BaseSuite, value: str) -> bool:
@@ -176,7 +173,9 @@ def _returns(body: cst.BaseSuite, value: str) -> bool:
     from sm120patch.patchkit import syntax as h
 
     return any(
-        isinstance(r.value, cst.SimpleString) and r.value.evaluated_value == value  # type: ignore[attr-defined]
+        isinstance(r, cst.Return)
+        and isinstance(r.value, cst.SimpleString)
+        and r.value.evaluated_value == value
         for r in h.matching_nodes(body, cst.Return)
     )
 
@@ -202,22 +201,22 @@ def _defines(module: cst.Module, name: str) -> bool:
 BASE = "sglang/srt/arg_groups/model_override_base.py"
 FACTS = (
     Fact(
-        "<0.5.19",
-        Status.NOT_APPLICABLE,
-        "no arg_groups/model_override_base.py: the default is ServerArgs."
+        releases="<0.5.19",
+        status=Status.NOT_APPLICABLE,
+        shape="no arg_groups/model_override_base.py: the default is ServerArgs."
         "_get_default_attn_backend, and upstream refuses trtllm_mha prefill on SM120 there "
         "(the whole backend before 0.5.10)",
         source="real files",
         note="the attention profile is pinned from 0.5.19",
     ),
     Fact(
-        ">=0.5.19,<0.5.24",
-        Status.APPLIED,
-        "MHA: `elif get_platform().is_sm100 and is_no_spec_infer_or_topk_one(...) and "
+        releases=">=0.5.19,<0.5.24",
+        status=Status.APPLIED,
+        shape="MHA: `elif get_platform().is_sm100 and is_no_spec_infer_or_topk_one(...) and "
         "(...):` returns fa4 or trtllm_mha; SM120 falls to flashinfer (triton with sinks)",
-        BASE,
-        SITE,
-        "platform",
+        file=BASE,
+        function=SITE,
+        form="platform",
         source="real files",
     ),
 )

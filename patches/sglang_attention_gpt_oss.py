@@ -56,6 +56,7 @@ EXPECTED = (
 
 def transform(module: cst.Module) -> Result:
     import libcst as cst
+    from libcst.helpers import ensure_type
 
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
@@ -85,10 +86,9 @@ def transform(module: cst.Module) -> Result:
     if not h.binds_at_module_level(module, "resolving_view"):
         return refused(SITE, f"`from {BASE_MODULE} import (...)`", "no such import")
     nl = module.default_newline
-    body = h.parse_statement(
-        f"if x:{nl}" + "".join(f"    {line}{nl}" for line in f"{TARGET} = {VALUE}".split("\n")),
-        module,
-    ).body  # type: ignore[attr-defined]
+    lines = f"{TARGET} = {VALUE}".split("\n")
+    template = f"if x:{nl}" + "".join(f"    {line}{nl}" for line in lines)
+    body = ensure_type(h.parse_statement(template, module), cst.If).body
     branch = op.new_elif(sm100[0], cst.parse_expression(SM120), body)
     res = op.add_elif(module, sm100[0], branch, site=SITE, shape="")
     if res.status is not Status.APPLIED:
@@ -109,10 +109,11 @@ def _sets_trtllm(branch: cst.If) -> bool:
     from sm120patch.patchkit import syntax as h
 
     return any(
-        len(a.targets) == 1  # type: ignore[attr-defined]
-        and h.code(a.targets[0].target) == TARGET  # type: ignore[attr-defined]
-        and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
-        and a.value.evaluated_value == "trtllm_mha"  # type: ignore[attr-defined]
+        isinstance(a, cst.Assign)
+        and len(a.targets) == 1
+        and h.code(a.targets[0].target) == TARGET
+        and isinstance(a.value, cst.SimpleString)
+        and a.value.evaluated_value == "trtllm_mha"
         for a in h.matching_nodes(branch.body, cst.Assign)
     )
 
@@ -131,21 +132,21 @@ def _is_ours(branch: cst.If) -> bool:
 GPT_OSS = "sglang/srt/arg_groups/model_overrides/gpt_oss.py"
 FACTS = (
     Fact(
-        "<0.5.19",
-        Status.NOT_APPLICABLE,
-        "no arg_groups/model_overrides/gpt_oss.py (the GPT-OSS override is in "
+        releases="<0.5.19",
+        status=Status.NOT_APPLICABLE,
+        shape="no arg_groups/model_overrides/gpt_oss.py (the GPT-OSS override is in "
         "server_args.py or arg_groups/overrides.py)",
         source="real files",
         note="the attention profile is pinned from 0.5.19",
     ),
     Fact(
-        ">=0.5.19,<0.5.24",
-        Status.APPLIED,
-        "`if is_attention_backend_not_set(cfg): if get_platform().is_sm100: "
+        releases=">=0.5.19,<0.5.24",
+        status=Status.APPLIED,
+        shape="`if is_attention_backend_not_set(cfg): if get_platform().is_sm100: "
         'overrides["attention_backend"] = "trtllm_mha"` ... SM120 falls to triton',
-        GPT_OSS,
-        SITE,
-        "platform",
+        file=GPT_OSS,
+        function=SITE,
+        form="platform",
         source="real files",
     ),
 )

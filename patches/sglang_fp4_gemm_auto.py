@@ -68,14 +68,16 @@ EXPECTED = (
 
 def transform(module: cst.Module) -> Result:
     import libcst as cst
+    from libcst.helpers import ensure_type
 
     from sm120patch.patchkit import arch
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.8)")
-    if isinstance(func, Result):
-        return func
+    found = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.8)")
+    if isinstance(found, Result):
+        return found
+    func = found
     if not isinstance(func.body, cst.IndentedBlock):
         return refused(SITE, "a function body", f"`{h.code(func)}`")
     autos = [s for s in func.body.body if isinstance(s, cst.If) and _is_auto_test(s.test)]
@@ -92,14 +94,9 @@ def transform(module: cst.Module) -> Result:
         return refused(SITE, EXPECTED, f'{len(autos)} `if backend == "auto":` statements')
     auto = autos[0]
     inner = auto.body
-    chains = (
-        [s for s in inner.body if isinstance(s, cst.If)]
-        if isinstance(inner, cst.IndentedBlock)
-        else []
-    )
-    if len(chains) != 1 or len(inner.body) != 1:  # type: ignore[attr-defined]
+    chain = inner.body[0] if isinstance(inner, cst.IndentedBlock) and len(inner.body) == 1 else None
+    if not isinstance(chain, cst.If):
         return refused(SITE, EXPECTED, f"`{h.code(inner)}`")
-    chain = chains[0]
     branches = op.if_chain(chain)
 
     ours = _is_ours(branches[0])
@@ -117,10 +114,10 @@ def transform(module: cst.Module) -> Result:
         return upstream(SITE, f"the release's own `auto` already picks {BACKEND}")
 
     forms = {
-        found[1]
+        check[1]
         for b in branches
         for operand in h.and_operands(b.test)
-        if (found := arch.sglang_arch(operand)) is not None
+        if (check := arch.sglang_arch(operand)) is not None
     }
     if len(forms) != 1 or not forms <= {"call", "platform"}:
         tests = "; ".join(f"`{h.code(b.test)}`" for b in branches)
@@ -136,15 +133,18 @@ def transform(module: cst.Module) -> Result:
         right=cst.Call(func=cst.Name(HELPER)),
     )
     nl = module.default_newline
-    body = h.parse_statement(
-        f"if x:{nl}"
-        f'    backend = "{BACKEND}"{nl}'
-        f"    logger.info({nl}"
-        f'        "{LOG[0]}"{nl}'
-        f'        "{LOG[1]}"{nl}'
-        f"    ){nl}",
-        module,
-    ).body  # type: ignore[attr-defined]
+    body = ensure_type(
+        h.parse_statement(
+            f"if x:{nl}"
+            f'    backend = "{BACKEND}"{nl}'
+            f"    logger.info({nl}"
+            f'        "{LOG[0]}"{nl}'
+            f'        "{LOG[1]}"{nl}'
+            f"    ){nl}",
+            module,
+        ),
+        cst.If,
+    ).body
     res = op.add_function_after(module, func, HELPER_SOURCE.format(name=HELPER), site=SITE)
     if res.status is not Status.APPLIED:
         return res
@@ -186,10 +186,11 @@ def _chooses(body: cst.BaseSuite, backend: str) -> bool:
     from sm120patch.patchkit import syntax as h
 
     return any(
-        len(a.targets) == 1  # type: ignore[attr-defined]
-        and h.key(a.targets[0].target) == "backend"  # type: ignore[attr-defined]
-        and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
-        and a.value.evaluated_value == backend  # type: ignore[attr-defined]
+        isinstance(a, cst.Assign)
+        and len(a.targets) == 1
+        and h.key(a.targets[0].target) == "backend"
+        and isinstance(a.value, cst.SimpleString)
+        and a.value.evaluated_value == backend
         for a in h.matching_nodes(body, cst.Assign)
     )
 
@@ -201,9 +202,10 @@ def _assigns_backend_string(func: cst.FunctionDef) -> bool:
     from sm120patch.patchkit import syntax as h
 
     return any(
-        len(a.targets) == 1  # type: ignore[attr-defined]
-        and h.key(a.targets[0].target) == "backend"  # type: ignore[attr-defined]
-        and isinstance(a.value, cst.SimpleString)  # type: ignore[attr-defined]
+        isinstance(a, cst.Assign)
+        and len(a.targets) == 1
+        and h.key(a.targets[0].target) == "backend"
+        and isinstance(a.value, cst.SimpleString)
         for a in h.matching_nodes(func.body, cst.Assign)
     )
 
@@ -231,50 +233,50 @@ def _defines_helper(module: cst.Module) -> bool:
 FP4_UTILS = "sglang/srt/layers/quantization/fp4_utils.py"
 FACTS = (
     Fact(
-        "<0.5.8",
-        Status.NOT_APPLICABLE,
-        "no initialize_fp4_gemm_config",
+        releases="<0.5.8",
+        status=Status.NOT_APPLICABLE,
+        shape="no initialize_fp4_gemm_config",
         source="real files",
         note="fp4_utils.py exists from 0.5.8",
     ),
     Fact(
-        ">=0.5.8,<0.5.10",
-        Status.UPSTREAM,
-        "no `auto` mapping: `Fp4GemmRunnerBackend(backend)` passes auto to mm_fp4, whose own "
+        releases=">=0.5.8,<0.5.10",
+        status=Status.UPSTREAM,
+        shape="no `auto` mapping: `Fp4GemmRunnerBackend(backend)` passes auto to mm_fp4, whose own "
         "auto prefers b12x on SM120",
-        FP4_UTILS,
-        SITE,
+        file=FP4_UTILS,
+        function=SITE,
         source="real files",
     ),
     Fact(
-        ">=0.5.10,<0.5.13",
-        Status.APPLIED,
-        '`if backend == "auto": if is_sm120_supported(): backend = "flashinfer_cudnn"` '
+        releases=">=0.5.10,<0.5.13",
+        status=Status.APPLIED,
+        shape='`if backend == "auto": if is_sm120_supported(): backend = "flashinfer_cudnn"` '
         "(cutlass NaN on SM120: https://github.com/sgl-project/sglang/issues/20043) ... `else: "
         "flashinfer_cutlass`",
-        FP4_UTILS,
-        SITE,
-        "call",
+        file=FP4_UTILS,
+        function=SITE,
+        form="call",
         source="real files",
     ),
     Fact(
-        ">=0.5.13,<0.5.19",
-        Status.APPLIED,
-        "`if is_sm100_supported(): flashinfer_cutedsl` / `elif` SM80-SM90 `marlin` / "
+        releases=">=0.5.13,<0.5.19",
+        status=Status.APPLIED,
+        shape="`if is_sm100_supported(): flashinfer_cutedsl` / `elif` SM80-SM90 `marlin` / "
         "`else: flashinfer_cutlass`; is_sm120_supported not imported",
-        FP4_UTILS,
-        SITE,
-        "call",
+        file=FP4_UTILS,
+        function=SITE,
+        form="call",
         source="real files",
     ),
     Fact(
-        ">=0.5.19,<0.5.24",
-        Status.APPLIED,
-        "the same chain with `get_platform().is_sm100`, reading the backend from "
+        releases=">=0.5.19,<0.5.24",
+        status=Status.APPLIED,
+        shape="the same chain with `get_platform().is_sm100`, reading the backend from "
         "`get_exec().kernel`",
-        FP4_UTILS,
-        SITE,
-        "platform",
+        file=FP4_UTILS,
+        function=SITE,
+        form="platform",
         source="real files",
     ),
 )

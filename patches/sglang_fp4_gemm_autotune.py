@@ -52,31 +52,33 @@ def transform(module: cst.Module) -> Result:
     site = func.name.value
     blocks = [b for b in h.statements(func) if isinstance(b, cst.IndentedBlock)]
     lines = [
-        s
+        (s, a)
         for b in blocks
         for s in b.body
-        if isinstance(s, cst.SimpleStatementLine)
-        and len(s.body) == 1
-        and isinstance(s.body[0], cst.Assign)
-        and len(s.body[0].targets) == 1
-        and h.key(s.body[0].targets[0].target) == TARGET
+        if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
+        for a in s.body
+        if isinstance(a, cst.Assign)
+        and len(a.targets) == 1
+        and h.key(a.targets[0].target) == TARGET
     ]
     if not lines:
         return not_applicable(site, f"no `{TARGET} = ...`: no FP4 GEMM is autotuned here")
     if len(lines) > 1:
         return refused(site, EXPECTED, f"{len(lines)} assignments of {TARGET}")
-    value = lines[0].body[0].value  # type: ignore[attr-defined]
-    ops = h.and_operands(value)
-    groups = [o for o in ops if h.or_operands(o) is not None]
+    line, assign = lines[0]
+    ops = h.and_operands(assign.value)
+    groups = [
+        o for o in ops if isinstance(o, cst.BooleanOperation) and h.or_operands(o) is not None
+    ]
     if len(ops) != 2 or len(groups) != 1:
-        return refused(site, EXPECTED, f"`{h.code(lines[0])}`")
+        return refused(site, EXPECTED, f"`{h.code(line)}`")
     group = groups[0]
     keys = [h.key(o) for o in h.or_operands(group) or []]
     if NEW in keys:
         return already_applied(site, f"{TARGET} takes {NEW}")
     if set(keys) != KNOWN:
-        return refused(site, EXPECTED, f"`{h.code(lines[0])}`")
-    new_group = h.widen_or(group, cst.parse_expression(NEW))  # type: ignore[arg-type]
+        return refused(site, EXPECTED, f"`{h.code(line)}`")
+    new_group = h.widen_or(group, cst.parse_expression(NEW))
     new_module = h.replace(module, group, new_group, scope=func)
     return applied(site, new_module, f"{TARGET}: `... or {NEW}`")
 
@@ -89,34 +91,34 @@ SHAPE = (
 )
 FACTS = (
     Fact(
-        "<0.5.13",
-        Status.NOT_APPLICABLE,
-        "no FP4 GEMM autotune term",
+        releases="<0.5.13",
+        status=Status.NOT_APPLICABLE,
+        shape="no FP4 GEMM autotune term",
         source="real files",
         note="FlashInfer autotune is for MoE runner backends only before 0.5.13",
     ),
     Fact(
-        ">=0.5.13,<0.5.14",
-        Status.APPLIED,
-        SHAPE,
-        MODEL_RUNNER,
-        "ModelRunner._should_run_flashinfer_autotune",
+        releases=">=0.5.13,<0.5.14",
+        status=Status.APPLIED,
+        shape=SHAPE,
+        file=MODEL_RUNNER,
+        function="ModelRunner._should_run_flashinfer_autotune",
         source="real files",
     ),
     Fact(
-        ">=0.5.14,<0.5.15",
-        Status.APPLIED,
-        SHAPE,
-        BASE_RUNNER,
-        "BaseRunner._should_run_flashinfer_autotune",
+        releases=">=0.5.14,<0.5.15",
+        status=Status.APPLIED,
+        shape=SHAPE,
+        file=BASE_RUNNER,
+        function="BaseRunner._should_run_flashinfer_autotune",
         source="real files",
     ),
     Fact(
-        ">=0.5.15,<0.5.24",
-        Status.APPLIED,
-        SHAPE,
-        FLASHINFER_AUTOTUNE,
-        "should_run_flashinfer_autotune",
+        releases=">=0.5.15,<0.5.24",
+        status=Status.APPLIED,
+        shape=SHAPE,
+        file=FLASHINFER_AUTOTUNE,
+        function="should_run_flashinfer_autotune",
         source="real files",
     ),
 )

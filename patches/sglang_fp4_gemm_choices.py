@@ -39,24 +39,24 @@ SERVER_ARGS = "sglang/srt/server_args.py"
 CHOICES = "sglang/srt/arg_groups/choices.py"
 FACTS = (
     Fact(
-        "<0.5.8",
-        Status.NOT_APPLICABLE,
-        f"no {NAME}",
+        releases="<0.5.8",
+        status=Status.NOT_APPLICABLE,
+        shape=f"no {NAME}",
         source="real files",
         note="--fp4-gemm-backend exists from 0.5.8",
     ),
     Fact(
-        ">=0.5.8,<0.5.20",
-        Status.APPLIED,
-        f'module-level `{NAME} = ["auto", ...]` in server_args.py',
-        SERVER_ARGS,
+        releases=">=0.5.8,<0.5.20",
+        status=Status.APPLIED,
+        shape=f'module-level `{NAME} = ["auto", ...]` in server_args.py',
+        file=SERVER_ARGS,
         source="real files",
     ),
     Fact(
-        ">=0.5.20,<0.5.24",
-        Status.APPLIED,
-        f'module-level `{NAME} = ["auto", ...]` in arg_groups/choices.py',
-        CHOICES,
+        releases=">=0.5.20,<0.5.24",
+        status=Status.APPLIED,
+        shape=f'module-level `{NAME} = ["auto", ...]` in arg_groups/choices.py',
+        file=CHOICES,
         source="real files",
     ),
 )

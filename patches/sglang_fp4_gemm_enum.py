@@ -88,10 +88,12 @@ def transform(module: cst.Module) -> Result:
     new_member = h.parse_statement(f'{MEMBER} = "{VALUE}"{module.default_newline}', module)
     anchor_def = methods[ANCHOR_PREDICATE]
     # The predicate in the form of its neighbour: `return self == <Class>.<MEMBER>`.
-    new_def = anchor_def.deep_replace(
-        anchor_def.name, anchor_def.name.with_changes(value=PREDICATE)
-    )
-    attrs = h.matching_nodes(new_def.body, cst.Attribute, lambda a: a.attr.value == anchor_name)  # type: ignore[attr-defined]
+    new_def = anchor_def.with_changes(name=anchor_def.name.with_changes(value=PREDICATE))
+    attrs = [
+        a
+        for a in h.matching_nodes(new_def.body, cst.Attribute)
+        if isinstance(a, cst.Attribute) and a.attr.value == anchor_name
+    ]
     if len(attrs) != 1 or not _is_predicate_of(anchor_def, anchor_name):
         return refused(
             CLASS,
@@ -99,7 +101,7 @@ def transform(module: cst.Module) -> Result:
             f"`{h.code(anchor_def)}`",
         )
     attr = attrs[0]
-    new_def = new_def.deep_replace(attr, attr.with_changes(attr=cst.Name(MEMBER)))  # type: ignore[attr-defined]
+    new_def = new_def.with_deep_changes(attr, attr=cst.Name(MEMBER))
     index_member = body.index(member_stmt)
     body.insert(index_member + 1, new_member)
     index_def = next(i for i, s in enumerate(body) if s is anchor_def)
@@ -131,10 +133,12 @@ def _members(body: list[cst.BaseStatement]) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for stmt in body:
         name = _assigned(stmt)
-        if name is None:
+        if name is None or not isinstance(stmt, cst.SimpleStatementLine):
             continue
-        value = stmt.body[0].value  # type: ignore[attr-defined]
-        out[name] = value.evaluated_value if isinstance(value, cst.SimpleString) else None
+        assign = stmt.body[0]
+        value = assign.value if isinstance(assign, cst.Assign) else None
+        text = value.evaluated_value if isinstance(value, cst.SimpleString) else None
+        out[name] = text if isinstance(text, str) else None  # a bytes value is no member's
     return out
 
 
@@ -146,18 +150,18 @@ def _maps_by_prefix(func: cst.FunctionDef | None) -> bool:
 
     if func is None:
         return False
-    calls = h.matching_nodes(
-        func.body,
-        cst.Call,
-        lambda c: (
-            isinstance(c.func, cst.Attribute)  # type: ignore[attr-defined]
-            and c.func.attr.value == "removeprefix"  # type: ignore[attr-defined]
-            and h.key(c.func.value) == "self.value"  # type: ignore[attr-defined]
-            and len(c.args) == 1  # type: ignore[attr-defined]
-            and isinstance(c.args[0].value, cst.SimpleString)  # type: ignore[attr-defined]
+    def strips_prefix(c: cst.CSTNode) -> bool:
+        return (
+            isinstance(c, cst.Call)
+            and isinstance(c.func, cst.Attribute)
+            and c.func.attr.value == "removeprefix"
+            and h.key(c.func.value) == "self.value"
+            and len(c.args) == 1
+            and isinstance(c.args[0].value, cst.SimpleString)
             and c.args[0].value.evaluated_value == PREFIX
-        ),  # type: ignore[attr-defined]
-    )
+        )
+
+    calls = h.matching_nodes(func.body, cst.Call, strips_prefix)
     return len(calls) == 1
 
 
@@ -189,20 +193,20 @@ def _is_predicate(func: cst.FunctionDef | None) -> bool:
 FP4_UTILS = "sglang/srt/layers/quantization/fp4_utils.py"
 FACTS = (
     Fact(
-        "<0.5.8",
-        Status.NOT_APPLICABLE,
-        "no Fp4GemmRunnerBackend: modelopt_quant.py picks the mm_fp4 backend from "
+        releases="<0.5.8",
+        status=Status.NOT_APPLICABLE,
+        shape="no Fp4GemmRunnerBackend: modelopt_quant.py picks the mm_fp4 backend from "
         "environment variables",
         source="real files",
         note="fp4_utils.py exists from 0.5.8",
     ),
     Fact(
-        ">=0.5.8,<0.5.24",
-        Status.APPLIED,
-        '`class Fp4GemmRunnerBackend(Enum)` with `FLASHINFER_TRTLLM = "flashinfer_trtllm"`, '
+        releases=">=0.5.8,<0.5.24",
+        status=Status.APPLIED,
+        shape='`class Fp4GemmRunnerBackend(Enum)` with `FLASHINFER_TRTLLM = "flashinfer_trtllm"`, '
         "`is_flashinfer_trtllm()` and `get_flashinfer_backend()` stripping `flashinfer_`",
-        FP4_UTILS,
-        CLASS,
+        file=FP4_UTILS,
+        function=CLASS,
         source="real files",
     ),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple
 
 from sm120patch.patchkit.facts import Fact
@@ -34,13 +35,23 @@ EXPECTED = (
 )
 
 
+class Verdict(Enum):
+    """What a gate's arch operand is, and so what the patch does with the gate."""
+
+    WIDEN_OR = "widen-or"  # `(sm90 or sm100)`: add `or sm120` to the group
+    WIDEN_SINGLE = "widen-single"  # a lone sm100 check gating only fusion: `sm100 or sm120`
+    HAS_SM120 = "has-sm120"  # already checks SM120
+    UPSTREAM = "upstream"  # checks Blackwell (majors 10 and 12): SM120 already included
+    SM100_BLOCK = "sm100-block"  # a lone sm100 check that also picks SM100-only kernels: kept
+    UNKNOWN = "unknown"  # an arch test of a shape the patch does not know
+
+
 class Gate(NamedTuple):
     """One `if` testing the GPU arch around a statement that turns fusion on."""
 
     node: cst.If
-    # "widen-or" | "widen-single" | "has-sm120" | "upstream" | "sm100-block" | "unknown"
-    verdict: str
-    operand: cst.BaseExpression | None  # the arch operand; for "unknown" the one at fault
+    verdict: Verdict
+    operand: cst.BaseExpression | None  # the arch operand; for UNKNOWN the one at fault
     form: str = ""  # "call" or "platform" (see cst_helpers.sglang_arch)
 
 
@@ -63,24 +74,24 @@ def transform(module: cst.Module) -> Result:
     # several statements may share one gate.
     gates: list[Gate] = []
     for node, ifs in enables:
-        gate = next((i for i in reversed(ifs) if arch.mentions_sglang_arch(i.test)), None)
-        if gate is None:
+        test = next((i for i in reversed(ifs) if arch.mentions_sglang_arch(i.test)), None)
+        if test is None:
             return refused(name, EXPECTED, f"`{h.code(node)}` under no GPU-arch check")
-        if not any(g.node is gate for g in gates):
-            gates.append(_judge(gate))
+        if not any(g.node is test for g in gates):
+            gates.append(_judge(test))
 
     for g in gates:
-        if g.verdict == "unknown":
+        if g.verdict is Verdict.UNKNOWN:
             where = f"`{h.code(g.operand)}` in " if g.operand is not None else ""
             return refused(name, EXPECTED, f"{where}`if {h.code(g.node.test)}`")
     # SM100 blocks that also pick SM100-only kernels (DeepseekV3, 0.5.2 to 0.5.6) stay.
-    kept = [f"`if {h.code(g.node.test)}`" for g in gates if g.verdict == "sm100-block"]
+    kept = [f"`if {h.code(g.node.test)}`" for g in gates if g.verdict is Verdict.SM100_BLOCK]
     note = f"; left as is (also picks SM100-only kernels): {', '.join(kept)}" if kept else ""
-    relevant = [g for g in gates if g.verdict != "sm100-block"]
+    relevant = [g for g in gates if g.verdict is not Verdict.SM100_BLOCK]
     if len(relevant) != 1:
-        found = "; ".join(f"`if {h.code(g.node.test)}`" for g in gates)
+        tests = "; ".join(f"`if {h.code(g.node.test)}`" for g in gates)
         what = "several" if relevant else "only SM100 blocks that also pick SM100-only kernels"
-        return refused(name, EXPECTED, f"{what}: {found}")
+        return refused(name, EXPECTED, f"{what}: {tests}")
     gate = relevant[0]
     operand = gate.operand
     assert operand is not None
@@ -90,9 +101,9 @@ def transform(module: cst.Module) -> Result:
     # is_sm100_supported (the runner places what a result requests).
     needs = arch.sglang_arch_import("sm120", gate.form)
 
-    if gate.verdict == "has-sm120":
+    if gate.verdict is Verdict.HAS_SM120:
         return already_applied(name, shape).needing(needs)
-    if gate.verdict == "upstream":
+    if gate.verdict is Verdict.UPSTREAM:
         return upstream(
             name,
             "the release enables fusion on every Blackwell GPU (majors 10 and 12, SM120 "
@@ -100,14 +111,14 @@ def transform(module: cst.Module) -> Result:
             shape,
         )
 
-    if gate.verdict == "widen-or":
+    if gate.verdict is Verdict.WIDEN_OR:
         # Only the gate (the `if` whose test holds the operand) is rebuilt, not the function.
         res = op.widen_arch_or(module, operand, gate.node, site=name, expected=EXPECTED)
         if res.status is not Status.APPLIED:
             return res
         new_module = res.module
         change = res.shape
-    else:  # "widen-single": the per-model GptOss block of 0.5.2 to 0.5.4
+    else:  # WIDEN_SINGLE: the per-model GptOss block of 0.5.2 to 0.5.4
         if gate.form == "call" and not h.binds_at_module_level(module, SM120_CALL):
             # Only 0.5.2 and 0.5.3 have this block without the import, and their
             # sglang.srt.utils has no is_sm120_supported to import.
@@ -165,73 +176,85 @@ def _judge(gate: cst.If) -> Gate:
     arch_ops: list[cst.BaseExpression] = []
     for op in h.and_operands(gate.test):
         parts = h.or_operands(op) or [op]
-        archs = [arch.sglang_arch(p) for p in parts]
-        if all(a is not None for a in archs):
+        checks = [arch.sglang_arch(p) for p in parts]
+        if all(c is not None for c in checks):
             arch_ops.append(op)
         elif len(parts) > 1 and not any(
-            arch.mentions_sglang_arch(p) for p, a in zip(parts, archs, strict=True) if a is None
+            arch.mentions_sglang_arch(p) for p, c in zip(parts, checks, strict=True) if c is None
         ):
             # A group mixing arch and other tests, `(self.nnodes == 1 or is_sm100_supported())`
             # (0.5.14 on): multi-node fusion resolves to MNNVL, which only SM100 systems have,
             # and the backend refuses multi-node on SM120. Left as it is.
             continue
         elif arch.mentions_sglang_arch(op):
-            return Gate(gate, "unknown", op)
+            return Gate(gate, Verdict.UNKNOWN, op)
     if len(arch_ops) != 1:
-        return Gate(gate, "unknown", None)
+        return Gate(gate, Verdict.UNKNOWN, None)
     operand = arch_ops[0]
     read = read_arch_group(operand)
-    archs, form = list(read.archs), read.form
+    archs, form = read.archs, read.form
     if form in ("", "flag"):
-        return Gate(gate, "unknown", operand)
+        return Gate(gate, Verdict.UNKNOWN, operand)
     if "sm120" in archs:
-        return Gate(gate, "has-sm120", operand, form)
+        return Gate(gate, Verdict.HAS_SM120, operand, form)
     if "blackwell" in archs:
-        return Gate(gate, "upstream", operand, form)
+        return Gate(gate, Verdict.UPSTREAM, operand, form)
     if sorted(archs) == ["sm100", "sm90"]:  # either order
-        return Gate(gate, "widen-or", operand, form)
-    if archs == ["sm100"]:
+        return Gate(gate, Verdict.WIDEN_OR, operand, form)
+    if archs == ("sm100",):
         # 0.5.2 to 0.5.6 turn fusion on per model. The GptOss block gates nothing but the
         # fusion (0.5.5 made it `is_blackwell_supported()`): widen it. The DeepseekV3 block
         # also picks trtllm_mla and the trtllm MoE runner, SM100-only kernels: leave it.
         only_fusion = all(h.guarded_nodes(stmt, _turns_fusion_on) for stmt in gate.body.body)
-        return Gate(gate, "widen-single" if only_fusion else "sm100-block", operand, form)
-    return Gate(gate, "unknown", operand)
+        verdict = Verdict.WIDEN_SINGLE if only_fusion else Verdict.SM100_BLOCK
+        return Gate(gate, verdict, operand, form)
+    return Gate(gate, Verdict.UNKNOWN, operand)
 
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 FACTS = (
-    Fact("==0.5.4", Status.APPLIED, "GptOss block `if is_sm100_supported():` -> `or "
+    Fact(releases="==0.5.4", status=Status.APPLIED,
+         shape="GptOss block `if is_sm100_supported():` -> `or "
          "is_sm120_supported()`; the DeepseekV3 block (also SM100-only kernels) is left",
-         SERVER_ARGS, "ServerArgs._handle_model_specific_adjustments", "bare", "real files",
-         note="On 0.5.4 the GptOss block gates on a bare `if "
+         file=SERVER_ARGS, function="ServerArgs._handle_model_specific_adjustments", form="bare",
+         source="real files", note="On 0.5.4 the GptOss block gates on a bare `if "
          "is_sm100_supported():`, the test 0.5.5 widened upstream to "
          "is_blackwell_supported(); widening it the same way is the 0.5.5 behaviour. The "
          "DeepseekV3 block (`is_cuda() and is_sm100_supported()`) also picks SM100-only "
          "trtllm_mla attention and stays as it is."),
-    Fact("==0.5.4.post3", Status.UPSTREAM, "GptOss block `if is_blackwell_supported():`",
-         SERVER_ARGS, source="real files (found by the full real tier over post releases)",
+    Fact(releases="==0.5.4.post3", status=Status.UPSTREAM,
+         shape="GptOss block `if is_blackwell_supported():`", file=SERVER_ARGS,
+         source="real files (found by the full real tier over post releases)",
          note="the hotfix already carries 0.5.5's is_blackwell_supported() (majors 10 and 12)"),
-    Fact(">=0.5.5,<0.5.7", Status.UPSTREAM, "GptOss block `if is_blackwell_supported():`",
-         SERVER_ARGS, source="released files",
+    Fact(releases=">=0.5.5,<0.5.7", status=Status.UPSTREAM,
+         shape="GptOss block `if is_blackwell_supported():`", file=SERVER_ARGS,
+         source="released files",
          note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),
-    Fact("==0.5.7", Status.UPSTREAM, "unified block, `(is_sm90_supported() or "
-         "is_blackwell_supported())`", SERVER_ARGS, source="released files",
+    Fact(releases="==0.5.7", status=Status.UPSTREAM,
+         shape="unified block, `(is_sm90_supported() or "
+         "is_blackwell_supported())`", file=SERVER_ARGS, source="released files",
          note="is_blackwell_supported() (majors 10 and 12) already covers SM120"),
-    Fact(">=0.5.8,<0.5.14", Status.APPLIED, "_handle_model_specific_adjustments, unified block "
+    Fact(releases=">=0.5.8,<0.5.14", status=Status.APPLIED,
+         shape="_handle_model_specific_adjustments, unified block "
          "`(is_sm90_supported() or is_sm100_supported())` then "
-         "`self.enable_flashinfer_allreduce_fusion = True`", SERVER_ARGS,
-         "ServerArgs._handle_model_specific_adjustments", "utils", "released files"),
-    Fact("==0.5.14", Status.APPLIED, 'same test, then `self.flashinfer_allreduce_fusion_backend '
-         '= "auto"`', SERVER_ARGS, "ServerArgs._handle_model_specific_adjustments", "utils",
-         "released files"),
-    Fact(">=0.5.15,<0.5.19", Status.APPLIED, "arg_groups/overrides.py, same test, returns "
-         '{"flashinfer_allreduce_fusion_backend": "auto"}', OVERRIDES,
-         "_flashinfer_allreduce_fusion_auto_enable", "utils", "released files"),
-    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "same function, `(get_platform().is_sm90 or "
-         "get_platform().is_sm100)`", OVERRIDES, "_flashinfer_allreduce_fusion_auto_enable",
-         "platform", "released files"),
+         "`self.enable_flashinfer_allreduce_fusion = True`", file=SERVER_ARGS,
+         function="ServerArgs._handle_model_specific_adjustments", form="utils",
+         source="released files"),
+    Fact(releases="==0.5.14", status=Status.APPLIED,
+         shape='same test, then `self.flashinfer_allreduce_fusion_backend '
+         '= "auto"`', file=SERVER_ARGS, function="ServerArgs._handle_model_specific_adjustments",
+         form="utils", source="released files"),
+    Fact(releases=">=0.5.15,<0.5.19", status=Status.APPLIED,
+         shape="arg_groups/overrides.py, same test, returns "
+         '{"flashinfer_allreduce_fusion_backend": "auto"}', file=OVERRIDES,
+         function="_flashinfer_allreduce_fusion_auto_enable", form="utils",
+         source="released files"),
+    Fact(releases=">=0.5.19,<0.5.24", status=Status.APPLIED,
+         shape="same function, `(get_platform().is_sm90 or "
+         "get_platform().is_sm100)`", file=OVERRIDES,
+         function="_flashinfer_allreduce_fusion_auto_enable", form="platform",
+         source="released files"),
 )
 
 

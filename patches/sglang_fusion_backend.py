@@ -66,14 +66,16 @@ def _raises(check: cst.If) -> list[cst.CSTNode]:
 
 COMM_FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
 FACTS = (
-    Fact("<0.5.14", Status.NOT_APPLICABLE, "no _resolve_backend", source="released files",
-         note="_resolve_backend exists from 0.5.14 on"),
-    Fact(">=0.5.14,<0.5.19", Status.APPLIED, "`if not (is_sm90_supported() or "
+    Fact(releases="<0.5.14", status=Status.NOT_APPLICABLE, shape="no _resolve_backend",
+         source="released files", note="_resolve_backend exists from 0.5.14 on"),
+    Fact(releases=">=0.5.14,<0.5.19", status=Status.APPLIED,
+         shape="`if not (is_sm90_supported() or "
          "is_sm100_supported()): raise ValueError(...)`, is_sm120_supported not imported",
-         COMM_FUSION, SITE, "utils", "released files"),
-    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "`if not (get_platform().is_sm90 or "
-         "get_platform().is_sm100): raise ValueError(...)`", COMM_FUSION, SITE, "platform",
-         "released files"),
+         file=COMM_FUSION, function=SITE, form="utils", source="released files"),
+    Fact(releases=">=0.5.19,<0.5.24", status=Status.APPLIED,
+         shape="`if not (get_platform().is_sm90 or "
+         "get_platform().is_sm100): raise ValueError(...)`", file=COMM_FUSION, function=SITE,
+         form="platform", source="released files"),
 )
 
 

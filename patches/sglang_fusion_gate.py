@@ -44,7 +44,9 @@ def _mentions_flags(node: cst.CSTNode) -> bool:
     from sm120patch.patchkit import syntax as h
 
     names = ARCH_FLAGS | {SM120}
-    return bool(h.matching_nodes(node, cst.Name, lambda n: n.value in names))  # type: ignore[attr-defined]
+    return bool(
+        h.matching_nodes(node, cst.Name, lambda n: isinstance(n, cst.Name) and n.value in names)
+    )
 
 
 def transform(module: cst.Module) -> Result:
@@ -81,18 +83,22 @@ def transform(module: cst.Module) -> Result:
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
 ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 FACTS = (
-    Fact(">=0.5.2,<0.5.4", Status.REFUSED, "as 0.5.4; refused with the flag patch of the same "
-         "file", COMMUNICATOR, f"{CLASS}.{METHOD}", source="released files"),
-    Fact(">=0.5.4,<0.5.8", Status.APPLIED, f"{CLASS}.{METHOD}, "
-         "`if ((_is_sm100_supported or _is_sm90_supported) and ...)`", COMMUNICATOR,
-         f"{CLASS}.{METHOD}", source="released files"),
-    Fact(">=0.5.8,<0.5.21", Status.APPLIED, "apply_flashinfer_allreduce_fusion(batch_size) "
-         "returns `(_is_sm90_supported or _is_sm100_supported) and ...`", COMMUNICATOR,
-         "apply_flashinfer_allreduce_fusion", source="released files"),
-    Fact("==0.5.21", Status.APPLIED, "same function, in layer_boundary/residual/add_norm.py",
-         ADD_NORM, "apply_flashinfer_allreduce_fusion", source="released files"),
-    Fact(">=0.5.22,<0.5.24", Status.APPLIED, "renamed flashinfer_ar_fusion_applies", ADD_NORM,
-         "flashinfer_ar_fusion_applies", source="released files"),
+    Fact(releases=">=0.5.2,<0.5.4", status=Status.REFUSED,
+         shape="as 0.5.4; refused with the flag patch of the same "
+         "file", file=COMMUNICATOR, function=f"{CLASS}.{METHOD}", source="released files"),
+    Fact(releases=">=0.5.4,<0.5.8", status=Status.APPLIED, shape=f"{CLASS}.{METHOD}, "
+         "`if ((_is_sm100_supported or _is_sm90_supported) and ...)`", file=COMMUNICATOR,
+         function=f"{CLASS}.{METHOD}", source="released files"),
+    Fact(releases=">=0.5.8,<0.5.21", status=Status.APPLIED,
+         shape="apply_flashinfer_allreduce_fusion(batch_size) "
+         "returns `(_is_sm90_supported or _is_sm100_supported) and ...`", file=COMMUNICATOR,
+         function="apply_flashinfer_allreduce_fusion", source="released files"),
+    Fact(releases="==0.5.21", status=Status.APPLIED,
+         shape="same function, in layer_boundary/residual/add_norm.py", file=ADD_NORM,
+         function="apply_flashinfer_allreduce_fusion", source="released files"),
+    Fact(releases=">=0.5.22,<0.5.24", status=Status.APPLIED,
+         shape="renamed flashinfer_ar_fusion_applies", file=ADD_NORM,
+         function="flashinfer_ar_fusion_applies", source="released files"),
 )
 
 

@@ -153,13 +153,14 @@ SHAPE = (
 )
 FACTS = (
     Fact(
-        "<0.5.11",
-        Status.NOT_APPLICABLE,
-        "no workspace preflight",
+        releases="<0.5.11",
+        status=Status.NOT_APPLICABLE,
+        shape="no workspace preflight",
         source="real files",
         note=f"{SITE} exists from 0.5.11 on",
     ),
-    Fact(">=0.5.11,<0.5.24", Status.APPLIED, SHAPE, COMM_FUSION, SITE, source="real files"),
+    Fact(releases=">=0.5.11,<0.5.24", status=Status.APPLIED, shape=SHAPE, file=COMM_FUSION,
+         function=SITE, source="real files"),
 )
 
 

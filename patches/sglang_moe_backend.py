@@ -31,25 +31,28 @@ OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 GLM4_MOE = "sglang/srt/arg_groups/model_overrides/glm4_moe.py"
 HANDLER = "ServerArgs._handle_model_specific_adjustments"
 FACTS = (
-    Fact("<0.5.8", Status.NOT_APPLICABLE, "no Glm4MoeForCausalLM MoE branch",
+    Fact(releases="<0.5.8", status=Status.NOT_APPLICABLE, shape="no Glm4MoeForCausalLM MoE branch",
          source="released files", note="no Glm4MoeForCausalLM branch before 0.5.8"),
-    Fact(">=0.5.8,<0.5.10", Status.APPLIED, '`elif model_arch in ["Glm4MoeForCausalLM"]:` '
+    Fact(releases=">=0.5.8,<0.5.10", status=Status.APPLIED,
+         shape='`elif model_arch in ["Glm4MoeForCausalLM"]:` '
          '`if is_sm100_supported():` ... flashinfer_trtllm under '
-         '`if check_pkg_version_at_least("flashinfer-python", ...):`', SERVER_ARGS,
-         HANDLER, "utils", "released files"),
-    Fact(">=0.5.10,<0.5.13", Status.APPLIED, "same, without the version gate", SERVER_ARGS,
-         HANDLER, "utils", "released files"),
-    Fact(">=0.5.13,<0.5.15", Status.APPLIED, "same; upstream picks flashinfer_cutlass on SM120 "
-         "for --quantization modelopt_fp4", SERVER_ARGS, HANDLER, "utils", "released files",
-         user_note=FLAG_NOTE),
-    Fact(">=0.5.15,<0.5.19", Status.APPLIED, '`if is_sm100_supported():` ... '
-         'overrides["moe_runner_backend"] = "flashinfer_trtllm"', OVERRIDES, OVERRIDES_FUNC,
-         "utils", "released files",
+         '`if check_pkg_version_at_least("flashinfer-python", ...):`', file=SERVER_ARGS,
+         function=HANDLER, form="utils", source="released files"),
+    Fact(releases=">=0.5.10,<0.5.13", status=Status.APPLIED, shape="same, without the version gate",
+         file=SERVER_ARGS, function=HANDLER, form="utils", source="released files"),
+    Fact(releases=">=0.5.13,<0.5.15", status=Status.APPLIED,
+         shape="same; upstream picks flashinfer_cutlass on SM120 "
+         "for --quantization modelopt_fp4", file=SERVER_ARGS, function=HANDLER, form="utils",
+         source="released files", user_note=FLAG_NOTE),
+    Fact(releases=">=0.5.15,<0.5.19", status=Status.APPLIED, shape='`if is_sm100_supported():` ... '
+         'overrides["moe_runner_backend"] = "flashinfer_trtllm"', file=OVERRIDES,
+         function=OVERRIDES_FUNC, form="utils", source="released files",
          note="server_args.py keeps an empty `elif model_arch in [\"Glm4MoeForCausalLM\"]: "
          "pass` pointing at overrides.py (real files): the site is in overrides.py",
          user_note=FLAG_NOTE),
-    Fact(">=0.5.19,<0.5.24", Status.APPLIED, "`if get_platform().is_sm100:`", GLM4_MOE,
-         OVERRIDES_FUNC, "platform", "released files", user_note=FLAG_NOTE),
+    Fact(releases=">=0.5.19,<0.5.24", status=Status.APPLIED, shape="`if get_platform().is_sm100:`",
+         file=GLM4_MOE, function=OVERRIDES_FUNC, form="platform", source="released files",
+         user_note=FLAG_NOTE),
 )
 
 

@@ -28,15 +28,19 @@ MINIMAX_M2 = "sglang/srt/arg_groups/model_overrides/minimax_m2.py"
 CHOICE = ('`if <sm100> and moe_runner_backend == "auto" and <model config>.quantization == '
           '"modelopt_fp4":` overrides["moe_runner_backend"] = "flashinfer_trtllm_routed"')
 FACTS = (
-    Fact("<0.5.15", Status.NOT_APPLICABLE, "no MiniMaxM2ForCausalLM override"),
-    Fact(">=0.5.15,<0.5.18", Status.NOT_APPLICABLE, f"{OVERRIDES_FUNC} only enables TF32 "
-         "matmul", OVERRIDES, OVERRIDES_FUNC),
-    Fact(">=0.5.18,<0.5.19", Status.APPLIED, f"{CHOICE}, `is_sm100_supported()` and "
-         "`server_args.get_model_config()`", OVERRIDES, OVERRIDES_FUNC, "utils",
+    Fact(releases="<0.5.15", status=Status.NOT_APPLICABLE,
+         shape="no MiniMaxM2ForCausalLM override"),
+    Fact(releases=">=0.5.15,<0.5.18", status=Status.NOT_APPLICABLE,
+         shape=f"{OVERRIDES_FUNC} only enables TF32 "
+         "matmul", file=OVERRIDES, function=OVERRIDES_FUNC),
+    Fact(releases=">=0.5.18,<0.5.19", status=Status.APPLIED,
+         shape=f"{CHOICE}, `is_sm100_supported()` and "
+         "`server_args.get_model_config()`", file=OVERRIDES, function=OVERRIDES_FUNC, form="utils",
          user_note=FLAG_NOTE),
-    Fact(">=0.5.19,<0.5.24", Status.APPLIED, f"{CHOICE}, `get_platform().is_sm100` and "
-         "`model_config_of(server_args)`", MINIMAX_M2, OVERRIDES_FUNC, "platform",
-         user_note=FLAG_NOTE),
+    Fact(releases=">=0.5.19,<0.5.24", status=Status.APPLIED,
+         shape=f"{CHOICE}, `get_platform().is_sm100` and "
+         "`model_config_of(server_args)`", file=MINIMAX_M2, function=OVERRIDES_FUNC,
+         form="platform", user_note=FLAG_NOTE),
 )
 
 

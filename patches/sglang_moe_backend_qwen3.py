@@ -27,26 +27,32 @@ OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 QWEN3_MOE = "sglang/srt/arg_groups/model_overrides/qwen3_moe.py"
 HANDLER = "ServerArgs._handle_model_specific_adjustments"
 FACTS = (
-    Fact("<0.5.6", Status.NOT_APPLICABLE, "no Qwen3MoeForCausalLM MoE branch"),
-    Fact(">=0.5.6,<0.5.8", Status.APPLIED, '`elif model_arch in ["Qwen3MoeForCausalLM", '
+    Fact(releases="<0.5.6", status=Status.NOT_APPLICABLE,
+         shape="no Qwen3MoeForCausalLM MoE branch"),
+    Fact(releases=">=0.5.6,<0.5.8", status=Status.APPLIED,
+         shape='`elif model_arch in ["Qwen3MoeForCausalLM", '
          '"Qwen3VLMoeForConditionalGeneration"]:` `if is_sm100_supported():` derives the '
          'quantization, then `self.quantization in ("fp8", "modelopt_fp4")` ... '
-         "flashinfer_trtllm", SERVER_ARGS, HANDLER, "utils"),
-    Fact(">=0.5.8,<0.5.13", Status.APPLIED, 'same, `(self.quantization in ("fp8", '
+         "flashinfer_trtllm", file=SERVER_ARGS, function=HANDLER, form="utils"),
+    Fact(releases=">=0.5.8,<0.5.13", status=Status.APPLIED,
+         shape='same, `(self.quantization in ("fp8", '
          '"modelopt_fp4") or self.quantization is None)`; from 0.5.10 more Qwen3 architectures '
-         "in the list", SERVER_ARGS, HANDLER, "utils"),
-    Fact(">=0.5.13,<0.5.15", Status.APPLIED, "same; upstream picks flashinfer_cutlass on SM120 "
-         "for --quantization modelopt_fp4", SERVER_ARGS, HANDLER, "utils",
+         "in the list", file=SERVER_ARGS, function=HANDLER, form="utils"),
+    Fact(releases=">=0.5.13,<0.5.15", status=Status.APPLIED,
+         shape="same; upstream picks flashinfer_cutlass on SM120 "
+         "for --quantization modelopt_fp4", file=SERVER_ARGS, function=HANDLER, form="utils",
          user_note=FLAG_NOTE),
-    Fact(">=0.5.15,<0.5.19", Status.APPLIED, f"{OVERRIDES_FUNC}: `if is_sm100_supported():` "
-         '... overrides["moe_runner_backend"] = "flashinfer_trtllm"', OVERRIDES, OVERRIDES_FUNC,
-         "utils", note="server_args.py keeps an empty branch pointing at overrides.py",
-         user_note=FLAG_NOTE),
-    Fact("==0.5.19", Status.APPLIED, "`if get_platform().is_sm100:`", QWEN3_MOE, OVERRIDES_FUNC,
-         "platform", user_note=FLAG_NOTE),
-    Fact(">=0.5.20,<0.5.24", Status.APPLIED, "`if get_platform().is_sm100:` ... `if "
+    Fact(releases=">=0.5.15,<0.5.19", status=Status.APPLIED,
+         shape=f"{OVERRIDES_FUNC}: `if is_sm100_supported():` "
+         '... overrides["moe_runner_backend"] = "flashinfer_trtllm"', file=OVERRIDES,
+         function=OVERRIDES_FUNC, form="utils",
+         note="server_args.py keeps an empty branch pointing at overrides.py", user_note=FLAG_NOTE),
+    Fact(releases="==0.5.19", status=Status.APPLIED, shape="`if get_platform().is_sm100:`",
+         file=QWEN3_MOE, function=OVERRIDES_FUNC, form="platform", user_note=FLAG_NOTE),
+    Fact(releases=">=0.5.20,<0.5.24", status=Status.APPLIED,
+         shape="`if get_platform().is_sm100:` ... `if "
          "has_w4a16_moe_layers:` (marlin) `elif ...:` flashinfer_trtllm; the W4A16 branch is "
-         "left out of the SM120 one", QWEN3_MOE, OVERRIDES_FUNC, "platform",
+         "left out of the SM120 one", file=QWEN3_MOE, function=OVERRIDES_FUNC, form="platform",
          user_note=FLAG_NOTE),
 )
 

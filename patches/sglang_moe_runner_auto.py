@@ -70,6 +70,7 @@ EXPECTED = (
 
 def transform(module: cst.Module) -> Result:
     import libcst as cst
+    from libcst.helpers import ensure_type
 
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
@@ -100,8 +101,8 @@ def transform(module: cst.Module) -> Result:
             "that choice: it picks its path from --moe-runner-backend (0.5.11, 0.5.12)"
         )
     if len(inner) != 1 or not isinstance(inner[0], cst.If):
-        found = "; ".join(f"`{h.code(s, 60)}`" for s in inner) or f"`{h.code(autos[0])}`"
-        return refused(SITE, EXPECTED, f"{len(inner)} statements: {found}")
+        listed = "; ".join(f"`{h.code(s, 60)}`" for s in inner) or f"`{h.code(autos[0])}`"
+        return refused(SITE, EXPECTED, f"{len(inner)} statements: {listed}")
     chain = op.if_chain(inner[0])
     last = chain[-1].orelse
     tests = "; ".join(f"`{h.code(b.test)}`" for b in chain)
@@ -131,13 +132,13 @@ def transform(module: cst.Module) -> Result:
         return refused(SITE, f"our SM120 branch and our `{PROPERTY}`", "one without the other")
 
     nl = module.default_newline
-    body = h.parse_statement(
+    template = (
         f"if x:{nl}"
         f"    {COMMENT}{nl}"
         f"    {VARIABLE} = {CUTLASS}{nl}"
-        f"    self.{FLAG} = True{nl}",
-        module,
-    ).body  # type: ignore[attr-defined]
+        f"    self.{FLAG} = True{nl}"
+    )
+    body = ensure_type(h.parse_statement(template, module), cst.If).body
     branch = op.new_elif(chain[0], cst.parse_expression(SM120_TEST), body)
     res = op.add_elif(module, chain[0], branch, site=SITE, shape="")
     if res.status is not Status.APPLIED:

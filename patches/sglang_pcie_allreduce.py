@@ -38,13 +38,16 @@ FUNCTIONS = ("can_use_custom_all_reduce_with_nvlink", "CustomAllreduce.__init__"
 SHAPE = f"`if {GATE}:` logs a warning and returns (custom allreduce off, NCCL instead)"
 
 FACTS = (
-    Fact(">=0.4.6,<0.5.10", Status.APPLIED, f"CustomAllreduce.__init__: {SHAPE}", CUSTOM_AR,
-         "CustomAllreduce.__init__", source="real files"),
-    Fact(">=0.5.10,<0.5.21", Status.APPLIED, f"can_use_custom_all_reduce_with_nvlink: {SHAPE}",
-         UTILS, "can_use_custom_all_reduce_with_nvlink", source="real files"),
-    Fact(">=0.5.21,<0.5.24", Status.APPLIED, "same; upstream ships FlashInfer's PCIe-IPC "
-         "allreduce behind SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", UTILS,
-         "can_use_custom_all_reduce_with_nvlink", source="real files",
+    Fact(releases=">=0.4.6,<0.5.10", status=Status.APPLIED,
+         shape=f"CustomAllreduce.__init__: {SHAPE}", file=CUSTOM_AR,
+         function="CustomAllreduce.__init__", source="real files"),
+    Fact(releases=">=0.5.10,<0.5.21", status=Status.APPLIED,
+         shape=f"can_use_custom_all_reduce_with_nvlink: {SHAPE}", file=UTILS,
+         function="can_use_custom_all_reduce_with_nvlink", source="real files"),
+    Fact(releases=">=0.5.21,<0.5.24", status=Status.APPLIED,
+         shape="same; upstream ships FlashInfer's PCIe-IPC "
+         "allreduce behind SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", file=UTILS,
+         function="can_use_custom_all_reduce_with_nvlink", source="real files",
          user_note="this SGLang ships FlashInfer's PCIe-IPC allreduce for PCIe-only GPUs "
          "(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1), and parallel_state.py tries the custom "
          "allreduce kept on here before it: the profile refuses this release unless --force"),

@@ -34,7 +34,10 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
 
     from sm120patch.patchkit import syntax as h
 
-    value = stmt.body[0].value  # type: ignore[attr-defined]
+    assign = stmt.body[0]
+    if not isinstance(assign, cst.Assign):
+        return None
+    value = assign.value
     if not (isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.And)):
         return None
     return h.key(value.left), h.key(value.right)
@@ -51,13 +54,14 @@ def transform(module: cst.Module) -> Result:
     cuda, sm120, needs = "", "", None  # no single SM100 flag: add_module_flag refuses
     if len(anchors) == 1:
         keys = _and_keys(anchors[0])
-        if keys is None or keys[0] not in CUDA_FORMS or keys[1] not in ARCH_FORMS:
+        left, sm100 = keys if keys is not None else (None, None)
+        twin = arch.sglang_arch_twin(sm100)
+        if left not in CUDA_FORMS or sm100 not in ARCH_FORMS or twin is None:
             return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
-        cuda, sm100 = keys
-        sm120 = arch.sglang_arch_twin(sm100)  # type: ignore[assignment]
+        cuda, sm120 = left, twin
         # From sglang.srt.utils itself: it has is_sm120_supported from 0.5.4 on, while the
         # releases before 0.5.2 import is_sm100_supported from another module.
-        call = arch.sglang_arch_import("sm120", ARCH_FORMS[sm100])  # type: ignore[index]
+        call = arch.sglang_arch_import("sm120", ARCH_FORMS[sm100])
         needs = call and replace(call, module=UTILS)
     form = f"{cuda} and {sm120}"
     existing = h.module_assignments(module, SITE)
@@ -74,21 +78,27 @@ def transform(module: cst.Module) -> Result:
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
 ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 FACTS = (
-    Fact(">=0.5.2,<0.5.4", Status.REFUSED, "`_is_sm100_supported = is_cuda() and "
+    Fact(releases=">=0.5.2,<0.5.4", status=Status.REFUSED,
+         shape="`_is_sm100_supported = is_cuda() and "
          "is_sm100_supported()`; sglang.srt.utils has no is_sm120_supported to import",
-         COMMUNICATOR, None, "import", "released files",
+         file=COMMUNICATOR, function=None, form="import", source="released files",
          note="the import it adds does not exist before 0.5.4: the planner refuses every "
          "patch of the file"),
-    Fact(">=0.5.4,<0.5.6", Status.APPLIED, "`_is_sm100_supported = is_cuda() and "
-         "is_sm100_supported()`, imported from sglang.srt.utils", COMMUNICATOR, None, "import",
-         "released files"),
-    Fact(">=0.5.6,<0.5.19", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
-         "is_sm100_supported()`, same import", COMMUNICATOR, None, "import", "released files"),
-    Fact(">=0.5.19,<0.5.21", Status.APPLIED, "`_is_sm100_supported = _is_cuda and "
-         "get_platform().is_sm100`, no import needed", COMMUNICATOR, None, "platform",
-         "released files"),
-    Fact(">=0.5.21,<0.5.24", Status.APPLIED, "same, in layer_boundary/residual/add_norm.py",
-         ADD_NORM, None, "platform", "released files"),
+    Fact(releases=">=0.5.4,<0.5.6", status=Status.APPLIED,
+         shape="`_is_sm100_supported = is_cuda() and "
+         "is_sm100_supported()`, imported from sglang.srt.utils", file=COMMUNICATOR, function=None,
+         form="import", source="released files"),
+    Fact(releases=">=0.5.6,<0.5.19", status=Status.APPLIED,
+         shape="`_is_sm100_supported = _is_cuda and "
+         "is_sm100_supported()`, same import", file=COMMUNICATOR, function=None, form="import",
+         source="released files"),
+    Fact(releases=">=0.5.19,<0.5.21", status=Status.APPLIED,
+         shape="`_is_sm100_supported = _is_cuda and "
+         "get_platform().is_sm100`, no import needed", file=COMMUNICATOR, function=None,
+         form="platform", source="released files"),
+    Fact(releases=">=0.5.21,<0.5.24", status=Status.APPLIED,
+         shape="same, in layer_boundary/residual/add_norm.py", file=ADD_NORM, function=None,
+         form="platform", source="released files"),
 )
 
 

@@ -17,7 +17,7 @@ MODULE = '''
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Status, not_applicable
 
-FACTS = (Fact(">=0.6.1", Status.NOT_APPLICABLE, "nothing"),)
+FACTS = (Fact(releases=">=0.6.1", status=Status.NOT_APPLICABLE, shape="nothing"),)
 
 
 def transform(module):

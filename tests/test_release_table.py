@@ -29,8 +29,8 @@ def library() -> list[Patch]:
 def test_a_patch_reads_the_files_its_facts_name() -> None:
     for patch in library():
         assert patch.files == files_of(patch.facts), patch.id
-    fact = Fact(">=1", Status.APPLIED, "s", "pkg/new.py")
-    old = Fact("<1", Status.APPLIED, "s", "pkg/old.py")
+    fact = Fact(releases=">=1", status=Status.APPLIED, shape="s", file="pkg/new.py")
+    old = Fact(releases="<1", status=Status.APPLIED, shape="s", file="pkg/old.py")
     made = Patch(id="t.p", target="sglang", title="t", why="w", marker="m",
                  transform=lambda m: None, facts=(old, fact))  # type: ignore[arg-type,return-value]
     assert made.files == ("pkg/new.py", "pkg/old.py")  # the newest release's first
@@ -49,7 +49,8 @@ def test_the_catalog_refuses_a_fact_on_a_file_the_patch_does_not_read() -> None:
     from sm120patch.plan.catalog import _patch_problems
 
     patch = library()[0]
-    stray = replace(patch, facts=(*patch.facts, Fact(">=99", Status.APPLIED, "s", "pkg/x.py")))
+    stray = replace(patch, facts=(*patch.facts, Fact(releases=">=99", status=Status.APPLIED,
+                                                     shape="s", file="pkg/x.py")))
     assert any("pkg/x.py" in p for p in _patch_problems(stray))
     assert not _patch_problems(patch)
 
@@ -80,7 +81,8 @@ def test_the_full_range_spans_every_fact_and_every_pin(kind: str) -> None:
 def test_a_fact_below_the_range_widens_it(monkeypatch: pytest.MonkeyPatch) -> None:
     cat = catalog.load()
     patch = cat.patches["sglang.pcie-allreduce"]
-    older = replace(patch, facts=(Fact(">=0.3.0,<0.4.6", Status.REFUSED, "s"), *patch.facts))
+    older = replace(patch, facts=(Fact(releases=">=0.3.0,<0.4.6", status=Status.REFUSED,
+                                       shape="s"), *patch.facts))
     wider = replace(cat, patches={**cat.patches, patch.id: older})
     monkeypatch.setattr(catalog, "load", lambda: wider)
     assert releases.full_range("sglang") == ">=0.3.0,<0.5.24"

@@ -39,7 +39,9 @@ class Status(str, Enum):
         return self.value
 
 
-@dataclass(frozen=True)
+# Keyword-only: a fact has up to ten fields, most of them strings, and a positional one would
+# let `file` and `function` (or `source` and `note`) trade places without an error.
+@dataclass(frozen=True, kw_only=True)
 class Fact:
     releases: str  # PEP 440 specifier on the release
     status: Status

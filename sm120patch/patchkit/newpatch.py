@@ -179,11 +179,11 @@ FUNCTION = "{spec.function}"
 # profile's pins may only cover releases a fact covers (the real-release tests fail otherwise).
 FACTS = (
     Fact(
-        "{spec.pins}",
-        Status.APPLIED,
-        "{shape}",
-        FILE,
-        FUNCTION,
+        releases="{spec.pins}",
+        status=Status.APPLIED,
+        shape="{shape}",
+        file=FILE,
+        function=FUNCTION,
         source="TODO: the releases this was read off",
     ),
 )
