@@ -40,3 +40,28 @@ def run_patch():
 def isolated_state(tmp_path_factory, monkeypatch):
     """Installed targets keep state in the user's state dir: never the real one in tests."""
     monkeypatch.setenv("SM120PATCH_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture(autouse=True)
+def _no_serving_engine_beside_the_tests(monkeypatch):
+    """The suite does not depend on what else is installed beside it: the README's quick start
+    installs SGLang and FlashInfer into the venv the tests then run in, where a command given
+    no --sglang/--flashinfer would find them. An SGLang or FlashInfer in the test interpreter's
+    own site-packages is not found by default (`targets.find(kind, None)`); a test that wants
+    one puts its own tree on sys.path, which is still found."""
+    import importlib.util
+    import sysconfig
+    from pathlib import Path
+
+    real = importlib.util.find_spec
+    own = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
+
+    def find_spec(name, package=None):
+        spec = real(name, package)
+        if name in ("sglang", "flashinfer") and spec is not None:
+            places = list(spec.submodule_search_locations or [])
+            if any(Path(p).resolve().parent in own for p in places):
+                return None
+        return spec
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)

@@ -365,6 +365,7 @@ def _run_git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
             capture_output=True,
             check=False,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to the terminal's group never kills it mid-read
         )
     except OSError as exc:
         raise Refused(
@@ -453,6 +454,7 @@ class _AtCommit:
             input="".join(f"{name}\n" for name in asked).encode(),
             capture_output=True,
             check=False,
+            start_new_session=True,  # as every git child: out of the terminal's Ctrl-C
         )
         out, at, found = proc.stdout, 0, []
         for _ in asked:

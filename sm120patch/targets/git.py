@@ -451,17 +451,34 @@ class Repo:
                 "--",
                 *rels,
             ],
-            env=self._identity_env(),
+            env=self._identity(),
         )
         return self._head_sha()
+
+    def _local_config(self, key: str) -> str:
+        """The repository's own value of `key` ('' when unset)."""
+        import git
+
+        try:
+            return str(self.repo.git.config("--local", "--get", key)).strip()
+        except git.GitCommandError:  # exit 1: not set
+            return ""
+
+    def _identity(self) -> dict[str, str]:
+        """`_identity_env`, read once per repository (two git commands, not two a commit)."""
+        if not hasattr(self, "_identity_read"):
+            self._identity_read = self._identity_env()
+        return self._identity_read
 
     def _identity_env(self) -> dict[str, str]:
         """The identity of sm120patch's commits: `GIT_AUTHOR_*`/`GIT_COMMITTER_*` when set,
         else the repository's `user.name`/`user.email`, else a clear fallback (never a prompt).
-        Git sees no global configuration (`git_env`), so the identity is always given."""
-        reader = self.repo.config_reader("repository")
-        name = str(reader.get_value("user", "name", default="") or FALLBACK_NAME)
-        email = str(reader.get_value("user", "email", default="") or FALLBACK_EMAIL)
+        Git sees no global configuration (`git_env`), so the identity is always given.
+        Read by `git config --local`, not GitPython's config parser: the parser's `__del__`
+        runs wherever the object dies, and a Ctrl-C landing there is printed as an ignored
+        exception's traceback and lost."""
+        name = self._local_config("user.name") or FALLBACK_NAME
+        email = self._local_config("user.email") or FALLBACK_EMAIL
         env = {"GIT_AUTHOR_NAME": name, "GIT_COMMITTER_NAME": name,
                "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_EMAIL": email}  # fmt: skip
         env.update({k: os.environ[k] for k in _IDENTITY_ENV if os.environ.get(k)})
