@@ -68,7 +68,8 @@ def test_image_build_step_refuses_a_lock_for_other_releases(fleet: Fleet, site: 
     # Exit 1, not the venv's already-applied "nothing to do": it planned on the copy.
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "sglang version: lock has 0.5.9, found 0.5.8" in proc.stderr
-    assert "next:" in proc.stderr
+    # What to do, on its own line (prose: no command pastes here, the lock is made elsewhere).
+    assert "\n  nothing was changed; use the releases the lock was made on" in proc.stderr
     assert snapshot(site) == before
 
 
