@@ -103,9 +103,14 @@ class Session:
         from sm120patch.trial import known
 
         found = known.lines(profile, self.paths, command or [], self.gpus, verbose=self.verbose)
-        if profile and not self.verbose and any(line.startswith("known: ") for line in found):
-            found.append(f"known outcomes in full: `sm120patch show {profile}`")
-        return found
+        return self._with_where_in_full(profile, found)
+
+    def _with_where_in_full(self, profile: str | None, lines: list[str]) -> list[str]:
+        """Short known lines end with the command that prints them in full (not with
+        --verbose, which already did)."""
+        if profile and not self.verbose and any(line.startswith("known: ") for line in lines):
+            lines.append(f"known outcomes in full: `sm120patch show {profile}`")
+        return lines
 
     def known_before_apply(self, profile: str, gpu_check: bool) -> list[str]:
         """The known outcomes and the trials measured here that match this box, for `apply`
@@ -127,10 +132,9 @@ class Session:
             gpus=(len(found.gpus) or None) if found else None,
         )
         trials = known.once_each(t for s in statuses for t in s.trials)
-        shown = known.lines(profile, box, trials, verbose=self.verbose)
-        if not self.verbose and any(line.startswith("known: ") for line in shown):
-            shown.append(f"known outcomes in full: `sm120patch show {profile}`")
-        return shown
+        return self._with_where_in_full(
+            profile, known.lines(profile, box, trials, verbose=self.verbose)
+        )
 
 
 # ---- lock files --------------------------------------------------------------------------
