@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
+    Refuse,
     Result,
     Status,
     already_applied,
     applied,
-    refused,
     upstream,
 )
 
@@ -82,19 +82,17 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.19)")
-    if isinstance(func, Result):
-        return func
     if not isinstance(func.body, cst.IndentedBlock):
-        return refused(SITE, EXPECTED, f"`{h.code(func)}`")
+        raise Refuse(SITE, EXPECTED, f"`{h.code(func)}`")
     if not any(_assigns(s, "cfg") for s in func.body.body):
-        return refused(SITE, EXPECTED, "no `cfg = ...` in the function")
+        raise Refuse(SITE, EXPECTED, "no `cfg = ...` in the function")
     mha = [
         s
         for s in func.body.body
         if isinstance(s, cst.If) and h.code(s.test) == "not use_mla_backend"
     ]
     if len(mha) != 1:
-        return refused(SITE, EXPECTED, f"{len(mha)} `if not use_mla_backend:` statements")
+        raise Refuse(SITE, EXPECTED, f"{len(mha)} `if not use_mla_backend:` statements")
     branches = op.branches_in(mha[0].body)
     sm100 = [b for b in branches if h.key(h.and_operands(b.test)[0]) == SM100]
     sm120 = [b for b in branches if _mentions(b.test, "is_sm120")]
@@ -110,18 +108,18 @@ def transform(module: cst.Module) -> Result:
             return already_applied(SITE, f"`elif {SM120} and {HELPER}(...):` after the SM100 one")
         if len(sm120) == 1 and not _is_ours(sm120[0]) and _returns(sm120[0].body, BACKEND):
             return upstream(SITE, f"the release's own default picks {BACKEND} on SM120")
-        return refused(
+        raise Refuse(
             SITE,
             "no SM120 branch, or ours right after the SM100 one",
             f"`if {h.code(sm120[0].test)}:`",
         )
     if helper:
-        return refused(SITE, f"no `def {HELPER}` without its branch", "the helper alone")
+        raise Refuse(SITE, f"no `def {HELPER}` without its branch", "the helper alone")
     if not h.binds_at_module_level(module, "Any"):
-        return refused(SITE, "`from typing import Any` (the helper's annotations)", "none")
+        raise Refuse(SITE, "`from typing import Any` (the helper's annotations)", "none")
     if len(sm100) != 1 or not _returns(sm100[0].body, BACKEND):
         found = "; ".join(f"`{h.code(b.test)}`" for b in sm100) or "no SM100 branch"
-        return refused(SITE, EXPECTED, found)
+        raise Refuse(SITE, EXPECTED, found)
     anchor = sm100[0]
 
     nl = module.default_newline

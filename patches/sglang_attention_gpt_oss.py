@@ -19,11 +19,11 @@ from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Import,
     Patch,
+    Refuse,
     Result,
     Status,
     already_applied,
     applied,
-    refused,
     upstream,
 )
 
@@ -62,15 +62,13 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.19)")
-    if isinstance(func, Result):
-        return func
     gates = [
         n
         for n in h.statements(func)
         if isinstance(n, cst.If) and h.code(n.test) == "is_attention_backend_not_set(cfg)"
     ]
     if len(gates) != 1:
-        return refused(SITE, EXPECTED, f"{len(gates)} `if is_attention_backend_not_set(cfg):`")
+        raise Refuse(SITE, EXPECTED, f"{len(gates)} `if is_attention_backend_not_set(cfg):`")
     branches = op.branches_in(gates[0].body)
     sm100 = [b for b in branches if h.key(b.test) == SM100]
     sm120 = [b for b in branches if h.key(b.test) == SM120]
@@ -80,11 +78,11 @@ def transform(module: cst.Module) -> Result:
             return already_applied(SITE, f"`elif {SM120}:` asking get_default_attn_backend")
         if len(sm120) == 1 and _sets_trtllm(ours):
             return upstream(SITE, "GPT-OSS's override already picks trtllm_mha on SM120")
-        return refused(SITE, EXPECTED, f"`elif {h.code(ours.test)}: {h.code(ours.body)}`")
+        raise Refuse(SITE, EXPECTED, f"`elif {h.code(ours.test)}: {h.code(ours.body)}`")
     if len(sm100) != 1 or not _sets_trtllm(sm100[0]):
-        return refused(SITE, EXPECTED, f"{len(sm100)} `if {SM100}:` branches")
+        raise Refuse(SITE, EXPECTED, f"{len(sm100)} `if {SM100}:` branches")
     if not h.binds_at_module_level(module, "resolving_view"):
-        return refused(SITE, f"`from {BASE_MODULE} import (...)`", "no such import")
+        raise Refuse(SITE, f"`from {BASE_MODULE} import (...)`", "no such import")
     nl = module.default_newline
     lines = f"{TARGET} = {VALUE}".split("\n")
     template = f"if x:{nl}" + "".join(f"    {line}{nl}" for line in lines)

@@ -19,11 +19,11 @@ from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Import,
     Patch,
+    Refuse,
     Result,
     Status,
     already_applied,
     applied,
-    refused,
     upstream,
 )
 
@@ -74,16 +74,13 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    found = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.8)")
-    if isinstance(found, Result):
-        return found
-    func = found
+    func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.8)")
     if not isinstance(func.body, cst.IndentedBlock):
-        return refused(SITE, "a function body", f"`{h.code(func)}`")
+        raise Refuse(SITE, "a function body", f"`{h.code(func)}`")
     autos = [s for s in func.body.body if isinstance(s, cst.If) and _is_auto_test(s.test)]
     if not autos:
         if arch.mentions_sglang_arch(func) or _assigns_backend_string(func):
-            return refused(SITE, EXPECTED, 'an arch check outside `if backend == "auto":`')
+            raise Refuse(SITE, EXPECTED, 'an arch check outside `if backend == "auto":`')
         return upstream(
             SITE,
             "SGLang passes `auto` on to FlashInfer's mm_fp4, whose own `auto` prefers b12x "
@@ -91,19 +88,19 @@ def transform(module: cst.Module) -> Result:
             "auto passed through",
         )
     if len(autos) > 1 or autos[0].orelse is not None:
-        return refused(SITE, EXPECTED, f'{len(autos)} `if backend == "auto":` statements')
+        raise Refuse(SITE, EXPECTED, f'{len(autos)} `if backend == "auto":` statements')
     auto = autos[0]
     inner = auto.body
     chain = inner.body[0] if isinstance(inner, cst.IndentedBlock) and len(inner.body) == 1 else None
     if not isinstance(chain, cst.If):
-        return refused(SITE, EXPECTED, f"`{h.code(inner)}`")
+        raise Refuse(SITE, EXPECTED, f"`{h.code(inner)}`")
     branches = op.if_chain(chain)
 
     ours = _is_ours(branches[0])
     if ours and _defines_helper(module):
         return already_applied(SITE, f"`if <SM120> and {HELPER}():` first, choosing {BACKEND}")
     if ours or _defines_helper(module):
-        return refused(
+        raise Refuse(
             SITE,
             f"our SM120 branch first in the chain and `def {HELPER}`",
             "one of them without the other",
@@ -121,10 +118,10 @@ def transform(module: cst.Module) -> Result:
     }
     if len(forms) != 1 or not forms <= {"call", "platform"}:
         tests = "; ".join(f"`{h.code(b.test)}`" for b in branches)
-        return refused(SITE, EXPECTED, f"arch checks in {len(forms)} forms: {tests}")
+        raise Refuse(SITE, EXPECTED, f"arch checks in {len(forms)} forms: {tests}")
     form = forms.pop()
     if not h.module_assignments(module, "logger"):
-        return refused(SITE, "a module-level `logger = ...` (the new branch logs)", "none")
+        raise Refuse(SITE, "a module-level `logger = ...` (the new branch logs)", "none")
 
     sm120 = arch.sglang_arch_check("sm120", form)
     test = cst.BooleanOperation(

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
+    NotApplicable,
     Patch,
+    Refuse,
     Result,
     Status,
     already_applied,
     applied,
-    not_applicable,
-    refused,
 )
 
 if TYPE_CHECKING:
@@ -45,9 +45,9 @@ def transform(module: cst.Module) -> Result:
 
     funcs = [f for name in FUNCTIONS for f in h.functions(module, name)]
     if not funcs:
-        return not_applicable(FUNCTIONS[0], "no FlashInfer autotune gate in this file")
+        raise NotApplicable(FUNCTIONS[0], "no FlashInfer autotune gate in this file")
     if len(funcs) > 1:
-        return refused(FUNCTIONS[0], "one autotune gate", f"{len(funcs)} definitions")
+        raise Refuse(FUNCTIONS[0], "one autotune gate", f"{len(funcs)} definitions")
     func = funcs[0]
     site = func.name.value
     blocks = [b for b in h.statements(func) if isinstance(b, cst.IndentedBlock)]
@@ -62,22 +62,22 @@ def transform(module: cst.Module) -> Result:
         and h.key(a.targets[0].target) == TARGET
     ]
     if not lines:
-        return not_applicable(site, f"no `{TARGET} = ...`: no FP4 GEMM is autotuned here")
+        raise NotApplicable(site, f"no `{TARGET} = ...`: no FP4 GEMM is autotuned here")
     if len(lines) > 1:
-        return refused(site, EXPECTED, f"{len(lines)} assignments of {TARGET}")
+        raise Refuse(site, EXPECTED, f"{len(lines)} assignments of {TARGET}")
     line, assign = lines[0]
     ops = h.and_operands(assign.value)
     groups = [
         o for o in ops if isinstance(o, cst.BooleanOperation) and h.or_operands(o) is not None
     ]
     if len(ops) != 2 or len(groups) != 1:
-        return refused(site, EXPECTED, f"`{h.code(line)}`")
+        raise Refuse(site, EXPECTED, f"`{h.code(line)}`")
     group = groups[0]
     keys = [h.key(o) for o in h.or_operands(group) or []]
     if NEW in keys:
         return already_applied(site, f"{TARGET} takes {NEW}")
     if set(keys) != KNOWN:
-        return refused(site, EXPECTED, f"`{h.code(line)}`")
+        raise Refuse(site, EXPECTED, f"`{h.code(line)}`")
     new_group = h.widen_or(group, cst.parse_expression(NEW))
     new_module = h.replace(module, group, new_group, scope=func)
     return applied(site, new_module, f"{TARGET}: `... or {NEW}`")

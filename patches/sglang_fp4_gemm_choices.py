@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Result, Status, not_applicable
+from sm120patch.patchkit.model import NotApplicable, Patch, Result, Status
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -29,7 +29,7 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import syntax as h
 
     if not h.module_assignments(module, NAME):
-        return not_applicable(
+        raise NotApplicable(
             NAME, f"no module-level `{NAME} = [...]` in this file (it exists from 0.5.8)"
         )
     return op.append_to_list(module, name=NAME, add=ADD, expect=EXPECT)

@@ -15,14 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import (
-    Patch,
-    Result,
-    Status,
-    already_applied,
-    not_applicable,
-    refused,
-)
+from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status, already_applied
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -45,18 +38,18 @@ def transform(module: cst.Module) -> Result:
 
     found = h.classes(module, CLASS)
     if not found:
-        return not_applicable(CLASS, f"no `class {CLASS}` in this file (it exists from 0.5.8)")
+        raise NotApplicable(CLASS, f"no `class {CLASS}` in this file (it exists from 0.5.8)")
     if len(found) > 1:
-        return refused(CLASS, f"one `class {CLASS}`", f"{len(found)} definitions")
+        raise Refuse(CLASS, f"one `class {CLASS}`", f"{len(found)} definitions")
     cls = found[0]
     if not isinstance(cls.body, cst.IndentedBlock):
-        return refused(CLASS, "a class body", f"`{h.code(cls)}`")
+        raise Refuse(CLASS, "a class body", f"`{h.code(cls)}`")
     body = list(cls.body.body)
     members = _members(body)
     methods = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
 
     if not _maps_by_prefix(methods.get(MAPPING)):
-        return refused(
+        raise Refuse(
             CLASS,
             f'`def {MAPPING}` returning `self.value.removeprefix("{PREFIX}")` (so that '
             f"{VALUE} reaches FlashInfer's mm_fp4 as b12x)",
@@ -64,11 +57,11 @@ def transform(module: cst.Module) -> Result:
         )
     others = [n for n, v in members.items() if v == VALUE and n != MEMBER]
     if others:
-        return refused(CLASS, f"no member valued {VALUE!r} but {MEMBER}", f"`{others[0]}`")
+        raise Refuse(CLASS, f"no member valued {VALUE!r} but {MEMBER}", f"`{others[0]}`")
     if MEMBER in members or PREDICATE in methods:
         if members.get(MEMBER) == VALUE and _is_predicate(methods.get(PREDICATE)):
             return already_applied(CLASS, f'{MEMBER} = "{VALUE}" and {PREDICATE}()')
-        return refused(
+        raise Refuse(
             CLASS,
             f'no {MEMBER}, or `{MEMBER} = "{VALUE}"` with `def {PREDICATE}`',
             f"{MEMBER} = {members.get(MEMBER)!r}, {PREDICATE} "
@@ -77,7 +70,7 @@ def transform(module: cst.Module) -> Result:
 
     anchor_name, anchor_value = ANCHOR_MEMBER
     if members.get(anchor_name) != anchor_value or ANCHOR_PREDICATE not in methods:
-        return refused(
+        raise Refuse(
             CLASS,
             f'`{anchor_name} = "{anchor_value}"` and `def {ANCHOR_PREDICATE}` to add the new '
             "member and predicate after",
@@ -95,7 +88,7 @@ def transform(module: cst.Module) -> Result:
         if isinstance(a, cst.Attribute) and a.attr.value == anchor_name
     ]
     if len(attrs) != 1 or not _is_predicate_of(anchor_def, anchor_name):
-        return refused(
+        raise Refuse(
             CLASS,
             f"`def {ANCHOR_PREDICATE}(self)` returning `self == {CLASS}.{anchor_name}`",
             f"`{h.code(anchor_def)}`",

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, NamedTuple
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
+    Refuse,
     Result,
     Status,
     already_applied,
     applied,
-    refused,
     upstream,
 )
 
@@ -62,28 +62,25 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    found = op.one_of_defs(module, SITES)
-    if isinstance(found, Result):
-        return found
-    name, func = found
+    name, func = op.one_of_defs(module, SITES)
 
     enables = h.guarded_nodes(func, _turns_fusion_on)
     if not enables:
-        return refused(name, EXPECTED, "no statement turning allreduce fusion on")
+        raise Refuse(name, EXPECTED, "no statement turning allreduce fusion on")
     # Each such statement's gate is the innermost `if` around it testing the GPU arch;
     # several statements may share one gate.
     gates: list[Gate] = []
     for node, ifs in enables:
         test = next((i for i in reversed(ifs) if arch.mentions_sglang_arch(i.test)), None)
         if test is None:
-            return refused(name, EXPECTED, f"`{h.code(node)}` under no GPU-arch check")
+            raise Refuse(name, EXPECTED, f"`{h.code(node)}` under no GPU-arch check")
         if not any(g.node is test for g in gates):
             gates.append(_judge(test))
 
     for g in gates:
         if g.verdict is Verdict.UNKNOWN:
             where = f"`{h.code(g.operand)}` in " if g.operand is not None else ""
-            return refused(name, EXPECTED, f"{where}`if {h.code(g.node.test)}`")
+            raise Refuse(name, EXPECTED, f"{where}`if {h.code(g.node.test)}`")
     # SM100 blocks that also pick SM100-only kernels (DeepseekV3, 0.5.2 to 0.5.6) stay.
     kept = [f"`if {h.code(g.node.test)}`" for g in gates if g.verdict is Verdict.SM100_BLOCK]
     note = f"; left as is (also picks SM100-only kernels): {', '.join(kept)}" if kept else ""
@@ -91,7 +88,7 @@ def transform(module: cst.Module) -> Result:
     if len(relevant) != 1:
         tests = "; ".join(f"`if {h.code(g.node.test)}`" for g in gates)
         what = "several" if relevant else "only SM100 blocks that also pick SM100-only kernels"
-        return refused(name, EXPECTED, f"{what}: {tests}")
+        raise Refuse(name, EXPECTED, f"{what}: {tests}")
     gate = relevant[0]
     operand = gate.operand
     assert operand is not None
@@ -122,7 +119,7 @@ def transform(module: cst.Module) -> Result:
         if gate.form == "call" and not h.binds_at_module_level(module, SM120_CALL):
             # Only 0.5.2 and 0.5.3 have this block without the import, and their
             # sglang.srt.utils has no is_sm120_supported to import.
-            return refused(
+            raise Refuse(
                 name,
                 f"`{SM120_CALL}` imported (sglang.srt.utils has it from 0.5.4 on)",
                 "no such import: this release predates SM120 detection",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Result, Status, refused
+from sm120patch.patchkit.model import Patch, Refuse, Result, Status
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -25,8 +25,6 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.14 on)")
-    if isinstance(func, Result):
-        return func
     # The arch check guards the whole function, so it sits in its body, not nested: the
     # checks nested under one backend (`if backend == "cutedsl": if not <sm100>: raise`,
     # 0.5.23) are that backend's own business.
@@ -37,7 +35,7 @@ def transform(module: cst.Module) -> Result:
     ]
     if len(checks) != 1:
         found = "; ".join(f"`if {h.code(c.test)}`" for c in checks) or "no GPU-arch check"
-        return refused(SITE, EXPECTED, found if len(checks) < 2 else f"several: {found}")
+        raise Refuse(SITE, EXPECTED, found if len(checks) < 2 else f"several: {found}")
     check = checks[0]
     test = check.test
     found = f"`if {h.code(test)}`"
@@ -47,7 +45,7 @@ def transform(module: cst.Module) -> Result:
         or h.or_operands(test.expression) is None
         or not _raises(check)
     ):
-        return refused(SITE, EXPECTED, found)
+        raise Refuse(SITE, EXPECTED, found)
     # The error message ("requires SM90 or SM10X NVIDIA GPUs") stays: it is shown only on
     # GPUs the widened check still rejects, and leaving it keeps the diff to the check. In the
     # call form (0.5.14 to 0.5.18) the widened check requests is_sm120_supported, which those

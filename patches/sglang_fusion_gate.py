@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Result, Status, Wiring, applied, refused
+from sm120patch.patchkit.model import Patch, Refuse, Result, Status, Wiring, applied
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -53,19 +53,16 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    found = op.one_of_defs(module, FUNCTIONS, fallback=(CLASS, METHOD), required=True)
-    if isinstance(found, Result):
-        return found
-    site, scope = found
+    site, scope = op.one_of_defs(module, FUNCTIONS, fallback=(CLASS, METHOD), required=True)
 
     # The gate is the one condition (an `if` test or a returned value) testing the arch flags.
     tests = [test for test in h.conditions(scope) if _mentions_flags(test)]
     if len(tests) != 1:
         flags = " / ".join(sorted(ARCH_FLAGS))
-        return refused(site, f"one condition testing {flags}", f"{len(tests)} conditions")
+        raise Refuse(site, f"one condition testing {flags}", f"{len(tests)} conditions")
     first = h.and_operands(tests[0])[0]
     if h.or_operands(first) is None:
-        return refused(site, EXPECTED, f"`{h.code(first)}`")
+        raise Refuse(site, EXPECTED, f"`{h.code(first)}`")
     res = op.widen_arch_or(
         module, first, scope, site=site, expected=EXPECTED, forms=("flag",),
         others_ok=False, upstream_ok=False,
@@ -74,7 +71,7 @@ def transform(module: cst.Module) -> Result:
         return res
     if not h.module_assignments(module, SM120):
         # Widening without the flag would raise NameError when the gate first runs.
-        return refused(
+        raise Refuse(
             site, f"a module flag `{SM120} = ...` (patch sglang.sm120-flag runs first)", "none"
         )
     return applied(site, res.module, f"{h.code(first)} -> ... or {SM120}")

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
+    Refuse,
     Result,
     Status,
     already_applied,
     applied,
-    refused,
     upstream,
 )
 
@@ -109,13 +109,11 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import syntax as h
 
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.11 on)")
-    if isinstance(func, Result):
-        return func
     text = module.code_for_node(func)
     if QUERY not in text:
         if ALLOC_QUERY in text:
             return upstream(SITE, f"the release sizes the workspace without `{QUERY}`")
-        return refused(SITE, EXPECTED, f"neither {QUERY} nor {ALLOC_QUERY}")
+        raise Refuse(SITE, EXPECTED, f"neither {QUERY} nor {ALLOC_QUERY}")
     blocks = [
         n
         for n in h.statements(func)
@@ -123,19 +121,19 @@ def transform(module: cst.Module) -> Result:
         and any(_assigns_call(s, ("err", "mc_granularity"), QUERY) for s in n.body)
     ]
     if len(blocks) != 1:
-        return refused(SITE, EXPECTED, f"{len(blocks)} blocks querying {QUERY}")
+        raise Refuse(SITE, EXPECTED, f"{len(blocks)} blocks querying {QUERY}")
     body = list(blocks[0].body)
     i = next(i for i, s in enumerate(body) if _assigns_call(s, ("err", "mc_granularity"), QUERY))
     has_alloc = any(_assigns_call(s, ("err", "alloc_granularity"), ALLOC_QUERY) for s in body[:i])
     check = body[i + 1] if i + 1 < len(body) else None
     if not has_alloc or check is None or not _is_error_check(check):
         found = f"`{h.code(check)}` after the query" if check is not None else "nothing after it"
-        return refused(SITE, EXPECTED, found if has_alloc else f"no {ALLOC_QUERY} before it")
+        raise Refuse(SITE, EXPECTED, found if has_alloc else f"no {ALLOC_QUERY} before it")
     assert isinstance(check, cst.If)
     if _body_is(check, "fallback"):
         return already_applied(SITE, f"{QUERY} failure -> {FALLBACK}")
     if not _body_is(check, "raise"):
-        return refused(SITE, EXPECTED, f"`{h.code(check)}`")
+        raise Refuse(SITE, EXPECTED, f"`{h.code(check)}`")
     nl = module.default_newline
     new = h.parse_statement(
         f"if err:{nl}" + "".join(f"    {c}{nl}" for c in COMMENT) + f"    {FALLBACK}{nl}", module

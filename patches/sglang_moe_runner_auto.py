@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
+    NotApplicable,
     Patch,
+    Refuse,
     Result,
     Status,
+    Stop,
     already_applied,
     applied,
-    not_applicable,
-    refused,
 )
 
 if TYPE_CHECKING:
@@ -75,34 +76,31 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    found = _method(module, METHOD)
-    if isinstance(found, Result):
-        return found
-    func = found
+    func = _method(module, METHOD)
     if not isinstance(func.body, cst.IndentedBlock):
-        return refused(SITE, EXPECTED, f"`{h.code(func)}`")
+        raise Refuse(SITE, EXPECTED, f"`{h.code(func)}`")
     params = [p.name.value for p in func.params.params]
     if params[:2] != ["self", "layer"]:
-        return refused(SITE, f"`def {METHOD}(self, layer, ...)`", f"({', '.join(params)})")
+        raise Refuse(SITE, f"`def {METHOD}(self, layer, ...)`", f"({', '.join(params)})")
     autos = [s for s in func.body.body if isinstance(s, cst.If) and h.key(s.test) == AUTO_TEST]
     if not autos:
         if _mentions(func, "is_auto"):
-            return refused(SITE, EXPECTED, "`is_auto()` outside a top-level `if`")
-        return not_applicable(
+            raise Refuse(SITE, EXPECTED, "`is_auto()` outside a top-level `if`")
+        raise NotApplicable(
             SITE, "no `auto` choice in create_moe_runner: the runner follows "
             "--moe-runner-backend (before 0.5.11)"
         )
     if len(autos) > 1 or autos[0].orelse is not None:
-        return refused(SITE, EXPECTED, f"{len(autos)} `if {AUTO_TEST}:` statements")
+        raise Refuse(SITE, EXPECTED, f"{len(autos)} `if {AUTO_TEST}:` statements")
     inner = autos[0].body.body if isinstance(autos[0].body, cst.IndentedBlock) else ()
     if len(inner) == 1 and _assigns(inner[0], TRTLLM) and not _stores_backend(func):
-        return not_applicable(
+        raise NotApplicable(
             SITE, "`auto` becomes FLASHINFER_TRTLLM on every GPU, and apply() never reads "
             "that choice: it picks its path from --moe-runner-backend (0.5.11, 0.5.12)"
         )
     if len(inner) != 1 or not isinstance(inner[0], cst.If):
         listed = "; ".join(f"`{h.code(s, 60)}`" for s in inner) or f"`{h.code(autos[0])}`"
-        return refused(SITE, EXPECTED, f"{len(inner)} statements: {listed}")
+        raise Refuse(SITE, EXPECTED, f"{len(inner)} statements: {listed}")
     chain = op.if_chain(inner[0])
     last = chain[-1].orelse
     tests = "; ".join(f"`{h.code(b.test)}`" for b in chain)
@@ -114,22 +112,22 @@ def transform(module: cst.Module) -> Result:
         or len(chain) > 2
         or (len(chain) == 2 and not _is_ours(chain[1]))
     ):
-        return refused(SITE, EXPECTED, tests)
+        raise Refuse(SITE, EXPECTED, tests)
 
-    prop = _method(module, PROPERTY)
-    if isinstance(prop, Result):
-        return refused(SITE, f"a property `{CLASS}.{PROPERTY}`", "none")
+    prop = _property(module)
+    if prop is None:
+        raise Refuse(SITE, f"a property `{CLASS}.{PROPERTY}`", "none")
     ret = _last_return(prop)
     reads = None if ret is None or ret.value is None else h.code(ret.value, WHOLE)
     if reads not in (GLOBAL_READ, OURS_READ):
-        return refused(SITE, f"`{PROPERTY}` returning `{GLOBAL_READ}`", f"`{reads}`")
+        raise Refuse(SITE, f"`{PROPERTY}` returning `{GLOBAL_READ}`", f"`{reads}`")
     branch_done, property_done = len(chain) == 2, reads == OURS_READ
     if branch_done and property_done:
         return already_applied(
             SITE, f"`elif {SM120_TEST}:` choosing {CUTLASS}; {PROPERTY} reads the choice"
         )
     if branch_done or property_done:
-        return refused(SITE, f"our SM120 branch and our `{PROPERTY}`", "one without the other")
+        raise Refuse(SITE, f"our SM120 branch and our `{PROPERTY}`", "one without the other")
 
     nl = module.default_newline
     template = (
@@ -144,10 +142,10 @@ def transform(module: cst.Module) -> Result:
     if res.status is not Status.APPLIED:
         return res
     # The property, found again in the new module (the elif rebuilt the class above it).
-    prop = _method(res.module, PROPERTY)
-    ret = _last_return(prop) if not isinstance(prop, Result) else None
-    if isinstance(prop, Result) or ret is None or not isinstance(prop.body, cst.IndentedBlock):
-        return refused(SITE, f"`{PROPERTY}` after the elif", "none")
+    prop = _property(res.module)
+    ret = _last_return(prop) if prop is not None else None
+    if prop is None or ret is None or not isinstance(prop.body, cst.IndentedBlock):
+        raise Refuse(SITE, f"`{PROPERTY}` after the elif", "none")
     new_ret = ret.with_changes(value=cst.parse_expression(OURS_READ))
     lines = [
         s.with_changes(body=[new_ret]) if ret in getattr(s, "body", ()) else s
@@ -165,22 +163,31 @@ def transform(module: cst.Module) -> Result:
     )
 
 
-def _method(module: cst.Module, name: str) -> cst.FunctionDef | Result:
-    """The one method `name` of the one class CLASS; not-applicable when the class or the
-    method is absent, refused when there are several."""
+def _method(module: cst.Module, name: str) -> cst.FunctionDef:
+    """The one method `name` of the one class CLASS. Raises `NotApplicable` when the class or
+    the method is absent, `Refuse` when there are several."""
     from sm120patch.patchkit import syntax as h
 
     classes = h.classes(module, CLASS)
     if len(classes) != 1:
         if not classes:
-            return not_applicable(SITE, f"no class {CLASS} in this file")
-        return refused(SITE, f"one class {CLASS}", f"{len(classes)}")
+            raise NotApplicable(SITE, f"no class {CLASS} in this file")
+        raise Refuse(SITE, f"one class {CLASS}", f"{len(classes)}")
     funcs = h.functions(classes[0], name)
     if len(funcs) != 1:
         if not funcs:
-            return not_applicable(SITE, f"no {CLASS}.{name}")
-        return refused(SITE, f"one {CLASS}.{name}", f"{len(funcs)}")
+            raise NotApplicable(SITE, f"no {CLASS}.{name}")
+        raise Refuse(SITE, f"one {CLASS}.{name}", f"{len(funcs)}")
     return funcs[0]
+
+
+def _property(module: cst.Module) -> cst.FunctionDef | None:
+    """The one method PROPERTY of the one class CLASS; None where there is not exactly one
+    (the transform refuses in its own words there)."""
+    try:
+        return _method(module, PROPERTY)
+    except Stop:
+        return None
 
 
 def _assigns(stmt: cst.CSTNode, value: str) -> bool:

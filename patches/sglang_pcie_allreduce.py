@@ -13,14 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import (
-    Patch,
-    Result,
-    Status,
-    already_applied,
-    not_applicable,
-    refused,
-)
+from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status, already_applied
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -100,34 +93,34 @@ def transform(module: cst.Module) -> Result:
 
     gates = [n for n in h.statements(module) if isinstance(n, cst.If) and _is_gate(n.test)]
     if not gates:
-        return not_applicable(" / ".join(FUNCTIONS), f"no `if {GATE}:` in this file")
+        raise NotApplicable(" / ".join(FUNCTIONS), f"no `if {GATE}:` in this file")
     if len(gates) > 1:
         found = f"{len(gates)} such statements"
-        return refused(" / ".join(FUNCTIONS), f"one `if {GATE}:`", found)
+        raise Refuse(" / ".join(FUNCTIONS), f"one `if {GATE}:`", found)
     gate = gates[0]
     site = _where(module, gate)
     block = h.parent_of(module, gate)
     siblings = list(block.body) if isinstance(block, cst.IndentedBlock) else []
     index = next((i for i, s in enumerate(siblings) if s is gate), None)
     if index is None:
-        return refused(site, f"`if {GATE}:` in an indented block", f"`if {h.code(gate.test)}`")
+        raise Refuse(site, f"`if {GATE}:` in an indented block", f"`if {h.code(gate.test)}`")
     if not (
         isinstance(gate.body, cst.IndentedBlock)
         and isinstance(gate.body.body[-1], cst.SimpleStatementLine)
         and isinstance(gate.body.body[-1].body[-1], cst.Return)
         and gate.orelse is None
     ):
-        return refused(site, f"`if {GATE}:` ending in `return`", f"`{h.code(gate)}`")
+        raise Refuse(site, f"`if {GATE}:` ending in `return`", f"`{h.code(gate)}`")
     ours = [n for n in h.statements(module) if _is_override(n)]
     if ours:
         if len(ours) == 1 and index > 0 and siblings[index - 1] is ours[0]:
             return already_applied(site, f"`if {OVERRIDE}: full_nvlink = True`")
-        return refused(site, f"at most one `if {OVERRIDE}:`, right before the gate",
+        raise Refuse(site, f"at most one `if {OVERRIDE}:`, right before the gate",
                        f"{len(ours)}, elsewhere")
     if ENV in module.code_for_node(gate):  # a hand edit of the gate itself
-        return refused(site, f"`if {GATE}:` as released", f"`if {h.code(gate.test)}`")
+        raise Refuse(site, f"`if {GATE}:` as released", f"`if {h.code(gate.test)}`")
     if not h.imports_module(module, "os"):
-        return refused(site, "`import os` at module level (the override reads os.environ)",
+        raise Refuse(site, "`import os` at module level (the override reads os.environ)",
                        "none")
     nl, ind = module.default_newline, module.default_indent
     override = h.parse_statement(

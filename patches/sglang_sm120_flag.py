@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Result, Status, refused
+from sm120patch.patchkit.model import Patch, Refuse, Result, Status
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -57,7 +57,7 @@ def transform(module: cst.Module) -> Result:
         left, sm100 = keys if keys is not None else (None, None)
         twin = arch.sglang_arch_twin(sm100)
         if left not in CUDA_FORMS or sm100 not in ARCH_FORMS or twin is None:
-            return refused(SITE, KNOWN, f"`{h.code(anchors[0])}`")
+            raise Refuse(SITE, KNOWN, f"`{h.code(anchors[0])}`")
         cuda, sm120 = left, twin
         # From sglang.srt.utils itself: it has is_sm120_supported from 0.5.4 on, while the
         # releases before 0.5.2 import is_sm100_supported from another module.

@@ -4,6 +4,7 @@ libcst's CodemodTest: source in, expected source (or outcome) out, one case per 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 
 import libcst as cst
 import pytest
@@ -12,7 +13,9 @@ from sm120patch.patchkit import operations as op
 from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.model import (
     Import,
+    NotApplicable,
     Patch,
+    Refuse,
     Result,
     Status,
     already_applied,
@@ -20,7 +23,7 @@ from sm120patch.patchkit.model import (
     refused,
     upstream,
 )
-from sm120patch.patchkit.runner import transform_text
+from sm120patch.patchkit.runner import run_transform, transform_text
 
 
 def src(text: str) -> str:
@@ -65,7 +68,9 @@ def test_extend_keyword_list(before: str, expect: list[int], after: str) -> None
 
 def test_extend_keyword_list_only_in_the_named_function() -> None:
     code = "def other():\n    f(supported_major_versions=[9, 10])\n"
-    res = op.extend_keyword_list(cst.parse_module(code), expect=[9, 10], **KW)
+    res = run_transform(
+        lambda m: op.extend_keyword_list(m, expect=[9, 10], **KW), cst.parse_module(code)
+    )
     assert res.status is Status.NOT_APPLICABLE
 
 
@@ -335,10 +340,23 @@ def test_add_elif_after_a_branch_found_by_its_test() -> None:
 
 
 def test_one_def() -> None:
-    assert op.one_def(cst.parse_module("x = 1\n"), "f", "gone").status is Status.NOT_APPLICABLE
-    two = op.one_def(cst.parse_module("def f(): pass\nclass C:\n    def f(self): pass\n"), "f")
-    assert two.status is Status.REFUSED and "2 definitions" in two.reason
+    with pytest.raises(NotApplicable) as gone:
+        op.one_def(cst.parse_module("x = 1\n"), "f", "gone")
+    assert gone.value.result.status is Status.NOT_APPLICABLE and gone.value.result.reason == "gone"
+    with pytest.raises(Refuse) as two:
+        op.one_def(cst.parse_module("def f(): pass\nclass C:\n    def f(self): pass\n"), "f")
+    assert two.value.result.status is Status.REFUSED and "2 definitions" in two.value.result.reason
     assert isinstance(op.one_def(cst.parse_module("def f(): pass\n"), "f"), cst.FunctionDef)
+
+
+def found_by(finder: Callable[[cst.Module], object], code: str) -> Result:
+    """What the runner records where `finder` stops on `code` (it must stop: a finder that
+    returns a node here fails the test)."""
+
+    def transform(module: cst.Module) -> Result:
+        raise AssertionError(f"found {finder(module)!r}")
+
+    return run_transform(transform, cst.parse_module(code))
 
 
 # ---- one_of_defs ------------------------------------------------------------------------------
@@ -358,7 +376,6 @@ METHOD = ("Cls", "meth")
 )
 def test_one_of_defs_finds_the_site(code: str, site: str) -> None:
     found = op.one_of_defs(cst.parse_module(code), RENAMED, fallback=METHOD)
-    assert not isinstance(found, Result)
     assert found[0] == site and found[1].name.value == site.split(".")[-1]
 
 
@@ -376,21 +393,21 @@ def test_one_of_defs_finds_the_site(code: str, site: str) -> None:
     ids=["none", "two-names", "method-twice"],
 )
 def test_one_of_defs_outcomes(code: str, status: Status, site: str, reason: str) -> None:
-    res = op.one_of_defs(cst.parse_module(code), RENAMED, fallback=METHOD)
-    assert isinstance(res, Result) and res.status is status and res.site == site
+    res = found_by(lambda m: op.one_of_defs(m, RENAMED, fallback=METHOD), code)
+    assert res.status is status and res.site == site
     assert reason in res.reason
 
 
 def test_one_of_defs_required_or_with_its_reason() -> None:
-    module = cst.parse_module("x = 1\n")
-    gone = op.one_of_defs(module, RENAMED, "renamed in 2.0")
-    assert isinstance(gone, Result) and gone.status is Status.NOT_APPLICABLE
+    gone = found_by(lambda m: op.one_of_defs(m, RENAMED, "renamed in 2.0"), "x = 1\n")
+    assert gone.status is Status.NOT_APPLICABLE
     assert gone.reason == "renamed in 2.0" and gone.site == "new_name / old_name"
-    needed = op.one_of_defs(module, RENAMED, fallback=METHOD, required=True)
-    assert isinstance(needed, Result) and needed.status is Status.REFUSED
+    needed = found_by(lambda m: op.one_of_defs(m, RENAMED, fallback=METHOD, required=True),
+                      "x = 1\n")
+    assert needed.status is Status.REFUSED
     assert needed.reason == (
         "expected one of def new_name, def old_name, Cls.meth; found none of them"
     )
-    assert op.one_of_defs(cst.parse_module("def f(): pass\n"), ("f",))[0] == "f"  # type: ignore[index]
-    twice = op.one_of_defs(cst.parse_module("def f(): pass\ndef f(): pass\n"), ("f",))
-    assert isinstance(twice, Result) and "expected one `def f`" in twice.reason
+    assert op.one_of_defs(cst.parse_module("def f(): pass\n"), ("f",))[0] == "f"
+    twice = found_by(lambda m: op.one_of_defs(m, ("f",)), "def f(): pass\ndef f(): pass\n")
+    assert "expected one `def f`" in twice.reason

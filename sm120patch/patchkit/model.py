@@ -1,10 +1,13 @@
 """The patch model: what a patch is (`Patch`), what running it says (`Result`, `Outcome`, `Status`).
 
 A patch's transform gets a parsed libcst module and returns a `Result`, in the style of
-`libcst.codemod`: success (`applied`, with the new module), a skip with a reason
-(`already-applied`, `upstream`, `not-applicable`) or a failure (`refused`). It never raises
-for an unexpected shape; the runner turns a crash inside a transform into a refusal too,
-because a wrong patch is worse than no patch.
+`libcst.codemod`: success (`applied`, with the new module), or a skip with a reason
+(`already-applied`, `upstream`). Where it stops early it raises, as a codemod raises
+`SkipFile`: `NotApplicable` (the site is not in this file) or `Refuse` (a shape the patch does
+not know: what it expected, what it found). Finders (`operations.one_def`, `one_of_defs`)
+return the node they find and raise the same two. The runner catches both into the `Result`
+they stand for (`runner.run_transform`), and turns any other exception inside a transform into
+a refusal too, because a wrong patch is worse than no patch.
 """
 
 from __future__ import annotations
@@ -83,6 +86,37 @@ def refused(site: str, expected: str, found: str) -> Result:
 
 
 Transform = Callable[["cst.Module"], Result]
+
+
+class Stop(Exception):
+    """A transform (or a finder it calls) stopping at a site: `result` is the outcome the
+    runner records. Raised as one of its two kinds, never itself."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(result.reason)
+        self.result = result
+
+    @property
+    def site(self) -> str:
+        return self.result.site
+
+
+class Refuse(Stop):
+    """The site has a shape the patch does not know: refused, saying what it expected and
+    what it found (the same words `refused` writes)."""
+
+    def __init__(self, site: str, expected: str, found: str) -> None:
+        super().__init__(refused(site, expected, found))
+        self.expected = expected
+        self.found = found
+
+
+class NotApplicable(Stop):
+    """The site is not in this file (this release has no such code): not-applicable, with
+    why."""
+
+    def __init__(self, site: str, reason: str) -> None:
+        super().__init__(not_applicable(site, reason))
 
 
 def files_of(facts: tuple[Fact, ...]) -> tuple[str, ...]:

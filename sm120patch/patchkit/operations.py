@@ -2,11 +2,13 @@
 
 Each operation takes a parsed module (and, where the site is the patch's to find, the node it
 works on) and returns a `model.Result`: `applied` with the new module, `already-applied`,
-`upstream`, `not-applicable` or `refused` with what it expected and what it found. A patch is
-then mostly a declaration: which function, which keyword, which sibling, in which order.
+`upstream`, or `refused` with what it expected and what it found. A patch is then mostly a
+declaration: which function, which keyword, which sibling, in which order.
 
-Finding a site:
-- `one_def`: the one `def NAME` of a module (not-applicable when absent, refused when several).
+Finding a site (as libcst's helpers do, a finder returns the node or raises; the runner turns
+what it raises into the outcome, `runner.run_transform`):
+- `one_def`: the one `def NAME` of a module (`NotApplicable` when absent, `Refuse` when
+  several).
 - `one_of_defs`: the one `def` of several names a site had across releases, else a method.
 
 Changing it:
@@ -38,11 +40,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.model import (
+    NotApplicable,
+    Refuse,
     Result,
     Status,
     already_applied,
     applied,
-    not_applicable,
     refused,
     upstream,
 )
@@ -58,17 +61,17 @@ SM120 = "sm120"
 
 def one_def(
     module: cst.Module, name: str, absent: str | None = None, *, site: str | None = None
-) -> cst.FunctionDef | Result:
-    """The one `def name` (at any depth): not-applicable when there is none (`absent` says
-    why), refused when there are several."""
+) -> cst.FunctionDef:
+    """The one `def name` (at any depth). Raises `NotApplicable` when there is none
+    (`absent` says why), `Refuse` when there are several."""
     from sm120patch.patchkit import syntax as h
 
     site = site or name
     funcs = h.functions(module, name)
     if not funcs:
-        return not_applicable(site, absent or f"no `def {name}` in this file")
+        raise NotApplicable(site, absent or f"no `def {name}` in this file")
     if len(funcs) > 1:
-        return refused(site, f"one `def {name}`", f"{len(funcs)} definitions")
+        raise Refuse(site, f"one `def {name}`", f"{len(funcs)} definitions")
     return funcs[0]
 
 
@@ -79,12 +82,12 @@ def one_of_defs(
     *,
     fallback: tuple[str, str] | None = None,
     required: bool = False,
-) -> tuple[str, cst.FunctionDef] | Result:
+) -> tuple[str, cst.FunctionDef]:
     """(the name found, the def): the one `def` called one of `names` (a site renamed across
     releases), else the one method `fallback` (class, method) where the site lived before.
 
-    None of them: not-applicable (`absent` says why), or refused when `required`. Several
-    (two names, or one defined twice): refused, naming them.
+    None of them: raises `NotApplicable` (`absent` says why), or `Refuse` when `required`.
+    Several (two names, or one defined twice): `Refuse`, naming them.
     """
     from sm120patch.patchkit import syntax as h
 
@@ -100,10 +103,10 @@ def one_of_defs(
     wanted = f"one of {', '.join(every)}" if len(every) > 1 else f"one `{every[0]}`"
     if found:
         which = ", ".join(dict.fromkeys(name for name, _ in found))
-        return refused(site, wanted, f"{len(found)} definitions of {which}")
+        raise Refuse(site, wanted, f"{len(found)} definitions of {which}")
     if required:
-        return refused(site, wanted, "none of them")
-    return not_applicable(site, absent or f"no {' nor '.join(every)} in this file")
+        raise Refuse(site, wanted, "none of them")
+    raise NotApplicable(site, absent or f"no {' nor '.join(every)} in this file")
 
 
 # ----------------------------------------------------------------------------- widen an `or`
@@ -193,15 +196,14 @@ def extend_keyword_list(
 
     The new element takes the separator the others use (`[9, 10]` -> `[9, 10, 12]`); a
     one-element list gets `, ` (`[10]` -> `[10, 12]`), and a trailing comma stays last.
-    Already-applied where `add` is in the list; refused for any other list or call.
+    Already-applied where `add` is in the list; refused for any other list or call. It finds
+    its function with `one_def`, so it raises as that finder does.
     """
     import libcst as cst
 
     from sm120patch.patchkit import syntax as h
 
     func = one_def(module, function, absent)
-    if isinstance(func, Result):
-        return func
     want = f"`{keyword}={list(expect)}`"
     args = h.keyword_args(func, keyword)
     if len(args) != 1:

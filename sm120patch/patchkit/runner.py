@@ -1,8 +1,10 @@
 """The runner: every patch of a profile that touches one file, run in order on one parse.
 
-Text in, outcomes out, no I/O. A crash inside a transform becomes a refusal (a wrong patch is
-worse than no patch), the result must parse and compile, and a second run of the same patches
-must find everything already applied.
+Text in, outcomes out, no I/O. A transform's raised `Refuse` or `NotApplicable` becomes the
+`Result` it carries (`run_transform`), as libcst's codemod runner turns `SkipFile` into a skip;
+any other exception inside a transform becomes a refusal (a wrong patch is worse than no
+patch). The result must parse and compile, and a second run of the same patches must find
+everything already applied.
 
 A transform requests the imports its code needs (`Result.imports`), as a libcst codemod asks
 `AddImportsVisitor` for them, and the runner places them (`settle_imports`): right after the
@@ -21,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import libcst as cst
 
-from sm120patch.patchkit.model import Import, Outcome, Patch, Result, Status, refused
+from sm120patch.patchkit.model import (
+    Import,
+    Outcome,
+    Patch,
+    Result,
+    Status,
+    Stop,
+    Transform,
+    refused,
+)
 
 
 @dataclass
@@ -86,6 +97,16 @@ def _parsed(text: str) -> cst.Module:
     return cst.parse_module(text)
 
 
+def run_transform(transform: Transform, module: cst.Module) -> Result:
+    """What `transform` says of `module`: the `Result` it returns, or the one its raised
+    `Refuse` / `NotApplicable` carries. Any other exception goes on to the caller, which
+    turns it into a refusal worded for where it ran (`transform_text`, `_rerun_problem`)."""
+    try:
+        return transform(module)
+    except Stop as stop:
+        return stop.result
+
+
 def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult:
     """Parse `text` once and run each patch on it in order, chaining the applied changes."""
     import libcst as cst
@@ -111,7 +132,7 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
 
     for patch in patches:
         try:
-            res = settle_imports(patch.transform(module), module)
+            res = settle_imports(run_transform(patch.transform, module), module)
         except Exception as exc:  # a patch bug must not half-apply anything
             res = refused(
                 "<module>",
@@ -308,7 +329,7 @@ def _rerun_problem(patches: Sequence[Patch], result: FileResult, final: cst.Modu
         if patch.id not in applied_ids:
             continue
         try:
-            again = settle_imports(patch.transform(final), final)
+            again = settle_imports(run_transform(patch.transform, final), final)
         except Exception as exc:
             return f"expected a second run to be a no-op; {patch.id} raised {exc!r}"
         if again.status not in (Status.ALREADY_APPLIED, Status.UPSTREAM):
