@@ -7,5 +7,11 @@ Shipped inside the wheel as `sm120patch.patches`. Conventions for a patch module
   operations in `sm120patch.patchkit.operations` where they fit;
 - import libcst and `sm120patch.patchkit.syntax` inside the transform, not at module level, so that
   `sm120patch list`, `status` and `--help` start without loading libcst;
-- return a `Result` for every input, never raise for a shape the patch does not know.
+- find the site with the kit's finders (`operations.one_def`, `one_of_defs`), which return the
+  node; return the `Result` of the change (applied, already-applied, upstream), and where the
+  transform stops early raise `Refuse(site, expected, found)` or `NotApplicable(site, reason)`
+  (sm120patch.patchkit.model), as a libcst codemod raises `SkipFile`: the runner records the
+  outcome they carry, and a finder's raise passes through untouched. Never thread a finder's
+  result (`isinstance(found, Result)`: tests/test_kit_api.py reads the library for it); any
+  other exception is a bug the runner turns into a refusal.
 """

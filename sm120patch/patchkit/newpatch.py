@@ -153,11 +153,12 @@ def _module_text(spec: NewPatch) -> str:
         body = (
             "    # Write the change here with sm120patch.patchkit.operations (widen_arch_or,\n"
             "    # extend_keyword_list, add_module_flag, add_elif; the imports its code needs\n"
-            "    # as `result.needing(Import(...))`) and return its Result; until then the\n"
-            "    # patch refuses, so nothing is ever half-done.\n"
-            "    from sm120patch.patchkit.model import refused\n"
+            "    # as `result.needing(Import(...))`) and return its Result; raise Refuse or\n"
+            "    # NotApplicable where it stops early. Until then the patch refuses, so\n"
+            "    # nothing is ever half-done.\n"
+            "    from sm120patch.patchkit.model import Refuse\n"
             "\n"
-            '    return refused(FUNCTION, "a transform for this site", "none written yet")\n'
+            '    raise Refuse(FUNCTION, "a transform for this site", "none written yet")\n'
         )
         why = "TODO: why this patch exists: what upstream does on SM120, and what it fixes."
     return f'''"""{spec.patch_id}: written by `sm120patch new-patch`; fill in the TODOs."""
