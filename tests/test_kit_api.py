@@ -111,6 +111,23 @@ def test_a_stop_in_one_patch_leaves_the_others_of_the_file_running() -> None:
     assert res.after == AFTER
 
 
+def test_a_pack_transform_written_the_old_way_gives_the_same_outcomes() -> None:
+    """A pack of 0.2.x threads the finder's result and returns its refusals: the check never
+    holds now and the finder's raise reaches the runner, with the outcome it gave before."""
+
+    def old_way(module: cst.Module) -> Result:
+        found: object = op.one_def(module, "f", "no `def f` here")
+        if isinstance(found, Result):
+            return found
+        return model.refused("f", "an `x = 0`", "a pack that never changes anything")
+
+    [absent] = run(old_way, "y = 0\n").outcomes
+    assert (absent.status, absent.reason) == (Status.NOT_APPLICABLE, "no `def f` here")
+    [present] = run(old_way).outcomes
+    assert present.status is Status.REFUSED
+    assert present.reason == "expected an `x = 0`; found a pack that never changes anything"
+
+
 # ---- a crash is still a refusal, worded as before -------------------------------------------
 
 
