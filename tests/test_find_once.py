@@ -5,6 +5,7 @@ for every command that works on targets, on both layouts."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -161,3 +162,45 @@ def test_the_flashinfer_beside_an_installed_sglang_is_found_once(tmp_path, mocke
             ("flashinfer", str((site / "flashinfer").resolve())): 1,
         }, (args[0], counts.line())
         assert all(n == 1 for n in counts.assessed().values()), (args[0], counts.line())
+
+
+def test_ensure_takes_its_assessment_under_the_lock_only_while_the_state_is_the_same(
+    tmp_path, mocker
+):
+    """`ensure` hands the assessment it made before the lock to the apply: another run that
+    applied a profile meanwhile changed the state, so the apply assesses again under its lock
+    and refuses, as it would have, instead of writing `all` over `fusion`."""
+    from sm120patch.engine import ensure
+
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
+    real = ensure.apply_runs
+
+    def another_run_first(*args, **kwargs):
+        assert cli("apply", "fusion", *where(sg, fi), "--no-gpu-check")[0] == 0
+        return real(*args, **kwargs)
+
+    mocker.patch.object(ensure, "apply_runs", another_run_first)
+    code, out = cli("ensure", "all", *where(sg, fi), "--no-gpu-check")
+    assert code == 1, out
+    assert "profile fusion is applied on SGLang" in out
+    mocker.stopall()
+    code, out = cli("status", *where(sg, fi), "--json")
+    assert {t["profile"] for t in json.loads(out)["targets"] if t["kind"] == "sglang"} == {
+        "fusion"}  # fmt: skip
+
+
+def test_ensure_refuses_a_target_the_apply_left_without_its_record(tmp_path):
+    """The sites hold the patches, but not by sm120patch's hand (its record was removed): the
+    apply changes nothing and records nothing there, and `ensure` says so from the apply's
+    report rather than from a second assessment."""
+    from sm120patch.engine import store
+
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
+    assert cli("apply", "all", *where(sg, fi), "--no-gpu-check")[0] == 0
+    target = targets.find("sglang", sg)
+    (store.state_dir_for(target.root, target.layout, target.kind) / store.MANIFEST).unlink()
+    code, out = cli("ensure", "all", *where(sg, fi), "--no-gpu-check")
+    assert code == 1, out
+    assert f"SGLang at {target.root}: its sites already hold profile all's code" in out
