@@ -5,6 +5,7 @@ for every command that works on targets, on both layouts."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import stat
@@ -35,6 +36,9 @@ def python_without_site(tmp_path: Path) -> Path:
     return script
 
 
+DESCRIBE = inspect.signature(targets._describe)
+
+
 class Counts:
     """Spies on finding (`targets._describe`, which every find ends in, once per target found)
     and assessing (`assess.assess`, which `assess.status` calls once per target)."""
@@ -51,8 +55,13 @@ class Counts:
             spy.reset_mock()
 
     def found(self) -> Counter[tuple[str, str]]:
-        """How often each target (kind, package directory) was found."""
-        return Counter((c.args[0], str(c.args[1])) for c in self.describe.call_args_list)
+        """How often each target (kind, package directory: `_describe`'s first two arguments,
+        however they are passed) was found."""
+        out: Counter[tuple[str, str]] = Counter()
+        for c in self.describe.call_args_list:
+            kind, where = list(DESCRIBE.bind(*c.args, **c.kwargs).arguments.values())[:2]
+            out[str(kind), str(where)] += 1
+        return out
 
     def assessed(self) -> Counter[tuple[str, str]]:
         """How often each target (kind, package directory) was assessed."""
