@@ -2,8 +2,10 @@
 `command.py`. Each function does what its command does and returns a typed result; it never
 prints (render.py turns results into text and JSON) and raises the typed errors of errors.py.
 
-A `Session` is what every command shares: the target paths given on the command line, the
-patch packs, the catalog loaded once with those packs, and one reading of the GPUs.
+A `Session` is what every command shares: the targets named on the command line, each found
+once (`targets`: the `Target` objects every verb of the engine is given, never a path it would
+find again), the patch packs, the catalog loaded once with those packs, and one reading of the
+GPUs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from sm120patch.plan.mails import MailFile
     from sm120patch.plan.plans import Plan
     from sm120patch.scan.run import Report as ScanReport
+    from sm120patch.targets import Target
+    from sm120patch.targets.resolved import Resolved
     from sm120patch.trial.gpu import GpuInventory
     from sm120patch.trial.measure import MeasuredTrial
     from sm120patch.trial.serve import TrialResult
@@ -70,6 +74,18 @@ class Session:
         return {"sglang": self.sglang, "flashinfer": self.flashinfer}
 
     @functools.cached_property
+    def targets(self) -> Resolved:
+        """The command's targets, each found on first use and then kept (a refusal too): what
+        the verbs are given, so no command finds a target twice."""
+        from sm120patch.targets.resolved import Resolved
+
+        return Resolved(self.paths)
+
+    def target(self, kind: str) -> Target:
+        """The target of `kind` (at its path, or the one installed here); its refusal."""
+        return self.targets.find(kind)
+
+    @functools.cached_property
     def catalog(self) -> Catalog:
         from sm120patch.plan import catalog
 
@@ -102,7 +118,8 @@ class Session:
         line each and where the whole entries are, or the whole entries with `verbose`."""
         from sm120patch.trial import known
 
-        found = known.lines(profile, self.paths, command or [], self.gpus, verbose=self.verbose)
+        found = known.lines(profile, self.targets, command or [], self.gpus,
+                            verbose=self.verbose)  # fmt: skip
         return self._with_where_in_full(profile, found)
 
     def _with_where_in_full(self, profile: str | None, lines: list[str]) -> list[str]:
@@ -116,24 +133,25 @@ class Session:
         """The known outcomes and the trials measured here that match this box, for `apply`
         and its dry run: data the plan wing reads (`plan.known`) and the trials as recorded,
         never the trial wing. The GPUs are read only where the GPU check reads them anyway;
-        unread, a GPU condition does not exclude an entry."""
-        from sm120patch.engine import assess
+        unread, a GPU condition does not exclude an entry. Nothing is assessed here: the
+        versions and trials are the targets' own, and the apply assesses each target once."""
+        from sm120patch.engine import trials as recorded
         from sm120patch.errors import Sm120Error
         from sm120patch.plan import known
 
         try:
-            statuses = assess.status(self.paths)
+            found_here = self.targets.each()
+            trials = recorded.recorded(found_here)
         except Sm120Error:  # the apply itself refuses in its own words
-            statuses = []
+            found_here, trials = [], []
         found = self.gpus() if gpu_check else None
         box = known.Box(
-            versions={s.target.kind: s.target.version for s in statuses},
+            versions={t.kind: t.version for t in found_here},
             gpu_family=found.family if found else None,
             gpus=(len(found.gpus) or None) if found else None,
         )
-        trials = known.once_each(t for s in statuses for t in s.trials)
         return self._with_where_in_full(
-            profile, known.lines(profile, box, trials, verbose=self.verbose)
+            profile, known.lines(profile, box, known.once_each(trials), verbose=self.verbose)
         )
 
 
@@ -237,7 +255,7 @@ def apply_dry_run(
     for line in session.known_before_apply(want.profile, gpu_check):
         on_known(line)
     prep = apply.dry_run(
-        want.profile, session.paths, force=force, check_plan=want.check_plan, lock=want.lock
+        want.profile, session.targets, force=force, check_plan=want.check_plan, lock=want.lock
     )
     gpu_doc = None
     if gpu_check:
@@ -254,7 +272,7 @@ def apply(
 
     for line in session.known_before_apply(want.profile, gpu_check):
         on_known(line)
-    return applying.apply(want.profile, session.paths, force=force, lock=want.lock,
+    return applying.apply(want.profile, session.targets, force=force, lock=want.lock,
                           preconditions=session.sm120_check(gpu_check),
                           check_plan=want.check_plan)  # fmt: skip
 
@@ -266,7 +284,7 @@ def ensure(
 
     return ensuring.ensure(
         want.profile,
-        session.paths,
+        session.targets,
         force=force,
         preconditions=session.sm120_check(gpu_check),
         check_plan=want.check_plan,
@@ -289,26 +307,26 @@ def revert(
         )
     name = None if every else profile
     if dry_run:
-        return reverting.revert_dry_run(name, session.paths, force=force)
-    return reverting.revert(name, session.paths, force=force, keep_branch=keep_branch)
+        return reverting.revert_dry_run(name, session.targets, force=force)
+    return reverting.revert(name, session.targets, force=force, keep_branch=keep_branch)
 
 
 def status(session: Session) -> list[TargetStatus]:
     from sm120patch.engine import assess
 
-    return assess.status(session.paths)
+    return assess.status(session.targets)
 
 
 def recover(session: Session) -> Report:
     from sm120patch.engine import recover as recovering
 
-    return recovering.recover(session.paths)
+    return recovering.recover(session.targets)
 
 
 def doctor(session: Session) -> Examination:
     from sm120patch.explain import doctor as examining
 
-    return examining.examine(session.paths, verbose=session.verbose)
+    return examining.examine(session.targets, verbose=session.verbose)
 
 
 @dataclass(frozen=True)
@@ -327,7 +345,7 @@ def pin(session: Session, profile: str, output: str, *, force: bool) -> Pinned:
             f"{output} exists; nothing was written",
             f"`sm120patch pin {profile} -o {shlex.quote(output)} --force` replaces it",
         )
-    lock = pinning.make(profile, session.paths, force=force)
+    lock = pinning.make(profile, session.targets, force=force)
     write_output(output, lock.to_toml())
     return Pinned(lock, output)
 
@@ -339,7 +357,7 @@ def write_patch_mails(
     from sm120patch.plan import mails
 
     # On a reference box the profile is usually applied: planned from the pristine side.
-    plan = pristine.plan_from_pristine(profile, session.paths, force=force)
+    plan = pristine.plan_from_pristine(profile, session.targets, force=force)
     return mails.write_mails(plan, Path(out_dir), overwrite=overwrite)
 
 
@@ -452,7 +470,7 @@ def scan(session: Session, known: str | None = None) -> ScanReport:
             raise UsageError(
                 f"--known {known}: {exc}", "give the output of `sm120patch scan --json`"
             ) from None
-    found = scanning.scan(session.paths, catalog=session.catalog)
+    found = scanning.scan(session.targets, catalog=session.catalog)
     found.known = seen
     return found
 
@@ -468,7 +486,7 @@ def explain(
     from sm120patch.explain import explain as explaining
 
     return explaining.explain(
-        session.paths, python=python, simulate=simulate, launch=launch, profile=profile
+        session.targets, python=python, simulate=simulate, launch=launch, profile=profile
     )
 
 
@@ -553,7 +571,7 @@ def trial(
 
         measured = measuring.run(
             request.profile,
-            session.paths,
+            session.targets,
             list(request.command),
             measure,
             force=request.force,
@@ -571,7 +589,7 @@ def trial(
         return Trialled(measured=measured, record_written=written)
     result = serve.run(
         request.profile,
-        session.paths,
+        session.targets,
         list(request.command),
         ready_url=request.ready_url,
         ready_pattern=request.ready_pattern,
@@ -599,7 +617,7 @@ def trial_show(
 ) -> Shown:
     from sm120patch.trial import known, report
 
-    found = known.find_trial(known.history(session.paths), trial_id)
+    found = known.find_trial(known.history(session.targets), trial_id)
     if html_path:
         from sm120patch.targets.files import write_output  # never through a link at its name
 
@@ -616,7 +634,7 @@ def trial_forget(session: Session, trial_ids: Sequence[str], *, everything: bool
 
     if everything and trial_ids:
         raise UsageError("give trial IDs or --all, not both")
-    return known.forget(session.paths, list(trial_ids), everything=everything)
+    return known.forget(session.targets, list(trial_ids), everything=everything)
 
 
 def write_outcome_record(trial: TrialRecord, path: Path) -> None:

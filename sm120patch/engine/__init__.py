@@ -5,6 +5,9 @@ the run of one target (run.py), its state (store.py, records.py), its layout (la
 verdict from the bytes (assess.py) and the signal and kill hooks (interrupts.py). The contract
 is written out in docs/ARCHITECTURE.md.
 
+Every verb is given the command's targets (`targets.resolved.Resolved`, held by
+`app.Session`), found once; it never finds one again, and assesses each once.
+
 Every verdict is decided from the bytes on disk (`assess`), never from the manifest alone.
 An apply is one transaction over every target of the profile:
     preflight (shared with the dry run) -> journal (+ pristine copies) -> write (+ one commit

@@ -49,6 +49,7 @@ from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target, procscan
 from sm120patch.targets.files import file_sha256, read_regular, sha256
+from sm120patch.targets.resolved import Given, resolved
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
@@ -72,12 +73,13 @@ class Prepared:
 
 def runs_for(
     profile: catalog.Profile,
-    paths: Mapping[str, str | Path | None],
+    given: Given,
     force: bool,
     lock: Lock | None = None,
 ) -> list[TargetRun]:
-    found = planner.resolve_targets(profile, paths)
-    planner.require_pins(profile, found, paths, force=force, verb="apply")
+    """A run of each of the profile's targets, as the command found them (`given`)."""
+    found = planner.resolve_targets(profile, given)
+    planner.require_pins(profile, found, given, force=force, verb="apply")
     if lock is not None:
         # Before anything is locked or read: a lock for another release is refused at once.
         other = [
@@ -102,9 +104,7 @@ def runs_for(
     return [TargetRun(t) for t in found]
 
 
-def unchecked_refusals(
-    profile: catalog.Profile, found: list[Target], paths: Mapping[str, str | Path | None]
-) -> list[str]:
+def unchecked_refusals(profile: catalog.Profile, found: list[Target], given: Given) -> list[str]:
     """One line per target kind whose releases `profile` refuses but does not patch (moe: a
     FlashInfer before 0.6.7) where no such target can be found to check: why the run goes on,
     and how to have it checked. The profile's patches do not need that target, and SGLang's
@@ -115,7 +115,7 @@ def unchecked_refusals(
     have = {t.kind for t in found}
     lines = []
     for kind in dict.fromkeys(r.kind for r in profile.refuse if r.kind not in have):
-        if planner.beside(kind, found, paths.get(kind)) is not None:
+        if planner.beside(kind, found, given) is not None:
             continue  # found and checked (`planner.require_pins`)
         label = DISPLAY[kind]
         specs = " or ".join(str(r.releases) for r in profile.refuse if r.kind == kind)
@@ -136,21 +136,24 @@ def _preflight(
     *,
     check_plan: Callable[[Plan], None] | None,
     lock: Lock | None,
-    paths: Mapping[str, str | Path | None] | None = None,
+    given: Given,
     reading: bool = False,
+    seen: Mapping[str, Assessment] | None = None,
 ) -> Prepared:
     """The apply's checks and plan. `reading` (the dry run): what only keeps this user from
-    writing is a note, not a refusal, since a diff is reviewed with read access alone."""
+    writing is a note, not a refusal, since a diff is reviewed with read access alone.
+    `seen`: the targets' assessments made before the lock (`ensure`'s), which stand while
+    their state is unchanged (`TargetRun.assess`)."""
     refuse_unfinished(ctxs)
     if lock is not None and check_plan is None:
         from sm120patch.plan import lockfile
 
         check_plan = lockfile.check(lock, Path("the lock file"))  # a lock is always verified
     prep = Prepared(profile, ctxs, None)
-    prep.notes += unchecked_refusals(profile, [c.target for c in ctxs], paths or {})
+    prep.notes += unchecked_refusals(profile, [c.target for c in ctxs], given)
     applied = []
     for ctx in ctxs:
-        found = ctx.assess()
+        found = ctx.assess((seen or {}).get(ctx.target.kind))
         other = found.profile
         if found.state == assess.State.PRISTINE:
             continue
@@ -196,7 +199,7 @@ def _preflight(
         ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
     # Planned here, with the patches loaded here: a lock is a claim that `check_plan` holds
     # this plan to, never a source of bytes.
-    plan = planner.plan(profile.name, found=[c.target for c in ctxs], force=True)
+    plan = planner.plan(profile.name, given, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
         raise PlanRefused(plan)
@@ -263,7 +266,7 @@ def _noted_if(reading: bool, notes: list[str]) -> Iterator[None]:
 
 def dry_run(
     profile_name: str,
-    paths: Mapping[str, str | Path | None],
+    given: Given,
     *,
     force: bool = False,
     check_plan: Callable[[Plan], None] | None = None,
@@ -271,50 +274,70 @@ def dry_run(
 ) -> Prepared:
     """The apply minus the writes: the same preflight, the same refusals; writes nothing."""
     profile = catalog.load().profile(profile_name)
-    ctxs = runs_for(profile, paths, force, lock)
+    ctxs = runs_for(profile, given, force, lock)
     unwritable: list[str] = []
     for ctx in ctxs:
         with _noted_if(True, unwritable):
             ctx.state.check_lockable()
-    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, paths=paths, reading=True)
+    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, given=given, reading=True)
     prep.notes[:0] = unwritable
     if prep.plan is None:
         found = [c.target for c in ctxs]
-        prep.plan = planner.plan(profile.name, found=found, force=True)
+        prep.plan = planner.plan(profile.name, given, found=found, force=True)
     return prep
 
 
 def apply(
     profile_name: str,
-    paths: Mapping[str, str | Path | None],
+    given: Given,
     *,
     force: bool = False,
     preconditions: Callable[[], None] | None = None,
     check_plan: Callable[[Plan], None] | None = None,
     lock: Lock | None = None,
 ) -> Report:
-    """Apply a profile to its targets as one transaction. Raises Refused with nothing changed.
+    """Apply a profile to its targets (`given`: the command's, `Resolved`) as one transaction.
+    Raises Refused with nothing changed.
 
     `check_plan` sees the plan before anything is written (a lock file's comparison); with
     `lock`, every written file must end with the lock's after-hash or the apply rolls back.
     """
     profile = catalog.load().profile(profile_name)
-    ctxs = runs_for(profile, paths, force, lock)
+    named = resolved(given)
+    ctxs = runs_for(profile, named, force, lock)
+    return apply_runs(profile, ctxs, named, preconditions=preconditions, check_plan=check_plan,
+                      lock=lock)  # fmt: skip
+
+
+def apply_runs(
+    profile: catalog.Profile,
+    ctxs: list[TargetRun],
+    given: Given,
+    *,
+    preconditions: Callable[[], None] | None = None,
+    check_plan: Callable[[Plan], None] | None = None,
+    lock: Lock | None = None,
+    seen: Mapping[str, Assessment] | None = None,
+) -> Report:
+    """`apply` on runs already made (`runs_for`, its pins checked); `seen` as `_preflight`
+    takes it. The report's `unrecorded` names each target left without the profile's record."""
     with locked(ctxs):
-        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, paths=paths)
+        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, given=given,
+                          seen=seen)  # fmt: skip
         if prep.nothing_to_do:
             for ctx in prep.stale:
                 # The new release needs nothing (upstream has it): the old record goes.
                 ctx.state.remove_manifest()
                 ctx.state.drop_copies()
-            notes = prep.notes + _record_needs_nothing(prep, lock)
+            notes, unrecorded = _record_needs_nothing(prep, lock)
             return Report(
                 Action.NOTHING_TO_DO,
                 profile.name,
                 [TargetReport(c.target, state=assess.State.APPLIED) for c in ctxs],
                 outcomes=prep.plan.outcomes if prep.plan else [],
-                notes=notes,
+                notes=prep.notes + notes,
                 plan=prep.plan,
+                unrecorded=unrecorded,
             )
         if preconditions is not None:
             preconditions()
@@ -325,31 +348,44 @@ def apply(
         )]  # fmt: skip
         # After the commit, outside the transaction: a kill before these records are written
         # loses nothing, the next apply or ensure plans those targets again and writes them.
-        report.notes += _record_needs_nothing(prep, lock)
+        notes, report.unrecorded = _record_needs_nothing(prep, lock)
+        report.notes += notes
         return report
 
 
 _NOTHING_NEEDED = frozenset((Status.UPSTREAM, Status.NOT_APPLICABLE))
 
 
-def _record_needs_nothing(prep: Prepared, lock: Lock | None) -> list[str]:
+def _record_needs_nothing(prep: Prepared, lock: Lock | None) -> tuple[list[str], dict[str, str]]:
     """Record, on each target of the plan that the profile needs nothing from (every site
     upstream or not applicable), that it is as wanted, with the bytes of every file its
-    patches read: `assess` then says so from the bytes, without a plan. Returns notes."""
+    patches read: `assess` then says so from the bytes, without a plan. Returns notes, and
+    why each target left without a record of the profile is (kind -> why)."""
     if prep.plan is None:
-        return []
+        return [], {}
     tplans = {tp.target.kind: tp for tp in prep.plan.targets}
     cat = catalog.load()
-    notes = []
+    notes: list[str] = []
+    unrecorded: dict[str, str] = {}
+    name = prep.profile.name
     for ctx in prep.ctxs:
         tp = tplans.get(ctx.target.kind)
         if ctx in prep.wanted or tp is None or tp.changed:
             continue
         if any(o.status not in _NOTHING_NEEDED for f in tp.files for o in f.outcomes):
-            continue  # already-applied without a record of ours: not ours to vouch for
+            # already-applied without a record of ours: not ours to vouch for
+            unrecorded[ctx.target.kind] = (
+                f"its sites already hold profile {name}'s code, which sm120patch did not "
+                "write here: there is no record that the profile is applied"
+            )
+            continue
         checked = _checked_files(cat, prep.profile, ctx.target, tp)
-        if checked is None:
-            continue  # a file changed since it was planned: the next run plans it again
+        if checked is None:  # the next run plans it again
+            unrecorded[ctx.target.kind] = (
+                f"a file profile {name} reads changed while it was planned: nothing was "
+                "recorded"
+            )
+            continue
         ctx.state.write_manifest(
             Manifest(
                 profile=prep.profile.name,
@@ -367,7 +403,7 @@ def _record_needs_nothing(prep: Prepared, lock: Lock | None) -> list[str]:
             f"{ctx.target.at}: profile {prep.profile.name} needs nothing here (every site "
             "upstream or not applicable); recorded as applied"
         )
-    return notes
+    return notes, unrecorded
 
 
 def _checked_files(

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from sm120patch import targets
@@ -33,6 +32,7 @@ from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Sm120Error
 from sm120patch.targets import Target, files, git
 from sm120patch.targets.files import file_sha256
+from sm120patch.targets.resolved import Given, Resolved, resolved
 
 
 class State(str, Enum):
@@ -333,18 +333,17 @@ class TargetStatus:
         }
 
 
-def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
-    """What is applied where, from hashes only (no parsing, no git process)."""
+def status(given: Given) -> list[TargetStatus]:
+    """What is applied where, from hashes only (no parsing, no git process): each target of
+    the command (`Resolved`) assessed once."""
+    named = resolved(given)
     out = []
-    for kind in targets.KINDS:
-        target = targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
-        if target is None:
-            continue
+    for target in named.each():
         st = TargetState.of(target.root, target.layout, target.kind)
         out.append(TargetStatus(target, assess(target, st), st.trials()))
     found: dict[str, Target] = {str(s.target.kind): s.target for s in out}
     for s in out:
-        lines = refused_beside(s.assessment, found)
+        lines = refused_beside(s.assessment, found, named)
         if lines:
             a = s.assessment
             s.assessment = replace(a, message="; ".join([a.message, *lines]),
@@ -352,11 +351,13 @@ def status(paths: Mapping[str, str | Path | None]) -> list[TargetStatus]:
     return out
 
 
-def refused_beside(found: Assessment, others: Mapping[str, Target]) -> list[str]:
+def refused_beside(
+    found: Assessment, others: Mapping[str, Target], named: Resolved | None = None
+) -> list[str]:
     """One line per other target, now at hand, in a release the applied profile refuses (the
     manifest's `refuses`: moe refuses a FlashInfer before 0.6.7), installed after the apply or
     not found by it. `others`: the targets of this run; else the one beside an installed
-    target (the same site-packages)."""
+    target (the same site-packages), found through the command's `named` targets."""
     m = found.manifest
     if m is None or not m.refuses or found.state != State.APPLIED:
         return []
@@ -364,7 +365,7 @@ def refused_beside(found: Assessment, others: Mapping[str, Target]) -> list[str]
 
     lines = []
     for kind, specs in sorted(m.refuses.items()):
-        other = others.get(kind) or _beside(kind, found.target)
+        other = others.get(kind) or _beside(kind, found.target, named or Resolved({}))
         if other is None:
             continue
         release = versions.base_release(other.version)
@@ -379,10 +380,10 @@ def refused_beside(found: Assessment, others: Mapping[str, Target]) -> list[str]
     return lines
 
 
-def _beside(kind: str, target: Target) -> Target | None:
+def _beside(kind: str, target: Target, named: Resolved) -> Target | None:
     if target.layout == "git" or not (target.parent / kind).is_dir():
         return None
     try:
-        return targets.find_quiet(kind, target.parent, required=False)
+        return named.at(kind, target.parent)
     except Sm120Error:  # an unreadable version: nothing to say about it here
         return None

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sm120patch.engine import assess
 from sm120patch.engine.apply import (
-    apply,
+    apply_runs,
     check_applied_matches_lock,
     runs_for,
     unchecked_refusals,
@@ -17,6 +16,7 @@ from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
 from sm120patch.plan.plans import Plan
+from sm120patch.targets.resolved import Given, resolved
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def ensure(
     profile_name: str,
-    paths: Mapping[str, str | Path | None],
+    given: Given,
     *,
     force: bool = False,
     preconditions: Callable[[], None] | None = None,
@@ -39,11 +39,13 @@ def ensure(
 
     Pristine or gone: applied first. Applied as wanted: nothing to do. Drifted, missing,
     unfinished, another profile, another release outside the pins or than the lock's:
-    refused with nothing changed (apply's own preflight). Then the result is checked from the
-    bytes again.
+    refused with nothing changed (apply's own preflight). Each target is assessed once: the
+    apply takes this assessment under its lock while the state is unchanged, and reports the
+    targets it leaves without the profile's record (every other one it wrote and verified).
     """
     profile = catalog.load().profile(profile_name)
-    ctxs = runs_for(profile, paths, force, lock)
+    named = resolved(given)
+    ctxs = runs_for(profile, named, force, lock)
     # At every service start: when the bytes already say "as wanted", answer without the lock
     # (reading is safe; a run in progress would show as unfinished).
     found = [ctx.assess() for ctx in ctxs]
@@ -60,7 +62,7 @@ def ensure(
                     f"profile {profile.name} is already applied: every touched file has the "
                     "bytes sm120patch wrote"
                     + (", the bytes the lock records" if lock is not None else ""),
-                    *unchecked_refusals(profile, [c.target for c in ctxs], paths),
+                    *unchecked_refusals(profile, [c.target for c in ctxs], named),
                 ],
             )
         except Refused:
@@ -74,17 +76,14 @@ def ensure(
             f"{wrong.target.at}: {wrong.state}: {wrong.message}",
             verify_hint(wrong, profile.name, lock),
         )
-    report = apply(
-        profile_name, paths, force=force, preconditions=preconditions, check_plan=check_plan,
-        lock=lock,
+    report = apply_runs(
+        profile, ctxs, named, preconditions=preconditions, check_plan=check_plan, lock=lock,
+        seen={c.target.kind: a for c, a in zip(ctxs, found, strict=True)},
     )  # fmt: skip
-    for ctx in ctxs:  # the same targets, their bytes read again after the apply
-        now = ctx.assess()
-        if now.state != assess.State.APPLIED or now.profile != profile.name:
-            raise Refused(
-                f"{ctx.target.at}: {now.message}",
-                "see `sm120patch status`",
-            )
+    for ctx in ctxs:
+        why = report.unrecorded.get(ctx.target.kind)
+        if why is not None:
+            raise Refused(f"{ctx.target.at}: {why}", "see `sm120patch status`")
     return report
 
 

@@ -5,14 +5,20 @@ is the same, steps and diffs included, wherever it is pinned."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from sm120patch.errors import Refused
 from sm120patch.plan.lockfile import Lock, from_plan
+from sm120patch.targets import Target
+from sm120patch.targets.resolved import Given, resolved
+
+if TYPE_CHECKING:
+    from sm120patch.engine.assess import Assessment
 
 
-def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
-    """The lock of `profile_name` on the trees at `paths`.
+def make(profile_name: str, given: Given, *, force: bool = False) -> Lock:
+    """The lock of `profile_name` on the command's trees (`given`), each assessed once.
 
     A reference box is usually patched already: where the profile is applied (checked from
     the bytes), the plan is made from the bytes the apply started from, so the lock holds
@@ -22,10 +28,12 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     from sm120patch.plan import catalog, planner
 
     profile = catalog.load().profile(profile_name)
-    found = planner.resolve_targets(profile, paths)
-    planner.require_pins(profile, found, paths, force=force, verb="pin")
-    lock = from_plan(pristine.plan_from_pristine(profile.name, paths, force=True, verb="pin"))
-    _check_applied_as_planned(lock, found)
+    named = resolved(given)
+    found = planner.resolve_targets(profile, named)
+    planner.require_pins(profile, found, named, force=force, verb="pin")
+    plan, assessed = pristine.pristine_plan(profile, found, named, force=True, verb="pin")
+    lock = from_plan(plan)
+    _check_applied_as_planned(lock, found, assessed)
     if not lock.files:
         raise Refused(
             f"profile {profile.name} changes no file here (every site is already SM120-ready)",
@@ -34,13 +42,16 @@ def make(profile_name: str, paths: Any, *, force: bool = False) -> Lock:
     return lock
 
 
-def _check_applied_as_planned(lock: Lock, found: list[Any]) -> None:
-    """Where the profile is applied, the lock (planned from the pristine side) must describe
-    the bytes on disk: a tree patched by other code (an older sm120patch) is not pinned."""
+def _check_applied_as_planned(
+    lock: Lock, found: list[Target], assessed: Mapping[str, Assessment]
+) -> None:
+    """Where the profile is applied (`assessed`: each target's assessment), the lock (planned
+    from the pristine side) must describe the bytes on disk: a tree patched by other code (an
+    older sm120patch) is not pinned."""
     from sm120patch.engine import assess
 
     for target in found:
-        a = assess.assess(target)
+        a = assessed[target.kind]
         if a.state != assess.State.APPLIED or a.manifest is None or a.manifest.needs_nothing:
             continue
         have = {f.module: f.after for f in a.manifest.files}

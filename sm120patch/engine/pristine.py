@@ -5,15 +5,13 @@ patched already."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-
 from sm120patch.engine import assess
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog, planner
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target
+from sm120patch.targets.resolved import Given
 
 
 def pristine_bytes(target: Target, rel: str) -> bytes | None:
@@ -30,7 +28,7 @@ def pristine_bytes(target: Target, rel: str) -> bytes | None:
 
 def plan_from_pristine(
     profile_name: str,
-    paths: Mapping[str, str | Path | None],
+    given: Given,
     *,
     force: bool = False,
     verb: str = "export",
@@ -40,13 +38,21 @@ def plan_from_pristine(
     apply; elsewhere from the files on disk. Refuses a tree that is neither (another profile
     applied, an edit since the apply, a journal left open), and pristine bytes that are not
     the ones the apply read (its before-hash)."""
+    profile = catalog.load().profile(profile_name)
+    found = planner.resolve_targets(profile, given)
+    return pristine_plan(profile, found, given, force=force, verb=verb)[0]
+
+
+def pristine_plan(
+    profile: catalog.Profile, found: list[Target], given: Given, *, force: bool, verb: str
+) -> tuple[Plan, dict[str, assess.Assessment]]:
+    """`plan_from_pristine` on targets found, and each target's assessment (made once)."""
     from sm120patch.targets.files import sha256
 
-    profile = catalog.load().profile(profile_name)
-    found = planner.resolve_targets(profile, paths)
     texts: dict[str, dict[str, str]] = {}
+    assessed: dict[str, assess.Assessment] = {}
     for target in found:
-        state = assess.assess(target)
+        state = assessed[target.kind] = assess.assess(target)
         if state.state.holds_no_patch:
             continue
         if state.state != assess.State.APPLIED or state.profile != profile.name:
@@ -68,7 +74,7 @@ def plan_from_pristine(
                     f"`sm120patch {verb} {profile.name}` on the pristine tree",
                 )
             texts[target.kind][f.module] = data.decode("utf-8")
-    plan = planner.plan(profile.name, found=found, force=force, texts=texts)
+    plan = planner.plan(profile.name, given, found=found, force=force, texts=texts)
     if plan.refused:
         raise PlanRefused(plan)
-    return plan
+    return plan, assessed

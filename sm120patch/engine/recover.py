@@ -8,10 +8,8 @@ back over them; its journal and record are dropped, and the report says to apply
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
-from sm120patch import targets
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.apply import rollback_apply
 from sm120patch.engine.records import Journal, Op
@@ -22,15 +20,13 @@ from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.targets.git import head_branch as git_head_branch
+from sm120patch.targets.resolved import Given, resolved
 
 
-def recover(paths: Mapping[str, str | Path | None]) -> Report:
-    """Finish what a killed run left: roll an apply back, roll a revert forward."""
-    found = [
-        targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
-        for kind in TARGETS
-    ]
-    ctxs = [TargetRun(t) for t in found if t is not None]
+def recover(given: Given) -> Report:
+    """Finish what a killed run left on the command's targets (`given`): roll an apply back,
+    roll a revert forward."""
+    ctxs = [TargetRun(t) for t in resolved(given).each(TARGETS)]
     reports: list[TargetReport] = []
     notes: list[str] = _unnamed_peers(ctxs)
     with locked(ctxs):

@@ -66,6 +66,9 @@ class Report:
     # from the bytes on disk to the restored ones); nothing was changed.
     dry_run: bool = False
     restores: str = ""
+    # An apply: the targets it left without a record of the profile (kind -> why), which
+    # `ensure` refuses; its other targets are as wanted, as it wrote and verified them.
+    unrecorded: dict[str, str] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:

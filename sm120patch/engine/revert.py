@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
-from pathlib import Path
 
-from sm120patch import __version__, targets
+from sm120patch import __version__
 from sm120patch.engine import assess, interrupts, store
 from sm120patch.engine.assess import Assessment
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Op, Peer
@@ -27,17 +25,18 @@ from sm120patch.errors import Refused
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog
 from sm120patch.targets import files, procscan
+from sm120patch.targets.resolved import Given, resolved
 
 
 def revert(
     profile_name: str | None,
-    paths: Mapping[str, str | Path | None],
+    given: Given,
     *,
     force: bool = False,
     keep_branch: bool = False,
 ) -> Report:
-    """Revert `profile_name` (None: whatever is applied) on the targets at `paths`."""
-    ctxs = _revert_targets(profile_name, paths)
+    """Revert `profile_name` (None: whatever is applied) on the command's targets (`given`)."""
+    ctxs = _revert_targets(profile_name, given)
     reports: list[TargetReport] = []
     notes: list[str] = []
     with locked(ctxs):
@@ -122,7 +121,7 @@ def _write_journals(
 
 def revert_dry_run(
     profile_name: str | None,
-    paths: Mapping[str, str | Path | None],
+    given: Given,
     *,
     force: bool = False,
 ) -> Report:
@@ -130,7 +129,7 @@ def revert_dry_run(
     what the revert would do, and `restores` is the diff of what it would write back."""
     from sm120patch.plan.diffs import diff_texts
 
-    ctxs = _revert_targets(profile_name, paths)
+    ctxs = _revert_targets(profile_name, given)
     for ctx in ctxs:
         ctx.state.check_lockable()
     todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
@@ -157,13 +156,10 @@ def revert_dry_run(
                   dry_run=True, restores="".join(diffs))  # fmt: skip
 
 
-def _revert_targets(
-    profile_name: str | None, paths: Mapping[str, str | Path | None]
-) -> list[TargetRun]:
+def _revert_targets(profile_name: str | None, given: Given) -> list[TargetRun]:
     kinds = TARGETS if profile_name is None else catalog.load().profile(
         profile_name).targets  # fmt: skip
-    found = [targets.find_quiet(k, paths.get(k), required=paths.get(k) is not None) for k in kinds]
-    return [TargetRun(t) for t in found if t is not None]
+    return [TargetRun(t) for t in resolved(given).each(tuple(kinds))]
 
 
 def _revert_preflight(

@@ -41,7 +41,21 @@ class TargetRun:
         t = self.target
         return Peer(t.kind, str(t.root), t.layout)
 
-    def assess(self) -> Assessment:
+    def assess(self, seen: Assessment | None = None) -> Assessment:
+        """This target's state from its bytes, held to the patches loaded now. `seen`: its
+        assessment made earlier in this command, before the run's lock was taken (`ensure`'s,
+        at service start); it stands while the state it was made from is the state now (no
+        journal, the same manifest): another sm120patch run that changed the tree meanwhile
+        changed one of them, and what anything else wrote meanwhile is met when the files are
+        read for the journal (their bytes held to the plan), as after a locked assessment."""
+        if (
+            seen is not None
+            and seen.target is self.target
+            and seen.journal is None
+            and self.state.journal() is None
+            and self.state.manifest() == seen.manifest
+        ):
+            return seen
         found = assess.assess(self.target, self.state)
         m = found.manifest
         if found.state is assess.State.APPLIED and m is not None and m.needs_nothing:

@@ -3,22 +3,29 @@ reverts."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from pathlib import Path
+from collections.abc import Collection, Iterable
 
 from sm120patch import targets
 from sm120patch.engine.store import TargetState
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
+from sm120patch.targets import Target
+from sm120patch.targets.resolved import Given, resolved
 
 
-def record_trial(
-    paths: Mapping[str, str | Path | None], profile: str, trial: TrialRecord
-) -> None:
+def recorded(found: Iterable[Target]) -> list[TrialRecord]:
+    """The trials recorded on each of `found`, target by target (a trial of a profile spanning
+    both targets is on both): what a command shows of this box without assessing a target."""
+    return [t for target in found for t in TargetState.of(target.root, target.layout,
+                                                          target.kind).trials()]  # fmt: skip
+
+
+def record_trial(given: Given, profile: str, trial: TrialRecord) -> None:
     """Keep a trial's record on every target of its profile (it survives the revert)."""
+    named = resolved(given)
     for kind in catalog.load().profile(profile).targets:
-        target = targets.find_quiet(kind, paths.get(kind), required=False)
+        target = named.quiet(kind, required=False)
         if target is None:
             continue
         st = TargetState.of(target.root, target.layout, target.kind)
@@ -32,14 +39,11 @@ def record_trial(
                 ) from None
 
 
-def forget_trials(paths: Mapping[str, str | Path | None], keys: Collection[str]) -> int:
-    """Remove the trials named by `keys` (`TrialRecord.key`) from every target found in
-    `paths` (a trial is kept on each target of its profile); how many records went."""
+def forget_trials(given: Given, keys: Collection[str]) -> int:
+    """Remove the trials named by `keys` (`TrialRecord.key`) from every target of the command
+    (`given`; a trial is kept on each target of its profile); how many records went."""
     dropped = 0
-    for kind in targets.KINDS:
-        target = targets.find_quiet(kind, paths.get(kind), required=paths.get(kind) is not None)
-        if target is None:
-            continue
+    for target in resolved(given).each(targets.KINDS):
         st = TargetState.of(target.root, target.layout, target.kind)
         if not any(t.key in keys for t in st.trials()):
             continue  # nothing to remove: no lock taken, no state directory made

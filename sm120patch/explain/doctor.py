@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sm120patch import targets
@@ -12,6 +10,7 @@ from sm120patch.engine import assess
 from sm120patch.errors import Sm120Error
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog, planner
+from sm120patch.targets.resolved import Given, resolved
 from sm120patch.trial import gpu
 
 
@@ -78,13 +77,16 @@ class Examination:
         }
 
 
-def examine(paths: Mapping[str, str | Path | None], verbose: bool = False) -> Examination:
+def examine(paths: Given, verbose: bool = False) -> Examination:
+    """The box: its GPUs, its targets (the command's, each found once and assessed once), and
+    what each profile would do here."""
     gpus = gpu.read_gpus()
+    named = resolved(paths)
     found: dict[str, targets.Target] = {}
     missing = []
     for kind in TARGETS:
         try:
-            found[kind] = targets.find(kind, paths.get(kind))
+            found[kind] = named.find(kind)
         except Sm120Error as exc:
             missing.append(f"{targets.DISPLAY[kind]}: {exc.message}")
     checks = []
@@ -94,23 +96,25 @@ def examine(paths: Mapping[str, str | Path | None], verbose: bool = False) -> Ex
         if len(have) < len(profile.targets):
             check.problems.append("needs " + " and ".join(profile.targets) + " to be found")
         else:
-            check.problems = planner.check_pins(profile, have, paths)
-            check.refused = planner.refusal_lines(profile, have, paths)
+            check.problems = planner.check_pins(profile, have, named)
+            check.refused = planner.refusal_lines(profile, have, named)
             check.pinned = len(check.problems) == len(check.refused)
             try:
-                plan = planner.plan(profile.name, found=have, force=True)
+                plan = planner.plan(profile.name, named, found=have, force=True)
                 check.outcomes = [o.to_dict() for o in plan.outcomes]
             except Sm120Error as exc:
                 check.problems.append(exc.message)
         checks.append(check)
+    statuses = None
     try:
-        applied = [s.to_dict() for s in assess.status(paths)]
+        statuses = assess.status(named)
+        applied = [s.to_dict() for s in statuses]
     except Sm120Error as exc:
         applied = [{"problem": exc.message}]
     from sm120patch.plan.known import condemning, entries
     from sm120patch.trial import known
 
-    box = known.box_of(paths, read_gpus=lambda: gpus)
+    box = known.box_of(named, read_gpus=lambda: gpus, statuses=statuses)
     shipped = entries()
     on = {a["profile"]: a.get("root", "") for a in applied if a.get("profile")}
     for check in checks:
@@ -124,7 +128,8 @@ def examine(paths: Mapping[str, str | Path | None], verbose: bool = False) -> Ex
         checks,
         applied,
         recommendation=recommendation(checks),
-        known=_pointed(known.lines(None, paths, read_gpus=lambda: gpus, verbose=verbose), verbose),
+        known=_pointed(known.lines(None, named, read_gpus=lambda: gpus, verbose=verbose,
+                                   statuses=statuses), verbose),
     )
 
 

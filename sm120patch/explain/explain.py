@@ -28,6 +28,7 @@ from typing import Any
 
 from sm120patch.errors import Refused, Sm120Error, UsageError
 from sm120patch.targets import Target, files
+from sm120patch.targets.resolved import Given, resolved
 
 PROBE = Path(__file__).with_name("probe.py")
 PROFILE = "all"  # what the planned patched side applies unless --profile says another
@@ -378,7 +379,7 @@ def untrusted_interpreter(python: Path) -> str | None:
 
 
 def explain(
-    paths: Mapping[str, str | Path | None],
+    paths: Given,
     *,
     python: str | Path | None = None,
     simulate: str | None = None,
@@ -386,17 +387,17 @@ def explain(
     profile: str = PROFILE,
 ) -> Explanation:
     """Run the probe on the pristine and the patched code of the targets at `paths`; where
-    nothing is applied, the patched side is what `profile` would write."""
-    from sm120patch import targets as targets_mod
-
+    nothing is applied, the patched side is what `profile` would write. `paths`: the
+    command's targets (`Resolved`), each found once."""
     if simulate is not None and simulate not in ARCHS:
         raise UsageError(f"--simulate {simulate!r}", f"use one of {', '.join(ARCHS)}")
+    named = resolved(paths)
     found: list[Target] = []
     for kind in ("sglang", "flashinfer"):
         try:
-            found.append(targets_mod.find(kind, paths.get(kind)))
+            found.append(named.find(kind))
         except Sm120Error:
-            if paths.get(kind) is not None:
+            if named.given(kind):
                 raise
     if not found:
         raise UsageError("found neither SGLang nor FlashInfer", "pass --sglang/--flashinfer PATH")

@@ -10,7 +10,6 @@ import gc
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from sm120patch import targets
 from sm120patch.errors import AGAIN, Refused, Sm120Error
@@ -21,14 +20,13 @@ from sm120patch.plan.catalog import Profile
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
 from sm120patch.targets.files import read_regular
+from sm120patch.targets.resolved import Given, resolved
 
 # (patches, file, text): one call of `transform_text`.
 Job = tuple[list[Patch], str, str]
 
 
-def checked(
-    profile_name: str, paths: Mapping[str, str | Path | None], *, force: bool = False
-) -> Plan:
+def checked(profile_name: str, paths: Given, *, force: bool = False) -> Plan:
     """`plan`, raising PlanRefused when any site refuses (for pin, export)."""
     result = plan(profile_name, paths, force=force)
     if result.refused:
@@ -36,14 +34,16 @@ def checked(
     return result
 
 
-def resolve_targets(profile: Profile, paths: Mapping[str, str | Path | None]) -> list[Target]:
-    return [targets.find(kind, paths.get(kind)) for kind in profile.targets]
+def resolve_targets(profile: Profile, given: Given) -> list[Target]:
+    """The profile's targets, as the command found them (`Resolved`)."""
+    found = resolved(given)
+    return [found.find(kind) for kind in profile.targets]
 
 
 def check_pins(
     profile: Profile,
     found: list[Target],
-    paths: Mapping[str, str | Path | None] | None = None,
+    paths: Given | None = None,
 ) -> list[str]:
     """One line per target whose version is outside the profile's pins, then one per release
     the profile refuses (`refusal_lines`): what --force overrides."""
@@ -64,7 +64,7 @@ def _outside_pins(profile: Profile, found: list[Target]) -> list[str]:
 def require_pins(
     profile: Profile,
     found: list[Target],
-    paths: Mapping[str, str | Path | None] | None,
+    paths: Given | None,
     *,
     force: bool,
     verb: str,
@@ -92,15 +92,16 @@ def require_pins(
 def refusal_lines(
     profile: Profile,
     found: list[Target],
-    paths: Mapping[str, str | Path | None] | None = None,
+    paths: Given | None = None,
 ) -> list[str]:
     """One line per release of the targets found (or, for a kind the profile does not patch,
     moe refusing a FlashInfer, of the one `beside` finds) that the profile refuses, with why.
     Where that other kind is not found, nothing is refused."""
     have: dict[str, Target] = {t.kind: t for t in found}
+    given = resolved(paths or {})
     problems = []
     for kind in dict.fromkeys(r.kind for r in profile.refuse):
-        target = have.get(kind) or beside(kind, found, (paths or {}).get(kind))
+        target = have.get(kind) or beside(kind, found, given)
         if target is not None:
             problems += catalog.refusal_problems(
                 profile, {kind: target.version}, {kind: (target.name, target.version_source)}
@@ -108,17 +109,19 @@ def refusal_lines(
     return problems
 
 
-def beside(kind: str, found: list[Target], path: str | Path | None) -> Target | None:
-    """The `kind` target at `path` when given (an error if it is not there); else the one in
-    the directory holding a found installed target (SGLang's site-packages holds the FlashInfer
-    it runs with); else the one installed in this interpreter; else None."""
-    if path is not None:
-        return targets.find(kind, path)
+def beside(kind: str, found: list[Target], given: Given) -> Target | None:
+    """The `kind` target at its path when given (an error if it is not there); else the one
+    in the directory holding a found installed target (SGLang's site-packages holds the
+    FlashInfer it runs with); else the one installed in this interpreter; else None. Found
+    through the command's `Resolved`, once."""
+    named = resolved(given)
+    if named.given(kind):
+        return named.find(kind)
     try:
         for t in found:
             if t.layout != "git" and (t.parent / kind).is_dir():
-                return targets.find(kind, t.parent)
-        return targets.find_quiet(kind, None, required=False)
+                return named.at(kind, t.parent)
+        return named.quiet(kind, required=False)
     except Sm120Error:  # a tree whose version cannot be read: nothing to refuse by
         return None
 
@@ -141,7 +144,7 @@ def no_cycle_collection() -> Iterator[None]:
 
 def plan(
     profile_name: str,
-    paths: Mapping[str, str | Path | None] | None = None,
+    paths: Given | None = None,
     *,
     force: bool = False,
     found: list[Target] | None = None,

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sm120patch.scan import classify as c
 from sm120patch.scan import gates as g
+
+if TYPE_CHECKING:
+    from sm120patch.targets.resolved import Given
 
 # Directories (and files: test_*, bench_*, benchmark_*) of a package that hold no code a server
 # runs: tests, benchmarks, and the kernel sources and generated artifacts FlashInfer ships as
@@ -249,20 +252,20 @@ def scan_target(target: Any, **kwargs: Any) -> TargetScan:
     return out
 
 
-def scan(paths: Mapping[str, str | None], *, catalog: Any = None) -> Report:
+def scan(paths: Given, *, catalog: Any = None) -> Report:
     """Scan the targets at `paths` (kind -> path), classifying with `catalog` (default: the
     built-in library and the packs in effect). Where a path is given, only the kinds given
     are scanned (a maintainer points at one checkout); with none, the SGLang and FlashInfer
-    installed in this Python, whichever are there."""
+    installed in this Python, whichever are there. `paths`: the command's targets
+    (`Resolved`), each found once."""
     from sm120patch import targets
     from sm120patch.errors import Refused
+    from sm120patch.targets.resolved import resolved
 
-    given = [kind for kind in targets.KINDS if paths.get(kind) is not None]
-    found = []
-    for kind in given or targets.KINDS:
-        target = targets.find_quiet(kind, paths.get(kind), required=bool(given))
-        if target is not None:
-            found.append(target)
+    named = resolved(paths)
+    given = tuple(kind for kind in targets.KINDS if named.given(kind))
+    found = [t for t in (named.quiet(kind, required=bool(given))
+                         for kind in given or targets.KINDS) if t is not None]  # fmt: skip
     if not found:
         raise Refused(
             "neither SGLang nor FlashInfer is installed in this Python",

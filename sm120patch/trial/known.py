@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from sm120patch.plan.known import entries as known_entries
 if TYPE_CHECKING:
     from sm120patch.engine.assess import TargetStatus
     from sm120patch.engine.trialrecord import TrialRecord
+    from sm120patch.targets.resolved import Given
     from sm120patch.trial import gpu
 
 # verdict of a trial that is evidence (`evidence`) -> outcome of a record
@@ -34,7 +35,7 @@ _OUTCOME_OF = {
 
 
 def box_of(
-    paths: Mapping[str, str | Path | None],
+    paths: Given,
     command: Sequence[str] = (),
     read_gpus: Callable[[], gpu.GpuInventory] | None = None,
     statuses: Sequence[TargetStatus] | None = None,
@@ -119,7 +120,7 @@ def _decided_again(trial: TrialRecord) -> bool:
     return decided.verdict == trial.verdict
 
 
-def history(paths: Mapping[str, str | Path | None]) -> list[TrialRecord]:
+def history(paths: Given) -> list[TrialRecord]:
     """Every recorded trial on these targets, once each (a trial of a profile spanning SGLang
     and FlashInfer is kept on both), oldest first."""
     from sm120patch.engine import assess
@@ -131,7 +132,7 @@ def _history_of(statuses: Sequence[TargetStatus]) -> list[TrialRecord]:
     return once_each(t for status in statuses for t in status.trials)
 
 
-def _status_or_none(paths: Mapping[str, str | Path | None]) -> list[TargetStatus] | None:
+def _status_or_none(paths: Given) -> list[TargetStatus] | None:
     """`assess.status(paths)`, or None where it refuses (the box is then read without the
     targets' versions, and without their trials)."""
     from sm120patch.engine import assess
@@ -142,9 +143,7 @@ def _status_or_none(paths: Mapping[str, str | Path | None]) -> list[TargetStatus
         return None
 
 
-def forget(
-    paths: Mapping[str, str | Path | None], trial_ids: Sequence[str], everything: bool = False
-) -> list[str]:
+def forget(paths: Given, trial_ids: Sequence[str], everything: bool = False) -> list[str]:
     """Remove recorded trials (each ID or a unique prefix of one; every trial with
     `everything`) from every target that holds them; the ids removed, oldest first."""
     from sm120patch.engine import trials as kept
@@ -180,15 +179,17 @@ def find_trial(trials: list[TrialRecord], trial_id: str | None) -> TrialRecord:
 
 def lines(
     profile: str | None,
-    paths: Mapping[str, str | Path | None],
+    paths: Given,
     command: Sequence[str] = (),
     read_gpus: Callable[[], gpu.GpuInventory] | None = None,
     verbose: bool = False,
+    statuses: Sequence[TargetStatus] | None = None,
 ) -> list[str]:
     """The known entries matching this box, then this box's own measured trials, for a trial's
-    command (and `doctor`). The targets are looked up once for both (finding a checkout runs
-    git)."""
-    statuses = _status_or_none(paths)
+    command (and `doctor`). The targets are assessed once for both, or not at all where the
+    caller has their `statuses`."""
+    if statuses is None:
+        statuses = _status_or_none(paths)
     box = box_of(paths, command, read_gpus, statuses=[] if statuses is None else statuses)
     out = [e.full() if verbose else e.line() for e in known_entries() if matches(e, profile, box)]
     if statuses is not None:

@@ -35,7 +35,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 from sm120patch.engine import apply, assess, revert, trials
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused, TrialUnreachable, UsageError
+from sm120patch.targets.resolved import Given, resolved
 from sm120patch.trial import decide, gpu, loadgen, sanity, serve, wiring
 
 EXIT = {
@@ -253,13 +254,13 @@ def check_options(opts: Options) -> None:
             ) from None
 
 
-def _applied_profiles(paths: Mapping[str, str | Path | None]) -> set[str]:
+def _applied_profiles(paths: Given) -> set[str]:
     return {s.profile for s in assess.status(paths) if s.profile}
 
 
 def run(
     profile: str,
-    paths: Mapping[str, str | Path | None],
+    paths: Given,
     command: Sequence[str],
     opts: Options,
     *,
@@ -285,6 +286,7 @@ def run(
     catalog.load().profile(profile)  # an unknown profile is a usage error before anything runs
     if preconditions is not None:
         preconditions()
+    paths = resolved(paths)  # the targets found once, for every apply, revert and record
     applied = _applied_profiles(paths)
     others = applied - {profile}
     if others:

@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 from sm120patch.engine import apply, revert, trials
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused, Sm120Error, TrialCrashed, UsageError
+from sm120patch.targets.resolved import Given, resolved
 
 TAIL_LINES = 60
 PROGRESS_EVERY = 5.0  # seconds between two `on_wait` calls while a server is not ready
@@ -227,7 +228,7 @@ def open_log(log_path: Path | None) -> Any:
 
 def run(
     profile: str,
-    paths: Mapping[str, str | Path | None],
+    paths: Given,
     command: Sequence[str],
     *,
     ready_url: str | None = None,
@@ -258,6 +259,7 @@ def run(
     # Before anything is applied: an unwritable log is a usage error, not a patched tree left
     # behind by a crash.
     log = open_log(log_path)
+    paths = resolved(paths)  # the targets found once, for the apply, the revert and the record
     report = apply.apply(profile, paths, force=force, preconditions=preconditions)
     we_applied = report.action == "applied"
     started = time.time()

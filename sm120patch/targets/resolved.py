@@ -1,0 +1,88 @@
+"""The targets of one command, each found once (`Resolved`).
+
+A command names its targets (`--sglang`, `--flashinfer`, or the documented defaults: the one
+importable by this Python, the FlashInfer beside an installed SGLang). `app.Session` holds one
+`Resolved` and hands it to every verb, so that a target is found, its version read and its
+checkout's git asked, once per command, and every step of the command works on the same
+`Target` (the same tree, whatever is renamed under its path meanwhile). A target that could
+not be found is the same refusal each time it is asked for, never a second search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TypeAlias
+
+from sm120patch import targets
+from sm120patch.errors import Refused, Sm120Error
+from sm120patch.targets import KINDS, Target
+
+Paths: TypeAlias = Mapping[str, str | Path | None]
+
+
+class Resolved:
+    """The targets a command names, found on first use and kept: `find` (the target of a kind,
+    at its path or the default), `quiet` (None where it is not there and was not named), `at`
+    (the one in a directory: the FlashInfer beside an installed SGLang)."""
+
+    def __init__(self, paths: Paths) -> None:
+        self.paths: dict[str, str | Path | None] = {k: paths.get(k) for k in KINDS}
+        self._named: dict[str, Target | Sm120Error] = {}
+        self._in: dict[tuple[str, Path], Target | Sm120Error] = {}
+
+    def given(self, kind: str) -> bool:
+        """Whether the command line names a path for `kind`."""
+        return self.paths.get(kind) is not None
+
+    def find(self, kind: str) -> Target:
+        """The target of `kind` at its path, or the one installed in this Python (its refusal
+        when there is none, raised again each time)."""
+        if kind not in self._named:
+            try:
+                self._named[kind] = targets.find(kind, self.paths.get(kind))
+            except Sm120Error as exc:
+                self._named[kind] = exc
+        return _held(self._named[kind])
+
+    def quiet(self, kind: str, *, required: bool | None = None) -> Target | None:
+        """`find`, or None when `kind` is not there and (unless `required`) was not named."""
+        try:
+            return self.find(kind)
+        except Refused:
+            if self.given(kind) if required is None else required:
+                raise
+            return None
+
+    def each(self, kinds: tuple[str, ...] = KINDS) -> list[Target]:
+        """The targets of `kinds` that are there (`quiet`), in order."""
+        return [t for t in (self.quiet(k) for k in kinds) if t is not None]
+
+    def at(self, kind: str, directory: Path) -> Target:
+        """The target of `kind` in `directory` (a site-packages): one already found there is
+        the same target, not a second finding of it."""
+        where = directory.resolve()
+        for held in (*self._named.values(), *self._in.values()):
+            if isinstance(held, Target) and held.kind == kind and held.package_dir == where / kind:
+                return held
+        if (kind, where) not in self._in:
+            try:
+                self._in[kind, where] = targets.find(kind, where)
+            except Sm120Error as exc:
+                self._in[kind, where] = exc
+        return _held(self._in[kind, where])
+
+
+Given: TypeAlias = Resolved | Paths
+
+
+def resolved(given: Given) -> Resolved:
+    """`given` as a `Resolved`: a command's own, or one for paths (kind -> path) given by a
+    caller that holds none (a test, a library user)."""
+    return given if isinstance(given, Resolved) else Resolved(given)
+
+
+def _held(found: Target | Sm120Error) -> Target:
+    if isinstance(found, Sm120Error):
+        raise found
+    return found
