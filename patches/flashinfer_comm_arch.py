@@ -48,36 +48,13 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The fact's function's one `supported_major_versions` list gains 12 at its end, nothing
     else in it changes; every other function's lists stay as they were. Upstream (0.6.17 on):
     the release's own list is [9, 10, 12]."""
-    Lists = dict[str, list[tuple[object, ast.Call, list[ast.AST]]]]
-
-    def lists(tree: ast.Module) -> Lists:
-        out: Lists = {}
-        for scope, node, parents in sc.walk_scoped(tree):
-            if isinstance(node, ast.Call):
-                for kw in node.keywords:
-                    if kw.arg == "supported_major_versions":
-                        out.setdefault(scope, []).append(
-                            (ast.literal_eval(kw.value), node, parents))
-        return out
-
-    old, new = lists(before), lists(after)
-    site = fact.function or ""
     if fact.status is Status.UPSTREAM:
-        release = [v for v, _, _ in old.get(site, [])]
+        release = [v for v, _, _ in sc.keyword_lists(before, "supported_major_versions").get(
+            fact.function or "", [])]
         assert release == [[9, 10, 12]], f"before: {release}"
         sc.same_but(before, after, "nothing")
         return sc.Spans()
-    old_list = sc.one([v for v, _, _ in old.get(site, [])], f"list in {site}")
-    assert isinstance(old_list, list) and old_list and 12 not in old_list, f"before: {old_list}"
-    now = [v for v, _, _ in new.get(site, [])]
-    assert now == [[*old_list, 12]], f"after: {now}"
-    for scope in set(old) | set(new):
-        if scope != site:
-            assert [v for v, _, _ in old.get(scope, [])] == [v for v, _, _ in new.get(scope, [])], (
-                f"{scope}'s supported_major_versions changed"
-            )
-    (_, call_o, parents_o), (_, call_n, parents_n) = old[site][0], new[site][0]
-    return sc.Spans([sc.statement_span(parents_o, call_o)], [sc.statement_span(parents_n, call_n)])
+    return sc.extended_keyword_list(before, after, fact, "supported_major_versions", 12)
 
 
 PATCH = Patch(

@@ -427,3 +427,40 @@ def moe_choice(before: ast.Module, after: ast.Module, fact: Fact, model: str) ->
     lo2, hi2 = span(branch)
     spans.after.append((min(lo, lo2), max(hi, hi2)))
     return spans
+
+
+KeywordLists = dict[str, list[tuple[object, ast.Call, list[ast.AST]]]]
+
+
+def keyword_lists(tree: ast.Module, keyword: str) -> KeywordLists:
+    """Per scope, every call's `keyword=<literal>`: (its value, the call, the call's ancestors)."""
+    out: KeywordLists = {}
+    for scope, node, parents in walk_scoped(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg == keyword:
+                    out.setdefault(scope, []).append((ast.literal_eval(kw.value), node, parents))
+    return out
+
+
+def extended_keyword_list(
+    before: ast.Module, after: ast.Module, fact: Fact, keyword: str, add: object
+) -> Spans:
+    """The fact's function's one `keyword=[...]` list gains `add` at its end and nothing else
+    in it changes; every other scope's `keyword` lists stay as they were (what the kit's
+    `extend_keyword_list` means to do, checked without it: FlashInfer's comm-arch site, and
+    what `new-patch --keyword` writes)."""
+    old, new = keyword_lists(before, keyword), keyword_lists(after, keyword)
+    site = fact.function or ""
+    old_list = one([v for v, _, _ in old.get(site, [])], f"`{keyword}=` in {site}")
+    assert isinstance(old_list, list) and old_list and add not in old_list, f"before: {old_list}"
+    now = [v for v, _, _ in new.get(site, [])]
+    assert now == [[*old_list, add]], f"after: {now}"
+    for scope in set(old) | set(new):
+        if scope != site:
+            assert [v for v, _, _ in old.get(scope, [])] == [v for v, _, _ in new.get(scope, [])], (
+                f"{scope}'s {keyword} changed"
+            )
+    (_, call_o, parents_o), (_, call_n, parents_n) = old[site][0], new[site][0]
+    return Spans([statement_span(parents_o, call_o)], [statement_span(parents_n, call_n)])
+
