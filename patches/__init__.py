@@ -5,6 +5,9 @@ Shipped inside the wheel as `sm120patch.patches`. Conventions for a patch module
   sm120patch.patchkit.facts: release ranges -> shape -> outcome), and the transform as a plain
   function made of the
   operations in `sm120patch.patchkit.operations` where they fit;
+- its independent check, `def check(before, after, fact)` on `ast` with
+  `sm120patch.patchkit.sitecheck`, directly above `PATCH = Patch(` and named there
+  (`check=check`): what the real-release tier runs (docs/ARCHITECTURE.md);
 - import libcst and `sm120patch.patchkit.syntax` inside the transform, not at module level, so that
   `sm120patch list`, `status` and `--help` start without loading libcst;
 - find the site with the kit's finders (`operations.one_def`, `one_of_defs`), which return the

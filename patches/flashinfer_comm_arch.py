@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
 
@@ -42,8 +44,22 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """The fact's function's one `supported_major_versions` list gains 12 at its end, nothing
+    else in it changes; every other function's lists stay as they were. Upstream (0.6.17 on):
+    the release's own list is [9, 10, 12]."""
+    if fact.status is Status.UPSTREAM:
+        release = [v for v, _, _ in sc.keyword_lists(before, "supported_major_versions").get(
+            fact.function or "", [])]
+        assert release == [[9, 10, 12]], f"before: {release}"
+        sc.same_but(before, after, "nothing")
+        return sc.Spans()
+    return sc.extended_keyword_list(before, after, fact, "supported_major_versions", 12)
+
+
 PATCH = Patch(
     id="flashinfer.comm-arch",
+    check=check,
     target="flashinfer",
     title="Build FlashInfer's TRT-LLM comm module for SM120",
     why=(

@@ -16,8 +16,10 @@ upstream's SM100 choice is made in model overrides that are SM100-only).
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
@@ -220,8 +222,35 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """Right after the MHA chain's SM100 branch, `elif get_platform().is_sm120 and
+    _sm120_trtllm_mha_fits(cfg, model_config): return "trtllm_mha"`; the helper right after the
+    function, exactly ours; with both taken out, the file is the release's."""
+
+    def sm100_branch(tree: ast.Module) -> ast.If:
+        mha = sc.direct_if(sc.one_function(tree, fact.function).body, "not use_mla_backend")
+        return sc.one([b for b in ast.walk(mha) if isinstance(b, ast.If)
+                       and isinstance(b.test, ast.BoolOp)
+                       and sc.arch_of(b.test.values[0]) == 100], "SM100 branch")
+
+    sm100 = sm100_branch(after)
+    assert len(sm100.orelse) == 1 and isinstance(sm100.orelse[0], ast.If), "no elif after it"
+    ours = sm100.orelse[0]
+    assert ast.unparse(ours.test) == (
+        f"get_platform().is_sm120 and {HELPER}(cfg, model_config)"
+    ), ast.unparse(ours.test)
+    assert [ast.unparse(s) for s in ours.body] == ["return 'trtllm_mha'"]
+    node = sc.helper_after(after, fact.function, HELPER, HELPER_SOURCE.format(name=HELPER))
+    restored = sc.without(after, [node])
+    r100 = sm100_branch(restored)
+    r100.orelse = ours.orelse
+    sc.same_but(before, restored, "the SM120 branch and the helper")
+    return sc.Spans([sc.span(sm100)], [sc.span(sm100), sc.with_blank_lines(node, 2)])
+
+
 PATCH = Patch(
     id="sglang.attention-default",
+    check=check,
     target="sglang",
     title="trtllm_mha as SM120's default attention backend for MHA models",
     why=(

@@ -13,8 +13,10 @@ FlashInfer's generic FA2 prefill on SM12x ignoring them).
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Import,
@@ -150,8 +152,40 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """Right after `if get_platform().is_sm100:`, `elif get_platform().is_sm120:` setting the
+    attention backend to get_default_attn_backend(...), with the three names imported from
+    model_override_base; with those taken out, the file is the release's."""
+    import copy
+
+    sm100 = sc.one_if(sc.one_function(after, fact.function), "get_platform().is_sm100")
+    ours = sc.one(sm100.orelse, "statement after the SM100 branch")
+    assert isinstance(ours, ast.If) and ast.unparse(ours.test) == "get_platform().is_sm120"
+    assert [ast.unparse(s) for s in ours.body] == [
+        "overrides['attention_backend'] = get_default_attn_backend(server_args, "
+        "use_mla_backend=use_mla_backend(server_args), "
+        "model_config=model_config_of(server_args))"
+    ]
+    gained = set(sc.imported(after)) - set(sc.imported(before))
+    assert gained == {"get_default_attn_backend", "model_config_of", "use_mla_backend"}, gained
+    assert {sc.imported(after)[n][0] for n in gained} == {
+        "sglang.srt.arg_groups.model_override_base"}
+    restored = copy.deepcopy(after)
+    r100 = sc.one_if(sc.one_function(restored, fact.function), "get_platform().is_sm100")
+    r100.orelse = ours.orelse
+    for name in gained:
+        restored = sc.drop_import(restored, name)
+    sc.same_but(before, restored, "the SM120 branch and its imports")
+    spans = sc.Spans([sc.span(sm100)], [sc.span(sm100)])
+    for name in gained:
+        spans.after.append(sc.imported(after)[name][1])
+        spans.before.append(sc.imported(before)["resolving_view"][1])
+    return spans
+
+
 PATCH = Patch(
     id="sglang.attention-gpt-oss",
+    check=check,
     target="sglang",
     title="GPT-OSS on SM120 takes the default attention backend instead of triton",
     why=(

@@ -13,8 +13,10 @@ which already prefers b12x on SM120 (upstream).
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Import,
@@ -279,8 +281,59 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """In the `auto` if of the fact's function, a new first branch `if <SM120 in the release's
+    form> and _flashinfer_offers_b12x():` choosing flashinfer_b12x with a log line, the
+    release's chain after it as elif; the helper right after the function, exactly ours;
+    is_sm120_supported imported where the call form needs it; with all that taken out, the file
+    is the release's. Upstream (0.5.8, 0.5.9): the function maps no `auto` itself and hands the
+    backend to Fp4GemmRunnerBackend, which passes it to FlashInfer's own auto."""
+    auto_test = "backend == 'auto'"
+    if fact.status is Status.UPSTREAM:
+        func = sc.one_function(before, fact.function)
+        # (0.5.8 has an `if backend == "auto":` of its own, inside the deprecated env var's
+        # branch: it takes the env var's backend, it maps no GPU)
+        assert not [s for s in func.body if isinstance(s, ast.If)
+                    and ast.unparse(s.test) == auto_test], "the release maps auto itself"
+        assert any(isinstance(n, ast.Call) and ast.unparse(n.func) == "Fp4GemmRunnerBackend"
+                   for n in ast.walk(func)), "no Fp4GemmRunnerBackend(...) in the function"
+        sc.same_but(before, after, "nothing")
+        return sc.Spans()
+    auto = sc.direct_if(sc.one_function(after, fact.function).body, auto_test)
+    chain = sc.one(auto.body, "statement in the auto branch")
+    assert isinstance(chain, ast.If), ast.unparse(chain)
+    test = chain.test
+    assert isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And), ast.unparse(test)
+    arch, helper = test.values
+    assert sc.arch_of(arch) == 120, f"first test `{ast.unparse(test)}`"
+    assert isinstance(arch, ast.Call if fact.form == "call" else ast.Attribute), ast.unparse(arch)
+    assert ast.unparse(helper) == f"{HELPER}()", ast.unparse(helper)
+    chosen = [n.value.value for n in ast.walk(chain.body[0]) if isinstance(n, ast.Assign)
+              and isinstance(n.value, ast.Constant)]
+    assert chosen == ["flashinfer_b12x"], chosen
+    assert any(isinstance(n, ast.Call) and ast.unparse(n.func) == "logger.info"
+               for n in ast.walk(chain.body[1])), "no log line"
+    assert len(chain.orelse) == 1 and isinstance(chain.orelse[0], ast.If), "no elif after ours"
+    node = sc.helper_after(after, fact.function, HELPER, HELPER_SOURCE.format(name=HELPER))
+    restored = sc.without(after, [node])
+    r_auto = sc.direct_if(sc.one_function(restored, fact.function).body, auto_test)
+    r_chain = r_auto.body[0]
+    assert isinstance(r_chain, ast.If)
+    r_auto.body = list(r_chain.orelse)
+    spans = sc.import_changes(before, after)
+    if fact.form == "call":
+        sc.requires_sm120_import(after)
+        if "is_sm120_supported" not in sc.imported(before):
+            restored = sc.drop_import(restored, "is_sm120_supported")
+    sc.same_but(before, restored, "the SM120 branch, the helper and the import")
+    spans.before.append(sc.span(auto))
+    spans.after += [sc.span(auto), sc.with_blank_lines(node, 2)]
+    return spans
+
+
 PATCH = Patch(
     id="sglang.fp4-gemm-auto",
+    check=check,
     target="sglang",
     title="--fp4-gemm-backend auto picks flashinfer_b12x on SM120 when FlashInfer offers it",
     why=(

@@ -11,8 +11,10 @@ GEMM backend is autotuned (not-applicable). Needs sglang.fp4-gemm-enum (the pred
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -124,8 +126,32 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """In the fact's function, the `or` of `fp4_gemm_needs_autotune` gains
+    `get_fp4_gemm_runner_backend().is_flashinfer_b12x()` last; nothing else changes."""
+    import copy
+
+    def group(tree: ast.Module) -> ast.BoolOp:
+        func = sc.one_function(tree, fact.function)
+        assign = sc.one([n for n in ast.walk(func) if isinstance(n, ast.Assign)
+                         and ast.unparse(n.targets[0]) == "fp4_gemm_needs_autotune"],
+                        "`fp4_gemm_needs_autotune =`")
+        assert isinstance(assign.value, ast.BoolOp), ast.unparse(assign)
+        return sc.one([v for v in assign.value.values
+                       if isinstance(v, ast.BoolOp) and isinstance(v.op, ast.Or)], "`or` group")
+
+    old, new = group(before), group(after)
+    assert [ast.dump(v) for v in new.values[:-1]] == [ast.dump(v) for v in old.values]
+    assert ast.unparse(new.values[-1]) == "get_fp4_gemm_runner_backend().is_flashinfer_b12x()"
+    restored = copy.deepcopy(after)
+    group(restored).values.pop()
+    sc.same_but(before, restored, "the autotune condition")
+    return sc.Spans([sc.span(old)], [sc.span(new)])
+
+
 PATCH = Patch(
     id="sglang.fp4-gemm-autotune",
+    check=check,
     target="sglang",
     title="Autotune the FP4 GEMM for flashinfer_b12x as for flashinfer_cutlass",
     why=(

@@ -10,8 +10,10 @@ share the same list object.
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Result, Status
 
@@ -62,8 +64,30 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """FP4_GEMM_RUNNER_BACKEND_CHOICES gains "flashinfer_b12x" at its end; nothing else
+    changes."""
+    import copy
+
+    def choices(tree: ast.Module) -> tuple[ast.Assign, ast.List]:
+        node = sc.one([n for n in tree.body if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "FP4_GEMM_RUNNER_BACKEND_CHOICES"
+            for t in n.targets)], "FP4_GEMM_RUNNER_BACKEND_CHOICES")
+        assert isinstance(node.value, ast.List), ast.unparse(node)
+        return node, node.value
+
+    (old_node, old), (new_node, new) = choices(before), choices(after)
+    old_value, new_value = ast.literal_eval(old), ast.literal_eval(new)
+    assert new_value == [*old_value, "flashinfer_b12x"], new_value
+    restored = copy.deepcopy(after)
+    choices(restored)[1].elts.pop()
+    sc.same_but(before, restored, "the list")
+    return sc.Spans([sc.span(old_node)], [sc.span(new_node)])
+
+
 PATCH = Patch(
     id="sglang.fp4-gemm-choices",
+    check=check,
     target="sglang",
     title="Accept --fp4-gemm-backend flashinfer_b12x",
     why=(

@@ -12,8 +12,10 @@ refuses a release where it does not.
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status, already_applied
 
@@ -205,8 +207,41 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """FLASHINFER_B12X = "flashinfer_b12x" right after FLASHINFER_TRTLLM, is_flashinfer_b12x()
+    right after is_flashinfer_trtllm(), both in the fact's class; the class, run, maps the new
+    member to mm_fp4's "b12x"; with the two taken out, the file is the release's."""
+    from enum import Enum
+    from typing import Any
+
+    def name_of(stmt: ast.stmt) -> str | None:
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+            return stmt.targets[0].id
+        return stmt.name if isinstance(stmt, ast.FunctionDef) else None
+
+    cls = sc.one([n for n in after.body if isinstance(n, ast.ClassDef)
+                  and n.name == fact.function], f"class {fact.function}")
+    names = [name_of(s) for s in cls.body]
+    i, j = names.index("FLASHINFER_TRTLLM"), names.index("is_flashinfer_trtllm")
+    assert names[i + 1] == "FLASHINFER_B12X", f"after FLASHINFER_TRTLLM: {names[i + 1]}"
+    assert names[j + 1] == "is_flashinfer_b12x", f"after is_flashinfer_trtllm: {names[j + 1]}"
+    member, method = cls.body[i + 1], cls.body[j + 1]
+    assert isinstance(member, ast.Assign) and isinstance(method, ast.FunctionDef)
+    assert ast.literal_eval(member.value) == "flashinfer_b12x", ast.unparse(member)
+    # The release's own enum class, run on its own (its body defines members and methods): what
+    # mm_fp4 is told is the behaviour that matters, whatever the method's spelling.
+    scope: dict[str, Any] = {"Enum": Enum}
+    exec(compile(ast.Module(body=[cls], type_ignores=[]), "fp4_utils.py", "exec"), scope)
+    b12x = scope[cls.name]("flashinfer_b12x")
+    assert b12x.get_flashinfer_backend() == "b12x" and b12x.is_flashinfer_b12x()
+    assert not scope[cls.name]("flashinfer_cutlass").is_flashinfer_b12x()
+    sc.same_but(before, sc.without(after, [member, method]), "the member and the predicate")
+    return sc.Spans([], [sc.span(member), sc.with_blank_lines(method, 1)])
+
+
 PATCH = Patch(
     id="sglang.fp4-gemm-enum",
+    check=check,
     target="sglang",
     title="Add flashinfer_b12x to SGLang's FP4 GEMM runner backends",
     why=(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
@@ -255,8 +257,24 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """0.5.4: the GptOss block's bare `if is_sm100_supported():` gains `or
+    is_sm120_supported()`; later: the unified block's `(sm90 or sm100)` group gains the SM120
+    test in its form. Upstream (0.5.4.post3 to 0.5.7): an `if` of the release already tests
+    `is_blackwell_supported()` (majors 10 and 12)."""
+    if fact.status is Status.UPSTREAM:
+        tests = [ast.unparse(n.test) for n in ast.walk(before) if isinstance(n, ast.If)]
+        assert any("is_blackwell_supported()" in t for t in tests), "no is_blackwell_supported()"
+        sc.same_but(before, after, "nothing")
+        return sc.Spans()
+    if fact.form == "bare":
+        return sc.widened_bare(before, after, fact, owner="GptOssForCausalLM")
+    return sc.widened_or(before, after, fact)
+
+
 PATCH = Patch(
     id="sglang.fusion-autoenable",
+    check=check,
     target="sglang",
     title="Auto-enable FlashInfer allreduce fusion on SM120 as on SM90/SM100",
     why=(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Status
 
@@ -77,8 +79,15 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """The backend check's one `(sm90 or sm100)` group, in the fact's function, gains the SM120
+    test in the SM100 operand's form; nothing else changes."""
+    return sc.widened_or(before, after, fact)
+
+
 PATCH = Patch(
     id="sglang.fusion-backend",
+    check=check,
     target="sglang",
     title="Accept SM120 when resolving the FlashInfer allreduce fusion backend",
     why=(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Status, Wiring, applied
 
@@ -99,8 +101,15 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """The gate's one `(_is_sm90_supported or _is_sm100_supported)` group, in the fact's
+    function, gains `_is_sm120_supported`; nothing else changes."""
+    return sc.widened_or(before, after, fact)
+
+
 PATCH = Patch(
     id="sglang.fusion-gate",
+    check=check,
     target="sglang",
     title="Let the FlashInfer allreduce-fusion gate pass on SM120",
     why=(

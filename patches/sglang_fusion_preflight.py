@@ -14,8 +14,10 @@ the sizes are upstream's, unchanged.
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
@@ -162,8 +164,45 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """In the fact's function, the `if err != ...CUDA_SUCCESS:` right after
+    `err, mc_granularity = cuda_driver.cuMulticastGetGranularity(...)` had one `raise` and now
+    has `mc_granularity = alloc_granularity`; with that body put back, the file is the
+    release's. The query itself stays."""
+    import copy
+
+    def error_branch(tree: ast.Module) -> ast.If:
+        found: list[ast.stmt] = []
+        for node in ast.walk(sc.one_function(tree, fact.function)):
+            body = getattr(node, "body", None)
+            if not isinstance(body, list):
+                continue
+            for i, stmt in enumerate(body[:-1]):
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and isinstance(stmt.value, ast.Call)
+                    and ast.unparse(stmt.value.func) == "cuda_driver.cuMulticastGetGranularity"
+                    and ast.unparse(stmt.targets[0]) == "(err, mc_granularity)"
+                ):
+                    found.append(body[i + 1])
+        branch = sc.one(found, "multicast query")
+        assert isinstance(branch, ast.If), ast.unparse(branch)
+        assert ast.unparse(branch.test) == "err != cuda_driver.CUresult.CUDA_SUCCESS"
+        return branch
+
+    old, new = error_branch(before), error_branch(after)
+    assert len(old.body) == 1 and isinstance(old.body[0], ast.Raise), ast.unparse(old)
+    assert [ast.unparse(s) for s in new.body] == ["mc_granularity = alloc_granularity"]
+    restored = copy.deepcopy(after)
+    error_branch(restored).body = old.body
+    sc.same_but(before, restored, "the error branch")
+    # the body and the two comment lines above it
+    return sc.Spans([sc.span(old.body[0])], [(new.body[0].lineno - 2, new.body[0].lineno)])
+
+
 PATCH = Patch(
     id="sglang.fusion-preflight",
+    check=check,
     target="sglang",
     title="Let the fusion workspace preflight size buffers without multicast",
     why=(

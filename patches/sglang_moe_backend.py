@@ -7,8 +7,10 @@ that are about TRT-LLM change.
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
 from sm120patch.patchkit.moe import FLAG_NOTE
@@ -56,8 +58,16 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """Right after the model's unchanged SM100 branch, an SM120 branch setting the MoE runner
+    backend to flashinfer_cutlass for modelopt_fp4 on `auto` alone, logged, writing no
+    quantization field (`sitecheck.moe_choice`)."""
+    return sc.moe_choice(before, after, fact, MODEL)
+
+
 PATCH = Patch(
     id="sglang.moe-backend",
+    check=check,
     target="sglang",
     title="Choose flashinfer_cutlass as the MoE runner for GLM-4 MoE NVFP4 on SM120",
     why=(

@@ -27,8 +27,10 @@ backend: `apply()` never reads that choice, so there is nothing to change (not-a
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -322,8 +324,49 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """In the `auto` if of the fact's method, right after the Marlin branch, the patch's SM120
+    elif choosing FLASHINFER_CUTLASS and setting the method's mark, the release's TRT-LLM `else`
+    after it; the class's `enable_flashinfer_cutlass_moe` returns the global read `or` the
+    mark; with both taken out, the file is the release's."""
+    import copy
+
+    def auto_of(tree: ast.Module) -> ast.If:
+        return sc.direct_if(sc.one_function(tree, fact.function).body, AUTO_TEST)
+
+    def returned(tree: ast.Module) -> ast.Return:
+        last = sc.one_function(tree, f"{CLASS}.{PROPERTY}").body[-1]
+        assert isinstance(last, ast.Return), ast.unparse(last)
+        return last
+
+    marlin = sc.one(auto_of(after).body, "statement in the auto branch")
+    assert isinstance(marlin, ast.If) and ast.unparse(marlin.test) == MARLIN_TEST
+    assert [ast.unparse(s) for s in marlin.body] == [f"{VARIABLE} = {MARLIN}"]
+    ours = sc.one(marlin.orelse, "statement after the Marlin branch")
+    assert isinstance(ours, ast.If), "no elif after the Marlin branch"
+    assert ast.unparse(ours.test) == ast.unparse(ast.parse(SM120_TEST, mode="eval").body)
+    assert [ast.unparse(s) for s in ours.body] == [
+        f"{VARIABLE} = {CUTLASS}", f"self.{FLAG} = True"]
+    assert [ast.unparse(s) for s in ours.orelse] == [f"{VARIABLE} = {TRTLLM}"]
+    new_ret = returned(after)
+    value = new_ret.value
+    assert isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or), ast.unparse(new_ret)
+    assert [ast.unparse(v) for v in value.values] == [
+        GLOBAL_READ, f"getattr(self, '{FLAG}', False)"], ast.unparse(value)
+    restored = copy.deepcopy(after)
+    r_marlin = auto_of(restored).body[0]
+    assert isinstance(r_marlin, ast.If)
+    r_marlin.orelse = ours.orelse
+    r_ret = returned(restored)
+    r_ret.value = value.values[0]
+    sc.same_but(before, restored, "the SM120 branch and the property")
+    return sc.Spans([sc.span(auto_of(before)), sc.span(returned(before))],
+                    [sc.span(auto_of(after)), sc.span(new_ret)])
+
+
 PATCH = Patch(
     id="sglang.moe-runner-auto",
+    check=check,
     target="sglang",
     title="--moe-runner-backend auto picks flashinfer_cutlass for NVFP4 MoE on SM120",
     why=(

@@ -10,8 +10,10 @@ the server's environment restores upstream behaviour at run time, without a reve
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status, already_applied
 
@@ -150,8 +152,40 @@ def _where(module: cst.Module, node: cst.CSTNode) -> str:
     return ".".join(reversed(names)) or "<module>"
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """Right before the `if world_size > 2 and not full_nvlink:` gate of the fact's function,
+    `if world_size > 2 and not full_nvlink and os.environ.get(ENV) != "0": full_nvlink = True`
+    (ENV the documented SM120PATCH_PCIE_ALLREDUCE); with that one statement taken out, the file
+    is the release's."""
+
+    def is_gate(stmt: ast.stmt) -> bool:
+        return isinstance(stmt, ast.If) and ast.unparse(stmt.test) == (
+            "world_size > 2 and (not full_nvlink)"
+        )
+
+    holders: list[list[ast.stmt]] = []
+    for node in ast.walk(sc.one_function(after, fact.function)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and any(is_gate(s) for s in body):
+            holders.append(body)
+    body = sc.one(holders, "block holding the gate")
+    i = next(i for i, s in enumerate(body) if is_gate(s))
+    assert i > 0, "nothing before the gate"
+    new = body[i - 1]
+    want = ast.parse(
+        'if world_size > 2 and not full_nvlink and os.environ.get("SM120PATCH_PCIE_ALLREDUCE")'
+        ' != "0":\n    full_nvlink = True\n'
+    ).body[0]
+    assert ast.dump(new) == ast.dump(want), f"before the gate: `{ast.unparse(new)}`"
+    assert "os" in sc.module_bindings(after), "os is not imported"
+    sc.same_but(before, sc.without(after, [new]), "the override")
+    # the statement and the two comment lines above it
+    return sc.Spans([], [(new.lineno - 2, new.end_lineno or new.lineno)])
+
+
 PATCH = Patch(
     id="sglang.pcie-allreduce",
+    check=check,
     target="sglang",
     title="Keep the custom allreduce on more than two PCIe-only GPUs (env switch back)",
     why=(

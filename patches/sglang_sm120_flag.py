@@ -6,8 +6,10 @@ in; no release defines an SM120 one, so this patch adds it in the form the SM100
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Status
 
@@ -102,8 +104,38 @@ FACTS = (
 )
 
 
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """`_is_sm120_supported = <the SM100 flag's expression, SM120>` right after the SM100 flag,
+    and `is_sm120_supported` imported from sglang.srt.utils where the import form needs it."""
+
+    def flag(tree: ast.Module, name: str) -> list[ast.Assign]:
+        return [n for n in tree.body if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+
+    assert not flag(before, "_is_sm120_supported"), "the release already has the flag"
+    sm100, sm120 = flag(after, "_is_sm100_supported"), flag(after, "_is_sm120_supported")
+    assert len(sm100) == 1 and len(sm120) == 1, f"SM100 flags {sm100}, SM120 flags {sm120}"
+    at = after.body.index(sm100[0])
+    assert after.body[at + 1:at + 2] == sm120, "the SM120 flag does not follow the SM100 flag"
+    value100, value120 = sm100[0].value, sm120[0].value
+    assert ast.dump(value120) == ast.dump(value100).replace("sm100", "sm120"), (
+        f"`{ast.unparse(value120)}` is not the SM120 form of `{ast.unparse(value100)}`"
+    )
+    spans = sc.import_changes(before, after)
+    gained = set(sc.imported(after)) - set(sc.imported(before))
+    if fact.form == "import":
+        sc.requires_sm120_import(after)
+        module = sc.imported(after)["is_sm120_supported"][0]
+        assert module.startswith("sglang.srt.utils"), f"imported from {module}"
+    else:
+        assert not gained, f"the get_platform() form needs no import; added {sorted(gained)}"
+    spans.after.append(sc.span(sm120[0]))
+    return spans
+
+
 PATCH = Patch(
     id="sglang.sm120-flag",
+    check=check,
     target="sglang",
     title="Define an SM120 module flag next to the SM100 one",
     why=(

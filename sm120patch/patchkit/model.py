@@ -27,6 +27,8 @@ from sm120patch.patchkit.kinds import Kind as Kind
 if TYPE_CHECKING:
     import libcst as cst
 
+    from sm120patch.patchkit.sitecheck import Check
+
 # The two kinds of target a patch may name, in the order commands report them.
 
 
@@ -214,6 +216,10 @@ class Patch:
     upstream: str | None = None  # the upstream issue or PR this patch relates to
     # The server log lines that show its path ran or was skipped (`wiring_evidence`).
     wiring: Wiring | None = None
+    # Its independent check on `ast` (sm120patch.patchkit.sitecheck): what the real-release
+    # tier runs on every release the patch applies to. Every patch of the library declares one
+    # (tests/test_one_home.py); None only for a pack's patch, which the real tier does not run.
+    check: Check | None = None
 
     def __post_init__(self) -> None:
         stamped = tuple(f if f.patch == self.id else replace(f, patch=self.id) for f in self.facts)

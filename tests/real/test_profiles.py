@@ -10,11 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import sitechecks
 from expected import fact
 from realcache import RealReleases, SiteCase, chain_of, release_set
 
 from sm120patch.errors import Refused
+from sm120patch.patchkit import sitecheck
 from sm120patch.patchkit.model import Status
 from sm120patch.plan import catalog
 from sm120patch.plan.diffs import unified_diff
@@ -95,14 +95,14 @@ def assert_sm120_names_defined(
     imported from sglang.srt.utils exists there in this release."""
     for file, text in texts.items():
         tree = ast.parse(text)
-        unbound = sitechecks.sm120_names_used(tree) - sitechecks.module_bindings(tree)
+        unbound = sitecheck.sm120_names_used(tree) - sitecheck.module_bindings(tree)
         assert not unbound, f"{file} uses {sorted(unbound)} without defining them"
-        for name, (module, _) in sitechecks.imported(tree).items():
-            if sitechecks.arch_of(ast.Name(name)) == 120 and module.startswith("sglang.srt.utils"):
+        for name, (module, _) in sitecheck.imported(tree).items():
+            if sitecheck.arch_of(ast.Name(name)) == 120 and module.startswith("sglang.srt.utils"):
                 root = real.tree(kind, version)
                 sources = [root / "sglang/srt/utils.py", root / "sglang/srt/utils/common.py"]
                 assert any(
-                    p.is_file() and sitechecks.defines(p.read_text(encoding="utf-8"), name)
+                    p.is_file() and sitecheck.defines(p.read_text(encoding="utf-8"), name)
                     for p in sources
                 ), f"{file} imports {name} from {module}; SGLang {version} does not define it"
 

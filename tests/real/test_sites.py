@@ -1,15 +1,18 @@
-"""Each patch on each real release: outcome, compiles, intended node, nothing else, idempotent."""
+"""Each patch on each real release: outcome, compiles, intended node, nothing else, idempotent.
+
+The intended node is each patch's own independent check (`Patch.check`, written with `ast` and
+sm120patch.patchkit.sitecheck in the patch's module): nothing here is keyed by a patch id.
+"""
 
 from __future__ import annotations
 
-import ast
-
 import pytest
-import sitechecks
 from expected import Fact, judged
 from realcache import RealReleases, SiteCase, SiteRun
 
+from sm120patch.patchkit import sitecheck
 from sm120patch.patchkit.model import Status
+from sm120patch.patchkit.sitecheck import Check, Spans
 
 pytestmark = pytest.mark.real
 
@@ -53,24 +56,32 @@ def test_compiles_or_untouched(real: RealReleases, site_case: SiteCase) -> None:
         assert run.after == run.before, f"{run.outcome.status} but the text changed"
 
 
+def _check(run: SiteRun) -> Check:
+    """The patch's own check; a library patch without one fails tests/test_one_home.py."""
+    assert __debug__, "a check asserts: run the real tier without -O"
+    check = run.patch.check
+    assert check is not None, f"{run.patch.id} declares no check (Patch(check=...))"
+    return check
+
+
 def test_intended_node(real: RealReleases, site_case: SiteCase) -> None:
     run, known = _run(real, site_case)
-    if run.outcome.status is Status.UPSTREAM and site_case.patch_id == "flashinfer.comm-arch":
-        # Upstream must mean the release itself builds this module for SM120.
-        func = sitechecks.one_function(run.before_ast, "gen_trtllm_comm_module")
-        lists = [ast.literal_eval(k.value) for k in ast.walk(func)
-                 if isinstance(k, ast.keyword) and k.arg == "supported_major_versions"]
-        assert lists == [[9, 10, 12]], lists
+    if run.outcome.status is Status.UPSTREAM and known is not None and (
+        known.status is Status.UPSTREAM
+    ):
+        # Upstream must mean the release itself carries the change: the check says how, for
+        # the patches with upstream facts, and nothing may change.
+        assert _check(run)(run.before_ast, run.after_ast, known) == Spans()
         return
     known = _must_be_applied(run, known)
-    sitechecks.CHECKS[site_case.patch_id](run.before_ast, run.after_ast, known)
+    _check(run)(run.before_ast, run.after_ast, known)
 
 
 def test_only_site_lines_change(real: RealReleases, site_case: SiteCase) -> None:
     run, known = _run(real, site_case)
     known = _must_be_applied(run, known)
-    spans = sitechecks.CHECKS[site_case.patch_id](run.before_ast, run.after_ast, known)
-    sitechecks.only_in(run.before, run.after, spans)
+    spans = _check(run)(run.before_ast, run.after_ast, known)
+    sitecheck.only_in(run.before, run.after, spans)
 
 
 def test_second_run_changes_nothing(real: RealReleases, site_case: SiteCase) -> None:
@@ -91,7 +102,7 @@ def test_sm120_imports_resolve(real: RealReleases, site_case: SiteCase) -> None:
     run, _ = _run(real, site_case)
     if run.outcome.status is not Status.APPLIED:
         pytest.skip(f"nothing patched here ({run.outcome.status})")
-    before, after = sitechecks.imported(run.before_ast), sitechecks.imported(run.after_ast)
+    before, after = sitecheck.imported(run.before_ast), sitecheck.imported(run.after_ast)
     gained = {n: m for n, (m, _) in after.items() if n not in before}
     root = real.tree(site_case.kind, site_case.version)
     for name, module in gained.items():
@@ -102,7 +113,7 @@ def test_sm120_imports_resolve(real: RealReleases, site_case: SiteCase) -> None:
             for p in (root / "sglang/srt/utils.py", root / "sglang/srt/utils/common.py")
             if p.is_file()
         ]
-        assert any(sitechecks.defines(t, name) for t in texts), (
+        assert any(sitecheck.defines(t, name) for t in texts), (
             f"{run.file} now imports {name} from {module}, which SGLang {site_case.version} "
             "does not define"
         )
@@ -119,7 +130,7 @@ def test_sm120_helper_exists_where_imported(real: RealReleases, sglang_version: 
         for rel in ("sglang/srt/utils.py", "sglang/srt/utils/common.py")
         if (root / rel).is_file()
     ]
-    has = any(sitechecks.defines(t, "is_sm120_supported") for t in texts)
+    has = any(sitecheck.defines(t, "is_sm120_supported") for t in texts)
     release = Version(sglang_version)
     if release >= Version("0.5.4"):
         assert has, f"SGLang {sglang_version} defines no is_sm120_supported in sglang.srt.utils"
