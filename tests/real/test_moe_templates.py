@@ -11,7 +11,10 @@ left as it is (a template must not start applying where the derivation did not).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import sys
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from packaging.version import Version
 from realcache import release_set
 
 from sm120patch.maintain import releases, trees
+from sm120patch.patchkit import moe
 from sm120patch.patchkit.model import Patch, Status
 from sm120patch.patchkit.runner import transform_text
 from sm120patch.plan import catalog
@@ -66,27 +70,76 @@ def files_of(tree: Path, patches: list[Patch]) -> dict[str, list[Patch]]:
     return by_file
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_same_bytes_as_the_derived_branch(version: str) -> None:
+@dataclass(frozen=True)
+class Alone:
+    """One patch run alone on its file of one release."""
+
+    sha: str  # of the text it left
+    applied: bool
+    said: str  # the outcome, described
+    fingerprint: str | None  # of the SM100 branch it twinned, where it applied
+
+
+@cache
+def run(version: str) -> tuple[dict[str, Alone], dict[str, str | None]]:
+    """Per patch: its run alone, and the sha256 of the text after it in the chain (None where
+    it changed nothing there). Kept small: a release's syntax trees are not kept."""
     tree = release_tree(version)
     cat = catalog.load()
-    seen = 0
+    alone: dict[str, Alone] = {}
+    chained: dict[str, str | None] = {}
     for rel, group in files_of(tree, [cat.patches[p] for p in PATCHES]).items():
         text = (tree / rel).read_text(encoding="utf-8")
         for patch in group:
             res = transform_text([patch], rel, text)
-            want = RECORDED["alone"][patch.id].get(version, sha(text))
-            assert sha(res.after) == want, f"{patch.id} on {version}: {res.outcomes[0].describe()}"
-            applied = res.outcomes[0].status is Status.APPLIED
-            assert applied == (version in RECORDED["alone"][patch.id]), res.outcomes[0].describe()
-            seen += applied
-        chain = transform_text(group, rel, text)
-        steps = dict(chain.step_texts())
-        for outcome in chain.outcomes:
-            want = RECORDED["chained"][outcome.patch].get(version)
-            if want is not None:
-                assert sha(steps[outcome.patch]) == want, f"{outcome.describe()} (chained)"
-            else:
-                assert outcome.patch not in steps, f"{outcome.describe()} (chained)"
-    recorded = sum(version in RECORDED["alone"][p] for p in PATCHES)
-    assert seen == recorded, f"{seen} patches applied on {version}, {recorded} recorded"
+            [outcome] = res.outcomes
+            applied = outcome.status is Status.APPLIED
+            found = None
+            if applied:
+                spec = importlib.import_module(patch.transform.__module__)
+                name, suite = moe.site(res.tree, spec.MODEL, spec.OVERRIDES_FUNC)
+                found = moe.fingerprint(moe.sm100_branch(name, suite)[0])
+            alone[patch.id] = Alone(sha(res.after), applied, outcome.describe(), found)
+        steps = dict(transform_text(group, rel, text).step_texts())
+        chained.update({p.id: sha(steps[p.id]) if p.id in steps else None for p in group})
+    return alone, chained
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_same_bytes_as_the_derived_branch(version: str) -> None:
+    alone, chained = run(version)
+    for pid in PATCHES:
+        recorded = RECORDED["alone"][pid].get(version)
+        got = alone.get(pid)
+        if got is None:  # no file of its own on this release
+            assert recorded is None, f"{pid} found no file on {version}"
+            continue
+        if recorded is None:
+            assert not got.applied, got.said
+            assert got.sha == alone_unchanged(version, pid), got.said
+        else:
+            assert got.applied and got.sha == recorded, got.said
+        assert chained[pid] == RECORDED["chained"][pid].get(version), f"{got.said} (chained)"
+
+
+def alone_unchanged(version: str, pid: str) -> str:
+    """The sha256 of the file `pid` picks on `version`, as the release ships it."""
+    tree = release_tree(version)
+    [rel] = [r for r, g in files_of(tree, [catalog.load().patches[pid]]).items()]
+    return sha((tree / rel).read_text(encoding="utf-8"))
+
+
+def test_every_branch_twins_a_release() -> None:
+    """Each SM100 fingerprint a patch's branches list is one of some release of the set (with
+    SM120PATCH_FULL_RELEASES=1, of every release), and every fingerprint met is listed."""
+    met = {(pid, got.fingerprint) for v in VERSIONS for pid, got in run(v)[0].items()
+           if got.fingerprint is not None}
+    listed = {
+        (pid, fp)
+        for pid in PATCHES
+        for branch in importlib.import_module(
+            catalog.load().patches[pid].transform.__module__
+        ).BRANCHES
+        for fp in branch.sm100
+    }
+    assert listed == met
