@@ -1,8 +1,8 @@
 """sglang.moe-backend: choose flashinfer_cutlass as the MoE runner of GLM-4 MoE on SM120 (site D).
 
-The SM120 branch is built from the release's own SM100 branch on the syntax tree
-(`patchkit.moe`), so it keeps the release's quantization handling and spelling; only the parts
-that are about TRT-LLM change.
+The SM120 branch is literal (`BRANCHES`, one per form of the release's SM100 branch, put by
+`patchkit.moe`), written in that release's quantization handling and spelling; only the parts
+that are about TRT-LLM differ.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ PATCH = Patch(
         "(flashinfer_trtllm, whose TRT-LLM-gen kernels do not run on SM120); on SM120 the "
         "backend stays 'auto'. The patch adds an SM120 branch right after the SM100 one, in "
         "the release's own form (`elif is_sm120_supported():` or `elif "
-        "get_platform().is_sm120:`), built from the SM100 branch on the syntax tree: the "
+        "get_platform().is_sm120:`), written for each form of the SM100 branch: the "
         "quantization read from the checkpoint's config as the SM100 branch reads it, but into "
         "a local variable (the branch writes nothing but the MoE runner backend; upstream "
         "leaves the quantization to the model config), then flashinfer_cutlass, an NVFP4 MoE "

@@ -68,7 +68,7 @@ PATCH = Patch(
         "SM120); on SM120 the backend stays 'auto'. From 0.5.13 upstream picks "
         "flashinfer_cutlass on SM120 for modelopt_fp4 given with --quantization, but not "
         "for a checkpoint whose config says NVFP4. The patch adds an SM120 branch right after "
-        "the SM100 one, built from it as sglang.moe-backend builds GLM-4 MoE's: the "
+        "the SM100 one, written for it as sglang.moe-backend's is for GLM-4 MoE: the "
         "quantization read from the checkpoint's config into a local, then flashinfer_cutlass "
         "for modelopt_fp4 with moe_a2a_backend 'none' and moe_runner_backend 'auto', logged "
         "in upstream's words. fp8, bf16 and the W4A16 mixed-precision layers (0.5.20 on, "

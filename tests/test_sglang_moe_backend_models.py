@@ -1,7 +1,8 @@
 # ruff: noqa: E501  (the fixtures keep upstream's long log lines at upstream's indentation)
 """sglang.moe-backend-qwen3 and sglang.moe-backend-minimax on small fixtures in each upstream
-shape of their sites: the same SM120 twin as GLM-4 MoE's (patchkit/moe.py), for the Qwen3 MoE
-family's choice among other quantizations' and for MiniMax-M2's choice in one `if`."""
+shape of their sites, each around upstream's SM100 branch as a release ships it: a literal
+SM120 branch as for GLM-4 MoE (patchkit/moe.py), for the Qwen3 MoE family's choice among other
+quantizations' and for MiniMax-M2's choice in one `if`."""
 
 from __future__ import annotations
 
