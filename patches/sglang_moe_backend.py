@@ -1,8 +1,8 @@
 """sglang.moe-backend: choose flashinfer_cutlass as the MoE runner of GLM-4 MoE on SM120 (site D).
 
-The SM120 branch is built from the release's own SM100 branch on the syntax tree
-(`patchkit.moe`), so it keeps the release's quantization handling and spelling; only the parts
-that are about TRT-LLM change.
+The SM120 branch is literal (`BRANCHES`, one per form of the release's SM100 branch, put by
+`patchkit.moe`), written in that release's quantization handling and spelling; only the parts
+that are about TRT-LLM differ.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
-from sm120patch.patchkit.moe import FLAG_NOTE
+from sm120patch.patchkit.moe import FLAG_NOTE, Branch
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -25,7 +25,7 @@ OVERRIDES_FUNC = "_glm4_moe_overrides"
 def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import moe
 
-    return moe.add_sm120_choice(module, moe.site(module, MODEL, OVERRIDES_FUNC))
+    return moe.add_sm120_choice(module, MODEL, OVERRIDES_FUNC, BRANCHES)
 
 
 SERVER_ARGS = "sglang/srt/server_args.py"
@@ -75,7 +75,7 @@ PATCH = Patch(
         "(flashinfer_trtllm, whose TRT-LLM-gen kernels do not run on SM120); on SM120 the "
         "backend stays 'auto'. The patch adds an SM120 branch right after the SM100 one, in "
         "the release's own form (`elif is_sm120_supported():` or `elif "
-        "get_platform().is_sm120:`), built from the SM100 branch on the syntax tree: the "
+        "get_platform().is_sm120:`), written for each form of the SM100 branch: the "
         "quantization read from the checkpoint's config as the SM100 branch reads it, but into "
         "a local variable (the branch writes nothing but the MoE runner backend; upstream "
         "leaves the quantization to the model config), then flashinfer_cutlass, an NVFP4 MoE "
@@ -93,4 +93,122 @@ PATCH = Patch(
     marker=MODEL,
     facts=FACTS,
     transform=transform,
+)
+
+
+# The SM120 branch put right after each form of upstream's SM100 branch (`moe.Branch`), named
+# by the releases that ship that form, which is known by its fingerprint (`moe.fingerprint`).
+BRANCHES = (
+    Branch(
+        "SGLang 0.5.8 to 0.5.10",
+        sm100=("54c366d0db1a08f0", "1d519b0eecb26a1c", "0ecf78c76602d5ea"),
+        code='''
+    elif is_sm120_supported():
+        quantization = self.quantization
+        quantization_config = getattr(hf_config, "quantization_config", None)
+        quant_method = (
+            quantization_config.get("quant_method")
+            if quantization_config is not None
+            else None
+        )
+        if quantization is None and quant_method is not None:
+            quantization = quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and self.moe_a2a_backend == "none"
+            and self.moe_runner_backend == "auto"
+        ):
+            self.moe_runner_backend = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
+            )
+''',
+    ),
+    Branch(
+        "SGLang 0.5.11 to 0.5.14",
+        sm100=("b9e92e08acc620dd",),
+        code='''
+    elif is_sm120_supported():
+        quantization = self.quantization
+        quantization_config = getattr(hf_config, "quantization_config", None)
+        quant_method = (
+            quantization_config.get("quant_method")
+            if quantization_config is not None
+            else None
+        )
+        if (
+            quantization is None
+            and not self._quantization_explicitly_unset
+            and quant_method is not None
+        ):
+            quantization = quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and self.moe_a2a_backend == "none"
+            and self.moe_runner_backend == "auto"
+        ):
+            self.moe_runner_backend = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
+            )
+''',
+    ),
+    Branch(
+        "SGLang 0.5.15 to 0.5.18",
+        sm100=("234b4fe1363c4106",),
+        code='''
+    elif is_sm120_supported():
+        quantization_config = getattr(hf_config, "quantization_config", None)
+        quant_method = (
+            quantization_config.get("quant_method")
+            if quantization_config is not None
+            else None
+        )
+        quantization = server_args.quantization
+        if (
+            quantization is None
+            and not server_args._quantization_explicitly_unset
+            and quant_method is not None
+        ):
+            quantization = quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and server_args.moe_a2a_backend == "none"
+            and server_args.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
+            )
+''',
+    ),
+    Branch(
+        "SGLang 0.5.19 to 0.5.23",
+        sm100=("8e2625f4036ed8ab",),
+        code='''
+    elif get_platform().is_sm120:
+        quantization_config = getattr(hf_config, "quantization_config", None)
+        quant_method = (
+            quantization_config.get("quant_method")
+            if quantization_config is not None
+            else None
+        )
+        quantization = cfg.quantization
+        if (
+            quantization is None
+            and not server_args._quantization_explicitly_unset
+            and quant_method is not None
+        ):
+            quantization = quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and cfg.moe_a2a_backend == "none"
+            and cfg.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
+            )
+''',
+    ),
 )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
-from sm120patch.patchkit.moe import FLAG_NOTE
+from sm120patch.patchkit.moe import FLAG_NOTE, Branch
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -22,7 +22,7 @@ ABSENT = "upstream picks no MoE runner backend for MiniMaxM2ForCausalLM on any G
 def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import moe
 
-    return moe.add_sm120_choice(module, moe.site(module, MODEL, OVERRIDES_FUNC), absent=ABSENT)
+    return moe.add_sm120_choice(module, MODEL, OVERRIDES_FUNC, BRANCHES, absent=ABSENT)
 
 
 OVERRIDES = "sglang/srt/arg_groups/overrides.py"
@@ -70,4 +70,42 @@ PATCH = Patch(
     marker=MODEL,
     facts=FACTS,
     transform=transform,
+)
+
+
+# The SM120 branch put right after each form of upstream's SM100 branch (`moe.Branch`), named
+# by the releases that ship that form, which is known by its fingerprint (`moe.fingerprint`).
+BRANCHES = (
+    Branch(
+        "SGLang 0.5.18",
+        sm100=("3026fbca7db7c654",),
+        code='''
+    elif (
+        is_sm120_supported()
+        and server_args.moe_runner_backend == "auto"
+        and server_args.get_model_config().quantization == "modelopt_fp4"
+    ):
+        overrides["moe_runner_backend"] = "flashinfer_cutlass"
+        logger.info(
+            "Use flashinfer_cutlass as MoE runner backend on SM120 "
+            "for MiniMaxM2ForCausalLM with modelopt_fp4."
+        )
+''',
+    ),
+    Branch(
+        "SGLang 0.5.19 to 0.5.23",
+        sm100=("6e1f2858cd5077c0",),
+        code='''
+    elif (
+        get_platform().is_sm120
+        and cfg.moe_runner_backend == "auto"
+        and model_config_of(server_args).quantization == "modelopt_fp4"
+    ):
+        overrides["moe_runner_backend"] = "flashinfer_cutlass"
+        logger.info(
+            "Use flashinfer_cutlass as MoE runner backend on SM120 "
+            "for MiniMaxM2ForCausalLM with modelopt_fp4."
+        )
+''',
+    ),
 )

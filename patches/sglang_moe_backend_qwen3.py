@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
-from sm120patch.patchkit.moe import FLAG_NOTE
+from sm120patch.patchkit.moe import FLAG_NOTE, Branch
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -21,7 +21,7 @@ OVERRIDES_FUNC = "_qwen3_moe_family_overrides"
 def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import moe
 
-    return moe.add_sm120_choice(module, moe.site(module, MODEL, OVERRIDES_FUNC))
+    return moe.add_sm120_choice(module, MODEL, OVERRIDES_FUNC, BRANCHES)
 
 
 SERVER_ARGS = "sglang/srt/server_args.py"
@@ -78,7 +78,7 @@ PATCH = Patch(
         "SM120); on SM120 the backend stays 'auto'. From 0.5.13 upstream picks "
         "flashinfer_cutlass on SM120 for modelopt_fp4 given with --quantization, but not "
         "for a checkpoint whose config says NVFP4. The patch adds an SM120 branch right after "
-        "the SM100 one, built from it as sglang.moe-backend builds GLM-4 MoE's: the "
+        "the SM100 one, written for it as sglang.moe-backend's is for GLM-4 MoE: the "
         "quantization read from the checkpoint's config into a local, then flashinfer_cutlass "
         "for modelopt_fp4 with moe_a2a_backend 'none' and moe_runner_backend 'auto', logged "
         "in upstream's words. fp8, bf16 and the W4A16 mixed-precision layers (0.5.20 on, "
@@ -87,4 +87,132 @@ PATCH = Patch(
     marker=MODEL,
     facts=FACTS,
     transform=transform,
+)
+
+
+# The SM120 branch put right after each form of upstream's SM100 branch (`moe.Branch`), named
+# by the releases that ship that form, which is known by its fingerprint (`moe.fingerprint`).
+BRANCHES = (
+    Branch(
+        "SGLang 0.5.6 to 0.5.7",
+        sm100=("41a77b5c9634ce00",),
+        code='''
+    elif is_sm120_supported():
+        quantization = self.quantization
+        quantization_config = getattr(hf_config, "quantization_config", None)
+        quant_method = (
+            quantization_config.get("quant_method")
+            if quantization_config is not None
+            else None
+        )
+        if quantization is None and quant_method is not None:
+            quantization = quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and self.moe_a2a_backend == "none"
+            and self.moe_runner_backend == "auto"
+        ):
+            self.moe_runner_backend = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
+                f"{model_arch}"
+            )
+''',
+    ),
+    Branch(
+        "SGLang 0.5.8 to 0.5.10",
+        sm100=("7100423ed54e467a",),
+        code='''
+    elif is_sm120_supported():
+        quantization = self.quantization
+        quant_method = get_quantization_config(hf_config)
+        if quantization is None and quant_method is not None:
+            quantization = quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and self.moe_a2a_backend == "none"
+            and self.moe_runner_backend == "auto"
+        ):
+            self.moe_runner_backend = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
+                f"{model_arch}"
+            )
+''',
+    ),
+    Branch(
+        "SGLang 0.5.11 to 0.5.14",
+        sm100=("ac933d1eb12b7261",),
+        code='''
+    elif is_sm120_supported():
+        quantization = self.quantization
+        quant_method = get_quantization_config(hf_config)
+        if (
+            quantization is None
+            and not self._quantization_explicitly_unset
+            and quant_method is not None
+        ):
+            quantization = quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and self.moe_a2a_backend == "none"
+            and self.moe_runner_backend == "auto"
+        ):
+            self.moe_runner_backend = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
+                f"{model_arch}"
+            )
+''',
+    ),
+    Branch(
+        "SGLang 0.5.15 to 0.5.18",
+        sm100=("03caaf01bda6cc40",),
+        code='''
+    elif is_sm120_supported():
+        quant_method = get_quantization_config(hf_config)
+        quantization = server_args.quantization
+        if (
+            quantization is None
+            and not server_args._quantization_explicitly_unset
+            and quant_method is not None
+        ):
+            quantization = quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and server_args.moe_a2a_backend == "none"
+            and server_args.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
+                f"{hf_config.architectures[0]}"
+            )
+''',
+    ),
+    Branch(
+        "SGLang 0.5.19 to 0.5.23",
+        sm100=("f14de353ba54b03e", "fd2f13194c8e1d5c"),
+        code='''
+    elif get_platform().is_sm120:
+        quant_method = get_quantization_config(hf_config)
+        quantization = cfg.quantization
+        if (
+            quantization is None
+            and not server_args._quantization_explicitly_unset
+            and quant_method is not None
+        ):
+            quantization = quant_method
+        if (
+            quantization == "modelopt_fp4"
+            and cfg.moe_a2a_backend == "none"
+            and cfg.moe_runner_backend == "auto"
+        ):
+            overrides["moe_runner_backend"] = "flashinfer_cutlass"
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
+                f"{hf_config.architectures[0]}"
+            )
+''',
+    ),
 )

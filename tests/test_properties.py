@@ -399,47 +399,52 @@ def test_fusion_backend_variants(drawn):
 
 
 # ---- sglang.moe-backend -----------------------------------------------------------------------
+# The SM120 branch is literal, and goes only beside the SM100 text it was written for
+# (patchkit/moe.py): the variants are of the code around that text (imports, comments, an
+# `else` or `elif` after it, CRLF); the SM100 branch itself, redrawn in any other layout, is
+# refused and left as it is.
 
-NEW_LOG = "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
+
+def glm_sm100(fixture: str) -> str:
+    """The SM100 branch of the Glm4MoeForCausalLM site of a server_args fixture of
+    test_sglang_moe_backend.py (upstream's text, at the site's indentation)."""
+    lines = fixture.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if "Glm4MoeForCausalLM" in line) + 1
+    end = next(i for i in range(start + 1, len(lines))
+               if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= 12)
+    return "".join(lines[start:end]).rstrip("\n") + "\n"
 
 
-def choose_trtllm(indent: str, q: str, broken_log: bool) -> str:
-    """The SM100 choice: the backend, then its log line (on one line or broken)."""
-    log = f"{q}Use flashinfer_trtllm as MoE runner backend on sm100 for Glm4MoeForCausalLM{q}"
-    call = f"logger.info(\n{indent}    {log}\n{indent})" if broken_log else f"logger.info({log})"
-    return f"{indent}self.moe_runner_backend = {q}flashinfer_trtllm{q}\n{indent}{call}\n"
+def moe_forms() -> dict[str, str]:
+    """The SM100 branch -> the name of the literal branch the patch puts after it."""
+    from test_sglang_moe_backend import SERVER_ARGS_ELSE, SERVER_ARGS_GATED
+
+    return {glm_sm100(SERVER_ARGS_GATED): "SGLang 0.5.8 to 0.5.10",
+            glm_sm100(SERVER_ARGS_ELSE): "SGLang 0.5.11 to 0.5.14"}
+
+
+# Layouts of the SM100 branch the patch has no literal twin for: (old, new) in its text.
+MOE_RELAYOUTS = [
+    ('"flashinfer_trtllm"', "'flashinfer_trtllm'"),
+    ("if is_sm100_supported():\n", "if is_sm100_supported():  # note\n"),
+    ("                if (\n", "\n                if (\n"),
+    ('and self.moe_a2a_backend == "none"\n', 'and self.moe_a2a_backend == "none"  # a2a\n'),
+]
 
 
 @st.composite
-def moe_source(draw: st.DrawFn) -> str:
-    q = draw(st.sampled_from(['"', "'"]))
+def moe_drawn(draw: st.DrawFn) -> tuple[str, str, bool]:
+    """(source, the SM100 branch's form, whether that branch was laid out anew)."""
     imports, _ = draw(utils_import("call"))
-    quant = draw(st.sampled_from([f"== {q}modelopt_fp4{q}", f"in {{{q}modelopt_fp4{q}, None}}"]))
-    ind16, ind20, ind24 = " " * 16, " " * 20, " " * 24
-    test = draw(
-        and_chain(
-            f"self.quantization {quant}",
-            [f"self.moe_a2a_backend == {q}none{q}", f"self.moe_runner_backend == {q}auto{q}"],
-            ind16,
-        )
-    )
-    broken_log = draw(st.booleans())
-    if draw(st.booleans()):  # the FlashInfer version gate of 0.5.8 and 0.5.9
-        body = (
-            f"{ind20}# Only on a recent FlashInfer{draw(COMMENT)}\n"
-            f"{ind20}if check_pkg_version_at_least({q}flashinfer-python{q}, {q}0.6.2{q}):\n"
-            + choose_trtllm(ind24, q, broken_log)
-        )
-    else:
-        body = choose_trtllm(ind20, q, broken_log)
-    derive = ""
-    if draw(st.booleans()):  # the quantization derived from the checkpoint
-        derive = (
-            f"{ind16}quant_method = getattr(hf_config, {q}quant_method{q}, None)\n"
-            f"{ind16}if self.quantization is None and quant_method is not None:\n"
-            f"{ind20}self.quantization = quant_method\n"
-        )
-    after = draw(st.sampled_from(["", "            else:\n                self.x = 1\n"]))
+    sm100, form = draw(st.sampled_from(sorted(moe_forms().items())))
+    relayout = draw(st.sampled_from([None, None, *MOE_RELAYOUTS]))
+    if relayout is not None:
+        sm100 = sm100.replace(*relayout, 1)
+    q = draw(st.sampled_from(['"', "'"]))
+    after = draw(st.sampled_from([
+        "", "            else:\n                self.x = 1\n",
+        "            elif is_sm90_supported():  # note\n                self.x = 1\n",
+    ]))
     source = f"""{imports}
 
 class ServerArgs:
@@ -448,59 +453,41 @@ class ServerArgs:
             if is_sm100_supported():
                 self.moe_runner_backend = {q}flashinfer_trtllm{q}
         elif model_arch in [{q}Glm4MoeForCausalLM{q}]:{draw(COMMENT)}
-            if is_sm100_supported():{draw(COMMENT)}
-{derive}{ind16}if {test}:
-{body}{after}"""
-    return line_endings(source, draw(st.booleans()))
+{sm100}{after}"""
+    return line_endings(source, draw(st.booleans())), form, relayout is not None
 
 
-def moe_expected(tree: ast.Module) -> ast.Module:
-    glm = next(
-        n for n in ast.walk(tree) if isinstance(n, ast.If) and "Glm4Moe" in ast.unparse(n.test)
-    )
-    [sm100] = [n for n in glm.body if isinstance(n, ast.If)]
-    body = copy.deepcopy(sm100.body)
-    [choice] = [n for n in body if isinstance(n, ast.If) and "auto" in ast.unparse(n.test)]
-    quant = choice.test.values[0]  # type: ignore[attr-defined]
-    if isinstance(quant.ops[0], ast.In):  # narrowed to NVFP4 on SM120
-        quant.ops = [ast.Eq()]
-        quant.comparators = [ast.Constant("modelopt_fp4")]
-    if len(choice.body) == 1 and isinstance(choice.body[0], ast.If):  # version gate dropped
-        choice.body = choice.body[0].body
-    assign, log = choice.body
-    assign.value = ast.Constant("flashinfer_cutlass")  # type: ignore[attr-defined]
-    log.value.args = [ast.Constant(NEW_LOG)]  # type: ignore[attr-defined]
-    body = localized_quantization(body)
-    sm100.orelse = [ast.If(test=expr("is_sm120_supported()"), body=body, orelse=sm100.orelse)]
-    add_import(tree, "is_sm120_supported", "is_sm100_supported")
-    return tree
+def moe_source() -> st.SearchStrategy[str]:
+    return moe_drawn().map(lambda drawn: drawn[0])
 
 
-def localized_quantization(body: list[ast.stmt]) -> list[ast.stmt]:
-    """Where the SM100 body writes `self.quantization`, the SM120 one keeps the value in a
-    local `quantization` (seeded from the field) and writes no field with it."""
-    writes = any(
-        isinstance(n, ast.Assign) and any(ast.unparse(t) == "self.quantization" for t in n.targets)
-        for stmt in body
-        for n in ast.walk(stmt)
-    )
-    if not writes:
-        return body
+def moe_expected(form: str) -> Callable[[ast.Module], ast.Module]:
+    """The tree with the literal branch named `form` right after the SM100 branch."""
+    import importlib
 
-    class Local(ast.NodeTransformer):
-        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-            if ast.unparse(node) == "self.quantization":
-                return ast.Name("quantization", ctx=node.ctx)
-            return self.generic_visit(node)
+    module = importlib.import_module(load_patch("sglang.moe-backend").transform.__module__)
+    [branch] = [b for b in module.BRANCHES if b.name == form]
 
-    return [ast.parse("quantization = self.quantization").body[0],
-            *(Local().visit(stmt) for stmt in body)]
+    def expected(tree: ast.Module) -> ast.Module:
+        glm = next(n for n in ast.walk(tree)
+                   if isinstance(n, ast.If) and "Glm4Moe" in ast.unparse(n.test))
+        sm100 = glm.body[0]
+        assert isinstance(sm100, ast.If)
+        [new] = ast.parse(branch.code.removeprefix("el")).body
+        assert isinstance(new, ast.If)
+        new.orelse, sm100.orelse = sm100.orelse, [new]
+        add_import(tree, "is_sm120_supported", "is_sm100_supported")
+        return tree
+
+    return expected
 
 
 @EXAMPLES
-@given(moe_source())
-def test_moe_backend_variants(source):
-    check(load_patch("sglang.moe-backend"), source, moe_expected)
+@given(moe_drawn())
+def test_moe_backend_variants(drawn):
+    source, form, relaid = drawn
+    status = check(load_patch("sglang.moe-backend"), source, moe_expected(form))
+    assert status == ("refused" if relaid else "applied"), source
 
 
 # ---- through the engine: apply then revert gives back every byte -----------------------------

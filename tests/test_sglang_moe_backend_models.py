@@ -1,7 +1,8 @@
 # ruff: noqa: E501  (the fixtures keep upstream's long log lines at upstream's indentation)
 """sglang.moe-backend-qwen3 and sglang.moe-backend-minimax on small fixtures in each upstream
-shape of their sites: the same SM120 twin as GLM-4 MoE's (patchkit/moe.py), for the Qwen3 MoE
-family's choice among other quantizations' and for MiniMax-M2's choice in one `if`."""
+shape of their sites, each around upstream's SM100 branch as a release ships it: a literal
+SM120 branch as for GLM-4 MoE (patchkit/moe.py), for the Qwen3 MoE family's choice among other
+quantizations' and for MiniMax-M2's choice in one `if`."""
 
 from __future__ import annotations
 
@@ -99,8 +100,8 @@ class ServerArgs:
                 self.attention_backend = "triton"
 '''
 
-# model_overrides/qwen3_moe.py, 0.5.20 on: another quantization's choice (W4A16, marlin) comes
-# first in the chain, with a local only its test reads.
+# model_overrides/qwen3_moe.py, 0.5.20's SM100 branch as it ships: another quantization's
+# choice (W4A16, marlin) comes first in the chain, with locals only its branch reads.
 QWEN3_CHAIN = '''
 from sglang.srt.runtime_context import get_platform
 
@@ -109,22 +110,55 @@ def _qwen3_moe_family_overrides(server_args, hf_config):
     cfg = resolving_view(server_args)
     overrides = {}
     if get_platform().is_sm100:
+        quant_method = get_quantization_config(hf_config)
         quantization = cfg.quantization
-        if quantization is None:
-            overrides["quantization"] = get_quantization_config(hf_config)
-            quantization = get_quantization_config(hf_config)
-        has_w4a16 = quantization == "modelopt_mixed" and mixed(hf_config)
-        if has_w4a16:
-            # trtllm-gen has no W4A16 path.
+        if (
+            quantization is None
+            and not server_args._quantization_explicitly_unset
+            and quant_method is not None
+        ):
+            overrides["quantization"] = quant_method
+            quantization = quant_method
+        has_w4a16_moe_layers = (
+            quantization == "modelopt_mixed"
+            and "W4A16_NVFP4" in _mixed_precision_moe_quant_algos(hf_config)
+        )
+        if has_w4a16_moe_layers:
+            # trtllm-gen only has the W4A4 NVFP4 MoE path.
+            # CuTe DSL v2 also supports W4A16 with BF16 activations when opted in.
+            use_cutedsl_w4a16 = (
+                cfg.moe_runner_backend == "flashinfer_cutedsl"
+                and cfg.moe_a2a_backend in ("none", "flashinfer")
+                and envs.SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16.get()
+            )
+            if (
+                cfg.moe_runner_backend not in ("auto", "marlin")
+                and not use_cutedsl_w4a16
+            ):
+                raise ValueError(
+                    "W4A16_NVFP4 MoE layers require --moe-runner-backend=marlin, "
+                    "or flashinfer_cutedsl with --moe-a2a-backend=none/flashinfer "
+                    "and SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16=1."
+                )
             if cfg.moe_runner_backend == "auto":
                 overrides["moe_runner_backend"] = "marlin"
+                logger.info(
+                    "Use marlin as MoE runner backend for "
+                    f"{hf_config.architectures[0]} with W4A16_NVFP4 MoE layers"
+                )
         elif (
-            (quantization in ("fp8", "modelopt_fp4", "modelopt_mixed") or quantization is None)
+            (
+                quantization in ("fp8", "modelopt_fp4", "modelopt_mixed")
+                or quantization is None
+            )
             and cfg.moe_a2a_backend == "none"
             and cfg.moe_runner_backend == "auto"
         ):
             overrides["moe_runner_backend"] = "flashinfer_trtllm"
-            logger.info(f"Use flashinfer_trtllm as MoE runner backend on sm100 for {hf_config.architectures[0]}")
+            logger.info(
+                "Use flashinfer_trtllm as MoE runner backend on sm100 for "
+                f"{hf_config.architectures[0]}"
+            )
     return overrides
 '''
 
@@ -136,33 +170,74 @@ def _qwen3_moe_family_overrides(server_args, hf_config):
     cfg = resolving_view(server_args)
     overrides = {}
     if get_platform().is_sm100:
+        quant_method = get_quantization_config(hf_config)
         quantization = cfg.quantization
-        if quantization is None:
-            overrides["quantization"] = get_quantization_config(hf_config)
-            quantization = get_quantization_config(hf_config)
-        has_w4a16 = quantization == "modelopt_mixed" and mixed(hf_config)
-        if has_w4a16:
-            # trtllm-gen has no W4A16 path.
+        if (
+            quantization is None
+            and not server_args._quantization_explicitly_unset
+            and quant_method is not None
+        ):
+            overrides["quantization"] = quant_method
+            quantization = quant_method
+        has_w4a16_moe_layers = (
+            quantization == "modelopt_mixed"
+            and "W4A16_NVFP4" in _mixed_precision_moe_quant_algos(hf_config)
+        )
+        if has_w4a16_moe_layers:
+            # trtllm-gen only has the W4A4 NVFP4 MoE path.
+            # CuTe DSL v2 also supports W4A16 with BF16 activations when opted in.
+            use_cutedsl_w4a16 = (
+                cfg.moe_runner_backend == "flashinfer_cutedsl"
+                and cfg.moe_a2a_backend in ("none", "flashinfer")
+                and envs.SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16.get()
+            )
+            if (
+                cfg.moe_runner_backend not in ("auto", "marlin")
+                and not use_cutedsl_w4a16
+            ):
+                raise ValueError(
+                    "W4A16_NVFP4 MoE layers require --moe-runner-backend=marlin, "
+                    "or flashinfer_cutedsl with --moe-a2a-backend=none/flashinfer "
+                    "and SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16=1."
+                )
             if cfg.moe_runner_backend == "auto":
                 overrides["moe_runner_backend"] = "marlin"
+                logger.info(
+                    "Use marlin as MoE runner backend for "
+                    f"{hf_config.architectures[0]} with W4A16_NVFP4 MoE layers"
+                )
         elif (
-            (quantization in ("fp8", "modelopt_fp4", "modelopt_mixed") or quantization is None)
+            (
+                quantization in ("fp8", "modelopt_fp4", "modelopt_mixed")
+                or quantization is None
+            )
             and cfg.moe_a2a_backend == "none"
             and cfg.moe_runner_backend == "auto"
         ):
             overrides["moe_runner_backend"] = "flashinfer_trtllm"
-            logger.info(f"Use flashinfer_trtllm as MoE runner backend on sm100 for {hf_config.architectures[0]}")
+            logger.info(
+                "Use flashinfer_trtllm as MoE runner backend on sm100 for "
+                f"{hf_config.architectures[0]}"
+            )
     elif get_platform().is_sm120:
+        quant_method = get_quantization_config(hf_config)
         quantization = cfg.quantization
-        if quantization is None:
-            quantization = get_quantization_config(hf_config)
+        if (
+            quantization is None
+            and not server_args._quantization_explicitly_unset
+            and quant_method is not None
+        ):
+            quantization = quant_method
         if (
             quantization == "modelopt_fp4"
             and cfg.moe_a2a_backend == "none"
             and cfg.moe_runner_backend == "auto"
         ):
             overrides["moe_runner_backend"] = "flashinfer_cutlass"
-            logger.info(f"Use flashinfer_cutlass as MoE runner backend on sm120 for {hf_config.architectures[0]}")
+            logger.info(
+                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
+                f"{hf_config.architectures[0]}"
+            )
     return overrides
 '''
 
@@ -223,14 +298,21 @@ def _minimax_m2_overrides(server_args, hf_config):
     return overrides
 '''
 
-# model_overrides/minimax_m2.py, 0.5.19 on: the get_platform() form.
+# model_overrides/minimax_m2.py, 0.5.19's SM100 branch as it ships: the get_platform() form.
 MINIMAX_PLATFORM = '''
 def _minimax_m2_overrides(server_args, hf_config):
     cfg = resolving_view(server_args)
     overrides = {"enable_tf32_matmul": True}
-    if get_platform().is_sm100 and cfg.moe_runner_backend == "auto" and model_config_of(server_args).quantization == "modelopt_fp4":
+    if (
+        get_platform().is_sm100
+        and cfg.moe_runner_backend == "auto"
+        and model_config_of(server_args).quantization == "modelopt_fp4"
+    ):
         overrides["moe_runner_backend"] = "flashinfer_trtllm_routed"
-        logger.info("Use flashinfer_trtllm_routed on SM10X for MiniMaxM2ForCausalLM.")
+        logger.info(
+            "Use flashinfer_trtllm_routed as MoE runner backend on SM10X "
+            "for MiniMaxM2ForCausalLM with modelopt_fp4."
+        )
     return overrides
 '''
 
@@ -238,12 +320,26 @@ MINIMAX_PLATFORM_AFTER = '''
 def _minimax_m2_overrides(server_args, hf_config):
     cfg = resolving_view(server_args)
     overrides = {"enable_tf32_matmul": True}
-    if get_platform().is_sm100 and cfg.moe_runner_backend == "auto" and model_config_of(server_args).quantization == "modelopt_fp4":
+    if (
+        get_platform().is_sm100
+        and cfg.moe_runner_backend == "auto"
+        and model_config_of(server_args).quantization == "modelopt_fp4"
+    ):
         overrides["moe_runner_backend"] = "flashinfer_trtllm_routed"
-        logger.info("Use flashinfer_trtllm_routed on SM10X for MiniMaxM2ForCausalLM.")
-    elif get_platform().is_sm120 and cfg.moe_runner_backend == "auto" and model_config_of(server_args).quantization == "modelopt_fp4":
+        logger.info(
+            "Use flashinfer_trtllm_routed as MoE runner backend on SM10X "
+            "for MiniMaxM2ForCausalLM with modelopt_fp4."
+        )
+    elif (
+        get_platform().is_sm120
+        and cfg.moe_runner_backend == "auto"
+        and model_config_of(server_args).quantization == "modelopt_fp4"
+    ):
         overrides["moe_runner_backend"] = "flashinfer_cutlass"
-        logger.info("Use flashinfer_cutlass on SM120 for MiniMaxM2ForCausalLM.")
+        logger.info(
+            "Use flashinfer_cutlass as MoE runner backend on SM120 "
+            "for MiniMaxM2ForCausalLM with modelopt_fp4."
+        )
     return overrides
 '''
 
@@ -271,17 +367,16 @@ def test_applies_exactly_then_is_already_applied(run_patch, name):
     assert not again.changed
 
 
-def test_shapes_say_what_changed(run_patch):
+def test_shapes_name_the_branch(run_patch):
     chain = outcome(run_patch(QWEN3, QWEN3_CHAIN))
     assert chain.site == "_qwen3_moe_family_overrides"
-    assert "the branches before the choice left out" in chain.shape
-    assert 'narrowed to == "modelopt_fp4"' in chain.shape
-    assert "quantization derived locally" in chain.shape
+    assert chain.shape.endswith("(the SM120 branch for SGLang 0.5.19 to 0.5.23)")
     branch = outcome(run_patch(QWEN3, QWEN3_SERVER_ARGS))
     assert branch.site == "_handle_model_specific_adjustments[Qwen3MoeForCausalLM]"
     utils = outcome(run_patch(MINIMAX, MINIMAX_UTILS))
     assert utils.shape == (
-        "`elif is_sm120_supported():` after `if is_sm100_supported():`; is_sm120_supported imported"
+        "`elif is_sm120_supported():` after `if is_sm100_supported():` "
+        "(the SM120 branch for SGLang 0.5.18); is_sm120_supported imported"
     )
 
 
@@ -311,21 +406,23 @@ def refusal(run_patch, patch, src):
 
 
 def test_refuses_a_local_the_choice_reads_or_a_field_written(run_patch):
-    # `has_w4a16` read by the choice itself: no longer a choice this knows.
+    # The local the W4A16 branch reads, read by the choice too, or written to a field: the SM100
+    # branch the literal SM120 branch was written beside is no longer there.
     src = QWEN3_CHAIN.replace(
-        'and cfg.moe_a2a_backend == "none"\n', 'and cfg.moe_a2a_backend == "none"\n            and not has_w4a16\n'
+        'and cfg.moe_a2a_backend == "none"\n', 'and cfg.moe_a2a_backend == "none"\n            and not has_w4a16_moe_layers\n'
     )
-    assert src != QWEN3_CHAIN
-    assert "0 `if ... and" in refusal(run_patch, QWEN3, src)
-    # A field written beside the choice is not a local to leave out.
-    field = QWEN3_CHAIN.replace("        has_w4a16 = ", "        self.has_w4a16 = ")
-    assert "statement this patch does not know: `self.has_w4a16 = " in refusal(run_patch, QWEN3, field)
+    field = QWEN3_CHAIN.replace("        has_w4a16_moe_layers = ", "        self.has_w4a16_moe_layers = ")
+    for changed in (src, field):
+        assert changed != QWEN3_CHAIN
+        reason = refusal(run_patch, QWEN3, changed)
+        assert "found `if get_platform().is_sm100:` in another form (fingerprint " in reason
 
 
 def test_refuses_an_inline_choice_with_another_condition(run_patch):
     src = MINIMAX_PLATFORM.replace(' and cfg.moe_runner_backend == "auto"', ' and cfg.tp_size == 1')
     reason = refusal(run_patch, MINIMAX, src)
-    assert "found `if get_platform().is_sm100 and cfg.tp_size == 1" in reason
+    assert "found `if ( get_platform().is_sm100 and cfg.tp_size == 1 and" in reason
+    assert "in another form (fingerprint " in reason
 
 
 def test_refuses_another_sm120_choice(run_patch):

@@ -54,12 +54,13 @@ logger = logging.getLogger(__name__)
 
 class ServerArgs:
     def _handle_model_specific_adjustments(self):
+        hf_config = self.hf_config
         model_arch = self.get_model_arch()
         if model_arch in ["DeepseekV3ForCausalLM"]:
             pass
         elif model_arch in ["Glm4MoeForCausalLM"]:
             if is_sm100_supported():
-                quantization_config = getattr(self.hf_config, "quantization_config", None)
+                quantization_config = getattr(hf_config, "quantization_config", None)
                 quant_method = (
                     quantization_config.get("quant_method")
                     if quantization_config is not None
@@ -72,6 +73,7 @@ class ServerArgs:
                     and self.moe_a2a_backend == "none"
                     and self.moe_runner_backend == "auto"
                 ):
+                    # Only enable flashinfer_trtllm if flashinfer-python version is >= 0.6.2
                     if check_pkg_version_at_least("flashinfer-python", "0.6.2"):
                         self.moe_runner_backend = "flashinfer_trtllm"
                         logger.info(
@@ -79,16 +81,22 @@ class ServerArgs:
                         )
         elif model_arch in ["Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"]:
             if is_sm100_supported():
-                quant_method = get_quantization_config(self.hf_config)
+                quant_method = get_quantization_config(hf_config)
                 if self.quantization is None and quant_method is not None:
                     self.quantization = quant_method
                 if (
-                    (self.quantization in ("fp8", "modelopt_fp4") or self.quantization is None)
+                    (
+                        self.quantization in ("fp8", "modelopt_fp4")
+                        or self.quantization is None
+                    )
                     and self.moe_a2a_backend == "none"
                     and self.moe_runner_backend == "auto"
                 ):
                     self.moe_runner_backend = "flashinfer_trtllm"
-                    logger.info(f"Use flashinfer_trtllm as MoE runner backend on sm100 for {model_arch}")
+                    logger.info(
+                        "Use flashinfer_trtllm as MoE runner backend on sm100 for "
+                        f"{model_arch}"
+                    )
 
         if (
             not self.enable_flashinfer_allreduce_fusion
