@@ -30,7 +30,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit.model import Result, already_applied, not_applicable, refused
+from sm120patch.patchkit.model import NotApplicable, Refuse, Result, already_applied
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -61,16 +61,6 @@ class Branch:
         object.__setattr__(self, "code", code)
 
 
-class _Stop(Exception):
-    """A finder stopping at a site with `result` (refused or not-applicable), caught by
-    `add_sm120_choice`: the kit's `Refuse` and `NotApplicable`, caught by the runner, once the
-    kit raises its own."""
-
-    def __init__(self, result: Result) -> None:
-        super().__init__(result.reason)
-        self.result = result
-
-
 def add_sm120_choice(
     module: cst.Module, model: str, overrides: str, branches: tuple[Branch, ...], *,
     absent: str | None = None,
@@ -88,11 +78,8 @@ def add_sm120_choice(
     from sm120patch.patchkit import operations as op
     from sm120patch.patchkit import syntax as h
 
-    try:
-        name, suite = site(module, model, overrides)
-        anchor, check = sm100_branch(name, suite, absent)
-    except _Stop as stop:
-        return stop.result
+    name, suite = site(module, model, overrides)  # these two raise where they stop (the
+    anchor, check = sm100_branch(name, suite, absent)  # runner records Refuse/NotApplicable)
     found = fingerprint(anchor)
     branch = next((b for b in branches if found in b.sm100), None)
     new = _literal(branch, module) if branch else None
@@ -107,7 +94,7 @@ def add_sm120_choice(
         ours = anchor.orelse
         if new and len(theirs) == 1 and theirs[0] is ours and _code(ours) == _code(new):
             return already_applied(name, f"`elif {twin}:` choosing {NEW_BACKEND}").needing(needs)
-        return refused(
+        raise Refuse(
             name,
             f"no SM120 branch, or an `elif {twin}:` right after the SM100 branch "
             f"choosing {NEW_BACKEND}",
@@ -115,7 +102,7 @@ def add_sm120_choice(
         )
     if branch is None or new is None:
         known = "; ".join(b.name for b in branches)
-        return refused(name, f"the SM100 branch of a release this patch knows ({known})",
+        raise Refuse(name, f"the SM100 branch of a release this patch knows ({known})",
                        f"`if {h.code(anchor.test)}:` in another form (fingerprint {found})")
     shape = f"`elif {twin}:` after `if {h.key(check)}:` (the SM120 branch for {branch.name})"
     return op.add_elif(module, anchor, new.with_changes(orelse=anchor.orelse), site=name,
@@ -137,14 +124,14 @@ def site(module: cst.Module, model: str, overrides: str) -> tuple[str, cst.Inden
         if isinstance(n, cst.If) and _names_model(n.test, model)
     ]
     if not found:
-        raise _Stop(not_applicable(branch, f'no `def {overrides}` and no `elif model_arch in '
-                                   f'["{model}"]:` branch in `def {SERVER_ARGS_FUNC}`'))
+        raise NotApplicable(branch, f'no `def {overrides}` and no `elif model_arch in '
+                            f'["{model}"]:` branch in `def {SERVER_ARGS_FUNC}`')
     if len(found) > 1:
-        raise _Stop(refused(found[0][0], f"one {model} MoE site",
-                            f"{len(found)} ({', '.join(s for s, _ in found)})"))
+        raise Refuse(found[0][0], f"one {model} MoE site",
+                     f"{len(found)} ({', '.join(s for s, _ in found)})")
     name, suite = found[0]
     if not isinstance(suite, cst.IndentedBlock):
-        raise _Stop(refused(name, "an indented block", f"`{h.code(suite)}`"))
+        raise Refuse(name, "an indented block", f"`{h.code(suite)}`")
     return name, suite
 
 
@@ -187,12 +174,12 @@ def sm100_branch(
     expected = "one `if is_sm100_supported():` or `if get_platform().is_sm100:` branch"
     mentions = [b for b in chains if "sm100" in h.code(b.test)]
     if len(anchors) > 1:
-        raise _Stop(refused(name, expected, f"{len(anchors)} such branches"))
+        raise Refuse(name, expected, f"{len(anchors)} such branches")
     if mentions:
-        raise _Stop(refused(name, expected, f"`if {h.code(mentions[0].test)}:`"))
+        raise Refuse(name, expected, f"`if {h.code(mentions[0].test)}:`")
     if absent and not arch.mentions_sglang_arch(suite):
-        raise _Stop(not_applicable(name, absent))
-    raise _Stop(refused(name, expected, "no SM100 branch"))
+        raise NotApplicable(name, absent)
+    raise Refuse(name, expected, "no SM100 branch")
 
 
 def _literal(branch: Branch, module: cst.Module) -> cst.If:
