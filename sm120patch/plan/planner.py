@@ -20,7 +20,6 @@ from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
-from sm120patch.targets.files import read_regular
 
 # (patches, file, text): one call of `transform_text`.
 Job = tuple[list[Patch], str, str]
@@ -211,9 +210,9 @@ def _prepare(
     def read(rel: str) -> str | None:
         if rel not in texts:
             texts[rel] = None
-            path = target.path_of(rel)
+            path = target.path_of(rel)  # named in messages; read through the tree's handle
             try:
-                data = read_regular(path)
+                data = target.handle.read(target.rel(rel))
             except FileNotFoundError:
                 return None
             except OSError as exc:
