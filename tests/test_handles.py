@@ -25,6 +25,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from attackers import add_record, attacker_fixture, shared_fixture  # noqa: F401 (fixtures)
 from killing import cli, run
 from trees import make_tree, tree_hash
 
@@ -43,7 +44,7 @@ def one_line(err: str) -> bool:
 
 def digest(root: Path) -> dict[str, str]:
     """Every entry under `root`, its state directory and `.git` included: a file by its
-    sha256 and mode, a link by where it points (nothing followed)."""
+    sha256, mode and owner, a link by where it points (nothing followed)."""
     out = {}
     for top, dirs, names in os.walk(root):
         for name in [*dirs, *names]:
@@ -53,7 +54,8 @@ def digest(root: Path) -> dict[str, str]:
             if stat.S_ISLNK(st.st_mode):
                 out[rel] = "link:" + os.readlink(path)
             elif stat.S_ISREG(st.st_mode):
-                out[rel] = f"{oct(st.st_mode)}:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+                data = hashlib.sha256(path.read_bytes()).hexdigest()
+                out[rel] = f"{oct(st.st_mode)}:{st.st_uid}:{st.st_gid}:{data}"
     return out
 
 
@@ -298,3 +300,66 @@ def test_a_replace_keeps_mode_and_owner_and_never_follows_or_creates(tmp_path):
     assert mod.read_bytes() == b"new\n"
     with pytest.raises(Refused, match="not a plain relative path"):
         handle.read("../t/pkg/mod.py")
+
+
+# ---- the same, planted by another user (root runs sm120patch; skipped without root) --------
+def test_roots_environment_gets_nothing_when_a_users_venv_is_swapped_for_a_link(
+    attacker, shared, monkeypatch
+):
+    """As the attack was run: a user owns ~/venv, which root is asked to patch; once root's
+    journal and pristine copy are written, the user's own process swaps ~/venv for a link to
+    root's environment. Root refuses in one line; root's environment keeps every byte, mode
+    and owner; the user's files keep their bytes and their owner."""
+    home = attacker.give(shared / "home")
+    venv = home / "venv"
+    site = make_tree(venv, "sglang", "0.5.8", "installed")
+    add_record(site, "sglang", "0.5.8")
+    for path in [venv, *venv.rglob("*")]:
+        os.lchown(path, attacker.uid, attacker.gid)
+    theirs = make_tree(shared / "rootenv", "sglang", "0.5.8", "installed")
+    add_record(theirs, "sglang", "0.5.8")
+    root_before, before = digest(theirs), tree_hash(site)
+    swap = ("import os, sys\nos.rename(sys.argv[1], sys.argv[1] + '.aside')\n"
+            "os.symlink(sys.argv[2], sys.argv[1])")  # fmt: skip
+    monkeypatch.setitem(
+        interrupts.HOOKS, "after-journal",
+        once(lambda: attacker.ok(swap, str(venv), str(shared / "rootenv"))),
+    )  # fmt: skip
+    code, err = forked("apply", "moe", "--sglang", str(site), "--no-gpu-check")
+    monkeypatch.delitem(interrupts.HOOKS, "after-journal")
+    assert code == 1 and one_line(err) and "was replaced while sm120patch" in err, err
+    assert digest(theirs) == root_before
+    mine = home / "venv.aside" / site.name
+    assert tree_hash(mine) == before
+    assert {p.stat().st_uid for p in (mine / "sglang").rglob("*.py")} == {attacker.uid}
+
+
+def test_a_group_member_swapping_sglang_for_a_link_gets_nothing_written(
+    attacker, shared, monkeypatch
+):
+    """A group-writable site-packages that root owns: a member of the group exchanges
+    `sglang/` for a link to another environment's during root's apply. Root refuses in one
+    line and writes nothing there; once the member puts the directory back, the tree is as it
+    was and no journal is left."""
+    site = make_tree(shared, "sglang", "0.5.8", "installed")
+    add_record(site, "sglang", "0.5.8")
+    for d in [site, *[p for p in site.rglob("*") if p.is_dir()]]:
+        os.chown(d, 0, attacker.group_gid)
+        d.chmod(0o2775)
+    other = make_tree(shared / "rootenv", "sglang", "0.5.8", "installed")
+    other_before, before = digest(other), tree_hash(site)
+    swap = ("import os, sys\nos.rename(sys.argv[1], sys.argv[1] + '.aside')\n"
+            "os.symlink(sys.argv[2], sys.argv[1])")  # fmt: skip
+    monkeypatch.setitem(
+        interrupts.HOOKS, "after-journal",
+        once(lambda: attacker.ok(swap, str(site / "sglang"), str(other / "sglang"))),
+    )  # fmt: skip
+    code, err = forked("apply", "moe", "--sglang", str(site), "--no-gpu-check")
+    monkeypatch.delitem(interrupts.HOOKS, "after-journal")
+    assert code == 1 and one_line(err), err
+    assert "sglang is a symbolic link; sm120patch follows no link inside a target" in err, err
+    assert digest(other) == other_before
+    attacker.ok("import os, sys\nos.unlink(sys.argv[1])\nos.rename(sys.argv[1] + '.aside', "
+                "sys.argv[1])", str(site / "sglang"))  # fmt: skip
+    assert tree_hash(site) == before
+    assert status(site)["unfinished"] is None and status(site)["state"] == "pristine"
