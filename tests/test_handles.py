@@ -182,6 +182,39 @@ def test_a_venv_swapped_for_another_tree_after_the_copy_gets_nothing_written(
     assert digest(other) == other_before
 
 
+@pytest.mark.parametrize("layout", ["installed", "git"])
+def test_a_revert_whose_venv_is_swapped_after_its_journal_touches_nothing_else(
+    layout, tmp_path, monkeypatch
+):
+    """Both trees applied; the user's venv is swapped for a link to the other once the
+    revert's journal is written: the revert refuses in one line, the other tree (its
+    manifest and copies included) keeps every byte, and `recover` where the user's tree is now
+    finishes the revert there."""
+    venv = tmp_path / "home" / "venv"
+    root = make_tree(venv, "sglang", "0.5.8", layout)
+    other_env = tmp_path / "rootenv"
+    other = make_tree(other_env, "sglang", "0.5.8", layout)
+    pristine = tree_hash(root)
+    for tree in (root, other):
+        assert cli("apply", "moe", "--sglang", str(tree), "--no-gpu-check")[0] == 0
+    other_before = digest(other)
+    aside = tmp_path / "home" / "venv.aside"
+
+    def swap():
+        venv.rename(aside)
+        venv.symlink_to(other_env)
+
+    monkeypatch.setitem(interrupts.HOOKS, "after-journal", once(swap))
+    code, err = forked("revert", "moe", "--sglang", str(root))
+    monkeypatch.delitem(interrupts.HOOKS, "after-journal")
+    assert code == 1 and one_line(err) and "was replaced while sm120patch" in err, err
+    assert digest(other) == other_before
+    mine = aside / root.name
+    done = run("recover", "--sglang", str(mine))
+    assert done.returncode == 0, done.stderr
+    assert tree_hash(mine) == pristine and status(mine)["state"] == "pristine"
+
+
 # ---- a directory inside the tree -----------------------------------------------------------
 @pytest.mark.parametrize("layout", ["installed", "git"])
 @pytest.mark.parametrize("component", ["sglang", "sglang/srt"])
