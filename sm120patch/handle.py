@@ -129,6 +129,11 @@ class TreeHandle:
     def __repr__(self) -> str:
         return f"TreeHandle({str(self.path)!r})"
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # A descriptor is this process's: a copy would close it twice, a pickle in another
+        # process would name one of its own.
+        raise TypeError("a TreeHandle holds this process's descriptor: it is not copied")
+
     # ---- is it still the tree the path names? ----------------------------------------
     def moved(self) -> str | None:
         """Why the path no longer names the held tree (walked again, O_NOFOLLOW on each

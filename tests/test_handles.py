@@ -304,6 +304,13 @@ def test_the_handle_refuses_a_link_on_its_path_and_sees_a_swap(tmp_path):
     with pytest.raises(TreeMoved, match="was replaced while sm120patch worked on it"):
         handle.verify()
     assert handle.where_now() == tmp_path / "aside"
+    import copy
+    import pickle
+
+    with pytest.raises(TypeError, match="not copied"):
+        pickle.dumps(handle)
+    with pytest.raises(TypeError, match="not copied"):
+        copy.deepcopy(handle)
 
 
 def test_a_replace_keeps_mode_and_owner_and_never_follows_or_creates(tmp_path):
