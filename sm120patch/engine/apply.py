@@ -304,6 +304,7 @@ def apply(
         prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, paths=paths)
         if prep.nothing_to_do:
             for ctx in prep.stale:
+                ctx.verify()  # the state goes by path: only while it names the tree found
                 # The new release needs nothing (upstream has it): the old record goes.
                 ctx.state.remove_manifest()
                 ctx.state.drop_copies()
@@ -348,8 +349,10 @@ def _record_needs_nothing(prep: Prepared, lock: Lock | None) -> list[str]:
         if any(o.status not in _NOTHING_NEEDED for f in tp.files for o in f.outcomes):
             continue  # already-applied without a record of ours: not ours to vouch for
         checked = _checked_files(cat, prep.profile, ctx.target, tp)
-        if checked is None:
-            continue  # a file changed since it was planned: the next run plans it again
+        if checked is None or ctx.tree.moved() is not None:
+            # A file changed since it was planned, or the path names another tree now: no
+            # record (the next run plans it again).
+            continue
         ctx.state.write_manifest(
             Manifest(
                 profile=prep.profile.name,
@@ -484,13 +487,12 @@ def _moved(ctx: TargetRun, why: str, profile: str) -> Refused:
 
     t, now = ctx.target, ctx.tree.where_now()
     done = "was put back" if ctx.layout.keeps_pristine() else "stays on its patch branch there"
-    where = f"now at {now}" if now is not None else "deleted since"
     return Refused(
         f"{t.root} was replaced while sm120patch applied {profile} ({why} now): nothing was "
         f"written through the new path; what the apply wrote in the tree it found {done}",
-        f"that tree ({where}) keeps the apply's journal: "
-        + (f"`sm120patch recover --{t.kind} {shlex.quote(str(now))}` finishes it"
-           if now is not None else "nothing is left to finish"),
+        f"that tree, now at {now}, keeps the apply's journal: `sm120patch recover --{t.kind} "
+        f"{shlex.quote(str(now))}` finishes it" if now is not None
+        else "that tree was deleted since: nothing is left to finish there",
     )  # fmt: skip
 
 

@@ -82,7 +82,7 @@ class InstalledLayout:
         self.originals: dict[str, bytes] = {}
         # What a restore left alone, for the report (a deleted file is not created again).
         self.notes: list[str] = []
-        # The files this run wrote (or began to): all an in-run rollback has to put back.
+        # The files this run replaced: all that an in-run rollback has to put back.
         self.written: set[str] = set()
         self._record: dict[str, str] | None = None
 
@@ -244,7 +244,8 @@ class InstalledLayout:
         """The tree's path names another tree now (`TreeMoved`): put back, through the
         handle only, the bytes this run read there before writing; the state directory,
         reached by path, is left as it is (its journal stays in the tree moved aside)."""
-        for rel, data in self.originals.items():
+        for rel in sorted(self.written):
+            data = self.originals[rel]
             if self.tree.sha256(rel) not in (None, sha256(data)):
                 self.tree.replace(rel, data)
                 self.tree.drop_pycache(rel)
