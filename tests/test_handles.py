@@ -183,6 +183,41 @@ def test_a_venv_swapped_for_another_tree_after_the_copy_gets_nothing_written(
 
 
 @pytest.mark.parametrize("layout", ["installed", "git"])
+def test_a_swap_between_two_writes_is_rolled_back_through_the_handle(
+    layout, tmp_path, monkeypatch
+):
+    """The venv is swapped once the first of several files is written: the next write is
+    refused, the file already written is put back through the handle (installed) or stays on
+    the patch branch for `recover` there (a checkout), and the other tree keeps every byte."""
+    venv = tmp_path / "home" / "venv"
+    root = make_tree(venv, "sglang", "0.5.8", layout)
+    fi = make_tree(tmp_path / "fi", "flashinfer", "0.6.8", layout)
+    other_env = tmp_path / "rootenv"
+    make_tree(other_env, "sglang", "0.5.8", layout)
+    other_before, before = digest(other_env / root.name), tree_hash(root)
+    aside = tmp_path / "home" / "venv.aside"
+
+    def swap():
+        venv.rename(aside)
+        venv.symlink_to(other_env)
+
+    monkeypatch.setitem(interrupts.HOOKS, "after-write", once(swap))
+    code, err = forked("apply", "all", "--sglang", str(root), "--flashinfer", str(fi),
+                       "--no-gpu-check")  # fmt: skip
+    monkeypatch.delitem(interrupts.HOOKS, "after-write")
+    assert code == 1 and one_line(err) and "was replaced while sm120patch" in err, err
+    assert digest(other_env / root.name) == other_before
+    mine = aside / root.name
+    if layout == "installed":
+        assert "was put back" in err and tree_hash(mine) == before, err
+    else:
+        assert "stays on its patch branch" in err and tree_hash(mine) != before, err
+    done = run("recover", "--sglang", str(mine), "--flashinfer", str(fi))
+    assert done.returncode == 0, done.stderr
+    assert tree_hash(mine) == before and status(mine)["unfinished"] is None
+
+
+@pytest.mark.parametrize("layout", ["installed", "git"])
 def test_a_revert_whose_venv_is_swapped_after_its_journal_touches_nothing_else(
     layout, tmp_path, monkeypatch
 ):
