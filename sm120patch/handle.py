@@ -107,10 +107,13 @@ class TreeHandle:
         self.fd = -1
         fd, why = _walk(self.path)
         if why is not None:
+            linked = why.endswith("a symbolic link")
             raise Refused(
-                f"{self.path}: {why}; sm120patch opens a target without following a link",
-                "give the path the link points to, then run sm120patch again",
-            )
+                f"{self.path}: {why}"
+                + ("; sm120patch opens a target without following a link" if linked else ""),
+                "give the path the link points to, then run sm120patch again" if linked
+                else f"check {self.path} (its directories, their permissions), then run again",
+            )  # fmt: skip
         self.fd = fd
         st = os.fstat(fd)
         self.dev, self.ino, self.uid = st.st_dev, st.st_ino, st.st_uid
