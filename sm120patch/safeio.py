@@ -39,19 +39,26 @@ class NotOwned(Refused):
 
 
 def read_regular(
-    path: Path, *, limit: int = READ_LIMIT, owners: tuple[int, ...] | None = None
+    path: Path,
+    *,
+    limit: int = READ_LIMIT,
+    owners: tuple[int, ...] | None = None,
+    at: tuple[int, str] | None = None,
 ) -> bytes:
     """The bytes of the regular file at `path` (a target's file, a state file), judged on the
     file actually opened: opened without following a symbolic link at its name and without
     blocking (a FIFO would block the open until someone writes), then `fstat`-ed: a FIFO, a
     device, a socket, a file over `limit` bytes or, with `owners`, one owned by anyone else
     is refused in one line before a byte is read. A directory raises IsADirectoryError and a
-    missing file FileNotFoundError, as `Path.read_bytes` does."""
+    missing file FileNotFoundError, as `Path.read_bytes` does. `at` (a directory's descriptor
+    and a name in it) opens that name relative to the descriptor, `path` naming it in
+    messages (`handle.TreeHandle.read`)."""
     import errno
 
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+        flags |= getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(at[1], flags, dir_fd=at[0]) if at is not None else os.open(path, flags)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise

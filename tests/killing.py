@@ -159,3 +159,31 @@ class States:
             f"{r.name}={'pristine' if tree_hash(r) == p else 'changed'}"
             for r, p in zip(self.roots, self.pristine, strict=True)
         )
+
+
+def write_patches(hook) -> list[tuple[str, object]]:
+    """(what, replacement) pairs for `monkeypatch.setattr` that run `hook(path, data)` before
+    every file sm120patch writes: a state file, a cache or an output (`files.atomic_write`)
+    and a target's file (`TreeHandle.replace`, through the tree's handle); `hook` raises to
+    make that write fail (a full disk, a denied directory)."""
+    from sm120patch.handle import TreeHandle
+    from sm120patch.targets import files
+
+    real_write, real_replace = files.atomic_write, TreeHandle.replace
+
+    def write(path, data, *args, **kwargs):
+        hook(Path(path), data)
+        return real_write(path, data, *args, **kwargs)
+
+    def replace(self, rel, data):
+        hook(self.shown(rel), data)
+        return real_replace(self, rel, data)
+
+    return [("sm120patch.targets.files.atomic_write", write),
+            ("sm120patch.handle.TreeHandle.replace", replace)]  # fmt: skip
+
+
+def fail_writes(monkeypatch, hook) -> None:
+    """`write_patches(hook)`, set on `monkeypatch`."""
+    for what, replacement in write_patches(hook):
+        monkeypatch.setattr(what, replacement)

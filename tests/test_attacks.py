@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from attackers import Attacker, add_record, attacker_fixture, journal, sha, shared_fixture, upgrade  # noqa: F401 (fixtures)
-from killing import KILL_ENV, TRACE_ENV, cli, command
+from killing import KILL_ENV, TRACE_ENV, cli, command, fail_writes
 from trees import git, make_tree, tree_hash
 
 from sm120patch.engine import store
@@ -727,16 +727,14 @@ def test_a_mistyped_trial_record_is_one_line(trial, needle, tmp_path):
 
 
 def _full_disk_at(n: int, monkeypatch) -> list[int]:
-    real = files.atomic_write
     calls = [0]
 
-    def write(path, data, *args, **kwargs):
+    def write(path, data):
         calls[0] += 1
         if calls[0] == n:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(files, "atomic_write", write)
+    fail_writes(monkeypatch, write)
     return calls
 
 

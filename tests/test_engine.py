@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from killing import command
+from killing import command, fail_writes
 from trees import FLASHINFER_FILES, git, make_tree, tree_hash
 
 from sm120patch.cli import main
@@ -159,20 +159,15 @@ def test_keep_branch(tmp_path):
 def test_failure_in_second_target_rolls_back_the_first(trees, mocker):
     _, sg, fi = trees
     before = hashes(sg, fi)
-    from sm120patch.targets import files
-
-    real = files.atomic_write
-
-    def failing(path, data, mode=None):
+    def failing(path, data):
         if path.name == "comm.py":
             raise OSError(28, "No space left on device")
-        return real(path, data, mode)
 
-    mocker.patch.object(files, "atomic_write", side_effect=failing)
-    code, _, err = cli("apply", "all", *targets(sg, fi), "--no-gpu-check")
+    with pytest.MonkeyPatch.context() as mp:
+        fail_writes(mp, failing)
+        code, _, err = cli("apply", "all", *targets(sg, fi), "--no-gpu-check")
     assert code != 0
     assert "Traceback" not in err
-    mocker.stopall()
     assert hashes(sg, fi) == before
     code, out, _ = cli("status", *targets(sg, fi), "--json")
     assert [(t["profile"], t["unfinished"]) for t in json.loads(out)["targets"]] == [

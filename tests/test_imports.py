@@ -80,6 +80,7 @@ WINGS = (
     "sm120patch",
     "sm120patch.errors",
     "sm120patch.safeio",
+    "sm120patch.handle",
     "sm120patch.patchkit",
     "sm120patch.patches",
     "sm120patch.targets",

@@ -33,10 +33,16 @@ def test_imports_resolve_through_star_imports(tmp_path):
 
 
 class _At:
-    """What `_defines` reads of a target: the directory its package lives in."""
+    """What `_defines` reads of a target: the directory its package lives in, held open."""
 
     def __init__(self, parent):
+        from sm120patch.handle import TreeHandle
+
         self.parent = parent
+        self.handle = TreeHandle(parent)
+
+    def rel(self, file):
+        return file  # the package's parent is the tree's root here
 
 
 def test_defines_fast_path_agrees_with_the_tree(tmp_path):

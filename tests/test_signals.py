@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from killing import KILL_ENV, States, cli, command, run
+from killing import KILL_ENV, States, cli, command, fail_writes, run
 from test_reliability_kill import (
     apply_args,
     assert_settled,
@@ -185,22 +185,18 @@ def test_sigint_to_the_whole_group_at_real_moments(trees, tmp_path):  # noqa: F8
 def test_a_failing_rollback_after_sigint_keeps_its_journal_and_exits_75(tmp_path, monkeypatch):
     """When the rollback itself cannot finish (a full disk), the run says `recover`, exit 75,
     and `recover` finishes once the cause is gone."""
-    from sm120patch.targets import files
-
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     states = States([sg, fi])
-    real = files.atomic_write
     comm = fi / "flashinfer/jit/comm.py"
     pristine = comm.read_bytes()
 
-    def full_on_rollback(path, data, *args, **kwargs):
+    def full_on_rollback(path, data):
         if path == comm and data == pristine:  # the restore, not the patch nor a copy
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, data, *args, **kwargs)
 
     with monkeypatch.context() as mp:
-        mp.setattr("sm120patch.targets.files.atomic_write", full_on_rollback)
+        fail_writes(mp, full_on_rollback)
         # In this process: the hook signals this process only, and the engine defers it.
         mp.setenv(SIGNAL_ENV, "after-write:3")  # the last write: FlashInfer's comm.py
         mp.setattr("sm120patch.engine.interrupts._passed", {})  # count the steps of this run only

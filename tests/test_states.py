@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from killing import command
+from killing import command, fail_writes
 from trees import git, make_tree, tree_hash
 
 from sm120patch import targets
 from sm120patch.cli import main
 from sm120patch.engine import store
-from sm120patch.targets import files
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 COMM = "flashinfer/jit/comm.py"
@@ -605,17 +604,14 @@ def test_an_unwritable_directory_during_recover_is_one_line(tmp_path, monkeypatc
         capture_output=True,
     )
     assert proc.returncode == -9
-    real = files.atomic_write
-
-    def refused(path, data, *args, **kwargs):
+    def refused(path, data):
         if path.name == "server_args.py":  # the restore of the pristine bytes
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(files, "atomic_write", refused)
-    code, _, err = cli("recover", "--sglang", str(sg))
+    with pytest.MonkeyPatch.context() as mp:
+        fail_writes(mp, refused)
+        code, _, err = cli("recover", "--sglang", str(sg))
     assert code in (1, 75) and "internal error" not in err and "Traceback" not in err, err
     assert "Permission denied" in err and "recover" in err
-    monkeypatch.setattr(files, "atomic_write", real)
     assert cli("recover", "--sglang", str(sg))[0] == 0
     assert status_of("--sglang", str(sg))["sglang"]["state"] == "pristine"

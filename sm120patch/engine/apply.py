@@ -48,7 +48,7 @@ from sm120patch.patchkit.facts import Status
 from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target, procscan
-from sm120patch.targets.files import file_sha256, read_regular, sha256
+from sm120patch.targets.files import sha256
 from sm120patch.targets.resolved import Given, resolved
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ def _preflight(
             continue
         for f in tp.changed:
             with _noted_if(reading, prep.notes):
-                check_writable(ctx.path(tp.target.rel(f.file)))
+                check_writable(ctx, tp.target.rel(f.file))
         prep.branches[ctx.target.kind] = ctx.layout.patch_branch(profile.name)
     return prep
 
@@ -246,7 +246,7 @@ def _candidate_files(cat: catalog.Catalog, profile: catalog.Profile, target: Tar
         for p in cat.patches_of(profile)
         if p.target == target.kind
         for f in p.files
-        if target.path_of(f).exists()
+        if target.handle.exists(target.rel(f))
     }
     return sorted(rels)
 
@@ -326,6 +326,7 @@ def apply_runs(
                           seen=seen)  # fmt: skip
         if prep.nothing_to_do:
             for ctx in prep.stale:
+                ctx.verify()  # the state goes by path: only while it names the tree found
                 # The new release needs nothing (upstream has it): the old record goes.
                 ctx.state.remove_manifest()
                 ctx.state.drop_copies()
@@ -386,6 +387,10 @@ def _record_needs_nothing(prep: Prepared, lock: Lock | None) -> tuple[list[str],
                 "recorded"
             )
             continue
+        if (moved := ctx.tree.moved()) is not None:
+            # The path names another tree now: no record (the next run plans it again).
+            unrecorded[ctx.target.kind] = f"{moved}: nothing was recorded"
+            continue
         ctx.state.write_manifest(
             Manifest(
                 profile=prep.profile.name,
@@ -413,7 +418,7 @@ def _checked_files(
     None when a file the plan read has other bytes now than it read."""
     modules = sorted({f for p in cat.patches_of(profile) if p.target == target.kind
                       for f in p.files})  # fmt: skip
-    now = {m: file_sha256(target.path_of(m)) for m in modules}
+    now = {m: target.handle.sha256(target.rel(m)) for m in modules}
     for f in tp.files:
         if f.file and now.get(f.file) != sha256(f.before.encode("utf-8")):
             return None
@@ -436,6 +441,9 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
     profile = prep.profile
     tplans = {tp.target.kind: tp for tp in plan.targets}
     work = [(ctx, tplans[ctx.target.kind]) for ctx in prep.ctxs if tplans[ctx.target.kind].changed]
+    for ctx in prep.ctxs:
+        # The transaction's start: every path still names the tree found, or nothing is written.
+        ctx.verify()
     for ctx in prep.stale:
         # The record of a patch that is gone (or of another release) describes nothing on
         # disk: dropping it loses nothing, and a kill from here leaves the true state.
@@ -467,7 +475,7 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
                 interrupts.kill_point("after-manifest")
         except BaseException as exc:
             guard.rolling_back()  # [signals] nothing aborts the rollback
-            _roll_back_all([ctx for ctx, _ in work], exc)
+            _roll_back_all([ctx for ctx, _ in work], exc, profile.name)
             if isinstance(exc, OSError):
                 raise Refused(
                     f"apply failed writing {exc.filename or 'a file'}: {exc.strerror}; "
@@ -478,6 +486,7 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
         # Every manifest is written: the apply is committed (see the module's docstring).
         guard.commit()  # [signals] from here a signal no longer rolls back
         for ctx, _ in work:
+            ctx.verify()
             ctx.state.close_journal()
             interrupts.kill_point("after-close")
     for r in reports:
@@ -485,10 +494,17 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
     return Report(Action.APPLIED, profile.name, reports, outcomes=plan.outcomes, plan=plan)
 
 
-def _roll_back_all(ctxs: list[TargetRun], cause: BaseException) -> None:
-    """Undo every target that has a journal of this run; if that fails too, say so."""
+def _roll_back_all(ctxs: list[TargetRun], cause: BaseException, profile: str) -> None:
+    """Undo every target that has a journal of this run; if that fails too, say so. A target
+    whose path names another tree now is rolled back through its handle alone (`moved`)."""
+    moved: list[tuple[TargetRun, str]] = []
     for ctx in reversed(ctxs):
         try:
+            why = ctx.tree.moved()
+            if why is not None:
+                ctx.layout.undo_own_writes()
+                moved.append((ctx, why))
+                continue
             journal = ctx.state.journal()
             if journal is not None:
                 rollback_apply(ctx, journal)
@@ -497,6 +513,25 @@ def _roll_back_all(ctxs: list[TargetRun], cause: BaseException) -> None:
                 f"apply failed ({cause}) and rolling back {ctx.target.root} failed too ({exc})",
                 "the journal is kept: fix the cause, then run `sm120patch recover`",
             ) from exc
+    if moved:
+        raise _moved(*moved[0], profile)
+
+
+def _moved(ctx: TargetRun, why: str, profile: str) -> Refused:
+    """The one line for a target whose path was swapped for another tree during the apply:
+    nothing went through the new path; the tree found keeps its journal (its state and git
+    are reached by path), which `recover` pointed at it finishes."""
+    import shlex
+
+    t, now = ctx.target, ctx.tree.where_now()
+    done = "was put back" if ctx.layout.keeps_pristine() else "stays on its patch branch there"
+    return Refused(
+        f"{t.root} was replaced while sm120patch applied {profile} ({why} now): nothing was "
+        f"written through the new path; what the apply wrote in the tree it found {done}",
+        f"that tree, now at {now}, keeps the apply's journal: `sm120patch recover --{t.kind} "
+        f"{shlex.quote(str(now))}` finishes it" if now is not None
+        else "that tree was deleted since: nothing is left to finish there",
+    )  # fmt: skip
 
 
 def _start_apply(
@@ -511,7 +546,7 @@ def _start_apply(
     for f in tp.changed:
         rel = tp.target.rel(f.file)
         path = ctx.path(rel)
-        data = read_regular(path)
+        data = ctx.tree.read(rel)
         planned = sha256(f.before.encode("utf-8"))
         if sha256(data) != planned:
             # Read again for the journal: an install that landed since the plan must not get a
@@ -521,9 +556,11 @@ def _start_apply(
                 "nothing was changed",
                 "run the apply again once nothing else is writing the tree",
             )
+        st = ctx.tree.lstat(rel)
+        assert st is not None  # just read
         files.append(
             FileRecord(rel, f.file, planned, sha256(f.after.encode("utf-8")),
-                       path.stat().st_mode & 0o7777)  # fmt: skip
+                       st.st_mode & 0o7777)  # fmt: skip
         )
         ctx.layout.originals[rel] = data  # a rollback in this run restores what it read
     journal = Journal(
@@ -541,10 +578,15 @@ def _start_apply(
         git=ctx.layout.base(branch) if branch else None,
     )
     # The journal comes first: a kill while copying then finds the files still pristine.
+    ctx.verify()  # the state goes by path: only while it names the tree found
     ctx.state.write_journal(journal)
     if ctx.layout.keeps_pristine():
         for record in files:
-            ctx.state.keep_copy("pristine", record.path, read_regular(ctx.path(record.path)))
+            # The bytes read and checked above, never read again: a swap between that check
+            # and a second read would make the copy another file's.
+            interrupts.hook("before-copy")
+            ctx.verify()
+            ctx.state.keep_copy("pristine", record.path, ctx.layout.originals[record.path])
             interrupts.kill_point("after-copy")
     interrupts.kill_point("after-journal")
     return journal
@@ -576,6 +618,7 @@ def _write_target(
         if commit is not None:
             report.commits.append(commit)
             interrupts.kill_point("after-commit")
+    ctx.verify()
     for f in tp.changed:
         rel = tp.target.rel(f.file)
         ctx.state.keep_copy("patched", rel, f.after.encode("utf-8"))
@@ -593,7 +636,7 @@ def _verify(ctx: TargetRun, tp: plans.TargetPlan, lock: Lock | None) -> None:
         locked = {f.path: f.after for f in lock.files if f.target == ctx.target.kind}
     for f in tp.changed:
         path = ctx.path(tp.target.rel(f.file))
-        data = read_regular(path)
+        data = ctx.tree.read(tp.target.rel(f.file))
         if data != f.after.encode("utf-8"):
             raise Refused(
                 f"verify: {path} does not hold the planned text after writing",
@@ -617,6 +660,7 @@ def _write_manifest(
 ) -> None:
     from dataclasses import replace
 
+    ctx.verify()
     git = journal.git
     manifest = Manifest(
         profile=journal.profile,
@@ -640,7 +684,8 @@ def rollback_apply(ctx: TargetRun, journal: Journal) -> None:
     ctx.layout.roll_back(journal.files, journal.git)
     if not ctx.layout.keeps_pristine():
         # Git put the files back (the branch switch); check it did, byte for byte.
-        check_restored(ctx, journal.files)
+        check_restored(ctx, ctx.layout.of_this_run(journal.files))
+    ctx.verify()  # the state goes by path
     manifest = ctx.state.manifest() if (ctx.state.dir / store.MANIFEST).exists() else None
     if manifest is not None and same_run(manifest, journal):
         ctx.state.remove_manifest()

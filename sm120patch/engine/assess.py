@@ -30,8 +30,7 @@ from sm120patch.engine.records import FileRecord, Journal, Manifest
 from sm120patch.engine.store import TargetState
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Sm120Error
-from sm120patch.targets import Target, files, git
-from sm120patch.targets.files import file_sha256
+from sm120patch.targets import Target, git
 from sm120patch.targets.resolved import Given, Resolved, resolved
 
 
@@ -221,7 +220,7 @@ def _needs_nothing(target: Target, manifest: Manifest) -> Assessment:
     changed = [
         f.path
         for f in manifest.checked
-        if file_sha256(files.inside(target.root, f.path)) != f.sha256
+        if target.handle.sha256(f.path) != f.sha256
     ]
     if changed:
         return Assessment(
@@ -264,7 +263,7 @@ def _files(target: Target, manifest: Manifest) -> tuple[FileState, ...]:
     record = targets.record_hashes(target)
     out = []
     for f in manifest.files:
-        now = file_sha256(files.inside(target.root, f.path))
+        now = target.handle.sha256(f.path)  # through the tree found, never a path again
         # Against the manifest alone; the RECORD's word is reported beside it (`as_installed`).
         word = file_verdict(f, now)
         installed = record.get(f.module)

@@ -216,10 +216,23 @@ TRACE_ENV = "SM120PATCH_TRACE_STEPS"
 _passed: dict[str, int] = {}
 
 
+# In-process test hooks: a callable the tests set for a step (a kill point's name, or a point
+# between a check and its use such as "before-copy"), run there only with TEST_HOOKS on. The
+# race tests swap a directory for a link there, as an attacker's inotify loop would.
+HOOKS: dict[str, Callable[[], None]] = {}
+
+
+def hook(step: str) -> None:
+    """Run the test's callable for `step` (TEST_HOOKS only; never from the environment)."""
+    if TEST_HOOKS and step in HOOKS:
+        HOOKS[step]()
+
+
 def kill_point(step: str) -> None:
     if not TEST_HOOKS:
         checkpoint()  # [signals] a deferred SIGINT stops an apply here
         return
+    hook(step)
     count = _passed[step] = _passed.get(step, 0) + 1
     trace = os.environ.get(TRACE_ENV)
     if trace:

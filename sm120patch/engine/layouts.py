@@ -18,7 +18,6 @@ prints.
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,8 +29,8 @@ from sm120patch.engine.records import FileRecord, GitBase, Journal
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
 from sm120patch.patchkit.runner import FileResult
-from sm120patch.targets import Target, files, git, record_hashes
-from sm120patch.targets.files import file_sha256, read_regular, sha256
+from sm120patch.targets import Target, git, record_hashes
+from sm120patch.targets.files import sha256
 
 # Path -> the bytes a revert leaves there (None: none to be had).
 Restored = dict[str, bytes | None]
@@ -56,6 +55,7 @@ class TargetLayout(Protocol):
     def begin(self, patch_branch: str | None) -> bool: ...
     def write(self, rel: str, text: str) -> None: ...
     def record_step(self, rel: str, message: str) -> str | None: ...
+    def of_this_run(self, files: tuple[FileRecord, ...]) -> tuple[FileRecord, ...]: ...
     def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
     def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
     def changes_since_apply(self, git: GitBase | None) -> list[str]: ...
@@ -66,6 +66,7 @@ class TargetLayout(Protocol):
     def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored: ...
     def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]: ...
     def restore_pristine(self, touched: tuple[FileRecord, ...]) -> None: ...
+    def undo_own_writes(self) -> None: ...
 
 
 class InstalledLayout:
@@ -74,15 +75,20 @@ class InstalledLayout:
     def __init__(self, target: Target, st: TargetState) -> None:
         self.target = target
         self.state = st
+        # The tree as found, held open: every read and write of its files goes through it.
+        self.tree = target.handle
         # The bytes this very run read from the target before writing (rel -> bytes): what
         # an apply that fails rolls back to, read from the tree, not from the state.
         self.originals: dict[str, bytes] = {}
         # What a restore left alone, for the report (a deleted file is not created again).
         self.notes: list[str] = []
+        # The files this run replaced: all that an in-run rollback has to put back.
+        self.written: set[str] = set()
         self._record: dict[str, str] | None = None
 
     def path(self, rel: str) -> Path:
-        return files.inside(self.target.root, rel)
+        """`rel`'s path, for messages (files are reached through `tree`)."""
+        return self.tree.shown(rel)
 
     def released(self, f: FileRecord) -> str | None:
         """The sha256 of the file as its release installed it (the dist-info RECORD), or None
@@ -141,22 +147,32 @@ class InstalledLayout:
 
     def write(self, rel: str, text: str) -> None:
         """One planned text into the target, atomically, with the file's mode bits kept; the
-        stale bytecode of the module goes with the old text."""
-        path = self.path(rel)
-        files.replace_file(path, text.encode("utf-8"))  # its mode (never setuid) and owner kept
-        files.drop_pycache(path)
+        stale bytecode of the module goes with the old text. Only while the path still names
+        the tree found (`verify`), and through its handle."""
+        self.tree.verify()
+        self.tree.replace(rel, text.encode("utf-8"))  # its mode (never setuid) and owner kept
+        self.written.add(rel)  # replaced (the rename is its last step that can fail)
+        self.tree.drop_pycache(rel)
 
     def record_step(self, rel: str, message: str) -> str | None:
         return None
 
+    def of_this_run(self, files: tuple[FileRecord, ...]) -> tuple[FileRecord, ...]:
+        """What a rollback puts back: in the run that wrote, the files it wrote (one it never
+        wrote holds what it read, and a link swapped in above it since is not followed to
+        look); in another (`recover`), every file of the journal."""
+        if not self.originals:
+            return files
+        return tuple(f for f in files if f.path in self.written)
+
     def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
-        self.restore_pristine(files)
+        self.restore_pristine(self.of_this_run(files))
 
     # ---- revert -----------------------------------------------------------------------
     def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
         """Before the journal: every file not back to the release has a pristine copy to restore."""
         for f in files:
-            now = file_sha256(self.path(f.path))
+            now = self.tree.sha256(f.path)
             if file_verdict(f, now, self.released(f)) in ("missing", "pristine"):
                 continue  # a deleted file is reported, never created; the release's is there
             copy = self.state.copy("pristine", f.path)
@@ -187,12 +203,11 @@ class InstalledLayout:
         where the file is not pristine already."""
         out: Restored = {}
         for f in files:
-            path = self.path(f.path)
-            verdict = file_verdict(f, file_sha256(path), self.released(f))
+            verdict = file_verdict(f, self.tree.sha256(f.path), self.released(f))
             if verdict == "missing":
                 out[f.path] = None  # deleted: a revert does not create it again
             elif verdict == "pristine":
-                out[f.path] = read_regular(path)
+                out[f.path] = self.tree.read(f.path)
             else:
                 try:
                     out[f.path] = self.pristine_bytes(f)
@@ -206,19 +221,34 @@ class InstalledLayout:
     def restore_pristine(self, touched: tuple[FileRecord, ...]) -> None:
         for f in touched:
             path = self.path(f.path)
-            if not os.path.lexists(path):
+            if not self.tree.exists(f.path):
                 note = f"{path} was deleted; sm120patch does not create it again (reinstall "
                 note += f"{self.target.name} {self.target.version} to get it back)"
                 if note not in self.notes:
                     self.notes.append(note)
                 continue
-            if file_verdict(f, file_sha256(path), self.released(f)) == "pristine":
+            if file_verdict(f, self.tree.sha256(f.path), self.released(f)) == "pristine":
                 continue  # already the release's bytes
+            own = self.originals.get(f.path)
+            if own is None or sha256(own) != f.before:
+                # Bytes from the state directory (read by path) go only into the tree that
+                # path still names; what this run read through the handle goes back through it.
+                self.tree.verify()
             data = self.pristine_bytes(f)
             # Over the file that is there, with its own mode: never a mode from the state.
-            files.replace_file(path, data)
-            files.drop_pycache(path)
+            self.tree.replace(f.path, data)
+            self.tree.drop_pycache(f.path)
             interrupts.kill_point("after-write")
+
+    def undo_own_writes(self) -> None:
+        """The tree's path names another tree now (`TreeMoved`): put back, through the
+        handle only, the bytes this run read there before writing; the state directory,
+        reached by path, is left as it is (its journal stays in the tree moved aside)."""
+        for rel in sorted(self.written):
+            data = self.originals[rel]
+            if self.tree.sha256(rel) not in (None, sha256(data)):
+                self.tree.replace(rel, data)
+                self.tree.drop_pycache(rel)
 
 
 class GitLayout(InstalledLayout):
@@ -268,10 +298,12 @@ class GitLayout(InstalledLayout):
 
     def begin(self, patch_branch: str | None) -> bool:
         assert patch_branch is not None
+        self.tree.verify()  # git goes by path: only while it names the tree found
         self.repo.create_branch_here(patch_branch, reset=self.repo.branch_exists(patch_branch))
         return True
 
     def record_step(self, rel: str, message: str) -> str | None:
+        self.tree.verify()
         return self.repo.commit([rel], message)
 
     def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
@@ -279,10 +311,15 @@ class GitLayout(InstalledLayout):
             return
         current, _ = self.repo.head()
         if current == git.patch_branch:
-            self._switch_back(files, git)
+            self._switch_back(self.of_this_run(files), git)
+        self.tree.verify()
         self.repo.delete_branch(git.patch_branch)
 
     # ---- revert -----------------------------------------------------------------------
+    def undo_own_writes(self) -> None:
+        """The branch and commits are git's, reached by path only: the checkout moved aside
+        keeps them with its journal, and `recover` there rolls them back by git."""
+
     def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
         """Before the journal: the revert can be finished by git alone."""
         if git is None:
@@ -345,6 +382,7 @@ class GitLayout(InstalledLayout):
         run and every git process in the repository are provably gone; then git must be idle
         (no merge or rebase under way) for recover to go on."""
         owner = (journal.pid, journal.pid_start, journal.boot_id)
+        self.tree.verify()  # git's locks are removed by path
         notes = [
             f"{self.target.at}: removed {lock}, left by a killed git"
             for lock in self.repo.settle_after_kill(*owner)
@@ -379,14 +417,17 @@ class GitLayout(InstalledLayout):
             return [
                 f"kept branch {git.patch_branch}: it has commits that are not sm120patch's"
             ]
+        self.tree.verify()
         self.repo.delete_branch(git.patch_branch)
         return []
 
     def _switch_back(self, files: tuple[FileRecord, ...], git: GitBase) -> None:
         # Reset our files to the patch branch so the switch is clean (a revert with edits
         # there got --force); other dirty files ride along untouched.
-        self.repo.discard([f.path for f in files if self.path(f.path)])
+        self.tree.verify()
+        self.repo.discard([f.path for f in files])
         interrupts.kill_point("during-switch")
+        self.tree.verify()
         self.repo.switch(git.branch, git.head)
         interrupts.kill_point("after-switch")
 
@@ -394,8 +435,7 @@ class GitLayout(InstalledLayout):
         """Every touched file equals the checked-out branch's content (git restored it)."""
         for f in files:
             blob = self.repo.show("HEAD", f.path)
-            now = self.path(f.path)
-            data = read_regular(now) if now.is_file() else None
+            data = self.tree.read(f.path) if self.tree.is_regular(f.path) else None
             if blob != data:
                 branch, head = self.repo.head()
                 root = shlex.quote(str(self.target.root))

@@ -32,6 +32,8 @@ def recover(given: Given) -> Report:
     with locked(ctxs):
         journals: dict[str, Journal | None] = {c.target.kind: c.state.journal() for c in ctxs}
         _check_evidence(ctxs, journals)  # before anything changes: a refusal changes nothing
+        for ctx in ctxs:
+            ctx.verify()  # the transaction's start: every path still names the tree found
         with interrupts.critical(  # [signals] recover is finished, never cut short
             "recover",
             None,

@@ -4,6 +4,7 @@ after a kill (every target's journal is written before anything changes)."""
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from sm120patch import __version__
@@ -24,7 +25,7 @@ from sm120patch.engine.run import (
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog
-from sm120patch.targets import files, procscan
+from sm120patch.targets import procscan
 from sm120patch.targets.resolved import Given, resolved
 
 
@@ -43,6 +44,8 @@ def revert(
         todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
         if nothing is not None:
             return nothing
+        for ctx in ctxs:
+            ctx.verify()  # the transaction's start: every path still names the tree found
         for ctx, found_state in stale:
             # Never write one release's bytes into another, nor pristine bytes over a branch:
             # the patch is already gone, only its record is left.
@@ -109,6 +112,7 @@ def _write_journals(
                 keep_branch=keep_branch,
             )
             journals.append((ctx, journal))
+            ctx.verify()
             ctx.state.write_journal(journal)
             interrupts.kill_point("after-journal")
     except OSError:
@@ -144,8 +148,7 @@ def revert_dry_run(
         report = TargetReport(ctx.target, state=assess.State.PRISTINE)
         restored = ctx.layout.restores(manifest.files, manifest.git)
         for f in manifest.files:
-            now = ctx.path(f.path)
-            data = files.read_regular(now) if now.is_file() else b""
+            data = ctx.tree.read(f.path) if ctx.tree.is_regular(f.path) else b""
             after = restored[f.path]
             report.files.append(ReportedFile(f.path, "pristine"))
             if after is not None and after != data:
@@ -201,7 +204,7 @@ def _revert_preflight(
     for ctx, manifest in todo:
         _preflight(ctx, manifest, force)
         for f in manifest.files:
-            check_writable(ctx.path(f.path), regular=False)
+            check_writable(ctx, f.path, regular=False)
     return todo, stale, None
 
 
@@ -223,28 +226,26 @@ def _preflight(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
     """Refuse before any journal is written: the manifest checked as evidence, every file it
     names a regular file, edits since the apply (unless `force`), and whether the layout can
     restore every file (`check_can_restore`), so a revert never stops halfway."""
-    from sm120patch.targets.files import file_sha256
-
     check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
                    kind=manifest.target.kind)  # fmt: skip
     for f in manifest.files:
-        path = ctx.path(f.path)
-        if path.is_symlink() or (path.exists() and not path.is_file()):
+        st = ctx.tree.lstat(f.path)
+        if st is not None and not stat.S_ISREG(st.st_mode):
             raise Refused(
                 f"{ctx.target.at}: the state of the apply names {f.path}, which is not a "
                 "regular file",
                 f"inspect {ctx.state.dir / store.MANIFEST}; if it is damaged, move it aside",
             )
     def unchanged(f: FileRecord) -> bool:
-        now = file_sha256(ctx.path(f.path))
+        now = ctx.tree.sha256(f.path)
         return assess.file_verdict(f, now, ctx.layout.released(f)) in ("patched", "pristine")
 
     changed = [f for f in manifest.files if not unchanged(f)]
     problems = []
-    missing = [f.path for f in changed if not ctx.path(f.path).exists()]
+    missing = [f.path for f in changed if not ctx.tree.exists(f.path)]
     if missing:
         problems.append("deleted since the apply: " + ", ".join(missing))
-    drifted = [f for f in changed if ctx.path(f.path).exists()]
+    drifted = [f for f in changed if ctx.tree.exists(f.path)]
     if drifted:
         problems.append(_drift_diff(ctx, drifted))
     git = manifest.git
@@ -265,7 +266,7 @@ def _drift_diff(ctx: TargetRun, drifted: list[FileRecord]) -> str:
     out: list[str] = []
     for f in drifted:
         ours = (ctx.state.copy("patched", f.path) or b"").decode("utf-8", "replace")
-        now = files.read_regular(ctx.path(f.path)).decode("utf-8", "replace")
+        now = ctx.tree.read(f.path).decode("utf-8", "replace")
         out.extend(
             difflib.unified_diff(
                 ours.splitlines(True),
@@ -292,6 +293,7 @@ def finish_revert(ctx: TargetRun, journal: Journal) -> tuple[TargetReport, list[
     for f in manifest.files:
         report.files.append(ReportedFile(f.path, "pristine"))
     interrupts.kill_point("before-manifest")
+    ctx.verify()  # the state goes by path
     ctx.state.remove_manifest()
     interrupts.kill_point("after-manifest")
     ctx.state.drop_copies()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from sm120patch.engine import assess
 from sm120patch.engine.assess import Assessment
@@ -16,7 +17,7 @@ from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, not_writable
 from sm120patch.plan import catalog
-from sm120patch.targets import Target, files, procscan
+from sm120patch.targets import Target, procscan
 
 
 class TargetRun:
@@ -24,6 +25,8 @@ class TargetRun:
 
     def __init__(self, target: Target) -> None:
         self.target = target
+        # The tree as found, held open: every read and write of its files goes through it.
+        self.tree = target.handle
         self.state = TargetState.of(target.root, target.layout, target.kind)
         self._layout: TargetLayout | None = None
 
@@ -35,7 +38,13 @@ class TargetRun:
         return self._layout
 
     def path(self, rel: str) -> Path:
-        return files.inside(self.target.root, rel)
+        """`rel`'s path, for messages (files are reached through `tree`)."""
+        return self.tree.shown(rel)
+
+    def verify(self) -> None:
+        """Refuse when the path found names another tree now (TreeMoved): before the state
+        or git is written by path, and before each write through the handle."""
+        self.tree.verify()
 
     def peer(self) -> Peer:
         t = self.target
@@ -103,19 +112,22 @@ def refuse_unfinished(ctxs: list[TargetRun]) -> None:
             )
 
 
-def check_writable(path: Path, *, regular: bool = True) -> None:
+def check_writable(ctx: TargetRun, rel: str, *, regular: bool = True) -> None:
     """Before the journal: a file the run will write can be written (as a regular file unless
-    `regular` is false: a revert puts the file back whatever is there now)."""
-    if regular and path.is_symlink():
+    `regular` is false: a revert puts the file back whatever is there now), looked at through
+    the tree's handle."""
+    path = ctx.path(rel)
+    st = ctx.tree.lstat(rel)
+    if regular and st is not None and stat.S_ISLNK(st.st_mode):
         raise Refused(
             f"{path} is a symbolic link; sm120patch writes regular files only",
             "replace the link by the file it points to, or patch the tree it points into",
         )
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # a directory deleted with the file: made again where it was
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise not_writable("cannot write in", parent, "permission denied")
+    parent = PurePosixPath(rel).parent
+    while parent != PurePosixPath(".") and not ctx.tree.exists(parent.as_posix()):
+        parent = parent.parent  # a directory deleted with the file: nothing is written there
+    if not ctx.tree.writable(parent.as_posix()):
+        raise not_writable("cannot write in", ctx.path(parent.as_posix()), "permission denied")
 
 
 def check_evidence(
@@ -170,10 +182,8 @@ def start_time() -> str | None:
 
 
 def check_restored(ctx: TargetRun, files: tuple[FileRecord, ...]) -> None:
-    from sm120patch.targets.files import file_sha256
-
     for f in files:
-        if assess.file_verdict(f, file_sha256(ctx.path(f.path))) != "pristine":
+        if assess.file_verdict(f, ctx.tree.sha256(f.path)) != "pristine":
             raise Refused(
                 f"{ctx.target.at}: after rolling back, {f.path} does not have its original "
                 "bytes",
@@ -192,5 +202,5 @@ def same_run(manifest: Manifest, journal: Journal) -> bool:
 def remove_temps(ctx: TargetRun, touched: tuple[FileRecord, ...]) -> None:
     """A run killed inside a write leaves a temp file next to the file: not the user's."""
     for f in touched:
-        files.remove_temps(ctx.path(f.path))
+        ctx.tree.remove_temps(f.path)
     ctx.state.remove_temps()

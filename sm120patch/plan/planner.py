@@ -19,7 +19,6 @@ from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
-from sm120patch.targets.files import read_regular
 from sm120patch.targets.resolved import Given, resolved
 
 # (patches, file, text): one call of `transform_text`.
@@ -214,9 +213,9 @@ def _prepare(
     def read(rel: str) -> str | None:
         if rel not in texts:
             texts[rel] = None
-            path = target.path_of(rel)
+            path = target.path_of(rel)  # named in messages; read through the tree's handle
             try:
-                data = read_regular(path)
+                data = target.handle.read(target.rel(rel))
             except FileNotFoundError:
                 return None
             except OSError as exc:
@@ -292,11 +291,11 @@ def _defines(target: Target, module: str, name: str, depth: int) -> bool:
     import ast
     import re
 
-    base = target.parent.joinpath(*module.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        try:
-            data = path.read_bytes()
-        except OSError:
+    base = "/".join(module.split("."))
+    for file in (f"{base}.py", f"{base}/__init__.py"):
+        try:  # through the tree's handle: no link followed, no FIFO waited on
+            data = target.handle.read(target.rel(file))
+        except (OSError, Refused):
             continue
         # Fast path: a top-level `def name(`, `class name` or `name = ...` outside a triple-quoted
         # string is a binding; anything else needs the tree (40 ms for sglang's utils/common.py).
@@ -313,7 +312,7 @@ def _defines(target: Target, module: str, name: str, depth: int) -> bool:
             tree = ast.parse(data)
         except (SyntaxError, ValueError):
             continue
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        package = module if file.endswith("/__init__.py") else module.rpartition(".")[0]
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 if node.name == name:

@@ -19,12 +19,13 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from sm120patch.errors import Refused, UsageError
+from sm120patch.handle import TreeHandle
 from sm120patch.patchkit import versions
 from sm120patch.patchkit.kinds import TARGETS, Kind
 from sm120patch.safeio import clean_command, git_env, read_regular, user_name
@@ -59,6 +60,7 @@ class Target:
     layout: Layout
     version: str
     version_source: str
+    handle: TreeHandle = field(compare=False, repr=False)  # the root, held open (handle.py)
 
     @property
     def name(self) -> str:
@@ -159,10 +161,8 @@ def _describe(kind: str, package_dir: Path) -> Target:
     parent = package_dir.parent
     git_root = checkout_root(package_dir)
     layout = Layout.GIT if git_root is not None else Layout.INSTALLED
-    if git_root is not None:
-        version, source = _checkout_version(kind, package_dir, git_root)
-    else:
-        version, source = _installed_version(kind, package_dir)
+    version, source = (_checkout_version(kind, package_dir, git_root) if git_root is not None
+                       else _installed_version(kind, package_dir))  # fmt: skip
     version, source = _stated_or(kind, version, source)
     return Target(
         kind=Kind(kind),
@@ -172,6 +172,7 @@ def _describe(kind: str, package_dir: Path) -> Target:
         layout=layout,
         version=version,
         version_source=source,
+        handle=TreeHandle(git_root or parent),
     )
 
 

@@ -1,6 +1,7 @@
 """File primitives: hashes, atomic writes, paths read from state, and who may write a path.
 
-Every write into a target, a state directory, a cache or an output the user named is an atomic
+A target's own files are read and written through its handle (`sm120patch.handle`), the same
+way. Every write into a state directory, a cache or an output the user named is an atomic
 replace (a temp file made with O_EXCL next to the name, fsync, rename): a kill leaves the old
 file or the new one, and a symbolic link at the name is replaced, never followed. What the
 tool trusts (its state, its caches, patch packs) must be writable by no one but the user it
@@ -16,26 +17,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sm120patch.errors import Refused, UsageError
+from sm120patch.handle import NEVER_SET, TMP_SUFFIX  # one name for temps, one rule for bits
 from sm120patch.safeio import read_regular as read_regular  # where targets/ and above read files
 from sm120patch.safeio import user_name
-
-TMP_SUFFIX = ".sm120patch-tmp"
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: Path) -> str | None:
-    try:
-        return sha256(read_regular(path))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None  # not the file we wrote: reported as such, never a traceback
-
-
-# Bits a write never sets, whatever the file or the record says: setuid, setgid, sticky, and
-# writable by others.
-NEVER_SET = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
 
 
 def atomic_write(
@@ -76,25 +64,6 @@ def atomic_write(
         fsync_dir(path.parent)
 
 
-def replace_file(path: Path, data: bytes) -> None:
-    """Write `data` over the regular file at `path`, a file of a target: it must be there (a
-    path that is not is never created) and not a symbolic link; it keeps its permission bits
-    (less setuid, setgid and world-writable, never set) and, when root writes, its owner."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise Refused(
-            f"{path} does not exist (deleted?); sm120patch never creates a file in a target",
-            "reinstall the release (or check the file out again), then run sm120patch again",
-        ) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise Refused(
-            f"{path} is not a regular file; sm120patch writes regular files only",
-            "replace it by the release's file, then run sm120patch again",
-        )
-    atomic_write(path, data, mode=st.st_mode, owner=(st.st_uid, st.st_gid))
-
-
 def _new_temp(path: Path) -> tuple[int, Path]:
     """A new file next to `path` named for `remove_temps`, as `tempfile.mkstemp` makes it
     (O_EXCL, mode 0600), without importing tempfile and shutil (2 ms on every command)."""
@@ -105,17 +74,6 @@ def _new_temp(path: Path) -> tuple[int, Path]:
             return os.open(tmp, flags, 0o600), tmp
         except FileExistsError:  # 48 random bits: a clash is a stale temp of that very name
             continue
-
-
-def drop_pycache(path: Path) -> None:
-    """Stale bytecode of a module we rewrote must not outlive it."""
-    cache = path.parent / "__pycache__"
-    if cache.is_dir() and not cache.is_symlink():
-        for pyc in cache.glob(f"{path.stem}.*.pyc"):
-            try:
-                pyc.unlink()
-            except FileNotFoundError:
-                pass
 
 
 def fsync_dir(directory: Path) -> None:
