@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -98,6 +99,9 @@ def _retry(cmd: list[str]) -> None:
     raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
 
 
+_MADE = itertools.count()
+
+
 @pytest.fixture(scope="session", name="attacker")
 def attacker_fixture():
     """A fresh local user (its own group, and a second group `group` to share trees through),
@@ -112,7 +116,9 @@ def attacker_fixture():
     import grp
     import pwd
 
-    tag = f"{os.getpid() % 100000:05d}"
+    # Two test modules import this fixture, so a session may make two users: the pid alone
+    # would name both alike.
+    tag = f"{os.getpid() % 100000:05d}{next(_MADE)}"
     name, group = f"sm120a{tag}", f"sm120g{tag}"
     _retry(["groupadd", group])
     try:
