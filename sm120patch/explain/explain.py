@@ -114,9 +114,9 @@ def write_overlay(texts: Mapping[str, str | bytes], directory: Path) -> dict[str
 
 # ----------------------------------------------------------------------------- the readers
 
-# Reading the declarations parses the readers' text (`Explain.problems`), and CPython's `ast`
-# is not safe in two threads at once ("AST constructor recursion depth mismatch").
-_DECLARING = threading.Lock()
+# Checking a declaration parses its reader's text (`Explain.problems`), and CPython's `ast` is
+# not safe in two threads at once ("AST constructor recursion depth mismatch", 3.11).
+_PARSING = threading.Lock()
 # The keys of the probe's result that are its own (probe.py, `run`): no reader may take them.
 PROBE_KEYS = frozenset({"python", "torch", "simulate", "device", "capability", "sglang",
                         "flashinfer", "predicates", "launches", "fatal"})
@@ -129,12 +129,13 @@ def declared() -> list[tuple[Patch, Explain]]:
     from sm120patch.patchkit.model import TARGETS
     from sm120patch.plan import catalog
 
-    cat = catalog.load()
+    cat = catalog.load()  # every patch's target is one of TARGETS (the catalog checks)
     found = sorted(((p, p.explain) for p in cat.patches.values() if p.explain is not None),
-                   key=lambda pe: TARGETS.index(pe[0].target) if pe[0].target in TARGETS else 9)
+                   key=lambda pe: TARGETS.index(pe[0].target))
     taken: dict[str, str] = {}
     for patch, reader in found:
-        problems = reader.problems()
+        with _PARSING:  # callers probe from threads; `ast` must not parse in two at once
+            problems = reader.problems()
         for key in dict.fromkeys((reader.name, reader.key)):
             if key in PROBE_KEYS or key in LAUNCH_ROWS:
                 problems.append(f"explain: the name {key!r} is the probe's own")
@@ -155,10 +156,8 @@ def labels() -> list[tuple[str, str]]:
 def reader_requests(kinds: Sequence[str]) -> list[dict[str, Any]]:
     """The readers of the patches of the targets `kinds`, as the probe's request carries them:
     the reader's source text, and where its site is by the patch's facts."""
-    with _DECLARING:  # callers probe from threads; `ast` must not parse in two at once
-        found = declared()
     out = []
-    for patch, reader in found:
+    for patch, reader in declared():
         if patch.target not in kinds:
             continue
         file, line, source = reader.source()

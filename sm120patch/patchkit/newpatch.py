@@ -1,9 +1,14 @@
-"""`sm120patch new-patch ID`: write a patch module, its facts table, a profile and a test into a
-patch pack directory, the way `alembic revision` writes a revision script to fill in.
+"""`sm120patch new-patch ID`: write a patch module, its test and a profile into a patch pack
+directory, the way `alembic revision` writes a revision script to fill in.
 
-With `--keyword`, `--expect` and `--add` the module is complete: one `extend_keyword_list`
-operation (`f(..., supported_major_versions=[10])` -> `[10, 12]` in one named function).
-Without them its transform refuses until written, and so does its test.
+The module and the test are rendered from the templates shipped beside this module
+(`templates/*.tmpl`, package data): `patch.py.tmpl` holds every declaration of a patch (find and
+operation, facts, wiring, the explain reader, the real tier's check), with the transform from
+`transform-keyword.py.tmpl` or `transform-todo.py.tmpl`; `test_patch.py.tmpl` its test. With
+`--keyword`, `--expect` and `--add` the module is complete: one `extend_keyword_list` operation
+(`f(..., supported_major_versions=[10])` -> `[10, 12]` in one named function). Without them its
+transform refuses until written, and so does its test. Everything is written through the
+caller's writer (the files module's `write_output`).
 """
 
 from __future__ import annotations
