@@ -89,11 +89,11 @@ def test_the_generated_test_fails_when_the_patch_does_something_else(tmp_path: P
     assert "FAILED test_flashinfer_moe_arch.py::test_the_site_as_released" in ran.stdout
 
 
-def test_the_templates_ship_with_the_package() -> None:
-    """new-patch reads its templates as package data (pyproject's package-data names them)."""
+def test_the_templates_are_read_as_package_data() -> None:
+    """new-patch reads its templates through importlib.resources (the wheel ships them:
+    tests/test_packaging.py)."""
     from sm120patch.patchkit import newpatch
 
     for name in ("patch.py.tmpl", "test_patch.py.tmpl", "transform-keyword.py.tmpl",
                  "transform-todo.py.tmpl"):
-        assert newpatch.template(name).template.strip()
-    assert '"sm120patch.patchkit" = ["templates/*.tmpl"]' in PYPROJECT.read_text()
+        assert "${" in newpatch.template(name).template or name.startswith("transform")
