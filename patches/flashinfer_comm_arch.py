@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
+from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -44,6 +45,46 @@ FACTS = (
 )
 
 
+def explain_read(site: Site) -> Reading:
+    """The nvcc arch flags FlashInfer's `gen_trtllm_comm_module` builds with, or its error.
+    Runs in the target's interpreter (patchkit.readers)."""
+    import importlib
+
+    problem = "no module to look in"
+    for name in site.modules:
+        try:
+            comm = importlib.import_module(name)
+            break
+        except ImportError as exc:
+            problem = site.error(exc)
+    else:
+        return {"error": problem}
+    function = site.functions[0]
+    gen = getattr(comm, function, None)
+    if gen is None:
+        return {"error": f"{comm.__name__} has no {function}"}
+    try:
+        spec = gen()
+    except Exception as exc:
+        return {"module": comm.__name__, "error": site.error(exc)}
+    flags = [str(f) for f in (getattr(spec, "extra_cuda_cflags", None) or [])]
+    return {
+        "module": comm.__name__,
+        "archs": [f.split("arch=")[1].split(",")[0] for f in flags if "arch=compute_" in f],
+        "flags": flags,
+    }
+
+
+def explain_row(answer: Answer) -> str:
+    if "error" in answer:
+        return f"raises {answer['error']}"
+    return ", ".join(answer["archs"]) or "(none)"
+
+
+EXPLAIN = Explain(name="comm_arch", label="FlashInfer trtllm comm archs", read=explain_read,
+                  row=explain_row)
+
+
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The fact's function's one `supported_major_versions` list gains 12 at its end, nothing
     else in it changes; every other function's lists stay as they were. Upstream (0.6.17 on):
@@ -62,6 +103,7 @@ PATCH = Patch(
     check=check,
     target="flashinfer",
     title="Build FlashInfer's TRT-LLM comm module for SM120",
+    explain=EXPLAIN,
     why=(
         "gen_trtllm_comm_module passes supported_major_versions=[9, 10] to get_nvcc_flags_list, "
         "which raises 'RuntimeError: No supported CUDA architectures found for major versions "

@@ -28,6 +28,7 @@ from sm120patch.patchkit.model import (
     applied,
     upstream,
 )
+from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -281,6 +282,50 @@ FACTS = (
 )
 
 
+def explain_read(site: Site) -> Reading:
+    """What `initialize_fp4_gemm_config` resolves each requested FP4 GEMM backend to: run on
+    a copy of the function whose configuration reads return the request (the server
+    arguments up to 0.5.18, `get_exec().kernel` from 0.5.19), the module's global left as it
+    was. Runs in the target's interpreter (patchkit.readers)."""
+    import importlib
+    import types
+    from types import SimpleNamespace
+
+    name, function = site.modules[0], site.functions[0]
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        return {"error": site.error(exc)}
+    fn = getattr(module, function, None)
+    if fn is None:
+        return {"error": f"{name} has no {function}"}
+    out: Reading = {}
+    for requested in ("auto",):
+        config = SimpleNamespace(fp4_gemm_runner_backend=requested)
+        scope = dict(module.__dict__)
+        if "get_exec" in scope:
+            scope["get_exec"] = lambda config=config: SimpleNamespace(kernel=config)
+        copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
+                                  fn.__closure__)
+        try:
+            copy(*([config] if fn.__code__.co_argcount else []))
+            out[requested] = {"value": getattr(scope["FP4_GEMM_RUNNER_BACKEND"], "value", None)}
+        except Exception as exc:
+            out[requested] = {"error": site.error(exc)}
+    return {"backends": out}
+
+
+def explain_row(answer: Answer) -> str:
+    if (error := error_row(answer, "No module named")) is not None:
+        return error
+    auto = answer["backends"]["auto"]
+    return str(auto["value"]) if "value" in auto else f"raises {auto['error']}"
+
+
+EXPLAIN = Explain(name="fp4_gemm", field="fp4_gemm_backend", label="FP4 GEMM backend (auto)",
+                  read=explain_read, row=explain_row)
+
+
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """In the `auto` if of the fact's function, a new first branch `if <SM120 in the release's
     form> and _flashinfer_offers_b12x():` choosing flashinfer_b12x with a log line, the
@@ -336,6 +381,7 @@ PATCH = Patch(
     check=check,
     target="sglang",
     title="--fp4-gemm-backend auto picks flashinfer_b12x on SM120 when FlashInfer offers it",
+    explain=EXPLAIN,
     why=(
         "On SM120 SGLang's `auto` FP4 GEMM backend resolves to flashinfer_cutlass "
         "(flashinfer_cudnn in 0.5.10 to 0.5.12), while FlashInfer's own `auto` prefers its "

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Status
+from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -79,6 +80,40 @@ FACTS = (
 )
 
 
+def explain_read(site: Site) -> Reading:
+    """What `_resolve_backend` returns or raises for each requested fusion backend. Runs in
+    the target's interpreter (patchkit.readers)."""
+    import importlib
+
+    name = site.functions[0]
+    try:
+        module = importlib.import_module(site.modules[0])
+        resolve = getattr(module, name, None)
+        if resolve is None:  # the words of `from MODULE import name` (before 0.5.14)
+            raise ImportError(f"cannot import name {name!r} from {module.__name__!r} "
+                              f"({getattr(module, '__file__', None) or 'unknown location'})")
+    except ImportError as exc:
+        return {"error": site.error(exc)}
+    out: Reading = {}
+    for backend in ("auto", "trtllm"):
+        try:
+            out[backend] = {"value": resolve(backend, False)}
+        except Exception as exc:
+            out[backend] = {"error": site.error(exc)}
+    return {"backends": out}
+
+
+def explain_row(answer: Answer) -> str:
+    if (error := error_row(answer, "cannot import name")) is not None:
+        return error
+    auto = answer["backends"]["auto"]
+    return f"returns {auto['value']}" if "value" in auto else f"raises {auto['error']}"
+
+
+EXPLAIN = Explain(name="resolve_backend", label="_resolve_backend('auto')", read=explain_read,
+                  row=explain_row)
+
+
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The backend check's one `(sm90 or sm100)` group, in the fact's function, gains the SM120
     test in the SM100 operand's form; nothing else changes."""
@@ -90,6 +125,7 @@ PATCH = Patch(
     check=check,
     target="sglang",
     title="Accept SM120 when resolving the FlashInfer allreduce fusion backend",
+    explain=EXPLAIN,
     why=(
         "_resolve_backend raises 'FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA "
         "GPUs.' unless `is_sm90_supported() or is_sm100_supported()` (from 0.5.19 the "

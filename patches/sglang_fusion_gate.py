@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Status, Wiring, applied
+from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -101,6 +102,67 @@ FACTS = (
 )
 
 
+def explain_read(site: Site) -> Reading:
+    """The runtime allreduce-fusion gate at batch size 1, every condition of it that is not
+    about the GPU architecture held true: the answer is the architecture's. Runs in the
+    target's interpreter (patchkit.readers)."""
+    import importlib
+    import types
+    from types import SimpleNamespace
+
+    found = None
+    problems = []
+    names = [f for f in site.functions if "." not in f]  # not the method before 0.5.8
+    for name in site.modules:
+        try:
+            candidate = importlib.import_module(name)
+        except ImportError as exc:
+            problems.append(f"{name}: {site.error(exc)}")
+            continue
+        gate = next((getattr(candidate, f) for f in names if hasattr(candidate, f)), None)
+        if gate is not None:
+            found = (candidate, gate)
+            break
+    if found is None:
+        return {"error": "no gate function found; " + "; ".join(problems)}
+    module, fn = found
+    comm = SimpleNamespace(flashinfer_allreduce_fusion_backend="auto")
+    # What the gate reads of the server arguments, across releases (0.5.10 adds attn_cp_size,
+    # 0.5.16 reads them through get_server_args()).
+    args = SimpleNamespace(
+        enable_flashinfer_allreduce_fusion=True,
+        flashinfer_allreduce_fusion_backend="auto",
+        attn_cp_size=1,
+    )
+    held_true = {
+        "_is_flashinfer_available": True,
+        "is_dp_attention_enabled": lambda: False,
+        "get_global_server_args": lambda: args,
+        "get_server_args": lambda: args,
+        "get_exec": lambda: SimpleNamespace(comm=comm),
+        "uses_cutedsl_ar_fusion": lambda: False,
+        "is_flashinfer_allreduce_unavailable": lambda: False,
+    }
+    scope = dict(module.__dict__)
+    scope.update({k: v for k, v in held_true.items() if k in scope})
+    flags = {k: bool(v) for k, v in module.__dict__.items() if k.startswith("_is_sm")}
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    try:
+        passes = bool(copy(1))
+    except Exception as exc:
+        return {"module": module.__name__, "function": fn.__name__, "error": site.error(exc)}
+    return {"module": module.__name__, "function": fn.__name__, "passes": passes, "flags": flags}
+
+
+def explain_row(answer: Answer) -> str:
+    if "error" in answer:
+        return f"error: {answer['error']}"
+    return ("passes" if answer["passes"] else "closed") + f" ({answer['function']})"
+
+
+EXPLAIN = Explain(name="gate", label="runtime fusion gate", read=explain_read, row=explain_row)
+
+
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The gate's one `(_is_sm90_supported or _is_sm100_supported)` group, in the fact's
     function, gains `_is_sm120_supported`; nothing else changes."""
@@ -112,6 +174,7 @@ PATCH = Patch(
     check=check,
     target="sglang",
     title="Let the FlashInfer allreduce-fusion gate pass on SM120",
+    explain=EXPLAIN,
     why=(
         "SGLang fuses allreduce with the residual RMSNorm (FlashInfer) only where "
         "`(_is_sm90_supported or _is_sm100_supported)` holds, so on SM120 "

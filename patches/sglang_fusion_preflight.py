@@ -28,6 +28,7 @@ from sm120patch.patchkit.model import (
     applied,
     upstream,
 )
+from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
 
 from .sglang_fusion_gate import FUSION_WIRING
 
@@ -164,6 +165,127 @@ FACTS = (
 )
 
 
+def explain_read(site: Site) -> Reading:
+    """FlashInfer's TRT-LLM workspace preflight (0.5.11 on): whether SGLang would go on to
+    create the allreduce-fusion workspace. `site.multicast` None: the real driver, and only
+    the buffer sizes (no allocation, no process group); True/False: a simulated driver with
+    or without multicast, and the whole collective preflight on a one-rank gloo group. Runs in
+    the target's interpreter (patchkit.readers)."""
+    import importlib
+    import io
+    import logging
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    class SimulatedDriver:
+        """A CUDA driver binding (cuda-python's `cuda.bindings.driver` names) for a simulated
+        GPU: allocation granularity 2 MiB, cuMemCreate succeeds, and
+        cuMulticastGetGranularity answers (a GPU with multicast: NVLink) or fails with
+        CUDA_ERROR_NOT_SUPPORTED (PCIe-only GPUs)."""
+
+        NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED
+
+        class CUresult:
+            CUDA_SUCCESS = 0
+
+        class CUmemAllocationGranularity_flags:  # the binding's names
+            CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+
+        class CUmulticastGranularity_flags:
+            CU_MULTICAST_GRANULARITY_RECOMMENDED = 1
+
+        class CUmulticastObjectProp:
+            pass
+
+        def __init__(self, multicast: bool) -> None:
+            self.multicast = multicast
+
+        def cuMemGetAllocationGranularity(self, prop: object, flag: object) -> tuple[int, int]:
+            return 0, 1 << 21
+
+        def cuMulticastGetGranularity(self, prop: object, flag: object) -> tuple[int, int]:
+            return (0, 1 << 21) if self.multicast else (self.NOT_SUPPORTED, 0)
+
+        def cuMemCreate(self, size: int, prop: object, flags: int) -> tuple[int, int]:
+            return 0, size
+
+        def cuMemRelease(self, handle: object) -> None:
+            return None
+
+    try:
+        fusion = importlib.import_module(site.modules[0])
+    except Exception as exc:
+        return {"error": site.error(exc)}
+    sizes = getattr(fusion, site.functions[0], None)
+    check = getattr(fusion, "_preflight_check_workspace_memory", None)
+    if sizes is None or check is None:
+        return {"error": "not in this release"}
+    shape = {"world_size": 2, "max_token_num": 128, "hidden_dim": 1024,
+             "dtype": torch.bfloat16}
+    if site.multicast is None:
+        try:
+            real = fusion.get_cuda_driver_bindings()
+            found = sizes(real, fusion._make_flashinfer_workspace_allocation_prop(real),
+                          *shape.values())
+        except Exception as exc:
+            return {"driver": "real", "proceeds": False, "error": site.error(exc)}
+        return {"driver": "real", "proceeds": True, "sizes": list(found)}
+    import tempfile
+    import types
+
+    dist = importlib.import_module("torch.distributed")
+    driver = SimulatedDriver(site.multicast)
+    prop = SimpleNamespace(requestedHandleTypes=1)
+    if not dist.is_initialized():
+        import atexit
+        import shutil
+
+        where = tempfile.mkdtemp(prefix="sm120patch-probe-")
+        atexit.register(shutil.rmtree, where, True)
+        store = os.path.join(where, "store")
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    scope = dict(fusion.__dict__)
+    scope["get_cuda_driver_bindings"] = lambda: driver
+    scope["_make_flashinfer_workspace_allocation_prop"] = lambda d: prop
+    copy = types.FunctionType(check.__code__, scope, check.__name__, check.__defaults__)
+    logs = io.StringIO()
+    handler = logging.StreamHandler(logs)
+    logger = logging.getLogger("sglang")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        proceeds = bool(copy(**shape, cpu_group=dist.group.WORLD))
+    except Exception as exc:
+        return {"driver": "simulated", "multicast": site.multicast, "error": site.error(exc)}
+    finally:
+        logger.removeHandler(handler)
+    try:
+        simulated: object = list(sizes(driver, prop, *shape.values()))
+    except Exception as exc:
+        simulated = site.error(exc)
+    return {"driver": "simulated", "multicast": site.multicast, "proceeds": proceeds,
+            "sizes": simulated, "log": logs.getvalue().splitlines()}
+
+
+def explain_row(answer: Answer) -> str:
+    if answer.get("error") == "not in this release":
+        return "not in this release"
+    driver = "" if answer.get("driver") == "real" else (
+        " (simulated driver, multicast)" if answer.get("multicast") else
+        " (simulated driver, no multicast)"
+    )
+    if answer.get("proceeds"):
+        return "creates the workspace" + driver
+    why = answer.get("error") or next(iter(answer.get("log") or []), "")
+    return "skips allreduce fusion" + driver + (f": {why}" if why else "")
+
+
+EXPLAIN = Explain(name="preflight", label="fusion workspace preflight", read=explain_read,
+                  row=explain_row)
+
+
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """In the fact's function, the `if err != ...CUDA_SUCCESS:` right after
     `err, mc_granularity = cuda_driver.cuMulticastGetGranularity(...)` had one `raise` and now
@@ -205,6 +327,7 @@ PATCH = Patch(
     check=check,
     target="sglang",
     title="Let the fusion workspace preflight size buffers without multicast",
+    explain=EXPLAIN,
     why=(
         "From 0.5.11 SGLang checks, before it creates FlashInfer's allreduce-fusion workspace, "
         "that every rank can allocate it; _flashinfer_trtllm_workspace_allocation_sizes asks "

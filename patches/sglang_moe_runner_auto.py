@@ -42,6 +42,7 @@ from sm120patch.patchkit.model import (
     already_applied,
     applied,
 )
+from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -324,6 +325,65 @@ FACTS = (
 )
 
 
+def explain_read(site: Site) -> Reading:
+    """What the NVFP4 MoE method's `create_moe_runner` resolves `--moe-runner-backend auto` to
+    for a layer without expert parallelism, and whether `enable_flashinfer_cutlass_moe` then
+    says the weights are prepared for CUTLASS: a copy of the method reading `auto`, run on a
+    stand-in up to the backend it keeps (before 0.5.13, the runner it builds); the property
+    reads `auto`. Runs in the target's interpreter (patchkit.readers)."""
+    import importlib
+    import types
+    from types import SimpleNamespace
+    from unittest import mock
+
+    class Chosen(Exception):
+        """Stops `create_moe_runner` at the backend it keeps."""
+
+    class MethodStandIn:
+        """The `self` of `create_moe_runner`: raises `Chosen` when it keeps
+        `_moe_runner_backend`."""
+
+        def __setattr__(self, name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+            if name == "_moe_runner_backend":
+                raise Chosen(value)
+
+    module = importlib.import_module(site.modules[0])
+    class_name, method_name = site.functions[0].split(".")
+    cls = getattr(module, class_name)
+    fn, auto = getattr(cls, method_name), module.MoeRunnerBackend("auto")
+
+    def runner(backend: object, config: object) -> None:
+        raise Chosen(backend)
+
+    scope = dict(fn.__globals__, get_moe_runner_backend=lambda: auto, MoeRunner=runner)
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    method = MethodStandIn()
+    try:
+        copy(method, SimpleNamespace(moe_ep_size=1), SimpleNamespace())
+        return {"backend": None}  # no `auto` choice here: the runner follows the flag
+    except Chosen as chosen:
+        backend = getattr(chosen.args[0], "value", str(chosen.args[0]))
+    moe = importlib.import_module("sglang.srt.layers.moe")
+    with mock.patch.object(moe, "get_moe_runner_backend", lambda: auto):
+        cutlass = bool(cls.enable_flashinfer_cutlass_moe.__get__(method))
+    return {"backend": backend, "cutlass_weights": cutlass}
+
+
+def explain_row(answer: Answer) -> str:
+    if (error := error_row(answer, "No module named")) is not None:
+        return error
+    if answer["backend"] is None:
+        return "no auto choice (the runner follows --moe-runner-backend)"
+    prepared = "; weights prepared for CUTLASS" if answer["cutlass_weights"] else ""
+    return f"{answer['backend']}{prepared}"
+
+
+EXPLAIN = Explain(name="moe_runner", field="moe_runner_auto",
+                  label="NVFP4 MoE runner (auto, no expert parallelism)", read=explain_read,
+                  row=explain_row)
+
+
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """In the `auto` if of the fact's method, right after the Marlin branch, the patch's SM120
     elif choosing FLASHINFER_CUTLASS and setting the method's mark, the release's TRT-LLM `else`
@@ -369,6 +429,7 @@ PATCH = Patch(
     check=check,
     target="sglang",
     title="--moe-runner-backend auto picks flashinfer_cutlass for NVFP4 MoE on SM120",
+    explain=EXPLAIN,
     why=(
         "SGLang resolves `--moe-runner-backend auto` for every ModelOpt NVFP4 MoE layer in "
         "ModelOptNvFp4FusedMoEMethod.create_moe_runner: Marlin on SM80 to SM90, otherwise "

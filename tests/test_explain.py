@@ -16,6 +16,7 @@ from trees import make_tree
 
 from sm120patch import targets
 from sm120patch.engine import apply
+from sm120patch.errors import UsageError
 from sm120patch.explain import explain
 
 
@@ -113,3 +114,119 @@ def test_sides_of_an_applied_target_come_from_the_pristine_text(tmp_path: Path,
 def test_the_preflight_row_says_whether_fusion_goes_on(preflight, row) -> None:
     result = {} if preflight is None else {"preflight": preflight}
     assert explain.decision(result, None).preflight == row
+
+
+# ---- the readers: declared by each patch, run by the probe from their text ------------------
+
+
+def probe_module():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sm120patch_probe_under_test", explain.PROBE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_reader_of_the_library_runs_from_its_text_alone() -> None:
+    """What the probe gets: each reader compiles alone into a namespace of builtins, names
+    the function it was sent under, and reads no name of its module."""
+    probe = probe_module()
+    sent = explain.reader_requests(("sglang", "flashinfer"))
+    assert {r["name"] for r in sent} >= {"gate", "resolve_backend", "preflight", "fp4_gemm",
+                                         "moe_runner", "comm_arch"}
+    for reader in sent:
+        assert callable(probe.load_reader(reader)), reader["patch"]
+    for _, declared in explain.declared():
+        assert declared.problems() == [], declared.name
+
+
+SEP = "/"
+
+
+def reads_its_module(site: object) -> dict[str, str]:
+    return {"sep": SEP}
+
+
+def test_a_reader_that_reads_its_module_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader using a module constant would fail only in the target's interpreter: explain
+    refuses the patch first, naming it and the name."""
+    from dataclasses import replace
+
+    from sm120patch.patchkit import readers
+    from sm120patch.plan import catalog
+
+    assert readers.standalone_problems("def r(site):\n    return {'m': MODULE}\n", "r") == [
+        "r reads MODULE from outside itself; import or define it inside the function (the "
+        "probe runs its text alone)"]
+    assert readers.standalone_problems(
+        "def r(site: Site) -> Reading:\n    import os\n    x: Any = os.sep\n"
+        "    return {'x': x, 'n': len(site.modules)}\n", "r") == []
+    cat = catalog.load()
+    gate = cat.patches["sglang.fusion-gate"]
+    assert gate.explain is not None
+    broken = replace(gate, explain=replace(gate.explain, read=reads_its_module))
+    monkeypatch.setattr(catalog, "load",
+                        lambda: replace(cat, patches={**cat.patches, gate.id: broken}))
+    with pytest.raises(UsageError, match=r"patch sglang.fusion-gate \(.*\): explain: "
+                                         r"reads_its_module reads SEP"):
+        explain.declared()
+
+
+def test_a_reader_name_is_taken_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from sm120patch.plan import catalog
+
+    cat = catalog.load()
+    gate, backend = cat.patches["sglang.fusion-gate"], cat.patches["sglang.fusion-backend"]
+    assert gate.explain is not None and backend.explain is not None
+    twice = replace(backend, explain=replace(backend.explain, name="gate"))
+    monkeypatch.setattr(catalog, "load",
+                        lambda: replace(cat, patches={**cat.patches, backend.id: twice}))
+    with pytest.raises(UsageError, match="explain: the name 'gate' is also sglang.fusion-"):
+        explain.declared()
+    own = replace(backend, explain=replace(backend.explain, name="launches"))
+    monkeypatch.setattr(catalog, "load",
+                        lambda: replace(cat, patches={**cat.patches, backend.id: own}))
+    with pytest.raises(UsageError, match="the name 'launches' is the probe's own"):
+        explain.declared()
+
+
+def test_the_probe_answers_a_reader_that_raises_with_its_error_and_where() -> None:
+    probe = probe_module()
+    source = "def read(site):\n    return {'n': len(site.modules), 'x': 1 // 0}\n"
+    readers = [
+        {"patch": "p.one", "target": "sglang", "name": "one", "function": "read",
+         "source": source, "modules": ["m"], "functions": []},
+        {"patch": "p.two", "target": "sglang", "name": "two", "function": "read",
+         "source": "def read(site):\n    return {'gpu': site.simulate, 'mc': site.multicast}\n",
+         "modules": [], "functions": []},
+        {"patch": "p.three", "target": "flashinfer", "name": "three", "function": "read",
+         "source": source, "modules": [], "functions": []},
+    ]
+    out = probe.run_readers(readers, "sglang", "sm120", False)
+    assert set(out) == {"one", "two"}  # the other target's reader waits for its target
+    assert out["one"]["error"] == "ZeroDivisionError: integer division or modulo by zero"
+    assert out["one"]["where"] and "line 2" in out["one"]["where"][-1]
+    assert out["two"] == {"gpu": "sm120", "mc": False}
+
+
+def test_patch_modules_import_upstream_only_inside_their_readers() -> None:
+    """Runtime code never imports torch, SGLang or FlashInfer; a patch's explain reader does,
+    and only the probe runs it."""
+    from sm120patch.plan import catalog
+
+    library = Path(explain.__file__).resolve().parents[2] / "patches"
+    readers = {p.explain.read.__name__ for p in catalog.load().patches.values() if p.explain}
+    for path in library.glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        inside = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef)
+                  and f.name in readers for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in inside:
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+                    node.module or ""]
+                assert not {n.split(".")[0] for n in names} & {"torch", "sglang", "flashinfer"}, (
+                    path.name, ast.unparse(node))

@@ -31,6 +31,9 @@ def test_wheel_ships_every_patch_and_the_data_files(tmp_path):
     assert "sm120patch/patches/signatures.toml" in names
     # `scan`: its wing and the maintainers' table of kernel families.
     assert {"sm120patch/scan/gates.py", "sm120patch/patches/kernels.toml"} <= names
+    # `new-patch`: the templates it renders a patch module and its test from.
+    templates = ROOT / "sm120patch" / "patchkit" / "templates"
+    assert {f"sm120patch/patchkit/templates/{p.name}" for p in templates.glob("*.tmpl")} <= names
     # Never a top-level `patches` package in site-packages.
     assert not any(n.startswith("patches/") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

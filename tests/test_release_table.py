@@ -1,12 +1,11 @@
 """One release table: the patches' facts are the only place a release range is written. What
 other places need of it is derived from them (a patch's files, the release cache's site files
-and full range) or held to them here (the explain probe's site names; the default releases of
-the real tier, in tests/real/test_facts.py, which needs the index's listing)."""
+and full range, where each explain reader looks) or held to them (the default releases of the
+real tier, in tests/real/test_facts.py, which needs the index's listing)."""
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -88,42 +87,30 @@ def test_a_fact_below_the_range_widens_it(monkeypatch: pytest.MonkeyPatch) -> No
     assert releases.full_range("sglang") == ">=0.3.0,<0.5.24"
 
 
-# ---- the explain probe: a script run in the target's interpreter, so it names the sites itself
-
-
-def probe_module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("sm120patch_probe_under_test", PROBE)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# ---- the explain probe: where each reader looks comes from its patch's facts
 
 
 def modules(patch: Patch) -> tuple[str, ...]:
     return tuple(f.removesuffix(".py").replace("/", ".") for f in patch.files)
 
 
-def functions(patch: Patch) -> tuple[str, ...]:
-    """The plain function names the facts give, newest first (not a Class.method)."""
-    names = (f.function for f in reversed(patch.facts) if f.function)
-    return tuple(dict.fromkeys(n for n in names if "." not in n))
+def test_each_explain_reader_looks_where_its_facts_say() -> None:
+    """The probe names no site of its own: each reader gets its modules (the patch's files,
+    newest first) and functions (the facts', newest first) from its patch."""
+    from sm120patch.explain import explain
 
-
-def test_the_probe_gate_is_where_the_gate_facts_say() -> None:
-    probe, cat = probe_module(), catalog.load()
-    gate = cat.patches["sglang.fusion-gate"]
-    assert probe.GATE_MODULES == modules(gate)
-    assert probe.GATE_FUNCTIONS == functions(gate)
-    comm = cat.patches["flashinfer.comm-arch"]
-    assert probe.COMM_MODULES == modules(comm)
-    assert (probe.COMM_FUNCTION,) == functions(comm)
-
-
-def test_the_probe_resolves_the_backend_where_the_facts_say() -> None:
-    backend = catalog.load().patches["sglang.fusion-backend"]
-    tree = ast.parse(PROBE.read_text(encoding="utf-8"))
-    [func] = [n for n in tree.body if isinstance(n, ast.FunctionDef)
-              and n.name == "resolve_backend"]
-    imports = [(n.module, a.name) for n in ast.walk(func) if isinstance(n, ast.ImportFrom)
-               for a in n.names]
-    assert imports == [(m, f) for m in modules(backend) for f in functions(backend)]
+    cat = catalog.load()
+    sent = explain.reader_requests(("sglang", "flashinfer"))
+    assert {r["patch"] for r in sent} == {p.id for p in cat.patches.values() if p.explain}
+    for reader in sent:
+        patch = cat.patches[reader["patch"]]
+        assert tuple(reader["modules"]) == modules(patch)
+        newest_first = [f.function for f in reversed(patch.facts) if f.function]
+        assert reader["functions"] == list(dict.fromkeys(newest_first))
+    gate = next(r for r in sent if r["name"] == "gate")
+    assert gate["modules"] == ["sglang.srt.layers.layer_boundary.residual.add_norm",
+                               "sglang.srt.layers.communicator"]
+    text = PROBE.read_text(encoding="utf-8")
+    for patch in (cat.patches[r["patch"]] for r in sent):
+        for name in (*modules(patch), *(f.function for f in patch.facts if f.function)):
+            assert name not in text, (patch.id, name)

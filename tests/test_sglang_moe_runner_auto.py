@@ -301,5 +301,5 @@ def test_explain_row(probe, row: str) -> None:
 
     result = {} if probe is None else {"moe_runner": probe}
     assert explain.decision(result, None).moe_runner_auto == row
-    labels = dict(explain.Explanation.ROWS)
+    labels = dict(explain.labels())
     assert labels["moe_runner_auto"] == "NVFP4 MoE runner (auto, no expert parallelism)"

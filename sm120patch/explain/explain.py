@@ -21,14 +21,19 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sm120patch.errors import Refused, Sm120Error, UsageError
 from sm120patch.targets import Target, files
 from sm120patch.targets.resolved import Given, resolved
+
+if TYPE_CHECKING:
+    from sm120patch.patchkit.model import Patch
+    from sm120patch.patchkit.readers import Explain
 
 PROBE = Path(__file__).with_name("probe.py")
 PROFILE = "all"  # what the planned patched side applies unless --profile says another
@@ -47,7 +52,12 @@ class ProbeCannotImport(Sm120Error):
 
 def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float = TIMEOUT_S
               ) -> dict[str, Any]:
-    """Run the probe in `python` with `request` (see probe.py); its result, parsed."""
+    """Run the probe in `python` with `request` (see probe.py); its result, parsed. A request
+    without `readers` carries those the loaded patches declare for the targets it probes."""
+    if "readers" not in request:
+        kinds = [k for k, on in (("sglang", request.get("sglang", True)),
+                                 ("flashinfer", request.get("flashinfer", False))) if on]
+        request = {**request, "readers": reader_requests(kinds)}
     with tempfile.TemporaryDirectory(prefix="sm120patch-probe-") as tmp:
         req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
         req.write_text(json.dumps(request), encoding="utf-8")
@@ -101,6 +111,65 @@ def write_overlay(texts: Mapping[str, str | bytes], directory: Path) -> dict[str
         path.write_bytes(text)
         overlay[module_name(file)] = str(path)
     return overlay
+
+
+# ----------------------------------------------------------------------------- the readers
+
+# Checking a declaration parses its reader's text (`Explain.problems`), and CPython's `ast` is
+# not safe in two threads at once ("AST constructor recursion depth mismatch", 3.11).
+_PARSING = threading.Lock()
+# The keys of the probe's result that are its own (probe.py, `run`): no reader may take them.
+PROBE_KEYS = frozenset({"python", "torch", "simulate", "device", "capability", "sglang",
+                        "flashinfer", "predicates", "launches", "fatal"})
+
+
+def declared() -> list[tuple[Patch, Explain]]:
+    """What the loaded patches declare `explain` reads (`Patch.explain`), SGLang's first, in
+    the catalog's order. A reader the probe could not run from its text alone, or a name
+    taken twice, is a usage error naming the patch and where it comes from."""
+    from sm120patch.patchkit.model import TARGETS
+    from sm120patch.plan import catalog
+
+    cat = catalog.load()  # every patch's target is one of TARGETS (the catalog checks)
+    found = sorted(((p, p.explain) for p in cat.patches.values() if p.explain is not None),
+                   key=lambda pe: TARGETS.index(pe[0].target))
+    taken: dict[str, str] = {}
+    for patch, reader in found:
+        with _PARSING:  # callers probe from threads; `ast` must not parse in two at once
+            problems = reader.problems()
+        for key in dict.fromkeys((reader.name, reader.key)):
+            if key in PROBE_KEYS or key in LAUNCH_ROWS:
+                problems.append(f"explain: the name {key!r} is the probe's own")
+            elif key in taken:
+                problems.append(f"explain: the name {key!r} is also {taken[key]}'s")
+            taken[key] = patch.id
+        if problems:
+            raise UsageError(f"patch {patch.id} ({cat.source(patch.id).name}): {problems[0]}",
+                             "fix the patch's explain reader (see sm120patch.patchkit.readers)")
+    return found
+
+
+def labels() -> list[tuple[str, str]]:
+    """(field, label) of the rows the loaded patches declare, in the order `explain` shows."""
+    return [(reader.key, reader.label) for _, reader in declared()]
+
+
+def reader_requests(kinds: Sequence[str]) -> list[dict[str, Any]]:
+    """The readers of the patches of the targets `kinds`, as the probe's request carries them:
+    the reader's source text, and where its site is by the patch's facts."""
+    out = []
+    for patch, reader in declared():
+        if patch.target not in kinds:
+            continue
+        file, line, source = reader.source()
+        functions = (f.function for f in reversed(patch.facts) if f.function)
+        out.append({
+            "patch": patch.id, "target": patch.target, "name": reader.name,
+            "function": reader.read.__name__, "source": source, "file": file, "line": line,
+            "modules": [module_name(f) for f in patch.files],
+            "functions": list(dict.fromkeys(functions)),
+        })
+    return out
 
 
 # ----------------------------------------------------------------------------- the two texts
@@ -165,113 +234,66 @@ def sides(target: Target, directory: Path, profile: str = PROFILE) -> Sides:
 # ----------------------------------------------------------------------------- summary
 
 
+# What every launch resolves (ServerArgs fields, the same for every patch), in words.
+LAUNCH_ROWS = {
+    "moe_runner_backend": "MoE runner backend",
+    "quantization": "quantization",
+    "allreduce_fusion": "allreduce fusion",
+    "attention_backend": "attention backend",
+}
+NOT_CHECKED = "not checked"
+
+
 @dataclass(frozen=True)
 class Decision:
-    """What one side decides, in the words `explain` prints."""
+    """What one side decides, in the words `explain` prints: the launch's resolved fields
+    (`LAUNCH_ROWS`; None without a launch) and each declared reader's row under its field."""
 
-    moe_runner_backend: str | None
-    quantization: str | None
-    allreduce_fusion: str | None  # "on (backend auto)", "off", or the launch's error
-    gate: str
-    resolve_backend: str
-    comm_arch: str
-    preflight: str = "not checked"  # the fusion workspace preflight (0.5.11 on)
-    attention_backend: str | None = None  # the launch's resolved --attention-backend
-    fp4_gemm_backend: str = "not checked"  # what `--fp4-gemm-backend auto` resolves to
-    # what the NVFP4 MoE method resolves `--moe-runner-backend auto` to (no expert parallelism)
-    moe_runner_auto: str = "not checked"
+    launch: dict[str, str | None]
+    sites: dict[str, str]
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {**self.launch, **self.sites}
+
+    def __getitem__(self, key: str) -> str | None:
+        return self.to_dict()[key]
+
+    def __getattr__(self, key: str) -> str | None:
+        """A row by its field, as an attribute (`decision.gate`)."""
+        if key in ("launch", "sites") or key.startswith("__"):
+            raise AttributeError(key)
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
 
 
-def decision(result: Mapping[str, Any], launch: str | None = "launch") -> Decision:
-    """The summary of one probe result (for the named launch, when there is one)."""
-    moe = quant = fusion = attention = None
+def decision(result: Mapping[str, Any], launch: str | None = "launch",
+             readers: Sequence[Explain] | None = None) -> Decision:
+    """The summary of one probe result (for the named launch, when there is one); each
+    reader's row by its patch's declaration (`readers`: the loaded patches' when None)."""
+    if readers is None:
+        readers = [reader for _, reader in declared()]
+    rows: dict[str, str | None] = dict.fromkeys(LAUNCH_ROWS)
     run = (result.get("launches") or {}).get(launch) if launch else None
     if run is not None:
         if "error" in run:
-            fusion = moe = quant = attention = f"error: {run['error'].splitlines()[0]}"
+            rows = dict.fromkeys(LAUNCH_ROWS, f"error: {run['error'].splitlines()[0]}")
         else:
             args = run["server_args"]
-            moe, quant = args.get("moe_runner_backend"), args.get("quantization")
-            attention = args.get("attention_backend")
+            rows["moe_runner_backend"] = args.get("moe_runner_backend")
+            rows["quantization"] = args.get("quantization")
+            rows["attention_backend"] = args.get("attention_backend")
             backend = args.get("flashinfer_allreduce_fusion_backend")
             # Up to 0.5.13 a flag; from 0.5.14 a backend (the flag is deprecated, then gone).
             on = bool(args.get("enable_flashinfer_allreduce_fusion")) or backend is not None
             fusion = "on" if on else "off"
-            if backend is not None:
-                fusion += f" (backend {backend})"
-    return Decision(moe, quant, fusion, _gate(result), _resolve(result), _comm(result),
-                    _preflight(result), attention, _fp4(result), _moe_runner(result))
-
-
-def _gate(result: Mapping[str, Any]) -> str:
-    gate = result.get("gate")
-    if gate is None:
-        return "not checked"
-    if "error" in gate:
-        return f"error: {gate['error']}"
-    return ("passes" if gate["passes"] else "closed") + f" ({gate['function']})"
-
-
-def _resolve(result: Mapping[str, Any]) -> str:
-    res = result.get("resolve_backend")
-    if res is None:
-        return "not checked"
-    if "error" in res:
-        return "not in this release" if "cannot import name" in res["error"] else res["error"]
-    auto = res["backends"]["auto"]
-    return f"returns {auto['value']}" if "value" in auto else f"raises {auto['error']}"
-
-
-def _preflight(result: Mapping[str, Any]) -> str:
-    pre = result.get("preflight")
-    if pre is None:
-        return "not checked"
-    if pre.get("error") == "not in this release":
-        return "not in this release"
-    driver = "" if pre.get("driver") == "real" else (
-        " (simulated driver, multicast)" if pre.get("multicast") else
-        " (simulated driver, no multicast)"
-    )
-    if pre.get("proceeds"):
-        return "creates the workspace" + driver
-    why = pre.get("error") or next(iter(pre.get("log") or []), "")
-    return "skips allreduce fusion" + driver + (f": {why}" if why else "")
-
-
-def _unanswered(res: Mapping[str, Any] | None) -> str | None:
-    """The row of a check that gave no answer (not run, or its error), else None."""
-    if res is None:
-        return "not checked"
-    if "error" in res:
-        return "not in this release" if "No module named" in res["error"] else res["error"]
-    return None
-
-
-def _fp4(result: Mapping[str, Any]) -> str:
-    res = result.get("fp4_gemm")
-    if (row := _unanswered(res)) is not None or res is None:
-        return row or "not checked"
-    auto = res["backends"]["auto"]
-    return auto["value"] if "value" in auto else f"raises {auto['error']}"
-
-
-def _moe_runner(result: Mapping[str, Any]) -> str:
-    res = result.get("moe_runner")
-    if (row := _unanswered(res)) is not None or res is None:
-        return row or "not checked"
-    if res["backend"] is None:
-        return "no auto choice (the runner follows --moe-runner-backend)"
-    prepared = "; weights prepared for CUTLASS" if res["cutlass_weights"] else ""
-    return f"{res['backend']}{prepared}"
-
-
-def _comm(result: Mapping[str, Any]) -> str:
-    comm = result.get("comm_arch")
-    if comm is None:
-        return "not checked"
-    if "error" in comm:
-        return f"raises {comm['error']}"
-    return ", ".join(comm["archs"]) or "(none)"
+            rows["allreduce_fusion"] = fusion + ("" if backend is None else f" (backend {backend})")
+    sites = {}
+    for reader in readers:
+        answer = result.get(reader.name)
+        sites[reader.key] = NOT_CHECKED if answer is None else reader.row(answer)
+    return Decision(rows, sites)
 
 
 # ----------------------------------------------------------------------------- explain
@@ -288,29 +310,16 @@ class Explanation:
     patched: Decision
     notes: list[str] = field(default_factory=list)
 
-    ROWS = (
-        ("moe_runner_backend", "MoE runner backend"),
-        ("quantization", "quantization"),
-        ("allreduce_fusion", "allreduce fusion"),
-        ("attention_backend", "attention backend"),
-        ("gate", "runtime fusion gate"),
-        ("resolve_backend", "_resolve_backend('auto')"),
-        ("preflight", "fusion workspace preflight"),
-        ("fp4_gemm_backend", "FP4 GEMM backend (auto)"),
-        ("moe_runner_auto", "NVFP4 MoE runner (auto, no expert parallelism)"),
-        ("comm_arch", "FlashInfer trtllm comm archs"),
-    )
-
-    LAUNCH_ROWS = ("moe_runner_backend", "quantization", "allreduce_fusion", "attention_backend")
+    # (field, label) of each declared reader's row, in the order shown: the loaded patches'
+    labels: list[tuple[str, str]] = field(default_factory=lambda: labels())
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(what, pristine, patched) for each decision the probe could make here."""
         out = []
-        for key, label in self.ROWS:
-            before, after = getattr(self.pristine, key), getattr(self.patched, key)
-            if key in self.LAUNCH_ROWS and not self.launch:
-                continue
-            if before == after == "not checked":
+        shown = [*(LAUNCH_ROWS.items() if self.launch else ()), *self.labels]
+        for key, label in shown:
+            before, after = self.pristine[key], self.patched[key]
+            if before == after == NOT_CHECKED:
                 continue
             out.append((label, "none" if before is None else before,
                         "none" if after is None else after))
@@ -323,8 +332,8 @@ class Explanation:
             "launch": self.launch,
             "targets": self.targets,
             "applied": self.applied,
-            "pristine": asdict(self.pristine),
-            "patched": asdict(self.patched),
+            "pristine": self.pristine.to_dict(),
+            "patched": self.patched.to_dict(),
             "notes": self.notes,
         }
 
@@ -422,7 +431,9 @@ def explain(
             applied = applied or s.applied
             overlay["pristine"].update(s.pristine)
             overlay["patched"].update(s.patched)
+        kinds = [t.kind for t in found]
         base = {
+            "readers": reader_requests(kinds),
             "simulate": simulate,
             "sys_path": [str(t.parent) for t in found],
             "launches": {"launch": launch} if launch else {},
@@ -439,13 +450,15 @@ def explain(
             }
             results = {side: f.result() for side, f in futures.items()}
     key = "launch" if launch else None
+    readers = [reader for _, reader in declared()]
     return Explanation(
         python=str(interp),
         simulate=simulate,
         launch=launch,
         targets=[t.to_dict() for t in found],
         applied=applied,
-        pristine=decision(results["pristine"], key),
-        patched=decision(results["patched"], key),
+        pristine=decision(results["pristine"], key, readers),
+        patched=decision(results["patched"], key, readers),
         notes=notes,
+        labels=[(reader.key, reader.label) for reader in readers],
     )

@@ -19,17 +19,16 @@ The request (JSON) says:
 - `launches`: {name: [sglang launch arguments]}: each is parsed by the release's own
   `prepare_server_args` and resolved by its `ServerArgs.__post_init__`.
 - `sglang`, `flashinfer`: whether to run the SGLang and the FlashInfer checks.
+- `readers`: what the patches declare `explain` reads at their sites (sm120patch/patchkit/
+  readers.py): per reader its patch, target, `name`, the `source` text of its function (with
+  its `file` and first `line`), and where its site is by the patch's facts (`modules`,
+  `functions`). Each runs after its target imports, on a `site` object carrying those and the
+  simulated GPU (`simulate`; `multicast`: under simulation a driver binding without
+  multicast on SM120, with it on SM100/SM90, or as `multicast` in the request says; None on a
+  real GPU). This script names no site of its own.
 
 The result (JSON) has `predicates`, per launch the whole resolved `server_args` (or `error`),
-`gate` (the runtime allreduce-fusion gate, with every condition that is not about the GPU
-held true), `resolve_backend` (per requested backend: the value or the error), `preflight`
-(whether the fusion workspace preflight of 0.5.11 on lets SGLang create the workspace: under
-simulation with a driver binding without multicast on SM120, with it on SM100/SM90, or as
-`multicast` in the request says; on a real GPU the real driver's buffer sizes or error),
-`fp4_gemm` (the backend `initialize_fp4_gemm_config` resolves `--fp4-gemm-backend auto` to, or
-its error), `moe_runner` (the backend the NVFP4 MoE method resolves `--moe-runner-backend auto`
-to, and whether the weights are then prepared for CUTLASS), and `comm_arch` (FlashInfer's
-`gen_trtllm_comm_module` nvcc arch flags, or its error).
+and per reader its answer under its `name` (or `error` and `where`, when it raised).
 
 Exit codes: 0 done (per-check errors are in the result); 5 the target could not be imported
 (torch missing, a broken environment): the result then holds only `fatal`, one line.
@@ -60,18 +59,6 @@ DEVICE_NAME = {
 }
 MEMORY_MIB = {"sm120": 97887, "sm100": 183359, "sm90": 81559}
 
-# Where the sites this probe runs live, newest release first. The patches' facts say the same
-# (this script cannot import them: it runs in the target's interpreter);
-# tests/test_release_table.py holds the two to each other.
-# The fusion gate (sglang.fusion-gate): its modules and the names of its function.
-GATE_MODULES = (
-    "sglang.srt.layers.layer_boundary.residual.add_norm",
-    "sglang.srt.layers.communicator",
-)
-GATE_FUNCTIONS = ("flashinfer_ar_fusion_applies", "apply_flashinfer_allreduce_fusion")
-# FlashInfer's TRT-LLM comm module (flashinfer.comm-arch).
-COMM_MODULES = ("flashinfer.jit.comm", "flashinfer.comm.trtllm_ar")
-COMM_FUNCTION = "gen_trtllm_comm_module"
 # Compiled GPU-only extensions: on a CPU-only machine their import fails; under simulation a
 # placeholder module stands in (any use of it raises). Decision code never calls them.
 GPU_EXTENSIONS = ("sgl_kernel", "deep_gemm", "flash_mla", "sgl_deep_gemm", "sgl_flash_mla")
@@ -331,269 +318,38 @@ def _where() -> list[str]:
     ]
 
 
-def gate() -> dict[str, Any]:
-    """The runtime allreduce-fusion gate at batch size 1, every condition of it that is not
-    about the GPU architecture held true: the answer is the architecture's."""
-    import types
+# ----------------------------------------------------------------------------- the readers
 
-    module = fn = None
-    problems = []
-    for name in GATE_MODULES:
-        try:
-            candidate = importlib.import_module(name)
-        except ImportError as exc:
-            problems.append(f"{name}: {_error(exc)}")
+
+def load_reader(reader: dict[str, Any]) -> Any:
+    """A patch's reader from its source text (patchkit/readers.py says what it may use):
+    compiled as its module compiles it (postponed annotations), at its own file and line so
+    that a traceback's frames point into the patch module, in a namespace of builtins only."""
+    import __future__
+
+    import builtins
+
+    text = "\n" * (int(reader.get("line", 1)) - 1) + reader["source"]
+    code = compile(text, reader.get("file", "<reader>"), "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    scope: dict[str, Any] = {"__builtins__": builtins, "__name__": f"reader:{reader['patch']}"}
+    exec(code, scope)  # the text of a patch module of the catalog sm120patch loaded
+    return scope[reader["function"]]
+
+
+def run_readers(readers: list[dict[str, Any]], target: str, arch: str | None,
+                multicast: bool | None) -> dict[str, dict[str, Any]]:
+    """Each reader of `target`'s patches, in the order sent, under its name; a reader that
+    raises (or does not load) answers its error and where."""
+    out = {}
+    for reader in readers:
+        if reader["target"] != target:
             continue
-        fn = next((getattr(candidate, f) for f in GATE_FUNCTIONS if hasattr(candidate, f)), None)
-        if fn is not None:
-            module = candidate
-            break
-    if module is None or fn is None:
-        return {"error": "no gate function found; " + "; ".join(problems)}
-    comm = SimpleNamespace(flashinfer_allreduce_fusion_backend="auto")
-    # What the gate reads of the server arguments, across releases (0.5.10 adds attn_cp_size,
-    # 0.5.16 reads them through get_server_args()).
-    args = SimpleNamespace(
-        enable_flashinfer_allreduce_fusion=True,
-        flashinfer_allreduce_fusion_backend="auto",
-        attn_cp_size=1,
-    )
-    held_true = {
-        "_is_flashinfer_available": True,
-        "is_dp_attention_enabled": lambda: False,
-        "get_global_server_args": lambda: args,
-        "get_server_args": lambda: args,
-        "get_exec": lambda: SimpleNamespace(comm=comm),
-        "uses_cutedsl_ar_fusion": lambda: False,
-        "is_flashinfer_allreduce_unavailable": lambda: False,
-    }
-    scope = dict(module.__dict__)
-    scope.update({k: v for k, v in held_true.items() if k in scope})
-    flags = {k: bool(v) for k, v in module.__dict__.items() if k.startswith("_is_sm")}
-    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    try:
-        passes = bool(copy(1))
-    except Exception as exc:
-        return {"module": module.__name__, "function": fn.__name__, "error": _error(exc)}
-    return {"module": module.__name__, "function": fn.__name__, "passes": passes, "flags": flags}
-
-
-def resolve_backend() -> dict[str, Any]:
-    try:
-        from sglang.srt.layers.flashinfer_comm_fusion import _resolve_backend
-    except ImportError as exc:
-        return {"error": _error(exc)}
-    out: dict[str, Any] = {}
-    for backend in ("auto", "trtllm"):
-        try:
-            out[backend] = {"value": _resolve_backend(backend, False)}
-        except Exception as exc:
-            out[backend] = {"error": _error(exc)}
-    return {"backends": out}
-
-
-class NoMulticastDriver:
-    """A CUDA driver binding (cuda-python's `cuda.bindings.driver` names) for a simulated GPU:
-    allocation granularity 2 MiB, cuMemCreate succeeds, and cuMulticastGetGranularity answers
-    (a GPU with multicast: NVLink) or fails with CUDA_ERROR_NOT_SUPPORTED (PCIe-only GPUs)."""
-
-    NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED
-
-    class CUresult:
-        CUDA_SUCCESS = 0
-
-    class CUmemAllocationGranularity_flags:  # noqa: N801 (the binding's names)
-        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
-
-    class CUmulticastGranularity_flags:  # noqa: N801
-        CU_MULTICAST_GRANULARITY_RECOMMENDED = 1
-
-    class CUmulticastObjectProp:
-        pass
-
-    def __init__(self, multicast: bool) -> None:
-        self.multicast = multicast
-
-    def cuMemGetAllocationGranularity(self, prop: Any, flag: Any) -> tuple[int, int]:  # noqa: N802
-        return 0, 1 << 21
-
-    def cuMulticastGetGranularity(self, prop: Any, flag: Any) -> tuple[int, int]:  # noqa: N802
-        return (0, 1 << 21) if self.multicast else (self.NOT_SUPPORTED, 0)
-
-    def cuMemCreate(self, size: int, prop: Any, flags: int) -> tuple[int, int]:  # noqa: N802
-        return 0, size
-
-    def cuMemRelease(self, handle: Any) -> None:  # noqa: N802
-        return None
-
-
-PREFLIGHT_SHAPE = {"world_size": 2, "max_token_num": 128, "hidden_dim": 1024}
-
-
-def preflight(multicast: bool | None) -> dict[str, Any]:
-    """FlashInfer's TRT-LLM workspace preflight (0.5.11 on): whether SGLang would go on to
-    create the allreduce-fusion workspace. `multicast` None: the real driver, and only the
-    buffer sizes (no allocation, no process group); True/False: a simulated driver with or
-    without multicast, and the whole collective preflight on a one-rank gloo group."""
-    import logging
-
-    import torch
-
-    try:
-        fusion = importlib.import_module("sglang.srt.layers.flashinfer_comm_fusion")
-    except Exception as exc:
-        return {"error": _error(exc)}
-    sizes = getattr(fusion, "_flashinfer_trtllm_workspace_allocation_sizes", None)
-    check = getattr(fusion, "_preflight_check_workspace_memory", None)
-    if sizes is None or check is None:
-        return {"error": "not in this release"}
-    shape = dict(PREFLIGHT_SHAPE, dtype=torch.bfloat16)
-    if multicast is None:
-        try:
-            driver = fusion.get_cuda_driver_bindings()
-            prop = fusion._make_flashinfer_workspace_allocation_prop(driver)
-            found = sizes(driver, prop, *shape.values())
-        except Exception as exc:
-            return {"driver": "real", "proceeds": False, "error": _error(exc)}
-        return {"driver": "real", "proceeds": True, "sizes": list(found)}
-    import tempfile
-    import types
-
-    import torch.distributed as dist  # type: ignore[import-not-found]
-
-    driver = NoMulticastDriver(multicast)
-    prop = SimpleNamespace(requestedHandleTypes=1)
-    if not dist.is_initialized():
-        import atexit
-        import shutil
-
-        where = tempfile.mkdtemp(prefix="sm120patch-probe-")
-        atexit.register(shutil.rmtree, where, True)
-        store = os.path.join(where, "store")
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    scope = dict(fusion.__dict__)
-    scope["get_cuda_driver_bindings"] = lambda: driver
-    scope["_make_flashinfer_workspace_allocation_prop"] = lambda d: prop
-    copy = types.FunctionType(check.__code__, scope, check.__name__, check.__defaults__)
-    logs = io.StringIO()
-    handler = logging.StreamHandler(logs)
-    logger = logging.getLogger("sglang")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        proceeds = bool(copy(**shape, cpu_group=dist.group.WORLD))
-    except Exception as exc:
-        return {"driver": "simulated", "multicast": multicast, "error": _error(exc)}
-    finally:
-        logger.removeHandler(handler)
-    try:
-        simulated: Any = list(sizes(driver, prop, *shape.values()))
-    except Exception as exc:
-        simulated = _error(exc)
-    return {"driver": "simulated", "multicast": multicast, "proceeds": proceeds,
-            "sizes": simulated, "log": logs.getvalue().splitlines()}
-
-
-FP4_UTILS = "sglang.srt.layers.quantization.fp4_utils"
-
-
-def fp4_gemm() -> dict[str, Any]:
-    """What `initialize_fp4_gemm_config` resolves each requested FP4 GEMM backend to: run on a
-    copy of the function whose configuration reads return the request (the server arguments
-    up to 0.5.18, `get_exec().kernel` from 0.5.19), the module's global left as it was."""
-    import types
-
-    try:
-        module = importlib.import_module(FP4_UTILS)
-    except ImportError as exc:
-        return {"error": _error(exc)}
-    fn = getattr(module, "initialize_fp4_gemm_config", None)
-    if fn is None:
-        return {"error": f"{FP4_UTILS} has no initialize_fp4_gemm_config"}
-    out: dict[str, Any] = {}
-    for requested in ("auto",):
-        config = SimpleNamespace(fp4_gemm_runner_backend=requested)
-        scope = dict(module.__dict__)
-        if "get_exec" in scope:
-            scope["get_exec"] = lambda config=config: SimpleNamespace(kernel=config)
-        copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
-                                  fn.__closure__)
-        try:
-            copy(*([config] if fn.__code__.co_argcount else []))
-            out[requested] = {"value": getattr(scope["FP4_GEMM_RUNNER_BACKEND"], "value", None)}
-        except Exception as exc:
-            out[requested] = {"error": _error(exc)}
-    return {"backends": out}
-
-
-MODELOPT = "sglang.srt.layers.quantization.modelopt_quant"
-
-
-class Chosen(Exception):
-    """Stops `create_moe_runner` at the backend it keeps (see `moe_runner`)."""
-
-
-class MethodStandIn:
-    """The `self` of `create_moe_runner`: raises `Chosen` when it keeps `_moe_runner_backend`."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        if name == "_moe_runner_backend":
-            raise Chosen(value)
-
-
-def moe_runner() -> dict[str, Any]:
-    """What the NVFP4 MoE method's `create_moe_runner` resolves `--moe-runner-backend auto` to
-    for a layer without expert parallelism, and whether `enable_flashinfer_cutlass_moe` then says
-    the weights are prepared for CUTLASS: a copy of the method reading `auto`, run on a stand-in
-    up to the backend it keeps (before 0.5.13, the runner it builds); the property reads `auto`."""
-    import types
-    from unittest import mock
-
-    module = importlib.import_module(MODELOPT)
-    cls = module.ModelOptNvFp4FusedMoEMethod
-    fn, auto = cls.create_moe_runner, module.MoeRunnerBackend("auto")
-
-    def runner(backend: Any, config: Any) -> Any:
-        raise Chosen(backend)
-
-    scope = dict(fn.__globals__, get_moe_runner_backend=lambda: auto, MoeRunner=runner)
-    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    method = MethodStandIn()
-    try:
-        copy(method, SimpleNamespace(moe_ep_size=1), SimpleNamespace())
-        return {"backend": None}  # no `auto` choice here: the runner follows the flag
-    except Chosen as chosen:
-        backend = getattr(chosen.args[0], "value", str(chosen.args[0]))
-    moe = importlib.import_module("sglang.srt.layers.moe")
-    with mock.patch.object(moe, "get_moe_runner_backend", lambda: auto):
-        cutlass = bool(cls.enable_flashinfer_cutlass_moe.__get__(method))
-    return {"backend": backend, "cutlass_weights": cutlass}
-
-
-def comm_arch() -> dict[str, Any]:
-    comm = None
-    for name in COMM_MODULES:
-        try:
-            comm = importlib.import_module(name)
-            break
-        except ImportError as exc:
-            problem = _error(exc)
-    if comm is None:
-        return {"error": problem}
-    gen = getattr(comm, COMM_FUNCTION, None)
-    if gen is None:
-        return {"error": f"{comm.__name__} has no {COMM_FUNCTION}"}
-    try:
-        spec = gen()
-    except Exception as exc:
-        return {"module": comm.__name__, "error": _error(exc)}
-    flags = [str(f) for f in (getattr(spec, "extra_cuda_cflags", None) or [])]
-    return {
-        "module": comm.__name__,
-        "archs": [f.split("arch=")[1].split(",")[0] for f in flags if "arch=compute_" in f],
-        "flags": flags,
-    }
+        site = SimpleNamespace(modules=tuple(reader["modules"]),
+                               functions=tuple(reader["functions"]), simulate=arch,
+                               multicast=multicast, error=_error)
+        out[reader["name"]] = _guarded(lambda r=reader, s=site: load_reader(r)(s))
+    return out
 
 
 # ----------------------------------------------------------------------------- main
@@ -619,6 +375,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         sys.meta_path.insert(0, OverlayFinder(overlay))
     arch = request.get("simulate")
     launches: dict[str, list[str]] = request.get("launches", {})
+    readers: list[dict[str, Any]] = request.get("readers", [])
+    # Simulated GPUs: SM120 boxes are PCIe (no multicast), SM100/SM90 ones NVLink.
+    multicast = request.get("multicast", arch != "sm120") if arch else None
     try:
         import torch
     except Exception as exc:
@@ -651,13 +410,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                             "file": sglang.__file__}
         result["predicates"] = predicates()
         result["launches"] = {name: server_args(argv) for name, argv in launches.items()}
-        result["gate"] = _guarded(gate)
-        result["resolve_backend"] = _guarded(resolve_backend)
-        # Simulated GPUs: SM120 boxes are PCIe (no multicast), SM100/SM90 ones NVLink.
-        multicast = request.get("multicast", arch != "sm120") if arch else None
-        result["preflight"] = _guarded(lambda: preflight(multicast))
-        result["fp4_gemm"] = _guarded(fp4_gemm)
-        result["moe_runner"] = _guarded(moe_runner)
+        result.update(run_readers(readers, "sglang", arch, multicast))
     if request.get("flashinfer", False):
         try:
             flashinfer = importlib.import_module("flashinfer")
@@ -665,7 +418,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             raise Fatal(f"cannot import flashinfer: {_error(exc)}") from None
         result["flashinfer"] = {"version": getattr(flashinfer, "__version__", None),
                                 "file": flashinfer.__file__}
-        result["comm_arch"] = _guarded(comm_arch)
+        result.update(run_readers(readers, "flashinfer", arch, multicast))
     return result
 
 

@@ -23,6 +23,7 @@ from sm120patch.patchkit.facts import Status as Status
 # Status is named here too: a patch module takes its result vocabulary from the model.
 from sm120patch.patchkit.kinds import TARGETS as TARGETS
 from sm120patch.patchkit.kinds import Kind as Kind
+from sm120patch.patchkit.readers import Explain
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -214,6 +215,8 @@ class Patch:
     # The shapes in words; derived from `facts` when not given.
     shapes: tuple[str, ...] = ()
     upstream: str | None = None  # the upstream issue or PR this patch relates to
+    # What `sm120patch explain` reads at the site and how it shows it (patchkit.readers).
+    explain: Explain | None = None
     # The server log lines that show its path ran or was skipped (`wiring_evidence`).
     wiring: Wiring | None = None
     # Its independent check on `ast` (sm120patch.patchkit.sitecheck): what the real-release

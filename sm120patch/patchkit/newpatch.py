@@ -1,14 +1,20 @@
-"""`sm120patch new-patch ID`: write a patch module, its facts table, a profile and a test into a
-patch pack directory, the way `alembic revision` writes a revision script to fill in.
+"""`sm120patch new-patch ID`: write a patch module, its test and a profile into a patch pack
+directory, the way `alembic revision` writes a revision script to fill in.
 
-With `--keyword`, `--expect` and `--add` the module is complete: one `extend_keyword_list`
-operation (`f(..., supported_major_versions=[10])` -> `[10, 12]` in one named function).
-Without them its transform refuses until written, and so does its test.
+The module and the test are rendered from the templates shipped beside this module
+(`templates/*.tmpl`, package data): `patch.py.tmpl` holds every declaration of a patch (find and
+operation, facts, wiring, the explain reader, the real tier's check), with the transform from
+`transform-keyword.py.tmpl` or `transform-todo.py.tmpl`; `test_patch.py.tmpl` its test. With
+`--keyword`, `--expect` and `--add` the module is complete: one `extend_keyword_list` operation
+(`f(..., supported_major_versions=[10])` -> `[10, 12]` in one named function). Without them its
+transform refuses until written, and so does its test. Everything is written through the
+caller's writer (the files module's `write_output`).
 """
 
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,135 +136,61 @@ def _profile_text(spec: NewPatch) -> str:
     )
 
 
+def template(name: str) -> string.Template:
+    """One of the templates shipped beside this module (`templates/`, package data)."""
+    from importlib import resources
+
+    path = resources.files("sm120patch.patchkit").joinpath("templates").joinpath(name)
+    return string.Template(path.read_text(encoding="utf-8"))
+
+
 def _module_text(spec: NewPatch) -> str:
     if spec.complete:
         expect = list(spec.expect)
-        constants = (
-            f'KEYWORD = "{spec.keyword}"\n'
-            f"EXPECT = {expect}\n"
-            f"ADD = {spec.add}\n"
-        )
+        constants = f'KEYWORD = "{spec.keyword}"\nEXPECT = {expect}\nADD = {spec.add}'
         shape = f"`{spec.keyword}={expect}` in `def {spec.function}`"
-        body = (
-            "    from sm120patch.patchkit import operations as op\n"
-            "\n"
-            "    return op.extend_keyword_list(\n"
-            "        module, function=FUNCTION, keyword=KEYWORD, expect=EXPECT, add=ADD\n"
-            "    )\n"
-        )
         why = f"{spec.function} passes {spec.keyword}={expect}; SM120 needs {spec.add} too."
+        transform = template("transform-keyword.py.tmpl")
+        check = template("check-keyword.py.tmpl")
     else:
         constants = ""
         shape = f"`def {spec.function}` (describe the code the patch changes)"
-        body = (
-            "    # Write the change here with sm120patch.patchkit.operations (widen_arch_or,\n"
-            "    # extend_keyword_list, add_module_flag, add_elif; the imports its code needs\n"
-            "    # as `result.needing(Import(...))`) and return its Result; raise Refuse or\n"
-            "    # NotApplicable where it stops early. Until then the patch refuses, so\n"
-            "    # nothing is ever half-done.\n"
-            "    from sm120patch.patchkit.model import Refuse\n"
-            "\n"
-            '    raise Refuse(FUNCTION, "a transform for this site", "none written yet")\n'
-        )
         why = "TODO: why this patch exists: what upstream does on SM120, and what it fixes."
-    return f'''"""{spec.patch_id}: written by `sm120patch new-patch`; fill in the TODOs."""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Result, Status
-
-if TYPE_CHECKING:
-    import libcst as cst
-
-FILE = "{spec.file}"
-FUNCTION = "{spec.function}"
-{constants}
-# What the patch does on which release: one fact per range of releases with one shape. The
-# profile's pins may only cover releases a fact covers (the real-release tests fail otherwise).
-FACTS = (
-    Fact(
-        releases="{spec.pins}",
-        status=Status.APPLIED,
-        shape="{shape}",
-        file=FILE,
-        function=FUNCTION,
-        source="TODO: the releases this was read off",
-    ),
-)
-
-
-def transform(module: cst.Module) -> Result:
-{body}
-
-PATCH = Patch(
-    id="{spec.patch_id}",
-    target="{spec.target}",
-    title="TODO: one line saying what the patch changes",
-    why="{why}",
-    marker=f"def {{FUNCTION}}",
-    transform=transform,
-    facts=FACTS,
-)
-'''
+        transform = template("transform-todo.py.tmpl")
+        check = template("check-todo.py.tmpl")
+    return template("patch.py.tmpl").substitute(
+        patch_id=spec.patch_id, target=spec.target, file=spec.file, function=spec.function,
+        pins=spec.pins, constants=constants, shape=shape, why=why,
+        transform=transform.template.rstrip("\n") + "\n", reader_name=spec.module_name,
+        check=check.template.rstrip("\n") + "\n",
+    )
 
 
 def _test_text(spec: NewPatch) -> str:
-    load = f'''"""Before/after test of {spec.patch_id} (written by `sm120patch new-patch`)."""
+    """The test template, with the site as released, patched and in a shape to refuse: a call
+    passing the keyword's list (another list for the refusal) or, for a skeleton, an empty
+    function (which its transform refuses until written)."""
+    if spec.complete:
+        assert spec.add is not None  # complete
+        before, after = list(spec.expect), [*spec.expect, spec.add]
+        other = [*before[:-1], before[-1] + 1]
 
-from __future__ import annotations
+        def site(values: list[int]) -> str:
+            return f"def {spec.function}():\n    return build({spec.keyword}={values})\n"
 
-import importlib.util
-from pathlib import Path
-
-from sm120patch.patchkit.model import Status
-from sm120patch.patchkit.runner import transform_text
-
-
-def load_patch():
-    path = Path(__file__).with_name("{spec.module_name}.py")
-    spec = importlib.util.spec_from_file_location("{spec.module_name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.PATCH
-'''
-    if not spec.complete:
-        return load + f'''
-
-BEFORE = "def {spec.function}():\\n    pass\\n"
+        cases: tuple[str, str | None, str] = (site(before), site(after), site(other))
+    else:
+        empty = f"def {spec.function}():\n    pass\n"
+        cases = (empty, None, empty)
+    return template("test_patch.py.tmpl").substitute(
+        patch_id=spec.patch_id, module_name=spec.module_name,
+        before=_literal(cases[0]), after=_literal(cases[1]), other=_literal(cases[2]),
+    )
 
 
-def test_refuses_until_written():
-    [outcome] = transform_text([load_patch()], "site.py", BEFORE).outcomes
-    assert outcome.status is Status.REFUSED, outcome.describe()
-'''
-    before = list(spec.expect)
-    after = [*before, spec.add]
-    other = [*before[:-1], before[-1] + 1]
-    return load + f'''
-
-BEFORE = "def {spec.function}():\\n    return build({spec.keyword}={before})\\n"
-AFTER = "def {spec.function}():\\n    return build({spec.keyword}={after})\\n"
-
-
-def test_applies_then_is_already_applied():
-    res = transform_text([load_patch()], "site.py", BEFORE)
-    [outcome] = res.outcomes
-    assert outcome.status is Status.APPLIED, outcome.describe()
-    assert res.after == AFTER
-    [again] = transform_text([load_patch()], "site.py", AFTER).outcomes
-    assert again.status is Status.ALREADY_APPLIED, again.describe()
-
-
-def test_refuses_another_list():
-    source = BEFORE.replace("{before}", "{other}")
-    [outcome] = transform_text([load_patch()], "site.py", source).outcomes
-    assert outcome.status is Status.REFUSED, outcome.describe()
-
-
-def test_not_applicable_without_the_function():
-    [outcome] = transform_text([load_patch()], "site.py", "x = 1\\n").outcomes
-    assert outcome.status is Status.NOT_APPLICABLE, outcome.describe()
-'''
+def _literal(text: str | None) -> str:
+    """`text` as Python source, one line of it per line of the literal (None as None)."""
+    if text is None:
+        return "None"
+    lines = "".join(f"\n    {line!r}" for line in text.splitlines(keepends=True))
+    return f"({lines}\n)"

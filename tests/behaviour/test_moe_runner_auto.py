@@ -3,7 +3,7 @@
 Each release of the session inside the moe profile's pins is imported pristine and with the
 moe profile's planned text (module overlays, as `explain --profile moe` does), in fresh probe
 processes, and the probe runs upstream's `ModelOptNvFp4FusedMoEMethod.create_moe_runner` with
-`--moe-runner-backend auto` for a layer without expert parallelism (see `probe.moe_runner`):
+`--moe-runner-backend auto` for a layer without expert parallelism (the patch's `explain_read`):
 - where the patch applies (its facts say so), SM120 gets flashinfer_trtllm pristine (the
   TRT-LLM-gen runner SM120 cannot run, weights not prepared for CUTLASS) and flashinfer_cutlass
   patched, with `enable_flashinfer_cutlass_moe` then true, so the weights are prepared for it;
