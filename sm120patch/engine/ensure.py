@@ -7,19 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch.engine import assess
-from sm120patch.engine.apply import (
-    apply,
-    check_applied_matches_lock,
-    runs_for,
-    unchecked_refusals,
-)
 from sm120patch.engine.reports import Action, Report, TargetReport
+from sm120patch.engine.run import check_applied_matches_lock, runs_for, unchecked_refusals
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
-from sm120patch.plan.plans import Plan
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
+    from sm120patch.plan.plans import Plan
 
 
 def ensure(
@@ -74,6 +69,10 @@ def ensure(
             f"{wrong.target.at}: {wrong.state}: {wrong.message}",
             verify_hint(wrong, profile.name, lock),
         )
+    # Only a tree not yet as wanted plans: the planner's modules load here, not at every
+    # service start.
+    from sm120patch.engine.apply import apply
+
     report = apply(
         profile_name, paths, force=force, preconditions=preconditions, check_plan=check_plan,
         lock=lock,
