@@ -167,3 +167,32 @@ def test_ensure_on_an_applied_tree_loads_no_planner(trees, tmp_path):
         loaded = loaded_by(*args)
         assert "sm120patch.plan.pins" in loaded, args  # it checked the pins
         assert not planning & set(loaded), (args, sorted(planning & set(loaded)))
+
+
+GITPYTHON_PROBE = """
+import sys
+from sm120patch.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("git" in sys.modules, file=sys.stderr)
+"""
+
+
+def test_a_dry_run_on_a_checkout_never_opens_gitpython(tmp_path):
+    """A dry run reads a checkout with plain git commands (`targets.git.Repo._read`): GitPython's
+    import, with the two `git version` it runs, was about a tenth of a cold dry run. The apply,
+    which commits, opens it."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
+    where = ["--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check"]
+
+    def opened(*args: str) -> bool:
+        proc = subprocess.run([sys.executable, "-c", GITPYTHON_PROBE, *args],
+                              capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stderr.strip().splitlines()[-1].lower())
+
+    assert opened("apply", "all", "--dry-run", *where) is False
+    assert opened("apply", "all", *where) is True
