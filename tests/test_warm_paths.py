@@ -196,3 +196,17 @@ def test_a_dry_run_on_a_checkout_never_opens_gitpython(tmp_path):
 
     assert opened("apply", "all", "--dry-run", *where) is False
     assert opened("apply", "all", *where) is True
+
+
+def test_status_and_ensure_on_installed_packages_spawn_nothing(tmp_path):
+    """On installed packages the warm commands run no git, so they do not import `subprocess`
+    (with `selectors` and the rest, a few ms of every service start)."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
+    where = ["--sglang", str(sg), "--flashinfer", str(fi)]
+    probe = GITPYTHON_PROBE.replace('"git" in sys.modules', '"subprocess" in sys.modules')
+    assert run("apply", "all", "--no-gpu-check", *where, cache=tmp_path / "c")["code"] == 0
+    for args in (["status", *where], ["ensure", "all", "--no-gpu-check", *where]):
+        proc = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == "False", args
