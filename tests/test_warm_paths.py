@@ -155,13 +155,14 @@ def test_apply_and_its_dry_run_never_enter_the_trial_wing(trees):
 
 def test_ensure_on_an_applied_tree_loads_no_planner(trees, tmp_path):
     """`ensure` and `ensure --locked` at a service start find the tree as wanted from its hashes:
-    the pins are checked (`plan/pins.py`), and the planner, its plans and the apply verb load
-    only when the tree is not yet as wanted."""
+    the pins are checked (`plan/pins.py`), and the planner, its plans, the apply verb and the
+    layouts that write load only when the tree is not yet as wanted."""
     where, _ = trees
     lock = tmp_path / "all.lock"
     assert run("pin", "all", *where, "-o", str(lock), cache=tmp_path / "cache")["code"] == 0
     loaded_by("apply", "all", "--no-gpu-check", *where)
-    planning = {"sm120patch.plan.planner", "sm120patch.plan.plans", "sm120patch.engine.apply"}
+    planning = {"sm120patch.plan.planner", "sm120patch.plan.plans", "sm120patch.engine.apply",
+                "sm120patch.engine.layouts", "sm120patch.patchkit.runner"}  # fmt: skip
     for args in (["ensure", "all", "--no-gpu-check", *where],
                  ["ensure", "--locked", str(lock), "--no-gpu-check", *where]):  # fmt: skip
         loaded = loaded_by(*args)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from sm120patch.engine import assess
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.layouts import TargetLayout, layout_of
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, not_writable
@@ -21,6 +20,7 @@ from sm120patch.plan import catalog, pins
 from sm120patch.targets import Target, files, procscan
 
 if TYPE_CHECKING:
+    from sm120patch.engine.layouts import TargetLayout
     from sm120patch.plan.lockfile import Lock
 
 
@@ -34,8 +34,11 @@ class TargetRun:
 
     @property
     def layout(self) -> TargetLayout:
-        # Made on first use: GitPython is imported only by runs that touch git.
+        # Made on first use: GitPython is imported only by runs that touch git, and the layouts
+        # only by runs that write (not `ensure` on a tree already as wanted).
         if self._layout is None:
+            from sm120patch.engine.layouts import layout_of
+
             self._layout = layout_of(self.target, self.state)
         return self._layout
 
