@@ -37,6 +37,7 @@ import sm120patch
 from sm120patch.maintain import releases, trees
 
 SM = [sys.executable, "-m", "sm120patch"]
+SGLANG, FLASHINFER = "0.5.8", "0.6.8"
 
 
 TOUCHED = (
@@ -77,8 +78,13 @@ def timed_cpu(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float,
     return elapsed, usage.ru_maxrss, usage.ru_utime + usage.ru_stime
 
 
-def git_copy(src: Path, dest: Path) -> Path:
+def git_copy(src: Path, dest: Path, version_txt: str | None = None) -> Path:
+    """A release tree as a checkout. FlashInfer's repository keeps its version in
+    `version.txt` at its root (`version_txt`); a wheel's tree has none, and a checkout's version
+    is read from the tree as committed, not from a dist-info beside it."""
     shutil.copytree(src, dest)
+    if version_txt is not None:
+        (dest / "version.txt").write_text(version_txt + "\n")
     for args in (
         ["init", "-q"],
         ["add", "-A"],
@@ -104,8 +110,8 @@ def main() -> None:
     parser.add_argument("--skip-scan", action="store_true")
     args = parser.parse_args()
 
-    sg = trees.tree("sglang", "0.5.8")
-    fi = trees.tree("flashinfer", "0.6.8")
+    sg = trees.tree("sglang", SGLANG)
+    fi = trees.tree("flashinfer", FLASHINFER)
     # Planned in a child: a child forked from this process would otherwise start with its
     # pages, and report this process's peak RSS (a plan's) as its own.
     touched = subprocess.run([sys.executable, "-c", TOUCHED, str(sg), str(fi)], check=True,
@@ -130,7 +136,7 @@ def main() -> None:
         compileall.compile_dir(str(package), quiet=1)
     base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env = {**base, "SM120PATCH_CACHE": str(tmp / "cache")}
-    gsg, gfi = git_copy(sg, tmp / "sg"), git_copy(fi, tmp / "fi")
+    gsg, gfi = git_copy(sg, tmp / "sg"), git_copy(fi, tmp / "fi", version_txt=FLASHINFER)
     where = ["--sglang", str(gsg), "--flashinfer", str(gfi)]
     # The warm paths are those of a serving box: installed packages (a git checkout adds its
     # commits, which no cache removes).

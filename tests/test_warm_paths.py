@@ -151,3 +151,63 @@ def test_apply_and_its_dry_run_never_enter_the_trial_wing(trees):
     loaded = loaded_by("apply", "all", "--dry-run", *where)
     assert {m for m in loaded if m.startswith("sm120patch.trial")} <= {"sm120patch.trial",
                                                                         "sm120patch.trial.gpu"}
+
+
+def test_ensure_on_an_applied_tree_loads_no_planner(trees, tmp_path):
+    """`ensure` and `ensure --locked` at a service start find the tree as wanted from its hashes:
+    the pins are checked (`plan/pins.py`), and the planner, its plans, the apply verb and the
+    layouts that write load only when the tree is not yet as wanted."""
+    where, _ = trees
+    lock = tmp_path / "all.lock"
+    assert run("pin", "all", *where, "-o", str(lock), cache=tmp_path / "cache")["code"] == 0
+    loaded_by("apply", "all", "--no-gpu-check", *where)
+    planning = {"sm120patch.plan.planner", "sm120patch.plan.plans", "sm120patch.engine.apply",
+                "sm120patch.engine.layouts", "sm120patch.patchkit.runner"}  # fmt: skip
+    for args in (["ensure", "all", "--no-gpu-check", *where],
+                 ["ensure", "--locked", str(lock), "--no-gpu-check", *where]):  # fmt: skip
+        loaded = loaded_by(*args)
+        assert "sm120patch.plan.pins" in loaded, args  # it checked the pins
+        assert not planning & set(loaded), (args, sorted(planning & set(loaded)))
+
+
+GITPYTHON_PROBE = """
+import sys
+from sm120patch.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("git" in sys.modules, file=sys.stderr)
+"""
+
+
+def test_a_dry_run_on_a_checkout_never_opens_gitpython(tmp_path):
+    """A dry run reads a checkout with plain git commands (`targets.git.Repo._read`): GitPython's
+    import, with the two `git version` it runs, was about a tenth of a cold dry run. The apply,
+    which commits, opens it."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
+    where = ["--sglang", str(sg), "--flashinfer", str(fi), "--no-gpu-check"]
+
+    def opened(*args: str) -> bool:
+        proc = subprocess.run([sys.executable, "-c", GITPYTHON_PROBE, *args],
+                              capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stderr.strip().splitlines()[-1].lower())
+
+    assert opened("apply", "all", "--dry-run", *where) is False
+    assert opened("apply", "all", *where) is True
+
+
+def test_status_and_ensure_on_installed_packages_spawn_nothing(tmp_path):
+    """On installed packages the warm commands run no git, so they do not import `subprocess`
+    (with `selectors` and the rest, a few ms of every service start)."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
+    where = ["--sglang", str(sg), "--flashinfer", str(fi)]
+    probe = GITPYTHON_PROBE.replace('"git" in sys.modules', '"subprocess" in sys.modules')
+    assert run("apply", "all", "--no-gpu-check", *where, cache=tmp_path / "c")["code"] == 0
+    for args in (["status", *where], ["ensure", "all", "--no-gpu-check", *where]):
+        proc = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == "False", args

@@ -33,6 +33,7 @@ from sm120patch.engine.records import (
 from sm120patch.engine.reports import Action, Report, ReportedFile, TargetReport
 from sm120patch.engine.run import (
     TargetRun,
+    check_applied_matches_lock,
     check_evidence,
     check_restored,
     check_writable,
@@ -40,8 +41,10 @@ from sm120patch.engine.run import (
     new_txn,
     refuse_unfinished,
     remove_temps,
+    runs_for,
     same_run,
     start_time,
+    unchecked_refusals,
 )
 from sm120patch.errors import NotWritable, Refused
 from sm120patch.patchkit.facts import Status
@@ -69,65 +72,6 @@ class Prepared:
     nothing_to_do: bool = False
     # targets already as wanted (the profile applied, or its record that it needs nothing)
     wanted: list[TargetRun] = field(default_factory=list)
-
-
-def runs_for(
-    profile: catalog.Profile,
-    given: Given,
-    force: bool,
-    lock: Lock | None = None,
-) -> list[TargetRun]:
-    """A run of each of the profile's targets, as the command found them (`given`)."""
-    found = planner.resolve_targets(profile, given)
-    planner.require_pins(profile, found, given, force=force, verb="apply")
-    if lock is not None:
-        # Before anything is locked or read: a lock for another release is refused at once.
-        other = [
-            f"{t.kind} version: lock has {lock.versions.get(t.kind)}, found {t.version}"
-            for t in found
-            if lock.versions.get(t.kind) != t.version
-        ]
-        if other:
-            raise Refused(
-                "the lock does not match these trees: " + "; ".join(other),
-                "nothing was changed; use the releases the lock was made on, or make a new lock",
-            )
-    git_roots = [t.root for t in found if t.layout == "git"]
-    if len(git_roots) != len(set(git_roots)):
-        # One branch per target is the contract; two targets in one work tree would need one
-        # branch for both, which revert could not undo one target at a time.
-        raise Refused(
-            f"SGLang and FlashInfer are in the same git repository ({git_roots[0]}); "
-            "sm120patch makes one branch per repository and target",
-            "apply to separate checkouts, or to installed packages",
-        )
-    return [TargetRun(t) for t in found]
-
-
-def unchecked_refusals(profile: catalog.Profile, found: list[Target], given: Given) -> list[str]:
-    """One line per target kind whose releases `profile` refuses but does not patch (moe: a
-    FlashInfer before 0.6.7) where no such target can be found to check: why the run goes on,
-    and how to have it checked. The profile's patches do not need that target, and SGLang's
-    checkout or a venv under construction may not hold it yet; status and ensure check it
-    once it is there."""
-    from sm120patch.targets import DISPLAY
-
-    have = {t.kind for t in found}
-    lines = []
-    for kind in dict.fromkeys(r.kind for r in profile.refuse if r.kind not in have):
-        if planner.beside(kind, found, given) is not None:
-            continue  # found and checked (`planner.require_pins`)
-        label = DISPLAY[kind]
-        specs = " or ".join(str(r.releases) for r in profile.refuse if r.kind == kind)
-        near = ", ".join(str(t.parent) for t in found if t.layout != "git")
-        lines.append(
-            f"profile {profile.name} refuses {label} {specs}, and no {label} was found "
-            f"({'none in ' + near + ', ' if near else ''}none importable by this Python), so "
-            f"that was not checked: the profile's patches do not need {label} to apply; give "
-            f"--{kind} PATH (the {label} the server runs with) to check it now, and "
-            f"`sm120patch status` and `ensure` check it once it is installed"
-        )
-    return lines
 
 
 def _preflight(
@@ -225,18 +169,6 @@ def _preflight(
                 check_writable(ctx, tp.target.rel(f.file))
         prep.branches[ctx.target.kind] = ctx.layout.patch_branch(profile.name)
     return prep
-
-
-def check_applied_matches_lock(ctx: TargetRun, found: Assessment, lock: Lock) -> None:
-    assert found.manifest is not None
-    want = {f.path: f.after for f in lock.files if f.target == ctx.target.kind}
-    have = {f.module: f.after for f in found.manifest.files}
-    if want != have or lock.versions.get(ctx.target.kind) != ctx.target.version:
-        raise Refused(
-            f"{ctx.target.at}: profile {found.profile} is applied, but not as the lock says "
-            "(other files, bytes or version)",
-            f"revert it (`sm120patch revert {found.profile}`), then apply the lock",
-        )
 
 
 def _candidate_files(cat: catalog.Catalog, profile: catalog.Profile, target: Target) -> list[str]:

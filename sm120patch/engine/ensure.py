@@ -6,20 +6,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sm120patch.engine import assess
-from sm120patch.engine.apply import (
-    apply_runs,
-    check_applied_matches_lock,
-    runs_for,
-    unchecked_refusals,
-)
 from sm120patch.engine.reports import Action, Report, TargetReport
+from sm120patch.engine.run import check_applied_matches_lock, runs_for, unchecked_refusals
 from sm120patch.errors import Refused
 from sm120patch.plan import catalog
-from sm120patch.plan.plans import Plan
 from sm120patch.targets.resolved import Given, resolved
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock
+    from sm120patch.plan.plans import Plan
 
 
 def ensure(
@@ -76,6 +71,10 @@ def ensure(
             f"{wrong.target.at}: {wrong.state}: {wrong.message}",
             verify_hint(wrong, profile.name, lock),
         )
+    # Only a tree not yet as wanted plans: the planner's modules load here, not at every
+    # service start.
+    from sm120patch.engine.apply import apply_runs
+
     report = apply_runs(
         profile, ctxs, named, preconditions=preconditions, check_plan=check_plan, lock=lock,
         seen={c.target.kind: a for c, a in zip(ctxs, found, strict=True)},

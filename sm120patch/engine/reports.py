@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sm120patch.engine.assess import State
-from sm120patch.patchkit.model import Outcome
-from sm120patch.plan.plans import Plan
 from sm120patch.targets import Target
+
+if TYPE_CHECKING:  # `ensure` on an applied tree reports without a plan module
+    from sm120patch.patchkit.model import Outcome
+    from sm120patch.plan.plans import Plan
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""One target during a run (its state and its layout), the locks of a run, and what apply,
+"""One target during a run (its state and its layout), the targets of a run and their checks
+before anything is read (what apply and ensure share), the locks of a run, and what apply,
 revert and recover share about journals and temp files."""
 
 from __future__ import annotations
@@ -9,15 +10,20 @@ import stat
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from sm120patch.engine import assess
 from sm120patch.engine.assess import Assessment
-from sm120patch.engine.layouts import TargetLayout, layout_of
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, not_writable
-from sm120patch.plan import catalog
+from sm120patch.plan import catalog, pins
 from sm120patch.targets import Target, procscan
+from sm120patch.targets.resolved import Given
+
+if TYPE_CHECKING:
+    from sm120patch.engine.layouts import TargetLayout
+    from sm120patch.plan.lockfile import Lock
 
 
 class TargetRun:
@@ -32,8 +38,11 @@ class TargetRun:
 
     @property
     def layout(self) -> TargetLayout:
-        # Made on first use: GitPython is imported only by runs that touch git.
+        # Made on first use: GitPython is imported only by runs that touch git, and the layouts
+        # only by runs that write (not `ensure` on a tree already as wanted).
         if self._layout is None:
+            from sm120patch.engine.layouts import layout_of
+
             self._layout = layout_of(self.target, self.state)
         return self._layout
 
@@ -91,6 +100,77 @@ class TargetRun:
             message=f"the record that profile {m.profile} needs nothing here does not name "
             "the files its patches read now (another version of the patches?): an apply plans "
             "again",
+        )
+
+
+def runs_for(
+    profile: catalog.Profile,
+    given: Given,
+    force: bool,
+    lock: Lock | None = None,
+) -> list[TargetRun]:
+    """A run of each of the profile's targets, as the command found them (`given`)."""
+    found = pins.resolve_targets(profile, given)
+    pins.require_pins(profile, found, given, force=force, verb="apply")
+    if lock is not None:
+        # Before anything is locked or read: a lock for another release is refused at once.
+        other = [
+            f"{t.kind} version: lock has {lock.versions.get(t.kind)}, found {t.version}"
+            for t in found
+            if lock.versions.get(t.kind) != t.version
+        ]
+        if other:
+            raise Refused(
+                "the lock does not match these trees: " + "; ".join(other),
+                "nothing was changed; use the releases the lock was made on, or make a new lock",
+            )
+    git_roots = [t.root for t in found if t.layout == "git"]
+    if len(git_roots) != len(set(git_roots)):
+        # One branch per target is the contract; two targets in one work tree would need one
+        # branch for both, which revert could not undo one target at a time.
+        raise Refused(
+            f"SGLang and FlashInfer are in the same git repository ({git_roots[0]}); "
+            "sm120patch makes one branch per repository and target",
+            "apply to separate checkouts, or to installed packages",
+        )
+    return [TargetRun(t) for t in found]
+
+
+def unchecked_refusals(profile: catalog.Profile, found: list[Target], given: Given) -> list[str]:
+    """One line per target kind whose releases `profile` refuses but does not patch (moe: a
+    FlashInfer before 0.6.7) where no such target can be found to check: why the run goes on,
+    and how to have it checked. The profile's patches do not need that target, and SGLang's
+    checkout or a venv under construction may not hold it yet; status and ensure check it
+    once it is there."""
+    from sm120patch.targets import DISPLAY
+
+    have = {t.kind for t in found}
+    lines = []
+    for kind in dict.fromkeys(r.kind for r in profile.refuse if r.kind not in have):
+        if pins.beside(kind, found, given) is not None:
+            continue  # found and checked (`pins.require_pins`)
+        label = DISPLAY[kind]
+        specs = " or ".join(str(r.releases) for r in profile.refuse if r.kind == kind)
+        near = ", ".join(str(t.parent) for t in found if t.layout != "git")
+        lines.append(
+            f"profile {profile.name} refuses {label} {specs}, and no {label} was found "
+            f"({'none in ' + near + ', ' if near else ''}none importable by this Python), so "
+            f"that was not checked: the profile's patches do not need {label} to apply; give "
+            f"--{kind} PATH (the {label} the server runs with) to check it now, and "
+            f"`sm120patch status` and `ensure` check it once it is installed"
+        )
+    return lines
+
+
+def check_applied_matches_lock(ctx: TargetRun, found: Assessment, lock: Lock) -> None:
+    assert found.manifest is not None
+    want = {f.path: f.after for f in lock.files if f.target == ctx.target.kind}
+    have = {f.module: f.after for f in found.manifest.files}
+    if want != have or lock.versions.get(ctx.target.kind) != ctx.target.version:
+        raise Refused(
+            f"{ctx.target.at}: profile {found.profile} is applied, but not as the lock says "
+            "(other files, bytes or version)",
+            f"revert it (`sm120patch revert {found.profile}`), then apply the lock",
         )
 
 

@@ -25,13 +25,15 @@ import json
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sm120patch import __version__
 from sm120patch.errors import Refused, UsageError
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog
-from sm120patch.plan.plans import Plan
+
+if TYPE_CHECKING:  # a lock is read at every `ensure --locked`: no plan module for that
+    from sm120patch.plan.plans import Plan
 
 SCHEMA = 2  # 2: no patch code digests (schema 1, 0.2.x, had them: still read)
 # What a schema 1 lock says of a patch's code, kept as read, never compared (the module's doc).

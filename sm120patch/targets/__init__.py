@@ -17,7 +17,6 @@ import functools
 import importlib.util
 import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -31,6 +30,7 @@ from sm120patch.patchkit.kinds import TARGETS, Kind
 from sm120patch.safeio import clean_command, git_env, read_regular, user_name
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Mapping
 
     from packaging.version import Version
@@ -357,6 +357,7 @@ def check_owner(root: Path) -> None:
 def _run_git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     """A read-only git command in `root`, without hooks, fsmonitor or a pager; GitPython is
     not imported for it (`status` would double its start-up time)."""
+    import subprocess  # only where there is a checkout: none for installed packages
     try:
         return subprocess.run(
             clean_command(
@@ -448,6 +449,7 @@ class _AtCommit:
             asked.insert(0, self.rev)
         if not asked:
             return
+        import subprocess  # only where there is a checkout: none for installed packages
         proc = subprocess.run(
             clean_command(
                 ["git", *SAFE_CONFIG, "-C", str(self.root), "cat-file", "--batch"], git_env()

@@ -51,24 +51,32 @@ SETTLE_WAIT_S = 10.0
 _IDENTITY_ENV = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL")
 
 
-def _filters_off(root: Path) -> dict[str, str]:
+def _filters_off(root: Path) -> tuple[dict[str, str], bool]:
     """`GIT_CONFIG_*` settings (command-line scope, above every file) that switch off every
     filter driver the repository's configuration defines: with `process` empty git uses
     neither it nor `clean`/`smudge`, and a driver no longer `required` is skipped. The
-    attributes that name a driver (`.gitattributes`, `info/attributes`) then do nothing."""
+    attributes that name a driver (`.gitattributes`, `info/attributes`) then do nothing.
+    And whether the configuration says the repository is bare (`core.bare`), read by the
+    same git command."""
     import subprocess
 
     try:
         proc = subprocess.run(
-            clean_command(["git", *SAFE_CONFIG, "-C", str(root), "config", "--name-only",
-                            "--get-regexp", r"^filter\."], git_env()),
+            clean_command(["git", *SAFE_CONFIG, "-C", str(root), "config", "-z", "--get-regexp",
+                            r"^filter\.|^core\.bare$"], git_env()),
             capture_output=True, text=True, check=False, start_new_session=True,
         )  # fmt: skip
     except OSError:
-        return {}
+        return {}, False
     names = set()
-    for line in proc.stdout.splitlines():
-        section, _, rest = line.partition(".")
+    bare = False
+    for entry in proc.stdout.split("\0"):  # `-z`: "key\nvalue", or "key" alone for no value
+        key, newline, value = entry.partition("\n")
+        if key.lower() == "core.bare":  # git's booleans: no value is true
+            v = value.strip().lower()
+            bare = not newline or v in ("true", "yes", "on") or (v.isdigit() and int(v) != 0)
+            continue
+        section, _, rest = key.partition(".")
         name, _, _key = rest.rpartition(".")
         if section == "filter" and name:
             names.add(name)
@@ -80,7 +88,7 @@ def _filters_off(root: Path) -> dict[str, str]:
         env[f"GIT_CONFIG_VALUE_{i}"] = value
     if pairs:
         env["GIT_CONFIG_COUNT"] = str(len(pairs))
-    return env
+    return env, bare
 
 
 def _common_dir(root: Path) -> Path:
@@ -131,6 +139,27 @@ def _git_problem(exc: Exception) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     fatal = [line for line in lines if line.startswith(("fatal:", "error:"))]
     return (fatal or lines or [type(exc).__name__])[0].removeprefix("stderr: ")
+
+
+def _unusable(root: Path) -> Refused:
+    return Refused(
+        f"{root} is not a usable git repository",
+        f"`git -C {shlex.quote(str(root))} status` says what is wrong; or give the "
+        "installed package",
+    )
+
+
+def _bare(root: Path) -> Refused:
+    return Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")
+
+
+def _failed(what: str, root: Path, problem: str) -> Refused:
+    """A failed git command, in one line that says which and why (never a traceback)."""
+    return Refused(
+        f"git {what} failed in {root}: {problem}",
+        "fix what git says; if sm120patch was interrupted, `sm120patch recover` "
+        "finishes its work afterwards",
+    )
 
 
 _repo_class: type[git.Repo] | None = None
@@ -191,26 +220,60 @@ def _terminal_signals_blocked() -> Iterator[None]:
 
 
 class Repo:
-    """The git side of one target."""
+    """The git side of one target. GitPython is opened at the first command that needs it: its
+    import runs `git version` twice and was about a tenth of a cold dry run on a checkout, which
+    reads the checkout with plain git commands run as GitPython runs them (`check_ready`,
+    `branch_exists`) and never opens it."""
 
     def __init__(self, root: Path) -> None:
+        if not (git_dir_of(root) / "HEAD").is_file():
+            raise _unusable(root)
+        # No filter driver of the repository's config runs (the module's docstring).
+        filters_off, bare = _filters_off(root)
+        if bare:
+            raise _bare(root)
+        self.root = root
+        # Paths come from the plan and from state: never let one be read as pathspec magic.
+        self._environment = {"GIT_LITERAL_PATHSPECS": "1", **filters_off}
+        self._repo: git.Repo | None = None
+
+    @property
+    def repo(self) -> git.Repo:
+        if self._repo is None:
+            self._repo = self._open()
+        return self._repo
+
+    def _open(self) -> git.Repo:
         import git
 
         try:
-            self.repo: git.Repo = _own_session_repo()(root)
+            repo: git.Repo = _own_session_repo()(self.root)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise Refused(
-                f"{root} is not a usable git repository",
-                f"`git -C {shlex.quote(str(root))} status` says what is wrong; or give the "
-                "installed package",
-            ) from None
-        if self.repo.bare:
-            raise Refused(f"{root} is a bare git repository", "patch a checkout with a work tree")
-        # Paths come from the plan and from state: never let one be read as pathspec magic.
-        self.repo.git.update_environment(GIT_LITERAL_PATHSPECS="1")
-        # No filter driver of the repository's config runs (the module's docstring).
-        self.repo.git.update_environment(**_filters_off(root))
-        self.root = root
+            raise _unusable(self.root) from None
+        if repo.bare:
+            raise _bare(self.root)
+        repo.git.update_environment(**self._environment)
+        return repo
+
+    def _read(self, what: str, *args: str) -> str:
+        """A read-only git command's output, run as GitPython runs this repository's commands
+        (`_own_session_repo`: the same configuration, environment, session and signal mask)
+        without opening it. A failure is one line (`_failing`'s)."""
+        import subprocess
+
+        command = clean_command(["git", *SAFE_CONFIG, *args], git_env(self._environment))
+        try:
+            with _terminal_signals_blocked():
+                proc = subprocess.run(command, cwd=self.root, capture_output=True, check=False,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        except OSError as exc:
+            raise _failed(what, self.root, exc.strerror or str(exc)) from None
+        if proc.returncode != 0:
+            stderr = proc.stderr.decode("utf-8", "replace")
+            failed = subprocess.CalledProcessError(proc.returncode, command, stderr=stderr)
+            raise _failed(what, self.root, _git_problem(failed))
+        out = proc.stdout.decode("utf-8", "replace")
+        return out[:-1] if out.endswith("\n") else out  # as GitPython strips it
 
     @contextmanager
     def _failing(self, what: str) -> Iterator[None]:
@@ -220,11 +283,7 @@ class Repo:
         try:
             yield
         except git.GitCommandError as exc:
-            raise Refused(
-                f"git {what} failed in {self.root}: {_git_problem(exc)}",
-                "fix what git says; if sm120patch was interrupted, `sm120patch recover` "
-                "finishes its work afterwards",
-            ) from None
+            raise _failed(what, self.root, _git_problem(exc)) from None
 
     # ---- reading -----------------------------------------------------------------------
     def head(self) -> tuple[str | None, str]:
@@ -267,7 +326,7 @@ class Repo:
 
     def check_idle(self) -> None:
         """Refuse when git is mid-operation: a merge, rebase, ... or another git command."""
-        git_dir = Path(self.repo.git_dir)
+        git_dir = git_dir_of(self.root)
         lock = git_dir / "index.lock"
         if lock.exists():
             raise Refused(
@@ -354,12 +413,11 @@ class Repo:
     def dirty(self, rels: list[str]) -> list[str]:
         if not rels:
             return []
-        with self._failing("status"):
-            out = self.repo.git.status("--porcelain", "--untracked-files=all", "--", *rels)
+        out = self._read("status", "status", "--porcelain", "--untracked-files=all", "--", *rels)
         return sorted({line[3:] for line in out.splitlines() if line.strip()})
 
     def branch_exists(self, name: str) -> bool:
-        return name in [h.name for h in self.repo.heads]
+        return branch_exists_light(self.root, name)
 
     def show(self, rev: str, rel: str) -> bytes | None:
         import git
