@@ -1,8 +1,7 @@
 """Find a target (an SGLang or FlashInfer tree), its layout and its version, without importing it.
 
-Importing SGLang needs torch and a GPU stack; we only ever read files. A checkout's version is
-what its own packaging says, read at the base of sm120patch's patch branch (see
-`_checkout_version` and docs/operator.md, "A checkout's version").
+Importing SGLang needs torch and a GPU stack; we only read files. A checkout's version is what
+its packaging says at the base of sm120patch's patch branch (`_checkout_version`).
 
 This package's init imports none of its own modules (git.py, files.py and procscan.py import
 it): Python runs a package's init before any module of it, so an init importing one of them
