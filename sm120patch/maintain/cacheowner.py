@@ -1,7 +1,7 @@
 """Whose the release cache is: it is used only when it is the effective user's own.
 
 A user's cache (root run with their HOME) or a shared one could hold a planted tree or a lock
-link; like the plan cache and the state, the release cache is trusted only when no one but the
+link; like the state, the release cache is trusted only when no one but the
 user running sm120patch (or root, above it) could have written it.
 """
 

@@ -167,8 +167,8 @@ _judged: dict[str, Path] = {}
 def cache_dir() -> Path:
     """`$SM120PATCH_CACHE`, else the per-user cache directory of sm120patch, when it is the
     effective user's own: it and its `dist/`, `trees/` and `index/` owned by that user and
-    writable by no one else (as is every directory above it, or root's). Otherwise, as the
-    plan cache, it is ignored with one warning (a user's cache, when root runs with their
+    writable by no one else (as is every directory above it, or root's). Otherwise it is
+    ignored with one warning (a user's cache, when root runs with their
     HOME, or a shared one could hold a planted tree or a lock link): this process then
     fetches into a private directory of its own."""
     env = os.environ.get("SM120PATCH_CACHE")
