@@ -68,10 +68,10 @@ KINDS = TARGETS
 
 
 # PyPI project of each target kind, and the import package inside it.
-PROJECT = {"sglang": "sglang", "flashinfer": "flashinfer-python"}
+PROJECT = {"sglang": "sglang", "flashinfer": "flashinfer-python", "vllm": "vllm"}
 
 
-PACKAGE = {"sglang": "sglang", "flashinfer": "flashinfer"}
+PACKAGE = {"sglang": "sglang", "flashinfer": "flashinfer", "vllm": "vllm"}
 
 
 DOWNLOAD_TIMEOUT_S = 60.0
