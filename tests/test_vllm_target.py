@@ -97,7 +97,11 @@ def test_status_lists_a_named_vllm(tmp_path):
     site = installed_vllm(tmp_path)
     result = CliRunner().invoke(main, ["status", "--vllm", str(site), "--json"])
     assert result.exit_code == 0, result.output
-    [listed] = json.loads(result.output)["targets"]  # the vLLM only: no SGLang installed here
-    assert (listed["kind"], listed["version"], listed["state"]) == ("vllm", "0.34.0", "pristine")
+    [listed] = [t for t in json.loads(result.output)["targets"] if t["kind"] == "vllm"]
+    assert (listed["version"], listed["state"]) == ("0.34.0", "pristine")
+    stated = CliRunner().invoke(main, ["status", "--vllm", str(site), "--vllm-version", "0.34.0",
+                                       "--json"])  # fmt: skip
+    [listed] = [t for t in json.loads(stated.output)["targets"] if t["kind"] == "vllm"]
+    assert listed["version_source"] == "--vllm-version"
     bad = CliRunner().invoke(main, ["status", "--vllm", str(tmp_path / "nothing")])
     assert bad.exit_code == 2 and "--vllm" in bad.output and "Traceback" not in bad.output
