@@ -44,3 +44,22 @@ def test_a_pinned_vllm_is_kept_as_its_sources(version: str, reachable: None) -> 
     assert not list(releases.cache_dir().rglob("vllm-*.whl"))
     found = targets.find("vllm", root)
     assert (found.layout, found.version) == ("installed", version)
+
+
+def test_the_newest_vllm_as_a_tagged_checkout_reads_its_release(tmp_path, reachable: None) -> None:
+    """The newest pinned release's sources in a repository shaped as upstream's (the package at
+    the root, setuptools-scm's pyproject table, the release tagged v<version>)."""
+    import shutil
+
+    from trees import VLLM_SCM_PYPROJECT, commit_all, git, init_repo
+
+    newest = max(PINNED, key=lambda v: tuple(int(x) for x in v.split(".")))
+    root = tmp_path / "vllm"
+    shutil.copytree(sources.tree("vllm", newest) / "vllm", root / "vllm")
+    (root / "vllm" / "_version.py").unlink(missing_ok=True)  # a build's record, not tracked
+    (root / "pyproject.toml").write_text(VLLM_SCM_PYPROJECT)
+    init_repo(root)
+    commit_all(root, newest)
+    git(root, "tag", f"v{newest}")
+    found = targets.find("vllm", root)
+    assert (found.layout, found.version) == ("git", newest), found.version_source
