@@ -61,6 +61,7 @@ class Session:
     stated: dict[str, str] = field(default_factory=dict)  # --sglang-version, --flashinfer-version
     _gpus: GpuInventory | None = field(default=None, repr=False)
     verbose: bool = False  # the known outcomes in full, not one short line each
+    vllm: str | None = None  # --vllm: looked for only when given (kinds.LOOKED_FOR)
 
     def __post_init__(self) -> None:
         from sm120patch import targets
@@ -71,7 +72,7 @@ class Session:
 
     @property
     def paths(self) -> dict[str, str | None]:
-        return {"sglang": self.sglang, "flashinfer": self.flashinfer}
+        return {"sglang": self.sglang, "flashinfer": self.flashinfer, "vllm": self.vllm}
 
     @functools.cached_property
     def targets(self) -> Resolved:

@@ -26,6 +26,15 @@ def _stated(ctx: click.Context, param: click.Parameter, value: str | None) -> No
         ctx.meta.setdefault("sm120patch.stated", {})[str(param.name)[: -len("_version")]] = value
 
 
+VLLM_META = "sm120patch.vllm"
+
+
+def _named_vllm(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # Not a parameter of every command: `session` reads it, as it reads the stated versions.
+    if value:
+        ctx.find_root().meta[VLLM_META] = value
+
+
 target_options = [
     click.option(
         "--sglang",
@@ -43,9 +52,17 @@ target_options = [
         help="FlashInfer checkout root, package parent or site-packages "
         "(default: the one installed in this Python).",
     ),
+    click.option(
+        "--vllm",
+        metavar="PATH",
+        expose_value=False,
+        callback=_named_vllm,
+        help="vLLM checkout root, package parent or site-packages (looked for only when given).",
+    ),
     *(click.option(f"--{k}-version", metavar="VERSION", expose_value=False, callback=_stated,
                    help=f"The {n} release this tree is, where its packaging does not say.")
-      for k, n in (("sglang", "SGLang"), ("flashinfer", "FlashInfer"))),  # fmt: skip
+      for k, n in (("sglang", "SGLang"), ("flashinfer", "FlashInfer"),
+                   ("vllm", "vLLM"))),  # fmt: skip
 ]
 
 
@@ -102,10 +119,11 @@ def session(
 ) -> app.Session:
     """The command's session: its targets and the group's --patches."""
     root = click.get_current_context().find_root()
-    root.meta[render.PATHS_META] = {"sglang": sglang, "flashinfer": flashinfer}  # hints use it
-    return app.Session(
-        sglang, flashinfer, root.obj or (), root.meta.get("sm120patch.stated", {}), verbose=verbose
-    )
+    vllm = root.meta.get(VLLM_META)
+    root.meta[render.PATHS_META] = {"sglang": sglang, "flashinfer": flashinfer,
+                                    **({"vllm": vllm} if vllm else {})}  # hints use it; fmt: skip
+    return app.Session(sglang, flashinfer, root.obj or (), root.meta.get("sm120patch.stated", {}),
+                       verbose=verbose, vllm=vllm)  # fmt: skip
 
 
 @main.command("list")

@@ -94,7 +94,7 @@ def test_a_targets_kind_is_the_kind_enum_and_prints_as_its_word(tmp_path):
     assert f"{target.kind}" == "sglang" and json.dumps({target.kind: target.kind}) == (
         '{"sglang": "sglang"}'
     )
-    assert targets.KINDS == (Kind.SGLANG, Kind.FLASHINFER) == ("sglang", "flashinfer")
+    assert targets.KINDS == (Kind.SGLANG, Kind.FLASHINFER, Kind.VLLM) == ("sglang", "flashinfer", "vllm")
 
 
 def test_a_plan_keeps_texts_and_no_tree(tmp_path):

@@ -127,7 +127,29 @@ def gen_vllm_comm_module():
 """,
 }
 
-DIST = {"sglang": "sglang", "flashinfer": "flashinfer_python"}
+# vLLM's shape (written by us): the package at the repository's root, a capability gate in
+# the manner of its platform code.
+VLLM_FILES = {
+    "vllm/__init__.py": "",
+    "vllm/platforms/__init__.py": "",
+    "vllm/platforms/gates.py": """\
+def use_cutlass_moe(current_platform):
+    return current_platform.is_device_capability(100)
+""",
+}
+
+DIST = {"sglang": "sglang", "flashinfer": "flashinfer_python", "vllm": "vllm"}
+
+# vLLM's pyproject.toml, the part that versions a checkout: setuptools-scm with its defaults
+# (its setup.py writes the record to vllm/_version.py, which git ignores).
+VLLM_SCM_PYPROJECT = """\
+[project]
+name = "vllm"
+dynamic = ["version"]
+
+[tool.setuptools_scm]
+# no extra settings needed, presence enables setuptools-scm
+"""
 
 # SGLang's python/pyproject.toml since 0.5.10, the part that gives a checkout its version:
 # setuptools-scm, counting from the tag its python/tools/get_version_tag.py names, its record
@@ -154,7 +176,7 @@ def git(root: Path, *args: str) -> str:
 def make_tree(base: Path, kind: str, version: str, layout: str) -> Path:
     """A target: `layout` "git" gives a checkout root (SGLang under python/), "installed" a
     site-packages directory with a dist-info recording `version`. Returns the path to pass."""
-    files = SGLANG_FILES if kind == "sglang" else FLASHINFER_FILES
+    files = {"sglang": SGLANG_FILES, "flashinfer": FLASHINFER_FILES, "vllm": VLLM_FILES}[kind]
     root = base / f"{kind}-{layout}"
     parent = root / "python" if (kind == "sglang" and layout == "git") else root
     for rel, text in files.items():

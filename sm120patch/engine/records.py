@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from sm120patch.patchkit.kinds import TARGETS
 from sm120patch.targets import Target
 from sm120patch.targets.files import safe_relpath
 
@@ -284,7 +285,7 @@ def _check_target(target: object) -> str:
         isinstance(k, str) and isinstance(v, str) for k, v in target.items()
     ):
         return "target is not a table of strings"
-    if target.get("kind") not in (None, "sglang", "flashinfer"):
+    if target.get("kind") not in (None, *TARGETS):
         return f"target.kind {target.get('kind')!r} is not a target kind"
     if target.get("layout") not in (None, "git", "installed"):
         return f"target.layout {target.get('layout')!r} is neither git nor installed"
@@ -339,7 +340,7 @@ def _check_peers(peers: object) -> str:
     for p in peers:
         if (
             not isinstance(p, dict)
-            or p.get("kind") not in ("sglang", "flashinfer")
+            or p.get("kind") not in TARGETS
             or p.get("layout") not in ("git", "installed")
             or not isinstance(p.get("root"), str)
             or not os.path.isabs(p["root"])
@@ -381,7 +382,7 @@ def _check_refuses(refuses: object) -> str:
     ok = refuses is None or (
         isinstance(refuses, dict)
         and all(
-            k in ("sglang", "flashinfer") and isinstance(v, list)
+            k in TARGETS and isinstance(v, list)
             and all(isinstance(spec, str) for spec in v)
             for k, v in refuses.items()
         )

@@ -8,6 +8,7 @@ from typing import Any
 from sm120patch import targets
 from sm120patch.engine import assess
 from sm120patch.errors import Sm120Error
+from sm120patch.patchkit.kinds import LOOKED_FOR
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog, planner
 from sm120patch.targets.resolved import Given, resolved
@@ -84,7 +85,7 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
     named = resolved(paths)
     found: dict[str, targets.Target] = {}
     missing = []
-    for kind in TARGETS:
+    for kind in (k for k in TARGETS if k in LOOKED_FOR or named.given(k)):
         try:
             found[kind] = named.find(kind)
         except Sm120Error as exc:

@@ -64,14 +64,18 @@ from sm120patch.maintain.index import (
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.targets.files import atomic_write
 
-KINDS = TARGETS
+# The kinds whose cache keeps only the Python sources, never the distribution (a vLLM wheel is
+# 240 to 340 MB): maintain/sources.py. KINDS, the kinds kept as distributions, are the ones the
+# real tier sweeps and `matrix` reads.
+SOURCES_ONLY = ("vllm",)
+KINDS = tuple(k for k in TARGETS if k not in SOURCES_ONLY)
 
 
 # PyPI project of each target kind, and the import package inside it.
-PROJECT = {"sglang": "sglang", "flashinfer": "flashinfer-python"}
+PROJECT = {"sglang": "sglang", "flashinfer": "flashinfer-python", "vllm": "vllm"}
 
 
-PACKAGE = {"sglang": "sglang", "flashinfer": "flashinfer"}
+PACKAGE = {"sglang": "sglang", "flashinfer": "flashinfer", "vllm": "vllm"}
 
 
 DOWNLOAD_TIMEOUT_S = 60.0
@@ -105,6 +109,7 @@ DEFAULT_RELEASES: dict[str, tuple[str, ...]] = {
         "0.5.23",
     ),
     "flashinfer": ("0.3.1", "0.6.1", "0.6.15", "0.6.16", "0.6.17"),
+    "vllm": ("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"),  # the five newest on the index
 }
 
 
@@ -146,6 +151,7 @@ SUPPORT_FILES: dict[str, tuple[str, ...]] = {
         "sglang/srt/layers/quantization/modelopt_quant.py",
     ),
     "flashinfer": ("flashinfer/gemm/gemm_base.py", "flashinfer/jit/cpp_ext.py"),
+    "vllm": (),  # its cache keeps every .py (maintain/sources.py)
 }
 
 
@@ -193,8 +199,8 @@ def trees_dir() -> Path:
 
 
 def check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"unknown target kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if kind not in TARGETS:
+        raise ValueError(f"unknown target kind {kind!r}; expected one of {', '.join(TARGETS)}")
 
 
 STALE_S = 3600.0
@@ -544,6 +550,9 @@ def fetch(kind: str, version: str) -> Path:
     match."""
     check_kind(kind)
     Version(version)  # a clear InvalidVersion before any download
+    if kind in SOURCES_ONLY:
+        raise ReleaseError(f"{PROJECT[kind]} wheels are not cached; its sources are "
+                           "(sm120patch.maintain.sources.tree)")  # fmt: skip
     found = cached(kind, version)
     if found and verify(kind, found) is None:
         return found

@@ -87,18 +87,23 @@ def tree(kind: str, version: str) -> Path:
             }
             atomic_write(staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644,
                          durable=False)  # fmt: skip
-            if dest.exists():
-                # A stale tree: move it aside first, since a directory cannot be renamed over a
-                # non-empty one; readers see the old or the new tree, never a mix.
-                old = Path(tempfile.mkdtemp(prefix=f".old-{kind}-{version}-", dir=trees_dir()))
-                os.replace(dest, old / "tree")
-                os.replace(staging, dest)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(staging, dest)
+            put_tree(staging, dest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+def put_tree(staging: Path, dest: Path) -> None:
+    """Rename a built tree into place. A stale tree there is moved aside first, since a
+    directory cannot be renamed over a non-empty one; readers see the old or the new tree,
+    never a mix."""
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".old-{dest.name}-", dir=dest.parent))
+        os.replace(dest, old / "tree")
+        os.replace(staging, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, dest)
 
 
 def tree_record(path: Path) -> dict[str, Any]:

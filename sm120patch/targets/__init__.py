@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from sm120patch.errors import Refused, UsageError
 from sm120patch.handle import TreeHandle
 from sm120patch.patchkit import versions
+from sm120patch.patchkit.kinds import DISPLAY as DISPLAY  # defined with the kinds, read here
+from sm120patch.patchkit.kinds import DIST_NAMES as DIST_NAMES
 from sm120patch.patchkit.kinds import TARGETS, Kind
 from sm120patch.safeio import clean_command, git_env, read_regular, user_name
 
@@ -35,8 +37,6 @@ if TYPE_CHECKING:
     from packaging.version import Version
 
 KINDS = TARGETS  # the kinds, in the order targets are listed and handled
-DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
-DIST_NAMES = {"sglang": ("sglang",), "flashinfer": ("flashinfer_python", "flashinfer")}
 
 
 class Layout(str, Enum):
@@ -406,7 +406,8 @@ PATCH_TRAILER = "Sm120patch-Patch:"  # every commit sm120patch makes carries it
 PATCH_BRANCH_PREFIX = "sm120patch/"  # the branches sm120patch commits on
 # The files an editable install writes into the package and git does not track: setuptools-
 # scm's `version_file` (SGLang), FlashInfer's build metadata.
-_RECORDS = {"sglang": ("_version.py",), "flashinfer": ("_build_meta.py", "_version.py")}
+_RECORDS = {"sglang": ("_version.py",), "flashinfer": ("_build_meta.py", "_version.py"),
+            "vllm": ("_version.py",)}  # fmt: skip
 
 
 def patch_base(root: Path) -> str | None:

@@ -5,7 +5,8 @@ importable by this Python, the FlashInfer beside an installed SGLang). `app.Sess
 `Resolved` and hands it to every verb, so that a target is found, its version read and its
 checkout's git asked, once per command, and every step of the command works on the same
 `Target` (the same tree, whatever is renamed under its path meanwhile). A target that could
-not be found is the same refusal each time it is asked for, never a second search.
+not be found is the same refusal each time it is asked for, never a second search. A vLLM is
+looked for only where the command names it (`kinds.LOOKED_FOR`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TypeAlias
 
 from sm120patch import targets
 from sm120patch.errors import Refused, Sm120Error
+from sm120patch.patchkit.kinds import LOOKED_FOR
 from sm120patch.targets import KINDS, Target
 
 Paths: TypeAlias = Mapping[str, str | Path | None]
@@ -46,7 +48,10 @@ class Resolved:
         return _held(self._named[kind])
 
     def quiet(self, kind: str, *, required: bool | None = None) -> Target | None:
-        """`find`, or None when `kind` is not there and (unless `required`) was not named."""
+        """`find`, or None when `kind` is not there and (unless `required`) was not named; a
+        kind not looked for by default (vLLM) is not there unless named or `required`."""
+        if not (required or self.given(kind) or kind in LOOKED_FOR):
+            return None
         try:
             return self.find(kind)
         except Refused:
