@@ -14,6 +14,7 @@ from trees import VLLM_SCM_PYPROJECT, commit_all, init_repo, make_tree
 
 from sm120patch import targets
 from sm120patch.cli import main
+from sm120patch.targets.installed import record_hashes
 from sm120patch.targets.resolved import Resolved
 
 
@@ -36,7 +37,7 @@ def test_an_installed_vllm_is_read_from_its_dist_info(tmp_path):
     assert (found.kind, found.layout, found.version) == ("vllm", "installed", "0.34.0")
     assert found.version_source == "vllm-0.34.0.dist-info/METADATA"
     assert found.name == "vLLM" and found.package_dir == site.resolve() / "vllm"
-    hashes = targets.record_hashes(found)
+    hashes = record_hashes(found)
     gate = "vllm/platforms/gates.py"
     assert hashes[gate] == hashlib.sha256((site / gate).read_bytes()).hexdigest()
     assert set(hashes) == {"vllm/__init__.py", "vllm/platforms/__init__.py", gate}

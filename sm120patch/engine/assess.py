@@ -25,12 +25,12 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from sm120patch import targets
 from sm120patch.engine.records import FileRecord, Journal, Manifest
 from sm120patch.engine.store import TargetState
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Sm120Error
 from sm120patch.targets import Target, git
+from sm120patch.targets.installed import record_hashes
 from sm120patch.targets.resolved import Given, Resolved, resolved
 
 
@@ -260,7 +260,7 @@ def file_verdict(f: FileRecord, now: str | None, released: str | None = None) ->
 
 
 def _files(target: Target, manifest: Manifest) -> tuple[FileState, ...]:
-    record = targets.record_hashes(target)
+    record = record_hashes(target)
     out = []
     for f in manifest.files:
         now = target.handle.sha256(f.path)  # through the tree found, never a path again

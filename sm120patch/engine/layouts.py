@@ -29,8 +29,9 @@ from sm120patch.engine.records import FileRecord, GitBase, Journal
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
 from sm120patch.patchkit.runner import FileResult
-from sm120patch.targets import Target, git, record_hashes
+from sm120patch.targets import Target, git
 from sm120patch.targets.files import sha256
+from sm120patch.targets.installed import record_hashes
 
 # Path -> the bytes a revert leaves there (None: none to be had).
 Restored = dict[str, bytes | None]
