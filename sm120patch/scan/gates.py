@@ -519,7 +519,8 @@ class _Finder:
         strings = [
             e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
         ]
-        targets = [(s, arch.arch_string(s)) for s in strings]
+        dotted = isinstance(node, ast.Dict)  # vLLM's tables keyed by "10.0"
+        targets = [(s, arch.arch_string(s, dotted=dotted)) for s in strings]
         found = [(s, t) for s, t in targets if t is not None]
         # A list of targets, or of compiler flags with targets among them; not a tuple of
         # settings or tags that names an arch beside other things.
