@@ -134,6 +134,14 @@ def test_sm120_aware_or_archless_vllm_tests_are_no_gate(test: str) -> None:
     """) == []
 
 
+def test_a_capability_tuple_argument_is_no_list_of_majors() -> None:
+    # `(10, 7)` is one capability (Rubin), not the majors 10 and 7
+    assert scan("""
+        def _is_sm107() -> bool:
+            return current_platform.is_device_capability((10, 7))
+    """) == []
+
+
 def test_a_table_keyed_by_capability_strings_without_12_0_leaves_sm120_out() -> None:
     found = scan("""
         MAX_SIZES = {
