@@ -159,6 +159,23 @@ def test_a_table_keyed_by_capability_strings_without_12_0_leaves_sm120_out() -> 
     assert with_sm120 == []
 
 
+def test_a_table_keyed_by_sm_numbers_is_read_by_the_comment_above_it() -> None:
+    table = """
+        {comment}
+        FUSION_MAX_MB: dict[int, dict[int, float]] = {{
+            90: {{2: 64, 4: 2}},
+            100: {{2: 64, 4: 32}},
+            103: {{2: 64}},
+        }}
+    """
+    found = scan(table.format(comment="# Max size per world size per device capability"))
+    assert [(g.kind, g.verdict, g.favoured) for g in found] == [
+        ("list", "leaves-out", ("sm90", "sm100", "sm103"))
+    ]
+    # the same numbers with nothing saying they are archs are world sizes, batch sizes...
+    assert scan(table.format(comment="# Max size per world size")) == []
+
+
 def test_a_vllm_helper_named_for_an_arch_is_a_word() -> None:
     found = scan("""
         def _is_sm12x() -> bool:

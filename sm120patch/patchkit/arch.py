@@ -364,6 +364,8 @@ ARCH_TEXT: tuple[tuple[bytes, re.Pattern[bytes], bool | None], ...] = tuple(
         (b"arch", rb"archs\b|arch_list", True),
         # vLLM's per-arch tables keyed `"10.0": {...}`: one key ending .0 marks the file
         (b'.0"', rb'"(?:1[0-3]|[7-9])\.\d"', False),
+        # and `100: {`, a table keyed by sm numbers (FI_ALLREDUCE_FUSION_MAX_SIZE_MB)
+        (b"0: {", rb"(?m)^[ \t]+(?:[7-9]\d|1[0-2]\d):[ \t]*\{", False),
     )
 )
 _ARCH_NUMBER = re.compile(rb"(?<![\w.])(?:[7-9]|1[0-3]|[7-9]\d|1[0-2]\d|130)(?![\w.])")

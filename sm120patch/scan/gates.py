@@ -434,6 +434,8 @@ class _Finder:
             return
         if isinstance(value, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
             context = " ".join(names) or what
+            if isinstance(value, ast.Dict):  # "# Max size ... per device capability" (vLLM)
+                context += " " + self._comment_above(value, whole=True)
             self._list(value, kind, what, where, context)
             return
         if isinstance(value, _TESTS):
@@ -651,14 +653,15 @@ class _Finder:
     def _line(self, node: ast.AST) -> int:
         return int(getattr(node, "lineno", 1)) + self.offset
 
-    def _comment_above(self, node: ast.AST) -> str:
+    def _comment_above(self, node: ast.AST, whole: bool = False) -> str:
         """The comment lines right above the line a test starts on (its statement's, where the
         test opens it): authors say there which kernel a test is for ("This kernel uses tcgen05
         + TMEM ... not on Blackwell desktop SM120")."""
-        n = int(getattr(node, "lineno", 1)) - 2  # the line above, 0-based
+        lines = self.text.split("\n") if whole else self.lines  # whole: above the region too
+        n = int(getattr(node, "lineno", 1)) - 2 + (self.offset if whole else 0)  # 0-based
         found: list[str] = []
-        while n >= 0 and len(found) < 8 and self.lines[n].lstrip().startswith("#"):
-            found.append(self.lines[n].lstrip().lstrip("#").strip())
+        while n >= 0 and len(found) < 8 and lines[n].lstrip().startswith("#"):
+            found.append(lines[n].lstrip().lstrip("#").strip())
             n -= 1
         return " ".join(reversed(found))
 
