@@ -142,6 +142,8 @@ _NAMED_ARCHS: dict[str, frozenset[Capability]] = {
 # diffusion runtime's platform says is_blackwell() for capability major 10 alone.
 _SCOPED_ARCHS: dict[str, dict[str, frozenset[Capability]]] = {
     "sglang/multimodal_gen/": {"blackwell": _majors(10)},
+    # vLLM's `_is_blackwell()` (mamba's replayssm_config) is `is_device_capability_family(100)`.
+    "vllm/": {"blackwell": _majors(10)},
 }
 _SM_WORD = re.compile(r"sm_?(\d{2,3})([afx]?)")
 
@@ -222,7 +224,8 @@ def arch_quantity(spelled: str | None) -> str | None:
     `get_device_capability()[0]`), "minor", "capability" (a (major, minor) tuple:
     `device_capability`, `torch.cuda.get_device_capability()`, FlashInfer's
     `get_compute_capability()`), "sm" (major * 10 + minor: `get_device_sm()`, `_device_sm`,
-    `sm_version`), else None. Versions of anything else (`torch_version.major`) are none."""
+    `sm_version`, vLLM's `capability.to_int()`), else None. Versions of anything else
+    (`torch_version.major`) are none."""
     if not spelled or ("version" in spelled and "sm_version" not in spelled):
         return None
     base, _, index = spelled.partition("[")
@@ -230,7 +233,10 @@ def arch_quantity(spelled: str | None) -> str | None:
         if arch_quantity(base) != "capability" or index not in ("0]", "1]"):
             return None
         return "major" if index == "0]" else "minor"
-    last = spelled.rsplit(".", 1)[-1].removesuffix("()")
+    base, dot, last = spelled.rpartition(".")
+    if dot and last == "to_int()" and (arch_quantity(base) == "capability" or "capabilit" in base):
+        return "sm"  # vLLM's `DeviceCapability.to_int()`: major * 10 + minor
+    last = last.removesuffix("()")
     for kind, pattern in (("major", _MAJOR), ("minor", _MINOR), ("capability", _CAPABILITY),
                           ("sm", _SM)):  # fmt: skip
         if pattern.fullmatch(last):
@@ -262,17 +268,61 @@ def plausible_arch_number(kind: str, value: int) -> str | None:
     return None
 
 
+# vLLM's capability checks take the arch as an argument (vllm/platforms/interface.py):
+# `is_device_capability(c)` is `capability == c`, `has_device_capability(c)` is `capability >= c`,
+# each with `c` a (major, minor) tuple or an int `major * 10 + minor` (`DeviceCapability.to_int`);
+# `is_device_capability_family(c)` is `capability.to_int() // 10 == c // 10`, the major alone
+# (CUDA 13's family: 100 covers 10.x, 120 covers 12.x).
+VLLM_CAPABILITY_CHECKS = frozenset(
+    {"is_device_capability", "has_device_capability", "is_device_capability_family"}
+)
+
+
+def capability_check(spelled: str | None, argument: object) -> frozenset[Capability] | None:
+    """The GPUs (of ARCH_POINTS) a vLLM capability check in `key` spelling, called with the
+    constant `argument`, is true on, else None: `current_platform.is_device_capability()` with
+    100 -> {10.0}, with (10, 3) -> {10.3}; `has_device_capability()` with 100 -> 10.0 and every
+    later GPU; `is_device_capability_family()` with 100 -> {10.0, 10.3}. An argument no arch can
+    be (`has_device_capability(60)`, a name) is None."""
+    method = (spelled or "").rsplit(".", 1)[-1].removesuffix("()")
+    if method not in VLLM_CAPABILITY_CHECKS:
+        return None
+    wanted: Capability
+    if type(argument) is int and plausible_arch_number("sm", argument) == "sm":
+        if method == "is_device_capability_family":
+            return frozenset(c for c in ARCH_POINTS if c[0] == argument // 10)
+        wanted = (argument // 10, argument % 10)  # to_int()'s order is the tuple's
+    elif (
+        isinstance(argument, tuple) and len(argument) == 2
+        and all(type(a) is int for a in argument) and 7 <= argument[0] <= 13
+        and method != "is_device_capability_family"
+    ):  # fmt: skip
+        wanted = (argument[0], argument[1])
+    else:
+        return None
+    if method == "is_device_capability":
+        return frozenset(c for c in ARCH_POINTS if c == wanted)
+    return frozenset(c for c in ARCH_POINTS if c >= wanted)
+
+
 # Compile targets as upstream writes them: `sm_100a`, `sm100a`, `compute_90a`, `10.0a`,
 # `-gencode=arch=compute_100a,code=sm_100a`. A suffix `a` is the arch-specific feature set
 # (wgmma on 9.0a, tcgen05 on 10.0a): code built for it runs on that GPU alone.
 _ARCH_STRING = re.compile(r"(?:sm_?|compute_)(\d{2,3})([af]?)|(\d{1,2})\.(\d)([af])")
 _GENCODE = re.compile(r"arch=compute_(\d{2,3})([af]?)")
+_DOTTED = re.compile(r"(1[0-3]|[7-9])\.(\d)")
 
 
-def arch_string(text: str) -> tuple[frozenset[Capability], bool] | None:
+def arch_string(text: str, *, dotted: bool = False) -> tuple[frozenset[Capability], bool] | None:
     """(the GPUs a compile-target string builds for, whether it is arch-specific `a` code),
     else None. Only whole targets count: `"sm_100a"`, `"10.0a"`, a `-gencode` flag; a kernel
-    name that mentions sm100 is not a target."""
+    name that mentions sm100 is not a target. With `dotted`, a bare capability too: `"12.0"`,
+    as the keys of vLLM's per-arch tables (`SYMM_MEM_ALL_REDUCE_MAX_SIZES`); elsewhere a bare
+    `"12.0"` is as often a CUDA version."""
+    bare = _DOTTED.fullmatch(text) if dotted else None
+    if bare is not None:
+        # a GPU the scan does not evaluate ("10.7", Rubin) is still a key of the table
+        return frozenset(c for c in ARCH_POINTS if c == (int(bare[1]), int(bare[2]))), False
     m = _ARCH_STRING.fullmatch(text) or _GENCODE.search(text)
     if m is None:
         return None
@@ -312,6 +362,10 @@ ARCH_TEXT: tuple[tuple[bytes, re.Pattern[bytes], bool | None], ...] = tuple(
         # `sm_100a`, `sm100` (a target) or `sm == 100` (a quantity): one pass over the text.
         (b"sm", rb"sm(?:_?\d{2,3}[af]?\b|(\s*(?:==|!=|>=|<=|[<>]|in\b|not\b)))", None),
         (b"arch", rb"archs\b|arch_list", True),
+        # vLLM's per-arch tables keyed `"10.0": {...}`: one key ending .0 marks the file
+        (b'.0"', rb'"(?:1[0-3]|[7-9])\.\d"', False),
+        # and `100: {`, a table keyed by sm numbers (FI_ALLREDUCE_FUSION_MAX_SIZE_MB)
+        (b"0: {", rb"(?m)^[ \t]+(?:[7-9]\d|1[0-2]\d):[ \t]*\{", False),
     )
 )
 _ARCH_NUMBER = re.compile(rb"(?<![\w.])(?:[7-9]|1[0-3]|[7-9]\d|1[0-2]\d|130)(?![\w.])")

@@ -187,6 +187,10 @@ class _Expr:
             pass
         else:
             caps = arch.arch_predicate(spelled(node), self.path)
+            if caps is None and isinstance(node, ast.Call) and node.args:
+                # vLLM's `current_platform.is_device_capability_family(100)`: the arch is
+                # the argument
+                caps = arch.capability_check(spelled(node.func), _constant(node.args[0]))
             atom = None
             if caps is not None:
                 names = arch.SM120 in caps and not caps >= {arch.SM100, arch.SM120}

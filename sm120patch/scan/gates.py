@@ -434,6 +434,8 @@ class _Finder:
             return
         if isinstance(value, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
             context = " ".join(names) or what
+            if isinstance(value, ast.Dict):  # "# Max size ... per device capability" (vLLM)
+                context += " " + self._comment_above(value, whole=True)
             self._list(value, kind, what, where, context)
             return
         if isinstance(value, _TESTS):
@@ -487,7 +489,8 @@ class _Finder:
                         self._ifexp(kw.value, f"{kw.arg}=", where, kw.arg)
                     elif isinstance(kw.value, _TESTS):
                         self._test(kw.value, "argument", what, where, [])
-                for arg in node.args:
+                checks = func.rpartition(".")[2] in arch.VLLM_CAPABILITY_CHECKS  # one arch
+                for arg in [] if checks else node.args:  # (vLLM's `(10, 7)` is a capability)
                     if isinstance(arg, (ast.List, ast.Tuple, ast.Set)):
                         self._list(arg, "argument", f"an argument of {func}()", where, func)
             elif isinstance(node, ast.IfExp) and not self._is_value_of(node, top):
@@ -519,7 +522,8 @@ class _Finder:
         strings = [
             e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
         ]
-        targets = [(s, arch.arch_string(s)) for s in strings]
+        dotted = isinstance(node, ast.Dict)  # vLLM's tables keyed by "10.0"
+        targets = [(s, arch.arch_string(s, dotted=dotted)) for s in strings]
         found = [(s, t) for s, t in targets if t is not None]
         # A list of targets, or of compiler flags with targets among them; not a tuple of
         # settings or tags that names an arch beside other things.
@@ -649,14 +653,15 @@ class _Finder:
     def _line(self, node: ast.AST) -> int:
         return int(getattr(node, "lineno", 1)) + self.offset
 
-    def _comment_above(self, node: ast.AST) -> str:
+    def _comment_above(self, node: ast.AST, whole: bool = False) -> str:
         """The comment lines right above the line a test starts on (its statement's, where the
         test opens it): authors say there which kernel a test is for ("This kernel uses tcgen05
         + TMEM ... not on Blackwell desktop SM120")."""
-        n = int(getattr(node, "lineno", 1)) - 2  # the line above, 0-based
+        lines = self.text.split("\n") if whole else self.lines  # whole: above the region too
+        n = int(getattr(node, "lineno", 1)) - 2 + (self.offset if whole else 0)  # 0-based
         found: list[str] = []
-        while n >= 0 and len(found) < 8 and self.lines[n].lstrip().startswith("#"):
-            found.append(self.lines[n].lstrip().lstrip("#").strip())
+        while n >= 0 and len(found) < 8 and lines[n].lstrip().startswith("#"):
+            found.append(lines[n].lstrip().lstrip("#").strip())
             n -= 1
         return " ".join(reversed(found))
 

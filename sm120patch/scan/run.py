@@ -227,6 +227,19 @@ def tree_files(
             yield rel, data
 
 
+def scan_directory(kind: str, package_dir: Path, version: str = "", **kwargs: Any) -> TargetScan:
+    """`scan_files` over a plain directory of a package's `.py` files (`.../vllm`, a wheel's
+    files unpacked, a checkout's package), its paths relative to the directory's parent: for a
+    kind the targets do not find yet. `kind` is a plain string (`"vllm"`); a kind no profile
+    patches has no covered gate."""
+    package_dir = Path(package_dir)
+    notes: list[tuple[str, str]] = []
+    files = tree_files(package_dir, package_dir.parent, notes)
+    out = scan_files(kind, version, files, root=str(package_dir), layout="directory", **kwargs)
+    out.problems += notes
+    return out
+
+
 def scan_target(target: Any, **kwargs: Any) -> TargetScan:
     """`scan_files` over a target found on disk (`targets.find`)."""
     from sm120patch.errors import Refused

@@ -1,0 +1,131 @@
+"""`scan` on vLLM 0.34.0's own `.py` files: vLLM's capability checks are read as the kit's words
+say (counted against a plain search of the bytes), the counts are those #32 states, and the
+gates read by hand in `tests/data/scan_labels_vllm.toml` have the class their reading gives.
+
+The wheel (~240 MB) is fetched with pip into a temporary directory, only `vllm/*.py` kept in the
+release cache (`<cache>/vllm-py/<version>/vllm`), the wheel deleted. Without the network the
+tests skip, saying so."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sm120patch.maintain import releases
+from sm120patch.patchkit import arch
+from sm120patch.scan import evaluate, run
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+pytestmark = pytest.mark.real
+
+LABELS = Path(__file__).parent.parent / "data" / "scan_labels_vllm.toml"
+VERSION = "0.34.0"
+
+
+@pytest.fixture(scope="module")
+def vllm_dir() -> Path:
+    """vLLM's package directory of `.py` files, from the cache or fetched now."""
+    out = releases.cache_dir() / "vllm-py" / VERSION / "vllm"
+    if (out / "platforms" / "interface.py").is_file():
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        got = subprocess.run(
+            [sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps",
+             "--only-binary", ":all:", "-q", "-d", tmp],
+            capture_output=True, text=True, env={**os.environ, "PIP_NO_INPUT": "1"},
+        )  # fmt: skip
+        wheels = list(Path(tmp).glob("vllm-*.whl"))
+        if got.returncode or not wheels:
+            pytest.skip(f"vllm=={VERSION} could not be fetched (no network?): {got.stderr[-300:]}")
+        partial = out.parent.with_name(f"{VERSION}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for name in wheel.namelist():
+                if name.startswith("vllm/") and name.endswith(".py"):
+                    wheel.extract(name, partial)
+        shutil.rmtree(out.parent, ignore_errors=True)
+        partial.rename(out.parent)  # the wheel goes with the temporary directory
+    return out
+
+
+def checks_by_call(root: Path) -> Counter[tuple[str, object]]:
+    """Every vLLM capability check with a constant argument the kit reads as one, by (method,
+    argument), over every `.py` of the package."""
+    out: Counter[tuple[str, object]] = Counter()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if not (isinstance(node, ast.Call) and node.args):
+                continue
+            spelled = evaluate.spelled(node.func)
+            argument = evaluate._constant(node.args[0])
+            if arch.capability_check(spelled, argument) is not None:
+                method = (spelled or "").rsplit(".", 1)[-1].removesuffix("()")
+                out[method, argument] += 1
+    return out
+
+
+def test_vllm_capability_checks_are_all_read(vllm_dir: Path) -> None:
+    """What a plain search of the bytes counts (a call spelled `family(100` on one line or
+    across two), the kit reads as an arch check: #32's "128 SM100-family capability checks and
+    39 SM120 ones"."""
+    text = "\n".join(p.read_text("utf-8") for p in vllm_dir.rglob("*.py"))
+
+    def plain(method: str, number: str) -> int:
+        return len(re.findall(rf"\.{method}\(\s*{re.escape(number)}\s*[,)]", text))
+
+    read = checks_by_call(vllm_dir)
+    family = "is_device_capability_family"
+    assert read[family, 100] == plain(family, "100")
+    assert read[family, 120] == plain(family, "120")
+    assert read["is_device_capability", 90] == plain("is_device_capability", "90")
+    assert read["has_device_capability", 100] == plain("has_device_capability", "100")
+    # #32's figures, counted as the family calls: 39 SM120 ones exactly; the SM100 family is
+    # 115 `is_device_capability_family(100)` and 135 with every exact 10.x check
+    assert read[family, 120] == 39
+    sm100 = sum(
+        n for (method, argument), n in read.items()
+        if method != "has_device_capability"
+        and (argument[0] if isinstance(argument, tuple) else argument // 10) == 10  # type: ignore[operator,index]
+    )  # fmt: skip
+    assert 115 <= read[family, 100] <= sm100 <= 140, (read[family, 100], sm100)
+
+
+def test_vllm_gates_are_found_and_classed(vllm_dir: Path) -> None:
+    out = run.scan_directory("vllm", vllm_dir, VERSION)
+    counts = out.counts()
+    assert counts["covered"] == 0  # no profile patches vLLM yet
+    assert counts["candidate"] > 50 and counts["kernel"] > 50 and counts["upstream"] > 10, counts
+    by_predicate = Counter(
+        word
+        for x in out.gates
+        for word in ("is_device_capability_family(100)", "has_device_capability(100)",
+                     "is_device_capability(90)")  # fmt: skip
+        if word in x.gate.expression
+    )
+    assert by_predicate["is_device_capability_family(100)"] > 50, by_predicate
+    assert by_predicate["has_device_capability(100)"] > 5, by_predicate
+
+    labels = tomllib.loads(LABELS.read_text("utf-8"))
+    assert labels["version"] == VERSION
+    for label in labels["gate"]:
+        found = [
+            x for x in out.gates
+            if x.gate.file == label["file"] and x.gate.function == label["function"]
+            and label["expression"] in x.gate.expression
+        ]  # fmt: skip
+        assert len(found) == 1, (label, [x.gate.expression for x in found])
+        assert found[0].cls == label["label"], (label, found[0].reason)
