@@ -2,26 +2,20 @@
 say (counted against a plain search of the bytes), the counts are those #32 states, and the
 gates read by hand in `tests/data/scan_labels_vllm.toml` have the class their reading gives.
 
-The wheel (~240 MB) is fetched with pip into a temporary directory, only `vllm/*.py` kept in the
-release cache (`<cache>/vllm-py/<version>/vllm`), the wheel deleted. Without the network the
-tests skip, saying so."""
+The release comes from the release cache as its `.py` files and dist-info (`maintain/sources.py`:
+never the ~240 MB wheel). Without the network the tests skip, saying so."""
 
 from __future__ import annotations
 
 import ast
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from sm120patch.maintain import releases
+from sm120patch.maintain import releases, sources
 from sm120patch.patchkit import arch
 from sm120patch.scan import evaluate, run
 
@@ -38,28 +32,12 @@ VERSION = "0.34.0"
 
 @pytest.fixture(scope="module")
 def vllm_dir() -> Path:
-    """vLLM's package directory of `.py` files, from the cache or fetched now."""
-    out = releases.cache_dir() / "vllm-py" / VERSION / "vllm"
-    if (out / "platforms" / "interface.py").is_file():
-        return out
-    with tempfile.TemporaryDirectory() as tmp:
-        got = subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps",
-             "--only-binary", ":all:", "-q", "-d", tmp],
-            capture_output=True, text=True, env={**os.environ, "PIP_NO_INPUT": "1"},
-        )  # fmt: skip
-        wheels = list(Path(tmp).glob("vllm-*.whl"))
-        if got.returncode or not wheels:
-            pytest.skip(f"vllm=={VERSION} could not be fetched (no network?): {got.stderr[-300:]}")
-        partial = out.parent.with_name(f"{VERSION}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            for name in wheel.namelist():
-                if name.startswith("vllm/") and name.endswith(".py"):
-                    wheel.extract(name, partial)
-        shutil.rmtree(out.parent, ignore_errors=True)
-        partial.rename(out.parent)  # the wheel goes with the temporary directory
-    return out
+    """vLLM's package directory of `.py` files, from the release cache (its sources alone, read
+    from the wheel by range requests: `maintain/sources.py`)."""
+    if not releases.index_reachable():
+        pytest.skip(f"the index ({releases.index_sources()}) is unreachable: vLLM's sources "
+                    "are fetched from it")  # fmt: skip
+    return sources.tree("vllm", VERSION) / "vllm"
 
 
 def checks_by_call(root: Path) -> Counter[tuple[str, object]]:
