@@ -225,3 +225,23 @@ def test_scan_directory_reads_a_plain_vllm_tree(tmp_path: Path) -> None:
         ("vllm/model_executor/moe.py", "select_gemm", classify.KERNEL),
         ("vllm/model_executor/moe.py", "select_chunk", classify.CANDIDATE),
     ]
+
+
+def test_scan_vllm_path_classes_an_installed_vllms_gates(tmp_path: Path) -> None:
+    """`sm120patch scan --vllm PATH`: the vLLM named is found as a target and its gates classed
+    (a candidate here: no patch covers it, no kernel family needs it); SGLang and FlashInfer,
+    not named, are not scanned."""
+    import json
+
+    from click.testing import CliRunner
+    from trees import make_tree
+
+    from sm120patch.cli import main
+
+    site = make_tree(tmp_path, "vllm", "0.34.0", "installed")
+    result = CliRunner().invoke(main, ["scan", "--vllm", str(site), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert [t["kind"] for t in report["targets"]] == ["vllm"]
+    (gate,) = report["targets"][0]["gates"]
+    assert (gate["file"], gate["class"]) == ("vllm/platforms/gates.py", "candidate"), gate
