@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Refuse, Result, Status
+from sm120patch.patchkit.model import Patch, Refuse, Result, Sought, Status
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ PATCH = Patch(
         "being refused as on other non-MNNVL systems."
     ),
     marker=f"def {SITE}",
+    sought=Sought(SITE, (SITE,)),  # `one_def` looks it up first
     facts=FACTS,
     transform=transform,
 )

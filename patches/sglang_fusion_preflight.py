@@ -23,6 +23,7 @@ from sm120patch.patchkit.model import (
     Patch,
     Refuse,
     Result,
+    Sought,
     Status,
     already_applied,
     applied,
@@ -344,6 +345,7 @@ PATCH = Patch(
         "FlashInfer workspace')."
     ),
     marker=f"def {SITE}",
+    sought=Sought(SITE, (SITE,)),  # `one_def` looks it up first
     facts=FACTS,
     transform=transform,
     upstream="https://github.com/sgl-project/sglang/pull/32330 (closed unmerged)",
