@@ -30,7 +30,6 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -45,8 +44,11 @@ from sm120patch.patchkit.model import (
 )
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 CLASS = "ModelOptNvFp4FusedMoEMethod"
 METHOD = "create_moe_runner"
@@ -392,6 +394,8 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     after it; the class's `enable_flashinfer_cutlass_moe` returns the global read `or` the
     mark; with both taken out, the file is the release's."""
     import copy
+
+    from sm120patch.patchkit import sitecheck as sc
 
     def auto_of(tree: ast.Module) -> ast.If:
         return sc.direct_if(sc.one_function(tree, fact.function).body, AUTO_TEST)
