@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
@@ -31,8 +30,11 @@ from sm120patch.patchkit.model import (
     upstream,
 )
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "get_default_attn_backend"
 HELPER = "_sm120_trtllm_mha_fits"
@@ -226,6 +228,7 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """Right after the MHA chain's SM100 branch, `elif get_platform().is_sm120 and
     _sm120_trtllm_mha_fits(cfg, model_config): return "trtllm_mha"`; the helper right after the
     function, exactly ours; with both taken out, the file is the release's."""
+    from sm120patch.patchkit import sitecheck as sc
 
     def sm100_branch(tree: ast.Module) -> ast.If:
         mha = sc.direct_if(sc.one_function(tree, fact.function).body, "not use_mla_backend")

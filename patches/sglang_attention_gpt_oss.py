@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Import,
@@ -29,8 +28,11 @@ from sm120patch.patchkit.model import (
     upstream,
 )
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "_gpt_oss_overrides"
 SM100 = "get_platform().is_sm100"
@@ -157,6 +159,8 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     attention backend to get_default_attn_backend(...), with the three names imported from
     model_override_base; with those taken out, the file is the release's."""
     import copy
+
+    from sm120patch.patchkit import sitecheck as sc
 
     sm100 = sc.one_if(sc.one_function(after, fact.function), "get_platform().is_sm100")
     ours = sc.one(sm100.orelse, "statement after the SM100 branch")

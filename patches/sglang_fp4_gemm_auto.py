@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Import,
@@ -30,8 +29,11 @@ from sm120patch.patchkit.model import (
 )
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "initialize_fp4_gemm_config"
 HELPER = "_flashinfer_offers_b12x"
@@ -333,6 +335,7 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     is_sm120_supported imported where the call form needs it; with all that taken out, the file
     is the release's. Upstream (0.5.8, 0.5.9): the function maps no `auto` itself and hands the
     backend to Fp4GemmRunnerBackend, which passes it to FlashInfer's own auto."""
+    from sm120patch.patchkit import sitecheck as sc
     auto_test = "backend == 'auto'"
     if fact.status is Status.UPSTREAM:
         func = sc.one_function(before, fact.function)

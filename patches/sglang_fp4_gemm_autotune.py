@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -26,8 +25,11 @@ from sm120patch.patchkit.model import (
     applied,
 )
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 TARGET = "fp4_gemm_needs_autotune"
 GETTER = "get_fp4_gemm_runner_backend()"
@@ -130,6 +132,8 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """In the fact's function, the `or` of `fp4_gemm_needs_autotune` gains
     `get_fp4_gemm_runner_backend().is_flashinfer_b12x()` last; nothing else changes."""
     import copy
+
+    from sm120patch.patchkit import sitecheck as sc
 
     def group(tree: ast.Module) -> ast.BoolOp:
         func = sc.one_function(tree, fact.function)

@@ -13,12 +13,14 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Result, Status
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 NAME = "FP4_GEMM_RUNNER_BACKEND_CHOICES"
 ADD = "flashinfer_b12x"
@@ -68,6 +70,8 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """FP4_GEMM_RUNNER_BACKEND_CHOICES gains "flashinfer_b12x" at its end; nothing else
     changes."""
     import copy
+
+    from sm120patch.patchkit import sitecheck as sc
 
     def choices(tree: ast.Module) -> tuple[ast.Assign, ast.List]:
         node = sc.one([n for n in tree.body if isinstance(n, ast.Assign) and any(

@@ -15,12 +15,14 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status, already_applied
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 CLASS = "Fp4GemmRunnerBackend"
 MEMBER = "FLASHINFER_B12X"
@@ -213,6 +215,8 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     member to mm_fp4's "b12x"; with the two taken out, the file is the release's."""
     from enum import Enum
     from typing import Any
+
+    from sm120patch.patchkit import sitecheck as sc
 
     def name_of(stmt: ast.stmt) -> str | None:
         if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):

@@ -6,7 +6,6 @@ import ast
 from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
@@ -18,8 +17,11 @@ from sm120patch.patchkit.model import (
     upstream,
 )
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 # The function holding the auto-enable, newest layout first: arg_groups/overrides.py from
 # 0.5.15, ServerArgs before that (0.5.2 names the method without its leading underscore).
@@ -262,6 +264,7 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     is_sm120_supported()`; later: the unified block's `(sm90 or sm100)` group gains the SM120
     test in its form. Upstream (0.5.4.post3 to 0.5.7): an `if` of the release already tests
     `is_blackwell_supported()` (majors 10 and 12)."""
+    from sm120patch.patchkit import sitecheck as sc
     if fact.status is Status.UPSTREAM:
         tests = [ast.unparse(n.test) for n in ast.walk(before) if isinstance(n, ast.If)]
         assert any("is_blackwell_supported()" in t for t in tests), "no is_blackwell_supported()"

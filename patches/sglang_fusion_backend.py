@@ -5,13 +5,15 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import Patch, Refuse, Result, Status
+from sm120patch.patchkit.model import Patch, Refuse, Result, Sought, Status
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "_resolve_backend"
 EXPECTED = (
@@ -117,6 +119,7 @@ EXPLAIN = Explain(name="resolve_backend", label="_resolve_backend('auto')", read
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The backend check's one `(sm90 or sm100)` group, in the fact's function, gains the SM120
     test in the SM100 operand's form; nothing else changes."""
+    from sm120patch.patchkit import sitecheck as sc
     return sc.widened_or(before, after, fact)
 
 
@@ -135,6 +138,7 @@ PATCH = Patch(
         "being refused as on other non-MNNVL systems."
     ),
     marker=f"def {SITE}",
+    sought=Sought(SITE, (SITE,)),  # `one_def` looks it up first
     facts=FACTS,
     transform=transform,
 )

@@ -5,13 +5,15 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Status, Wiring, applied
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 # 0.5.8 to 0.5.21 call the gate function apply_flashinfer_allreduce_fusion, 0.5.22 on
 # flashinfer_ar_fusion_applies; before 0.5.8 the gate is an `if` inside this method.
@@ -166,6 +168,7 @@ EXPLAIN = Explain(name="gate", label="runtime fusion gate", read=explain_read, r
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The gate's one `(_is_sm90_supported or _is_sm100_supported)` group, in the fact's
     function, gains `_is_sm120_supported`; nothing else changes."""
+    from sm120patch.patchkit import sitecheck as sc
     return sc.widened_or(before, after, fact)
 
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
     Refuse,
     Result,
+    Sought,
     Status,
     already_applied,
     applied,
@@ -32,8 +32,11 @@ from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
 
 from .sglang_fusion_gate import FUSION_WIRING
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "_flashinfer_trtllm_workspace_allocation_sizes"
 QUERY = "cuMulticastGetGranularity"
@@ -293,6 +296,8 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     release's. The query itself stays."""
     import copy
 
+    from sm120patch.patchkit import sitecheck as sc
+
     def error_branch(tree: ast.Module) -> ast.If:
         found: list[ast.stmt] = []
         for node in ast.walk(sc.one_function(tree, fact.function)):
@@ -344,6 +349,7 @@ PATCH = Patch(
         "FlashInfer workspace')."
     ),
     marker=f"def {SITE}",
+    sought=Sought(SITE, (SITE,)),  # `one_def` looks it up first
     facts=FACTS,
     transform=transform,
     upstream="https://github.com/sgl-project/sglang/pull/32330 (closed unmerged)",

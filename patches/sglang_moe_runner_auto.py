@@ -30,13 +30,13 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
     Patch,
     Refuse,
     Result,
+    Sought,
     Status,
     Stop,
     already_applied,
@@ -44,8 +44,11 @@ from sm120patch.patchkit.model import (
 )
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 CLASS = "ModelOptNvFp4FusedMoEMethod"
 METHOD = "create_moe_runner"
@@ -80,12 +83,10 @@ def transform(module: cst.Module) -> Result:
     from sm120patch.patchkit import syntax as h
 
     func = _method(module, METHOD)
-    if not isinstance(func.body, cst.IndentedBlock):
-        raise Refuse(SITE, EXPECTED, f"`{h.code(func)}`")
-    params = [p.name.value for p in func.params.params]
-    if params[:2] != ["self", "layer"]:
-        raise Refuse(SITE, f"`def {METHOD}(self, layer, ...)`", f"({', '.join(params)})")
-    autos = [s for s in func.body.body if isinstance(s, cst.If) and h.key(s.test) == AUTO_TEST]
+    # No `auto` choice is looked for before the method's shape is: a method without one is
+    # not-applicable whatever its shape, as `sought` promises.
+    block = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
+    autos = [s for s in block if isinstance(s, cst.If) and h.key(s.test) == AUTO_TEST]
     if not autos:
         if _mentions(func, "is_auto"):
             raise Refuse(SITE, EXPECTED, "`is_auto()` outside a top-level `if`")
@@ -93,6 +94,9 @@ def transform(module: cst.Module) -> Result:
             SITE, "no `auto` choice in create_moe_runner: the runner follows "
             "--moe-runner-backend (before 0.5.11)"
         )
+    params = [p.name.value for p in func.params.params]
+    if params[:2] != ["self", "layer"]:
+        raise Refuse(SITE, f"`def {METHOD}(self, layer, ...)`", f"({', '.join(params)})")
     if len(autos) > 1 or autos[0].orelse is not None:
         raise Refuse(SITE, EXPECTED, f"{len(autos)} `if {AUTO_TEST}:` statements")
     inner = autos[0].body.body if isinstance(autos[0].body, cst.IndentedBlock) else ()
@@ -391,6 +395,8 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     mark; with both taken out, the file is the release's."""
     import copy
 
+    from sm120patch.patchkit import sitecheck as sc
+
     def auto_of(tree: ast.Module) -> ast.If:
         return sc.direct_if(sc.one_function(tree, fact.function).body, AUTO_TEST)
 
@@ -458,6 +464,9 @@ PATCH = Patch(
         "and an explicit --moe-runner-backend keep upstream's choice."
     ),
     marker=f"class {CLASS}",
+    # Without `is_auto` in the file there is no `auto` choice, the site (before 0.5.11: the
+    # class and its method are there, the choice is not).
+    sought=Sought(SITE, ("is_auto",)),
     facts=FACTS,
     upstream=PR_39807,
     transform=transform,

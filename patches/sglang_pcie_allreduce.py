@@ -13,12 +13,14 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status, already_applied
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 ENV = "SM120PATCH_PCIE_ALLREDUCE"
 GATE = "world_size > 2 and not full_nvlink"
@@ -157,6 +159,7 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     `if world_size > 2 and not full_nvlink and os.environ.get(ENV) != "0": full_nvlink = True`
     (ENV the documented SM120PATCH_PCIE_ALLREDUCE); with that one statement taken out, the file
     is the release's."""
+    from sm120patch.patchkit import sitecheck as sc
 
     def is_gate(stmt: ast.stmt) -> bool:
         return isinstance(stmt, ast.If) and ast.unparse(stmt.test) == (

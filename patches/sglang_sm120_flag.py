@@ -9,12 +9,14 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Status
 
+# The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
     import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "_is_sm120_supported"
 ANCHOR = "_is_sm100_supported"
@@ -107,6 +109,7 @@ FACTS = (
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """`_is_sm120_supported = <the SM100 flag's expression, SM120>` right after the SM100 flag,
     and `is_sm120_supported` imported from sglang.srt.utils where the import form needs it."""
+    from sm120patch.patchkit import sitecheck as sc
 
     def flag(tree: ast.Module, name: str) -> list[ast.Assign]:
         return [n for n in tree.body if isinstance(n, ast.Assign)

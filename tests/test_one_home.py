@@ -76,6 +76,12 @@ def borrowed_names(tree: ast.Module, check: ast.FunctionDef) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name not in STDLIB}
         elif isinstance(node, ast.ImportFrom) and node.module not in STDLIB:
+            # The check's own kit, imported where the check runs (every command loads the
+            # patch module; only the real tier runs its check).
+            if node.module == "sm120patch.patchkit" and [a.name for a in node.names] == [
+                "sitecheck"
+            ]:
+                continue
             out.add(str(node.module))
     return out
 
@@ -98,6 +104,7 @@ def test_the_independence_rule_finds_a_borrowed_helper() -> None:
         "def check(before, after, fact):\n"
         "    import libcst\n"
         "    from sm120patch.patchkit import operations\n"
+        "    from sm120patch.patchkit import sitecheck as sc\n"
         "    return _helper(transform)\n"
     )
     check = tree.body[2]

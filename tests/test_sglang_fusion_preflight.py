@@ -9,6 +9,7 @@ import pytest
 from patches_under_test import load_patch
 
 from sm120patch.patchkit.model import Seen, Status, Wiring, wiring_evidence
+from sm120patch.patchkit.runner import transform_text
 from sm120patch.plan import catalog
 
 PATCH = load_patch("sglang.fusion-preflight")
@@ -120,9 +121,13 @@ def test_the_patched_function_sizes_without_multicast():
 
 
 def test_no_function_is_not_applicable(run_patch):
-    res = run_patch(PATCH, "def _resolve_backend(backend):\n    return backend\n")
+    text = "def _resolve_backend(backend):\n    return backend\n"
+    res = run_patch(PATCH, text)
     assert _one(res).status is Status.NOT_APPLICABLE
-    assert "0.5.11" in _one(res).reason
+    assert "`_flashinfer_trtllm_workspace_allocation_sizes`" in _one(res).reason  # the sieve's
+    parsed = transform_text([PATCH], "fixture.py", text, sieve=False)
+    assert _one(parsed).status is Status.NOT_APPLICABLE
+    assert "0.5.11" in _one(parsed).reason  # the transform's own
 
 
 def test_no_multicast_query_is_upstream(run_patch):

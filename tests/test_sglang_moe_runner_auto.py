@@ -118,9 +118,13 @@ def test_crlf_kept() -> None:
     ids=["0.5.11", "0.5.9", "no-class"],
 )
 def test_not_applicable(text: str, why: str) -> None:
-    res, out = run(text)
+    """The transform's own reason (the runner's sieve off), and the same status with it on."""
+    res = transform_text([PATCH], FILE, text, sieve=False)
+    out = res.outcomes[0]
     assert out.status is Status.NOT_APPLICABLE and why in out.reason, out.describe()
     assert res.after == text
+    sieved, out = run(text)
+    assert out.status is Status.NOT_APPLICABLE and sieved.after == text
 
 
 @pytest.mark.parametrize(

@@ -194,6 +194,34 @@ def wiring_evidence(patches: Sequence[Patch], log: str) -> dict[str, Evidence]:
 
 
 @dataclass(frozen=True)
+class Sought:
+    """The names a patch's finder looks up first (the def, class or attribute its site is
+    named by), and the site it reports when it finds none.
+
+    A promise the patch makes: on a file whose text holds none of `names`, its transform says
+    not-applicable. A name is an identifier, and an identifier can only be spelt whole in
+    Python source, so its absence from the bytes is proof the finder cannot find it; the
+    runner then records that outcome without a parse (`runner.transform_text`). `marker`
+    cannot serve: it picks among candidate files and may hold spaces a file can spell
+    otherwise (`def  f`), so its absence proves nothing."""
+
+    site: str
+    names: tuple[str, ...]
+
+    def absent_from(self, text: str) -> Result | None:
+        """The not-applicable outcome when `text` holds none of `names`, else None."""
+        if any(name in text for name in self.names):
+            return None
+        listed = ", ".join(f"`{name}`" for name in self.names)
+        return not_applicable(self.site, f"no {listed} anywhere in this file: no site here")
+
+    def problems(self) -> list[str]:
+        if not self.names:
+            return ["sought: no names"]
+        return [f"sought: {n!r} is not an identifier" for n in self.names if not n.isidentifier()]
+
+
+@dataclass(frozen=True)
 class Patch:
     """One site, one transform. Declared by a module under patches/ as `PATCH = Patch(...)`."""
 
@@ -223,6 +251,9 @@ class Patch:
     # tier runs on every release the patch applies to. Every patch of the library declares one
     # (tests/test_one_home.py); None only for a pack's patch, which the real tier does not run.
     check: Check | None = None
+    # The names its finder looks up first (`Sought`): a file holding none of them is not
+    # parsed for this patch.
+    sought: Sought | None = None
 
     def __post_init__(self) -> None:
         stamped = tuple(f if f.patch == self.id else replace(f, patch=self.id) for f in self.facts)

@@ -107,17 +107,34 @@ def run_transform(transform: Transform, module: cst.Module) -> Result:
         return stop.result
 
 
-def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult:
-    """Parse `text` once and run each patch on it in order, chaining the applied changes."""
+def transform_text(
+    patches: Sequence[Patch], file: str, text: str, *, sieve: bool = True
+) -> FileResult:
+    """Parse `text` once and run each patch on it in order, chaining the applied changes.
+
+    A patch whose sought names (`Patch.sought`) are all absent from `text` is not-applicable
+    without running, as its transform promises; when that is every patch of the file, the
+    file is not parsed at all (on SGLang 0.5.8, modelopt_quant.py and flashinfer_comm_fusion.py
+    in a plan of `all`: about 0.2 s of CPU). `sieve=False` runs every transform on the parse,
+    for the tests that hold the two ways equal."""
     import libcst as cst
 
     result = FileResult(file=file, before=text, after=text)
+    absent = {
+        p.id: res for p in patches if sieve and p.sought and (res := p.sought.absent_from(text))
+    }
+    if len(absent) == len(patches):
+        result.outcomes = [_outcome(p, file, absent[p.id]) for p in patches]
+        return result
     try:
         module = _parsed(text)
         result.tree = module
     except cst.ParserSyntaxError as exc:
         line = f"line {exc.raw_line}" if exc.raw_line else "unknown line"
         for patch in patches:
+            if patch.id in absent:  # as when no patch of the file needs the parse
+                result.outcomes.append(_outcome(patch, file, absent[patch.id]))
+                continue
             result.outcomes.append(
                 Outcome(
                     patch.id,
@@ -131,6 +148,9 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
         return result
 
     for patch in patches:
+        if patch.id in absent:
+            result.outcomes.append(_outcome(patch, file, absent[patch.id]))
+            continue
         try:
             res = settle_imports(run_transform(patch.transform, module), module)
         except Exception as exc:  # a patch bug must not half-apply anything
@@ -142,9 +162,7 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
         if res.status is Status.APPLIED:
             module = res.module
             result.steps.append((patch.id, module))
-        result.outcomes.append(
-            Outcome(patch.id, patch.target, file, res.site, res.status, res.reason, res.shape)
-        )
+        result.outcomes.append(_outcome(patch, file, res))
     if result.steps:
         # Each step's change spliced into the text before it: the few statements one patch
         # rebuilt, where splicing every change into the original at once can mean generating
@@ -159,6 +177,10 @@ def transform_text(patches: Sequence[Patch], file: str, text: str) -> FileResult
             # A bug in the library: apply none of this file's patches rather than guess.
             refuse_all(result, problem)
     return result
+
+
+def _outcome(patch: Patch, file: str, res: Result) -> Outcome:
+    return Outcome(patch.id, patch.target, file, res.site, res.status, res.reason, res.shape)
 
 
 def settle_imports(res: Result, module: cst.Module) -> Result:

@@ -463,6 +463,8 @@ def _patch_problems(patch: Patch) -> list[str]:
         problems.append("has no transform")
     if patch.wiring is not None:
         problems += patch.wiring.problems()
+    if patch.sought is not None:
+        problems += patch.sought.problems()
     return problems + facts.check(patch.facts)
 
 
