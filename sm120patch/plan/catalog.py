@@ -73,8 +73,6 @@ class Profile(PinChecks):
         return spec is not None and contains(spec, base_release(version))
 
 
-
-
 @dataclass(frozen=True)
 class Pack:
     """Where patches and profiles come from: the built-in library or a pack from outside."""

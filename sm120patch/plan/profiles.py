@@ -159,7 +159,8 @@ def pin_problems(
             continue
         if base_release(version) is None:
             problems.append(
-                f"{label} version '{version}'" + (f" (from {source})" if source else "")
+                f"{label} version '{version}'"
+                + (f" (from {source})" if source else "")
                 + f" is not a PEP 440 version; profile {profile.name} is pinned to "
                 + range_text(spec)
             )
@@ -228,10 +229,16 @@ def _places(dirs: tuple[str, ...]) -> list[Path] | None:
     from sm120patch.plan.entrypoints import entry_points
     from sm120patch.targets.files import untrusted_by
 
-    builtin = importlib.util.find_spec("sm120patch.patches")
-    if builtin is None or not builtin.submodule_search_locations:
+    # Where the catalog reads it: the package's own `__path__` once it is imported.
+    loaded = sys.modules.get("sm120patch.patches")
+    builtin = importlib.util.find_spec("sm120patch.patches") if loaded is None else None
+    where = list(
+        getattr(loaded, "__path__", None)
+        or (builtin.submodule_search_locations or [] if builtin is not None else [])
+    )
+    if not where:
         return None
-    places = [Path(next(iter(builtin.submodule_search_locations)))]
+    places = [Path(where[0])]
     for ep in sorted(entry_points(ENTRY_POINT_GROUP), key=lambda ep: ep.name):
         value = ep.value.strip()
         if not value.isidentifier():
