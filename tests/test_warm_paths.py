@@ -111,6 +111,33 @@ def test_ensure_on_an_applied_tree_answers_from_the_bytes_even_with_a_damaged_pa
     assert run("ensure", "all", *where, "--no-gpu-check", cache=cache, packs=pack)["code"] == 2
 
 
+def test_the_light_profile_reader_agrees_with_the_catalog(tmp_path):
+    """What `ensure` reads from profiles.toml is what the catalog makes of it; where the light
+    reader cannot decide (a profile defined twice, a name it does not know) it says nothing
+    and the catalog decides."""
+    from sm120patch.plan import catalog, profiles
+
+    cat = catalog.load()
+    assert cat.profiles
+    for name, prof in cat.profiles.items():
+        spec = profiles.spec(name)
+        assert spec is not None, name
+        assert (spec.name, spec.pins, spec.refuse, spec.targets) == (
+            prof.name, prof.pins, prof.refuse, prof.targets)  # fmt: skip
+    assert profiles.spec("no-such-profile") is None
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    twice = next(iter(cat.profiles))
+    (pack / "profiles.toml").write_text(
+        f'schema = 1\n[profiles.{twice}]\npatches = []\npins = {{ sglang = ">=0.1" }}\n'
+    )
+    catalog.use_packs([str(pack)])
+    try:
+        assert profiles.spec(twice) is None
+    finally:
+        catalog.use_packs(())
+
+
 lines = st.lists(st.sampled_from(["a\n", "b\n", "c\n", "  x = 1\n", "\n", "def f():\n"]), max_size=30)
 
 
