@@ -25,18 +25,28 @@ try:
     main(sys.argv[1:])
 except SystemExit as exc:
     code = exc.code
-print(json.dumps({"code": code, "libcst": "libcst" in sys.modules}), file=sys.stderr)
+print(json.dumps({"code": code, "libcst": "libcst" in sys.modules, "kit": sorted(
+    m for m in sys.modules
+    if m == "sm120patch.patchkit.model" or m.startswith("sm120patch.patches.")
+)}), file=sys.stderr)
 """
 
 
-def run(*args: str, cache: Path) -> dict:
+def run(*args: str, cache: Path, kit: bool = False, packs: Path | None = None) -> dict:
+    """The exit code and whether libcst was imported; with `kit`, also the patch modules and
+    the kit's model that were imported (none on a warm `ensure`: the profile is read from
+    profiles.toml)."""
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, *args],
         capture_output=True,
         text=True,
-        env={**__import__("os").environ, "SM120PATCH_CACHE": str(cache)},
+        env={**__import__("os").environ, "SM120PATCH_CACHE": str(cache),
+             **({"SM120PATCH_PATCHES": str(packs)} if packs else {})},
     )
-    return json.loads(proc.stderr.strip().splitlines()[-1])
+    out = json.loads(proc.stderr.strip().splitlines()[-1])
+    if not kit:
+        del out["kit"]
+    return out
 
 
 @pytest.fixture(params=["git", "installed"])
@@ -53,7 +63,8 @@ def test_status_ensure_and_revert_on_an_applied_tree_need_no_parse(trees, tmp_pa
         "code": 0, "libcst": True}  # fmt: skip
     assert run("apply", "all", *where, "--no-gpu-check", cache=cache) == {"code": 0, "libcst": True}
     assert run("status", *where, cache=cache) == {"code": 0, "libcst": False}
-    assert run("ensure", "all", *where, "--no-gpu-check", cache=cache) == {"code": 0, "libcst": False}
+    assert run("ensure", "all", *where, "--no-gpu-check", cache=cache, kit=True) == {
+        "code": 0, "libcst": False, "kit": []}  # fmt: skip
     assert run("revert", "--all", *where, cache=cache) == {"code": 0, "libcst": False}
     # Pristine again: ensure applies, and so plans.
     assert run("ensure", "all", *where, "--no-gpu-check", cache=cache) == {"code": 0, "libcst": True}
@@ -69,15 +80,62 @@ def test_a_fleet_node_plans_each_locked_apply_and_holds_its_lock_without_a_parse
     # written, so a locked apply plans ...
     assert run("apply", "--locked", str(lock), *where, "--no-gpu-check", cache=node) == {
         "code": 0, "libcst": True}  # fmt: skip
-    # ... and every service start after it holds the applied bytes to the lock from hashes.
-    assert run("ensure", "--locked", str(lock), *where, "--no-gpu-check", cache=node) == {
-        "code": 0, "libcst": False}  # fmt: skip
+    # ... and every service start after it holds the applied bytes to the lock from hashes,
+    # without the patch modules or the kit's model.
+    assert run("ensure", "--locked", str(lock), *where, "--no-gpu-check", cache=node, kit=True) == {
+        "code": 0, "libcst": False, "kit": []}  # fmt: skip
     assert run("status", *where, cache=node) == {"code": 0, "libcst": False}
     assert run("revert", "--all", *where, cache=node) == {"code": 0, "libcst": False}
     assert run("apply", "--locked", str(lock), *where, "--no-gpu-check", cache=node) == {
         "code": 0, "libcst": True}  # fmt: skip
     assert run("ensure", "--locked", str(lock), *where, "--no-gpu-check", cache=node) == {
         "code": 0, "libcst": False}  # fmt: skip
+
+
+def test_ensure_on_an_applied_tree_answers_from_the_bytes_even_with_a_damaged_pack(tmp_path):
+    """The bytes are the truth: a pack whose Python does not import leaves a tree as wanted as
+    it was (no patch module is imported to say so); a plan, which needs the patches, refuses
+    the pack in one line."""
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
+    where = ["--sglang", str(sg), "--flashinfer", str(fi)]
+    cache = tmp_path / "cache"
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    (pack / "broken.py").write_text("raise RuntimeError('damaged')\n")
+    assert run("apply", "all", *where, "--no-gpu-check", cache=cache)["code"] == 0
+    assert run("ensure", "all", *where, "--no-gpu-check", cache=cache, kit=True, packs=pack) == {
+        "code": 0, "libcst": False, "kit": []}  # fmt: skip
+    assert run("revert", "--all", *where, cache=cache)["code"] == 0
+    # Pristine: ensure must plan, and the catalog refuses the damaged pack (a usage error).
+    assert run("ensure", "all", *where, "--no-gpu-check", cache=cache, packs=pack)["code"] == 2
+
+
+def test_the_light_profile_reader_agrees_with_the_catalog(tmp_path):
+    """What `ensure` reads from profiles.toml is what the catalog makes of it; where the light
+    reader cannot decide (a profile defined twice, a name it does not know) it says nothing
+    and the catalog decides."""
+    from sm120patch.plan import catalog, profiles
+
+    cat = catalog.load()
+    assert cat.profiles
+    for name, prof in cat.profiles.items():
+        spec = profiles.spec(name)
+        assert spec is not None, name
+        assert (spec.name, spec.pins, spec.refuse, spec.targets) == (
+            prof.name, prof.pins, prof.refuse, prof.targets)  # fmt: skip
+    assert profiles.spec("no-such-profile") is None
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    twice = next(iter(cat.profiles))
+    (pack / "profiles.toml").write_text(
+        f'schema = 1\n[profiles.{twice}]\npatches = []\npins = {{ sglang = ">=0.1" }}\n'
+    )
+    catalog.use_packs([str(pack)])
+    try:
+        assert profiles.spec(twice) is None
+    finally:
+        catalog.use_packs(())
 
 
 lines = st.lists(st.sampled_from(["a\n", "b\n", "c\n", "  x = 1\n", "\n", "def f():\n"]), max_size=30)

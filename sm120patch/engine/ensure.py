@@ -9,7 +9,7 @@ from sm120patch.engine import assess
 from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.run import check_applied_matches_lock, runs_for, unchecked_refusals
 from sm120patch.errors import Refused
-from sm120patch.plan import catalog
+from sm120patch.plan import profiles
 from sm120patch.targets.resolved import Given, resolved
 
 if TYPE_CHECKING:
@@ -38,7 +38,14 @@ def ensure(
     apply takes this assessment under its lock while the state is unchanged, and reports the
     targets it leaves without the profile's record (every other one it wrote and verified).
     """
-    profile = catalog.load().profile(profile_name)
+    # The profile as its profiles.toml declares it: no patch module is imported while the
+    # bytes may still answer "as wanted" (a damaged pack is met when a plan is needed).
+    # Where the light reader cannot decide, the catalog decides, with its own errors.
+    profile: profiles.Pinned | None = profiles.spec(profile_name)
+    if profile is None:
+        from sm120patch.plan import catalog
+
+        profile = catalog.load().profile(profile_name)
     named = resolved(given)
     ctxs = runs_for(profile, named, force, lock)
     # At every service start: when the bytes already say "as wanted", answer without the lock
@@ -74,9 +81,11 @@ def ensure(
     # Only a tree not yet as wanted plans: the planner's modules load here, not at every
     # service start.
     from sm120patch.engine.apply import apply_runs
+    from sm120patch.plan import catalog
 
     report = apply_runs(
-        profile, ctxs, named, preconditions=preconditions, check_plan=check_plan, lock=lock,
+        catalog.load().profile(profile.name), ctxs, named, preconditions=preconditions,
+        check_plan=check_plan, lock=lock,
         seen={c.target.kind: a for c, a in zip(ctxs, found, strict=True)},
     )  # fmt: skip
     for ctx in ctxs:

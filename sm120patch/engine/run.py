@@ -17,7 +17,8 @@ from sm120patch.engine.assess import Assessment
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused, not_writable
-from sm120patch.plan import catalog, pins
+from sm120patch.plan import pins
+from sm120patch.plan.profiles import Pinned
 from sm120patch.targets import Target, procscan
 from sm120patch.targets.resolved import Given
 
@@ -86,6 +87,8 @@ class TargetRun:
         pack update may add a patch; the record is state, not instruction)."""
         from dataclasses import replace
 
+        from sm120patch.plan import catalog
+
         cat = catalog.load()
         profile = cat.profiles.get(m.profile)
         if profile is None:
@@ -104,7 +107,7 @@ class TargetRun:
 
 
 def runs_for(
-    profile: catalog.Profile,
+    profile: Pinned,
     given: Given,
     force: bool,
     lock: Lock | None = None,
@@ -136,7 +139,7 @@ def runs_for(
     return [TargetRun(t) for t in found]
 
 
-def unchecked_refusals(profile: catalog.Profile, found: list[Target], given: Given) -> list[str]:
+def unchecked_refusals(profile: Pinned, found: list[Target], given: Given) -> list[str]:
     """One line per target kind whose releases `profile` refuses but does not patch (moe: a
     FlashInfer before 0.6.7) where no such target can be found to check: why the run goes on,
     and how to have it checked. The profile's patches do not need that target, and SGLang's
@@ -228,6 +231,8 @@ def check_evidence(
             f"{ctx.target.name}",
             f"the state was edited or is damaged: inspect {where}, then move it aside",
         )
+    from sm120patch.plan import catalog
+
     cat = catalog.load()
     known = cat.profiles.get(profile)
     if known is None:

@@ -20,7 +20,6 @@ import os
 import pkgutil
 import sys
 import types
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -31,55 +30,24 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from sm120patch.errors import UsageError
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
-from sm120patch.patchkit.versions import base_release, contains, range_text
+from sm120patch.patchkit.versions import base_release, contains
 from sm120patch.plan.packdirs import PACKS_ENV as PACKS_ENV
 from sm120patch.plan.packdirs import pack_dirs as pack_dirs
 from sm120patch.plan.packdirs import use_packs as use_packs
-
-# The one place that picks the TOML reader (lockfile.py and trial.py use it too).
-if sys.version_info >= (3, 11):
-    import tomllib as tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-TOMLDecodeError = tomllib.TOMLDecodeError
-
-
-PROFILES_SCHEMA = 1
-DAMAGED_HINT = "reinstall sm120patch: a file it ships with is damaged"
-
-
-def parse_toml(
-    text: str, where: str | Path | None = None, hint: str = DAMAGED_HINT
-) -> dict[str, Any]:
-    """TOML text as a document (the one place that picks the reader). With `where` (a file
-    of the library or of a pack: profiles, known outcomes, signatures), text that does not
-    parse is one line naming the file (a usage error, exit 2), never a traceback; without
-    it the caller handles TOMLDecodeError."""
-    if where is None:
-        return dict(tomllib.loads(text))
-    try:
-        return dict(tomllib.loads(text))
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{where} is not valid TOML ({exc})", hint) from None
+from sm120patch.plan.profiles import BUILT_IN as BUILT_IN
+from sm120patch.plan.profiles import DAMAGED_HINT as DAMAGED_HINT
+from sm120patch.plan.profiles import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from sm120patch.plan.profiles import PROFILES_SCHEMA as PROFILES_SCHEMA
+from sm120patch.plan.profiles import PinChecks, pins_of
+from sm120patch.plan.profiles import Refusal as Refusal
+from sm120patch.plan.profiles import TOMLDecodeError as TOMLDecodeError
+from sm120patch.plan.profiles import parse_toml as parse_toml
+from sm120patch.plan.profiles import pin_problems as pin_problems
+from sm120patch.plan.profiles import refusal_problems as refusal_problems
 
 
 @dataclass(frozen=True)
-class Refusal:
-    """A release range inside (or beside) a profile's pins where applying it is refused with
-    a reason unless --force: a known wrong output, or an upstream path this profile would
-    shadow. `kind` need not be a target the profile patches (moe refuses a FlashInfer)."""
-
-    kind: str
-    releases: SpecifierSet
-    reason: str
-
-    def refuses(self, version: str) -> bool:
-        return contains(self.releases, base_release(version))
-
-
-@dataclass(frozen=True)
-class Profile:
+class Profile(PinChecks):
     name: str
     title: str
     status: str  # "recommended" or "experimental"
@@ -93,17 +61,6 @@ class Profile:
     # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
     facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
 
-    @property
-    def targets(self) -> tuple[str, ...]:
-        return tuple(t for t in TARGETS if t in self.pins)
-
-    def refusals(self, kind: str, version: str) -> list[Refusal]:
-        """The refusals of this profile that take `kind` `version`."""
-        return [r for r in self.refuse if r.kind == kind and r.refuses(version)]
-
-    def pinned(self, target: str, version: str) -> bool:
-        return contains(self.pins[target], base_release(version))
-
     def absent_ok(self, patch_id: str, version: str) -> bool:
         """Whether a missing site of `patch_id` is fine in `version`: a `not-applicable` fact
         of the patch covers it, or the profile's own `absent` table does."""
@@ -114,10 +71,6 @@ class Profile:
             return True
         spec = self.absent.get(patch_id)
         return spec is not None and contains(spec, base_release(version))
-
-
-BUILT_IN = "built-in"
-ENTRY_POINT_GROUP = "sm120patch.patches"
 
 
 @dataclass(frozen=True)
@@ -209,61 +162,6 @@ class Catalog:
         ran, skipped or not-seen (`patchkit.model.wiring_evidence`)."""
         prof = self.profile(profile) if isinstance(profile, str) else profile
         return wiring_evidence(self.patches_of(prof), log)
-
-
-def pin_problems(
-    profile: Profile,
-    versions: Mapping[str, str],
-    labels: Mapping[str, tuple[str, str]] | None = None,
-) -> list[str]:
-    """One line per kind whose version is outside the profile's pins (or is no version).
-
-    `labels` may give each kind (name in the message, where its version was read); by default
-    (the kind, nothing).
-    """
-    problems = []
-    for kind, version in versions.items():
-        if kind not in profile.pins:
-            continue
-        spec = profile.pins[kind]
-        label, source = (labels or {}).get(kind, (kind, ""))
-        if version == "unknown":  # targets.UNKNOWN: the source says why and how to state it
-            problems.append(
-                f"{label} version unknown ({source}): profile {profile.name} is pinned to "
-                + range_text(spec)
-            )
-            continue
-        if base_release(version) is None:
-            problems.append(
-                f"{label} version '{version}'" + (f" (from {source})" if source else "")
-                + f" is not a PEP 440 version; profile {profile.name} is pinned to "
-                + range_text(spec)
-            )
-            continue
-        if not profile.pinned(kind, version):
-            problems.append(
-                f"{label} {version} is outside the pins of profile {profile.name} "
-                f"({kind} {range_text(spec)})"
-            )
-    return problems
-
-
-def refusal_problems(
-    profile: Profile,
-    versions: Mapping[str, str],
-    labels: Mapping[str, tuple[str, str]] | None = None,
-) -> list[str]:
-    """One line per refusal of `profile` that takes a version of `versions`: what it is and
-    why (`--force` applies anyway, as outside the pins)."""
-    problems = []
-    for kind, version in versions.items():
-        label = (labels or {}).get(kind, (kind, ""))[0]
-        for r in profile.refusals(kind, version):
-            problems.append(
-                f"profile {profile.name} refuses {label} {version} ({kind} {r.releases}): "
-                f"{r.reason}"
-            )
-    return problems
 
 
 def load() -> Catalog:
@@ -469,7 +367,7 @@ def _patch_problems(patch: Patch) -> list[str]:
 
 
 def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
-    data = tomllib.loads(text)
+    data = parse_toml(text)
     if data.get("schema") != PROFILES_SCHEMA:
         raise RuntimeError(
             f"profiles.toml: schema {data.get('schema')!r}, expected {PROFILES_SCHEMA}"
@@ -481,11 +379,8 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             if pid not in patches:
                 raise RuntimeError(f"profiles.toml: profile {name} names unknown patch {pid}")
         try:
-            pins: dict[str, SpecifierSet] = {
-                t: SpecifierSet(raw["pins"][t]) for t in TARGETS if t in raw.get("pins", {})
-            }
+            pins, refuse = pins_of(name, raw)
             absent = {pid: SpecifierSet(spec) for pid, spec in raw.get("absent", {}).items()}
-            refuse = tuple(_refusal(name, r) for r in raw.get("refuse", []))
         except InvalidSpecifier as exc:
             raise RuntimeError(f"profiles.toml: profile {name}: {exc}") from None
         needed = {patches[pid].target for pid in ids}
@@ -505,16 +400,3 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             facts={pid: patches[pid].facts for pid in ids},
         )
     return profiles
-
-
-def _refusal(profile: str, raw: Any) -> Refusal:
-    """One `[[profiles.NAME.refuse]]` table: exactly one target kind = specifier, and a reason."""
-    kinds = [k for k in TARGETS if k in raw] if isinstance(raw, dict) else []
-    reason = raw.get("reason", "") if isinstance(raw, dict) else ""
-    unknown = set(raw) - {*TARGETS, "reason"} if isinstance(raw, dict) else set()
-    if len(kinds) != 1 or not isinstance(reason, str) or not reason.strip() or unknown:
-        raise RuntimeError(
-            f"profiles.toml: profile {profile}: each refuse table names one of "
-            f"{', '.join(TARGETS)} (a specifier) and a reason"
-        )
-    return Refusal(kinds[0], SpecifierSet(raw[kinds[0]]), " ".join(reason.split()))

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sm120patch import __version__
 from sm120patch.errors import Refused, UsageError
-from sm120patch.patchkit.model import TARGETS
-from sm120patch.plan import catalog
+from sm120patch.patchkit.kinds import TARGETS
+from sm120patch.plan.profiles import BUILT_IN, TOMLDecodeError, parse_toml
 
 if TYPE_CHECKING:  # a lock is read at every `ensure --locked`: no plan module for that
+    from sm120patch.plan.catalog import Profile
     from sm120patch.plan.plans import Plan
 
 SCHEMA = 2  # 2: no patch code digests (schema 1, 0.2.x, had them: still read)
@@ -105,6 +106,8 @@ class Lock:
         # A lock made here (not read from a file) names the packs of the catalog in effect,
         # whichever code path built it; `read` passes what the file says.
         if self.patches and not self.pack_of:
+            from sm120patch.plan import catalog
+
             cat = catalog.load()
             self.pack_of = {pid: cat.source(pid).name for pid in self.patches}
             if not self.packs and self.profile in cat.profiles:
@@ -126,7 +129,7 @@ class Lock:
             old = self.legacy.get(pid, {})
             out += ["", "[[patches]]", f"id = {q(pid)}"]
             out += [f"digest = {q(old['digest'])}"] if "digest" in old else []
-            out.append(f"pack = {q(self.pack_of.get(pid, catalog.BUILT_IN))}")
+            out.append(f"pack = {q(self.pack_of.get(pid, BUILT_IN))}")
             out += [f"source = {q(old['source'])}"] if "source" in old else []
         for name, digest in self.packs.items():
             out += ["", "[[packs]]", f"name = {q(name)}", f"digest = {q(digest)}"]
@@ -237,8 +240,10 @@ def _check_paths(path: Path, lock: Lock) -> None:
         )
 
 
-def check_files_of_profile(lock: Lock, profile: catalog.Profile, path: Path) -> None:
+def check_files_of_profile(lock: Lock, profile: Profile, path: Path) -> None:
     """A lock may name only files that a patch of its profile touches."""
+    from sm120patch.plan import catalog
+
     cat = catalog.load()
     allowed = {
         (p.target, f) for p in cat.patches_of(profile) for f in p.files
@@ -261,8 +266,6 @@ def check_files_of_profile(lock: Lock, profile: catalog.Profile, path: Path) -> 
 
 
 def _parse(path: Path, raw: str) -> Lock:
-    from sm120patch.plan.catalog import TOMLDecodeError, parse_toml
-
     try:
         doc: dict[str, Any] = parse_toml(raw)
         schema = doc["schema"]
@@ -278,7 +281,7 @@ def _parse(path: Path, raw: str) -> Lock:
             profile=str(doc["profile"]),
             versions={str(k): str(v) for k, v in doc["versions"].items()},
             patches=[str(p["id"]) for p in patches],
-            pack_of={str(p["id"]): str(p.get("pack", catalog.BUILT_IN)) for p in patches},
+            pack_of={str(p["id"]): str(p.get("pack", BUILT_IN)) for p in patches},
             packs={str(p["name"]): str(p["digest"]) for p in doc.get("packs", [])},
             legacy={str(p["id"]): {k: str(p[k]) for k in _LEGACY_KEYS if k in p}
                     for p in patches if schema < 2 and any(k in p for k in _LEGACY_KEYS)},
@@ -352,6 +355,8 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
         a, b = lock.pack_of[pid], now.pack_of[pid]
         if a != b:
             problems.append(f"patch {pid}: lock has it from {a}, here it comes from {b}")
+    from sm120patch.plan import catalog
+
     known = set(catalog.load().patches)
     for pid in sorted(set(lock.patches) ^ set(now.patches)):
         if pid in now.patches:

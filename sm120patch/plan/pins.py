@@ -1,14 +1,15 @@
 """Which targets a profile runs on, and whether their releases are inside its pins or among
 the releases it refuses: what `apply`, `pin` and `ensure` check before anything else, and what
-`doctor` reports. No patch runs here, so `ensure` on an applied tree checks its pins without
-the planner's modules."""
+`doctor` reports. No patch runs here, and a profile here is what its profiles.toml declares
+(`plan.profiles`), so `ensure` on an applied tree checks its pins without the planner's
+modules or the patch modules."""
 
 from __future__ import annotations
 
 from sm120patch import targets
 from sm120patch.errors import AGAIN, Refused, Sm120Error
-from sm120patch.plan import catalog
-from sm120patch.plan.catalog import Profile
+from sm120patch.plan import profiles
+from sm120patch.plan.profiles import Pinned as Profile
 from sm120patch.targets import Target
 from sm120patch.targets.resolved import Given, resolved
 
@@ -32,7 +33,7 @@ def check_pins(
 def _outside_pins(profile: Profile, found: list[Target]) -> list[str]:
     problems = []
     for target in found:  # one target per kind in a plan; a list keeps each target's line
-        problems += catalog.pin_problems(
+        problems += profiles.pin_problems(
             profile,
             {target.kind: target.version},
             {target.kind: (target.name, target.version_source)},
@@ -82,7 +83,7 @@ def refusal_lines(
     for kind in dict.fromkeys(r.kind for r in profile.refuse):
         target = have.get(kind) or beside(kind, found, given)
         if target is not None:
-            problems += catalog.refusal_problems(
+            problems += profiles.refusal_problems(
                 profile, {kind: target.version}, {kind: (target.name, target.version_source)}
             )
     return problems
