@@ -203,14 +203,14 @@ def held_here(cat: Catalog) -> dict[str, list[str]]:
     recommended = [p for p in cat.profiles.values() if p.status == "recommended"]
     if not recommended:
         return {}
-    from sm120patch.plan import known, planner
+    from sm120patch.plan import known, pins
 
     found = known.installed_targets()
     box = known.Box(versions={t.kind: t.version for t in found})
     shipped = known.entries()
     held = {}
     for p in recommended:
-        why = planner.refusal_lines(p, found)
+        why = pins.refusal_lines(p, found)
         why += [e.line() for e in known.condemning(p.name, box, shipped)]
         if why:
             held[p.name] = why

@@ -9,7 +9,7 @@ import pytest
 
 from sm120patch.errors import UsageError
 from sm120patch.plan import catalog
-from sm120patch.plan.planner import check_pins
+from sm120patch.plan.pins import check_pins
 
 
 def test_a_profile_names_its_patches_and_what_is_outside_its_pins():
@@ -112,12 +112,12 @@ def test_outside_the_pins_the_hint_asks_for_a_pinned_release(tmp_path):
     from trees import make_tree
 
     from sm120patch.errors import Refused
-    from sm120patch.plan import planner
+    from sm120patch.plan import pins
 
     sg = make_tree(tmp_path, "sglang", "0.5.3", "installed")
     prof = catalog.load().profile("moe")
-    found = planner.resolve_targets(prof, {"sglang": sg})
+    found = pins.resolve_targets(prof, {"sglang": sg})
     with pytest.raises(Refused) as exc:
-        planner.require_pins(prof, found, {"sglang": sg}, force=False, verb="pin")
+        pins.require_pins(prof, found, {"sglang": sg}, force=False, verb="pin")
     assert exc.value.hint == "use a pinned release, or pin anyway: `sm120patch <again> --force`"
-    planner.require_pins(prof, found, {"sglang": sg}, force=True, verb="pin")  # forced: no refusal
+    pins.require_pins(prof, found, {"sglang": sg}, force=True, verb="pin")  # forced: no refusal

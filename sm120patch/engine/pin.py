@@ -25,12 +25,12 @@ def make(profile_name: str, given: Given, *, force: bool = False) -> Lock:
     the same [[steps]] and diffs as one pinned before the apply; the bytes the plan writes
     are the applied ones (the apply checked them against its plan)."""
     from sm120patch.engine import pristine
-    from sm120patch.plan import catalog, planner
+    from sm120patch.plan import catalog, pins
 
     profile = catalog.load().profile(profile_name)
     named = resolved(given)
-    found = planner.resolve_targets(profile, named)
-    planner.require_pins(profile, found, named, force=force, verb="pin")
+    found = pins.resolve_targets(profile, named)
+    pins.require_pins(profile, found, named, force=force, verb="pin")
     plan, assessed = pristine.pristine_plan(profile, found, named, force=True, verb="pin")
     lock = from_plan(plan)
     _check_applied_as_planned(lock, found, assessed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sm120patch.engine import assess
 from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
-from sm120patch.plan import catalog, planner
+from sm120patch.plan import catalog, pins, planner
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target
 from sm120patch.targets.resolved import Given
@@ -39,7 +39,7 @@ def plan_from_pristine(
     applied, an edit since the apply, a journal left open), and pristine bytes that are not
     the ones the apply read (its before-hash)."""
     profile = catalog.load().profile(profile_name)
-    found = planner.resolve_targets(profile, given)
+    found = pins.resolve_targets(profile, given)
     return pristine_plan(profile, found, given, force=force, verb=verb)[0]
 
 

@@ -10,7 +10,7 @@ from sm120patch.engine import assess
 from sm120patch.errors import Sm120Error
 from sm120patch.patchkit.kinds import LOOKED_FOR
 from sm120patch.patchkit.model import TARGETS
-from sm120patch.plan import catalog, planner
+from sm120patch.plan import catalog, pins, planner
 from sm120patch.targets.resolved import Given, resolved
 from sm120patch.trial import gpu
 
@@ -97,8 +97,8 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
         if len(have) < len(profile.targets):
             check.problems.append("needs " + " and ".join(profile.targets) + " to be found")
         else:
-            check.problems = planner.check_pins(profile, have, named)
-            check.refused = planner.refusal_lines(profile, have, named)
+            check.problems = pins.check_pins(profile, have, named)
+            check.refused = pins.refusal_lines(profile, have, named)
             check.pinned = len(check.problems) == len(check.refused)
             try:
                 plan = planner.plan(profile.name, named, found=have, force=True)

@@ -14,13 +14,8 @@ from dataclasses import dataclass
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import Outcome, Patch, Status
 from sm120patch.patchkit.runner import FileResult, forget_parses, refuse_all, transform_text
-from sm120patch.plan import catalog
+from sm120patch.plan import catalog, pins
 from sm120patch.plan.catalog import Profile
-from sm120patch.plan.pins import beside as beside
-from sm120patch.plan.pins import check_pins as check_pins
-from sm120patch.plan.pins import refusal_lines as refusal_lines
-from sm120patch.plan.pins import require_pins as require_pins
-from sm120patch.plan.pins import resolve_targets as resolve_targets
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
 from sm120patch.targets.resolved import Given
@@ -69,8 +64,8 @@ def plan(
     """
     cat = catalog.load()
     profile = cat.profile(profile_name)
-    found = found if found is not None else resolve_targets(profile, paths or {})
-    outside = require_pins(profile, found, paths, force=force, verb="plan")  # kept on the plan
+    found = found if found is not None else pins.resolve_targets(profile, paths or {})
+    outside = pins.require_pins(profile, found, paths, force=force, verb="plan")  # kept on the plan
     patches = cat.patches_of(profile)
     with no_cycle_collection():
         plans = [plan_target(profile, patches, t, texts.get(t.kind) if texts else None)

@@ -26,7 +26,7 @@ from trees import tree_hash, upstream_checkout
 
 from sm120patch.cli import main
 from sm120patch.maintain import releases, trees
-from sm120patch.plan import catalog, lockfile, planner
+from sm120patch.plan import catalog, lockfile, pins
 from sm120patch.targets import find
 
 pytestmark = pytest.mark.real
@@ -128,7 +128,7 @@ def test_the_operators_cycle_on_the_newest_releases(
     before = everything(where)
     assert {t["kind"]: t["version"] for t in states(where).values()} == {
         k: newest[k] for k in prof.targets}  # fmt: skip
-    refused = planner.check_pins(
+    refused = pins.check_pins(
         prof, [find(k, r) for k, r in zip(prof.targets, where[1::2], strict=True)])
     if refused:
         # The catalog's reasons, in the words the apply and the pin refuse with; nothing changed.
