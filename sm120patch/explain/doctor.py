@@ -160,10 +160,14 @@ def recommendation(checks: list[ProfileCheck]) -> str:
     lines += held
     if not good:
         lines.append("no profile is recommended on this box.")
-    # Every profile that is not recommended, read from the catalog (a pack's too).
-    others = [c.name for c in checks if c.status != "recommended"]
+    # Every profile that is not recommended, read from the catalog (a pack's too). A profile
+    # whose status is "refused" only says why a gate stays (vllm-fp8-moe): not one to trial.
+    others = [c.name for c in checks if c.status not in ("recommended", "refused")]
     if others:
         lines.append(
             f"Experimental ({', '.join(others)}): for `sm120patch trial`; see the known outcomes."
         )
+    refused = [c.name for c in checks if c.status == "refused"]
+    if refused:
+        lines.append(f"Refused by design ({', '.join(refused)}): `sm120patch show` says why.")
     return " ".join(lines)

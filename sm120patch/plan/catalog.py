@@ -50,7 +50,7 @@ from sm120patch.plan.profiles import refusal_problems as refusal_problems
 class Profile(PinChecks):
     name: str
     title: str
-    status: str  # "recommended" or "experimental"
+    status: str  # "recommended", "experimental", or "refused" (a reason why a gate stays)
     patches: tuple[str, ...]
     pins: dict[str, SpecifierSet]
     # patch id -> versions where its site does not exist and that is fine for this profile,
