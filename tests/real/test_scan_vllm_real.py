@@ -105,5 +105,21 @@ def test_vllm_gates_are_found_and_classed(vllm_dir: Path) -> None:
             if x.gate.file == label["file"] and x.gate.function == label["function"]
             and label["expression"] in x.gate.expression
         ]  # fmt: skip
+        if label["label"] == "none":  # code #32 names that is no gate: there, and unlisted
+            assert _in_function(vllm_dir.parent, label), label
+            assert not [x for x in out.gates if x.gate.file == label["file"]
+                        and x.gate.function == label["function"]], label  # fmt: skip
+            continue
         assert len(found) == 1, (label, [x.gate.expression for x in found])
         assert found[0].cls == label["label"], (label, found[0].reason)
+
+
+def _in_function(parent: Path, label: dict[str, str]) -> bool:
+    """Whether the label's expression is in its function, as `ast` writes it back."""
+    tree = ast.parse((parent / label["file"]).read_bytes())
+    *owner, name = label["function"].split(".")
+    scope: list[ast.stmt] = tree.body
+    for cls in owner:
+        scope = next(n.body for n in scope if isinstance(n, ast.ClassDef) and n.name == cls)
+    func = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name)
+    return label["expression"].removeprefix("or ") in ast.unparse(func)
