@@ -2,10 +2,11 @@
 
 `cutlass_group_gemm_supported` in `vllm/_custom_ops.py` returns False below SM90 and from SM110
 up before it asks the compiled op. That keeps SM120 off vLLM's grouped FP8 CUTLASS MoE kernel
-(`cutlass_moe_mm`, the VLLM_CUTLASS FP8 MoE backend), and vLLM's FP8 MoE oracle then picks
-another backend (Triton). Opening the gate does not make SM120 run that kernel: vLLM builds
-it for SM90 and SM100 only, so a server then fails where the kernel is called ("No compiled
-cutlass_scaled_mm for CUDA device capability: 120",
+(`cutlass_moe_mm`, the VLLM_CUTLASS FP8 MoE backend), and vLLM's FP8 MoE oracle then takes the
+next backend SM120 passes (Triton for tensor/token-scaled FP8,
+https://github.com/vllm-project/vllm/issues/43507). Opening the gate does not make SM120 run
+that kernel: vLLM builds it for SM90 and SM100 only, so a server then fails where the kernel is
+called ("No compiled cutlass_scaled_mm for CUDA device capability: 120",
 https://github.com/vllm-project/vllm/issues/32109). The SM120 kernel is an open pull request
 (https://github.com/vllm-project/vllm/pull/43814) on a CUTLASS collective
 (https://github.com/NVIDIA/cutlass/pull/3280) that its author says vLLM's CUTLASS pin lacks.
@@ -40,7 +41,7 @@ EXPECTED = "an SM120 build of vLLM's grouped FP8 CUTLASS MoE kernel (cutlass_moe
 FOUND = (
     f"`{GATE}` before a kernel built for SM90 and SM100 only: opened, FP8 MoE fails on SM120 "
     f"('No compiled cutlass_scaled_mm for CUDA device capability: 120', {ISSUE}); the SM120 "
-    f"kernel is {KERNEL_PR} (open). vLLM picks another FP8 MoE backend (Triton) on SM120: "
+    f"kernel is {KERNEL_PR} (open). vLLM's FP8 MoE oracle takes another backend on SM120: "
     "nothing to patch"
 )
 
