@@ -649,7 +649,7 @@ def scan_cmd(sglang: str | None, flashinfer: str | None, known: str | None, **o:
     "--python",
     "python",
     metavar="PATH",
-    help="The interpreter SGLang runs in (default: the venv's python beside the target).",
+    help="The interpreter the server runs in (default: the venv's python beside the target).",
 )
 @click.option(
     "--simulate",
@@ -659,11 +659,11 @@ def scan_cmd(sglang: str | None, flashinfer: str | None, known: str | None, **o:
 @click.option(
     "--profile",
     "profile",
-    default="all",
-    show_default=True,
+    default=None,
     metavar="PROFILE",
     help="Where nothing is applied, the patched side is what this profile would write "
-    "(fp4-gemm and attention are not part of all).",
+    "(default: all, which leaves out fp4-gemm and attention; with --vllm, the one profile "
+    "that patches vLLM).",
 )
 @json_option
 @click.argument("launch", nargs=-1, type=click.UNPROCESSED)
@@ -672,7 +672,7 @@ def explain_cmd(
     flashinfer: str | None,
     python: str | None,
     simulate: str | None,
-    profile: str,
+    profile: str | None,
     as_json: bool,
     launch: tuple[str, ...],
 ) -> None:
