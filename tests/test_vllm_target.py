@@ -8,12 +8,14 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
 import trees
 from click.testing import CliRunner
 from trees import VLLM_SCM_PYPROJECT, commit_all, init_repo, make_tree
 
 from sm120patch import targets
 from sm120patch.cli import main
+from sm120patch.errors import Refused
 from sm120patch.targets.installed import record_hashes
 from sm120patch.targets.resolved import Resolved
 
@@ -91,7 +93,10 @@ def test_a_vllm_is_looked_for_only_when_named(tmp_path, monkeypatch):
     monkeypatch.setattr(targets, "find", lambda kind, path: asked.append(kind) or real(kind, path))
     assert Resolved({}).quiet("vllm") is None and "vllm" not in asked
     assert [t.kind for t in Resolved({"vllm": site}).each(("vllm",))] == ["vllm"]
-    assert Resolved({}).quiet("vllm", required=True) is not None  # a profile needing it finds it
+    # A profile needing one it was not given refuses: the command line names the vLLM it patches.
+    with pytest.raises(Refused, match="looked for only where the command names it"):
+        Resolved({}).quiet("vllm", required=True)
+    assert asked == ["vllm"]  # the named one only
 
 
 def test_status_lists_a_named_vllm(tmp_path):

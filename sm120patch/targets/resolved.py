@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TypeAlias
 
 from sm120patch import targets
-from sm120patch.errors import Refused, Sm120Error
-from sm120patch.patchkit.kinds import LOOKED_FOR
+from sm120patch.errors import AGAIN, Refused, Sm120Error
+from sm120patch.patchkit.kinds import DISPLAY, LOOKED_FOR
 from sm120patch.targets import KINDS, Target
 
 Paths: TypeAlias = Mapping[str, str | Path | None]
@@ -39,7 +39,11 @@ class Resolved:
 
     def find(self, kind: str) -> Target:
         """The target of `kind` at its path, or the one installed in this Python (its refusal
-        when there is none, raised again each time)."""
+        when there is none, raised again each time). A kind looked for only when named (vLLM)
+        and not named is a refusal, whatever this Python has installed: a profile that
+        patches vLLM never patches one the command line did not name."""
+        if kind not in self._named and not (self.given(kind) or kind in LOOKED_FOR):
+            self._named[kind] = not_named(kind)
         if kind not in self._named:
             try:
                 self._named[kind] = targets.find(kind, self.paths.get(kind))
@@ -85,6 +89,28 @@ def resolved(given: Given) -> Resolved:
     """`given` as a `Resolved`: a command's own, or one for paths (kind -> path) given by a
     caller that holds none (a test, a library user)."""
     return given if isinstance(given, Resolved) else Resolved(given)
+
+
+def not_named(kind: str) -> Refused:
+    """The refusal of a kind looked for only when named (vLLM), which the command needs and
+    does not name. Its hint pastes: the command again with `--KIND` and the one installed in
+    this Python, where there is one (found by `find_spec`, nothing of it imported or read);
+    else the command that prints where the server's Python has it."""
+    import importlib.util
+    import shlex
+
+    name = DISPLAY[kind]
+    message = f"{name} is looked for only where the command names it, and this one does not"
+    spec = importlib.util.find_spec(kind)
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    if places:
+        parent = Path(places[0]).resolve().parent
+        hint = f"`sm120patch {AGAIN} --{kind} {shlex.quote(str(parent))}` ({name} in this Python)"
+    else:
+        probe = f"import {kind}, pathlib; print(pathlib.Path({kind}.__file__).parents[1])"
+        hint = (f"`python3 -c {shlex.quote(probe)}` in the server's Python prints the directory "
+                f"holding its {name}: give it as --{kind}")  # fmt: skip
+    return Refused(message, hint)
 
 
 def _held(found: Target | Sm120Error) -> Target:

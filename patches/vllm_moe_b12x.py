@@ -1,0 +1,252 @@
+"""vllm.moe-b12x: let vLLM's NVFP4 MoE auto-selection try FLASHINFER_B12X before MARLIN on SM120.
+
+vLLM's `select_nvfp4_moe_backend` leaves FLASHINFER_B12X (FlashInfer's SM12x CuTe-DSL fused
+MoE) out of its ordered `AVAILABLE_BACKENDS` ("intentionally excluded from auto-selection until
+the upstream CUTLASS SM121 MMA op guard is resolved"), so on SM120 an NVFP4 checkpoint that
+resolves as W4A16 auto-selects the MARLIN weight-only fallback; b12x runs there only when the
+user names it (`--moe-backend flashinfer_b12x`). This patch does what open PR
+https://github.com/vllm-project/vllm/pull/47577 does: on compute capability exactly 12.0
+(`current_platform.is_device_capability(120)`, so SM121 keeps Marlin) and without expert
+parallelism (the PR rejects EP deployments for b12x), FLASHINFER_B12X goes into the list right
+before MARLIN. The backend's own support checks still decide (`is_supported_config`), so a
+deployment b12x cannot run falls through to MARLIN as before; an explicit `--moe-backend` is
+not touched (it returns before the list is walked).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+from sm120patch.patchkit.facts import Fact
+from sm120patch.patchkit.model import (
+    NotApplicable,
+    Patch,
+    Refuse,
+    Result,
+    Sought,
+    Status,
+    Wiring,
+    already_applied,
+    applied,
+)
+
+# The check is imported where it runs (the real tier): every command loads this module.
+if TYPE_CHECKING:
+    import libcst as cst
+
+    from sm120patch.patchkit import sitecheck as sc
+
+PR_47577 = "https://github.com/vllm-project/vllm/pull/47577"
+ORACLE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
+FUNCTION = "select_nvfp4_moe_backend"
+LIST = "AVAILABLE_BACKENDS"
+B12X = "NvFp4MoeBackend.FLASHINFER_B12X"
+MARLIN = "NvFp4MoeBackend.MARLIN"
+HUMMING_CALL = f"{LIST} = prioritize_humming({LIST})"
+# The two statements the patch writes (the import is local, as vLLM's own code in this function
+# and in `prefers_humming` imports `current_platform`: nvfp4.py imports nothing from
+# vllm.platforms at module level in any pinned release).
+IMPORT = "from vllm.platforms import current_platform"
+TEST = "current_platform.is_device_capability(120) and not config.moe_parallel_config.use_ep"
+BODY = f"{LIST}.insert({LIST}.index({MARLIN}), {B12X})"
+COMMENT = (
+    "# sm120patch vllm.moe-b12x: on SM120 (exactly 12.0; SM121 keeps Marlin) without expert",
+    "# parallelism, try FLASHINFER_B12X right before MARLIN, as open PR",
+    f"# {PR_47577} does.",
+)
+SHAPE_LIST = f"`{LIST} = [...]` lists {MARLIN} and not {B12X}"
+
+FACTS = (
+    Fact(releases=">=0.30.0,<0.32.0", status=Status.APPLIED,
+         shape=f"{SHAPE_LIST}; the statement after it is the swiglu filter", file=ORACLE,
+         function=FUNCTION, form="list", source="real files",
+         note="the log line is the inner `_make_log_backend`: "
+         "\"Using 'FLASHINFER_B12X' NvFp4 MoE backend out of potential backends: [...]\""),
+    Fact(releases=">=0.32.0,<0.34.0", status=Status.APPLIED,
+         shape=f"{SHAPE_LIST}, then `{HUMMING_CALL}` (Humming ahead of Marlin on SM90 only): "
+         "the SM120 change goes after that", file=ORACLE, function=FUNCTION, form="humming",
+         source="real files",
+         note="log line as in 0.30-0.31 (inner `_make_log_backend`)"),
+    Fact(releases=">=0.34.0,<0.35", status=Status.APPLIED,
+         shape=f"{SHAPE_LIST}, then `{HUMMING_CALL}`; selection goes through "
+         "NvFp4MoEKernelOracle", file=ORACLE, function=FUNCTION, form="humming",
+         source="real files",
+         note="the log line is `oracle.make_log_backend` (oracle/base.py): "
+         "\"Using FLASHINFER_B12X NvFp4 MoE backend out of potential backends: [...]\""),
+)
+
+
+def _is_list(stmt: cst.CSTNode) -> bool:
+    """`AVAILABLE_BACKENDS = [...]`, a list literal."""
+    import libcst as cst
+
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Assign)
+        and len(stmt.body[0].targets) == 1
+        and isinstance(stmt.body[0].targets[0].target, cst.Name)
+        and stmt.body[0].targets[0].target.value == LIST
+        and isinstance(stmt.body[0].value, cst.List)
+    )
+
+
+def _same(node: cst.CSTNode, source: str) -> bool:
+    """`node` (a statement) is `source`, whatever its layout and comments (compared as Python's
+    own syntax trees)."""
+    import libcst as cst
+
+    try:
+        text = cst.Module(body=[node]).code  # type: ignore[list-item]
+        return ast.dump(ast.parse(text)) == ast.dump(ast.parse(source))
+    except (SyntaxError, TypeError):
+        return False
+
+
+def _is_ours(stmt: cst.CSTNode) -> bool:
+    """An `if` naming FLASHINFER_B12X: the patch's, or an edit of it (upstream's function has
+    none in any pinned release), told apart by `_same`."""
+    import libcst as cst
+
+    return isinstance(stmt, cst.If) and B12X in _code(stmt)
+
+
+def _code(node: cst.CSTNode) -> str:
+    from sm120patch.patchkit import syntax as h
+
+    return h.code(node, 10_000)
+
+
+def transform(module: cst.Module) -> Result:
+    import libcst as cst
+
+    from sm120patch.patchkit import operations as op
+    from sm120patch.patchkit import syntax as h
+
+    func = op.one_def(module, FUNCTION)
+    body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
+    lists = h.matching_nodes(func, cst.SimpleStatementLine, _is_list)
+    if not lists:
+        raise NotApplicable(FUNCTION, f"no `{LIST} = [...]` in `def {FUNCTION}`")
+    if len(lists) > 1:
+        raise Refuse(FUNCTION, f"one `{LIST} = [...]`", f"{len(lists)} such statements")
+    listed = lists[0]
+    index = next((i for i, stmt in enumerate(body) if stmt is listed), None)
+    if index is None:
+        raise Refuse(FUNCTION, f"`{LIST} = [...]` in the function's own body",
+                     "it nested in a block")  # fmt: skip
+    elements = [h.code(e.value) for e in listed.body[0].value.elements]  # type: ignore[attr-defined]
+    if MARLIN not in elements:
+        raise Refuse(FUNCTION, f"{MARLIN} in `{LIST}`", f"`{h.code(listed)}`")
+    if B12X in elements:  # a hand edit, or upstream's own choice: neither is ours to judge
+        raise Refuse(FUNCTION, f"`{LIST}` without {B12X} (vLLM leaves it out)",
+                     f"`{h.code(listed)}`")  # fmt: skip
+    params = [p.name.value for p in func.params.params]
+    if "config" not in params:
+        raise Refuse(FUNCTION, "a `config` parameter (the FusedMoEConfig)", ", ".join(params))
+    if index + 1 < len(body) and _same(body[index + 1], HUMMING_CALL):
+        index += 1
+    anchor = body[index]
+    ours = [s for s in h.statements(func) if _is_ours(s)]
+    if ours:
+        follows = body[index + 1 : index + 3]
+        if (
+            len(ours) == 1 and len(follows) == 2 and _same(follows[0], IMPORT)
+            and follows[1] is ours[0] and _same(ours[0], f"if {TEST}:\n    {BODY}")
+        ):
+            return already_applied(FUNCTION, f"FLASHINFER_B12X before MARLIN when {TEST}")
+        raise Refuse(FUNCTION, f"at most one `if {TEST}: {BODY}`, right after `{h.code(anchor)}`",
+                     f"{len(ours)}, elsewhere or edited")  # fmt: skip
+    nl, ind = module.default_newline, module.default_indent
+    new = [
+        h.parse_statement("".join(f"{line}{nl}" for line in COMMENT) + f"{IMPORT}{nl}", module),
+        h.parse_statement(
+            f"if ({nl}{ind}current_platform.is_device_capability(120){nl}"
+            f"{ind}and not config.moe_parallel_config.use_ep{nl}):{nl}"
+            f"{ind}{LIST}.insert({nl}{ind}{ind}{LIST}.index({MARLIN}),{nl}"
+            f"{ind}{ind}{B12X},{nl}{ind}){nl}",
+            module,
+        ).with_changes(leading_lines=[cst.EmptyLine(indent=False)]),  # a blank line, no spaces
+    ]
+    # The kit's `insert_after` takes a statement the statement walk holds (a compound one);
+    # the anchor here is a simple assignment, so the function's own block is rebuilt.
+    block = func.body
+    assert isinstance(block, cst.IndentedBlock)  # `body` came from it
+    rebuilt = block.with_changes(body=[*body[: index + 1], *new, *body[index + 1 :]])
+    shape = f"FLASHINFER_B12X inserted before MARLIN when {TEST}"
+    return applied(FUNCTION, h.replace(module, block, rebuilt, scope=func), shape)
+
+
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """In the fact's function, right after `AVAILABLE_BACKENDS = [...]` (and after
+    `AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)` where the release has it), the
+    two statements `from vllm.platforms import current_platform` and `if
+    current_platform.is_device_capability(120) and not config.moe_parallel_config.use_ep:
+    AVAILABLE_BACKENDS.insert(AVAILABLE_BACKENDS.index(NvFp4MoeBackend.MARLIN),
+    NvFp4MoeBackend.FLASHINFER_B12X)`; the list itself still without FLASHINFER_B12X; with those
+    two statements taken out, the file is the release's."""
+    from sm120patch.patchkit import sitecheck as sc
+
+    func = sc.one_function(after, fact.function)
+    body = func.body
+
+    def is_list(stmt: ast.stmt) -> bool:
+        return (
+            isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.List)
+            and [ast.unparse(t) for t in stmt.targets] == ["AVAILABLE_BACKENDS"]
+        )
+
+    i = body.index(sc.one([s for s in body if is_list(s)], "AVAILABLE_BACKENDS list"))
+    listed = body[i]
+    assert isinstance(listed, ast.Assign) and isinstance(listed.value, ast.List)
+    names = [ast.unparse(e) for e in listed.value.elts]
+    assert "NvFp4MoeBackend.MARLIN" in names, f"no MARLIN in {names}"
+    assert "NvFp4MoeBackend.FLASHINFER_B12X" not in names, "the list itself was changed"
+    humming = "AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)"
+    if fact.form == "humming":
+        assert ast.unparse(body[i + 1]) == humming, f"after the list: `{ast.unparse(body[i + 1])}`"
+        i += 1
+    else:
+        assert ast.unparse(body[i + 1]) != humming, "a prioritize_humming the fact does not name"
+    new = body[i + 1 : i + 3]
+    want = ast.parse(
+        "from vllm.platforms import current_platform\n"
+        "if current_platform.is_device_capability(120) and "
+        "not config.moe_parallel_config.use_ep:\n"
+        "    AVAILABLE_BACKENDS.insert(AVAILABLE_BACKENDS.index(NvFp4MoeBackend.MARLIN), "
+        "NvFp4MoeBackend.FLASHINFER_B12X)\n"
+    ).body
+    assert [ast.dump(s) for s in new] == [ast.dump(s) for s in want], (
+        f"after the list: {[ast.unparse(s) for s in new]}"
+    )
+    sc.same_but(before, sc.without(after, new), "the SM120 insertion")
+    # the three comment lines, the import, the blank line and the if
+    return sc.Spans([], [(new[0].lineno - 3, new[1].end_lineno or new[1].lineno)])
+
+
+PATCH = Patch(
+    id="vllm.moe-b12x",
+    check=check,
+    target="vllm",
+    title="NVFP4 MoE auto-selection tries FLASHINFER_B12X before MARLIN on SM120 (vLLM)",
+    why=(
+        "vLLM leaves FLASHINFER_B12X out of the NVFP4 MoE auto-selection list "
+        "('FLASHINFER_B12X is intentionally excluded from auto-selection until the upstream "
+        "CUTLASS SM121 MMA op guard is resolved'), so on SM120 an NVFP4 checkpoint that "
+        "resolves as W4A16 lands on MARLIN unless --moe-backend flashinfer_b12x is given. As "
+        f"open {PR_47577} does, the patch puts FLASHINFER_B12X right before MARLIN on "
+        "compute capability exactly 12.0 (SM121 keeps Marlin) without expert parallelism; "
+        "the backend's own support check still decides, so a deployment b12x cannot run "
+        "falls through to MARLIN, and an explicit --moe-backend is untouched."
+    ),
+    marker=f"def {FUNCTION}",
+    transform=transform,
+    facts=FACTS,
+    upstream=PR_47577,
+    sought=Sought(FUNCTION, (FUNCTION,)),
+    wiring=Wiring(
+        ran=(r"Using '?FLASHINFER_B12X'? NvFp4 MoE backend",),
+        skipped=(r"Using '?MARLIN'? NvFp4 MoE backend",),
+    ),
+)
