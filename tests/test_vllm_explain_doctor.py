@@ -77,7 +77,9 @@ def explain(pack: Path, site: Path, *extra: str) -> tuple[int, dict | None, str]
     return code, (json.loads(out) if out.strip().startswith("{") else None), err
 
 
-def test_explain_runs_the_vllm_reader_on_both_sides(pack, site):
+def test_explain_runs_the_vllm_reader_on_both_sides(pack, site, tmp_path, monkeypatch):
+    # An SGLang this Python would find by default: with --vllm it is not looked for.
+    monkeypatch.syspath_prepend(str(make_tree(tmp_path, "sglang", "0.5.8", "installed")))
     code, doc, err = explain(pack, site)
     assert code == 0, err
     assert [t["kind"] for t in doc["targets"]] == ["vllm"]  # no SGLang looked for beside it
