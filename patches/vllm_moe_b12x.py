@@ -181,53 +181,6 @@ def transform(module: cst.Module) -> Result:
     return applied(FUNCTION, h.replace(module, block, rebuilt, scope=func), shape)
 
 
-def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
-    """In the fact's function, right after `AVAILABLE_BACKENDS = [...]` (and after
-    `AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)` where the release has it), the
-    two statements `from vllm.platforms import current_platform` and `if
-    current_platform.is_device_capability(120) and not config.moe_parallel_config.use_ep:
-    AVAILABLE_BACKENDS.insert(AVAILABLE_BACKENDS.index(NvFp4MoeBackend.MARLIN),
-    NvFp4MoeBackend.FLASHINFER_B12X)`; the list itself still without FLASHINFER_B12X; with those
-    two statements taken out, the file is the release's."""
-    from sm120patch.patchkit import sitecheck as sc
-
-    func = sc.one_function(after, fact.function)
-    body = func.body
-
-    def is_list(stmt: ast.stmt) -> bool:
-        return (
-            isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.List)
-            and [ast.unparse(t) for t in stmt.targets] == ["AVAILABLE_BACKENDS"]
-        )
-
-    i = body.index(sc.one([s for s in body if is_list(s)], "AVAILABLE_BACKENDS list"))
-    listed = body[i]
-    assert isinstance(listed, ast.Assign) and isinstance(listed.value, ast.List)
-    names = [ast.unparse(e) for e in listed.value.elts]
-    assert "NvFp4MoeBackend.MARLIN" in names, f"no MARLIN in {names}"
-    assert "NvFp4MoeBackend.FLASHINFER_B12X" not in names, "the list itself was changed"
-    humming = "AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)"
-    if fact.form == "humming":
-        assert ast.unparse(body[i + 1]) == humming, f"after the list: `{ast.unparse(body[i + 1])}`"
-        i += 1
-    else:
-        assert ast.unparse(body[i + 1]) != humming, "a prioritize_humming the fact does not name"
-    new = body[i + 1 : i + 3]
-    want = ast.parse(
-        "from vllm.platforms import current_platform\n"
-        "if current_platform.is_device_capability(120) and "
-        "not config.moe_parallel_config.use_ep:\n"
-        "    AVAILABLE_BACKENDS.insert(AVAILABLE_BACKENDS.index(NvFp4MoeBackend.MARLIN), "
-        "NvFp4MoeBackend.FLASHINFER_B12X)\n"
-    ).body
-    assert [ast.dump(s) for s in new] == [ast.dump(s) for s in want], (
-        f"after the list: {[ast.unparse(s) for s in new]}"
-    )
-    sc.same_but(before, sc.without(after, new), "the SM120 insertion")
-    # the three comment lines, the import, the blank line and the if
-    return sc.Spans([], [(new[0].lineno - 3, new[1].end_lineno or new[1].lineno)])
-
-
 def explain_read(site: Site) -> Reading:
     """The order NVFP4 MoE auto-selection walks on this GPU (or the simulated one), read from
     the release's own `select_nvfp4_moe_backend`: run with an `auto` MoE backend, no expert
@@ -292,6 +245,53 @@ def explain_row(answer: Answer) -> str:
 
 EXPLAIN = Explain(name="nvfp4_moe_order", label="NVFP4 MoE auto order", read=explain_read,
                   row=explain_row)
+
+
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """In the fact's function, right after `AVAILABLE_BACKENDS = [...]` (and after
+    `AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)` where the release has it), the
+    two statements `from vllm.platforms import current_platform` and `if
+    current_platform.is_device_capability(120) and not config.moe_parallel_config.use_ep:
+    AVAILABLE_BACKENDS.insert(AVAILABLE_BACKENDS.index(NvFp4MoeBackend.MARLIN),
+    NvFp4MoeBackend.FLASHINFER_B12X)`; the list itself still without FLASHINFER_B12X; with those
+    two statements taken out, the file is the release's."""
+    from sm120patch.patchkit import sitecheck as sc
+
+    func = sc.one_function(after, fact.function)
+    body = func.body
+
+    def is_list(stmt: ast.stmt) -> bool:
+        return (
+            isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.List)
+            and [ast.unparse(t) for t in stmt.targets] == ["AVAILABLE_BACKENDS"]
+        )
+
+    i = body.index(sc.one([s for s in body if is_list(s)], "AVAILABLE_BACKENDS list"))
+    listed = body[i]
+    assert isinstance(listed, ast.Assign) and isinstance(listed.value, ast.List)
+    names = [ast.unparse(e) for e in listed.value.elts]
+    assert "NvFp4MoeBackend.MARLIN" in names, f"no MARLIN in {names}"
+    assert "NvFp4MoeBackend.FLASHINFER_B12X" not in names, "the list itself was changed"
+    humming = "AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)"
+    if fact.form == "humming":
+        assert ast.unparse(body[i + 1]) == humming, f"after the list: `{ast.unparse(body[i + 1])}`"
+        i += 1
+    else:
+        assert ast.unparse(body[i + 1]) != humming, "a prioritize_humming the fact does not name"
+    new = body[i + 1 : i + 3]
+    want = ast.parse(
+        "from vllm.platforms import current_platform\n"
+        "if current_platform.is_device_capability(120) and "
+        "not config.moe_parallel_config.use_ep:\n"
+        "    AVAILABLE_BACKENDS.insert(AVAILABLE_BACKENDS.index(NvFp4MoeBackend.MARLIN), "
+        "NvFp4MoeBackend.FLASHINFER_B12X)\n"
+    ).body
+    assert [ast.dump(s) for s in new] == [ast.dump(s) for s in want], (
+        f"after the list: {[ast.unparse(s) for s in new]}"
+    )
+    sc.same_but(before, sc.without(after, new), "the SM120 insertion")
+    # the three comment lines, the import, the blank line and the if
+    return sc.Spans([], [(new[0].lineno - 3, new[1].end_lineno or new[1].lineno)])
 
 
 PATCH = Patch(

@@ -680,7 +680,7 @@ def explain_cmd(
 
     Runs SGLang's server-argument resolution, the allreduce-fusion gate, _resolve_backend, the
     FP4 GEMM backend `auto` resolves to and FlashInfer's comm module flags in the target's
-    interpreter: no weights, no server.
+    interpreter: no weights, no server. With --vllm PATH: what vLLM's patches read there.
     """
     found = app.explain(session(sglang, flashinfer), python, simulate, launch, profile)
     if as_json:
