@@ -137,7 +137,7 @@ def fake_nvml(mocker, tree):
 LOAD = ("--requests", "4", "--concurrency", "4", "--max-tokens", "16", "--warmup", "0")
 
 
-def vllm_trial(pack, tree, tmp_path, *options, repeat="2", most=None):
+def vllm_trial(pack, tree, tmp_path, *options, repeat="2", most=None, extra=()):
     """`vllm serve MODEL` (the stand-in, as vLLM is run) measured: no --ready-url, no
     --model, no --api: the trial reads them from the command as vLLM's."""
     watched = tree / GATES
@@ -148,7 +148,7 @@ def vllm_trial(pack, tree, tmp_path, *options, repeat="2", most=None):
     code, out, err = run_cli(
         "--patches", str(pack), "trial", "vmoe-test", "--measure", "--vllm", str(tree),
         "--no-gpu-check", "--timeout", "20", *LOAD, "--repeat", repeat, "--max-repeat", most or repeat,
-        "--json", "--", *command,
+        *extra, "--json", "--", *command,
     )  # fmt: skip
     return code, (json.loads(out) if out.strip().startswith("{") else None), err
 
@@ -158,6 +158,7 @@ def test_vllm_trial_kept_on_its_own_log_lines(pack, tree, tmp_path, fake_nvml):
         pack, tree, tmp_path, "--delay-ms-pristine", "60", "--delay-ms-patched", "12",
         "--workers", "2", "--color", "--log-line", CUTLASS,
         "--log-when-patched", B12X, "--multiline-when-patched", "warning", repeat="3", most="4",
+        extra=("--export", str(tmp_path / "mine.toml")),
     )  # fmt: skip
     assert doc is not None, err
     assert doc["verdict"] == "kept", (doc["message"], err)
@@ -175,6 +176,16 @@ def test_vllm_trial_kept_on_its_own_log_lines(pack, tree, tmp_path, fake_nvml):
     # A continued line of a multi-line message is a line of its own, its prefix whole.
     assert any(t.endswith("second line of the message") and t.startswith("(EngineCore_DP0")
                for t in runs[1]["tail"])
+    # The export is a known.toml record about this vLLM release, read back as one.
+    from sm120patch.plan.known import Box, _parse, matches
+
+    entry, = _parse((tmp_path / "mine.toml").read_text(), "mine.toml", "")
+    assert entry.condition["vllm"] == "==0.34.0" and entry.condition["tp"] == "==2"
+    assert entry.outcome == "faster" and "vllm ==0.34.0" in entry.line()
+    here = Box(versions={"vllm": "0.34.0"}, gpu_family="sm120", gpus=2, tp=2)
+    assert matches(entry, "vmoe-test", here)
+    assert not matches(entry, "vmoe-test", Box(versions={"vllm": "0.33.0"}, gpu_family="sm120",
+                                                gpus=2, tp=2))
     assert (tree / GATES).read_text() != make_tree(tmp_path / "x", "vllm", "0.34.0",
                                                    "installed").joinpath(GATES).read_text()
 
