@@ -15,6 +15,7 @@ import pytest
 from realcache import FULL_ENV, RealReleases, SiteCase, full_run, patches_of, release_set
 
 from sm120patch.maintain import releases
+from sm120patch.patchkit.kinds import TARGETS
 from sm120patch.plan import catalog
 
 
@@ -46,7 +47,7 @@ def _cases_of(item: pytest.Item) -> list[SiteCase]:
         return []
     cat = catalog.load()
     # test_plan_on_git_repos names both releases; test_profile_on_pinned_release one kind's.
-    versions = {kind: params.get(kind) for kind in releases.KINDS}
+    versions = {kind: params.get(kind) for kind in TARGETS}
     if "kind" in params:
         versions[params["kind"]] = params["version"]
     return [
@@ -60,7 +61,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "site_case" in metafunc.fixturenames:
         cases = [
             SiteCase(p.id, kind, v)
-            for kind in releases.KINDS
+            for kind in TARGETS  # vLLM's too: its sources are cached (maintain/sources.py)
             for v in release_set(kind)
             for p in patches_of(kind)
         ]

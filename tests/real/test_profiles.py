@@ -30,6 +30,8 @@ GIT_APPLY = (("0.5.8", "0.6.1"), ("0.5.22", "0.6.1"))
 
 def pinned(profile: str, kind: str) -> list[str]:
     prof = catalog.load().profile(profile)
+    if kind not in prof.pins:  # a profile on vLLM alone pins no SGLang
+        return []
     return [v for v in release_set(kind) if prof.pinned(kind, v)]
 
 
