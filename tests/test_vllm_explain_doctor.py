@@ -169,20 +169,25 @@ def test_explain_without_profile_takes_the_one_that_patches_vllm(pack, site, mon
 ORACLE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
 
 
+@pytest.mark.parametrize("shape", ["0.30-list", "0.32-humming"])
 @pytest.mark.parametrize(("arch", "patched"), [
     ("sm120", "FLASHINFER_B12X before MARLIN"),
     ("sm100", "MARLIN, no FLASHINFER_B12X (only by --moe-backend)"),  # exactly 12.0 only
 ])
-def test_explain_reads_the_nvfp4_moe_order(site, arch, patched):
+def test_explain_reads_the_nvfp4_moe_order(site, arch, patched, shape):
     """The library's vllm-moe profile: pristine, auto walks MARLIN with no FLASHINFER_B12X;
     patched on SM120, FLASHINFER_B12X first. The fixture's loop needs a field the reader does
-    not give (`config.supported`): what the function does past its list is not the answer."""
+    not give (`config.supported`): what the function does past its list is not the answer.
+    In the 0.32 shape `prioritize_humming` returns a new list: the reader follows the name."""
     import sys
 
-    from test_vllm_moe_b12x import LIST
+    from test_vllm_moe_b12x import HUMMING, LIST
 
     (site / ORACLE).parent.mkdir(parents=True)
-    (site / ORACLE).write_text(LIST)
+    (site / ORACLE).write_text(LIST if shape == "0.30-list" else HUMMING)
+    humming = site / "vllm/model_executor/layers/quantization/utils/humming.py"
+    humming.parent.mkdir(parents=True)
+    humming.write_text("def prioritize_humming(kernels):\n    return [*kernels]\n")
     (site / "vllm" / "logger.py").write_text(
         "import logging\n\n\ndef init_logger(name):\n    return logging.getLogger(name)\n")
     code, out, err = run_cli("explain", "--vllm", str(site), "--python", sys.executable,
