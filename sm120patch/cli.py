@@ -662,8 +662,8 @@ def scan_cmd(sglang: str | None, flashinfer: str | None, known: str | None, **o:
     default=None,
     metavar="PROFILE",
     help="Where nothing is applied, the patched side is what this profile would write "
-    "(default: all, which leaves out fp4-gemm and attention; with --vllm, the one profile "
-    "that patches vLLM).",
+    "(default: all, which leaves out fp4-gemm and attention; with --vllm, the profile that "
+    "patches vLLM where only one does).",
 )
 @json_option
 @click.argument("launch", nargs=-1, type=click.UNPROCESSED)
