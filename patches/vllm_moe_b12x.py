@@ -16,7 +16,7 @@ not touched (it returns before the list is walked).
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
@@ -30,9 +30,12 @@ from sm120patch.patchkit.model import (
     already_applied,
     applied,
 )
+from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
 
 # The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
+    from types import FrameType
+
     import libcst as cst
 
     from sm120patch.patchkit import sitecheck as sc
@@ -178,6 +181,72 @@ def transform(module: cst.Module) -> Result:
     return applied(FUNCTION, h.replace(module, block, rebuilt, scope=func), shape)
 
 
+def explain_read(site: Site) -> Reading:
+    """The order NVFP4 MoE auto-selection walks on this GPU (or the simulated one), read from
+    the release's own `select_nvfp4_moe_backend`: run with an `auto` MoE backend, no expert
+    parallelism and no SwiGLU limit, its local `AVAILABLE_BACKENDS` is read as each line runs
+    (a trace on that one frame); whatever the function does past the list (try a kernel that
+    cannot load here) is caught: the list is the decision. Runs in the target's interpreter
+    (patchkit.readers)."""
+    import importlib
+    import sys
+    from types import SimpleNamespace
+
+    module = importlib.import_module(site.modules[0])
+    fn = getattr(module, site.functions[0])
+    seen: list[Any] = []
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code is not fn.__code__:
+            return None
+
+        def local(frame: FrameType, event: str, arg: Any) -> Any:
+            listed = frame.f_locals.get("AVAILABLE_BACKENDS")
+            if listed is not None:
+                seen[:] = [listed]
+            return local
+
+        return local
+
+    config = SimpleNamespace(
+        moe_backend="auto", swiglu_limit=None,
+        activation_format=SimpleNamespace(is_batched=False),
+        moe_parallel_config=SimpleNamespace(use_ep=False),
+    )  # fmt: skip
+    stopped = None
+    old = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        fn(config, None, None)
+    except Exception as exc:  # past the list the function may need what is not here
+        stopped = site.error(exc)
+    finally:
+        sys.settrace(old)
+    if not seen:
+        return {"error": stopped or "the function returned before it listed the backends"}
+    order = [str(getattr(b, "value", b)) for b in list(seen[0])]
+    return {"order": order, "stopped": stopped}
+
+
+def explain_row(answer: Answer) -> str:
+    """`FLASHINFER_B12X before MARLIN` or `MARLIN, no FLASHINFER_B12X`: the part of the
+    auto-selection order the patch changes."""
+    failed = error_row(answer, "No module named")
+    if failed is not None:
+        return failed
+    order = list(answer["order"])
+    if "FLASHINFER_B12X" in order and "MARLIN" in order:
+        ahead = order.index("FLASHINFER_B12X") < order.index("MARLIN")
+        return "FLASHINFER_B12X before MARLIN" if ahead else "MARLIN before FLASHINFER_B12X"
+    if "MARLIN" in order:
+        return "MARLIN, no FLASHINFER_B12X (only by --moe-backend)"
+    return "auto tries: " + ", ".join(order)
+
+
+EXPLAIN = Explain(name="nvfp4_moe_order", label="NVFP4 MoE auto order", read=explain_read,
+                  row=explain_row)
+
+
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """In the fact's function, right after `AVAILABLE_BACKENDS = [...]` (and after
     `AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)` where the release has it), the
@@ -249,4 +318,5 @@ PATCH = Patch(
         ran=(r"Using '?FLASHINFER_B12X'? NvFp4 MoE backend",),
         skipped=(r"Using '?MARLIN'? NvFp4 MoE backend",),
     ),
+    explain=EXPLAIN,
 )

@@ -481,7 +481,7 @@ def explain(
     python: str | None,
     simulate: str | None,
     launch: tuple[str, ...],
-    profile: str = "all",
+    profile: str | None = None,
 ) -> Explanation:
     """Pristine against patched; where nothing is applied the patched side is `profile`'s."""
     from sm120patch.explain import explain as explaining

@@ -649,7 +649,7 @@ def scan_cmd(sglang: str | None, flashinfer: str | None, known: str | None, **o:
     "--python",
     "python",
     metavar="PATH",
-    help="The interpreter SGLang runs in (default: the venv's python beside the target).",
+    help="The interpreter the server runs in (default: the venv's python beside the target).",
 )
 @click.option(
     "--simulate",
@@ -659,11 +659,11 @@ def scan_cmd(sglang: str | None, flashinfer: str | None, known: str | None, **o:
 @click.option(
     "--profile",
     "profile",
-    default="all",
-    show_default=True,
+    default=None,
     metavar="PROFILE",
     help="Where nothing is applied, the patched side is what this profile would write "
-    "(fp4-gemm and attention are not part of all).",
+    "(default: all, which leaves out fp4-gemm and attention; with --vllm, the profile that "
+    "patches vLLM where only one does).",
 )
 @json_option
 @click.argument("launch", nargs=-1, type=click.UNPROCESSED)
@@ -672,7 +672,7 @@ def explain_cmd(
     flashinfer: str | None,
     python: str | None,
     simulate: str | None,
-    profile: str,
+    profile: str | None,
     as_json: bool,
     launch: tuple[str, ...],
 ) -> None:
@@ -680,7 +680,7 @@ def explain_cmd(
 
     Runs SGLang's server-argument resolution, the allreduce-fusion gate, _resolve_backend, the
     FP4 GEMM backend `auto` resolves to and FlashInfer's comm module flags in the target's
-    interpreter: no weights, no server.
+    interpreter: no weights, no server. With --vllm PATH: what vLLM's patches read there.
     """
     found = app.explain(session(sglang, flashinfer), python, simulate, launch, profile)
     if as_json:

@@ -629,7 +629,7 @@ HELP = {
             "sm120patch pin moe -o /etc/sm120patch.lock"),
     "trial": ("Run a server under a profile; keep it only if it helps",
               "sm120patch trial moe --measure -- python -m sglang.launch_server ..."),
-    "explain": ("What SGLang decides, pristine against patched",
+    "explain": ("What SGLang or vLLM decides, pristine against patched",
                 "sm120patch explain --simulate sm120 -- --model-path M --tp 4"),
     "list": ("The profiles, their pins and patches", "sm120patch list"),
     "show": ("One profile in full, its known outcomes included", "sm120patch show moe --json"),

@@ -16,6 +16,16 @@ by the real trial code sees exactly the difference the patch made:
   --flip-first-when-patched                 patched answers start with another word
   --drift-when-patched K                    patched answers go another way from word K on
   --eval-wrong-when-patched                 answer prompts starting "EVAL:" wrongly when patched
+
+vLLM's flavour: a command line starting `serve MODEL` (as `vllm serve MODEL ...`) takes vLLM's
+flags too (--host, --served-model-name, --tensor-parallel-size/-tp, --max-model-len, ...),
+lists the served name (the first --served-model-name, else MODEL) at /v1/models and answers a
+completion for another model with vLLM's 404 ("The model `x` does not exist."). Its log lines
+are in vLLM's format (vllm/logger.py: `(PROCESS pid=N) LEVEL MM-DD HH:MM:SS [file:line] msg`,
+the --log-* lines from the engine core process, `--workers N` times from Worker_TP0...N-1
+where vLLM logs them per worker), coloured as vLLM's ColoredFormatter colours them with
+--color, and --multiline-when-patched TEXT logs TEXT with a second line after it, continued as
+vLLM's NewLineFormatter continues one (`\r\n` and the prefix again).
 """
 
 from __future__ import annotations
@@ -53,26 +63,53 @@ OPTIONS: dict[str, object] = {
     "noise": "0", "seed": "0", "log-line": [], "log-when-patched": [], "logprobs": False,
     "flip-first-when-patched": False, "drift-when-patched": None,
     "eval-wrong-when-patched": False, "counter": None, "lifetime": "60", "pidfile": None,
+    "color": False, "workers": "0", "multiline-when-patched": [],
+}  # fmt: skip
+# vLLM's flags the stand-in takes and, but for the served name, ignores.
+VLLM_OPTIONS: dict[str, object] = {
+    "host": None, "served-model-name": None, "tensor-parallel-size": None, "tp": None,
+    "max-model-len": None, "quantization": None, "model": None,
 }  # fmt: skip
 
 
 def parse(argv: list[str]) -> SimpleNamespace:
-    values = {k: list(v) if isinstance(v, list) else v for k, v in OPTIONS.items()}
+    options = dict(OPTIONS)
+    served = None
+    if argv[:1] == ["serve"]:  # vLLM's flavour: `serve MODEL [options]`
+        options.update(VLLM_OPTIONS)
+        served, argv = argv[1], argv[2:]
+    values = {k: list(v) if isinstance(v, list) else v for k, v in options.items()}
+    # `--flag=value` as two arguments (vLLM's parser takes both forms)
+    argv = [p for a in argv for p in (a.split("=", 1) if a.startswith("--") and "=" in a
+                                      else [a])]
     it = iter(argv)
     for arg in it:
-        name = arg.removeprefix("--")
-        if not arg.startswith("--") or name not in OPTIONS:
+        name = "tp" if arg == "-tp" else arg.removeprefix("--").replace("_", "-")
+        if not arg.startswith("-") or name not in options:
             sys.exit(f"fake server: unknown argument {arg}")
-        if isinstance(OPTIONS[name], bool):
+        if isinstance(options[name], bool):
             values[name] = True
-        elif isinstance(OPTIONS[name], list):
+        elif isinstance(options[name], list):
             values[name].append(next(it))  # type: ignore[union-attr]
         else:
             values[name] = next(it)
     missing = [k for k in ("port", "watch", "pristine-crc") if values[k] is None]
     if missing:
         sys.exit(f"fake server: --{missing[0]} is required")
+    values["vllm"] = served is not None
+    values["served"] = values.get("served-model-name") or served
     return SimpleNamespace(**{k.replace("-", "_"): v for k, v in values.items()})
+
+
+def vllm_line(process: str, message: str, where: str, color: bool) -> str:
+    """One record as vLLM's formatter prints it (vllm/logger.py's _FORMAT and _DATE_FORMAT;
+    ColoredFormatter's colours with `color`)."""
+    when = time.strftime("%m-%d %H:%M:%S")
+    prefix = f"({process} pid={os.getpid()})"
+    if color:
+        return (f"\033[0;36m{prefix}\033[0;0m \033[32mINFO\033[0m \033[90m{when}\033[0m "
+                f"\033[90m[{where}]\033[0m {message}")
+    return f"{prefix} INFO {when} [{where}] {message}"
 
 
 def pick(spec: str, turn: int) -> float:
@@ -99,7 +136,18 @@ def main() -> None:
     degenerate = patched and args.degenerate_when_patched
     print(f"fake server: {side}, {delay * 1000:.1f} ms per token", flush=True)
     for line in args.log_line + (args.log_when_patched if patched else []):
-        print(line, flush=True)
+        if not args.vllm:
+            print(line, flush=True)
+            continue
+        workers = [f"Worker_TP{i}" for i in range(int(args.workers))] or ["EngineCore_DP0"]
+        for process in workers:
+            print(vllm_line(process, line, "base.py:237", args.color), flush=True)
+    for text in args.multiline_when_patched if patched else []:
+        first = vllm_line("EngineCore_DP0", text, "nvfp4.py:480", args.color)
+        head = first[: first.index(text)]
+        # NewLineFormatter: msg.replace("\n", "\r\n" + prefix)
+        sys.stdout.write(f"{first}\r\n{head}second line of the message\n")
+        sys.stdout.flush()
 
     def answer(prompt: str, n: int) -> list[str]:
         if prompt.startswith("EVAL:"):
@@ -151,9 +199,15 @@ def main() -> None:
             if method == "GET" and path == "/health":
                 self._json({"ok": True})
             elif method == "GET" and path == "/v1/models":
-                self._json({"data": [{"id": "fake-model"}]})
+                self._json({"data": [{"id": args.served or "fake-model"}]})
             elif method == "POST" and path == "/v1/completions":
-                self._complete(json.loads(body))
+                req = json.loads(body)
+                if args.vllm and req.get("model") != args.served:  # vLLM's answer
+                    message = f"The model `{req.get('model')}` does not exist."
+                    self._json({"error": {"message": message, "type": "NotFoundError",
+                                          "code": 404}}, 404)
+                else:
+                    self._complete(req)
             else:
                 self._json({"error": "not found"}, 404)
             return True
@@ -206,6 +260,10 @@ def main() -> None:
         allow_reuse_address = True
 
     server = Server(("127.0.0.1", int(args.port)), Handler)
+    if args.vllm:
+        address = f"http://{args.host or '0.0.0.0'}:{args.port}"
+        print(vllm_line("APIServer", f"Starting vLLM server on {address}", "entry.py:139",
+                        args.color), flush=True)
     print("fake server ready", flush=True)
     server.serve_forever()
 

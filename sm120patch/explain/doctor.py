@@ -91,10 +91,22 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
         except Sm120Error as exc:
             missing.append(f"{targets.DISPLAY[kind]}: {exc.message}")
     checks = []
-    for profile in catalog.load().profiles.values():
+    profiles = catalog.load().profiles.values()
+    # A kind looked for only when named (vLLM), not named: one line saying so, where a profile
+    # patches it; its profiles are not checked, for that reason.
+    unnamed = {k for k in TARGETS if k not in LOOKED_FOR and not named.given(k)
+               and any(k in p.targets for p in profiles)}  # fmt: skip
+    for kind in sorted(unnamed, key=TARGETS.index):
+        which = ", ".join(p.name for p in profiles if kind in p.targets)
+        missing.append(f"{targets.DISPLAY[kind]}: looked for only with --{kind} PATH "
+                       f"(profiles that patch it: {which})")
+    for profile in profiles:
         have = [found[k] for k in profile.targets if k in found]
         check = ProfileCheck(profile.name, profile.status, None)
-        if len(have) < len(profile.targets):
+        if unnamed & set(profile.targets):
+            kind = next(k for k in TARGETS if k in unnamed and k in profile.targets)
+            check.problems.append(f"{targets.DISPLAY[kind]} is looked for only with --{kind} PATH")
+        elif len(have) < len(profile.targets):
             check.problems.append("needs " + " and ".join(profile.targets) + " to be found")
         else:
             check.problems = pins.check_pins(profile, have, named)

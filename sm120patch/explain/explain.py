@@ -56,7 +56,8 @@ def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float 
     without `readers` carries those the loaded patches declare for the targets it probes."""
     if "readers" not in request:
         kinds = [k for k, on in (("sglang", request.get("sglang", True)),
-                                 ("flashinfer", request.get("flashinfer", False))) if on]
+                                 ("flashinfer", request.get("flashinfer", False)),
+                                 ("vllm", request.get("vllm", False))) if on]
         request = {**request, "readers": reader_requests(kinds)}
     with tempfile.TemporaryDirectory(prefix="sm120patch-probe-") as tmp:
         req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
@@ -87,7 +88,8 @@ def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float 
     if proc.returncode == 5 or "fatal" in result:
         raise ProbeCannotImport(
             result.get("fatal", f"the probe exited {proc.returncode}"),
-            f"check that {python} is the interpreter SGLang runs in (or pass --python PATH)",
+            f"check that {python} is the interpreter the server runs in (or pass --python "
+            "PATH)",
         )
     return dict(result)
 
@@ -120,7 +122,7 @@ def write_overlay(texts: Mapping[str, str | bytes], directory: Path) -> dict[str
 _PARSING = threading.Lock()
 # The keys of the probe's result that are its own (probe.py, `run`): no reader may take them.
 PROBE_KEYS = frozenset({"python", "torch", "simulate", "device", "capability", "sglang",
-                        "flashinfer", "predicates", "launches", "fatal"})
+                        "flashinfer", "vllm", "predicates", "launches", "fatal"})
 
 
 def declared() -> list[tuple[Patch, Explain]]:
@@ -175,6 +177,39 @@ def reader_requests(kinds: Sequence[str]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- the two texts
 
 
+def profile_for(target: Target, profile_name: str | None) -> str:
+    """The profile whose planned text is the patched side of `target`: the one named, else
+    `all` for SGLang and FlashInfer, and for vLLM the one profile of the catalog that patches
+    it (several: name one)."""
+    from sm120patch.plan import catalog
+
+    if profile_name is not None:
+        return profile_name
+    if target.kind != "vllm":
+        return PROFILE
+    names = [n for n, p in catalog.load().profiles.items() if target.kind in p.targets]
+    if len(names) != 1:
+        raise UsageError(f"{len(names) or 'no'} profiles patch {target.name}"
+                         + (f" ({', '.join(names)})" if names else ""),
+                         "name the patched side with --profile PROFILE" if names else
+                         "load a pack that patches it (--patches DIR)")  # fmt: skip
+    return names[0]
+
+
+def check_profile(found: Sequence[Target], profile_name: str | None) -> None:
+    """A profile named that patches none of the targets found is refused: its patched side
+    would be the pristine text, every row "the same" for no reason."""
+    from sm120patch.plan import catalog
+
+    if profile_name is None:
+        return
+    kinds = catalog.load().profile(profile_name).targets
+    if not any(t.kind in kinds for t in found):
+        names = " and ".join(t.name for t in found)
+        raise UsageError(f"profile {profile_name} patches nothing of {names}",
+                         "`sm120patch list` shows what each profile patches")
+
+
 def patched_texts(target: Target, profile_name: str = PROFILE) -> dict[str, str]:
     """What the planner would write into `target` for `profile_name`: file -> new text."""
     from sm120patch.plan import catalog
@@ -212,12 +247,12 @@ class Sides:
     patched: dict[str, str] = field(default_factory=dict)
 
 
-def sides(target: Target, directory: Path, profile: str = PROFILE) -> Sides:
+def sides(target: Target, directory: Path, profile: str | None = PROFILE) -> Sides:
     from sm120patch.engine import pristine
 
     files = applied_files(target)
     if files is None:
-        planned = patched_texts(target, profile)
+        planned = patched_texts(target, profile_for(target, profile))
         return Sides(False, patched=write_overlay(planned, directory / "patched"))
     texts: dict[str, str | bytes] = {}
     for f in files:
@@ -357,7 +392,7 @@ def interpreter_for(target: Target) -> Path:
     raise UsageError(
         f"no interpreter of the environment that holds {target.parent} (no pyvenv.cfg at its "
         "root, and it is not the environment sm120patch runs in)",
-        "pass --python PATH: the interpreter SGLang runs in",
+        f"pass --python PATH: the interpreter {target.name} runs in",
     )
 
 
@@ -393,23 +428,29 @@ def explain(
     python: str | Path | None = None,
     simulate: str | None = None,
     launch: Sequence[str] = (),
-    profile: str = PROFILE,
+    profile: str | None = None,
 ) -> Explanation:
     """Run the probe on the pristine and the patched code of the targets at `paths`; where
-    nothing is applied, the patched side is what `profile` would write. `paths`: the
-    command's targets (`Resolved`), each found once."""
+    nothing is applied, the patched side is what `profile` would write (`profile_for`).
+    `paths`: the command's targets (`Resolved`), each found once. A vLLM named (`--vllm`) is
+    explained with the targets named beside it only: the SGLang or FlashInfer this Python
+    would find is another server's."""
     if simulate is not None and simulate not in ARCHS:
         raise UsageError(f"--simulate {simulate!r}", f"use one of {', '.join(ARCHS)}")
     named = resolved(paths)
     found: list[Target] = []
-    for kind in ("sglang", "flashinfer"):
+    with_vllm = named.given("vllm")
+    for kind in ("vllm", "sglang", "flashinfer") if with_vllm else ("sglang", "flashinfer"):
         try:
-            found.append(named.find(kind))
+            if kind == "vllm" or not with_vllm or named.given(kind):
+                found.append(named.find(kind))
         except Sm120Error:
             if named.given(kind):
                 raise
     if not found:
-        raise UsageError("found neither SGLang nor FlashInfer", "pass --sglang/--flashinfer PATH")
+        raise UsageError("found neither SGLang nor FlashInfer",
+                         "pass --sglang/--flashinfer PATH (or --vllm PATH)")
+    check_profile(found, profile)
     interp = Path(python).absolute() if python else interpreter_for(found[0])
     problem = untrusted_interpreter(interp)
     if problem:
@@ -420,7 +461,14 @@ def explain(
         )
     launch = list(launch)
     notes = []
-    if not launch:
+    kinds = [t.kind for t in found]
+    if launch and "sglang" not in kinds:
+        # The probe resolves SGLang's ServerArgs only; vLLM's engine arguments need its
+        # config machinery (a model config, a device config) that no reader needs yet.
+        notes.append(f"launch arguments not resolved: the probe resolves SGLang's; for "
+                     f"{', '.join(t.name for t in found)} the rows are what each patch reads")
+        launch = []
+    elif not launch and "sglang" in kinds:
         notes.append("no launch arguments: give `-- --model-path DIR [...]` for the server "
                      "argument decisions")
     with tempfile.TemporaryDirectory(prefix="sm120patch-explain-") as tmp:
@@ -431,14 +479,12 @@ def explain(
             applied = applied or s.applied
             overlay["pristine"].update(s.pristine)
             overlay["patched"].update(s.patched)
-        kinds = [t.kind for t in found]
         base = {
             "readers": reader_requests(kinds),
             "simulate": simulate,
             "sys_path": [str(t.parent) for t in found],
             "launches": {"launch": launch} if launch else {},
-            "sglang": any(t.kind == "sglang" for t in found),
-            "flashinfer": any(t.kind == "flashinfer" for t in found),
+            **{kind: kind in kinds for kind in ("sglang", "flashinfer", "vllm")},
         }
         # The two sides are independent processes: run them side by side.
         from concurrent.futures import ThreadPoolExecutor

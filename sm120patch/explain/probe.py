@@ -1,4 +1,4 @@
-"""What SGLang's and FlashInfer's own code decides on this machine, or on a simulated GPU.
+"""What SGLang's, FlashInfer's and vLLM's own code decides on this machine, or on a simulated GPU.
 
 This file is a script, run BY PATH in the interpreter that owns the target (the target venv's
 `python`), never imported by sm120patch: it imports torch, SGLang and FlashInfer, which the
@@ -18,7 +18,9 @@ The request (JSON) says:
   the installed files are never touched.
 - `launches`: {name: [sglang launch arguments]}: each is parsed by the release's own
   `prepare_server_args` and resolved by its `ServerArgs.__post_init__`.
-- `sglang`, `flashinfer`: whether to run the SGLang and the FlashInfer checks.
+- `sglang`, `flashinfer`, `vllm`: whether to run the SGLang, FlashInfer and vLLM checks (for
+  vLLM: its version, the platform its checks ask, and its patches' readers; no launch is
+  resolved for it).
 - `readers`: what the patches declare `explain` reads at their sites (sm120patch/patchkit/
   readers.py): per reader its patch, target, `name`, the `source` text of its function (with
   its `file` and first `line`), and where its site is by the patch's facts (`modules`,
@@ -62,6 +64,15 @@ MEMORY_MIB = {"sm120": 97887, "sm100": 183359, "sm90": 81559}
 # Compiled GPU-only extensions: on a CPU-only machine their import fails; under simulation a
 # placeholder module stands in (any use of it raises). Decision code never calls them.
 GPU_EXTENSIONS = ("sgl_kernel", "deep_gemm", "flash_mla", "sgl_deep_gemm", "sgl_flash_mla")
+# vLLM's compiled modules (the .so files its wheel's RECORD lists, 0.30-0.34), inside its
+# package: on a CPU box they are absent (a release's .py tree) or do not load.
+VLLM_EXTENSIONS = (
+    "vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C", "vllm._moe_C_stable_libtorch",
+    "vllm.cumem_allocator", "vllm._flashmla_C", "vllm._flashmla_extension_C",
+    "vllm._deepselect_C", "vllm._flashkda_C", "vllm.fs_io_C", "vllm.spinloop",
+    "vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C",
+    "vllm.third_party.deep_gemm._C_extension",
+)  # fmt: skip
 
 
 class Fatal(Exception):
@@ -125,7 +136,8 @@ class PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.tops = tops
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name.split(".")[0] not in self.tops:
+        # a top-level package and all below it, or one module inside another package
+        if not any(name == top or name.startswith(top + ".") for top in self.tops):
             return None
         return importlib.util.spec_from_loader(name, self, is_package=True)
 
@@ -237,6 +249,17 @@ def load_cuda_runtime() -> str | None:
                 ctypes.CDLL(path)
                 return path
     return None
+
+
+def simulate_vllm() -> Any:
+    """vLLM decides through `vllm.platforms.current_platform`, chosen once by NVML: under
+    simulation its CUDA platform that asks torch (NonNvmlCudaPlatform, vllm/platforms/cuda.py),
+    so the simulated capability is the one its checks read. Returns the platform."""
+    import vllm.platforms as platforms
+    from vllm.platforms import cuda
+
+    platforms.current_platform = cuda.NonNvmlCudaPlatform()
+    return platforms.current_platform
 
 
 def simulate_sglang(arch: str) -> None:
@@ -389,6 +412,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         missing = _unimportable(GPU_EXTENSIONS)
         if missing:
             sys.meta_path.append(PlaceholderFinder(missing))
+        if request.get("vllm", False):
+            # First on the path: a compiled module present but unloadable would else be
+            # found again by the path finder.
+            sys.meta_path.insert(0, PlaceholderFinder(_unimportable(VLLM_EXTENSIONS)))
     result: dict[str, Any] = {
         "python": sys.executable,
         "torch": torch.__version__,
@@ -419,7 +446,26 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         result["flashinfer"] = {"version": getattr(flashinfer, "__version__", None),
                                 "file": flashinfer.__file__}
         result.update(run_readers(readers, "flashinfer", arch, multicast))
+    if request.get("vllm", False):
+        result.update(_vllm(readers, arch, multicast))
     return result
+
+
+def _vllm(readers: list[dict[str, Any]], arch: str | None, multicast: bool | None
+          ) -> dict[str, Any]:
+    """vLLM: its version, the platform it decides by (simulated: see simulate_vllm) and the
+    capability that platform reports, and the readers of its patches."""
+    try:
+        vllm = importlib.import_module("vllm")
+        platform = simulate_vllm() if arch else importlib.import_module(
+            "vllm.platforms").current_platform
+    except Exception as exc:
+        raise Fatal(f"cannot import vllm.platforms: {_error(exc)}") from None
+    found: dict[str, Any] = {"version": getattr(vllm, "__version__", None),
+                             "file": vllm.__file__, "platform": type(platform).__name__}
+    with contextlib.suppress(Exception):  # a CPU platform has no capability
+        found["capability"] = list(platform.get_device_capability())
+    return {"vllm": found, **run_readers(readers, "vllm", arch, multicast)}
 
 
 def _guarded(check: Any) -> dict[str, Any]:

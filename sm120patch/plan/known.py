@@ -41,6 +41,7 @@ CONDITIONS = (
     "patch",
     "sglang",
     "flashinfer",
+    "vllm",  # what a measured vLLM trial exports (`trial.known.outcome_record`)
     "gpu_family",
     "gpus",
     "tp",
@@ -79,7 +80,7 @@ class Entry:
 
     def _where(self, keys: Sequence[str]) -> str:
         return ", ".join(
-            f"{k} {v}" if k in ("sglang", "flashinfer", "gpus", "tp") else str(v)
+            f"{k} {v}" if k in ("sglang", "flashinfer", "vllm", "gpus", "tp") else str(v)
             for k, v in self.condition.items()
             if k in keys
         )
@@ -88,7 +89,7 @@ class Entry:
         """One short line (SHORT characters at most): verdict, what it is about, where. The
         figure, what was run and the source are `full()`'s (`sm120patch show PROFILE`)."""
         head = f"known: {self.about} {self.outcome} ({self.evidence})"
-        where = self._where(("sglang", "flashinfer", "gpu_family", "gpus", "tp"))
+        where = self._where(("sglang", "flashinfer", "vllm", "gpu_family", "gpus", "tp"))
         return cut(f"{head}: {where}" if where else head)
 
     def full(self) -> str:
@@ -249,7 +250,7 @@ def matches(entry: Entry, profile: str | None, box: Box) -> bool:
     c = entry.condition
     if profile is not None and not _profile_matches(c, profile):
         return False
-    for kind in ("sglang", "flashinfer"):
+    for kind in ("sglang", "flashinfer", "vllm"):
         # A condition on a release this box does not have (FlashInfer not installed, say)
         # does not describe this box.
         if kind in c and (

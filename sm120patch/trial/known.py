@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sm120patch.errors import Sm120Error, UsageError
-from sm120patch.plan.known import QUOTED, Box, cut, flag, local_lines, matches, once_each
+from sm120patch.plan.known import QUOTED, Box, cut, local_lines, matches, once_each
 from sm120patch.plan.known import entries as known_entries
+from sm120patch.trial import engines
 
 if TYPE_CHECKING:
     from sm120patch.engine.assess import TargetStatus
@@ -49,8 +50,7 @@ def box_of(
         statuses = _status_or_none(paths)
     versions: dict[str, str] = {s.target.kind: s.target.version for s in statuses or ()}
     found = (read_gpus or nvml.read_gpus)()
-    tp = flag(command, "--tp", "--tp-size", "--tensor-parallel-size")
-    model = flag(command, "--model-path", "--model")
+    tp, model = engines.tp(command), engines.model_path(command)
     architecture = None
     if model and (Path(model) / "config.json").is_file():
         try:
@@ -63,7 +63,7 @@ def box_of(
         gpu_family=found.family,
         gpus=len(found.gpus) or None,
         tp=int(tp) if tp and tp.isdigit() else None,
-        quantization=flag(command, "--quantization"),
+        quantization=engines.quantization(command),
         architecture=architecture,
     )
 
@@ -227,10 +227,10 @@ def outcome_record(trial: TrialRecord) -> str:
         record["gpu_family"] = trial.gpu_family
     if trial.gpu_names:
         record["gpus"] = f"=={len(trial.gpu_names)}"
-    tp = flag(command, "--tp", "--tp-size", "--tensor-parallel-size")
+    tp = engines.tp(command)
     if tp:
         record["tp"] = f"=={tp}"
-    quant = flag(command, "--quantization")
+    quant = engines.quantization(command)
     if quant:
         record["quantization"] = quant
     if trial.gpu_names:

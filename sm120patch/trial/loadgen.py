@@ -122,15 +122,16 @@ def _plain(api: str) -> dict[str, Any]:
     return {"verify": False} if api.lower().startswith("http://") else {}
 
 
-def resolve_model(api: str, timeout: float = 10.0) -> str:
-    """The served model's name from /v1/models; SGLang accepts any name, vLLM wants this one."""
+def resolve_model(api: str, timeout: float = 10.0, fallback: str | None = None) -> str:
+    """The served model's name from /v1/models (SGLang accepts any name, vLLM answers 404 to
+    another); where that is not answered, `fallback` (the name the server command gives)."""
     import httpx
 
     try:
         doc = httpx.get(f"{api}/v1/models", timeout=timeout, **_plain(api)).json()
         return str(doc["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-        return "default"
+        return fallback or "default"
 
 
 def run(

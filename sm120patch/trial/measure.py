@@ -45,7 +45,7 @@ from sm120patch.engine import apply, assess, revert, trials
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused, TrialUnreachable, UsageError
 from sm120patch.targets.resolved import Given, resolved
-from sm120patch.trial import decide, gpu, loadgen, sanity, serve, wiring
+from sm120patch.trial import decide, engines, gpu, loadgen, sanity, serve, wiring
 
 EXIT = {
     "kept": 0,
@@ -66,7 +66,7 @@ MIN_RUNS = decide.MIN_RUNS
 
 FIGURES = decide.FIGURES
 
-# sglang.bench_serving's result keys -> ours
+# the result keys of sglang.bench_serving and of `vllm bench serve` (the same) -> ours
 BENCH_KEYS = {
     "output_throughput": "output_tok_s",
     "request_throughput": "req_s",
@@ -82,7 +82,7 @@ BENCH_KEYS = {
 
 @dataclass(frozen=True)
 class Options:
-    api: str | None = None  # None: from --ready-url, the command's --port, or :30000
+    api: str | None = None  # None: from --ready-url, else the command's --host and --port
     ready_url: str | None = None
     ready_pattern: str | None = None
     timeout: float = 600.0
@@ -203,20 +203,18 @@ class MeasuredTrial:
         )
 
 
-def api_of(opts: Options, command: Sequence[str]) -> str:
+def api_of(opts: Options, command: Sequence[str], engine: engines.Engine = engines.SGLANG) -> str:
+    """--api, else the scheme and address of --ready-url, else where the engine's command
+    listens (its --host and --port, the engine's default port without one)."""
     if opts.api:
         return opts.api.rstrip("/")
     if opts.ready_url:
         parts = urlsplit(opts.ready_url)
         return f"{parts.scheme}://{parts.netloc}"
-    port = "30000"  # SGLang's default
-    for flag, value in zip(command, command[1:], strict=False):
-        if flag == "--port":
-            port = value
-    return f"http://127.0.0.1:{port}"
+    return engine.api(command)
 
 
-def check_options(opts: Options) -> None:
+def check_options(opts: Options, engine: engines.Engine = engines.SGLANG) -> None:
     if opts.figure not in FIGURES:
         raise UsageError(
             f"--figure {opts.figure} is not one of {', '.join(FIGURES)}",
@@ -235,8 +233,7 @@ def check_options(opts: Options) -> None:
     if opts.bench_cmd is not None and "{output}" not in opts.bench_cmd:
         raise UsageError(
             "--bench-cmd needs {output} where its JSON result file goes",
-            "e.g. --bench-cmd 'python -m sglang.bench_serving --backend sglang "
-            "--num-prompts 200 --output-file {output}'",
+            f"e.g. --bench-cmd '{engine.bench_example}'",
         )
     for name, cmdline in (("--bench-cmd", opts.bench_cmd), ("--eval-cmd", opts.eval_cmd)):
         if cmdline is not None:
@@ -250,7 +247,7 @@ def check_options(opts: Options) -> None:
         except re.error as exc:
             raise UsageError(
                 f"--ready-pattern is not a valid regular expression: {exc}",
-                "quote it for the shell, e.g. --ready-pattern 'The server is fired up'",
+                f"quote it for the shell, e.g. --ready-pattern '{engine.ready_line}'",
             ) from None
 
 
@@ -275,15 +272,10 @@ def run(
     slow, wrong, inert, unreachable or crashed server: that is the trial's verdict
     (`exit_code`). `on_wait(elapsed, last_line)` is called every few seconds while a server
     is not ready yet."""
+    engine = engines.of_profile(profile)  # an unknown profile is a usage error first
     if not command:
-        raise UsageError(
-            "give the server command after `--`",
-            "e.g. -- python -m sglang.launch_server --model-path MODEL --port 30000",
-        )
-    check_options(opts)
-    from sm120patch.plan import catalog
-
-    catalog.load().profile(profile)  # an unknown profile is a usage error before anything runs
+        raise UsageError("give the server command after `--`", f"e.g. -- {engine.example}")
+    check_options(opts, engine)
     if preconditions is not None:
         preconditions()
     paths = resolved(paths)  # the targets found once, for every apply, revert and record
@@ -325,7 +317,7 @@ def run(
                 on_event(f"{side} run {round_ + 1} of {max(opts.repeat, round_ + 1)}")
                 one = _one_run(
                     side, round_, command, opts, on_line, log, declared, on_wait,
-                    first=round_ == 0,
+                    first=round_ == 0, engine=engine,
                 )  # fmt: skip
                 result.runs.append(one)
                 if one.outcome != "ok":
@@ -350,7 +342,7 @@ def run(
         if log:
             log.close()
     if result.verdict != "interrupted":
-        _decide(result, opts)
+        _decide(result, opts, engine)
     if result.verdict != "kept" and is_applied:
         revert.revert(profile, paths)
         result.reverted = True
@@ -418,16 +410,17 @@ def _one_run(
     on_wait: Callable[[float, str | None], None] | None,
     *,
     first: bool,
+    engine: engines.Engine = engines.SGLANG,
 ) -> Run:
-    api = api_of(opts, command)
-    ready_url = opts.ready_url or (None if opts.ready_pattern else f"{api}/health")
+    api = api_of(opts, command, engine)
+    ready_url = opts.ready_url or (None if opts.ready_pattern else f"{api}{engine.health}")
     pattern = re.compile(opts.ready_pattern) if opts.ready_pattern else None
     started = time.time()
     one = Run(side, round_, started)
     scan = wiring.Scan(declared)
 
     def each_line(line: str) -> None:
-        scan.feed(line)
+        scan.feed(serve.plain(line))  # wiring patterns read the text, not its colours
         on_line(line)
 
     proc = serve.spawn(command)
@@ -453,7 +446,8 @@ def _one_run(
             sampler.stop()
             one.window_end = time.time()
 
-        model = opts.model or loadgen.resolve_model(api)
+        # The name /v1/models lists (vLLM answers no other), else the command's own.
+        model = opts.model or loadgen.resolve_model(api, fallback=engine.served_name(command))
         spec = loadgen.LoadSpec(
             api=api,
             model=model,
@@ -463,7 +457,7 @@ def _one_run(
             warmup=opts.warmup,
         )
         if opts.bench_cmd:
-            one.figures = _bench(opts.bench_cmd, spec, window_start, window_end)
+            one.figures = _bench(opts.bench_cmd, spec, window_start, window_end, model)
         else:
             measured = loadgen.run(spec, on_start=window_start, on_end=window_end)
             one.figures = measured.figures.to_dict()
@@ -493,12 +487,15 @@ def _bench(
     spec: loadgen.LoadSpec,
     on_start: Callable[[], None],
     on_end: Callable[[], None],
+    model: str = "",
 ) -> dict[str, Any]:
-    """Run the field's own benchmark after the built-in warm-up; read its JSON result."""
+    """Run the field's own benchmark after the built-in warm-up; read its JSON result. Its
+    command line gets {output} (the result file), {api} and {model} filled in."""
     loadgen.run(loadgen.LoadSpec(**{**asdict(spec), "requests": 1, "warmup": None}))
     with tempfile.TemporaryDirectory(prefix="sm120patch-bench-") as tmp:
         out = os.path.join(tmp, "result.json")
-        argv = [part.replace("{output}", out) for part in shlex.split(bench_cmd)]
+        values = {"{output}": out, "{api}": spec.api, "{model}": model}
+        argv = [_fill(part, values) for part in shlex.split(bench_cmd)]
         on_start()
         try:
             done = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -510,7 +507,8 @@ def _bench(
                 _last_line(done) or "run the benchmark by hand against the server",
             )
         lines = [ln for ln in Path(out).read_text(encoding="utf-8").splitlines() if ln.strip()]
-    doc = json.loads(lines[-1])  # bench_serving appends one JSON line per run
+    # bench_serving appends one JSON line per run; `vllm bench serve` writes one document.
+    doc = json.loads(lines[-1])
     # A figure the benchmark wrote as NaN or infinity is one it did not measure: a record
     # holds finite numbers only (`TrialRecord.check`), or the trial could not be kept.
     figures: dict[str, Any] = {
@@ -519,6 +517,12 @@ def _bench(
     }
     figures["source"] = "bench-cmd"
     return figures
+
+
+def _fill(part: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        part = part.replace(key, value)
+    return part
 
 
 def _last_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -532,11 +536,7 @@ def _eval(opts: Options, api: str, model: str) -> float:
     with tempfile.TemporaryDirectory(prefix="sm120patch-eval-") as tmp:
         out = os.path.join(tmp, "result.json")
         values = {"{output}": out, "{api}": api, "{model}": model}
-        argv = []
-        for part in shlex.split(opts.eval_cmd):
-            for key, value in values.items():
-                part = part.replace(key, value)
-            argv.append(part)
+        argv = [_fill(part, values) for part in shlex.split(opts.eval_cmd)]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, check=False)
         except OSError as exc:
@@ -583,7 +583,8 @@ def _crash(result: MeasuredTrial, bad: Run) -> None:
     result.message = f"{head}: {tail}"
 
 
-def _decide(result: MeasuredTrial, opts: Options) -> None:
+def _decide(result: MeasuredTrial, opts: Options,
+            engine: engines.Engine = engines.SGLANG) -> None:
     bad = next((r for r in result.runs if r.outcome != "ok"), None)
     if bad is not None:
         _crash(result, bad)
@@ -591,7 +592,7 @@ def _decide(result: MeasuredTrial, opts: Options) -> None:
     base = [r for r in result.runs if r.side == "baseline"]
     patched = [r for r in result.runs if r.side == "patched"]
     if base and not base[0].answered():
-        api = api_of(opts, result.command)
+        api = api_of(opts, result.command, engine)
         first = next((e for e in base[0].load_errors), None) or next(
             (a.get("error") for a in base[0].answers if a.get("error")), "no answer"
         )

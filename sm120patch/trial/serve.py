@@ -28,6 +28,16 @@ from sm120patch.targets.resolved import Given, resolved
 
 TAIL_LINES = 60
 PROGRESS_EVERY = 5.0  # seconds between two `on_wait` calls while a server is not ready
+# ANSI escape sequences (CSI: colours, cursor moves; OSC: titles, links). vLLM colours its
+# level, time and file fields where FORCE_COLOR or VLLM_LOGGING_COLOR=1 says so, even into a
+# pipe (vllm/logging_utils/formatter.py, ColoredFormatter); a line is matched (readiness,
+# wiring, crash signatures) and kept without them.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def plain(line: str) -> str:
+    """`line` without its ANSI escape sequences."""
+    return _ANSI.sub("", line) if "\x1b" in line else line
 
 
 def new_id() -> str:
@@ -102,7 +112,10 @@ class TrialResult:
 
 
 class _Watcher:
-    """Reads the child's output, keeps the tail, notices the ready pattern."""
+    """Reads the child's output, keeps the tail, notices the ready pattern. The log and
+    `on_line` get each line as printed; the tail and the pattern get it `plain`. Lines are split as
+    text mode splits them (universal newlines: vLLM continues a multi-line message after
+    `\\r\\n` and its prefix, each part a line of its own here)."""
 
     def __init__(
         self,
@@ -124,11 +137,12 @@ class _Watcher:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             line = line.rstrip("\n")
-            self.tail.append(line)
             if self.log is not None:
                 self.log.write(line + "\n")
                 self.log.flush()
-            self.on_line(line)
+            self.on_line(line)  # as printed: the terminal shows its escapes, never obeys them
+            line = plain(line)
+            self.tail.append(line)
             if self.pattern is not None and self.pattern.search(line):
                 self.ready.set()
 
@@ -244,17 +258,17 @@ def run(
 ) -> TrialResult:
     """Run one trial. Raises TrialCrashed (after reverting) when the command crashed.
     `on_wait(elapsed, last_line)` is called every few seconds until the command is ready."""
+    from sm120patch.trial import engines
+
+    engine = engines.of_profile(profile)  # the hints show its server; unknown: usage error
     if not command:
-        raise UsageError(
-            "give the command to run after `--`",
-            "e.g. -- python -m sglang.launch_server --model-path MODEL --port 30000",
-        )
+        raise UsageError("give the command to run after `--`", f"e.g. -- {engine.example}")
     try:
         pattern = re.compile(ready_pattern) if ready_pattern else None
     except re.error as exc:
         raise UsageError(
             f"--ready-pattern is not a valid regular expression: {exc}",
-            "quote it for the shell, e.g. --ready-pattern 'The server is fired up'",
+            f"quote it for the shell, e.g. --ready-pattern '{engine.ready_line}'",
         ) from None
     # Before anything is applied: an unwritable log is a usage error, not a patched tree left
     # behind by a crash.
