@@ -14,7 +14,7 @@ import ast
 from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status, already_applied
+from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status
 
 # The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 ENV = "SM120PATCH_PCIE_ALLREDUCE"
 GATE = "world_size > 2 and not full_nvlink"
-OVERRIDE = f'{GATE} and os.environ.get("{ENV}") != "0"'
+READ_ENV = f'os.environ.get("{ENV}") != "0"'
+OVERRIDE = f"{GATE} and {READ_ENV}"
 COMMENT = (
     "# sm120patch pcie-allreduce: PCIe-only GPUs keep the custom allreduce (as if fully",
     f"# connected); {ENV}=0 restores upstream (NCCL). Trial only.",
@@ -51,27 +52,11 @@ FACTS = (
 )
 
 
-def _is_gate(test: cst.BaseExpression, extra: bool = False) -> bool:
-    """`world_size > 2 and not full_nvlink` (with `extra`: `... and <one more operand>`)."""
-    import libcst as cst
-
+def _is_gate(test: cst.BaseExpression) -> bool:
+    """`world_size > 2 and not full_nvlink`, as released."""
     from sm120patch.patchkit import syntax as h
 
-    ops = h.and_operands(test)
-    if len(ops) != (3 if extra else 2):
-        return False
-    size, nvlink = ops[0], ops[1]
-    return (
-        isinstance(size, cst.Comparison)
-        and h.key(size.left) == "world_size"
-        and len(size.comparisons) == 1
-        and isinstance(size.comparisons[0].operator, cst.GreaterThan)
-        and isinstance(size.comparisons[0].comparator, cst.Integer)
-        and size.comparisons[0].comparator.value == "2"
-        and isinstance(nvlink, cst.UnaryOperation)
-        and isinstance(nvlink.operator, cst.Not)
-        and h.key(nvlink.expression) == "full_nvlink"
-    )
+    return h.and_codes(test) == GATE.split(" and ")
 
 
 def _is_override(stmt: cst.CSTNode) -> bool:
@@ -82,8 +67,7 @@ def _is_override(stmt: cst.CSTNode) -> bool:
 
     return (
         isinstance(stmt, cst.If)
-        and _is_gate(stmt.test, extra=True)
-        and ENV in h.code(stmt.test)
+        and h.and_codes(stmt.test) == [*GATE.split(" and "), READ_ENV]
         and stmt.orelse is None
         and h.code(stmt.body) == "full_nvlink = True"
     )
@@ -102,30 +86,9 @@ def transform(module: cst.Module) -> Result:
         found = f"{len(gates)} such statements"
         raise Refuse(" / ".join(FUNCTIONS), f"one `if {GATE}:`", found)
     gate = gates[0]
-    site = _where(module, gate)
-    block = h.parent_of(module, gate)
-    siblings = list(block.body) if isinstance(block, cst.IndentedBlock) else []
-    index = next((i for i, s in enumerate(siblings) if s is gate), None)
-    if index is None:
-        raise Refuse(site, f"`if {GATE}:` in an indented block", f"`if {h.code(gate.test)}`")
-    if not (
-        isinstance(gate.body, cst.IndentedBlock)
-        and isinstance(gate.body.body[-1], cst.SimpleStatementLine)
-        and isinstance(gate.body.body[-1].body[-1], cst.Return)
-        and gate.orelse is None
-    ):
-        raise Refuse(site, f"`if {GATE}:` ending in `return`", f"`{h.code(gate)}`")
-    ours = [n for n in h.statements(module) if _is_override(n)]
-    if ours:
-        if len(ours) == 1 and index > 0 and siblings[index - 1] is ours[0]:
-            return already_applied(site, f"`if {OVERRIDE}: full_nvlink = True`")
-        raise Refuse(site, f"at most one `if {OVERRIDE}:`, right before the gate",
-                       f"{len(ours)}, elsewhere")
-    if ENV in module.code_for_node(gate):  # a hand edit of the gate itself
-        raise Refuse(site, f"`if {GATE}:` as released", f"`if {h.code(gate.test)}`")
     if not h.imports_module(module, "os"):
-        raise Refuse(site, "`import os` at module level (the override reads os.environ)",
-                       "none")
+        raise Refuse(h.qualified_name(module, gate),
+                     "`import os` at module level (the override reads os.environ)", "none")
     nl, ind = module.default_newline, module.default_indent
     override = h.parse_statement(
         "".join(f"{line}{nl}" for line in COMMENT)
@@ -133,25 +96,11 @@ def transform(module: cst.Module) -> Result:
         + f'{ind}and os.environ.get("{ENV}") != "0"{nl}):{nl}{ind}full_nvlink = True{nl}',
         module,
     )
-    return op.insert_before(
-        module, gate, [override], site=site,
+    assert isinstance(override, cst.If)
+    return op.switch_before_gate(
+        module, gate, override, is_switch=_is_override, env=ENV,
         shape=f"`if {OVERRIDE}: full_nvlink = True` before `if {GATE}:`",
     )
-
-
-def _where(module: cst.Module, node: cst.CSTNode) -> str:
-    """The qualified name of the function around `node` (`CustomAllreduce.__init__`)."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
-
-    names = []
-    current = h.parent_of(module, node)
-    while current is not None:
-        if isinstance(current, (cst.FunctionDef, cst.ClassDef)):
-            names.append(current.name.value)
-        current = h.parent_of(module, current)
-    return ".".join(reversed(names)) or "<module>"
 
 
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:

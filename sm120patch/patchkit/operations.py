@@ -21,6 +21,8 @@ Changing it:
 - `add_elif`: a branch right after a branch found by its test.
 - `add_first_branch`: a branch before the first branch of an if statement (which becomes an elif).
 - `insert_before`: statements right before a statement of a block (after its comments).
+- `switch_before_gate`: an `if` that lets a gate pass (an env switch back), right before that
+  gate, an `if` that turns a feature off and returns.
 - `insert_after`: statements right after a statement of a block (a class body included).
 - `add_function_after`: a module-level function, from its source, right after a module-level def.
 - `append_to_list`: a string appended to a module-level list of strings.
@@ -35,7 +37,7 @@ catalog (`list`, `status`, `--help`) stays free of it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -354,6 +356,44 @@ def insert_before(
     if isinstance(block, cst.Module):
         return applied(site, new_block, shape)  # type: ignore[arg-type]
     return applied(site, h.replace(module, block, new_block, scope=block), shape)
+
+
+def switch_before_gate(
+    module: cst.Module, gate: cst.If, switch: cst.If, *,
+    is_switch: Callable[[cst.CSTNode], bool], env: str, shape: str,
+) -> Result:
+    """`switch` (an `if` setting the variable `gate` tests, so that it passes unless `env` says
+    otherwise) right before `gate`, an `if` ending in `return` inside a function: the
+    pcie-allreduce patches' one statement. Already applied where the one statement
+    `is_switch` finds sits right before `gate`; refused where `gate` is not such an `if`, where
+    one sits elsewhere, or where `gate` itself was edited to read `env`."""
+    import libcst as cst
+
+    from sm120patch.patchkit import syntax as h
+
+    site = h.qualified_name(module, gate)
+    block = h.parent_of(module, gate)
+    siblings = list(block.body) if isinstance(block, cst.IndentedBlock) else []
+    index = next((i for i, s in enumerate(siblings) if s is gate), None)
+    wanted = f"`if {h.code(gate.test)}:`"
+    if index is None:
+        raise Refuse(site, f"{wanted} in an indented block", f"`if {h.code(gate.test)}`")
+    if not (
+        isinstance(gate.body, cst.IndentedBlock)
+        and isinstance(gate.body.body[-1], cst.SimpleStatementLine)
+        and isinstance(gate.body.body[-1].body[-1], cst.Return)
+        and gate.orelse is None
+    ):
+        raise Refuse(site, f"{wanted} ending in `return`", f"`{h.code(gate)}`")
+    ours = [n for n in h.statements(module) if is_switch(n)]
+    if ours:
+        if len(ours) == 1 and index > 0 and siblings[index - 1] is ours[0]:
+            return already_applied(site, shape)
+        raise Refuse(site, f"at most one {shape.partition(' before ')[0]}, right before the "
+                     "gate", f"{len(ours)}, elsewhere")
+    if env in module.code_for_node(gate):  # a hand edit of the gate itself
+        raise Refuse(site, f"{wanted} as released", f"`if {h.code(gate.test)}`")
+    return insert_before(module, gate, [switch], site=site, shape=shape)
 
 
 # ----------------------------------------------------------------------------- a first branch

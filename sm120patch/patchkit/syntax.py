@@ -208,6 +208,18 @@ def parent_of(module: cst.Module, node: cst.CSTNode) -> cst.CSTNode | None:
     return None
 
 
+def qualified_name(module: cst.Module, node: cst.CSTNode) -> str:
+    """The qualified name of the function or class around `node` (`CustomAllreduce.__init__`),
+    `<module>` at module level."""
+    names = []
+    current = parent_of(module, node)
+    while current is not None:
+        if isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+            names.append(current.name.value)
+        current = parent_of(module, current)
+    return ".".join(reversed(names)) or "<module>"
+
+
 def replace(
     module: cst.Module, old: cst.CSTNode, new: cst.CSTNode, scope: cst.CSTNode
 ) -> cst.Module:
@@ -299,6 +311,13 @@ def and_operands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
         left = and_operands(node.left) if not node.left.lpar else [node.left]
         return [*left, node.right]
     return [node]
+
+
+def and_codes(node: cst.BaseExpression) -> list[str]:
+    """The source of each operand of an `a and b and c` chain, whitespace folded: a test
+    compared operand by operand with the spelling a release uses (`["world_size > 2", "not
+    full_nvlink"]`)."""
+    return [code(o, limit=10_000) for o in and_operands(node)]
 
 
 
