@@ -15,6 +15,7 @@ from realcache import release_set
 
 from sm120patch.maintain import releases, tables
 from sm120patch.patchkit import facts
+from sm120patch.patchkit.kinds import TARGETS
 from sm120patch.patchkit.model import Status
 from sm120patch.plan import catalog
 
@@ -43,7 +44,7 @@ def test_missing_fact_inside_the_pins_fails_outside_is_unjudged() -> None:
         judged("sglang.sm120-flag", "sglang", "0.5.1", facts=gap, profiles=profiles)
 
 
-@pytest.mark.parametrize("kind", ["sglang", "flashinfer"])
+@pytest.mark.parametrize("kind", ["sglang", "flashinfer", "vllm"])
 def test_every_pinned_release_has_exactly_one_fact(kind: str) -> None:
     cat = catalog.load()
     for patch in (p for p in cat.patches.values() if p.target == kind):
@@ -77,7 +78,7 @@ def test_compatibility_site_tables_are_the_facts() -> None:
     )
 
 
-@pytest.mark.parametrize("kind", releases.KINDS)
+@pytest.mark.parametrize("kind", TARGETS)
 def test_the_default_releases_hold_every_pinned_fact(kind: str) -> None:
     """The real tier's default run takes a release of every range of releases a fact gives a
     shape of, wherever a profile holding the patch pins it; and only listed releases inside
