@@ -1,21 +1,20 @@
-"""The vllm-allreduce-fusion profile on every pinned vLLM release's own files: each patch's
-outcome is the one its facts give, the patched file compiles, the patch's independent `check`
-holds, only the site's lines change, and a second run finds it already applied; the profile's
-three patches together (two in one file, as the planner chains them) give what each gives alone.
+"""The vllm-allreduce-fusion profile as a whole on every pinned vLLM release's own files: its
+three patches together (two of them in one file, chained on one parse as the planner runs them)
+give what each gives alone and are already applied on a second run; and each release's own
+METADATA requires a FlashInfer the profile does not refuse. Each patch alone (outcome per release
+as its facts say, compiles, its independent `check`, only the site's lines, already-applied on a
+second run) is tests/real/test_sites.py's, which sweeps vLLM's releases too.
 
 The releases come from the release cache as their `.py` files (`maintain/sources.py`: never the
-~240 MB wheel). vLLM is not yet a kind the generic site tier (test_sites.py) sweeps, hence this
-file; without the index and the cache the tests skip, saying so."""
+~240 MB wheel); without the index and the cache the tests skip, saying so."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
 from sm120patch.maintain import releases, sources
-from sm120patch.patchkit import sitecheck
 from sm120patch.patchkit.model import Status
 from sm120patch.patchkit.runner import transform_text
 from sm120patch.plan import catalog
@@ -38,31 +37,6 @@ def _tree(version: str) -> Path:
 def _patches():
     cat = catalog.load()
     return [cat.patches[pid] for pid in cat.profile(PROFILE).patches]
-
-
-@pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("patch_id", catalog.load().profile(PROFILE).patches)
-def test_each_patch_on_the_release(version: str, patch_id: str) -> None:
-    patch = catalog.load().patches[patch_id]
-    [fact] = patch.facts_at(version)  # every pinned release has exactly one fact
-    assert fact.file is not None
-    root = _tree(version)
-    text = (root / fact.file).read_text(encoding="utf-8")
-    res = transform_text([patch], fact.file, text)
-    [outcome] = res.outcomes
-    assert outcome.status is fact.status is Status.APPLIED, outcome.describe()
-    assert patch.pick_file(lambda rel: _read(root, rel)) == fact.file
-    compile(res.after, fact.file, "exec", dont_inherit=True)
-    assert patch.check is not None
-    spans = patch.check(ast.parse(res.before), ast.parse(res.after), fact)
-    sitecheck.only_in(res.before, res.after, spans)
-    [again] = transform_text([patch], fact.file, res.after).outcomes
-    assert again.status is Status.ALREADY_APPLIED, again.describe()
-
-
-def _read(root: Path, rel: str) -> str | None:
-    path = root / rel
-    return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
 @pytest.mark.parametrize("version", VERSIONS)
