@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from behave import ARCHS, SIDES, Behaviour, Case, release_set
+from vllm_behave import VllmBehaviour
+from vllm_behave import all_cases as all_vllm_cases
 
 from sm120patch.maintain import releases
 
@@ -68,3 +70,23 @@ def _versions_of(item: pytest.Item) -> list[Case]:
     params = getattr(getattr(item, "callspec", None), "params", {})
     return [Case(kind, params[f"{kind}_version"], "", "") for kind in releases.KINDS
             if f"{kind}_version" in params]
+
+
+@pytest.fixture(scope="session")
+def vllm_behaviour(tmp_path_factory: pytest.TempPathFactory,
+                   request: pytest.FixtureRequest) -> VllmBehaviour:
+    """The vLLM cases (vllm_behave.py) of every release a selected test names, run once per
+    session, in parallel processes; a test naming none runs its own cases when it asks."""
+    if not releases.pypi_reachable():
+        import envs
+
+        if not envs.root().is_dir():
+            pytest.skip(f"PyPI is unreachable and the cache {releases.cache_dir()} lacks the "
+                        "dependency environment; the behaviour tier needs it")
+    b = VllmBehaviour(tmp_path_factory.mktemp("vllm-behaviour") / "overlays")
+    wanted = tuple(sorted({item.callspec.params["version"] for item in request.session.items
+                           if "vllm_behaviour" in getattr(item, "fixturenames", ())
+                           and "version" in getattr(getattr(item, "callspec", None),
+                                                    "params", {})}))
+    b.warm(all_vllm_cases(wanted))
+    return b

@@ -8,6 +8,11 @@ Layout under `<cache>/behaviour/` (outside the repository, kept across sessions)
   release pins when it is not the one in `deps` (SGLang 0.5.10 on pin 5.x), put before it on
   sys.path; torch and numpy are held to `deps`' versions.
 - `<kind>-<version>/`: the release's own wheel, `pip install --no-deps --target`.
+- `vllm-deps-<key>/`: a `pip install --target` prefix with what vLLM's decision modules import
+  beyond `deps` (`VLLM_DEPS`, transformers 5 among them), put before it on sys.path, torch and
+  numpy held to `deps`' versions, so that `deps` (SGLang's and FlashInfer's) is not rebuilt.
+  vLLM itself is not installed: its releases are read from their source trees in the cache
+  (`maintain.sources.tree`, the `.py` files and the dist-info, no compiled extension).
 
 Each is built in a staging directory and renamed into place under a file lock, so a killed
 or concurrent run never leaves half of one. Nothing here downloads torch from an index
@@ -66,6 +71,31 @@ DEPS = (
     "starlette==1.10.0",
     "tqdm==4.70.1",
     "xgrammar==0.2.9",
+)
+
+
+# What `vllm.model_executor.layers.fused_moe.oracle.nvfp4`, `vllm.config.vllm` and
+# `vllm.distributed.device_communicators.custom_all_reduce` import on CPU beyond DEPS, found by
+# importing vLLM 0.30.0 and 0.34.0 and adding what was missing (a few of the first batch may
+# be more than the minimum). transformers 5.17.0 is inside every pinned release's range
+# (0.30.0: >=5.10.4; 0.31.0: <5.18.0; 0.32.0 to 0.34.0: >=5.16.1). vLLM's compiled extensions
+# and its FlashInfer are not here: the vLLM probe stands placeholders in for them.
+VLLM_DEPS = (
+    "transformers==5.17.0",
+    "blake3==1.0.11",
+    "cachetools==8.0.2",
+    "cbor2==6.3.0",
+    "cloudpickle==3.1.3",
+    "fastapi==0.136.3",
+    "ijson==3.6.0",
+    "llguidance==1.7.6",
+    "openai-harmony==0.0.8",
+    "prometheus-client==0.26.0",
+    "psutil==7.2.2",
+    "py-cpuinfo==9.0.0",
+    "python-json-logger==4.2.0",
+    "setproctitle==1.3.8",
+    "uvloop==0.23.0",
 )
 
 
@@ -135,22 +165,45 @@ def _python_in(venv: Path) -> Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def transformers_prefix(version: str) -> Path:
-    """A prefix with transformers `version` and what it needs at the versions it needs,
-    before the shared environment on sys.path. torch and numpy (compiled, shared with
-    everything) are held to the shared environment's versions."""
+def _held() -> list[str]:
+    """torch and numpy (compiled, shared with everything) at the shared environment's
+    versions: every prefix is installed with these as constraints."""
+    return [d for d in DEPS if d.startswith(("torch==", "numpy=="))]
+
+
+def _prefix(dest: Path, requirements: list[str], what: str) -> Path:
+    """`dest/site`: a `pip install --target` of `requirements`, held to `_held()`, made once."""
     python = deps_python()
-    held = [d for d in DEPS if d.startswith(("torch==", "numpy=="))]
-    dest = root() / f"transformers-{version}-{_key(sys.version, *held)}"
     with _building(dest) as staging:
         if staging is not None:
             _run(
                 [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                 "--target", str(staging / "site"), "-c", str(_constraints(staging, held)),
-                 f"transformers=={version}"],
-                f"pip install --target of transformers {version}",
+                 "--target", str(staging / "site"), "-c", str(_constraints(staging, _held())),
+                 *requirements],
+                f"pip install --target of {what}",
             )
     return dest / "site"
+
+
+def transformers_prefix(version: str) -> Path:
+    """A prefix with transformers `version` and what it needs at the versions it needs,
+    before the shared environment on sys.path."""
+    return _prefix(root() / f"transformers-{version}-{_key(sys.version, *_held())}",
+                   [f"transformers=={version}"], f"transformers {version}")
+
+
+def vllm_prefix() -> Path:
+    """The prefix with VLLM_DEPS (module docstring), made on first use."""
+    return _prefix(root() / f"vllm-deps-{_key(sys.version, *_held(), *VLLM_DEPS)}",
+                   list(VLLM_DEPS), "vLLM's decision-module dependencies")
+
+
+def vllm_sys_path(version: str) -> list[str]:
+    """What goes before the shared environment on sys.path to import vLLM `version`: its
+    source tree from the cache, then VLLM_DEPS."""
+    from sm120patch.maintain import sources
+
+    return [str(sources.tree("vllm", version)), str(vllm_prefix())]
 
 
 def release_prefix(kind: str, version: str) -> Path:

@@ -1,0 +1,100 @@
+"""vLLM's own selection code, pristine and patched (every vLLM profile), on every pinned
+release, under simulated SM120, SM100 and SM90 (vllm_behave.py says what each case asks,
+vllm_probe.py what is simulated and how)."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_behave import ARCHS, RELEASES, SIDES, Case, VllmBehaviour, vllm_profiles
+from vllm_checks import (
+    MARLIN,
+    allreduce_problems,
+    fusion_problems,
+    moe_problems,
+    platform_problems,
+    same_problems,
+)
+
+pytestmark = pytest.mark.behaviour
+
+
+def get(b: VllmBehaviour, version: str, side: str, arch: str) -> dict:
+    return b.result(Case(version, side, arch))
+
+
+def test_the_vllm_profiles_are_the_three_under_test() -> None:
+    assert vllm_profiles() == ["vllm-moe", "vllm-allreduce-fusion", "vllm-pcie-allreduce"]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_simulated_gpu_is_what_vllm_sees(vllm_behaviour: VllmBehaviour, version: str,
+                                         arch: str) -> None:
+    for side in SIDES:
+        result = get(vllm_behaviour, version, side, arch)
+        assert result["vllm"]["version"] == version
+        assert platform_problems(result, arch) == [], side
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_every_check_answers(vllm_behaviour: VllmBehaviour, version: str) -> None:
+    """No check raised, on any side or GPU: an answer that is an error compares equal on both
+    sides and would hide what the patch does."""
+    for side in SIDES:
+        for arch in ARCHS:
+            result = get(vllm_behaviour, version, side, arch)
+            for check in ("moe", "fusion", "allreduce"):
+                for name, answer in result[check].items():
+                    assert "error" not in answer, (side, arch, check, name, answer)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_moe_sm120_w4a16_picks_b12x_patched(vllm_behaviour: VllmBehaviour,
+                                            version: str) -> None:
+    """vllm.moe-b12x: W4A16 NVFP4 MoE on SM120 picks MARLIN pristine, FLASHINFER_B12X patched,
+    and not B12X with expert parallelism."""
+    pristine = get(vllm_behaviour, version, "pristine", "sm120")
+    patched = get(vllm_behaviour, version, "patched", "sm120")
+    assert moe_problems(pristine, patched) == []
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_fusion_sm120_tp2_on_patched(vllm_behaviour: VllmBehaviour, version: str) -> None:
+    """vllm.allreduce-fusion-gate: vLLM's default for the all-reduce + RMSNorm fusion at TP 2
+    is off on SM120 pristine, on patched."""
+    pristine = get(vllm_behaviour, version, "pristine", "sm120")
+    patched = get(vllm_behaviour, version, "patched", "sm120")
+    assert fusion_problems(pristine, patched) == []
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_custom_allreduce_on_four_pcie_gpus_patched(vllm_behaviour: VllmBehaviour,
+                                                    version: str) -> None:
+    """vllm.pcie-allreduce: on four PCIe-only SM120 GPUs pristine CustomAllreduce stops at its
+    PCIe gate, patched goes on to the P2P check (and stops at the gate again with the off
+    switch)."""
+    pristine = get(vllm_behaviour, version, "pristine", "sm120")
+    patched = get(vllm_behaviour, version, "patched", "sm120")
+    assert allreduce_problems(pristine, patched) == []
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("arch", ["sm100", "sm90"])
+def test_patched_decides_as_pristine_off_sm120(vllm_behaviour: VllmBehaviour, version: str,
+                                               arch: str) -> None:
+    pristine = get(vllm_behaviour, version, "pristine", arch)
+    patched = get(vllm_behaviour, version, "patched", arch)
+    assert same_problems(pristine, patched) == []
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_controls_off_sm120(vllm_behaviour: VllmBehaviour, version: str) -> None:
+    """What upstream decides where the patches change nothing, so that "unchanged" above is
+    about real answers: W4A16 NVFP4 MoE is MARLIN on SM100 and SM90 too (the FlashInfer
+    backends there want NVFP4 activations), the fusion is on at TP 2 (SM100 and SM90 are in
+    vLLM's own gate), and NVLink-connected GPUs pass the PCIe gate."""
+    for arch in ("sm100", "sm90"):
+        result = get(vllm_behaviour, version, "pristine", arch)
+        assert result["moe"]["w4a16"]["backend"] == MARLIN, arch
+        assert result["fusion"]["tp2"]["enabled"] is True, arch
+        assert result["allreduce"]["world4"]["reaches_p2p_check"] is True, arch

@@ -1,0 +1,117 @@
+"""The vLLM behaviour checks, as functions returning what is wrong (an empty list: all good), so
+that a test can show each of them failing on a tree made wrong on purpose."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+Result = dict[str, Any]
+
+CAPABILITY = {"sm120": [12, 0], "sm100": [10, 0], "sm90": [9, 0]}
+MARLIN = "MARLIN"
+B12X = "FLASHINFER_B12X"
+PCIE_GATE = "not supported on more than two PCIe-only GPUs"
+
+
+def platform_problems(result: Result, arch: str) -> list[str]:
+    """vLLM's own platform answers what was simulated: its CUDA platform (through NVML), the
+    capability, and `is_device_capability` / `_family` from it."""
+    p = result["platform"]
+    want = CAPABILITY[arch]
+    major = want[0]
+    expected = {
+        "class": "vllm.platforms.cuda.NvmlCudaPlatform",
+        "is_cuda": True,
+        "capability": want,
+        "is_device_capability(120)": major == 12,
+        "is_device_capability(100)": major == 10,
+        "is_device_capability(90)": major == 9,
+        "is_device_capability_family(120)": major == 12,
+        "is_device_capability_family(100)": major == 10,
+        "has_device_capability(100)": major >= 10,
+    }
+    return [f"platform {k}: {p.get(k)!r}, expected {v!r}" for k, v in expected.items()
+            if p.get(k) != v]
+
+
+def _backend(result: Result, name: str) -> str | None:
+    return result["moe"].get(name, {}).get("backend")
+
+
+def moe_problems(pristine: Result, patched: Result) -> list[str]:
+    """SM120, W4A16 NVFP4 MoE: pristine picks MARLIN, patched FLASHINFER_B12X; with expert
+    parallelism the patched choice is not B12X and is pristine's."""
+    problems = []
+    if _backend(pristine, "w4a16") != MARLIN:
+        problems.append(f"pristine SM120 w4a16: {pristine['moe'].get('w4a16')}, "
+                        f"expected {MARLIN}")
+    if _backend(patched, "w4a16") != B12X:
+        problems.append(f"patched SM120 w4a16: {patched['moe'].get('w4a16')}, expected {B12X}")
+    ep_before, ep_after = _backend(pristine, "w4a16-ep"), _backend(patched, "w4a16-ep")
+    if ep_after is None or ep_after == B12X or ep_after != ep_before:
+        problems.append(f"patched SM120 w4a16-ep: {patched['moe'].get('w4a16-ep')}, "
+                        f"expected pristine's {ep_before}")
+    return problems
+
+
+def fusion_problems(pristine: Result, patched: Result) -> list[str]:
+    """SM120, TP 2: vLLM's default leaves the all-reduce + RMSNorm fusion off, patched on."""
+    problems = []
+    if pristine["fusion"].get("tp2", {}).get("enabled") is not False:
+        problems.append(f"pristine SM120 fusion at TP2: {pristine['fusion'].get('tp2')}")
+    if patched["fusion"].get("tp2", {}).get("enabled") is not True:
+        problems.append(f"patched SM120 fusion at TP2: {patched['fusion'].get('tp2')}, "
+                        "expected enabled")
+    return problems
+
+
+def _reaches(result: Result, name: str) -> bool | None:
+    return result["allreduce"].get(name, {}).get("reaches_p2p_check")
+
+
+def allreduce_problems(pristine: Result, patched: Result) -> list[str]:
+    """SM120 (PCIe-only, no NVLink between the simulated GPUs): on 4 GPUs pristine's
+    CustomAllreduce stops at the PCIe gate (its warning says so), patched goes on to the P2P
+    check; on 2 GPUs both go on; SM120PATCH_PCIE_ALLREDUCE=0 gives pristine's answer back."""
+    problems = []
+    before = pristine["allreduce"].get("world4", {})
+    if before.get("reaches_p2p_check") is not False or not any(
+            PCIE_GATE in line for line in before.get("log", [])):
+        problems.append(f"pristine SM120 custom allreduce on 4 GPUs: {before}")
+    if _reaches(patched, "world4") is not True:
+        problems.append(f"patched SM120 custom allreduce on 4 GPUs: "
+                        f"{patched['allreduce'].get('world4')}, expected past the PCIe gate")
+    for side, result in (("pristine", pristine), ("patched", patched)):
+        if _reaches(result, "world2") is not True:
+            problems.append(f"{side} SM120 custom allreduce on 2 GPUs: "
+                            f"{result['allreduce'].get('world2')}")
+    off = patched["allreduce"].get("world4-off", {})
+    if off.get("reaches_p2p_check") is not False or not any(
+            PCIE_GATE in line for line in off.get("log", [])):
+        problems.append(f"patched SM120 with SM120PATCH_PCIE_ALLREDUCE=0: {off}")
+    return problems
+
+
+def sm120_problems(pristine: Result, patched: Result) -> list[str]:
+    return (moe_problems(pristine, patched) + fusion_problems(pristine, patched)
+            + allreduce_problems(pristine, patched))
+
+
+def same_problems(pristine: Result, patched: Result) -> list[str]:
+    """Off SM120 the patched code decides exactly as the pristine code: every answer of every
+    check, its log lines and the compiled operators it asked."""
+    problems = []
+    for key in ("platform", "moe", "fusion", "allreduce", "ops_called"):
+        a, b = _unplaced(pristine.get(key)), _unplaced(patched.get(key))
+        if a != b:
+            problems.append(f"{key}: {pristine.get(key)} -> {patched.get(key)}")
+    return problems
+
+
+def _unplaced(value: Any) -> str:
+    """`value` without the files its tracebacks name: an overlay's copy of a module is another
+    path for the same code."""
+    return re.sub(r'File \\"[^"\\]*\\", line \d+', "File <file>",
+                  json.dumps(value, sort_keys=True))
