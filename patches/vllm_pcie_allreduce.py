@@ -64,7 +64,7 @@ def _is_gate(test: cst.BaseExpression) -> bool:
     """`same_node and world_size > 2 and not fully_connected`, as released."""
     from sm120patch.patchkit import syntax as h
 
-    return h.and_codes(test) == GATE.split(" and ")
+    return h.and_codes(test) == h.and_form(GATE)
 
 
 def _is_override(stmt: cst.CSTNode) -> bool:
@@ -75,7 +75,7 @@ def _is_override(stmt: cst.CSTNode) -> bool:
 
     return (
         isinstance(stmt, cst.If)
-        and h.and_codes(stmt.test) == [*GATE.split(" and "), READ_ENV]
+        and h.and_codes(stmt.test) == h.and_form(f"{GATE} and {READ_ENV}")
         and stmt.orelse is None
         and h.code(stmt.body) == "fully_connected = True"
     )

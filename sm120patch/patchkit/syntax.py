@@ -314,10 +314,24 @@ def and_operands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
 
 
 def and_codes(node: cst.BaseExpression) -> list[str]:
-    """The source of each operand of an `a and b and c` chain, whitespace folded: a test
-    compared operand by operand with the spelling a release uses (`["world_size > 2", "not
-    full_nvlink"]`)."""
-    return [code(o, limit=10_000) for o in and_operands(node)]
+    """Each operand of an `a and b and c` chain in one canonical spelling (`ast.unparse`:
+    redundant parentheses, whitespace and quotes folded), so that a test compares operand by
+    operand with `and_form` of the spelling a release uses: `world_size > 2 and (not
+    full_nvlink)` is the same gate as `world_size > 2 and not full_nvlink`."""
+    import ast
+
+    empty = cst.Module(body=[])
+    return [ast.unparse(ast.parse(empty.code_for_node(o).strip(), mode="eval"))
+            for o in and_operands(node)]
+
+
+def and_form(text: str) -> list[str]:
+    """The operands of the `and` chain written in `text`, spelt as `and_codes` spells them."""
+    import ast
+
+    tree = ast.parse(text, mode="eval").body
+    chain = tree.values if isinstance(tree, ast.BoolOp) and isinstance(tree.op, ast.And) else [tree]
+    return [ast.unparse(o) for o in chain]
 
 
 
