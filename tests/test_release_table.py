@@ -100,7 +100,7 @@ def test_each_explain_reader_looks_where_its_facts_say() -> None:
     from sm120patch.explain import explain
 
     cat = catalog.load()
-    sent = explain.reader_requests(("sglang", "flashinfer"))
+    sent = explain.reader_requests(("sglang", "flashinfer", "vllm"))
     assert {r["patch"] for r in sent} == {p.id for p in cat.patches.values() if p.explain}
     for reader in sent:
         patch = cat.patches[reader["patch"]]
