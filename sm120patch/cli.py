@@ -547,7 +547,7 @@ def export_cmd(
 
 @main.command("new-patch")
 @click.argument("patch_id")
-@click.option("--target", type=click.Choice(["sglang", "flashinfer"]), required=True)
+@click.option("--target", type=click.Choice(["sglang", "flashinfer", "vllm"]), required=True)
 @click.option("--file", "rel", required=True, metavar="PATH",
               help="The file holding the site, relative to the package's parent.")
 @click.option("--function", required=True, help="The function holding the site.")

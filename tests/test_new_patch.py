@@ -24,6 +24,8 @@ KEYWORD_SITE = ["flashinfer.moe-arch", "--target", "flashinfer", "--file",
                 "--expect", "9,10", "--add", "12"]
 SKELETON = ["sglang.new-site", "--target", "sglang", "--file", "sglang/srt/x.py",
             "--function", "choose", "--pins", ">=0.5.8"]
+VLLM_SKELETON = ["vllm.new-site", "--target", "vllm", "--file", "vllm/config/vllm.py",
+                 "--function", "enable_allreduce_rms_fusion", "--pins", ">=0.30.0,<0.35"]
 
 
 def copy_of_the_library(tmp_path: Path) -> Path:
@@ -45,7 +47,8 @@ def run_pytest(test: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(("args", "module"), [(KEYWORD_SITE, "flashinfer_moe_arch"),
-                                              (SKELETON, "sglang_new_site")])
+                                              (SKELETON, "sglang_new_site"),
+                                              (VLLM_SKELETON, "vllm_new_site")])
 def test_a_new_patch_is_one_file_plus_its_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                args: list[str], module: str) -> None:
     library = copy_of_the_library(tmp_path)
