@@ -10,6 +10,7 @@ from vllm_checks import (
     MARLIN,
     allreduce_problems,
     fusion_problems,
+    fusion_table_problems,
     moe_problems,
     platform_problems,
     same_problems,
@@ -23,7 +24,7 @@ def get(b: VllmBehaviour, version: str, side: str, arch: str) -> dict:
 
 
 def test_the_vllm_profiles_are_the_three_under_test() -> None:
-    assert vllm_profiles() == ["vllm-moe", "vllm-allreduce-fusion", "vllm-pcie-allreduce"]
+    assert vllm_profiles() == ["vllm-moe", "vllm-pcie-allreduce", "vllm-allreduce-fusion"]
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -43,7 +44,7 @@ def test_every_check_answers(vllm_behaviour: VllmBehaviour, version: str) -> Non
     for side in SIDES:
         for arch in ARCHS:
             result = get(vllm_behaviour, version, side, arch)
-            for check in ("moe", "fusion", "allreduce"):
+            for check in ("moe", "fusion", "fusion_tables", "allreduce"):
                 for name, answer in result[check].items():
                     assert "error" not in answer, (side, arch, check, name, answer)
 
@@ -65,6 +66,16 @@ def test_fusion_sm120_tp2_on_patched(vllm_behaviour: VllmBehaviour, version: str
     pristine = get(vllm_behaviour, version, "pristine", "sm120")
     patched = get(vllm_behaviour, version, "patched", "sm120")
     assert fusion_problems(pristine, patched) == []
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_fusion_size_tables_sm120_patched(vllm_behaviour: VllmBehaviour, version: str) -> None:
+    """vllm.allreduce-fusion-size and -oneshot: on SM120 the pass gets a largest size at TP 2
+    (none pristine: it turns itself off), still none at TP 4, and a 40 MiB tensor takes the
+    two-shot kernel (one-shot pristine)."""
+    pristine = get(vllm_behaviour, version, "pristine", "sm120")
+    patched = get(vllm_behaviour, version, "patched", "sm120")
+    assert fusion_table_problems(pristine, patched) == []
 
 
 @pytest.mark.parametrize("version", RELEASES)

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 from vllm_behave import RELEASES, Case, VllmBehaviour
-from vllm_checks import allreduce_problems, fusion_problems, moe_problems, same_problems
+from vllm_checks import (
+    allreduce_problems,
+    fusion_problems,
+    fusion_table_problems,
+    moe_problems,
+    same_problems,
+)
 
 from sm120patch.maintain import sources
 
@@ -41,6 +47,9 @@ def test_a_patch_that_does_nothing_fails_every_sm120_check(vllm_behaviour: VllmB
     assert any("patched SM120 w4a16:" in p and "MARLIN" in p for p in moe), moe
     fusion = fusion_problems(pristine, result)
     assert any("patched SM120 fusion" in p for p in fusion), fusion
+    tables = fusion_table_problems(pristine, result)
+    assert any("patched SM120 fusion size at TP2" in p for p in tables), tables
+    assert any("patched SM120 one-shot at 40 MiB" in p for p in tables), tables
     allreduce = allreduce_problems(pristine, result)
     assert any("patched SM120 custom allreduce on 4 GPUs" in p for p in allreduce), allreduce
 

@@ -67,6 +67,28 @@ def fusion_problems(pristine: Result, patched: Result) -> list[str]:
     return problems
 
 
+def fusion_table_problems(pristine: Result, patched: Result) -> list[str]:
+    """SM120: vllm.allreduce-fusion-size gives the pass a largest size at TP 2 (pristine has
+    none, so the pass turns itself off) and none at TP 4 (the patch adds TP 2 only);
+    vllm.allreduce-fusion-oneshot sends a 40 MiB tensor at TP 2 to the two-shot kernel, which
+    pristine sends one-shot (no row: one-shot at every size), and keeps 1 MiB one-shot."""
+    problems = []
+    before, after = pristine["fusion_tables"], patched["fusion_tables"]
+    if before.get("tp2", {}).get("max_size") is not None:
+        problems.append(f"pristine SM120 fusion size at TP2: {before.get('tp2')}, expected None")
+    if not after.get("tp2", {}).get("max_size"):
+        problems.append(f"patched SM120 fusion size at TP2: {after.get('tp2')}, expected a size")
+    if after.get("tp4", {}).get("max_size") is not None:
+        problems.append(f"patched SM120 fusion size at TP4: {after.get('tp4')}, expected None")
+    if before.get("tp2", {}).get("oneshot_40MiB") is not True:
+        problems.append(f"pristine SM120 one-shot at 40 MiB: {before.get('tp2')}, expected True")
+    if after.get("tp2", {}).get("oneshot_40MiB") is not False:
+        problems.append(f"patched SM120 one-shot at 40 MiB: {after.get('tp2')}, expected False")
+    if after.get("tp2", {}).get("oneshot_1MiB") is not True:
+        problems.append(f"patched SM120 one-shot at 1 MiB: {after.get('tp2')}, expected True")
+    return problems
+
+
 def _reaches(result: Result, name: str) -> bool | None:
     return result["allreduce"].get(name, {}).get("reaches_p2p_check")
 
@@ -96,14 +118,14 @@ def allreduce_problems(pristine: Result, patched: Result) -> list[str]:
 
 def sm120_problems(pristine: Result, patched: Result) -> list[str]:
     return (moe_problems(pristine, patched) + fusion_problems(pristine, patched)
-            + allreduce_problems(pristine, patched))
+            + fusion_table_problems(pristine, patched) + allreduce_problems(pristine, patched))
 
 
 def same_problems(pristine: Result, patched: Result) -> list[str]:
     """Off SM120 the patched code decides exactly as the pristine code: every answer of every
     check, its log lines and the compiled operators it asked."""
     problems = []
-    for key in ("platform", "moe", "fusion", "allreduce", "ops_called"):
+    for key in ("platform", "moe", "fusion", "fusion_tables", "allreduce", "ops_called"):
         a, b = _unplaced(pristine.get(key)), _unplaced(patched.get(key))
         if a != b:
             problems.append(f"{key}: {pristine.get(key)} -> {patched.get(key)}")

@@ -153,6 +153,23 @@ class VllmNamespaces(set):  # type: ignore[type-arg]
         return str(name).startswith("_") or super().__contains__(name)
 
 
+class MissingOp:
+    """A compiled operator the release's placeholder extension lacks: a call is recorded and
+    answers None; every overload (`.default`, `.out`, which modules name at import, as the
+    fusion pass's pattern tables do) is the operator itself."""
+
+    def __init__(self, name: str, called: list[str]) -> None:
+        self._name, self._called = name, called
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self._called.append(f"{self._name}{tuple(args)!r}")
+
+    def __getattr__(self, overload: str) -> MissingOp:
+        if overload.startswith("__"):
+            raise AttributeError(overload)
+        return self
+
+
 class CompiledOps:
     """vLLM's compiled operators (`torch.ops._C.*`, `torch.ops._moe_C.*`, ...) are not in a CPU
     torch. Under simulation a lookup that would fail in a namespace starting with `_` (vLLM's;
@@ -176,11 +193,7 @@ class CompiledOps:
                 if not ns.name.startswith("_") or op_name.startswith("__"):
                     raise
 
-                def op(*args: Any, **kwargs: Any) -> None:
-                    called.append(f"{ns.name}.{op_name}{tuple(args)!r}")
-                    return None
-
-                return op
+                return MissingOp(f"{ns.name}.{op_name}", called)
 
         namespace.__getattr__ = lookup
 
@@ -292,6 +305,26 @@ def fusion(spec: dict[str, Any]) -> dict[str, Any]:
     return {"enabled": bool(fn(cfg))}
 
 
+def fusion_tables(spec: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM's fusion pass takes from its FlashInfer size tables on this GPU for a
+    `tp`-GPU deployment: the largest all-reduce it fuses (`PassConfig().flashinfer_max_size`,
+    None: the pass turns itself off), and whether a 40 MiB and a 1 MiB tensor take the
+    one-shot kernel (`_select_flashinfer_allreduce_use_oneshot`, the trtllm workspace, the
+    capability as vLLM's caller passes it)."""
+    from vllm.compilation.passes.fusion import allreduce_rms_fusion as fusion_pass
+    from vllm.config.compilation import PassConfig
+    from vllm.platforms import current_platform
+
+    tp = int(spec["tp"])
+    capability = current_platform.get_device_capability().to_int()
+    oneshot = getattr(fusion_pass, "_select_flashinfer_allreduce_use_oneshot")  # noqa: B009
+    return {
+        "max_size": PassConfig().flashinfer_max_size(tp),
+        "oneshot_40MiB": oneshot("trtllm", capability, tp, 40 * 2**20),
+        "oneshot_1MiB": oneshot("trtllm", capability, tp, 2**20),
+    }
+
+
 class OneNodeGroup:
     """torch.distributed as CustomAllreduce's module sees it, for a gloo group of `world` ranks
     on one node, this process rank 0, rank i on GPU i: every other name is torch's own."""
@@ -387,6 +420,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                      for name, spec in request.get("moe", {}).items()}
     result["fusion"] = {name: guarded(lambda s=spec: fusion(s))
                         for name, spec in request.get("fusion", {}).items()}
+    result["fusion_tables"] = {name: guarded(lambda s=spec: fusion_tables(s))
+                               for name, spec in request.get("fusion_tables", {}).items()}
     result["allreduce"] = {name: guarded(lambda s=spec: allreduce(s))
                            for name, spec in request.get("allreduce", {}).items()}
     result["ops_called"] = sorted(set(ops.called))
