@@ -188,6 +188,9 @@ def test_doctor_json(tmp_path, mocker):
         doc["recommendation"]
     )
     assert "recommended here: moe" not in doc["recommendation"]
+    # One sentence each: the reason ends before the next begins.
+    assert ". No profile is recommended on this box." in doc["recommendation"], (
+        doc["recommendation"])
 
 
 def test_probe_without_the_binding_says_what_pynvml_says(tmp_path):

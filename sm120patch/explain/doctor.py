@@ -163,7 +163,7 @@ def recommendation(checks: list[ProfileCheck]) -> str:
             continue
         why = c.refused or c.condemned or ([] if c.pinned else c.problems)
         if why:
-            held.append(f"{c.name} is not recommended here: {why[0]}")
+            held.append(f"{c.name} is not recommended here: {why[0].rstrip('.')}.")
         else:
             good.append(c.name)
     lines = []
@@ -171,7 +171,7 @@ def recommendation(checks: list[ProfileCheck]) -> str:
         lines.append(f"recommended here: {', '.join(good)}.")
     lines += held
     if not good:
-        lines.append("no profile is recommended on this box.")
+        lines.append("No profile is recommended on this box.")
     # Every profile that is not recommended, read from the catalog (a pack's too). A profile
     # whose status is "refused" only says why a gate stays (vllm-fp8-moe): not one to trial.
     others = [c.name for c in checks if c.status not in ("recommended", "refused")]
@@ -181,5 +181,6 @@ def recommendation(checks: list[ProfileCheck]) -> str:
         )
     refused = [c.name for c in checks if c.status == "refused"]
     if refused:
-        lines.append(f"Refused by design ({', '.join(refused)}): `sm120patch show` says why.")
+        shows = ", ".join(f"`sm120patch show {name}`" for name in refused)
+        lines.append(f"Refused by design ({', '.join(refused)}): {shows} says why.")
     return " ".join(lines)
