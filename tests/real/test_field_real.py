@@ -36,6 +36,27 @@ def logged_strings(root: Path) -> list[str]:
     return out
 
 
+def _logs_percent(pattern: str, strings: list[str]) -> bool:
+    """A `logger.info("... %s ...", args)` template: its `%s` fields filled with what the
+    pattern names, as a word, a one-element list of it (vLLM logs its all-reduce backends as
+    `['CUSTOM', 'PYNCCL']`) or a group name (`tp:0`); templates holding three or more of the
+    pattern's words, three fields at most."""
+    names = [*dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", pattern))]
+    fills = [*names, *(f"['{w}']" for w in names), *(f"{w}:0" for w in names)]
+    for template in strings:
+        fields = template.count("%s")
+        if not 0 < fields <= 3 or "%" in template.replace("%s", ""):
+            continue
+        if sum(w in template for w in names) < 3:
+            continue
+        parts = template.split("%s")
+        for filling in itertools.product(fills, repeat=fields):
+            text = "".join(p + f for p, f in zip(parts, (*filling, ""), strict=True))
+            if re.search(pattern, text):
+                return True
+    return False
+
+
 def logs(pattern: str, strings: list[str]) -> bool:
     """Whether a line the release logs matches `pattern`: a literal as it is, or an f-string
     (fields as `{}`) once its fields hold words the pattern names. vLLM formats the name of the
@@ -43,6 +64,8 @@ def logs(pattern: str, strings: list[str]) -> bool:
     0.34 `f"Using {backend.value} {self.name} MoE {lora}backend{available}."`), so no literal
     of it names FLASHINFER_B12X or MARLIN."""
     if any(re.search(pattern, s) for s in strings):
+        return True
+    if _logs_percent(pattern, strings):
         return True
     words = [*dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", pattern)), ""]
     for template in strings:
