@@ -142,8 +142,11 @@ class Runs:
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Runs:
+    # Only the items that use this fixture: other modules (the vLLM tier) name vLLM
+    # releases under the same parameter name.
     wanted = sorted({item.callspec.params["version"] for item in request.session.items
-                     if "version" in getattr(getattr(item, "callspec", None), "params", {})},
+                     if "runs" in getattr(item, "fixturenames", ())
+                     and "version" in getattr(getattr(item, "callspec", None), "params", {})},
                     key=Version)
     if not releases.pypi_reachable():
         missing = [v for v in wanted if releases.cached("sglang", v) is None]
