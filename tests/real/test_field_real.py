@@ -5,6 +5,7 @@ releases that ship upstream's PCIe-IPC allreduce (tried after the custom allredu
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import re
 from pathlib import Path
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.real
 PCIE_ENV = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
 
 
+@functools.cache  # a vLLM release is ~2,000 files: parse each release once per session
 def logged_strings(root: Path) -> list[str]:
     """Every string literal of the release's unpacked files: f-strings with `{}` for their
     fields (implicit concatenation is one literal already)."""
