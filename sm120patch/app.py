@@ -416,8 +416,9 @@ def matrix(
     progress_quiet: bool,
     scan: bool = False,
 ) -> Matrix:
-    """Every profile on every release matching `specs` (kind -> PEP 440 specifier or None);
-    with `scan`, each release's candidate gates and those new since the previous release."""
+    """Every profile on every release matching `specs` (kind -> PEP 440 specifier, '' for the
+    tracked range, or None: not named); with `scan`, each release's candidate gates and those
+    new since the previous release."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     from sm120patch.maintain import matrix as planning
@@ -425,11 +426,10 @@ def matrix(
 
     for name in profiles:
         session.profile(name)
-    chosen: dict[str, str | None] = {}
-    if specs.get("sglang") is not None or specs.get("flashinfer") is None:
-        chosen["sglang"] = specs.get("sglang")
-    if specs.get("flashinfer") is not None or specs.get("sglang") is None:
-        chosen["flashinfer"] = specs.get("flashinfer")
+    # The kinds named; none named: SGLang and FlashInfer (vLLM only when named, as everywhere).
+    chosen: dict[str, str | None] = {k: s for k, s in specs.items() if s is not None}
+    if not chosen:
+        chosen = {"sglang": None, "flashinfer": None}
     for kind, spec in chosen.items():
         try:
             SpecifierSet(spec or "")

@@ -585,6 +585,8 @@ def new_patch_cmd(**options: Any) -> None:
     metavar="SPEC",
     help="FlashInfer releases to plan, a PEP 440 specifier.",
 )
+@click.option("--vllm", "vllm_spec", metavar="SPEC",
+              help="vLLM releases to plan ('' for every one tracked); only when named.")
 @click.option("--profile", "profiles", multiple=True, help="Only these profiles (repeatable).")
 @click.option(
     "-j",
@@ -600,6 +602,7 @@ def new_patch_cmd(**options: Any) -> None:
 def matrix_cmd(
     sglang_spec: str | None,
     flashinfer_spec: str | None,
+    vllm_spec: str | None,
     profiles: tuple[str, ...],
     jobs: int | None,
     as_json: bool,
@@ -607,16 +610,17 @@ def matrix_cmd(
     quiet: bool,
     scan: bool,
 ) -> None:
-    """Plan every profile on every SGLang and FlashInfer release on pip's index: outcome per
-    site. Releases come from pip's configured index (pip config, PIP_INDEX_URL) into the release
-    cache; offline, the cached release list is used with a warning."""
+    """Plan every profile on every SGLang and FlashInfer release on pip's index (vLLM with
+    --vllm): outcome per site. Naming some kinds plans only those. Releases come from pip's
+    configured index (pip config, PIP_INDEX_URL) into the release cache; offline, the cached
+    release list is used with a warning."""
     if as_json and as_markdown:
         raise UsageError(
             "give at most one of --json and --markdown", "Markdown is the default; drop one"
         )
     found = app.matrix(
         session(),
-        {"sglang": sglang_spec, "flashinfer": flashinfer_spec},
+        {"sglang": sglang_spec, "flashinfer": flashinfer_spec, "vllm": vllm_spec},
         profiles,
         jobs,
         on_warning=lambda line: echo_err(f"sm120patch: warning: {line}"),

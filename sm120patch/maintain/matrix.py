@@ -1,6 +1,7 @@
 """`matrix`: every profile planned on every release matching a specifier, as a table.
 
-Releases come from the cache (`releases.py`), fetched from pip's configured index when missing.
+Releases come from the cache (`releases.py`; vLLM's as its sources, `sources.py`), fetched
+from pip's configured index when missing.
 Each release is planned in a worker process (`-j`), without pins: the table is the evidence
 pins are made of. Maintainer tooling: only the `matrix` command imports it.
 """
@@ -18,10 +19,21 @@ from typing import Any
 from packaging.version import Version
 
 from sm120patch.errors import UsageError
-from sm120patch.maintain import releases, trees
+from sm120patch.maintain import releases, sources, trees
 from sm120patch.plan import catalog
 
-DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer"}
+DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer", "vllm": "vLLM"}
+
+# Table order; a kind's rows are oldest first.
+ORDER = ("sglang", "flashinfer", "vllm")
+
+
+def release_tree(kind: str, version: str) -> Path:
+    """The release's files in the cache: unpacked from its distribution, or (vLLM) its kept
+    sources."""
+    if kind in releases.SOURCES_ONLY:
+        return sources.tree(kind, version)
+    return trees.tree(kind, version)
 
 
 @dataclass
@@ -57,7 +69,7 @@ def _plan_release(kind: str, version: str) -> Row:
 
     row = Row(kind, version)
     try:
-        tree = trees.tree(kind, version)
+        tree = release_tree(kind, version)
         target = targets.find(kind, tree)
     except Exception as exc:  # a release we cannot fetch is a row that says so
         row.error = f"{type(exc).__name__}: {exc}"
@@ -154,7 +166,7 @@ def run(
             for future in as_completed(futures):
                 rows.append(future.result())
                 progress(rows[-1])
-    rows.sort(key=lambda r: (r.kind != "sglang", Version(r.version)))
+    rows.sort(key=lambda r: (ORDER.index(r.kind), Version(r.version)))
     if scan:
         mark_new(rows)
     return rows
@@ -170,8 +182,7 @@ def scan_release(kind: str, version: str) -> list[dict[str, Any]]:
     """The candidate gates of a whole release (every `.py` of its distribution), kept in the
     release cache under a key of the distribution, the scanner and the patch library: a
     scan of a whole release takes seconds, and `matrix --scan` reads dozens."""
-    source = releases.fetch(kind, version)
-    key = _scan_key(source)
+    key = _scan_key(_release_digest(kind, version))
     path = releases.cache_dir() / "scans" / f"{kind}-{version}.json"
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -181,7 +192,9 @@ def scan_release(kind: str, version: str) -> list[dict[str, Any]]:
         pass
     from sm120patch.scan import run as scanning
 
-    found = scanning.scan_files(kind, version, trees.package_files(kind, version))
+    files = (sources.package_files(kind, version) if kind in releases.SOURCES_ONLY
+             else trees.package_files(kind, version))
+    found = scanning.scan_files(kind, version, files)
     wanted = ("file", "line", "function", "expression", "gates", "reason", "key")
     candidates = [{k: x.to_dict()[k] for k in wanted} for x in found.of("candidate")]
     doc = {"schema": SCAN_SCHEMA, "key": key, "candidates": candidates}
@@ -190,14 +203,25 @@ def scan_release(kind: str, version: str) -> list[dict[str, Any]]:
     return candidates
 
 
-def _scan_key(source: Path) -> str:
-    """sha256 over the distribution, the scanner's code and every pack's patches and tables."""
+def _release_digest(kind: str, version: str) -> str:
+    """sha256 of the release as cached: its distribution file, or (vLLM) the record of its
+    kept sources, which holds each file's sha256."""
+    import hashlib
+
+    if kind in releases.SOURCES_ONLY:
+        record = sources.tree(kind, version) / trees.TREE_RECORD
+        return hashlib.sha256(record.read_bytes()).hexdigest()
+    return releases.sha256_file(releases.fetch(kind, version))
+
+
+def _scan_key(release: str) -> str:
+    """sha256 over the release, the scanner's code and every pack's patches and tables."""
     import hashlib
 
     from sm120patch import __version__, scan
     from sm120patch.patchkit import arch, runner
 
-    h = hashlib.sha256(f"{__version__}\0{releases.sha256_file(source)}\0".encode())
+    h = hashlib.sha256(f"{__version__}\0{release}\0".encode())
     here = Path(next(iter(scan.__path__)))
     for code in [*sorted(here.glob("*.py")), Path(arch.__file__), Path(runner.__file__)]:
         h.update(code.name.encode() + b"\0" + code.read_bytes())
@@ -248,7 +272,7 @@ def columns(kind: str, profiles: Sequence[str] | None = None) -> tuple[list[str]
 def markdown(rows: list[Row], profiles: Sequence[str] | None = None) -> str:
     """One table per kind: release, each profile's verdict, each site's outcome."""
     out = []
-    for kind in ("sglang", "flashinfer"):
+    for kind in ORDER:
         mine = [r for r in rows if r.kind == kind]
         if not mine:
             continue

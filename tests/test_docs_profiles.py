@@ -1,0 +1,89 @@
+"""The profile tables of docs/compatibility.md say what patches/profiles.toml says: each
+profile's status, patches and pins (and, for the vLLM profiles, whether a FlashInfer is
+refused). The tables are written by hand; this holds them to the catalog."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from sm120patch.plan import catalog
+
+COMPAT = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
+
+PIN_COLUMNS = {"SGLang pins": "sglang", "FlashInfer pins": "flashinfer", "vLLM pins": "vllm"}
+
+
+def profile_rows(text: str) -> list[dict[str, str]]:
+    """Every row of every table under "Profiles and pins" whose first column is a profile."""
+    section = text.split("## Profiles and pins", 1)[1].split("\n## ", 1)[0]
+    rows: list[dict[str, str]] = []
+    head: list[str] = []
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            head = []
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not head:
+            head = cells
+        elif not set(line) <= set("|- "):
+            rows.append(dict(zip(head, cells, strict=True)))
+    return rows
+
+
+def problems(text: str) -> list[str]:
+    cat = catalog.load()
+    found: list[str] = []
+    rows = profile_rows(text)
+    named = {r["profile"].strip("`") for r in rows}
+    missing = sorted(set(cat.profiles) - named)
+    if missing:
+        found.append(f"profiles with no row: {missing}")
+    for row in rows:
+        name = row["profile"].strip("`")
+        profile = cat.profiles.get(name)
+        if profile is None:
+            found.append(f"{name}: no such profile")
+            continue
+        if not row["status"].startswith(profile.status):
+            found.append(f"{name}: status {row['status']!r}, the catalog says {profile.status}")
+        listed = re.findall(r"`([^`]+)`", row["patches"])
+        if listed and tuple(listed) != profile.patches:
+            found.append(f"{name}: patches {listed}, the catalog says {list(profile.patches)}")
+        for column, kind in PIN_COLUMNS.items():
+            if column not in row:
+                continue
+            spec = re.match(r"`([^`]+)`", row[column])
+            pin = profile.pins.get(kind)
+            if (SpecifierSet(spec.group(1)) if spec else None) != pin:
+                found.append(f"{name}: {column} {row[column]!r}, the catalog says {pin}")
+        if "FlashInfer" in row:  # the vLLM table: a FlashInfer refusal or none
+            refuses = any(r.kind == "flashinfer" for r in profile.refuse)
+            if ("refused" in row["FlashInfer"]) is not refuses:
+                found.append(f"{name}: FlashInfer {row['FlashInfer']!r}")
+    return found
+
+
+def test_the_profile_tables_say_what_the_catalog_says() -> None:
+    text = COMPAT.read_text(encoding="utf-8")
+    assert len(profile_rows(text)) == len(catalog.load().profiles)
+    assert problems(text) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("| `vllm-moe` | experimental |", "| `vllm-moe` | recommended |"),
+        ("`>=0.30.0,<0.35` | before 0.6.17 refused", "`>=0.30.0,<0.36` | before 0.6.17 refused"),
+        ("before 0.6.17 refused |", "(none) |"),
+        ("| `vllm.pcie-allreduce` |", "| `vllm.moe-b12x` |"),
+        ("| `vllm-fp8-moe` |", "| `vllm-fp8` |"),
+    ],
+)
+def test_the_check_catches_a_wrong_row(old: str, new: str) -> None:
+    text = COMPAT.read_text(encoding="utf-8")
+    assert old in text
+    assert problems(text.replace(old, new, 1)) != []
