@@ -7,8 +7,8 @@ GPU family and count, TP size, quantization, model architecture). A condition th
 tell (no GPU read, no server command to read the TP size from) does not exclude the entry:
 better one line too many before a trial than a known regression unsaid.
 
-Each entry also says what its figure rests on (`evidence`: measured, reported, inferred, or
-unpublished for the field report this project started from) and what was run, in the
+Each entry also says what its figure rests on (`evidence`: measured, confounded, reported,
+inferred, or unpublished for the field report this project started from) and what was run, in the
 source's terms (`measured`: engine, kernel, TP, runs), and the sentence or figure of the
 source it relies on (`quote`, required of the built-in library); all are printed in full
 (`Entry.full`). A wrong-output
@@ -52,7 +52,10 @@ CONDITIONS = (
 RECORD = ("id", "outcome", "figure", "date", "source", "evidence")
 # What an entry's figure rests on: the source ran it, states it, it was read off code, or it
 # is the unpublished field report this project started from.
-EVIDENCE = ("measured", "reported", "inferred", "unpublished")
+# "confounded": the source ran it and gives figures, but more than the patch differed between
+# the runs (two builds, two versions), so the figure is not the patch's alone. Its short line
+# says so; "measured" there would claim more than the source shows.
+EVIDENCE = ("measured", "confounded", "reported", "inferred", "unpublished")
 # What was run, in the source's terms; the sentence or figure of the source the entry relies on
 # (required of the built-in library, `QUOTED`: a pack's own entries may leave it out).
 OPTIONAL = ("measured", "quote")
