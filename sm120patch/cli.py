@@ -101,8 +101,8 @@ def run() -> None:
 )
 @click.pass_context
 def main(ctx: click.Context, pack_dirs: tuple[str, ...]) -> None:
-    """Apply, review and revert the patches that enable SGLang and FlashInfer fast paths on
-    NVIDIA SM120 GPUs (RTX PRO 6000, RTX 5090)."""
+    """Apply, review and revert the patches that enable SGLang, FlashInfer and vLLM (named
+    with --vllm) fast paths on NVIDIA SM120 GPUs (RTX PRO 6000, RTX 5090)."""
     ctx.obj = tuple(pack_dirs)
 
 

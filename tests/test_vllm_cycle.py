@@ -141,3 +141,27 @@ def test_a_vllm_in_this_python_is_named_in_the_hint_never_patched(
     assert AGAIN not in err
     code, _, err = cli(*command.split()[1:])
     assert code == 0, err
+
+
+def test_a_profile_refused_by_design_says_why_first_even_with_another_applied(
+    tmp_path: Path,
+) -> None:
+    """vllm-fp8-moe never writes: with vllm-moe applied its refusal is still the gate's reason,
+    not "revert vllm-moe first, then apply vllm-fp8-moe" (a revert for nothing)."""
+    from test_vllm_fp8_cutlass_moe import custom_ops
+
+    site = installed(tmp_path)
+    ops = site / "vllm/_custom_ops.py"
+    ops.write_text(custom_ops())
+    digest = base64.urlsafe_b64encode(hashlib.sha256(ops.read_bytes()).digest())
+    with (site / "vllm-0.34.0.dist-info/RECORD").open("a") as record:
+        record.write(f"vllm/_custom_ops.py,sha256={digest.rstrip(b'=').decode()},0\n")
+    v = ["--vllm", str(site)]
+    code, _, err = cli("apply", "vllm-moe", *v, "--no-gpu-check")
+    assert code == 0, err
+    applied = tree_hash(site)
+    code, _, err = cli("apply", "vllm-fp8-moe", *v, "--no-gpu-check")
+    assert code == 1
+    assert "refused at vllm/_custom_ops.py::cutlass_group_gemm_supported" in err, err
+    assert "revert" not in err and "is applied on" not in err, err
+    assert tree_hash(site) == applied

@@ -95,6 +95,13 @@ def _preflight(
         check_plan = lockfile.check(lock, Path("the lock file"))  # a lock is always verified
     prep = Prepared(profile, ctxs, None)
     prep.notes += unchecked_refusals(profile, [c.target for c in ctxs], given)
+    if profile.status == "refused":
+        # A profile refused by design refuses before any other check: "revert the other
+        # profile first, then apply this one" would send the user to a revert for nothing.
+        early = planner.plan(profile.name, given, found=[c.target for c in ctxs], force=True)
+        if early.refused:
+            prep.plan = early
+            raise PlanRefused(early)
     applied = []
     for ctx in ctxs:
         found = ctx.assess((seen or {}).get(ctx.target.kind))
