@@ -32,6 +32,7 @@ import io
 import json
 import os
 import shutil
+import ssl
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -253,7 +254,12 @@ def _ranged(entry: IndexFile) -> Iterator[zipfile.ZipFile]:
     import httpx
 
     cert = pipconfig.pip_index().cert
-    verify: Any = cert if cert and os.path.exists(cert) else True
+    # pip's `cert` (a CA bundle) as an SSL context: httpx deprecates a path for `verify`.
+    verify: Any = True
+    if cert and os.path.isdir(cert):
+        verify = ssl.create_default_context(capath=cert)
+    elif cert and os.path.exists(cert):
+        verify = ssl.create_default_context(cafile=cert)
     with httpx.Client(timeout=DOWNLOAD_TIMEOUT_S, verify=verify, follow_redirects=True) as client:
 
         def get(start: int, end: int) -> tuple[bytes, int]:

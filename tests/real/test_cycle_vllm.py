@@ -131,3 +131,37 @@ def test_the_operators_cycle_on_the_newest_vllm(
         assert code == 0, err
         assert tree_hash(r) == was
         assert state(r)["state"] == "pristine"
+
+
+def test_a_dev_build_of_vllm_main_keeps_its_version_through_the_cycle(
+    reachable: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's main past the newest release tag (two commits of its own): setuptools-scm calls it
+    a dev build of the next patch release, and sm120patch's own commits on its branch do not
+    move that version (the SGLang twin is in test_checkout_versions_real.py)."""
+    monkeypatch.setenv("SM120PATCH_CACHE", str(tmp_path / "plan-cache"))
+    version = newest("vllm-moe")
+    root = checkout(tmp_path / "box", version)
+    git(root, "checkout", "-q", "main")
+    git(root, "merge", "-q", "--ff-only", f"releases/v{version}")
+    ident = ("-c", "user.name=T", "-c", "user.email=t@example.com")
+    for n in (1, 2):
+        (root / "vllm" / f"upstream_{n}.py").write_text(f"N = {n}\n")
+        git(root, "add", "-A")
+        git(root, *ident, "commit", "-q", "-m", f"upstream work {n}")
+    head = git(root, "rev-parse", "HEAD").strip()
+    major, minor, micro = Version(version).release
+    dev = f"{major}.{minor}.{micro + 1}.dev2+g{head[:9]}"
+    before = tree_hash(root)
+    assert state(root)["version"] == dev
+    v = ["--vllm", str(root)]
+    code, _, err = cli("apply", "vllm-moe", *v, "--no-gpu-check")
+    assert code == 0, err
+    found = state(root)
+    assert (found["version"], found["state"]) == (dev, "applied")
+    assert int(git(root, "rev-list", "--count", f"{head}..HEAD")) >= 1  # its commits are there
+    code, out, err = cli("ensure", "vllm-moe", *v, "--no-gpu-check")
+    assert code == 0 and "nothing was changed" in out, err
+    code, _, err = cli("revert", "--all", *v)
+    assert code == 0, err
+    assert tree_hash(root) == before and state(root)["version"] == dev
