@@ -110,29 +110,13 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     is the release's."""
     from sm120patch.patchkit import sitecheck as sc
 
-    def is_gate(stmt: ast.stmt) -> bool:
-        return isinstance(stmt, ast.If) and ast.unparse(stmt.test) == (
-            "world_size > 2 and (not full_nvlink)"
-        )
-
-    holders: list[list[ast.stmt]] = []
-    for node in ast.walk(sc.one_function(after, fact.function)):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and any(is_gate(s) for s in body):
-            holders.append(body)
-    body = sc.one(holders, "block holding the gate")
-    i = next(i for i, s in enumerate(body) if is_gate(s))
-    assert i > 0, "nothing before the gate"
-    new = body[i - 1]
-    want = ast.parse(
+    _, spans = sc.switch_before_gate(
+        before, after, fact, "world_size > 2 and (not full_nvlink)",
         'if world_size > 2 and not full_nvlink and os.environ.get("SM120PATCH_PCIE_ALLREDUCE")'
-        ' != "0":\n    full_nvlink = True\n'
-    ).body[0]
-    assert ast.dump(new) == ast.dump(want), f"before the gate: `{ast.unparse(new)}`"
+        ' != "0":\n    full_nvlink = True\n',
+    )
     assert "os" in sc.module_bindings(after), "os is not imported"
-    sc.same_but(before, sc.without(after, [new]), "the override")
-    # the statement and the two comment lines above it
-    return sc.Spans([], [(new.lineno - 2, new.end_lineno or new.lineno)])
+    return spans
 
 
 PATCH = Patch(

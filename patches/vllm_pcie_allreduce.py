@@ -122,32 +122,15 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     file is the release's."""
     from sm120patch.patchkit import sitecheck as sc
 
-    def is_gate(stmt: ast.stmt) -> bool:
-        return isinstance(stmt, ast.If) and ast.unparse(stmt.test) == (
-            "same_node and world_size > 2 and (not fully_connected)"
-        )
-
-    holders: list[list[ast.stmt]] = []
-    for node in ast.walk(sc.one_function(after, fact.function)):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and any(is_gate(s) for s in body):
-            holders.append(body)
-    body = sc.one(holders, "block holding the gate")
-    i = next(i for i, s in enumerate(body) if is_gate(s))
-    assert i > 0, "nothing before the gate"
-    new = body[i - 1]
-    want = ast.parse(
+    gate, spans = sc.switch_before_gate(
+        before, after, fact, "same_node and world_size > 2 and (not fully_connected)",
         "if same_node and world_size > 2 and not fully_connected and "
         '__import__("os").environ.get("SM120PATCH_PCIE_ALLREDUCE") != "0":\n'
-        "    fully_connected = True\n"
-    ).body[0]
-    assert ast.dump(new) == ast.dump(want), f"before the gate: `{ast.unparse(new)}`"
-    gate = body[i]
-    assert isinstance(gate, ast.If) and isinstance(gate.body[-1], ast.Return), "gate changed"
+        "    fully_connected = True\n",
+    )
+    assert isinstance(gate.body[-1], ast.Return), "gate changed"
     assert "__import__" not in sc.module_bindings(after), "__import__ is rebound"
-    sc.same_but(before, sc.without(after, [new]), "the override")
-    # the statement and the two comment lines above it
-    return sc.Spans([], [(new.lineno - 2, new.end_lineno or new.lineno)])
+    return spans
 
 
 PATCH = Patch(

@@ -214,3 +214,40 @@ def test_wiring_reads_vllm_own_lines():
     assert wiring.read(f"{off}\n{pynccl}").seen.value == "skipped"
     assert wiring.read(pynccl).seen.value == "not-seen"
     assert wiring.read(kept.replace("'tp:0'", "'ep:0'")).seen.value == "not-seen"
+
+
+# ----------------------------------------------------------------------------- its check
+
+CHECK_FACT = PATCH.facts[0]
+
+
+def _check(after: str) -> None:
+    import ast
+
+    from sm120patch.patchkit import sitecheck
+
+    before = textwrap.dedent(SOURCE)
+    assert PATCH.check is not None
+    spans = PATCH.check(ast.parse(before), ast.parse(after), CHECK_FACT)
+    sitecheck.only_in(before, after, spans)
+
+
+def test_the_check_passes_what_the_patch_writes():
+    _check(textwrap.dedent(AFTER))
+
+
+@pytest.mark.parametrize(
+    ("wrong", "said"),
+    [
+        ('!= "0"', '== "0"'),  # the switch inverted
+        ("fully_connected = True\n        if", "fully_connected = 1\n        if"),
+        ("            return\n        if same_node and not",  # the gate no longer returns
+         "            pass\n        if same_node and not"),
+        ("max_size=8192 * 1024", "max_size=16384 * 1024"),  # a change beside the site
+    ],
+)
+def test_the_check_fails_a_wrong_change(wrong, said):
+    after = textwrap.dedent(AFTER)
+    assert wrong in after
+    with pytest.raises(AssertionError):
+        _check(after.replace(wrong, said, 1))

@@ -246,6 +246,33 @@ def same_but(before: ast.Module, restored: ast.Module, what: str) -> None:
     assert ast.dump(restored) == ast.dump(before), f"more than {what} changed"
 
 
+def switch_before_gate(
+    before: ast.Module, after: ast.Module, fact: Fact, gate: str, switch: str
+) -> tuple[ast.If, Spans]:
+    """The check of `operations.switch_before_gate`: in the fact's function, the statement
+    right before the one `if` whose test unparses to `gate` is exactly `switch` (source), and
+    with it taken out the file is the release's. The gate and the spans of the switch and the
+    two comment lines above it."""
+
+    def is_gate(stmt: ast.stmt) -> bool:
+        return isinstance(stmt, ast.If) and ast.unparse(stmt.test) == gate
+
+    holders: list[list[ast.stmt]] = []
+    for node in ast.walk(one_function(after, fact.function)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and any(is_gate(s) for s in body):
+            holders.append(body)
+    body = one(holders, "block holding the gate")
+    i = next(i for i, s in enumerate(body) if is_gate(s))
+    assert i > 0, "nothing before the gate"
+    new, found = body[i - 1], body[i]
+    want = ast.parse(switch).body[0]
+    assert ast.dump(new) == ast.dump(want), f"before the gate: `{ast.unparse(new)}`"
+    same_but(before, without(after, [new]), "the switch")
+    assert isinstance(found, ast.If)
+    return found, Spans([], [(new.lineno - 2, new.end_lineno or new.lineno)])
+
+
 def helper_after(after: ast.Module, site: str | None, helper: str, source: str) -> ast.FunctionDef:
     """The module-level `def helper` right after `def site`, exactly `source`."""
 
