@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -280,6 +281,44 @@ def test_results_name_the_target_state(fleet: Fleet, site: Path, tmp_path: Path)
     assert run.result["state"] == {"sglang": "applied", "flashinfer": "applied"}
 
 
+def test_a_vllm_profile_through_the_module(fleet: Fleet, site: Path, tmp_path: Path):
+    """vllm-moe on a copy of the real newest vLLM's sources: check mode's diff, the apply, a
+    second run that changes nothing, and state=absent back to the release's bytes."""
+    from sm120patch.maintain import releases, sources
+
+    version = releases.DEFAULT_RELEASES["vllm"][-1]
+    vllm_site = tmp_path / "vllm-site"
+    for entry in sources.tree("vllm", version).iterdir():
+        if entry.is_dir():
+            shutil.copytree(entry, vllm_site / entry.name)
+    pristine = snapshot(vllm_site)
+    extra = {"profile": "vllm-moe", "vllm_site": str(vllm_site)}
+    args = (fleet.collections, _vars(fleet, site, **extra), tmp_path)
+
+    check = playbook("patch.yml", *args, "--check", "--diff")
+    assert check.rc == 0, check.output
+    assert _diff_files(check.result["diff"]["prepared"]) == [
+        "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
+    ]
+    assert snapshot(vllm_site) == pristine
+    applied = playbook("patch.yml", *args)
+    assert applied.rc == 0 and applied.result["changed"] is True, applied.output
+    assert applied.result["state"]["vllm"] == "applied"
+    assert changed_files(pristine, snapshot(vllm_site)) == [
+        "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
+    ]
+    again = playbook("patch.yml", *args)
+    assert again.rc == 0 and again.result["changed"] is False, again.output
+    gone = playbook("patch.yml", fleet.collections,
+                    _vars(fleet, site, **extra, wanted_state="absent"), tmp_path)
+    assert gone.rc == 0 and gone.result["changed"] is True, gone.output
+    assert snapshot(vllm_site) == pristine
+    # Without `vllm`, the task fails with the tool's one line, nothing changed.
+    unnamed = playbook("patch.yml", fleet.collections, _vars(fleet, site, profile="vllm-moe"),
+                       tmp_path)
+    assert unnamed.rc != 0 and "vLLM is looked for only where" in unnamed.result["msg"]
+
+
 def test_collection_documents_its_arguments_and_builds(fleet: Fleet, tmp_path: Path):
     env = {
         "ANSIBLE_COLLECTIONS_PATH": str(fleet.collections),
@@ -299,6 +338,7 @@ def test_collection_documents_its_arguments_and_builds(fleet: Fleet, tmp_path: P
             "state",
             "sglang",
             "flashinfer",
+            "vllm",
             "python",
             "force",
             "gpu_check",

@@ -13,7 +13,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: sm120patch
-short_description: Apply or revert sm120patch profiles and lock files on SGLang and FlashInfer
+short_description: Apply or revert sm120patch profiles and lock files on SGLang, FlashInfer and vLLM
 version_added: "0.1.0"
 description:
   - Runs the C(sm120patch) command line on the managed host (C(--json)), so the tool's own
@@ -29,7 +29,8 @@ description:
 options:
   profile:
     description:
-      - Profile to apply or revert (C(moe), C(fusion), C(all), C(pcie-allreduce)).
+      - Profile to apply or revert (C(moe), C(fusion), C(all), C(pcie-allreduce), ...; a
+        C(vllm-*) profile needs O(vllm)). C(sm120patch list) on the host names them all.
       - Exclusive with O(lock) and O(lock_content).
     type: str
   lock:
@@ -64,6 +65,13 @@ options:
       - FlashInfer target (checkout root, package parent or site-packages).
       - Default, the FlashInfer installed for O(python).
     type: path
+  vllm:
+    description:
+      - vLLM target (checkout root, package parent or site-packages), for the C(vllm-*)
+        profiles and their locks.
+      - vLLM is looked for only when named: no default.
+    type: path
+    version_added: "0.3.0"
   python:
     description:
       - Interpreter whose sm120patch runs (the C(sm120patch) script beside it, else
@@ -115,6 +123,13 @@ EXAMPLES = r"""
     profile: moe
     state: absent
     python: /opt/sglang/venv/bin/python
+
+- name: Apply a vLLM profile to the vLLM of the serving environment
+  sm120.sm120patch.sm120patch:
+    profile: vllm-moe
+    vllm: /opt/vllm/venv/lib/python3.12/site-packages
+    python: /opt/vllm/venv/bin/python
+  notify: restart vllm
 """
 
 RETURN = r"""
@@ -249,7 +264,7 @@ class Tool:
 
     def target_args(self):
         args = []
-        for kind in ("sglang", "flashinfer"):
+        for kind in ("sglang", "flashinfer", "vllm"):
             if self.params[kind]:
                 args += [f"--{kind}", os.path.abspath(self.params[kind])]
         return args
@@ -457,6 +472,7 @@ def main():
             state=dict(type="str", choices=["present", "absent"], default="present"),
             sglang=dict(type="path"),
             flashinfer=dict(type="path"),
+            vllm=dict(type="path"),
             python=dict(type="path"),
             force=dict(type="bool", default=False),
             gpu_check=dict(type="bool", default=True),
