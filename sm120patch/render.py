@@ -69,6 +69,10 @@ class Text:
     raw: str = ""
 
 
+# The patch-id column: the longest id in the library (vllm.allreduce-fusion-oneshot) and a space.
+PATCH_WIDTH = 30
+
+
 def profiles(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> Text:
     """`list`; `held`: per profile, why it is not recommended here (app.held_here)."""
     from sm120patch.patchkit.versions import range_text
@@ -91,7 +95,7 @@ def profiles(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> Text:
         for pid in p.patches:
             source = cat.source(pid)
             where = "" if source.built_in else f" (from {source.name})"
-            text.out.append(f"{'':{width}}   {pid:26} {cat.patches[pid].title}{where}")
+            text.out.append(f"{'':{width}}   {pid:{PATCH_WIDTH}} {cat.patches[pid].title}{where}")
     return text
 
 
@@ -186,7 +190,7 @@ def outcomes(found: Sequence[Outcome]) -> list[str]:
     lines = []
     for o in found:
         where = f"{o.file}::{o.site}" if o.file else o.site
-        lines.append(f"  {o.status.value:16} {o.patch:26} {where}")
+        lines.append(f"  {o.status.value:16} {o.patch:{PATCH_WIDTH}} {where}")
         if o.status.value in ("refused", "upstream", "not-applicable"):
             lines.append(f"  {'':16} {o.reason}")
         if getattr(o, "note", ""):
@@ -442,7 +446,8 @@ def doctor(found: Examination) -> Text:
     for p in found.profiles:
         text.out.append(f"profile {p.name} [{p.status}]: {p.verdict}")
         for o in p.outcomes:
-            text.out.append(f"  {o['status']:16} {o['patch']:26} {o['file'] or ''}::{o['site']}")
+            where = f"{o['file'] or ''}::{o['site']}"
+            text.out.append(f"  {o['status']:16} {o['patch']:{PATCH_WIDTH}} {where}")
         text.out += [f"  applied now on {root}" for root in p.applied_on]
     for a in found.applied:
         if a.get("problem"):

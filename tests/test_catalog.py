@@ -121,3 +121,10 @@ def test_outside_the_pins_the_hint_asks_for_a_pinned_release(tmp_path):
         pins.require_pins(prof, found, {"sglang": sg}, force=False, verb="pin")
     assert exc.value.hint == "use a pinned release, or pin anyway: `sm120patch <again> --force`"
     pins.require_pins(prof, found, {"sglang": sg}, force=True, verb="pin")  # forced: no refusal
+
+
+def test_every_patch_id_fits_the_column_the_outcome_lines_give_it():
+    from sm120patch import render
+
+    longest = max(catalog.load().patches, key=len)
+    assert len(longest) < render.PATCH_WIDTH, longest
