@@ -386,7 +386,7 @@ def test_the_ansible_module_runs_the_tool_with_a_clean_environment(monkeypatch):
         monkeypatch.setenv(name, value)  # fmt: skip
 
     class Fake:
-        params = {"python": sys.executable, "sglang": None, "flashinfer": None}
+        params = {"python": sys.executable, "sglang": None, "flashinfer": None, "vllm": None}
 
     tool = module.Tool(Fake())
     tool.call("status")
