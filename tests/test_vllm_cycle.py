@@ -28,16 +28,17 @@ def cli(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def files(parent: Path) -> None:
-    for rel, text in {**trees.VLLM_FILES, ORACLE: HUMMING}.items():
+def files(parent: Path, extra: dict[str, str] | None = None) -> None:
+    for rel, text in {**trees.VLLM_FILES, ORACLE: HUMMING, **(extra or {})}.items():
         (parent / rel).parent.mkdir(parents=True, exist_ok=True)
         (parent / rel).write_text(text)
 
 
-def installed(base: Path) -> Path:
-    """vLLM 0.34.0 as pip installs it: the package, its dist-info and a RECORD of its hashes."""
+def installed(base: Path, extra: dict[str, str] | None = None) -> Path:
+    """vLLM 0.34.0 as pip installs it: the package (with `extra` files), its dist-info and a
+    RECORD of its hashes."""
     site = base / "site"
-    files(site)
+    files(site, extra)
     info = site / "vllm-0.34.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")
@@ -150,12 +151,7 @@ def test_a_profile_refused_by_design_says_why_first_even_with_another_applied(
     not "revert vllm-moe first, then apply vllm-fp8-moe" (a revert for nothing)."""
     from test_vllm_fp8_cutlass_moe import custom_ops
 
-    site = installed(tmp_path)
-    ops = site / "vllm/_custom_ops.py"
-    ops.write_text(custom_ops())
-    digest = base64.urlsafe_b64encode(hashlib.sha256(ops.read_bytes()).digest())
-    with (site / "vllm-0.34.0.dist-info/RECORD").open("a") as record:
-        record.write(f"vllm/_custom_ops.py,sha256={digest.rstrip(b'=').decode()},0\n")
+    site = installed(tmp_path, {"vllm/_custom_ops.py": custom_ops()})
     v = ["--vllm", str(site)]
     code, _, err = cli("apply", "vllm-moe", *v, "--no-gpu-check")
     assert code == 0, err

@@ -95,12 +95,14 @@ def _preflight(
         check_plan = lockfile.check(lock, Path("the lock file"))  # a lock is always verified
     prep = Prepared(profile, ctxs, None)
     prep.notes += unchecked_refusals(profile, [c.target for c in ctxs], given)
+    early: Plan | None = None
     if profile.status == "refused":
         # A profile refused by design refuses before any other check: "revert the other
         # profile first, then apply this one" would send the user to a revert for nothing.
-        early = planner.plan(profile.name, given, found=[c.target for c in ctxs], force=True)
+        # Nothing below writes, so where it does not refuse this plan stands for the apply.
+        early = prep.plan = planner.plan(profile.name, given, found=[c.target for c in ctxs],
+                                         force=True)
         if early.refused:
-            prep.plan = early
             raise PlanRefused(early)
     applied = []
     for ctx in ctxs:
@@ -150,7 +152,7 @@ def _preflight(
         ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
     # Planned here, with the patches loaded here: a lock is a claim that `check_plan` holds
     # this plan to, never a source of bytes.
-    plan = planner.plan(profile.name, given, found=[c.target for c in ctxs], force=True)
+    plan = early or planner.plan(profile.name, given, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
         raise PlanRefused(plan)
