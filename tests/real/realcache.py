@@ -20,7 +20,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from sm120patch import targets
-from sm120patch.maintain import releases, trees
+from sm120patch.maintain import releases, sources, trees
 from sm120patch.patchkit.model import Outcome, Patch, Status
 from sm120patch.patchkit.runner import FileResult, transform_text
 from sm120patch.plan import catalog
@@ -129,8 +129,17 @@ ChainKey = tuple[tuple[str, ...], str, str]  # (chain, kind, version)
 RawRuns = dict[str, tuple[Outcome, str, str, str, FileResult | None]]
 
 
+def release_tree(kind: str, version: str) -> Path:
+    """The cached tree of a release: vLLM's as its `.py` sources (`sources.tree`, never a
+    wheel), the others unpacked from their distribution (`trees.tree`). On a cold cache
+    `trees.tree` refuses vLLM, so every caller goes through here."""
+    if kind in releases.SOURCES_ONLY:
+        return sources.tree(kind, version)
+    return trees.tree(kind, version)
+
+
 def find_target(kind: str, version: str) -> Target:
-    found = targets.find(kind, trees.tree(kind, version))
+    found = targets.find(kind, release_tree(kind, version))
     assert found.version == version, f"{found.version} read from {found.version_source}"
     return found
 
@@ -179,7 +188,7 @@ class RealReleases:
         self._sites: dict[SiteCase, SiteRun] = {}
 
     def tree(self, kind: str, version: str) -> Path:
-        return trees.tree(kind, version)  # built once per cache; cheap to look up after
+        return release_tree(kind, version)  # built once per cache; cheap to look up after
 
     def target(self, kind: str, version: str) -> Target:
         key = (kind, version)
