@@ -380,3 +380,29 @@ def test_a_trial_records_terminal_escapes_are_shown_not_obeyed(tmp_path):
     assert code == 2 and "\x1b" not in err and "\x07" not in err and "\\x1b]0;title\\x07" in err
     code, out, _ = cli("apply", "moe", "--sglang", str(tmp_path / "x\x1b"), "--json")
     assert json.loads(out)["error"]  # the JSON document stays JSON (its own escaping)
+
+
+def test_each_known_line_is_printed_once_per_command(tmp_path, mocker):
+    """40.6: `doctor` and `apply` print each known line once, however many entries say the
+    same thing (two sources of one verdict are one line; `show` and --verbose list both)."""
+    from sm120patch.trial import gpu
+
+    mocker.patch.object(gpu, "read_gpus", return_value=gpu.GpuInventory())
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
+    paths = ("--sglang", str(sg), "--flashinfer", str(fi))
+    code, out, err = cli("doctor", *paths)
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("known: ")]
+    assert len(lines) > 5 and len(lines) == len(set(lines)), out
+    code, out, err = cli("apply", "all", "--dry-run", *paths, "--no-gpu-check")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("known: ")]
+    assert lines and len(lines) == len(set(lines)), err
+    # An entry repeated word for word in a pack is still one line.
+    from sm120patch.plan import known
+
+    e = next(e for e in known.entries() if e.id == "fusion-tp2-sm120-sglang-dsv4")
+    twice = [e, e]
+    mocker.patch.object(known, "entries", return_value=twice)
+    assert known.lines("fusion", known.Box()) == [e.line()]

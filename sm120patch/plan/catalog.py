@@ -58,6 +58,14 @@ class Profile(PinChecks):
     absent: dict[str, SpecifierSet] = field(default_factory=dict)
     known: str = ""
     refuse: tuple[Refusal, ...] = ()
+    # The kernels (or backends) this profile makes the engine take, in upstream's own names:
+    # what a known outcome's `kernel` is held to (`plan.known.ceiling`).
+    kernel: tuple[str, ...] = ()
+    # Upstream's own flag or environment variable with the same effect on one launch, the
+    # release it was read in ("sglang 0.5.23"), and why the patch still helps beside it.
+    flag: str = ""
+    flag_release: str = ""
+    flag_why: str = ""
     # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
     facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -71,6 +79,12 @@ class Profile(PinChecks):
             return True
         spec = self.absent.get(patch_id)
         return spec is not None and contains(spec, base_release(version))
+
+    @property
+    def engine(self) -> str:
+        """The engine whose server this profile changes: vLLM where it patches vLLM, else
+        SGLang (a FlashInfer patch serves the SGLang beside it)."""
+        return "vllm" if any(p.startswith("vllm.") for p in self.patches) else "sglang"
 
 
 @dataclass(frozen=True)
@@ -397,6 +411,10 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             absent=absent,
             known=raw.get("known", "").strip(),
             refuse=refuse,
+            kernel=tuple(raw.get("kernel", ())),
+            flag=raw.get("flag", ""),
+            flag_release=raw.get("flag_release", ""),
+            flag_why=" ".join(raw.get("flag_why", "").split()),
             facts={pid: patches[pid].facts for pid in ids},
         )
     return profiles
