@@ -134,10 +134,7 @@ def profile_doc(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> dic
     return {
         **doc,
         "known_text": " ".join(prof.known.split()) if prof.known else None,
-        "engine": prof.engine,
-        "kernel": list(prof.kernel),
-        "flag": {"flag": prof.flag, "release": prof.flag_release, "why": prof.flag_why}
-        if prof.flag else None,
+        **prof.ran_doc(),
         "patches": [
             {
                 "id": patch.id,
@@ -153,8 +150,7 @@ def profile_doc(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> dic
         "known": [
             {"id": e.id, "outcome": e.outcome, "evidence": e.evidence, "figure": e.figure,
              "measured": e.measured or None, "condition": e.condition, "date": e.date,
-             "source": e.source, "engine": e.engine or None, "kernel": e.kernel or None,
-             "differs": list(e.differs), "against": e.against or None}  # fmt: skip
+             "source": e.source, **e.ran_doc()}  # fmt: skip
             for e in known
         ],
     }
@@ -173,8 +169,7 @@ def profile(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> Text:
         text.out.append(f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}")
     if prof.known:
         text.out.append("  known: " + " ".join(prof.known.split()))
-    if prof.flag:
-        text.out.append(flag_line(prof.flag, prof.flag_why, prof.flag_release))
+    text.out += [f"  {prof.flag_sentence()}"] if prof.flag else []
     for patch in cat.patches_of(prof):
         text.out.append("")
         text.out.append(f"{patch.id} ({patch.target}, {cat.source(patch.id).name}): {patch.title}")
@@ -191,13 +186,6 @@ def profile(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> Text:
         text.out.append("")
         text.out += [e.full() for e in known]
     return text
-
-
-def flag_line(flag: str, why: str, release: str = "") -> str:
-    """Upstream's own flag or variable beside the patch, and why the patch still helps: a
-    user may prefer the flag for one launch."""
-    read = f" (read in {release})" if release else ""
-    return f"  upstream's flag for one launch: {flag}{read}. Why the patch beside it: {why}"
 
 
 def outcomes(found: Sequence[Outcome]) -> list[str]:
@@ -463,8 +451,7 @@ def doctor(found: Examination) -> Text:
             where = f"{o['file'] or ''}::{o['site']}"
             text.out.append(f"  {o['status']:16} {o['patch']:{PATCH_WIDTH}} {where}")
         text.out += [f"  applied now on {root}" for root in p.applied_on]
-        if p.flag:
-            text.out.append(flag_line(p.flag, p.flag_why))
+        text.out += [f"  {p.flag}"] if p.flag else []
     for a in found.applied:
         if a.get("problem"):
             text.out.append(f"status: {a['problem']}")

@@ -30,7 +30,6 @@ class ProfileCheck:
     applied_on: list[str] = field(default_factory=list)
     # upstream's own flag with the same effect on one launch, and why the patch still helps
     flag: str = ""
-    flag_why: str = ""
 
     def decide(self) -> None:
         """One verdict per profile, from the most to the least binding: a profile refused here
@@ -106,7 +105,7 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
     for profile in profiles:
         have = [found[k] for k in profile.targets if k in found]
         check = ProfileCheck(profile.name, profile.status, None,
-                             flag=profile.flag, flag_why=profile.flag_why)  # fmt: skip
+                             flag=profile.flag_sentence(release=False) if profile.flag else "")
         if unnamed & set(profile.targets):
             kind = next(k for k in TARGETS if k in unnamed and k in profile.targets)
             check.problems.append(f"{targets.DISPLAY[kind]} is looked for only with --{kind} PATH")

@@ -80,6 +80,19 @@ class Profile(PinChecks):
         spec = self.absent.get(patch_id)
         return spec is not None and contains(spec, base_release(version))
 
+    def flag_sentence(self, release: bool = True) -> str:
+        """Upstream's own flag or variable beside the patch and why the patch still helps (a
+        user may prefer the flag for one launch): what `show` and `doctor` print."""
+        read = f" (read in {self.flag_release})" if release and self.flag_release else ""
+        return f"upstream's flag for one launch: {self.flag}{read}. Why the patch beside it: " \
+            + self.flag_why
+
+    def ran_doc(self) -> dict[str, Any]:
+        """`show --json`'s engine, kernels and upstream's flag (None where there is none)."""
+        flag = {"flag": self.flag, "release": self.flag_release, "why": self.flag_why}
+        return {"engine": self.engine, "kernel": list(self.kernel),
+                "flag": flag if self.flag else None}  # fmt: skip
+
     @property
     def engine(self) -> str:
         """The engine whose server this profile changes: vLLM where it patches vLLM, else

@@ -111,6 +111,11 @@ class Entry:
             if k in keys
         )
 
+    def ran_doc(self) -> dict[str, Any]:
+        """What the source ran, for `show --json`."""
+        return {"engine": self.engine or None, "kernel": self.kernel or None,
+                "differs": list(self.differs), "against": self.against or None}  # fmt: skip
+
     def _head(self) -> str:
         """What it is about and its kernel, the verdict, what it is compared with, the
         evidence and the engine the source ran: `moe (flashinfer_cutlass) slower than b12x
