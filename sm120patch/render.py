@@ -134,6 +134,7 @@ def profile_doc(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> dic
     return {
         **doc,
         "known_text": " ".join(prof.known.split()) if prof.known else None,
+        **prof.ran_doc(),
         "patches": [
             {
                 "id": patch.id,
@@ -149,7 +150,7 @@ def profile_doc(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> dic
         "known": [
             {"id": e.id, "outcome": e.outcome, "evidence": e.evidence, "figure": e.figure,
              "measured": e.measured or None, "condition": e.condition, "date": e.date,
-             "source": e.source}  # fmt: skip
+             "source": e.source, **e.ran_doc()}  # fmt: skip
             for e in known
         ],
     }
@@ -168,6 +169,7 @@ def profile(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> Text:
         text.out.append(f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}")
     if prof.known:
         text.out.append("  known: " + " ".join(prof.known.split()))
+    text.out += [f"  {prof.flag_sentence()}"] if prof.flag else []
     for patch in cat.patches_of(prof):
         text.out.append("")
         text.out.append(f"{patch.id} ({patch.target}, {cat.source(patch.id).name}): {patch.title}")
@@ -449,6 +451,7 @@ def doctor(found: Examination) -> Text:
             where = f"{o['file'] or ''}::{o['site']}"
             text.out.append(f"  {o['status']:16} {o['patch']:{PATCH_WIDTH}} {where}")
         text.out += [f"  applied now on {root}" for root in p.applied_on]
+        text.out += [f"  {p.flag}"] if p.flag else []
     for a in found.applied:
         if a.get("problem"):
             text.out.append(f"status: {a['problem']}")

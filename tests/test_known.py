@@ -49,25 +49,26 @@ def test_shipped_entries_are_complete_and_cited():
 
 def test_matched_by_flashinfer_version_range():
     box = known.Box(versions={"sglang": "0.5.8", "flashinfer": "0.6.1"}, gpu_family="sm120")
-    assert MOE_GARBAGE in ids("moe", box)
+    assert MOE_GARBAGE not in ids("moe", box)  # the source ran 0.6.5, and says no more
+    assert MOE_GARBAGE in ids("moe", known.Box(versions={"flashinfer": "0.6.5"}))
     assert MOE_GARBAGE not in ids("moe", known.Box(versions={"flashinfer": "0.6.7"}))
     # A post release counts as its release, as the pins do.
-    assert MOE_GARBAGE in ids("moe", known.Box(versions={"flashinfer": "0.6.6.post1"}))
+    assert MOE_GARBAGE in ids("moe", known.Box(versions={"flashinfer": "0.6.5.post1"}))
     assert "flashinfer-fp4-zeros-by-m-0.6.12" in ids("moe", known.Box(versions={"flashinfer": "0.6.12"}))
     assert "flashinfer-fp4-zeros-by-m-0.6.12" not in ids("moe", known.Box(versions={"flashinfer": "0.6.13"}))
 
 
 def test_matched_by_gpu_family_tp_quantization_and_profile():
     sm120 = known.Box(gpu_family="sm120", gpus=2, tp=2)
-    assert "fusion-tp2-sm120-faster" in ids("fusion", sm120)
+    assert "fusion-tp2-sm120-sglang-dsv4" in ids("fusion", sm120)
     assert "fusion-tp4-sm120-regression" not in ids("fusion", sm120)
     assert "fusion-8x-sm120-pcie-slower" not in ids("fusion", sm120)  # 8 GPUs, not 2
     assert ids("fusion", known.Box(gpu_family="sm90")) == set()  # an H100 is not concerned
     assert "fusion-tp4-sm120-regression" in ids("all", known.Box(tp=4))  # all contains fusion
     assert "fusion-tp4-sm120-regression" not in ids("moe", known.Box(tp=4))
-    bf16 = known.Box(versions={"flashinfer": "0.6.1"}, quantization="fp8")
+    bf16 = known.Box(versions={"flashinfer": "0.6.5"}, quantization="fp8")
     assert MOE_GARBAGE not in ids("moe", bf16)
-    nvfp4 = known.Box(versions={"flashinfer": "0.6.1"}, quantization="modelopt_fp4")
+    nvfp4 = known.Box(versions={"flashinfer": "0.6.5"}, quantization="modelopt_fp4")
     assert MOE_GARBAGE in ids("moe", nvfp4)
 
 
@@ -106,23 +107,34 @@ def test_a_bad_entry_is_one_clear_line():
 
 
 def test_a_line_says_the_evidence_what_was_run_and_the_source_quoted():
-    e = entry("fusion-tp2-sm120-faster")
+    e = entry("vllm-allreduce-fusion-tp2-sm120-faster")
     line = e.full()
-    assert "(measured)" in line and "vLLM, not SGLang" in line and "one run per" in line
+    assert "(confounded, vLLM)" in line and "one run per" in line
+    assert "differed: patch, flashinfer-build, cuda-runtime-resolver" in line
     assert line.endswith('"' + e.quote + '")')
     assert "single run per concurrency cell" in line  # the caveat, in the source's words
-    assert "(unpublished)" in entry("fusion-8x-sm120-pcie-slower").full()
+    assert "(unpublished, SGLang)" in entry("fusion-8x-sm120-pcie-slower").full()
 
 
-def test_a_short_line_is_verdict_profile_and_where_in_120_characters():
+def test_a_short_line_names_the_kernel_what_it_compares_with_and_the_engine():
+    """40.6: a one-line summary says which kernel it is about and what it is compared with,
+    so `moe slower` cannot read as "moe is slower than upstream"."""
     for e in known.entries():
         line = e.line()
         assert len(line) <= known.SHORT == 120, line
-        assert line.startswith(f"known: {e.about} {e.outcome} ({e.evidence})"), line
-    assert entry("fusion-tp2-sm120-faster").line() == "known: fusion faster (measured): sm120, tp ==2"
+        assert line.startswith(f"known: {e.about} ({e.kernel}) {e.outcome}"), line
+        if e.outcome in known.COMPARED:  # what it is compared with, in the library's entries
+            assert e.against and f" {e.against} (" in line, line
+        assert not line.endswith("..."), line  # where it applies is never cut off
+    assert entry("moe-cutlass-slower-than-b12x-tp4").line() == (
+        "known: moe (flashinfer_cutlass) slower than b12x (confounded, SGLang): sm120, tp == 4")
+    # The dense GEMM bug is about mm_fp4 on every server, not about the MoE profile.
+    assert entry("flashinfer-mm-fp4-zeros-0.6.3").line() == (
+        "known: any server (mm_fp4 cutlass) wrong-output (measured, FlashInfer alone): "
+        "flashinfer == 0.6.3, sm120")
     # A figure from two different builds says so on the short line, not "measured".
     assert entry("vllm-moe-b12x-vs-marlin-2x5070ti-confounded").line() == (
-        "known: vllm-moe faster (confounded): sm120, gpus ==2")
+        "known: vllm-moe (flashinfer_b12x) faster than marlin (confounded, vLLM): sm120, gpus == 2")
 
 
 def test_an_entry_that_calls_itself_confounded_says_so_in_its_evidence():
@@ -143,7 +155,8 @@ def test_an_entry_without_a_quote_fails_the_library_not_a_pack():
     # ... the library's may not: the built-in known.toml is read as `quoted`.
     with pytest.raises(UsageError, match="1 entries quote no source \\(ours\\)"):
         known.entries(UNQUOTED, quoted=True)
-    quoted = UNQUOTED + 'quote = "the figure, as the source writes it"\n'
+    quoted = UNQUOTED + ('quote = "the figure, as the source writes it"\nengine = "sglang"\n'
+                         'kernel = "k"\ndiffers = ["patch"]\nagainst = "upstream"\n')
     assert known.entries(quoted, quoted=True)[0].quote == "the figure, as the source writes it"
     # The field report has no text to quote, and its quote says so.
     field = quoted.replace('"measured"', '"unpublished"')
@@ -189,7 +202,7 @@ def test_the_cutlass_b12x_figure_says_the_fp4_gemm_backend_differed_too():
 
 
 def test_only_a_wrong_output_entry_about_the_profile_condemns_it():
-    old = known.Box(versions={"sglang": "0.5.9", "flashinfer": "0.6.1"}, gpu_family="sm120")
+    old = known.Box(versions={"sglang": "0.5.9", "flashinfer": "0.6.5"}, gpu_family="sm120")
     new = known.Box(versions={"sglang": "0.5.9", "flashinfer": "0.6.8"}, gpu_family="sm120")
     assert [e.id for e in known.condemning("moe", old)] == [MOE_GARBAGE]
     assert known.condemning("moe", new) == []
@@ -200,7 +213,7 @@ def test_only_a_wrong_output_entry_about_the_profile_condemns_it():
                                              gpu_family="sm90")) == []
 
 
-@pytest.mark.parametrize(("fi_version", "shown"), [("0.6.1", True), ("0.6.8", False)])
+@pytest.mark.parametrize(("fi_version", "shown"), [("0.6.5", True), ("0.6.8", False)])
 def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, shown):
     mocker.patch.object(gpu, "read_gpus", return_value=gpu.GpuInventory())  # no GPU seen: not excluding
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
@@ -222,7 +235,7 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
     code, out, err = run_cli(*dry)
     if shown:  # FlashInfer before 0.6.7: refused with the reason, --force to apply anyway
         assert code == 1 and out == ""
-        assert "profile moe refuses FlashInfer 0.6.1" in err and "issues/2723" in err
+        assert f"profile moe refuses FlashInfer {fi_version}" in err and "issues/2723" in err
         # Inside the pins: the hint is the refusal's, not "use a pinned release".
         assert "  use a release it does not refuse (its reason says which), or apply " \
             "anyway: `sm120patch apply moe --dry-run" in err and "pinned release" not in err
@@ -230,7 +243,7 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
         assert f"  next: sm120patch {' '.join(dry)} --force\n" in err, err
         code, out, err = run_cli(*dry, "--force")
     assert code == 0, err
-    assert ("known: moe wrong-output" in err) is shown
+    assert ("known: moe (flashinfer_cutlass) wrong-output" in err) is shown
     assert "known:" not in out  # the diff on stdout stays `git apply`-able
     assert "known: fusion" not in err  # a fusion entry is not about moe
     code, out, err = run_cli(
@@ -239,7 +252,7 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
     )
     assert code == 0, err
     head = out.split("\napplied")[0]  # the known lines come before the report
-    assert ("known: moe wrong-output" in head) is shown
+    assert ("known: moe (flashinfer_cutlass) wrong-output" in head) is shown
     assert out.splitlines()[0].startswith("known: ")
 
 
@@ -262,14 +275,14 @@ def test_list_stops_recommending_moe_on_a_flashinfer_it_refuses(tmp_path, mocker
     before 0.6.7, moe is refused and a wrong-output entry about it matches."""
     from sm120patch import targets
 
-    fi = targets.find("flashinfer", make_tree(tmp_path, "flashinfer", "0.6.1", "installed"))
+    fi = targets.find("flashinfer", make_tree(tmp_path, "flashinfer", "0.6.5", "installed"))
     mocker.patch.object(known, "installed_targets", return_value=[fi])
     code, out, err = run_cli("list")
     assert code == 0, err
     moe = out.split("\nfusion")[0]
     assert "[recommended, not here]" in moe
-    assert "not recommended here: profile moe refuses FlashInfer 0.6.1" in moe
-    assert "known: moe wrong-output" in moe
+    assert "not recommended here: profile moe refuses FlashInfer 0.6.5" in moe
+    assert "known: moe (flashinfer_cutlass) wrong-output" in moe
     code, out, _ = run_cli("list", "--json")
     import json
 
@@ -278,3 +291,85 @@ def test_list_stops_recommending_moe_on_a_flashinfer_it_refuses(tmp_path, mocker
     mocker.patch.object(known, "installed_targets", return_value=[])
     code, out, _ = run_cli("list")
     assert "[recommended]" in out and "not here" not in out
+
+
+# ---- 39.7: claims that cannot travel --------------------------------------------------------
+
+RAN = (
+    'schema = 1\n[[outcome]]\nid = "e"\nprofile = "fusion"\noutcome = "faster"\nfigure = "f"\n'
+    'date = "2026"\nsource = "https://example.org/x"\nquote = "q as written"\n'
+    'against = "NCCL"\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("ran", "most"),
+    [
+        ('engine = "sglang"\nkernel = "trtllm-allreduce"\ndiffers = ["patch"]\n', "measured"),
+        # vLLM's figure under SGLang's fusion: another engine
+        ('engine = "vllm"\nkernel = "trtllm-allreduce"\ndiffers = ["patch"]\n', "inferred"),
+        # another kernel's figure (a one-shot allreduce) under this profile
+        ('engine = "sglang"\nkernel = "oneshot-allreduce"\ndiffers = ["patch"]\n', "inferred"),
+        # the FP4 GEMM backend changed too
+        ('engine = "sglang"\nkernel = "trtllm-allreduce"\ndiffers = ["patch", "fp4-gemm-backend"]\n',
+         "confounded"),
+    ],
+)
+def test_the_evidence_word_is_derived_from_what_the_source_ran(ran, most):
+    """An entry's evidence may claim at most what its engine, kernel and `differs` allow:
+    claiming one step more fails the library's read in one line naming the entry."""
+    order = ["inferred", "reported", "confounded", "measured"]
+    for word in order:
+        text = RAN + ran + f'evidence = "{word}"\n'
+        if order.index(word) <= order.index(most):
+            assert known.ceiling(known.entries(text, quoted=True)[0]) == most
+        else:
+            with pytest.raises(UsageError, match=f"e \\({word}, but what it ran allows {most}"):
+                known.entries(text, quoted=True)
+
+
+def test_an_entry_that_does_not_say_what_it_ran_fails_the_library():
+    with pytest.raises(UsageError, match="e \\(no engine, kernel, differs\\)"):
+        known.entries(RAN + 'evidence = "measured"\n', quoted=True)
+    assert known.entries(RAN + 'evidence = "measured"\n')[0].engine == ""  # a pack's may
+
+
+def test_known_toml_passes_the_derived_evidence_check():
+    """Every shipped entry, its evidence word against the ceiling derived from its fields
+    (the loader raises too; this names the entry and both words)."""
+    for e in known.entries():
+        most = known.ceiling(e)
+        assert known.STRENGTH[e.evidence] <= known.STRENGTH[most], (e.id, e.evidence, most)
+        assert e.engine in known.ENGINES and e.kernel, e.id
+
+
+def test_the_five_claims_of_issue_39_say_no_more_than_their_sources():
+    found = {e.id: e for e in known.entries()}
+    # A vLLM measurement is no longer under SGLang's fusion as measured.
+    assert "fusion-tp2-sm120-faster" not in found
+    assert not [e for e in found.values() if e.condition.get("profile") == "fusion"
+                and e.engine != "sglang" and e.evidence == "measured"]  # fmt: skip
+    # lukealonso's one-shot kernel is not SGLang's stock custom allreduce.
+    for name in ("pcie-oneshot-allreduce-tp4", "pcie-oneshot-allreduce-tp8-cross-numa"):
+        assert found[name].evidence == "inferred" and found[name].kernel == "oneshot-allreduce"
+    assert found["moe-cutlass-slower-than-b12x-tp4"].evidence == "confounded"
+    assert "fp4-gemm-backend" in found["moe-cutlass-slower-than-b12x-tp4"].differs
+    # One shape on one release: held to that release.
+    assert found["flashinfer-mm-fp4-zeros-0.6.3"].condition["flashinfer"] == "==0.6.3"
+    garbage = found[MOE_GARBAGE]
+    assert garbage.evidence == "inferred" and garbage.engine == "vllm"
+    assert garbage.condition["flashinfer"] == "==0.6.5"
+    assert "compute_120f" in garbage.quote and "cutlass/issues/3096" in garbage.quote
+
+
+def test_the_moe_refusal_says_what_the_sources_say():
+    """The refusal of FlashInfer before 0.6.7 rests on the TMA grouped-GEMM failure that
+    0.6.7's CUTLASS is credited with, and says the garbage output was a build target's."""
+    from sm120patch.plan import catalog
+
+    for name in ("moe", "all"):
+        (refusal,) = catalog.load().profiles[name].refuse
+        reason = " ".join(refusal.reason.split())
+        assert "cutlass/issues/3096" in reason and "compute_120f" in reason, name
+        assert "CUDA 13.0" in reason and "vllm/pull/38423" in reason, name
+        assert "not by a FlashInfer release" in reason or "no FlashInfer release" in reason

@@ -380,3 +380,58 @@ def test_a_trial_records_terminal_escapes_are_shown_not_obeyed(tmp_path):
     assert code == 2 and "\x1b" not in err and "\x07" not in err and "\\x1b]0;title\\x07" in err
     code, out, _ = cli("apply", "moe", "--sglang", str(tmp_path / "x\x1b"), "--json")
     assert json.loads(out)["error"]  # the JSON document stays JSON (its own escaping)
+
+
+def test_each_known_line_is_printed_once_per_command(tmp_path, mocker):
+    """40.6: `doctor` and `apply` print each known line once, however many entries say the
+    same thing (two sources of one verdict are one line; `show` and --verbose list both)."""
+    from sm120patch.trial import gpu
+
+    mocker.patch.object(gpu, "read_gpus", return_value=gpu.GpuInventory())
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
+    paths = ("--sglang", str(sg), "--flashinfer", str(fi))
+    code, out, err = cli("doctor", *paths)
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("known: ")]
+    assert len(lines) > 5 and len(lines) == len(set(lines)), out
+    code, out, err = cli("apply", "all", "--dry-run", *paths, "--no-gpu-check")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("known: ")]
+    assert lines and len(lines) == len(set(lines)), err
+    # An entry repeated word for word in a pack is still one line.
+    from sm120patch.plan import known
+
+    e = next(e for e in known.entries() if e.id == "fusion-tp2-sm120-sglang-dsv4")
+    twice = [e, e]
+    mocker.patch.object(known, "entries", return_value=twice)
+    assert known.lines("fusion", known.Box()) == [e.line()]
+
+
+def test_show_and_doctor_name_upstreams_flag_beside_the_patch(tmp_path, mocker):
+    """39.8: where upstream has a flag or variable for one launch, `show` and `doctor` name it
+    and say why the patch still helps (SM120 only, every launch, a fleet's fixed commands)."""
+    from sm120patch.trial import gpu
+
+    cat = catalog.load()
+    flagged = {name: p for name, p in cat.profiles.items() if p.flag}
+    assert {"moe", "fusion", "pcie-allreduce", "vllm-moe"} <= set(flagged)
+    assert flagged["moe"].flag == "--moe-runner-backend flashinfer_cutlass"
+    assert flagged["vllm-moe"].flag == "--moe-backend flashinfer_b12x"
+    for name, p in flagged.items():
+        assert p.flag_why and p.flag_release.split()[0] in p.targets, name
+    code, out, _ = cli("show", "moe")
+    assert code == 0
+    (line,) = [x for x in out.splitlines() if "upstream's flag" in x]
+    assert "--moe-runner-backend flashinfer_cutlass (read in sglang 0.5.23)" in line
+    assert "SM120 alone" in line and "every launch" in line and "cannot edit" in line
+    code, out, _ = cli("show", "moe", "--json")
+    assert json.loads(out)["flag"]["flag"] == "--moe-runner-backend flashinfer_cutlass"
+    code, out, _ = cli("show", "fp4-gemm")
+    assert "upstream's flag" not in out  # no flag of the same effect: none named
+    mocker.patch.object(gpu, "read_gpus", return_value=gpu.GpuInventory())
+    sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
+    code, out, err = cli("doctor", "--sglang", str(sg))
+    assert code == 0, err
+    moe = out.split("profile moe ")[1].split("\nprofile ")[0]
+    assert "upstream's flag for one launch: --moe-runner-backend flashinfer_cutlass" in moe

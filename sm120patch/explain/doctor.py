@@ -28,6 +28,8 @@ class ProfileCheck:
     # the one verdict on this box (`verdict()`), and the profile's applied here, if it is
     verdict: str = ""
     applied_on: list[str] = field(default_factory=list)
+    # upstream's own flag with the same effect on one launch, and why the patch still helps
+    flag: str = ""
 
     def decide(self) -> None:
         """One verdict per profile, from the most to the least binding: a profile refused here
@@ -102,7 +104,8 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
                        f"(profiles that patch it: {which})")
     for profile in profiles:
         have = [found[k] for k in profile.targets if k in found]
-        check = ProfileCheck(profile.name, profile.status, None)
+        check = ProfileCheck(profile.name, profile.status, None,
+                             flag=profile.flag_sentence(release=False) if profile.flag else "")
         if unnamed & set(profile.targets):
             kind = next(k for k in TARGETS if k in unnamed and k in profile.targets)
             check.problems.append(f"{targets.DISPLAY[kind]} is looked for only with --{kind} PATH")

@@ -58,6 +58,14 @@ class Profile(PinChecks):
     absent: dict[str, SpecifierSet] = field(default_factory=dict)
     known: str = ""
     refuse: tuple[Refusal, ...] = ()
+    # The kernels (or backends) this profile makes the engine take, in upstream's own names:
+    # what a known outcome's `kernel` is held to (`plan.known.ceiling`).
+    kernel: tuple[str, ...] = ()
+    # Upstream's own flag or environment variable with the same effect on one launch, the
+    # release it was read in ("sglang 0.5.23"), and why the patch still helps beside it.
+    flag: str = ""
+    flag_release: str = ""
+    flag_why: str = ""
     # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
     facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -71,6 +79,25 @@ class Profile(PinChecks):
             return True
         spec = self.absent.get(patch_id)
         return spec is not None and contains(spec, base_release(version))
+
+    def flag_sentence(self, release: bool = True) -> str:
+        """Upstream's own flag or variable beside the patch and why the patch still helps (a
+        user may prefer the flag for one launch): what `show` and `doctor` print."""
+        read = f" (read in {self.flag_release})" if release and self.flag_release else ""
+        return f"upstream's flag for one launch: {self.flag}{read}. Why the patch beside it: " \
+            + self.flag_why
+
+    def ran_doc(self) -> dict[str, Any]:
+        """`show --json`'s engine, kernels and upstream's flag (None where there is none)."""
+        flag = {"flag": self.flag, "release": self.flag_release, "why": self.flag_why}
+        return {"engine": self.engine, "kernel": list(self.kernel),
+                "flag": flag if self.flag else None}  # fmt: skip
+
+    @property
+    def engine(self) -> str:
+        """The engine whose server this profile changes: vLLM where it patches vLLM, else
+        SGLang (a FlashInfer patch serves the SGLang beside it)."""
+        return "vllm" if any(p.startswith("vllm.") for p in self.patches) else "sglang"
 
 
 @dataclass(frozen=True)
@@ -397,6 +424,10 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             absent=absent,
             known=raw.get("known", "").strip(),
             refuse=refuse,
+            kernel=tuple(raw.get("kernel", ())),
+            flag=raw.get("flag", ""),
+            flag_release=raw.get("flag_release", ""),
+            flag_why=" ".join(raw.get("flag_why", "").split()),
             facts={pid: patches[pid].facts for pid in ids},
         )
     return profiles

@@ -22,11 +22,12 @@ caller's: the plan wing reads neither NVML nor the engine's state.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -34,6 +35,9 @@ from packaging.version import InvalidVersion, Version
 from sm120patch.errors import Sm120Error, UsageError
 from sm120patch.patchkit import versions
 from sm120patch.targets import Target
+
+if TYPE_CHECKING:
+    from sm120patch.plan.catalog import Profile
 
 OUTCOMES = ("faster", "slower", "no-gain", "wrong-output", "crash")
 CONDITIONS = (
@@ -60,6 +64,21 @@ EVIDENCE = ("measured", "confounded", "reported", "inferred", "unpublished")
 # (required of the built-in library, `QUOTED`: a pack's own entries may leave it out).
 OPTIONAL = ("measured", "quote")
 QUOTED = "quote"
+# What the source ran and compared (`SOURCE_RAN`: required of the built-in library, which
+# derives the evidence word's ceiling from them, `ceiling`): the engine ("sglang", "vllm", or
+# "flashinfer" for FlashInfer called alone, no server), the kernel or backend in upstream's
+# own name, what differed between the compared runs ("patch" for the change the profile makes,
+# by the patch or by upstream's flag; anything else beside it, e.g. "fp4-gemm-backend" or
+# "vllm-build"; empty where nothing was compared, as for a bug report), and `against`: what
+# the outcome is compared with, in a few words (the short line prints it: "slower than b12x").
+SOURCE_RAN = ("engine", "kernel", "differs")
+AGAINST = "against"
+ENGINES = ("sglang", "vllm", "flashinfer")
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "flashinfer": "FlashInfer alone"}
+# The comparative outcomes: the built-in library says what each is compared with.
+COMPARED = ("faster", "slower", "no-gain")
+# How much each evidence word claims; an entry may claim at most its derived ceiling.
+STRENGTH = {"measured": 4, "unpublished": 4, "confounded": 3, "reported": 2, "inferred": 1}
 # The most characters of a known line before a command's output (a diff, a table): one line a
 # reader takes in; the whole entry is `sm120patch show PROFILE` (or the command's --verbose).
 SHORT = 120
@@ -76,23 +95,43 @@ class Entry:
     condition: dict[str, Any] = field(default_factory=dict)
     measured: str = ""
     quote: str = ""
+    engine: str = ""
+    kernel: str = ""
+    differs: tuple[str, ...] = ()
+    against: str = ""
 
     @property
     def about(self) -> str:
-        return self.condition.get("profile") or self.condition.get("patch") or "any profile"
+        return self.condition.get("profile") or self.condition.get("patch") or "any server"
 
     def _where(self, keys: Sequence[str]) -> str:
         return ", ".join(
-            f"{k} {v}" if k in ("sglang", "flashinfer", "vllm", "gpus", "tp") else str(v)
+            f"{k} {_spaced(v)}" if k in ("sglang", "flashinfer", "vllm", "gpus", "tp") else str(v)
             for k, v in self.condition.items()
             if k in keys
         )
 
+    def ran_doc(self) -> dict[str, Any]:
+        """What the source ran, for `show --json`."""
+        return {"engine": self.engine or None, "kernel": self.kernel or None,
+                "differs": list(self.differs), "against": self.against or None}  # fmt: skip
+
+    def _head(self) -> str:
+        """What it is about and its kernel, the verdict, what it is compared with, the
+        evidence and the engine the source ran: `moe (flashinfer_cutlass) slower than b12x
+        (confounded, SGLang)`."""
+        kernel = f" ({self.kernel})" if self.kernel else ""
+        word = "over" if self.outcome == "no-gain" else "than"
+        than = f" {word} {self.against}" if self.against and self.outcome in COMPARED else ""
+        ran = f", {ENGINE_NAMES.get(self.engine, self.engine)}" if self.engine else ""
+        return f"known: {self.about}{kernel} {self.outcome}{than} ({self.evidence}{ran})"
+
     def line(self) -> str:
-        """One short line (SHORT characters at most): verdict, what it is about, where. The
-        figure, what was run and the source are `full()`'s (`sm120patch show PROFILE`)."""
-        head = f"known: {self.about} {self.outcome} ({self.evidence})"
+        """One short line (SHORT characters at most): what it is about and its kernel, the
+        verdict and what it is compared with, the evidence and engine, where. The figure, what
+        was run and the source are `full()`'s (`sm120patch show PROFILE`)."""
         where = self._where(("sglang", "flashinfer", "vllm", "gpu_family", "gpus", "tp"))
+        head = self._head()
         return cut(f"{head}: {where}" if where else head)
 
     def full(self) -> str:
@@ -100,9 +139,10 @@ class Entry:
         where = self._where([k for k in self.condition if k not in ("profile", "patch")])
         ran = f" [{self.measured}]" if self.measured else ""
         said = f': "{self.quote}"' if self.quote else ""
+        differed = f"; differed: {', '.join(self.differs)}" if self.differs else ""
         return (
-            f"known: {self.about} {self.outcome} ({self.evidence}): {self.figure}{ran} "
-            f"({where}; {self.date}; {self.source}; id {self.id}{said})"
+            f"{self._head()}: {self.figure}{ran} "
+            f"({where}; {self.date}; {self.source}; id {self.id}{differed}{said})"
         )
 
     def condemns(self, profile: str, box: Box) -> bool:
@@ -143,11 +183,13 @@ def entries(
                 found = _parse(path.read_text(encoding="utf-8"), str(path), hint)
                 if pack.built_in:
                     check_quotes(found, str(path), hint)
+                    check_evidence(found, str(path), hint)
                 out += found
         return out
     found = _parse(text, where, "fix the file")
     if quoted:
         check_quotes(found, where, "fix the file")
+        check_evidence(found, where, "fix the file")
     return found
 
 
@@ -169,6 +211,61 @@ def check_quotes(found: Sequence[Entry], where: str, hint: str) -> None:
         )
 
 
+def ceiling(entry: Entry) -> str:
+    """The most an entry's evidence word may claim, derived from what its source ran: an
+    engine or kernel other than its profile's is at most `inferred` (the figure is another
+    kernel's, not this profile's); more than the patch differing between the compared runs is
+    at most `confounded`; else `measured`. An entry about every server is held by `differs`
+    alone. Raises ValueError where the entry names a profile that says no kernel."""
+    from sm120patch.plan import catalog
+
+    cat = catalog.load()
+    theirs: list[Profile] = []
+    if "profile" in entry.condition and entry.condition["profile"] in cat.profiles:
+        theirs = [cat.profiles[entry.condition["profile"]]]
+    elif "patch" in entry.condition:
+        theirs = [p for p in cat.profiles.values() if entry.condition["patch"] in p.patches]
+    for prof in theirs:
+        if not prof.kernel:
+            raise ValueError(f"profile {prof.name} names no `kernel` in profiles.toml")
+    if theirs:
+        if entry.engine not in {p.engine for p in theirs}:
+            return "inferred"
+        if entry.kernel not in {k for p in theirs for k in p.kernel}:
+            return "inferred"
+    if entry.differs and set(entry.differs) != {"patch"}:
+        return "confounded"
+    return "measured"
+
+
+def check_evidence(found: Sequence[Entry], where: str, hint: str) -> None:
+    """UsageError naming every entry that does not say what its source ran (`SOURCE_RAN`),
+    or whose evidence word claims more than
+    `ceiling` derives from what it ran: a claim cannot travel from another engine, kernel or
+    build to this profile by being written down."""
+    bad = []
+    for e in found:
+        missing = [k for k in ("engine", "kernel") if not getattr(e, k)]
+        ran = e.evidence in ("measured", "confounded", "unpublished")
+        if e.outcome in COMPARED and ran and not e.differs:
+            missing.append("differs")  # a comparison that ran says what its runs differed in
+        if missing:
+            bad.append(f"{e.id} (no {', '.join(missing)})")
+            continue
+        try:
+            most = ceiling(e)
+        except ValueError as exc:
+            bad.append(f"{e.id} ({exc})")
+            continue
+        if STRENGTH[e.evidence] > STRENGTH[most]:
+            bad.append(f"{e.id} ({e.evidence}, but what it ran allows {most} at most)")
+    if bad:
+        raise UsageError(
+            f"{where}: {len(bad)} entries claim more than their source ran: {'; '.join(bad)}",
+            hint + " (its header says how engine, kernel and differs bound the evidence)",
+        )
+
+
 def _parse(text: str, where: str, hint: str) -> list[Entry]:
     from sm120patch.plan import catalog
 
@@ -176,7 +273,8 @@ def _parse(text: str, where: str, hint: str) -> list[Entry]:
     out = []
     for raw in doc.get("outcome", []):
         missing = [k for k in RECORD if not raw.get(k)]
-        unknown = set(raw) - set(RECORD) - set(OPTIONAL) - set(CONDITIONS)
+        unknown = (set(raw) - set(RECORD) - set(OPTIONAL) - set(CONDITIONS) - set(SOURCE_RAN)
+                   - {AGAINST})  # fmt: skip
         problems = []
         if missing:
             problems.append(f"missing {', '.join(missing)}")
@@ -186,6 +284,10 @@ def _parse(text: str, where: str, hint: str) -> list[Entry]:
             problems.append(f"outcome must be one of {', '.join(OUTCOMES)}")
         if not missing and raw["evidence"] not in EVIDENCE:
             problems.append(f"evidence must be one of {', '.join(EVIDENCE)}")
+        if "engine" in raw and raw["engine"] not in ENGINES:
+            problems.append(f"engine must be one of {', '.join(ENGINES)}")
+        if "differs" in raw and not isinstance(raw["differs"], list):
+            problems.append('differs must be a list, e.g. ["patch"]')
         if problems:
             raise UsageError(
                 f"{where} entry {raw.get('id', '?')}: " + "; ".join(problems),
@@ -197,6 +299,10 @@ def _parse(text: str, where: str, hint: str) -> list[Entry]:
                 condition={k: raw[k] for k in CONDITIONS if k in raw},
                 measured=str(raw.get("measured", "")),
                 quote=str(raw.get(QUOTED, "")),
+                engine=str(raw.get("engine", "")),
+                kernel=str(raw.get("kernel", "")),
+                differs=tuple(str(d) for d in raw.get("differs", ())),
+                against=str(raw.get(AGAINST, "")),
             )
         )
     return out
@@ -375,9 +481,19 @@ def lines(
     """The known entries matching `box` (a short line each, or in full with `verbose`), then
     this box's own measured trials."""
     mine = local_lines(trials, profile)
-    return [e.full() if verbose else e.line() for e in entries() if matches(e, profile, box)] + (
-        mine if verbose else [cut(line) for line in mine]
-    )
+    return once([e.full() if verbose else e.line() for e in entries() if matches(e, profile, box)]
+                + (mine if verbose else [cut(line) for line in mine]))  # fmt: skip
+
+
+def _spaced(spec: Any) -> str:
+    """`==4` as `== 4`, `>=0.6.3,<0.6.13` as `>= 0.6.3, < 0.6.13`: a range a person reads."""
+    return ", ".join(re.sub(r"^([<>=!~]+)\s*", r"\1 ", part.strip())
+                     for part in str(spec).split(","))  # fmt: skip
+
+
+def once(lines: Iterable[str]) -> list[str]:
+    """Each line once, in order: two entries of one verdict print one line per command."""
+    return list(dict.fromkeys(lines))
 
 
 def cut(line: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sm120patch.errors import Sm120Error, UsageError
-from sm120patch.plan.known import QUOTED, Box, cut, local_lines, matches, once_each
+from sm120patch.plan.known import QUOTED, Box, cut, local_lines, matches, once, once_each
 from sm120patch.plan.known import entries as known_entries
 from sm120patch.trial import engines
 
@@ -198,7 +198,7 @@ def lines(
             out += mine if verbose else [cut(line) for line in mine]
         except Sm120Error:
             pass
-    return out
+    return once(out)
 
 
 def _toml_value(value: Any) -> str:
@@ -238,6 +238,17 @@ def outcome_record(trial: TrialRecord) -> str:
         record["topology"] = ", ".join(f"{n} x {name}" for name, n in counts.items())
     record["outcome"] = outcome
     record["evidence"] = "measured"
+    # What ran: the profile's own engine and kernel, the patch alone differing between the
+    # two sides of a measured trial (known.toml's check derives "measured" from exactly that).
+    from sm120patch.plan import catalog
+
+    prof = catalog.load().profiles.get(trial.profile)
+    if prof is not None:
+        record["engine"] = prof.engine
+        if prof.kernel:
+            record["kernel"] = prof.kernel[0]
+    record["differs"] = ["patch"]
+    record["against"] = "the same server without the profile"
     record["measured"] = f"sm120patch trial of profile {trial.profile} on this box"
     record["figure"] = trial.message or f"{verdict}, exit {trial.exit_code}"
     record["date"] = time.strftime("%Y-%m-%d", time.localtime(trial.started or 0))

@@ -17,7 +17,7 @@ import pytest
 
 from sm120patch.maintain import releases, sources
 from sm120patch.patchkit import arch
-from sm120patch.scan import evaluate, run
+from sm120patch.scan import evaluate, report, run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,6 +38,13 @@ def vllm_dir() -> Path:
         pytest.skip(f"the index ({releases.index_sources()}) is unreachable: vLLM's sources "
                     "are fetched from it")  # fmt: skip
     return sources.tree("vllm", VERSION) / "vllm"
+
+
+@pytest.fixture(scope="module")
+def vllm_scan(vllm_dir: Path) -> run.Report:
+    """`sm120patch scan --vllm TREE` on the release, once for every test here: the report the
+    command prints (`report.text`) and the gates the tests read."""
+    return run.scan({"vllm": str(vllm_dir.parent)})
 
 
 def checks_by_call(root: Path) -> Counter[tuple[str, object]]:
@@ -80,10 +87,20 @@ def test_vllm_capability_checks_are_all_read(vllm_dir: Path) -> None:
         and (argument[0] if isinstance(argument, tuple) else argument // 10) == 10  # type: ignore[operator,index]
     )  # fmt: skip
     assert 115 <= read[family, 100] <= sm100 <= 140, (read[family, 100], sm100)
+    # docs/scan.md prints these counts of this release: they are the ones read here.
+    doc = " ".join((Path(__file__).parent.parent.parent / "docs" / "scan.md").read_text("utf-8")
+                   .split())  # fmt: skip
+    said = re.search(r"capability checks: (\d+) `is_device_capability_family\(100\)`, (\d+) "
+                     r"`is_device_capability_family\(120\)` .*?, (\d+) exact 10\.x checks .*?, "
+                     r"(\d+) `has_device_capability\(100\)`", doc)  # fmt: skip
+    assert said, "docs/scan.md no longer prints vLLM's capability checks"
+    assert [int(n) for n in said.groups()] == [
+        read[family, 100], read[family, 120], sm100 - read[family, 100],
+        read["has_device_capability", 100]]  # fmt: skip
 
 
-def test_vllm_gates_are_found_and_classed(vllm_dir: Path) -> None:
-    out = run.scan_directory("vllm", vllm_dir, VERSION)
+def test_vllm_gates_are_found_and_classed(vllm_dir: Path, vllm_scan: run.Report) -> None:
+    (out,) = vllm_scan.targets
     counts = out.counts()
     assert counts["covered"] == 3  # the gates the vLLM profiles patch
     assert counts["candidate"] > 50 and counts["kernel"] > 50 and counts["upstream"] > 10, counts
@@ -123,3 +140,23 @@ def _in_function(parent: Path, label: dict[str, str]) -> bool:
         scope = next(n.body for n in scope if isinstance(n, ast.ClassDef) and n.name == cls)
     func = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name)
     return label["expression"].removeprefix("or ") in ast.unparse(func)
+
+
+DOCS = Path(__file__).parent.parent.parent / "docs"
+
+
+def test_the_docs_print_the_counts_the_scan_command_prints(vllm_scan: run.Report) -> None:
+    """Every figure docs/vllm.md and docs/scan.md print of `scan` on this release is the line
+    the command prints for it (the seconds left out: they are the machine's, not the
+    release's), so a release or a rule that moves a gate fails here until the docs follow."""
+    printed = report.text(vllm_scan).splitlines()
+    (line,) = [x for x in printed if x.startswith(f"vllm {VERSION}: ")]
+    line = re.sub(r", [0-9.]+ s$", "", line)
+    (summary,) = [x for x in printed if x.startswith("summary: ")]
+    for name in ("vllm.md", "scan.md"):
+        text = " ".join((DOCS / name).read_text("utf-8").split())
+        assert f"`{line}`" in text, (name, line)
+        # No other count of this release's scan is printed beside it.
+        said = re.findall(rf"On vLLM {re.escape(VERSION)}[^.]*?(\d+) candidate", text)
+        assert all(n == str(vllm_scan.counts()["candidate"]) for n in said), (name, said)
+    assert summary.removeprefix("summary: ") in line
