@@ -98,6 +98,38 @@ def _walk(path: Path) -> tuple[int, str | None]:
     return fd, None
 
 
+def walk_dir(path: Path) -> tuple[int, str | None]:
+    """`_walk` for the state directory's holder (`engine/statedir.py`): the same rule, one
+    implementation."""
+    return _walk(path)
+
+
+def first_link(path: Path) -> tuple[Path, str] | None:
+    """The first component of the absolute `path` that is a symbolic link, and where it
+    points, looked at one directory at a time from `/` without following any link; None when
+    there is none up to the first component that is missing or not a directory."""
+    fd = os.open("/", _DIR | _SEARCH)
+    try:
+        for i, part in enumerate(path.parts[1:]):
+            try:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                return Path("/", *path.parts[1 : i + 2]), os.readlink(part, dir_fd=fd)
+            if not stat.S_ISDIR(st.st_mode):
+                return None
+            try:
+                nxt = os.open(part, _DIR | _SEARCH, dir_fd=fd)
+            except OSError:
+                return None
+            os.close(fd)
+            fd = nxt
+        return None
+    finally:
+        os.close(fd)
+
+
 class TreeHandle:
     """A target's root directory, held open from the moment the target is found, with its
     device, inode and owner; every file of the tree is reached from it (see the module)."""

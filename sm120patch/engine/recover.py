@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sm120patch.engine import assess, interrupts, store
+from sm120patch.engine import assess, interrupts
 from sm120patch.engine.apply import rollback_apply
 from sm120patch.engine.records import Journal, Op
 from sm120patch.engine.reports import Action, Report, TargetReport
@@ -141,7 +141,7 @@ def _drop_replaced(ctx: TargetRun, journal: Journal, was: str) -> list[str]:
     ]  # fmt: skip
     if git is not None and t.layout == "git" and git_head_branch(t.root) != git.patch_branch:
         notes.extend(ctx.layout.drop_branch(git, keep_branch=journal.keep_branch))
-    manifest = ctx.state.manifest() if (ctx.state.dir / store.MANIFEST).exists() else None
+    manifest = ctx.state.manifest() if ctx.state.has_manifest() else None
     if manifest is not None and (journal.op == Op.REVERT or same_run(manifest, journal)):
         ctx.state.remove_manifest()
     remove_temps(ctx, journal.manifest.files if journal.manifest else journal.files)

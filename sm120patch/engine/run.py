@@ -34,7 +34,7 @@ class TargetRun:
         self.target = target
         # The tree as found, held open: every read and write of its files goes through it.
         self.tree = target.handle
-        self.state = TargetState.of(target.root, target.layout, target.kind)
+        self.state = TargetState.of(target.root, target.layout, target.kind, target.handle)
         self._layout: TargetLayout | None = None
 
     @property
@@ -53,8 +53,10 @@ class TargetRun:
 
     def verify(self) -> None:
         """Refuse when the path found names another tree now (TreeMoved): before the state
-        or git is written by path, and before each write through the handle."""
+        or git is written by path, and before each write through the handle; and when the
+        state directory's path names another than the one held."""
         self.tree.verify()
+        self.state.verify()
 
     def peer(self) -> Peer:
         t = self.target
