@@ -399,7 +399,7 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
         "apply",
         profile.name,
         abortable=True,
-        unfinished=lambda: any(c.state.journal() is not None for c, _ in work),
+        unfinished=lambda: any(c.journal_open() for c, _ in work),
     ) as guard:
         try:
             for ctx, tp in work:

@@ -38,7 +38,7 @@ def recover(given: Given) -> Report:
             "recover",
             None,
             abortable=False,
-            unfinished=lambda: any(c.state.journal() is not None for c in ctxs),
+            unfinished=lambda: any(c.journal_open() for c in ctxs),
         ):
             _recover(ctxs, journals, reports, notes)
     if not reports:
@@ -181,7 +181,12 @@ def _apply_committed(journal: Journal) -> bool:
     if not journal.txn:
         return False
     for peer in journal.peers:
-        manifest = TargetState.of(Path(peer.root), peer.layout, peer.kind).manifest()
+        try:
+            manifest = TargetState.of(Path(peer.root), peer.layout, peer.kind).manifest()
+        except Refused:
+            # Not reachable without following a link (or not readable): no evidence that
+            # the apply was committed there.
+            return False
         if manifest is None or manifest.txn != journal.txn:
             return False
     return True

@@ -58,6 +58,20 @@ class TargetRun:
         self.tree.verify()
         self.state.verify()
 
+    def journal_open(self) -> bool:
+        """Whether a journal of this target is open where its path names it: one left in a
+        tree (or state directory) swapped away meanwhile is that tree's, which the refusal
+        in flight names (`recover` there finishes it)."""
+        from sm120patch.handle import TreeMoved
+
+        if self.tree.moved() is not None:
+            return False
+        try:
+            self.state.verify()
+        except TreeMoved:
+            return False
+        return self.state.journal() is not None
+
     def peer(self) -> Peer:
         t = self.target
         return Peer(t.kind, str(t.root), t.layout)

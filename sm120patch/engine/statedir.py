@@ -28,11 +28,14 @@ on another tree's state. Here:
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Concatenate, ParamSpec, TypeVar
 
 from sm120patch.errors import Refused, not_writable
 from sm120patch.handle import NEVER_SET, TMP_SUFFIX, TreeHandle, TreeMoved, walk_dir
@@ -80,6 +83,25 @@ def unopenable(path: Path, reason: str | None) -> Refused:
     return not_writable("cannot open the lock", path, reason)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _released(
+    method: Callable[Concatenate[StateDir, P], R],
+) -> Callable[Concatenate[StateDir, P], R]:
+    """What `method` opened is closed at its end, unless the directory is held (`holding`)."""
+
+    @functools.wraps(method)
+    def inner(self: StateDir, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._done()
+
+    return inner
+
+
 class StateDir:
     """`<anchor>/<top>/<kind>`, held open once found or made (see the module)."""
 
@@ -92,6 +114,26 @@ class StateDir:
         self._anchor_st: os.stat_result | None = None
         self.fds: list[int] = []  # the top directory and the state directory, once held
         self.dev = self.ino = 0
+        # Held across calls only within `holding` (a locked run): outside it each call opens
+        # what it needs and closes it, so no descriptor in a git directory outlives a command
+        # (a process holding one there reads as a git command still running).
+        self.keep = False
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the directory from its first opening to the end of the block."""
+        kept = self.keep
+        self.keep = True
+        try:
+            yield
+        finally:
+            self.keep = kept
+            if not kept:
+                self.close()
+
+    def _done(self) -> None:
+        if not self.keep:
+            self.close()
 
     @property
     def fd(self) -> int:
@@ -140,6 +182,7 @@ class StateDir:
         self._anchor_st = os.fstat(fd)
         return fd
 
+    @_released
     def anchor_stat(self) -> os.stat_result | None:
         """The anchor's stat (owner, mode, device), from its descriptor; None when absent."""
         try:
@@ -233,6 +276,7 @@ class StateDir:
         return [(self.anchor.joinpath(*self.names[: i + 1]), os.fstat(fd))
                 for i, fd in enumerate(self.fds)]  # fmt: skip
 
+    @_released
     def entries(self) -> list[tuple[Path, os.stat_result]]:
         """Every entry below the held directory (links not followed, none gone into), by a
         descriptor walk: for judging who could have written them."""
@@ -255,6 +299,7 @@ class StateDir:
             os.close(fd)
         return out
 
+    @_released
     def top_stat(self) -> os.stat_result | None:
         """The top directory's entry (never followed) when the state directory is not held."""
         parent = self._anchor()
@@ -265,6 +310,7 @@ class StateDir:
         except OSError:
             return None
 
+    @_released
     def uncreatable(self) -> Path | None:
         """The first missing directory of the state when this process could not make it (a
         dry run's preflight), or None."""
@@ -335,6 +381,7 @@ class StateDir:
             raise
         return fd
 
+    @_released
     def exists(self, name: str) -> bool:
         try:
             os.stat(name, dir_fd=self.open(), follow_symlinks=False)
@@ -342,6 +389,7 @@ class StateDir:
             return False
         return True
 
+    @_released
     def read(self, rel: str, owners: tuple[int, ...]) -> bytes:
         """The bytes of the regular file at `rel` (`safeio.read_regular`'s rules, owned by one
         of `owners`); FileNotFoundError when it or a directory on the way is not there."""
@@ -352,6 +400,7 @@ class StateDir:
         finally:
             os.close(fd)
 
+    @_released
     def write(self, rel: str, data: bytes, mode: int, making: Making, *, durable: bool) -> None:
         """Write `data` at `rel` atomically (see the module), the file given `mode` and, when
         root writes, the target owner; directories on the way made under `making`."""
@@ -388,6 +437,7 @@ class StateDir:
         finally:
             os.close(fd)
 
+    @_released
     def unlink(self, name: str, *, durable: bool = True) -> None:
         """Remove the entry `name` of the held directory (a link is removed itself)."""
         try:
@@ -405,6 +455,7 @@ class StateDir:
             except OSError:
                 pass
 
+    @_released
     def remove_temps(self, names: tuple[str, ...]) -> None:
         """Remove the temp files a killed write of any of `names` left in the held directory."""
         try:
@@ -419,6 +470,7 @@ class StateDir:
                 except (FileNotFoundError, IsADirectoryError, PermissionError):
                     pass
 
+    @_released
     def remove_tree(self, name: str) -> None:
         """Remove `name` (a directory of the held one) and everything in it, by descriptors:
         each directory opened O_NOFOLLOW relative to its parent, each entry unlinked relative

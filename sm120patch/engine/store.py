@@ -221,24 +221,27 @@ class TargetState:
         """
         import fcntl
 
-        self.check_trusted()
-        making = self._making()
-        fd = self.held.open_lock(making.owner, making)
-        try:
-            # Readable and writable by its owner only (made so, or refused as it is):
-            # flock needs nothing but a descriptor, so a lock anyone can open is a lock
-            # anyone can hold.
+        # The state directory is held from here to the run's end: every write of the run
+        # goes through the descriptors opened (and checked) now.
+        with self.held.holding():
+            self.check_trusted()
+            making = self._making()
+            fd = self.held.open_lock(making.owner, making)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise self._held() from None
-            try:
-                self._migrate()
-                yield
+                # Readable and writable by its owner only (made so, or refused as it is):
+                # flock needs nothing but a descriptor, so a lock anyone can open is a lock
+                # anyone can hold.
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise self._held() from None
+                try:
+                    self._migrate()
+                    yield
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+                os.close(fd)
 
     def _held(self) -> Refused:
         return Refused(
@@ -250,6 +253,10 @@ class TargetState:
         """Refuse as `locked` would (the state directory in the way or not creatable, the lock
         file not openable, another run holding it), creating and locking nothing: the dry
         runs' preflight, so that a dry run refuses where its command would."""
+        with self.held.holding():
+            self._check_lockable()
+
+    def _check_lockable(self) -> None:
         self.check_trusted()
         try:
             fd_dir = self.held.open()
@@ -281,9 +288,10 @@ class TargetState:
         import fcntl
 
         try:
-            # Never blocking on a FIFO there, never through a link.
-            fd = os.open(LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW,
-                         dir_fd=self.held.open())  # fmt: skip
+            with self.held.holding():
+                # Never blocking on a FIFO there, never through a link.
+                fd = os.open(LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW,
+                             dir_fd=self.held.open())  # fmt: skip
         except OSError:
             return  # no lock file: nobody holds it
         try:
