@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Concatenate, ParamSpec, TypeVar
 
+from sm120patch.engine import interrupts
 from sm120patch.errors import Refused, not_writable
 from sm120patch.handle import NEVER_SET, TMP_SUFFIX, TreeHandle, TreeMoved, walk_dir
 from sm120patch.safeio import read_regular
@@ -204,6 +205,7 @@ class StateDir:
                 pass  # there already (or made by a concurrent run): judged below
             except OSError as exc:
                 raise uncreatable(shown, exc.strerror) from None
+            interrupts.hook("state-made")  # tests: a swap between the mkdir and the open
         try:
             fd = os.open(name, _DIR, dir_fd=parent)
         except FileNotFoundError:
