@@ -9,9 +9,9 @@ renameat2(RENAME_EXCHANGE)): root then writes whatever the link names. Here the 
 once, one component at a time from `/` (as systemd's chase() and CPython's `shutil.rmtree` fd
 walk do), and each file is reached from it the same way, so a link swapped in anywhere is a
 refusal, not a redirection. `TreeHandle.verify` walks the path again and compares the device and
-inode with the held root: a run refuses to go on once its path names another tree (the state
-directory and git still go by path; the engine calls `verify` right before each of their
-writes).
+inode with the held root: a run refuses to go on once its path names another tree (git still
+goes by path; the engine calls `verify` right before each git write). The state directory is
+held the same way (`engine/statedir.py`, which uses `walk_dir`).
 
 Below `targets/` (whose package init, which imports none of its own modules, makes the handle
 when it finds a target); imports only `errors` and `safeio`.
