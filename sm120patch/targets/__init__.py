@@ -100,10 +100,8 @@ def find(kind: str, path: str | Path | None) -> Target:
                 f"pass --{kind} PATH to point at a {name} checkout or site-packages",
             )
         # This interpreter's own environment, named by no one: its sys.path is as trusted as
-        # the code running now (a link in it, such as a venv's lib64 or a linked /home, is
-        # its installer's), so it is resolved once here; the handle then walks the real path
-        # with O_NOFOLLOW, and a link swapped onto it later is refused. A path the user names
-        # is never resolved (`_package_in`).
+        # the code running now (a venv's lib64 link is its installer's), so it is resolved
+        # once; the handle holds the real path. A named path is never resolved (`_package_in`).
         package_dir = Path(next(iter(spec.submodule_search_locations))).resolve()
     else:
         package_dir = _package_in(kind, Path(path))
