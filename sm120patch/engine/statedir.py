@@ -21,7 +21,7 @@ on another tree's state. Here:
   directory, fsync, rename relative to it) and trees removed by a descriptor walk as CPython's
   `shutil.rmtree` does (no link is ever followed; no recursion);
 - the lock is made O_CREAT|O_EXCL|O_NOFOLLOW; one already there is used only when it is a
-  regular file with one link, mode 0600 and the target's owner's (or root's), and is never
+  regular file with one link, mode 0600 and the target's owner's, and is never
   `fchown`-ed or `fchmod`-ed.
 """
 
@@ -183,13 +183,17 @@ class StateDir:
         self._anchor_st = os.fstat(fd)
         return fd
 
-    @_released
     def anchor_stat(self) -> os.stat_result | None:
-        """The anchor's stat (owner, mode, device), from its descriptor; None when absent."""
-        try:
-            self._anchor()
-        except (OSError, Refused):
-            return None
+        """The anchor's stat (owner, mode, device), from its descriptor when first asked;
+        None when absent. Closes nothing that is in use (a judge asks mid-walk)."""
+        if self._anchor_st is None:
+            try:
+                self._anchor()
+            except (OSError, Refused):
+                return None
+            if not self.keep and not self.fds and self._anchor_fd >= 0:
+                os.close(self._anchor_fd)
+                self._anchor_fd = -1
         return self._anchor_st
 
     # ---- opening and making ---------------------------------------------------------------
@@ -526,14 +530,14 @@ class StateDir:
     def check_lock(self, st: os.stat_result, uid: int) -> None:
         """Refuse a lock file this tool would not have made: not a regular file, more than one
         link (a hard link to another file: fchown-ing it would give that file away), another
-        owner than the target's (or root), another mode than 0600."""
+        owner than the target's (root makes it theirs), another mode than 0600."""
         shown = self.path / LOCK
         problem = None
         if not stat.S_ISREG(st.st_mode):
             problem = "not a regular file"
         elif st.st_nlink != 1:
             problem = f"{st.st_nlink} links to one file: a hard link"
-        elif st.st_uid not in (uid, 0):
+        elif st.st_uid != uid:
             from sm120patch.safeio import user_name
 
             problem = f"owned by {user_name(st.st_uid)}"
