@@ -13,8 +13,8 @@ site-packages (`<site-packages>/.sm120patch/<kind>/`). Layout of that directory:
 
 The directory is held by descriptor (`statedir.StateDir`): made, checked, written and removed
 relative to it, never by a path looked up again. Every write is atomic (temp file in the same
-directory, fsync, rename). State files carry a
-schema number; a newer one than this tool knows is refused, never misread. The documents are
+directory, fsync, rename). State files carry a schema number; a newer one than this tool knows
+is refused, never misread. The documents are
 read into typed records (`Manifest`, `Journal`, `TrialRecord`) after their shape is checked.
 State written by sm120patch 0.1.0 in the user's state directory is read there and moved on the
 next locked run, when that directory is the running user's own.
