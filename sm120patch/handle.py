@@ -9,9 +9,9 @@ renameat2(RENAME_EXCHANGE)): root then writes whatever the link names. Here the 
 once, one component at a time from `/` (as systemd's chase() and CPython's `shutil.rmtree` fd
 walk do), and each file is reached from it the same way, so a link swapped in anywhere is a
 refusal, not a redirection. `TreeHandle.verify` walks the path again and compares the device and
-inode with the held root: a run refuses to go on once its path names another tree (the state
-directory and git still go by path; the engine calls `verify` right before each of their
-writes).
+inode with the held root: a run refuses to go on once its path names another tree (git still
+goes by path; the engine calls `verify` right before each git write). The state directory is
+held the same way (`engine/statedir.py`, which uses `walk_dir`).
 
 Below `targets/` (whose package init, which imports none of its own modules, makes the handle
 when it finds a target); imports only `errors` and `safeio`.
@@ -96,6 +96,38 @@ def _walk(path: Path) -> tuple[int, str | None]:
         os.close(fd)
         fd = nxt
     return fd, None
+
+
+def walk_dir(path: Path) -> tuple[int, str | None]:
+    """`_walk` for the state directory's holder (`engine/statedir.py`): the same rule, one
+    implementation."""
+    return _walk(path)
+
+
+def first_link(path: Path) -> tuple[Path, str] | None:
+    """The first component of the absolute `path` that is a symbolic link, and where it
+    points, looked at one directory at a time from `/` without following any link; None when
+    there is none up to the first component that is missing or not a directory."""
+    fd = os.open("/", _DIR | _SEARCH)
+    try:
+        for i, part in enumerate(path.parts[1:]):
+            try:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                return Path("/", *path.parts[1 : i + 2]), os.readlink(part, dir_fd=fd)
+            if not stat.S_ISDIR(st.st_mode):
+                return None
+            try:
+                nxt = os.open(part, _DIR | _SEARCH, dir_fd=fd)
+            except OSError:
+                return None
+            os.close(fd)
+            fd = nxt
+        return None
+    finally:
+        os.close(fd)
 
 
 class TreeHandle:

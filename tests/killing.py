@@ -163,13 +163,19 @@ class States:
 
 def write_patches(hook) -> list[tuple[str, object]]:
     """(what, replacement) pairs for `monkeypatch.setattr` that run `hook(path, data)` before
-    every file sm120patch writes: a state file, a cache or an output (`files.atomic_write`)
-    and a target's file (`TreeHandle.replace`, through the tree's handle); `hook` raises to
+    every file sm120patch writes: a state file (`StateDir.write`), a cache or an output
+    (`files.atomic_write`) and a target's file (`TreeHandle.replace`, through the tree's handle); `hook` raises to
     make that write fail (a full disk, a denied directory)."""
+    from sm120patch.engine.statedir import StateDir
     from sm120patch.handle import TreeHandle
     from sm120patch.targets import files
 
     real_write, real_replace = files.atomic_write, TreeHandle.replace
+    real_state = StateDir.write
+
+    def state(self, rel, data, *args, **kwargs):
+        hook(self.path / rel, data)
+        return real_state(self, rel, data, *args, **kwargs)
 
     def write(path, data, *args, **kwargs):
         hook(Path(path), data)
@@ -180,7 +186,8 @@ def write_patches(hook) -> list[tuple[str, object]]:
         return real_replace(self, rel, data)
 
     return [("sm120patch.targets.files.atomic_write", write),
-            ("sm120patch.handle.TreeHandle.replace", replace)]  # fmt: skip
+            ("sm120patch.handle.TreeHandle.replace", replace),
+            ("sm120patch.engine.statedir.StateDir.write", state)]  # fmt: skip
 
 
 def fail_writes(monkeypatch, hook) -> None:

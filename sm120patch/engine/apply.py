@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch import __version__
-from sm120patch.engine import assess, interrupts, store
+from sm120patch.engine import assess, interrupts
 from sm120patch.engine.assess import Assessment
 from sm120patch.engine.records import (
     CheckedFile,
@@ -399,7 +399,7 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
         "apply",
         profile.name,
         abortable=True,
-        unfinished=lambda: any(c.state.journal() is not None for c, _ in work),
+        unfinished=lambda: any(c.journal_open() for c, _ in work),
     ) as guard:
         try:
             for ctx, tp in work:
@@ -627,7 +627,7 @@ def rollback_apply(ctx: TargetRun, journal: Journal) -> None:
         # Git put the files back (the branch switch); check it did, byte for byte.
         check_restored(ctx, ctx.layout.of_this_run(journal.files))
     ctx.verify()  # the state goes by path
-    manifest = ctx.state.manifest() if (ctx.state.dir / store.MANIFEST).exists() else None
+    manifest = ctx.state.manifest() if ctx.state.has_manifest() else None
     if manifest is not None and same_run(manifest, journal):
         ctx.state.remove_manifest()
     ctx.state.drop_copies()

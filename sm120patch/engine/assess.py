@@ -116,7 +116,7 @@ def other_release(target: Target, before: str) -> bool:
 
 
 def assess(target: Target, st: TargetState | None = None) -> Assessment:
-    st = st or TargetState.of(target.root, target.layout, target.kind)
+    st = st or TargetState.of(target.root, target.layout, target.kind, target.handle)
     journal = st.journal()
     manifest = st.manifest()
     if journal is not None:
@@ -338,7 +338,7 @@ def status(given: Given) -> list[TargetStatus]:
     named = resolved(given)
     out = []
     for target in named.each():
-        st = TargetState.of(target.root, target.layout, target.kind)
+        st = TargetState.of(target.root, target.layout, target.kind, target.handle)
         out.append(TargetStatus(target, assess(target, st), st.trials()))
     found: dict[str, Target] = {str(s.target.kind): s.target for s in out}
     for s in out:

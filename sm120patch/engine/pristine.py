@@ -17,7 +17,7 @@ from sm120patch.targets.resolved import Given
 def pristine_bytes(target: Target, rel: str) -> bytes | None:
     """The pristine bytes of `rel` (relative to the target root) of an applied target: the
     engine's pristine copy, or on a checkout the blob of the commit the apply started from."""
-    st = TargetState.of(target.root, target.layout, target.kind)
+    st = TargetState.of(target.root, target.layout, target.kind, target.handle)
     manifest = st.manifest()
     if target.layout == "git" and manifest is not None and manifest.git is not None:
         from sm120patch.targets import git

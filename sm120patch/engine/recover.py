@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sm120patch.engine import assess, interrupts, store
+from sm120patch.engine import assess, interrupts
 from sm120patch.engine.apply import rollback_apply
 from sm120patch.engine.records import Journal, Op
 from sm120patch.engine.reports import Action, Report, TargetReport
@@ -38,7 +38,7 @@ def recover(given: Given) -> Report:
             "recover",
             None,
             abortable=False,
-            unfinished=lambda: any(c.state.journal() is not None for c in ctxs),
+            unfinished=lambda: any(c.journal_open() for c in ctxs),
         ):
             _recover(ctxs, journals, reports, notes)
     if not reports:
@@ -141,7 +141,7 @@ def _drop_replaced(ctx: TargetRun, journal: Journal, was: str) -> list[str]:
     ]  # fmt: skip
     if git is not None and t.layout == "git" and git_head_branch(t.root) != git.patch_branch:
         notes.extend(ctx.layout.drop_branch(git, keep_branch=journal.keep_branch))
-    manifest = ctx.state.manifest() if (ctx.state.dir / store.MANIFEST).exists() else None
+    manifest = ctx.state.manifest() if ctx.state.has_manifest() else None
     if manifest is not None and (journal.op == Op.REVERT or same_run(manifest, journal)):
         ctx.state.remove_manifest()
     remove_temps(ctx, journal.manifest.files if journal.manifest else journal.files)
@@ -181,7 +181,12 @@ def _apply_committed(journal: Journal) -> bool:
     if not journal.txn:
         return False
     for peer in journal.peers:
-        manifest = TargetState.of(Path(peer.root), peer.layout, peer.kind).manifest()
+        try:
+            manifest = TargetState.of(Path(peer.root), peer.layout, peer.kind).manifest()
+        except Refused:
+            # Not reachable without following a link (or not readable): no evidence that
+            # the apply was committed there.
+            return False
         if manifest is None or manifest.txn != journal.txn:
             return False
     return True

@@ -64,7 +64,7 @@ def revert(
             "revert",
             profile_name,
             abortable=False,
-            unfinished=lambda: any(c.state.journal() is not None for c, _ in todo),
+            unfinished=lambda: any(c.journal_open() for c, _ in todo),
         ):
             try:
                 journals = _write_journals(todo, txn, peers, keep_branch)

@@ -34,7 +34,7 @@ class TargetRun:
         self.target = target
         # The tree as found, held open: every read and write of its files goes through it.
         self.tree = target.handle
-        self.state = TargetState.of(target.root, target.layout, target.kind)
+        self.state = TargetState.of(target.root, target.layout, target.kind, target.handle)
         self._layout: TargetLayout | None = None
 
     @property
@@ -53,8 +53,24 @@ class TargetRun:
 
     def verify(self) -> None:
         """Refuse when the path found names another tree now (TreeMoved): before the state
-        or git is written by path, and before each write through the handle."""
+        or git is written by path, and before each write through the handle; and when the
+        state directory's path names another than the one held."""
         self.tree.verify()
+        self.state.verify()
+
+    def journal_open(self) -> bool:
+        """Whether a journal of this target is open where its path names it: one left in a
+        tree (or state directory) swapped away meanwhile is that tree's, which the refusal
+        in flight names (`recover` there finishes it)."""
+        from sm120patch.handle import TreeMoved
+
+        if self.tree.moved() is not None:
+            return False
+        try:
+            self.state.verify()
+        except TreeMoved:
+            return False
+        return self.state.journal() is not None
 
     def peer(self) -> Peer:
         t = self.target

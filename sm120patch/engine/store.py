@@ -11,8 +11,10 @@ site-packages (`<site-packages>/.sm120patch/<kind>/`). Layout of that directory:
     patched/        the bytes we wrote, to show a user's later edits as a diff
     lock            one sm120patch run per target (an OS lock: a killed run releases it)
 
-Every write is atomic (temp file in the same directory, fsync, rename). State files carry a
-schema number; a newer one than this tool knows is refused, never misread. The documents are
+The directory is held by descriptor (`statedir.StateDir`): made, checked, written and removed
+relative to it, never by a path looked up again. Every write is atomic (temp file in the same
+directory, fsync, rename). State files carry a schema number; a newer one than this tool knows
+is refused, never misread. The documents are
 read into typed records (`Manifest`, `Journal`, `TrialRecord`) after their shape is checked.
 State written by sm120patch 0.1.0 in the user's state directory is read there and moved on the
 next locked run, when that directory is the running user's own.
@@ -41,8 +43,10 @@ from typing import Any
 
 from sm120patch import safeio
 from sm120patch.engine.records import SCHEMA, Journal, Manifest, check_journal, check_manifest
+from sm120patch.engine.statedir import LOCK, Making, StateDir, uncreatable, unopenable
 from sm120patch.engine.trialrecord import TrialRecord, check_trials
-from sm120patch.errors import NotWritable, Refused, not_writable
+from sm120patch.errors import NotWritable, Refused
+from sm120patch.handle import TreeHandle
 from sm120patch.targets import files
 
 MANIFEST = "manifest.json"
@@ -89,89 +93,35 @@ def legacy_state_dir_for(root: Path, kind: str) -> Path | None:
     return base / "targets" / f"{digest}-{kind}"
 
 
-def shared_mode(anchor: Path) -> int:
+def shared_mode(anchor: os.stat_result | None) -> int:
     """The permission bits of a state directory: those of the directory it describes (the
     site-packages or the git directory) for reading, so whoever can read the target can read
     its state; writable by its owner only."""
-    try:
-        bits = stat.S_IMODE(anchor.stat().st_mode)
-    except OSError:
-        bits = 0o700
+    bits = 0o700 if anchor is None else stat.S_IMODE(anchor.st_mode)
     return (bits | 0o700) & 0o755
 
 
-def state_dir(
-    path: Path, mode: int, owner: tuple[int, int] | None = None, *, create: bool = True
-) -> None:
-    """Make `path` (and any missing parent) a directory with `mode`; with `create` false,
-    refuse exactly as making it would, creating nothing (a dry run's preflight).
-
-    Refuses, with what to do, when something that is not a directory is in the way, or when
-    the directory is a symbolic link (state is never written through one).
-    """
-    # The level above a target's state (`.git/sm120patch`, `.sm120patch`) is ours too: a
-    # link there would carry every write elsewhere just the same.
-    if path.parent.is_symlink():
-        raise Refused(
-            f"{path.parent} is in the way of sm120patch's state directory (a symbolic link)",
-            f"move {path.parent} aside, then run sm120patch again",
-        )
-    missing = []
-    p = path
-    while not os.path.lexists(p):
-        missing.append(p)
-        p = p.parent
-    if missing and not p.is_dir():
-        path = p  # the file in the way is a parent: name it
-    elif missing and not create:
-        if not os.access(p, os.W_OK | os.X_OK):
-            raise _uncreatable(missing[-1], os.strerror(errno.EACCES))
-        return
-    for d in reversed(missing if p.is_dir() else []):
-        try:
-            d.mkdir(mode=mode)
-            os.chmod(d, mode)  # mkdir's mode passes through the umask
-            if owner is not None and os.geteuid() == 0:
-                os.chown(d, *owner)  # root makes the state the target owner's
-        except FileExistsError:  # made by a concurrent run: checked below
-            pass
-        except OSError as exc:
-            raise _uncreatable(d, exc.strerror) from None
-    if path.is_symlink() or not path.is_dir():
-        what = "a symbolic link" if path.is_symlink() else "not a directory"
-        raise Refused(
-            f"{path} is in the way of sm120patch's state directory ({what})",
-            f"move {path} aside, then run sm120patch again",
-        )
-    if not create:
-        return
-    now = stat.S_IMODE(path.stat().st_mode)
-    if now & ~mode:
-        try:
-            os.chmod(path, now & mode)
-        except PermissionError:
-            pass  # another user's directory: its owner set it
-
-
-def _uncreatable(path: Path, reason: str | None) -> Refused:
-    return not_writable("cannot create sm120patch's state directory", path, reason)
-
-
-def _unopenable(path: Path, reason: str | None) -> Refused:
-    return not_writable("cannot open the lock", path, reason)
-
-
 class TargetState:
-    """The state directory of one target (and, read-only, where 0.1.0 kept it)."""
+    """The state directory of one target (and, read-only, where 0.1.0 kept it), held by its
+    descriptor once found or made (`statedir.StateDir`)."""
 
     @classmethod
-    def of(cls, root: Path, layout: str, kind: str) -> TargetState:
+    def of(cls, root: Path, layout: str, kind: str, tree: TreeHandle | None = None) -> TargetState:
         legacy = legacy_state_dir_for(root, kind) if layout == "installed" else None
-        return cls(state_dir_for(root, layout, kind), root, legacy)
+        return cls(state_dir_for(root, layout, kind), root, legacy, tree)
 
-    def __init__(self, directory: Path, root: Path, legacy: Path | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        root: Path,
+        legacy: Path | None = None,
+        tree: TreeHandle | None = None,
+    ) -> None:
         self.dir = directory
         self.root = root
+        # Reached from the tree's own handle where the state lives in it (`.sm120patch` beside
+        # the package, `.git/sm120patch`), else walked from `/` without following a link.
+        self.held = StateDir(directory, tree)
         # 0.1.0's per-user state is read (and moved) only from a directory of the running
         # user's own: another user's HOME or XDG directory (root run with a user's HOME) is
         # not evidence of anything.
@@ -186,7 +136,7 @@ class TargetState:
 
     @property
     def dir_mode(self) -> int:
-        return shared_mode(self.anchor)
+        return shared_mode(self.held.anchor_stat())
 
     @property
     def file_mode(self) -> int:
@@ -200,12 +150,32 @@ class TargetState:
 
     @property
     def owner(self) -> tuple[int, int]:
-        """(uid, gid) of the target's owner: the owner of the site-packages or git directory."""
-        try:
-            st = os.stat(self.anchor)
-        except OSError:
+        """(uid, gid) of the target's owner: the owner of the site-packages or git directory,
+        from its descriptor."""
+        st = self.held.anchor_stat()
+        if st is None:
             return os.geteuid(), os.getegid()
         return st.st_uid, st.st_gid
+
+    def _making(self) -> Making:
+        return Making(self.dir_mode, self.owner, self._judge)
+
+    def _judge(self, path: Path, st: os.stat_result) -> None:
+        """Refuse an entry of the state that anyone but the target's owner (or root) could
+        have written, or a link (state is never read or written through one)."""
+        if stat.S_ISLNK(st.st_mode):
+            raise Refused(
+                f"{path} is in the way of sm120patch's state directory (a symbolic link: "
+                "state is never read or written through one, which could lead outside)",
+                f"move {path} aside, then run sm120patch again",
+            )
+        problem = files.lax_entry(path, st, (self.owner[0], 0))
+        if problem:
+            raise self._untrusted(problem)
+
+    def verify(self) -> None:
+        """Refuse (TreeMoved) once the state directory's path names another than the one held."""
+        self.held.verify()
 
     def check_trusted(self) -> None:
         """Refuse, with the fix, state that anyone but the target's owner (or root) could have
@@ -215,33 +185,21 @@ class TargetState:
         uid = self.owner[0]
         me = os.geteuid()
         who = files.owner_name(uid)
-        top = self.dir.parent
         if me not in (uid, 0):
             raise NotWritable(
                 f"the state of {self.root} belongs to {who}, the owner of {self.anchor}; "
                 f"{files.owner_name(me)} may not write it",
                 f"run sm120patch as {who}" + ("" if uid == 0 else " (or as root)"),
             )
-        entries = [top, self.dir]
-        if self.dir.is_dir() and not self.dir.is_symlink():
-            for base, dirs, names in os.walk(self.dir):
-                entries += [Path(base) / n for n in (*dirs, *names)]
-        for path in entries:
-            try:
-                st = os.lstat(path)
-            except (FileNotFoundError, NotADirectoryError):
-                continue  # not there (a file in the way is `state_dir`'s to name)
-            except OSError as exc:
-                raise Refused(f"cannot read {path} ({exc.strerror})") from None
-            if stat.S_ISLNK(st.st_mode):
-                raise Refused(
-                    f"{path} is in the way of sm120patch's state directory (a symbolic link: "
-                    "state is never read or written through one, which could lead outside)",
-                    f"move {path} aside, then run sm120patch again",
-                )
-            problem = files.lax_entry(path, st, (uid, 0))
-            if problem:
-                raise self._untrusted(problem)
+        try:
+            self.held.open()
+        except FileNotFoundError:
+            st = self.held.top_stat()  # the level above, when only it is there
+            if st is not None:
+                self._judge(self.dir.parent, st)
+            return
+        for path, st in [*self.held.held_stats(), *self.held.entries()]:
+            self._judge(path, st)
 
     def _untrusted(self, problem: str) -> Refused:
         """The refusal of state someone else could have written, with the fix."""
@@ -265,33 +223,27 @@ class TargetState:
         """
         import fcntl
 
-        self.check_trusted()
-        owner = self.owner
-        state_dir(self.dir, self.dir_mode, owner)
-        path = self.dir / "lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        except OSError as exc:
-            raise _unopenable(path, exc.strerror) from None
-        try:
-            # Readable and writable by its owner only: flock needs nothing but a descriptor,
-            # so a lock anyone can open is a lock anyone can hold.
-            st = os.fstat(fd)
-            if os.geteuid() == 0 and (st.st_uid, st.st_gid) != owner:
-                os.fchown(fd, *owner)
-            if stat.S_IMODE(st.st_mode) != 0o600:
-                os.fchmod(fd, 0o600)
+        # The state directory is held from here to the run's end: every write of the run
+        # goes through the descriptors opened (and checked) now.
+        with self.held.holding():
+            self.check_trusted()
+            making = self._making()
+            fd = self.held.open_lock(making.owner, making)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise self._held() from None
-            try:
-                self._migrate()
-                yield
+                # Readable and writable by its owner only (made so, or refused as it is):
+                # flock needs nothing but a descriptor, so a lock anyone can open is a lock
+                # anyone can hold.
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise self._held() from None
+                try:
+                    self._migrate()
+                    yield
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+                os.close(fd)
 
     def _held(self) -> Refused:
         return Refused(
@@ -303,18 +255,34 @@ class TargetState:
         """Refuse as `locked` would (the state directory in the way or not creatable, the lock
         file not openable, another run holding it), creating and locking nothing: the dry
         runs' preflight, so that a dry run refuses where its command would."""
+        with self.held.holding():
+            self._check_lockable()
+
+    def _check_lockable(self) -> None:
         self.check_trusted()
-        state_dir(self.dir, self.dir_mode, create=False)
-        path = self.dir / "lock"
-        if os.path.lexists(path):
+        try:
+            fd_dir = self.held.open()
+        except FileNotFoundError:
+            missing = self.held.uncreatable()
+            if missing is not None:
+                raise uncreatable(missing, os.strerror(errno.EACCES)) from None
+            return
+        path = self.dir / LOCK
+        try:
+            os.stat(LOCK, dir_fd=fd_dir, follow_symlinks=False)
+        except FileNotFoundError:
+            if not os.access(".", os.W_OK | os.X_OK, dir_fd=fd_dir):
+                raise unopenable(path, os.strerror(errno.EACCES)) from None
+        else:
             try:
                 # Opened for writing as `locked` opens it, and closed at once: no byte written.
-                fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+                fd = os.open(LOCK, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=fd_dir)
             except OSError as exc:
-                raise _unopenable(path, exc.strerror) from None
-            os.close(fd)
-        elif self.dir.is_dir() and not os.access(self.dir, os.W_OK | os.X_OK):
-            raise _unopenable(path, os.strerror(errno.EACCES))
+                raise unopenable(path, exc.strerror) from None
+            try:
+                self.held.check_lock(os.fstat(fd), self.owner[0])
+            finally:
+                os.close(fd)
         self.check_unlocked()
 
     def check_unlocked(self) -> None:
@@ -322,8 +290,10 @@ class TargetState:
         import fcntl
 
         try:
-            # Never blocking on a FIFO there, never through a link.
-            fd = os.open(self.dir / "lock", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            with self.held.holding():
+                # Never blocking on a FIFO there, never through a link.
+                fd = os.open(LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW,
+                             dir_fd=self.held.open())  # fmt: skip
         except OSError:
             return  # no lock file: nobody holds it
         try:
@@ -337,7 +307,7 @@ class TargetState:
 
     def _migrate(self) -> None:
         """Move state written by sm120patch 0.1.0 (per user) to the target's own directory."""
-        if self.legacy is None or any((self.dir / n).exists() for n in (MANIFEST, JOURNAL)):
+        if self.legacy is None or any(self.held.exists(n) for n in (MANIFEST, JOURNAL)):
             return
         try:
             self._move_legacy()
@@ -368,13 +338,24 @@ class TargetState:
 
     # ---- json documents ----------------------------------------------------------------
     def _read(self, name: str) -> dict[str, Any] | None:
-        doc = self._read_at(self.dir / name)
-        if doc is None and self.legacy is not None and not (self.dir / name).exists():
-            doc = self._read_at(self.legacy / name)
-        return doc
+        try:
+            raw = self.held.read(name, self._owners)
+        except (FileNotFoundError, NotADirectoryError):
+            if self.legacy is None:
+                return None
+            return self._read_at(self.legacy / name)
+        except safeio.NotOwned as exc:
+            raise self._untrusted(exc.message) from None
+        except OSError as exc:
+            path = self.dir / name
+            raise Refused(
+                f"cannot read {path} ({exc.strerror})",
+                f"if it is a symbolic link, move it aside ({path})",
+            ) from None
+        return self._parse(self.dir / name, raw)
 
     def _read_at(self, path: Path) -> dict[str, Any] | None:
-        name = path.name
+        """A document of 0.1.0's per-user state (the running user's own directory)."""
         try:
             raw = _read_nofollow(path, self)
         except (FileNotFoundError, NotADirectoryError):
@@ -384,6 +365,10 @@ class TargetState:
                 f"cannot read {path} ({exc.strerror})",
                 f"if it is a symbolic link, move it aside ({path})",
             ) from None
+        return self._parse(path, raw)
+
+    def _parse(self, path: Path, raw: bytes) -> dict[str, Any]:
+        name = path.name
         try:
             doc = json.loads(raw.decode("utf-8"))
             schema = doc["schema"]
@@ -411,20 +396,20 @@ class TargetState:
     def _write(self, name: str, doc: dict[str, Any]) -> None:
         doc = {"schema": SCHEMA, **doc}
         data = json.dumps(doc, indent=2, sort_keys=True).encode("utf-8") + b"\n"
-        state_dir(self.dir, self.dir_mode, self.owner)
-        files.atomic_write(self.dir / name, data, mode=self.file_mode, owner=self.owner)
+        self.held.write(name, data, self.file_mode, self._making(), durable=True)
 
     def remove_temps(self) -> None:
         """Temp files of state writes a killed run left behind."""
-        for name in (MANIFEST, JOURNAL, TRIALS):
-            files.remove_temps(self.dir / name)
+        self.held.remove_temps((MANIFEST, JOURNAL, TRIALS))
 
     def _remove(self, name: str) -> None:
+        self.held.unlink(name)
+
+    def has_manifest(self) -> bool:
         try:
-            (self.dir / name).unlink()
+            return self.held.exists(MANIFEST)
         except FileNotFoundError:
-            pass
-        files.fsync_dir(self.dir)
+            return False
 
     def manifest(self) -> Manifest | None:
         doc = self._read(MANIFEST)
@@ -447,10 +432,7 @@ class TargetState:
         # No fsync of the directory: an unlink lost to a crash leaves what a kill just before
         # it leaves (the journal next to the manifest of its txn), which `recover` finishes
         # (the kill-anywhere tests stop there).
-        try:
-            (self.dir / JOURNAL).unlink()
-        except FileNotFoundError:
-            pass
+        self.held.unlink(JOURNAL, durable=False)
 
     def trials(self) -> list[TrialRecord]:
         doc = self._read(TRIALS)  # checked whole (`check_trials`): each entry is a record
@@ -468,37 +450,32 @@ class TargetState:
         return len(trials) - len(kept)
 
     # ---- file copies -------------------------------------------------------------------
-    def _copy_path(self, kind: str, rel: str, base: Path | None = None) -> Path:
-        return files.inside(base or self.dir, f"{kind}/{files.safe_relpath(rel)}")
-
     def keep_copy(self, kind: str, rel: str, data: bytes) -> None:
-        path = self._copy_path(kind, rel)
-        owner = self.owner
-        state_dir(self.dir, self.dir_mode, owner)
-        for parent in reversed([p for p in path.parents if self.dir in p.parents]):
-            state_dir(parent, self.dir_mode, owner)
         # A pristine copy is what a revert restores from: durable. A patched copy only shows a
         # later edit as a diff (and a torn one shows as a larger diff, never a wrong restore).
-        files.atomic_write(path, data, mode=self.file_mode, durable=kind == "pristine",
-                           owner=owner)  # fmt: skip
+        self.held.write(f"{kind}/{files.safe_relpath(rel)}", data, self.file_mode,
+                        self._making(), durable=kind == "pristine")  # fmt: skip
 
     def copy(self, kind: str, rel: str) -> bytes | None:
-        for base in (self.dir, self.legacy):
-            if base is None:
-                continue
-            try:
-                return _read_nofollow(self._copy_path(kind, rel, base), self)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError:
-                return None  # a link or an unreadable copy: no copy to restore from
-        return None
+        name = f"{kind}/{files.safe_relpath(rel)}"
+        try:
+            return self.held.read(name, self._owners)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except safeio.NotOwned as exc:
+            raise self._untrusted(exc.message) from None
+        except (OSError, Refused):
+            return None  # a link or an unreadable copy: no copy to restore from
+        if self.legacy is None:
+            return None
+        try:
+            return _read_nofollow(files.inside(self.legacy, name), self)
+        except OSError:
+            return None
 
     def drop_copies(self) -> None:
-        import shutil
-
         for kind in ("pristine", "patched"):
-            shutil.rmtree(self.dir / kind, ignore_errors=True)
+            self.held.remove_tree(kind)
 
 
 def _read_nofollow(path: Path, state: TargetState) -> bytes:

@@ -17,8 +17,9 @@ from sm120patch.targets.resolved import Given, resolved
 def recorded(found: Iterable[Target]) -> list[TrialRecord]:
     """The trials recorded on each of `found`, target by target (a trial of a profile spanning
     both targets is on both): what a command shows of this box without assessing a target."""
-    return [t for target in found for t in TargetState.of(target.root, target.layout,
-                                                          target.kind).trials()]  # fmt: skip
+    return [t for target in found
+            for t in TargetState.of(target.root, target.layout, target.kind,
+                                    target.handle).trials()]  # fmt: skip
 
 
 def record_trial(given: Given, profile: str, trial: TrialRecord) -> None:
@@ -28,7 +29,7 @@ def record_trial(given: Given, profile: str, trial: TrialRecord) -> None:
         target = named.quiet(kind, required=False)
         if target is None:
             continue
-        st = TargetState.of(target.root, target.layout, target.kind)
+        st = TargetState.of(target.root, target.layout, target.kind, target.handle)
         with st.locked():
             try:
                 st.add_trial(trial)
@@ -44,7 +45,7 @@ def forget_trials(given: Given, keys: Collection[str]) -> int:
     (`given`; a trial is kept on each target of its profile); how many records went."""
     dropped = 0
     for target in resolved(given).each(targets.KINDS):
-        st = TargetState.of(target.root, target.layout, target.kind)
+        st = TargetState.of(target.root, target.layout, target.kind, target.handle)
         if not any(t.key in keys for t in st.trials()):
             continue  # nothing to remove: no lock taken, no state directory made
         with st.locked():

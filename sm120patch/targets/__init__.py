@@ -99,6 +99,9 @@ def find(kind: str, path: str | Path | None) -> Target:
                 f"{name} is not installed in this Python ({_python()})",
                 f"pass --{kind} PATH to point at a {name} checkout or site-packages",
             )
+        # This interpreter's own environment, named by no one: its sys.path is as trusted as
+        # the code running now (a venv's lib64 link is its installer's), so it is resolved
+        # once; the handle holds the real path. A named path is never resolved (`_package_in`).
         package_dir = Path(next(iter(spec.submodule_search_locations))).resolve()
     else:
         package_dir = _package_in(kind, Path(path))
@@ -119,23 +122,47 @@ def _python() -> str:
     return sys.executable
 
 
+def _linked(kind: str, given: Path, path: Path) -> None:
+    """Refuse, naming the link and where it points, a symbolic link anywhere on the absolute
+    `path`: a path the user names is walked from `/` without following one (`handle`), so a
+    link swapped onto it, or one the user did not know of, never redirects root."""
+    from sm120patch.handle import first_link
+
+    found = first_link(path)
+    if found is None:
+        return
+    link, points = found
+    real = os.path.realpath(path)
+    raise Refused(
+        f"--{kind} {given}: {link} is a symbolic link (to {points}); sm120patch follows no "
+        "link in a path it is given",
+        f"give the real path: --{kind} {shlex.quote(real)}",
+    )
+
+
 def _package_in(kind: str, path: Path) -> Path:
     name = DISPLAY[kind]
+    given = path
+    # Absolute from the working directory, lexically: `..` is taken off the path as written
+    # (never through a link, which is refused below); the working directory has none.
+    path = Path(os.path.abspath(path))
+    _linked(kind, given, path)
     if not path.exists():
         raise UsageError(
-            f"--{kind} {path}: no such file or directory",
+            f"--{kind} {given}: no such file or directory",
             f"give a {name} checkout root, the package's parent directory or a site-packages",
         )
     if not path.is_dir():
         raise UsageError(
-            f"--{kind} {path}: is a file, expected a directory",
+            f"--{kind} {given}: is a file, expected a directory",
             f"give a {name} checkout root, the package's parent directory or a site-packages",
         )
-    path = path.resolve()
     candidates = [path / kind, path / "python" / kind]
     if path.name == kind:
         candidates.append(path)
     found = [c for c in candidates if (c / "__init__.py").is_file()]
+    for c in found:
+        _linked(kind, given, c / "__init__.py")  # the package (or python/) a link elsewhere
     if not found and all((path / p).exists() for p in ("HEAD", "objects", "refs")):
         raise Refused(
             f"--{kind} {path}: a bare git repository (no work tree to patch)",
