@@ -27,7 +27,7 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from sm120patch.errors import UsageError
+from sm120patch.errors import UnknownProfile, UsageError
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
 from sm120patch.patchkit.versions import base_release, contains
@@ -134,7 +134,8 @@ class Catalog:
             return self.profiles[name]
         except KeyError:
             known = ", ".join(sorted(self.profiles))
-            raise UsageError(
+            raise UnknownProfile(
+                name,
                 f"unknown profile '{name}'; known profiles: {known}",
                 "`sm120patch list` shows each with its pins and patches",
             ) from None

@@ -1,0 +1,109 @@
+"""Inputs a user names, or plants where root reads, built to hang, exhaust or trick the tool:
+lock files, `--known` files, a working directory root runs a child in, deep trees and deep
+expressions, `new-patch`'s names, the Ansible module's profile. Each is planted as the user
+would (the attacking user of `tests/attackers.py` where the kernel decides what they may
+write) and what is printed and on disk is asserted afterwards."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+from attackers import attacker_fixture, shared_fixture  # noqa: F401 (fixtures)
+from killing import cli, command
+from test_attacks import one_line
+from trees import make_tree, tree_hash
+
+
+def proc(*args: str, cwd: str | None = None, timeout: float = 60):
+    return subprocess.run(command(*args), capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)  # fmt: skip
+
+
+# ---- 5. files the user names -------------------------------------------------------------------
+def test_a_hostile_lock_file_is_one_line_and_echoes_nothing(attacker, shared, tmp_path):
+    """A FIFO (which hung `ensure --locked` at service start), a link to /dev/zero (MemoryError),
+    TOML nested 10,000 deep (RecursionError), a link to a root-only TOML file (its values were
+    echoed), an empty and a truncated lock, and a lock of a profile nothing defines: each is
+    one line naming the lock, and a `next:` line is a command that runs when pasted."""
+    site = make_tree(shared, "sglang", "0.5.8", "installed")
+    genuine = tmp_path / "moe.lock"
+    assert cli("pin", "moe", "--sglang", str(site), "-o", str(genuine))[0] == 0
+    drop = attacker.give(shared / "drop")
+    secret = tmp_path / "secret.toml"  # root's alone
+    secret.write_text('schema = 2\nprofile = "s3cr3t-token"\n[versions]\nsglang = "s3cr3t-2"\n')
+    secret.chmod(0o600)
+    text = genuine.read_text()
+    planted = {
+        "fifo": None,
+        "zero": None,
+        "secret": None,
+        "deep": "x = " + "[" * 10000 + "]" * 10000 + "\n",
+        "empty": "",
+        "truncated": text[: len(text) // 2],
+        "unknown": text.replace('profile = "moe"', 'profile = "nope"'),
+    }
+    for name, data in planted.items():
+        if data is not None:
+            attacker.write(drop / name, data)
+    attacker.ok("import os, sys\nos.mkfifo(sys.argv[1], 0o644)", str(drop / "fifo"))
+    attacker.symlink(Path("/dev/zero"), drop / "zero")
+    attacker.symlink(secret, drop / "secret")
+    needles = {
+        "fifo": "is a FIFO, not a regular file",
+        "zero": "is a symbolic link; sm120patch reads no lock file through one",
+        "secret": "is a symbolic link; sm120patch reads no lock file through one",
+        "deep": "nests tables or arrays too deep to be a lock",
+        "empty": "is empty",
+        "truncated": "lock file",
+        "unknown": "locks profile 'nope', which neither this sm120patch nor its packs define",
+    }
+    before = tree_hash(site)
+    hints: set[str] = set()
+    for name, needle in needles.items():
+        lock = drop / name
+        for verb in ("ensure", "apply"):
+            done = proc(verb, "--locked", str(lock), "--sglang", str(site), "--no-gpu-check")
+            err = done.stderr
+            assert done.returncode in (1, 2) and needle in err and one_line(err), (name, err)
+            assert f"lock file {lock}" in err and "s3cr3t" not in err, (name, err)
+            assert "('schema')" not in err and "Error" not in err, (name, err)
+            hints |= {line[len("  next: "):] for line in err.splitlines()
+                      if line.startswith("  next: ")}  # fmt: skip
+        assert tree_hash(site) == before
+    # The truncated lock keeps its profile: the hint is a pin of it, to the lock's own path.
+    assert any(h.startswith(f"sm120patch pin moe -o {drop / 'truncated'}") for h in hints), hints
+    # Every `next:` pastes: run from elsewhere, none is a usage error (after the loop: the
+    # pin a hint names writes the lock at its path).
+    assert hints
+    for hint in sorted(hints):
+        words = shlex.split(hint)
+        assert words[0] == "sm120patch" and len(words) >= 2, hint
+        assert proc(*words[1:], cwd="/").returncode != 2, hint
+    # --json: the same line as a document.
+    done = proc("ensure", "--locked", str(drop / "deep"), "--sglang", str(site), "--json")
+    doc = json.loads(done.stdout)
+    assert doc["exit_code"] == 1 and "too deep" in doc["error"], done.stdout
+    # A --known file is read the same way.
+    done = proc("scan", "--sglang", str(site), "--known", str(drop / "fifo"))
+    assert done.returncode == 1 and "--known file" in done.stderr and "FIFO" in done.stderr
+    assert one_line(done.stderr), done.stderr
+
+
+def test_an_exhausted_interpreter_is_one_line_at_the_boundary(monkeypatch, tmp_path):
+    """A RecursionError or MemoryError no reader refused by name ends as one line, and as a
+    JSON document with --json, never as an internal error."""
+    from sm120patch import app
+
+    site = make_tree(tmp_path, "sglang", "0.5.8", "installed")
+    for exc in (RecursionError, MemoryError):
+        def boom(*args, exc=exc, **kwargs):
+            raise exc()
+
+        monkeypatch.setattr(app, "status", boom)
+        code, out, err = cli("status", "--sglang", str(site))
+        assert code == 1 and exc.__name__ in err and one_line(err), err
+        code, out, err = cli("status", "--sglang", str(site), "--json")
+        assert code == 1 and json.loads(out)["exit_code"] == 1, out
