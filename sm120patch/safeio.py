@@ -150,6 +150,37 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# What a pip child keeps of the caller's environment: its index configuration (PIP_*, the
+# config files found through HOME, XDG_* and VIRTUAL_ENV, PIP_CONFIG_FILE among the PIP_*),
+# how it reaches the index (proxies, certificates, .netrc), a temporary directory and the
+# locale. Nothing that changes which code Python runs: the child also runs `-I` (no PYTHON*
+# variable, no user site, no working directory on sys.path) in `/`.
+_PIP_KEPT = ("PATH", "HOME", "TZ", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "XDG_CONFIG_HOME",
+             "XDG_CONFIG_DIRS", "XDG_CACHE_HOME", "VIRTUAL_ENV", "SSL_CERT_FILE",
+             "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")  # fmt: skip
+_PROXIES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+# Where a Python child the tool starts runs: the caller's working directory may be anyone's
+# (`python -m` puts it first on sys.path; a relative path in the environment resolves in it).
+CHILD_CWD = "/"
+
+
+def pip_env() -> dict[str, str]:
+    """The whole environment of a pip child (see `_PIP_KEPT`)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in _PIP_KEPT or k.startswith("PIP_") or k.lower() in _PROXIES
+    }
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
+def python_command(python: str, *args: str) -> list[str]:
+    """`python` run isolated (`-I`: no PYTHON* variable, no user site-packages, neither the
+    working directory nor a script's directory on sys.path) with `args`."""
+    return [python, "-I", *args]
+
+
 def clean_command(command: list[str], env: dict[str, str]) -> list[str]:
     """`command` run with exactly `env` (see the module's docstring)."""
     if not os.path.exists(ENV_BIN):

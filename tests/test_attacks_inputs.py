@@ -11,6 +11,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 from attackers import attacker_fixture, shared_fixture  # noqa: F401 (fixtures)
 from killing import cli, command
 from test_attacks import one_line
@@ -107,3 +108,32 @@ def test_an_exhausted_interpreter_is_one_line_at_the_boundary(monkeypatch, tmp_p
         assert code == 1 and exc.__name__ in err and one_line(err), err
         code, out, err = cli("status", "--sglang", str(site), "--json")
         assert code == 1 and json.loads(out)["exit_code"] == 1, out
+
+
+# ---- 6. the children the tool starts ---------------------------------------------------------
+PLANTED_PIP = "import sys\nopen(sys.argv[0] + '.ran', 'w').write('ran')\nprint('global.index-url=\"http://evil\"')\n"
+
+
+@pytest.mark.parametrize("via", ["the working directory", "PYTHONPATH"])
+def test_a_planted_pip_in_the_callers_directory_never_runs(via, attacker, shared, monkeypatch):
+    """`matrix` asks pip for its index configuration and fetches with `pip download`: a
+    `pip/__main__.py` the user planted where root stands (or on a PYTHONPATH root inherited)
+    is not what runs; pip's own configuration (PIP_*, its config files) still is."""
+    from sm120patch.maintain import pipconfig, releases
+
+    here = attacker.give(shared / "work")
+    attacker.write(here / "pip" / "__init__.py", "")
+    attacker.write(here / "pip" / "__main__.py", PLANTED_PIP)
+    if via == "PYTHONPATH":
+        monkeypatch.setenv("PYTHONPATH", str(here))
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://mirror.example/simple")
+    pipconfig.pip_index.cache_clear()
+    try:
+        found = pipconfig.pip_index()
+    finally:
+        pipconfig.pip_index.cache_clear()
+    assert not (here / "pip" / "__main__.py.ran").exists()
+    assert found.index_url != "http://evil" and "https://mirror.example/simple" in found.sources
+    args = releases.pip_download_args("sglang", "0.5.8")
+    assert args[1] == "-I", args
