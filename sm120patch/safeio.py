@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from sm120patch.errors import Refused
@@ -124,6 +125,34 @@ def read_named(path: Path, what: str, *, limit: int = NAMED_LIMIT) -> bytes:
         raise Refused(
             f"cannot read {what} {path} ({exc.strerror or exc})", "check that it is readable"
         ) from None
+
+
+def walk(top: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(top)` (top-down, `dirs` prunable in place, a link to a directory listed in
+    `dirs` but never entered, unreadable directories skipped) without recursion: Python
+    3.11's recurses once per level, so 1,200 nested directories a user made ended a scan in
+    RecursionError."""
+    stack = [os.fspath(top)]
+    while stack:
+        here = stack.pop()
+        try:
+            with os.scandir(here) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        dirs: list[str] = []
+        names: list[str] = []
+        links: set[str] = set()
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+                if is_dir and entry.is_symlink():
+                    links.add(entry.name)
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else names).append(entry.name)
+        yield here, dirs, names
+        stack.extend(os.path.join(here, d) for d in reversed(dirs) if d not in links)
 
 
 # The caller's variables git may see (values only: a locale or a time zone runs nothing).

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from attackers import attacker_fixture, shared_fixture  # noqa: F401 (fixtures)
 from killing import cli, command
-from test_attacks import one_line
+from test_attacks import one_line, users_site
 from trees import make_tree, tree_hash
 
 
@@ -137,3 +137,38 @@ def test_a_planted_pip_in_the_callers_directory_never_runs(via, attacker, shared
     assert found.index_url != "http://evil" and "https://mirror.example/simple" in found.sources
     args = releases.pip_download_args("sglang", "0.5.8")
     assert args[1] == "-I", args
+
+
+# ---- 8. deep trees and deep expressions --------------------------------------------------------
+def deep_sum(n: int) -> str:
+    return "+".join(["1"] * n)
+
+
+def test_a_deep_tree_or_expression_is_a_note_in_scan_and_a_refusal_in_apply(attacker, shared):
+    """The user's environment holds 1,200 nested directories (os.walk's recursion) and a module
+    with an expression 3,000 deep under an arch gate (the parser's): scan reads on and notes
+    the module; the same expression in a file a patch reads refuses the apply in one line."""
+    site = users_site(shared, attacker)
+    attacker.ok("import os, sys\nos.chdir(sys.argv[1])\nfor _ in range(1200):\n"
+                "    os.mkdir('d')\n    os.chdir('d')\nopen('m.py', 'w').write('x = 1\\n')",
+                str(site / "sglang" / "srt"))  # fmt: skip
+    attacker.write(site / "sglang" / "srt" / "deep_expr.py",
+                   f"def f():\n    if is_sm100_supported():\n        return {deep_sum(3000)}\n")  # fmt: skip
+    try:
+        done = proc("scan", "--sglang", str(site), timeout=300)
+    finally:
+        # Gone again, from the bottom up (this test's tree walks, and rmtree, recurse).
+        attacker.ok("import os, sys\nos.chdir(sys.argv[1])\nfor _ in range(1200):\n    os.chdir('d')\n"
+                    "os.unlink('m.py')\nfor _ in range(1200):\n    os.chdir('..')\n    os.rmdir('d')",
+                    str(site / "sglang" / "srt"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "sglang/srt/deep_expr.py: nests too deep for Python to parse" in done.stdout, done.stdout
+    args = site / "sglang" / "srt" / "server_args.py"
+    attacker.write(args, args.read_text() + f"\n\ndef deep():\n    return {deep_sum(3000)}\n")
+    before = tree_hash(site)
+    for dry in ([], ["--dry-run"]):
+        done = proc("apply", "moe", *dry, "--sglang", str(site), "--no-gpu-check")
+        err = done.stderr[done.stderr.index("sm120patch: "):]  # the known outcomes first
+        assert done.returncode == 1 and one_line(err), err
+        assert "server_args.py::<module>: the file nests too deep for Python to parse" in err, err
+    assert tree_hash(site) == before

@@ -92,9 +92,11 @@ class Pack:
             return [Path(self.module_file)]
         if not self.location:
             return []
+        from sm120patch.safeio import walk
+
         root = Path(self.location)
         out = []
-        for base, dirs, names in os.walk(root):
+        for base, dirs, names in walk(root):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             out += [Path(base) / n for n in sorted(names)]
         return out
