@@ -172,3 +172,44 @@ def test_a_deep_tree_or_expression_is_a_note_in_scan_and_a_refusal_in_apply(atta
         assert done.returncode == 1 and one_line(err), err
         assert "server_args.py::<module>: the file nests too deep for Python to parse" in err, err
     assert tree_hash(site) == before
+
+
+# ---- 10. the Ansible module's profile ------------------------------------------------------------
+@pytest.mark.parametrize("state", ["present", "absent"])
+@pytest.mark.parametrize("profile", ["--force", "-h", " "])
+def test_the_ansible_module_refuses_a_profile_that_reads_as_an_option(state, profile, monkeypatch):
+    """`profile: --force` in a play would have run `sm120patch apply --force` (outside the
+    pins); the task fails naming it, and no sm120patch command runs at all."""
+    import importlib.util
+    import sys
+
+    path = (Path(__file__).resolve().parents[1] / "ansible_collections" / "sm120" / "sm120patch"
+            / "plugins" / "modules" / "sm120patch.py")  # fmt: skip
+    spec = importlib.util.spec_from_file_location("sm120patch_ansible_module", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: ran.append(argv))
+
+    class Failed(Exception):
+        pass
+
+    class Fake:
+        params = {"python": sys.executable, "sglang": "/srv/site", "flashinfer": None,
+                  "vllm": None, "profile": profile, "lock": None, "lock_content": None,
+                  "state": state, "force": False, "gpu_check": True}  # fmt: skip
+        check_mode = False
+        _diff = False
+        failed: dict = {}
+
+        def fail_json(self, **kw):
+            self.failed.update(kw)
+            raise Failed()
+
+    fake = Fake()
+    verb = module.present if state == "present" else module.absent
+    with pytest.raises(Failed):
+        verb(fake, module.Tool(fake))
+    assert ran == [] and repr(profile) in fake.failed["msg"], (ran, fake.failed)
+    assert "would read it as an option" in fake.failed["msg"]
