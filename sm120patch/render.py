@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from sm120patch.errors import Refused, Sm120Error
+from sm120patch.errors import Sm120Error
 from sm120patch.terminal import error_doc as error_doc
+from sm120patch.terminal import exhausted
 from sm120patch.terminal import fallback_hint as fallback_hint
 from sm120patch.terminal import hint_lines as hint_lines
 from sm120patch.terminal import interrupt_notice as interrupt_notice
@@ -604,17 +605,10 @@ class Group(click.Group):
             sys.exit(0)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
-        except (RecursionError, MemoryError) as exc:
+        except (RecursionError, MemoryError) as exc:  # an input built to exhaust Python
             if os.environ.get("SM120PATCH_DEBUG"):
                 raise
-            # An input built to exhaust the interpreter (a file nested thousands deep, a
-            # member that inflates to gigabytes) that no reader below refused by name: one
-            # line, as any refusal, not an internal error with a traceback's worth of words.
-            why = ("nests deeper than Python can read" if isinstance(exc, RecursionError)
-                   else "needs more memory than this process has")  # fmt: skip
-            fail(Refused(f"stopped: an input of this command {why} ({type(exc).__name__})",
-                         "`sm120patch status` shows the state of the trees"),
-                 json_wanted(ctx), ctx.invoked_subcommand)  # fmt: skip
+            fail(exhausted(exc), json_wanted(ctx), ctx.invoked_subcommand)
         except Exception as exc:
             if os.environ.get("SM120PATCH_DEBUG"):
                 raise

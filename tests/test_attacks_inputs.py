@@ -7,15 +7,19 @@ write) and what is printed and on disk is asserted afterwards."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 from attackers import attacker_fixture, shared_fixture  # noqa: F401 (fixtures)
+from click.testing import CliRunner
 from killing import cli, command
 from test_attacks import one_line, users_site
 from trees import make_tree, tree_hash
+
+from sm120patch.cli import main
 
 
 def proc(*args: str, cwd: str | None = None, timeout: float = 60):
@@ -213,3 +217,76 @@ def test_the_ansible_module_refuses_a_profile_that_reads_as_an_option(state, pro
         verb(fake, module.Tool(fake))
     assert ran == [] and repr(profile) in fake.failed["msg"], (ran, fake.failed)
     assert "would read it as an option" in fake.failed["msg"]
+
+
+# ---- 7. releases read by HTTP range requests -------------------------------------------------
+def bomb_wheel(version: str) -> bytes:
+    """A vLLM wheel, self-consistent (its RECORD lists every member), one of whose .py members
+    inflates to 40 MiB from a few KiB: what a hostile mirror serves."""
+    import base64
+    import hashlib
+    import io
+    import zipfile
+
+    from fakeindex import FILES
+
+    members = {**FILES["vllm"], "vllm/bomb.py": "\n" * (40 << 20)}
+    info = f"vllm-{version}.dist-info"
+    members[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+    rows = [f"{rel},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+            for rel, text in members.items()]  # fmt: skip
+    members[f"{info}/RECORD"] = "\n".join([*rows, f"{info}/RECORD,,"]) + "\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for rel, text in members.items():
+            zf.writestr(rel, text)
+    return buf.getvalue()
+
+
+def test_a_ranged_read_says_the_index_sha256_was_not_checked_and_caps_what_it_keeps(
+    tmp_path, monkeypatch
+):
+    """A mirror serves a forged vLLM wheel under the genuine sha256. Read by range requests
+    (the whole wheel is never fetched) it is kept, and the tree's record and `matrix` say the
+    index's sha256 was not checked; read whole, it is refused. A member inflating past the cap
+    (a zip bomb) refuses the release in one line, never a MemoryError."""
+    from fakeindex import FILES, pip_env, serve, wheel_bytes
+
+    from sm120patch.maintain import pipconfig, releases, sources, trees
+
+    def use(index_url: str, cache: Path) -> None:
+        for key in [k for k in os.environ if k.startswith("PIP_")]:
+            monkeypatch.delenv(key)
+        for key, value in pip_env(index_url, cache).items():
+            monkeypatch.setenv(key, value)
+        pipconfig.pip_index.cache_clear()
+        releases.listing.cache_clear()
+        releases.index_reachable.cache_clear()
+
+    rel = next(r for r in FILES["vllm"] if r.endswith(".py"))
+    forged = wheel_bytes("vllm", "0.34.0", {**FILES["vllm"], rel: FILES["vllm"][rel] + "X = 1\n"})
+    with serve(tmp_path / "ranged", ranges=True) as index:
+        index.add("vllm", "0.34.0", serve_instead=forged)
+        use(index.url, tmp_path / "c1")
+        tree = sources.tree("vllm", "0.34.0")
+        assert (tree / rel).read_text().endswith("X = 1\n")  # what a range read cannot tell
+        record = trees.tree_record(tree)
+        assert record["read"] == sources.RANGED and record["index_sha256"] is False
+        done = CliRunner().invoke(main, ["matrix", "-j", "1", "-q", "--vllm", "==0.34.0", "--json"])
+        row = json.loads(done.stdout)["rows"][0]
+        assert "not the index's sha256 of the whole wheel" in row["unchecked"], done.output
+        done = CliRunner().invoke(main, ["matrix", "-j", "1", "-q", "--vllm", "==0.34.0"])
+        assert "vLLM 0.34.0: not verified against the index, read by HTTP range" in done.stdout
+    with serve(tmp_path / "whole") as index:
+        index.add("vllm", "0.34.0", serve_instead=forged)
+        use(index.url, tmp_path / "c2")
+        with pytest.raises(releases.ReleaseError, match="sha256"):
+            sources.tree("vllm", "0.34.0")
+    with serve(tmp_path / "bomb", ranges=True) as index:
+        index.add("vllm", "0.35.0", serve_instead=bomb_wheel("0.35.0"))
+        use(index.url, tmp_path / "c3")
+        with pytest.raises(releases.ReleaseError, match="'vllm/bomb.py' inflates to 41943040"):
+            sources.tree("vllm", "0.35.0")
+    pipconfig.pip_index.cache_clear()
+    releases.listing.cache_clear()
+    releases.index_reachable.cache_clear()
