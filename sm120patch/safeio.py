@@ -185,8 +185,9 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 # locale. Nothing that changes which code Python runs: the child also runs `-I` (no PYTHON*
 # variable, no user site, no working directory on sys.path) in `/`.
 _PIP_KEPT = ("PATH", "HOME", "TZ", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "XDG_CONFIG_HOME",
-             "XDG_CONFIG_DIRS", "XDG_CACHE_HOME", "VIRTUAL_ENV", "SSL_CERT_FILE",
-             "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")  # fmt: skip
+             "XDG_CONFIG_DIRS", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR",
+             "DBUS_SESSION_BUS_ADDRESS", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR",
+             "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")  # fmt: skip (keyring: XDG, D-Bus)
 _PROXIES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
 # Where a Python child the tool starts runs: the caller's working directory may be anyone's
 # (`python -m` puts it first on sys.path; a relative path in the environment resolves in it).

@@ -24,6 +24,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from sm120patch.errors import UsageError
 from sm120patch.patchkit.model import TARGETS
+from sm120patch.safeio import read_named
 
 ID_RE = re.compile(r"^[a-z][a-z0-9]*(?:[.-][a-z0-9]+)+$")
 # What new-patch writes into Python and TOML is checked against these before anything is
@@ -128,7 +129,8 @@ def write(
     for path in (module, test):
         if path.exists() and not force:
             raise UsageError(f"{path} exists", "pick another id, or --force to overwrite it")
-    existing = profiles.read_text(encoding="utf-8") if profiles.is_file() else ""
+    # A file of the directory the user names: no link followed, no FIFO waited on.
+    existing = read_named(profiles, "profiles file").decode("utf-8") if profiles.is_file() else ""
     if f"[profiles.{_toml_key(spec.profile_name)}]" in existing and not force:
         raise UsageError(
             f"{profiles} already defines profile {spec.profile_name}",
