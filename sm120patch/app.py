@@ -10,15 +10,16 @@ GPUs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sm120patch.errors import UsageError
+from sm120patch.errors import UnknownProfile, UsageError
 
 if TYPE_CHECKING:
     from sm120patch.engine.apply import Prepared
@@ -189,6 +190,22 @@ def locked(profile: str | None, lock_path: str | None) -> Locked:
     return Locked(lock.profile, lock, lock_path, lockfile.check(lock, Path(lock_path)))
 
 
+@contextlib.contextmanager
+def _profile_of(want: Locked) -> Iterator[None]:
+    """A profile the lock names that nothing here defines is said to come from the lock."""
+    try:
+        yield
+    except UnknownProfile as exc:
+        if want.lock_path is None or exc.name != want.profile:
+            raise
+        raise UsageError(
+            f"lock file {want.lock_path} locks profile '{exc.name}', which neither this "
+            "sm120patch nor its packs define",
+            "`sm120patch list` shows the profiles here; a pack's profile needs its pack "
+            "(--patches DIR)",
+        ) from None
+
+
 # ---- the verbs -----------------------------------------------------------------------------
 
 
@@ -253,11 +270,12 @@ def apply_dry_run(
     them)."""
     from sm120patch.engine import apply
 
-    for line in session.known_before_apply(want.profile, gpu_check):
-        on_known(line)
-    prep = apply.dry_run(
-        want.profile, session.targets, force=force, check_plan=want.check_plan, lock=want.lock
-    )
+    with _profile_of(want):
+        for line in session.known_before_apply(want.profile, gpu_check):
+            on_known(line)
+        prep = apply.dry_run(
+            want.profile, session.targets, force=force, check_plan=want.check_plan, lock=want.lock
+        )
     gpu_doc = None
     if gpu_check:
         found = session.gpus()
@@ -271,11 +289,12 @@ def apply(
 ) -> Report:
     from sm120patch.engine import apply as applying
 
-    for line in session.known_before_apply(want.profile, gpu_check):
-        on_known(line)
-    return applying.apply(want.profile, session.targets, force=force, lock=want.lock,
-                          preconditions=session.sm120_check(gpu_check),
-                          check_plan=want.check_plan)  # fmt: skip
+    with _profile_of(want):
+        for line in session.known_before_apply(want.profile, gpu_check):
+            on_known(line)
+        return applying.apply(want.profile, session.targets, force=force, lock=want.lock,
+                              preconditions=session.sm120_check(gpu_check),
+                              check_plan=want.check_plan)  # fmt: skip
 
 
 def ensure(
@@ -283,15 +302,16 @@ def ensure(
 ) -> Report:
     from sm120patch.engine import ensure as ensuring
 
-    return ensuring.ensure(
-        want.profile,
-        session.targets,
-        force=force,
-        preconditions=session.sm120_check(gpu_check),
-        check_plan=want.check_plan,
-        lock=want.lock,
-        apply_if_needed=apply_if_needed,
-    )
+    with _profile_of(want):
+        return ensuring.ensure(
+            want.profile,
+            session.targets,
+            force=force,
+            preconditions=session.sm120_check(gpu_check),
+            check_plan=want.check_plan,
+            lock=want.lock,
+            apply_if_needed=apply_if_needed,
+        )
 
 
 def revert(
@@ -461,12 +481,17 @@ def scan(session: Session, known: str | None = None) -> ScanReport:
     `known`: an earlier `scan --json` whose candidates are not new."""
     import json
 
+    from sm120patch import safeio
     from sm120patch.scan import run as scanning
 
     seen = None
     if known is not None:
         try:
-            seen = scanning.known_candidates(json.loads(Path(known).read_text(encoding="utf-8")))
+            raw = safeio.read_named(Path(known), "--known file")
+            seen = scanning.known_candidates(json.loads(raw.decode("utf-8")))
+        except RecursionError:
+            raise UsageError(f"--known {known}: nested too deep to be a scan",
+                             "give the output of `sm120patch scan --json`") from None  # fmt: skip
         except (OSError, ValueError) as exc:
             raise UsageError(
                 f"--known {known}: {exc}", "give the output of `sm120patch scan --json`"

@@ -37,6 +37,15 @@ class UsageError(Sm120Error):
     exit_code = 2
 
 
+class UnknownProfile(UsageError):
+    """A profile name no loaded profiles.toml defines (`name`: the name asked for), so that a
+    caller who took the name from a lock file can say so."""
+
+    def __init__(self, name: str, message: str, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.name = name
+
+
 class TrialCrashed(Sm120Error):
     exit_code = 3
     record: dict[str, object] | None = None  # the trial's record, for `--json`

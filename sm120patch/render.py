@@ -18,6 +18,7 @@ import click
 
 from sm120patch.errors import Sm120Error
 from sm120patch.terminal import error_doc as error_doc
+from sm120patch.terminal import exhausted
 from sm120patch.terminal import fallback_hint as fallback_hint
 from sm120patch.terminal import hint_lines as hint_lines
 from sm120patch.terminal import interrupt_notice as interrupt_notice
@@ -607,6 +608,10 @@ class Group(click.Group):
             sys.exit(0)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
+        except (RecursionError, MemoryError) as exc:  # an input built to exhaust Python
+            if os.environ.get("SM120PATCH_DEBUG"):
+                raise
+            fail(exhausted(exc), json_wanted(ctx), ctx.invoked_subcommand)
         except Exception as exc:
             if os.environ.get("SM120PATCH_DEBUG"):
                 raise

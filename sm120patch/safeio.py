@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from sm120patch.errors import Refused
@@ -44,6 +45,7 @@ def read_regular(
     limit: int = READ_LIMIT,
     owners: tuple[int, ...] | None = None,
     at: tuple[int, str] | None = None,
+    what: str = "target or state file",
 ) -> bytes:
     """The bytes of the regular file at `path` (a target's file, a state file), judged on the
     file actually opened: opened without following a symbolic link at its name and without
@@ -52,7 +54,7 @@ def read_regular(
     is refused in one line before a byte is read. A directory raises IsADirectoryError and a
     missing file FileNotFoundError, as `Path.read_bytes` does. `at` (a directory's descriptor
     and a name in it) opens that name relative to the descriptor, `path` naming it in
-    messages (`handle.TreeHandle.read`)."""
+    messages (`handle.TreeHandle.read`); `what` names the kind of file in a refusal."""
     import errno
 
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -63,7 +65,7 @@ def read_regular(
         if exc.errno != errno.ELOOP:
             raise
         raise Refused(
-            f"{path} is a symbolic link; sm120patch reads no target or state file through one",
+            f"{path} is a symbolic link; sm120patch reads no {what} through one",
             f"replace {path} by the file itself (or move it aside), then run sm120patch again",
         ) from None
     try:
@@ -72,8 +74,8 @@ def read_regular(
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         problem = None
         if not stat.S_ISREG(st.st_mode):
-            what = next((w for test, w in _KINDS if test(st.st_mode)), "not a regular file")
-            problem = f"{path} is {what}, not a regular file; sm120patch reads regular files only"
+            kind = next((w for test, w in _KINDS if test(st.st_mode)), "not a regular file")
+            problem = f"{path} is {kind}, not a regular file; sm120patch reads regular files only"
         elif st.st_size > limit:
             problem = f"{path} is {st.st_size} bytes, more than sm120patch reads ({limit})"
         elif owners is not None and st.st_uid not in owners:
@@ -92,6 +94,65 @@ def read_regular(
         raise Refused(f"{path} grew past {limit} bytes while read", f"move {path} aside")
     finally:
         os.close(fd)
+
+
+# The largest file a user names that sm120patch reads whole (`--known`): far above any real
+# one; a lock is capped lower (`LOCK_LIMIT`), the size of a profile's every diff several times.
+NAMED_LIMIT = 16 << 20
+LOCK_LIMIT = 1 << 20
+
+
+def read_named(path: Path, what: str, *, limit: int = NAMED_LIMIT) -> bytes:
+    """The bytes of a file the user named (`what`: "lock file", "--known file"), by
+    `read_regular`'s rules: no link followed at its name (a link to a file the caller may not
+    read would have its contents echoed in an error), no blocking on a FIFO, a regular file of
+    at most `limit` bytes. Every failure is one line naming the file: a missing file or a
+    directory is a usage error (exit 2), the rest a refusal (exit 1)."""
+    from sm120patch.errors import UsageError
+
+    try:
+        return read_regular(path, limit=limit, what=what)
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path} does not exist", "check the path") from None
+    except NotADirectoryError:
+        raise UsageError(f"{what} {path} does not exist (a file is on its way)",
+                         "check the path") from None  # fmt: skip
+    except IsADirectoryError:
+        raise UsageError(f"{what} {path} is a directory", "give the file's path") from None
+    except Refused as exc:
+        raise Refused(f"{what} {exc.message}", "give the path of the regular file itself") from None
+    except OSError as exc:
+        raise Refused(
+            f"cannot read {what} {path} ({exc.strerror or exc})", "check that it is readable"
+        ) from None
+
+
+def walk(top: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(top)` (top-down, `dirs` prunable in place, a link to a directory listed in
+    `dirs` but never entered, unreadable directories skipped) without recursion: Python
+    3.11's recurses once per level, so 1,200 nested directories a user made ended a scan in
+    RecursionError."""
+    stack = [os.fspath(top)]
+    while stack:
+        here = stack.pop()
+        try:
+            with os.scandir(here) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        dirs: list[str] = []
+        names: list[str] = []
+        links: set[str] = set()
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+                if is_dir and entry.is_symlink():
+                    links.add(entry.name)
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else names).append(entry.name)
+        yield here, dirs, names
+        stack.extend(os.path.join(here, d) for d in reversed(dirs) if d not in links)
 
 
 # The caller's variables git may see (values only: a locale or a time zone runs nothing).
@@ -116,6 +177,38 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     )
     env.update(extra or {})
     return env
+
+
+# What a pip child keeps of the caller's environment: its index configuration (PIP_*, the
+# config files found through HOME, XDG_* and VIRTUAL_ENV, PIP_CONFIG_FILE among the PIP_*),
+# how it reaches the index (proxies, certificates, .netrc), a temporary directory and the
+# locale. Nothing that changes which code Python runs: the child also runs `-I` (no PYTHON*
+# variable, no user site, no working directory on sys.path) in `/`.
+_PIP_KEPT = ("PATH", "HOME", "TZ", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "XDG_CONFIG_HOME",
+             "XDG_CONFIG_DIRS", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR",
+             "DBUS_SESSION_BUS_ADDRESS", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR",
+             "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")  # fmt: skip (keyring: XDG, D-Bus)
+_PROXIES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+# Where a Python child the tool starts runs: the caller's working directory may be anyone's
+# (`python -m` puts it first on sys.path; a relative path in the environment resolves in it).
+CHILD_CWD = "/"
+
+
+def pip_env() -> dict[str, str]:
+    """The whole environment of a pip child (see `_PIP_KEPT`)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in _PIP_KEPT or k.startswith("PIP_") or k.lower() in _PROXIES
+    }
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
+def python_command(python: str, *args: str) -> list[str]:
+    """`python` run isolated (`-I`: no PYTHON* variable, no user site-packages, neither the
+    working directory nor a script's directory on sys.path) with `args`."""
+    return [python, "-I", *args]
 
 
 def clean_command(command: list[str], env: dict[str, str]) -> list[str]:

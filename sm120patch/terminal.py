@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from sm120patch.errors import AGAIN
+from sm120patch.errors import AGAIN, Refused
 
 
 def error_doc(
@@ -27,6 +27,16 @@ def json_asked(flag: bool, argv: Sequence[str]) -> bool:
     """--json given: its flag parsed, or in the words before `--` (a trial's command) when
     the command line failed to parse before the flag's callback ran."""
     return flag or "--json" in list(argv)[: ([*argv, "--"]).index("--")]
+
+
+def exhausted(exc: RecursionError | MemoryError) -> Refused:
+    """An input built to exhaust the interpreter (nested thousands deep, inflating to
+    gigabytes) that no reader refused by name: one line, as any refusal, never an internal
+    error."""
+    why = ("nests deeper than Python can read" if isinstance(exc, RecursionError)
+           else "needs more memory than this process has")  # fmt: skip
+    return Refused(f"stopped: an input of this command {why} ({type(exc).__name__})",
+                   "`sm120patch status` shows the state of the trees")  # fmt: skip
 
 
 def fallback_hint(exit_code: int, verb: str | None) -> str:

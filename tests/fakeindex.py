@@ -4,6 +4,7 @@ JSON when asked, with the sha256 of each file. Lets the release cache and `matri
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -19,10 +20,10 @@ from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from trees import FLASHINFER_FILES, SGLANG_FILES
+from trees import FLASHINFER_FILES, SGLANG_FILES, VLLM_FILES
 
-FILES = {"sglang": SGLANG_FILES, "flashinfer-python": FLASHINFER_FILES}
-DIST = {"sglang": "sglang", "flashinfer-python": "flashinfer_python"}
+FILES = {"sglang": SGLANG_FILES, "flashinfer-python": FLASHINFER_FILES, "vllm": VLLM_FILES}
+DIST = {"sglang": "sglang", "flashinfer-python": "flashinfer_python", "vllm": "vllm"}
 
 
 def wheel_bytes(project: str, version: str, files: dict[str, str]) -> bytes:
@@ -34,6 +35,12 @@ def wheel_bytes(project: str, version: str, files: dict[str, str]) -> bytes:
         info = f"{dist}-{version}.dist-info"
         zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n")
         zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        if project == "vllm":  # its sources are kept member by member, each held to RECORD
+            rows = []
+            for item in zf.infolist():
+                digest = base64.urlsafe_b64encode(hashlib.sha256(zf.read(item)).digest())
+                rows.append(f"{item.filename},sha256={digest.rstrip(b'=').decode()},{item.file_size}")
+            zf.writestr(f"{info}/RECORD", "\n".join([*rows, f"{info}/RECORD,,"]) + "\n")
     return buf.getvalue()
 
 
@@ -58,18 +65,20 @@ class FakeIndex:
     delay_s: dict[str, float] = field(default_factory=dict)  # file name -> seconds before answering
 
     def add(self, project: str, version: str, *, sdist: bool = False, yanked: bool = False,
-            files: dict[str, str] | None = None) -> Path:
-        """Publish one release of `project` (files: the fixture tree of its kind)."""
+            files: dict[str, str] | None = None, serve_instead: bytes | None = None) -> Path:
+        """Publish one release of `project` (files: the fixture tree of its kind);
+        `serve_instead`: what a forging mirror serves under the genuine file's sha256."""
         files = files if files is not None else FILES[project]
         data = sdist_bytes(project, version, files) if sdist else wheel_bytes(project, version, files)
+        genuine = hashlib.sha256(data).hexdigest()
+        data = data if serve_instead is None else serve_instead
         name = f"{DIST[project]}-{version}" + (".tar.gz" if sdist else "-py3-none-any.whl")
         path = self.root / "files" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         meta = self.root / "meta" / f"{project}.json"
         entries = json.loads(meta.read_text()) if meta.exists() else []
-        entries.append({"filename": name, "yanked": yanked,
-                        "sha256": hashlib.sha256(data).hexdigest()})
+        entries.append({"filename": name, "yanked": yanked, "sha256": genuine})
         meta.parent.mkdir(parents=True, exist_ok=True)
         meta.write_text(json.dumps(entries))
         return path
@@ -89,7 +98,9 @@ class FakeIndex:
 
 
 @contextmanager
-def serve(root: Path, *, json_pages: bool = False) -> Iterator[FakeIndex]:
+def serve(root: Path, *, json_pages: bool = False, ranges: bool = False) -> Iterator[FakeIndex]:
+    """The index at `root`; `ranges`: files answer HTTP range requests (206), as PyPI's
+    file host does."""
     index = FakeIndex(root)
 
     class Handler(SimpleHTTPRequestHandler):
@@ -116,6 +127,20 @@ def serve(root: Path, *, json_pages: bool = False) -> Iterator[FakeIndex]:
                 self.wfile.write(body)
                 return
             time.sleep(index.delay_s.get(parts[-1] if parts else "", 0.0))
+            asked = self.headers.get("Range", "")
+            path = root / "/".join(parts)
+            if ranges and asked.startswith("bytes=") and path.is_file():
+                data = path.read_bytes()
+                first, _, last = asked[len("bytes="):].partition("-")
+                start = len(data) - int(last) if not first else int(first)
+                end = len(data) - 1 if not first or not last else min(int(last), len(data) - 1)
+                start = max(start, 0)
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+                self.send_header("Content-Length", str(end - start + 1))
+                self.end_headers()
+                self.wfile.write(data[start:end + 1])
+                return
             super().do_GET()
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

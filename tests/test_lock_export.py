@@ -131,7 +131,7 @@ def test_corrupt_lock_is_one_line(tmp_path):
     lock.write_text("schema = 1\nprofile = ")
     code, _, err = cli("apply", "--locked", str(lock), "--no-gpu-check")
     assert code == 1
-    assert "not a valid sm120patch lock" in err and "Traceback" not in err
+    assert f"lock file {lock} is not TOML" in err and "Traceback" not in err
 
 
 def _refusal(err: str) -> list[str]:
@@ -200,15 +200,17 @@ def test_an_old_lock_reads_into_records_and_writes_back_the_same_bytes(tmp_path)
 
 @pytest.mark.parametrize(("edit", "says"), [
     (lambda t: t.replace('after = "' + "d" * 64 + '"\ndiff', "after = 7\ndiff"),
-     "steps entry 1: after is not a string"),
+     "[[steps]] entry 1: `after` is not a string"),
     (lambda t: t.replace('patch = "sglang.sm120-flag"', 'patch = ["sglang.sm120-flag"]'),
-     "steps entry 1: patch is not a string"),
-    (lambda t: t.replace("diff = ", "difff = "), "steps entry 1 has no diff"),
+     "[[steps]] entry 1: `patch` is not a string"),
+    (lambda t: t.replace("diff = ", "difff = "), "[[steps]] entry 1 has no `diff`"),
     (lambda t: t.replace('before = "' + "c" * 64, 'before = "' + "c" * 63),
-     "files entry 1: before is not a sha256"),
-    (lambda t: t.replace("[[steps]]", "[steps]"), "steps is not an array of tables"),
+     "[[files]] entry 1: `before` is not a sha256"),
+    (lambda t: t.replace("[[steps]]", "[steps]"), "`steps` is not an array of tables"),
     (lambda t: t.replace('profile = "all"\n', 'profile = "all"\nfiles = [1]\n')
-     .replace("[[files]]", "[x]"), "files entry 1 is not a table"),
+     .replace("[[files]]", "[x]"), "[[files]] entry 1 is not a table"),
+    (lambda t: t.replace("schema = 1\n", ""), "it has no `schema`"),
+    (lambda t: t.replace("[versions]", "[versionz]"), "it has no `versions`"),
 ])  # fmt: skip
 def test_a_lock_with_a_wrongly_typed_entry_is_one_line(tmp_path, edit, says):
     path = tmp_path / "bad.lock"
@@ -216,7 +218,8 @@ def test_a_lock_with_a_wrongly_typed_entry_is_one_line(tmp_path, edit, says):
     code, _, err = cli("apply", "--locked", str(path), "--no-gpu-check")
     assert code == 1
     first = _refusal(err)[0]
-    assert "is not a valid sm120patch lock" in first and says in first, err
+    assert f"lock file {path} is not a lock sm120patch pin wrote: {says}" in first, err
+    assert "next: sm120patch pin all -o" in err, err
 
 
 def test_export_applies_with_git_am(tmp_path):

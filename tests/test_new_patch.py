@@ -100,3 +100,46 @@ def test_the_templates_are_read_as_package_data() -> None:
     for name in ("patch.py.tmpl", "test_patch.py.tmpl", "transform-keyword.py.tmpl",
                  "transform-todo.py.tmpl"):
         assert "${" in newpatch.template(name).template or name.startswith("transform")
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--file", 'sglang/srt/x.py"\nimport os; os.system("id")\n"'),
+    ("--file", "sglang/srt/x.py'"),
+    ("--file", "../x.py"),
+    ("--file", "flashinfer/x.py"),
+    ("--keyword", 'k"]; import os; x = ["'),
+    ("--profile", 'p]\n[profiles.evil'),
+    ("--function", "f():\n    pass\nimport os\ndef g"),
+])  # fmt: skip
+def test_new_patch_refuses_a_name_that_is_not_one(tmp_path, option, value):
+    """A name new-patch writes into code (a package-relative .py path, identifiers, a profile
+    name) that is not one is a usage error, and nothing is written."""
+    args = [*SKELETON, "--keyword", "supported", "--expect", "10", "--add", "12"]
+    at = args.index(option) + 1 if option in args else None
+    if at is None:
+        args += [option, value]
+    else:
+        args[at] = value
+    result = CliRunner().invoke(main, ["new-patch", *args, "--dir", str(tmp_path / "pack")])
+    assert result.exit_code == 2, result.output
+    assert not (tmp_path / "pack").exists() or not any((tmp_path / "pack").iterdir())
+
+
+def test_new_patch_renders_every_value_escaped(tmp_path):
+    """PEP 440's arbitrary equality (`===`) takes any text without spaces, quotes too: the
+    pins land in the module and in profiles.toml as the very string given, never as code."""
+    import ast
+
+    import tomllib
+
+    pins = '===1"+injected+"'  # packaging takes it; unescaped, `injected` is code
+    args = [*SKELETON]
+    args[args.index("--pins") + 1] = pins
+    new_patch(tmp_path, args)
+    tree = ast.parse((tmp_path / "sglang_new_site.py").read_text())
+    releases = [k.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                for k in node.keywords if k.arg == "releases"]  # fmt: skip
+    assert [r.value for r in releases if isinstance(r, ast.Constant)] == [pins]
+    assert not any(isinstance(n, ast.Name) and n.id == "injected" for n in ast.walk(tree))
+    doc = tomllib.loads((tmp_path / "profiles.toml").read_text())
+    assert doc["profiles"]["new-site"]["pins"] == {"sglang": pins}

@@ -115,7 +115,7 @@ def test_fetch_reuses_the_cache(cache: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_pip_arguments_per_release() -> None:
     new = releases.pip_download_args("sglang", "0.5.11")
-    assert new[1:4] == ["-m", "pip", "download"] and "--no-deps" in new
+    assert new[1:5] == ["-I", "-m", "pip", "download"] and "--no-deps" in new
     assert {"--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
             "--only-binary=:all:"} <= set(new)
     old = releases.pip_download_args("sglang", "0.5.10")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sm120patch import safeio
 from sm120patch.errors import Refused, Sm120Error, UsageError
 from sm120patch.targets import Target, files
 from sm120patch.targets.resolved import Given, resolved
@@ -62,13 +63,17 @@ def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float 
     with tempfile.TemporaryDirectory(prefix="sm120patch-probe-") as tmp:
         req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
         req.write_text(json.dumps(request), encoding="utf-8")
+        # The server's own environment (its PYTHONPATH, SGLANG_* and CUDA_* variables decide
+        # what it imports and resolves), run by path (no `-m`: the working directory is not on
+        # sys.path) from `/`, so that nothing of the caller's directory is in reach.
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         # Quiet the upstream modules' own warnings; the result is in the file.
         env.setdefault("PYTHONWARNINGS", "ignore")
         try:
             proc = subprocess.run(
-                [str(python), str(PROBE), str(req), str(res)],
+                [_absolute(python), str(PROBE), str(req), str(res)],
                 capture_output=True, text=True, timeout=timeout, env=env, check=False,
+                cwd=safeio.CHILD_CWD,
             )
         except FileNotFoundError:
             raise UsageError(f"no interpreter at {python}", "pass --python PATH") from None
@@ -92,6 +97,13 @@ def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float 
             "PATH)",
         )
     return dict(result)
+
+
+def _absolute(python: str | Path) -> str:
+    """`python` as the child, started in `/`, finds it: a relative path made absolute here, a
+    bare name left for PATH."""
+    text = str(python)
+    return os.path.abspath(text) if os.sep in text else text
 
 
 def module_name(file: str) -> str:

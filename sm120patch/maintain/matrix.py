@@ -48,6 +48,9 @@ class Row:
     # previous release of its kind did not have (`mark_new`).
     candidates: list[dict[str, Any]] | None = None
     new_candidates: list[dict[str, Any]] = field(default_factory=list)
+    # Why the release's bytes were not checked against the index's sha256 (a vLLM wheel read
+    # by range requests: `sources.unchecked`); None when they were.
+    unchecked: str | None = None
 
 
 def plan_release(kind: str, version: str, scan: bool = False) -> Row:
@@ -74,6 +77,8 @@ def _plan_release(kind: str, version: str) -> Row:
     except Exception as exc:  # a release we cannot fetch is a row that says so
         row.error = f"{type(exc).__name__}: {exc}"
         return row
+    if kind in releases.SOURCES_ONLY:
+        row.unchecked = sources.unchecked(kind, version)
     cat = catalog.load()
     for profile in cat.profiles.values():
         if kind not in profile.targets:
@@ -294,6 +299,11 @@ def markdown(rows: list[Row], profiles: Sequence[str] | None = None) -> str:
         for site, first, note in _notes(mine):
             out.append(f"{NOTE_MARK} `{site}` from {DISPLAY[kind]} {first}: {note}")
             out.append("")
+        for r in mine:
+            if r.unchecked and not r.error:
+                out.append(f"{DISPLAY[kind]} {r.version}: not verified against the index, "
+                           f"{r.unchecked}")  # fmt: skip
+                out.append("")
         out += _new_candidates(mine)
     return "\n".join(out)
 
@@ -336,7 +346,8 @@ def to_json(rows: list[Row], warnings: Sequence[str] = ()) -> str:
     doc: dict[str, Any] = {
         "rows": [
             {"kind": r.kind, "version": r.version, "profiles": r.profiles, "sites": r.sites,
-             "notes": r.notes, **_scanned(r)}
+             "notes": r.notes, **_scanned(r),
+             **({"unchecked": r.unchecked} if r.unchecked else {})}
             for r in rows
             if not r.error
         ],

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 
+from sm120patch import safeio
+
 DEFAULT_INDEX = "https://pypi.org/simple"
 SECTIONS = (":env:", "download", "global")  # highest precedence first, as pip orders them
 TRUE = ("1", "true", "yes", "on")
@@ -90,11 +92,13 @@ def pip_index() -> PipIndex:
     """pip's index configuration, read once per process."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "config", "list"],
+            safeio.python_command(sys.executable, "-m", "pip", "config", "list"),
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
+            cwd=safeio.CHILD_CWD,
+            env=safeio.pip_env(),
         )
     except (OSError, subprocess.TimeoutExpired):
         proc = None

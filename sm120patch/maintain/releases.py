@@ -48,6 +48,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from sm120patch import safeio
 from sm120patch.errors import Sm120Error
 from sm120patch.maintain import pipconfig
 from sm120patch.maintain.cacheowner import own_cache
@@ -521,7 +522,7 @@ def pip_download_args(kind: str, version: str) -> list[str]:
     """The `pip download` command that fetches this release's wheel, whatever runs it: the
     fallback when the file cannot be downloaded from the URL the index lists."""
     args = [
-        sys.executable,
+        *safeio.python_command(sys.executable),
         "-m",
         "pip",
         "download",
@@ -651,13 +652,15 @@ def _download_url(entry: IndexFile, staging: Path) -> Path:
 
 def _pip_download(args: list[str], staging: Path) -> Path:
     proc = subprocess.run(
-        [*args, "--dest", str(staging)], capture_output=True, text=True, check=False
-    )
+        [*args, "--dest", str(staging.absolute())], capture_output=True, text=True,
+        check=False, cwd=safeio.CHILD_CWD, env=safeio.pip_env(),
+    )  # fmt: skip
     files = [p for p in staging.iterdir() if p.is_file()]
     if proc.returncode != 0 or len(files) != 1:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+        shown = " ".join(args[args.index("-m") + 1 :])  # `pip download ...`
         raise ReleaseError(
-            f"`{' '.join(args[2:])}` failed (exit {proc.returncode}, {len(files)} files):\n"
+            f"`{shown}` failed (exit {proc.returncode}, {len(files)} files):\n"
             + "\n".join(tail)
         )
     return files[0]

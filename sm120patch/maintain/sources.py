@@ -19,7 +19,14 @@ read (2). What is: each member's CRC32, against the zip's central directory (zip
 it on reading a member to its end), and every kept file's sha256 against the wheel's own
 RECORD (itself a kept member); a file the RECORD does not list, or lists with another digest,
 refuses the release. With a whole wheel (1, 3) the same, and the index's sha256 when it
-publishes one (3).
+publishes one. A ranged read is consistent with itself, not proven the index's release: a
+mirror serving another wheel under the genuine sha256 goes unnoticed. The tree record says
+which (`index_sha256`: whether the index's digest was checked), and so does `matrix`
+(`unchecked`).
+
+What is kept is capped before a byte is inflated: a member whose central directory says more
+than `MEMBER_LIMIT` bytes, or members over `TOTAL_LIMIT` in all, refuse the release (zipfile
+never inflates past the size the directory states).
 """
 
 from __future__ import annotations
@@ -58,6 +65,14 @@ from sm120patch.maintain.releases import (
 )
 from sm120patch.maintain.trees import TREE_RECORD, TREE_SCHEMA, put_tree, tree_problem
 from sm120patch.targets.files import atomic_write
+
+# The most one kept member (a .py file, a dist-info file) and all of them may inflate to:
+# vLLM's largest source file is under 1 MB and all its .py files about 40 MB.
+MEMBER_LIMIT = 32 << 20
+TOTAL_LIMIT = 512 << 20
+# How each way of reading a wheel is recorded, and whether the index's sha256 was checked.
+RANGED = "central directory and kept members by HTTP range requests"
+
 
 # Spans of kept members closer than this are fetched as one request: fewer round trips for a
 # few bytes of .so or data between them.
@@ -113,18 +128,38 @@ def _keep_sources(kind: str, version: str, staging: Path) -> None:
     if entry.url.startswith("file:"):
         from urllib.request import url2pathname
 
-        with zipfile.ZipFile(url2pathname(entry.url.removeprefix("file:"))) as zf:
+        local = url2pathname(entry.url.removeprefix("file:"))
+        if entry.sha256 and sha256_file(Path(local)) != entry.sha256:
+            raise ReleaseError(f"{entry.filename}: sha256 differs from the index's")
+        with zipfile.ZipFile(local) as zf:
             _extract(zf, entry.filename, staging)
-        how = "read in place"
+        how, checked = "read in place", bool(entry.sha256)
     else:
         try:
             with _ranged(entry) as zf:
                 _extract(zf, entry.filename, staging)
-            how = "central directory and kept members by HTTP range requests"
+            how, checked = RANGED, False
         except _NoRanges:
             _whole(kind, version, entry, staging)
-            how = "whole wheel downloaded, sha256 checked, deleted"
-    _write_record(staging, kind, version, entry.filename, how)
+            how, checked = "whole wheel downloaded, sha256 checked, deleted", bool(entry.sha256)
+    _write_record(staging, kind, version, entry.filename, how, checked)
+
+
+def unchecked(kind: str, version: str) -> str | None:
+    """Why the kept sources of this release were not checked against the index's sha256 of
+    the whole wheel (None when they were): what `matrix` says beside the release."""
+    from sm120patch.maintain.trees import tree_record
+
+    try:
+        record = tree_record(trees_dir() / f"{kind}-{version}")
+    except (OSError, ValueError):
+        return None
+    if record.get("index_sha256") is True:
+        return None
+    if record.get("read") == RANGED:
+        return ("read by HTTP range requests: each member's CRC32 and the wheel's own RECORD "
+                "checked, not the index's sha256 of the whole wheel")  # fmt: skip
+    return "the index lists no sha256 for its wheel (or an older sm120patch kept it)"
 
 
 def _whole(kind: str, version: str, entry: IndexFile, staging: Path) -> None:
@@ -146,7 +181,18 @@ def _whole(kind: str, version: str, entry: IndexFile, staging: Path) -> None:
 def _extract(zf: zipfile.ZipFile, wheel: str, staging: Path) -> None:
     """Write the kept members of `zf` under `staging`, each read to its end (CRC32 checked) and
     held to the RECORD's sha256."""
-    names = [i.filename for i in zf.infolist() if kept(i.filename)]
+    infos = [i for i in zf.infolist() if kept(i.filename)]
+    for info in infos:
+        if info.file_size > MEMBER_LIMIT:
+            raise ReleaseError(
+                f"{wheel}: member {info.filename!r} inflates to {info.file_size} bytes, more "
+                f"than sm120patch keeps of one file ({MEMBER_LIMIT})"
+            )
+    total = sum(i.file_size for i in infos)
+    if total > TOTAL_LIMIT:
+        raise ReleaseError(f"{wheel}: its kept members inflate to {total} bytes, more than "
+                           f"sm120patch keeps of a release ({TOTAL_LIMIT})")  # fmt: skip
+    names = [i.filename for i in infos]
     records = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/RECORD")]
     if len(records) != 1:
         raise ReleaseError(f"{wheel}: expected one *.dist-info/RECORD, found {records}")
@@ -177,7 +223,9 @@ def _record_digests(data: bytes) -> dict[str, bytes]:
     return out
 
 
-def _write_record(staging: Path, kind: str, version: str, wheel: str, how: str) -> None:
+def _write_record(
+    staging: Path, kind: str, version: str, wheel: str, how: str, checked: bool
+) -> None:
     written = {
         p.relative_to(staging).as_posix(): sha256_file(p)
         for p in sorted(staging.rglob("*"))
@@ -190,6 +238,7 @@ def _write_record(staging: Path, kind: str, version: str, wheel: str, how: str) 
         "version": version,
         "source": wheel,
         "read": how,
+        "index_sha256": checked,  # the index's sha256 of the whole wheel was checked
         # Every .py of the release is here; the version files count as wanted even where the
         # release has none, so that `trees.tree` takes this tree as covering them.
         "wanted": sorted({*written, f"{package}/version.py", f"{package}/_version.py"}),

@@ -13,6 +13,7 @@ caller's writer (the files module's `write_output`).
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from collections.abc import Callable
@@ -23,8 +24,15 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from sm120patch.errors import UsageError
 from sm120patch.patchkit.model import TARGETS
+from sm120patch.safeio import read_named
 
 ID_RE = re.compile(r"^[a-z][a-z0-9]*(?:[.-][a-z0-9]+)+$")
+# What new-patch writes into Python and TOML is checked against these before anything is
+# rendered, and rendered escaped all the same: a quote in a name must not end a string literal
+# of the module a root `--patches` run imports.
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a Python identifier (ASCII)
+FILE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:/[A-Za-z_][A-Za-z0-9_]*)*\.py$")
+PROFILE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")  # as the library's profiles are named
 
 
 @dataclass(frozen=True)
@@ -71,10 +79,26 @@ def check(spec: NewPatch) -> None:
             f"target '{spec.target}' is not one of {', '.join(TARGETS)}",
             "--target names the package the site is in",
         )
-    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", spec.function):
+    if not NAME_RE.match(spec.function):
         raise UsageError(
-            f"'{spec.function}' is not a function name",
+            f"{spec.function!r} is not a function name",
             "--function takes the name of the function holding the site, e.g. gen_comm_module",
+        )
+    if not FILE_RE.match(spec.file) or spec.file.split("/")[0] != spec.target:
+        raise UsageError(
+            f"--file {spec.file!r} is not a .py file of the {spec.target} package",
+            f"give its path from the package's parent, e.g. {spec.target}/jit/comm.py "
+            "(identifiers joined by /, ending in .py)",
+        )
+    if spec.keyword is not None and not NAME_RE.match(spec.keyword):
+        raise UsageError(
+            f"--keyword {spec.keyword!r} is not a keyword argument's name",
+            "give the name of the list keyword, e.g. supported_major_versions",
+        )
+    if spec.profile and not PROFILE_RE.match(spec.profile):
+        raise UsageError(
+            f"--profile {spec.profile!r} is not a profile name",
+            "lower-case letters, digits, - and _, e.g. my-moe",
         )
     try:
         SpecifierSet(spec.pins)
@@ -105,7 +129,8 @@ def write(
     for path in (module, test):
         if path.exists() and not force:
             raise UsageError(f"{path} exists", "pick another id, or --force to overwrite it")
-    existing = profiles.read_text(encoding="utf-8") if profiles.is_file() else ""
+    # A file of the directory the user names: no link followed, no FIFO waited on.
+    existing = read_named(profiles, "profiles file").decode("utf-8") if profiles.is_file() else ""
     if f"[profiles.{_toml_key(spec.profile_name)}]" in existing and not force:
         raise UsageError(
             f"{profiles} already defines profile {spec.profile_name}",
@@ -124,16 +149,23 @@ def _toml_key(name: str) -> str:
 
 def _profile_text(spec: NewPatch) -> str:
     key = _toml_key(spec.profile_name)
+    q = json.dumps  # a TOML basic string is a JSON string for the text we write
     return (
         f"[profiles.{key}]\n"
-        f'title = "{spec.patch_id} (written by sm120patch new-patch)"\n'
+        f"title = {q(f'{spec.patch_id} (written by sm120patch new-patch)')}\n"
         'status = "experimental"\n'
-        f'patches = ["{spec.patch_id}"]\n'
+        f"patches = [{q(spec.patch_id)}]\n"
         'known = "Experimental: say here what was measured, and where."\n'
         "\n"
         f"[profiles.{key}.pins]\n"
-        f'{spec.target} = "{spec.pins}"\n'
+        f"{spec.target} = {q(spec.pins)}\n"
     )
+
+
+def _inner(text: str) -> str:
+    """`text` escaped for the inside of a double-quoted Python string in a template (a JSON
+    string's escapes are Python's: a quote, a backslash, a newline cannot end the literal)."""
+    return json.dumps(text)[1:-1]
 
 
 def template(name: str) -> string.Template:
@@ -147,7 +179,7 @@ def template(name: str) -> string.Template:
 def _module_text(spec: NewPatch) -> str:
     if spec.complete:
         expect = list(spec.expect)
-        constants = f'KEYWORD = "{spec.keyword}"\nEXPECT = {expect}\nADD = {spec.add}'
+        constants = f"KEYWORD = {spec.keyword!r}\nEXPECT = {expect!r}\nADD = {spec.add!r}"
         shape = f"`{spec.keyword}={expect}` in `def {spec.function}`"
         why = f"{spec.function} passes {spec.keyword}={expect}; SM120 needs {spec.add} too."
         transform = template("transform-keyword.py.tmpl")
@@ -158,9 +190,11 @@ def _module_text(spec: NewPatch) -> str:
         why = "TODO: why this patch exists: what upstream does on SM120, and what it fixes."
         transform = template("transform-todo.py.tmpl")
         check = template("check-todo.py.tmpl")
+    e = _inner
     return template("patch.py.tmpl").substitute(
-        patch_id=spec.patch_id, target=spec.target, file=spec.file, function=spec.function,
-        pins=spec.pins, constants=constants, shape=shape, why=why,
+        patch_id=e(spec.patch_id), target=e(spec.target), file=e(spec.file),
+        function=e(spec.function), pins=e(spec.pins), constants=constants, shape=e(shape),
+        why=e(why),
         transform=transform.template.rstrip("\n") + "\n", reader_name=spec.module_name,
         check=check.template.rstrip("\n") + "\n",
     )

@@ -110,6 +110,21 @@ def run_transform(transform: Transform, module: cst.Module) -> Result:
 def transform_text(
     patches: Sequence[Patch], file: str, text: str, *, sieve: bool = True
 ) -> FileResult:
+    """`_transform_text`, where a file nested too deep for Python's parser, compiler or a
+    walk of its tree (an expression thousands deep, planted) refuses each patch of it."""
+    try:
+        return _transform_text(patches, file, text, sieve=sieve)
+    except RecursionError:
+        result = FileResult(file=file, before=text, after=text)
+        why = "the file nests too deep for Python to parse (RecursionError); restore it first"
+        result.outcomes = [Outcome(p.id, p.target, file, "<module>", Status.REFUSED, why)
+                           for p in patches]  # fmt: skip
+        return result
+
+
+def _transform_text(
+    patches: Sequence[Patch], file: str, text: str, *, sieve: bool = True
+) -> FileResult:
     """Parse `text` once and run each patch on it in order, chaining the applied changes.
 
     A patch whose sought names (`Patch.sought`) are all absent from `text` is not-applicable

@@ -27,7 +27,7 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from sm120patch.errors import UsageError
+from sm120patch.errors import UnknownProfile, UsageError
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
 from sm120patch.patchkit.versions import base_release, contains
@@ -119,9 +119,11 @@ class Pack:
             return [Path(self.module_file)]
         if not self.location:
             return []
+        from sm120patch.safeio import walk
+
         root = Path(self.location)
         out = []
-        for base, dirs, names in os.walk(root):
+        for base, dirs, names in walk(root):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             out += [Path(base) / n for n in sorted(names)]
         return out
@@ -161,7 +163,8 @@ class Catalog:
             return self.profiles[name]
         except KeyError:
             known = ", ".join(sorted(self.profiles))
-            raise UsageError(
+            raise UnknownProfile(
+                name,
                 f"unknown profile '{name}'; known profiles: {known}",
                 "`sm120patch list` shows each with its pins and patches",
             ) from None

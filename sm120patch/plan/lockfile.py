@@ -40,6 +40,9 @@ SCHEMA = 2  # 2: no patch code digests (schema 1, 0.2.x, had them: still read)
 # What a schema 1 lock says of a patch's code, kept as read, never compared (the module's doc).
 _LEGACY_KEYS = ("digest", "source")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# A profile name a hint may paste (`catalog` holds profiles to names of this shape).
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_PROFILE_LINE = re.compile(r'^profile = "([A-Za-z0-9][A-Za-z0-9_.-]*)"$', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -189,22 +192,33 @@ def _sha(text: str) -> str:
 
 
 def read(path: Path) -> Lock:
+    """The lock file at `path`, a file the user named: read by `safeio.read_named` (no link
+    followed at its name, no FIFO waited on, at most `safeio.LOCK_LIMIT` bytes), parsed, and
+    each thing wrong with it said in one line in the lock's own terms."""
+    from sm120patch import safeio
+
+    raw = safeio.read_named(path, "lock file", limit=safeio.LOCK_LIMIT)
     try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(
-            f"lock file {path} does not exist",
-            "check the path (a lock is written by sm120patch pin, on the reference box)",
-        ) from None
-    except IsADirectoryError:
-        raise UsageError(f"lock file {path} is a directory", "give the lock file's path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Refused(
-            f"cannot read lock file {path} ({exc})", "check that it is a readable text file"
-        ) from None
-    lock = _parse(path, raw)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused(f"lock file {path} is not UTF-8 text (byte {exc.start})",
+                      remake_hint(path)) from None  # fmt: skip
+    lock = _parse(path, text)
     _check_paths(path, lock)
     return lock
+
+
+def remake_hint(path: Path, profile: str | None = None) -> str:
+    """What to do about a lock that cannot be used: make it again where it was made (a
+    command that pastes when the profile is known; a pattern to fill in when it is not)."""
+    import os
+    import shlex
+
+    # --force: pin replaces an existing lock only with it (the broken one is there).
+    out = shlex.quote(os.path.abspath(path)) + " --force"
+    if profile and _PROFILE_NAME.fullmatch(profile):
+        return f"on the box it was made on, make it again: `sm120patch pin {profile} -o {out}`"
+    return f"on the box it was made on, make it again: `sm120patch pin PROFILE -o {out}`"
 
 
 def _entries(lock: Lock) -> list[LockedFile | LockedStep]:
@@ -230,13 +244,13 @@ def _check_paths(path: Path, lock: Lock) -> None:
             raise UsageError(
                 f"lock file {path} names {kind} {rel!r}, which is not a path inside a "
                 f"{kind} package",
-                "regenerate it with `sm120patch pin`",
+                remake_hint(path, lock.profile),
             )
     values = [*lock.versions.values(), *lock.patches]
     if not all(isinstance(v, str) and v for v in values):
         raise UsageError(
             f"lock file {path}: versions or patches hold a value that is not a string",
-            "regenerate it with `sm120patch pin`",
+            remake_hint(path, lock.profile),
         )
 
 
@@ -265,43 +279,80 @@ def check_files_of_profile(lock: Lock, profile: Profile, path: Path) -> None:
             )
 
 
+class _Bad(ValueError):
+    """What is wrong with a lock's document, in the lock's own terms."""
+
+
 def _parse(path: Path, raw: str) -> Lock:
+    if not raw.strip():
+        raise Refused(f"lock file {path} is empty", remake_hint(path))
     try:
         doc: dict[str, Any] = parse_toml(raw)
-        schema = doc["schema"]
-        if not isinstance(schema, int) or schema > SCHEMA:
-            raise Refused(
-                f"lock file {path} has schema {schema!r}; this sm120patch reads up to {SCHEMA}",
-                "use the sm120patch version that wrote it",
-            )
-        patches = _tables(doc, "patches")
-        return Lock(
-            path=path,
-            schema=schema,
-            profile=str(doc["profile"]),
-            versions={str(k): str(v) for k, v in doc["versions"].items()},
-            patches=[str(p["id"]) for p in patches],
-            pack_of={str(p["id"]): str(p.get("pack", BUILT_IN)) for p in patches},
-            packs={str(p["name"]): str(p["digest"]) for p in doc.get("packs", [])},
-            legacy={str(p["id"]): {k: str(p[k]) for k in _LEGACY_KEYS if k in p}
-                    for p in patches if schema < 2 and any(k in p for k in _LEGACY_KEYS)},
-            files=[LockedFile(**_entry(f, "files", i, _FILE_KEYS))
-                   for i, f in enumerate(_tables(doc, "files"), 1)],
-            tool_version=str(doc.get("tool_version", "")),
-            steps=[LockedStep(**_entry(s, "steps", i, _STEP_KEYS))
-                   for i, s in enumerate(_tables(doc, "steps"), 1)],
-        )  # fmt: skip
-    except (TOMLDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
+    except TOMLDecodeError as exc:
+        # tomllib says where (line, column) and what it expected, never the text itself. A
+        # truncated lock still has its profile line (the third `pin` writes): the hint names it.
+        line = _PROFILE_LINE.search(raw)
+        raise Refused(f"lock file {path} is not TOML: {exc} (truncated or edited?)",
+                      remake_hint(path, line.group(1) if line else None)) from None  # fmt: skip
+    except RecursionError:
+        raise Refused(f"lock file {path} nests tables or arrays too deep to be a lock",
+                      remake_hint(path)) from None  # fmt: skip
+    profile = doc.get("profile")
+    try:
+        return _document(path, doc)
+    except (_Bad, KeyError, TypeError, AttributeError, ValueError) as exc:
+        why = str(exc) if isinstance(exc, _Bad) else "a key holds a value of the wrong kind"
         raise Refused(
-            f"lock file {path} is not a valid sm120patch lock ({exc})",
-            "regenerate it with `sm120patch pin`",
+            f"lock file {path} is not a lock sm120patch pin wrote: {why}",
+            remake_hint(path, profile if isinstance(profile, str) else None),
         ) from None
+
+
+_KIND_WORDS = {int: "a number", str: "a string", dict: "a table"}
+
+
+def _document(path: Path, doc: dict[str, Any]) -> Lock:
+    for key, kind in (("schema", int), ("profile", str), ("versions", dict)):
+        if key not in doc:
+            raise _Bad(f"it has no `{key}`")
+        if not isinstance(doc[key], kind) or isinstance(doc[key], bool):
+            raise _Bad(f"its `{key}` is not {_KIND_WORDS[kind]}")
+    schema = doc["schema"]
+    if schema > SCHEMA:
+        raise Refused(
+            f"lock file {path} has schema {schema}; this sm120patch reads up to {SCHEMA}",
+            "use the sm120patch version that wrote it",
+        )
+    patches = _tables(doc, "patches")
+    for n, p in enumerate(patches, 1):
+        if not isinstance(p, dict) or not isinstance(p.get("id"), str):
+            raise _Bad(f"[[patches]] entry {n} has no `id` string")
+    packs = _tables(doc, "packs")
+    for n, p in enumerate(packs, 1):
+        if not (isinstance(p, dict) and all(isinstance(p.get(k), str) for k in ("name", "digest"))):
+            raise _Bad(f"[[packs]] entry {n} has no `name` and `digest` strings")
+    return Lock(
+        path=path,
+        schema=schema,
+        profile=doc["profile"],
+        versions={str(k): str(v) for k, v in doc["versions"].items()},
+        patches=[str(p["id"]) for p in patches],
+        pack_of={str(p["id"]): str(p.get("pack", BUILT_IN)) for p in patches},
+        packs={str(p["name"]): str(p["digest"]) for p in packs},
+        legacy={str(p["id"]): {k: str(p[k]) for k in _LEGACY_KEYS if k in p}
+                for p in patches if schema < 2 and any(k in p for k in _LEGACY_KEYS)},
+        files=[LockedFile(**_entry(f, "files", i, _FILE_KEYS))
+               for i, f in enumerate(_tables(doc, "files"), 1)],
+        tool_version=str(doc.get("tool_version", "")),
+        steps=[LockedStep(**_entry(s, "steps", i, _STEP_KEYS))
+               for i, s in enumerate(_tables(doc, "steps"), 1)],
+    )  # fmt: skip
 
 
 def _tables(doc: dict[str, Any], name: str) -> list[Any]:
     found = doc.get(name, [])
     if not isinstance(found, list):
-        raise ValueError(f"{name} is not an array of tables")
+        raise _Bad(f"`{name}` is not an array of tables ([[{name}]])")
     return found
 
 
@@ -309,16 +360,16 @@ def _entry(table: object, name: str, n: int, keys: tuple[str, ...]) -> dict[str,
     """The values of one [[files]] or [[steps]] table, each a string (a hash one a sha256):
     a number or a table where a path or a diff belongs is a lock no `pin` wrote."""
     if not isinstance(table, dict):
-        raise ValueError(f"{name} entry {n} is not a table")
+        raise _Bad(f"[[{name}]] entry {n} is not a table")
     out = {}
     for key in keys:
         if key not in table:
-            raise ValueError(f"{name} entry {n} has no {key}")
+            raise _Bad(f"[[{name}]] entry {n} has no `{key}`")
         value = table[key]
         if not isinstance(value, str):
-            raise ValueError(f"{name} entry {n}: {key} is not a string")
+            raise _Bad(f"[[{name}]] entry {n}: `{key}` is not a string")
         if key in _HASH_KEYS and not _SHA256.fullmatch(value):
-            raise ValueError(f"{name} entry {n}: {key} is not a sha256")
+            raise _Bad(f"[[{name}]] entry {n}: `{key}` is not a sha256")
         out[key] = value
     return out
 

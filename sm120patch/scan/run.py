@@ -168,7 +168,12 @@ def scan_files(
             continue
         out.files_read += 1
         contents[rel] = data
-        found = g.scan_text(rel, data)
+        try:
+            found = g.scan_text(rel, data)
+        except RecursionError:
+            # An expression nested thousands deep: Python's parser (or a walk of its tree)
+            # gives up. A note, as for a file that does not parse; the scan goes on.
+            found = g.FileScan(rel, problem="nests too deep for Python to parse (RecursionError)")
         if found.problem:
             out.problems.append((rel, found.problem))
         out.skipped += [(rel, line, size) for line, size in found.skipped]
@@ -206,10 +211,11 @@ def tree_files(
     skipped directories not walked. A FIFO, a device, a socket, a link or a file too large to
     be source is never read (a FIFO would hang the scan): it is skipped, with why in `notes`."""
     from sm120patch.errors import Refused
+    from sm120patch.safeio import walk
     from sm120patch.targets.files import read_regular
 
     base = str(parent)
-    for folder, dirs, names in os.walk(package_dir):
+    for folder, dirs, names in walk(package_dir):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and d != "__pycache__")
         prefix = os.path.relpath(folder, base).replace(os.sep, "/")
         for name in sorted(names):

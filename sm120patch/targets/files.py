@@ -19,7 +19,7 @@ from typing import Any
 from sm120patch.errors import Refused, UsageError
 from sm120patch.handle import NEVER_SET, TMP_SUFFIX  # one name for temps, one rule for bits
 from sm120patch.safeio import read_regular as read_regular  # where targets/ and above read files
-from sm120patch.safeio import user_name
+from sm120patch.safeio import user_name, walk
 
 
 def sha256(data: bytes) -> str:
@@ -190,7 +190,7 @@ def untrusted_by(
         ):
             return f"{parent} is writable by its group or by others"
     if tree and st is not None and stat.S_ISDIR(st.st_mode):
-        for top, dirs, names in os.walk(path):
+        for top, dirs, names in walk(path):
             for name in [*dirs, *names]:
                 entry = Path(top) / name
                 try:

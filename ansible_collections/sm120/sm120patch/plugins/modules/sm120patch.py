@@ -31,6 +31,7 @@ options:
     description:
       - Profile to apply or revert (C(moe), C(fusion), C(all), C(pcie-allreduce), ...; a
         C(vllm-*) profile needs O(vllm)). C(sm120patch list) on the host names them all.
+      - A value starting with C(-) fails the task (the tool would read it as an option).
       - Exclusive with O(lock) and O(lock_content).
     type: str
   lock:
@@ -356,7 +357,7 @@ class Tool:
             return ["--locked", self.lock_file()]
         if self.params["lock"]:
             return ["--locked", os.path.abspath(self.params["lock"])]
-        return [self.params["profile"]]
+        return [checked_profile(self.module)]
 
     def lock_file(self):
         """`lock_content` as a file the tool reads, in the module's own temporary directory
@@ -385,6 +386,19 @@ def report_changed(report):
     return report.get("action") in ("applied", "reverted") and any(
         t.get("files") for t in report.get("targets", [])
     )
+
+
+def checked_profile(module):
+    """The `profile` parameter, refused when the tool would read it as an option: a value
+    such as `--force` passed as PROFILE would turn a task's apply into a forced one."""
+    profile = module.params["profile"]
+    if profile is not None and (not profile.strip() or profile.startswith("-")):
+        module.fail_json(
+            msg=f"profile {profile!r} is not a profile name (sm120patch would read it as an "
+            "option)",
+            next="set profile to a name `sm120patch list` shows on the host, such as moe",
+        )
+    return profile
 
 
 def present(module, tool):
@@ -430,7 +444,7 @@ def present(module, tool):
 
 
 def absent(module, tool):
-    profile = module.params["profile"]
+    profile = checked_profile(module)
     args = ["revert", profile] if profile else ["revert", "--all"]
     if module.params["force"]:
         args.append("--force")
@@ -481,6 +495,7 @@ def main():
         required_if=[("state", "present", ("profile", "lock", "lock_content"), True)],
         supports_check_mode=True,
     )
+    checked_profile(module)
     tool = Tool(module)
     if module.params["state"] == "present":
         module.exit_json(**present(module, tool))
