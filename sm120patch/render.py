@@ -2,8 +2,7 @@
 split into standard output (what a script would capture: a diff, a table) and standard error
 (what is said about it). JSON documents come from each result's `to_dict`. Errors too: the
 click group every command runs in prints a typed error as one line and what to do next (a
-hint that pastes: the command's own paths and packs), JSON under --json, usage errors included.
-"""
+hint that pastes: the command's own paths and packs), JSON under --json, usage errors included."""
 
 from __future__ import annotations
 
@@ -608,13 +607,11 @@ class Group(click.Group):
             sys.exit(0)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
-        except (RecursionError, MemoryError) as exc:  # an input built to exhaust Python
-            if os.environ.get("SM120PATCH_DEBUG"):
-                raise
-            fail(exhausted(exc), json_wanted(ctx), ctx.invoked_subcommand)
         except Exception as exc:
             if os.environ.get("SM120PATCH_DEBUG"):
                 raise
+            if isinstance(exc, (RecursionError, MemoryError)):  # an input built to exhaust Python
+                fail(exhausted(exc), json_wanted(ctx), ctx.invoked_subcommand)
             line = f"sm120patch: internal error: {type(exc).__name__}: {exc}"
             click.echo(printable(line), err=True)
             hint = paste(
