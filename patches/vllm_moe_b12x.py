@@ -2,18 +2,20 @@
 MARLIN on SM120.
 
 vLLM's `select_nvfp4_moe_backend` leaves both SM12x fused MoEs out of its ordered
-`AVAILABLE_BACKENDS`: B12X (the optional `b12x` package's MoE, `vllm[b12x]`, merged in vllm PR
-52018 as an explicitly selected backend) and FLASHINFER_B12X (FlashInfer's CuTe-DSL port;
-"intentionally excluded from auto-selection until the upstream CUTLASS SM121 MMA op guard is
-resolved"). So on SM120 an NVFP4 checkpoint that resolves as W4A16 auto-selects the MARLIN
-weight-only fallback; b12x runs there only when the user names it (`--moe-backend b12x` or
-`flashinfer_b12x`). On compute capability exactly 12.0 (`current_platform.is_device_capability(
-120)`, so SM121 keeps Marlin) and without expert parallelism, the patch puts B12X right before
-MARLIN, as open PRs https://github.com/vllm-project/vllm/pull/54669 and /54719 do, then
-FLASHINFER_B12X right before MARLIN, as open PR https://github.com/vllm-project/vllm/pull/47577
-does: [..., B12X, FLASHINFER_B12X, MARLIN, ...]. No source orders the two against each other:
-B12X goes first because it is the backend PR 52018's documentation names (`--moe-backend b12x`)
-and the one that needs a package of its own, so it falls through where `b12x` is not installed
+`AVAILABLE_BACKENDS`: B12X (the optional `b12x` package's MoE, `vllm[b12x]`, merged in
+https://github.com/vllm-project/vllm/pull/52018 as an explicitly selected backend) and
+FLASHINFER_B12X (FlashInfer's CuTe-DSL port; "intentionally excluded from auto-selection until
+the upstream CUTLASS SM121 MMA op guard is resolved"). So on SM120 an NVFP4 checkpoint that
+resolves as W4A16 auto-selects the MARLIN weight-only fallback; b12x runs there only when the
+user names it (`--moe-backend b12x` or `flashinfer_b12x`). On compute capability exactly 12.0
+(`current_platform.is_device_capability(120)`, so SM121 keeps Marlin) and without expert
+parallelism, the patch puts B12X right before MARLIN, as open
+https://github.com/vllm-project/vllm/pull/54669 and
+https://github.com/vllm-project/vllm/pull/54719 do, then FLASHINFER_B12X right before MARLIN,
+as open https://github.com/vllm-project/vllm/pull/47577 does: [..., B12X, FLASHINFER_B12X,
+MARLIN, ...]. No source orders the two against each other: B12X goes first because it is the
+backend the merged PR's documentation names (`--moe-backend b12x`) and the one that needs a
+package of its own, so it falls through where `b12x` is not installed
 (`B12xExperts._supports_current_device`: no `b12x.moe.fused_moe`, not supported). Each
 backend's own support check still decides, so a deployment neither can run falls through to
 MARLIN as before; an explicit `--moe-backend` is not touched (it returns before the list is
