@@ -444,6 +444,7 @@ def doctor(found: Examination) -> Text:
         text.out.append(f"{t['kind']}: {t['version']} ({t['layout']}) at {t['root']}")
         if t["version"] == "unknown":
             text.out.append(f"  version unknown: {t['version_source']}")
+        text.out += [f"  {b['package']}: {b['state']}" for b in t.get("beside", ())]
     text.out += found.missing
     for p in found.profiles:
         text.out.append(f"profile {p.name} [{p.status}]: {p.verdict}")

@@ -131,6 +131,27 @@ def test_doctor_with_vllm_shows_it_and_its_profiles(pack, site):
     assert "looked for only with --vllm" not in out
 
 
+def test_doctor_says_whether_b12x_is_installed_beside_vllm(pack, site, tmp_path):
+    """vllm-moe's B12X backend runs only with the b12x package: doctor reads whether it is in
+    vLLM's site-packages from the dist-info name, importing nothing of it (its __init__ would
+    leave a mark)."""
+    mark = tmp_path / "imported"
+    (site / "b12x").mkdir()
+    (site / "b12x" / "__init__.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
+    code, out, err = run_cli("--patches", str(pack), "doctor", "--vllm", str(site))
+    assert code == 0, err
+    assert ("  b12x: not installed: vllm-moe's B12X MoE backend falls through "
+            "(`pip install 'vllm[b12x]'`)") in out
+    (site / "b12x-1.5.1.dist-info").mkdir()
+    code, out, err = run_cli("--patches", str(pack), "doctor", "--vllm", str(site), "--json")
+    assert code == 0, err
+    [target] = [t for t in json.loads(out)["targets"] if t["kind"] == "vllm"]
+    assert target["beside"] == [{"package": "b12x", "version": "1.5.1",
+                                 "state": "installed (1.5.1)",
+                                 "used_by": "vllm-moe's B12X MoE backend"}]
+    assert not mark.exists()
+
+
 def test_doctor_without_vllm_says_where_it_is_looked_for(pack):
     code, out, err = run_cli("--patches", str(pack), "doctor")
     assert code == 0, err
@@ -170,16 +191,24 @@ ORACLE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
 
 
 @pytest.mark.parametrize("shape", ["0.30-list", "0.32-humming"])
-@pytest.mark.parametrize(("arch", "patched"), [
-    ("sm120", "FLASHINFER_B12X before MARLIN"),
-    ("sm100", "MARLIN, no FLASHINFER_B12X (only by --moe-backend)"),  # exactly 12.0 only
+@pytest.mark.parametrize(("arch", "b12x", "pristine", "patched"), [
+    ("sm120", True, "MARLIN, no B12X/FLASHINFER_B12X", "B12X, FLASHINFER_B12X before MARLIN"),
+    # exactly 12.0 only; the target's Python without the b12x package says so
+    ("sm100", False, "MARLIN, no B12X/FLASHINFER_B12X (no b12x package)",
+     "MARLIN, no B12X/FLASHINFER_B12X (no b12x package)"),
 ])
-def test_explain_reads_the_nvfp4_moe_order(site, arch, patched, shape):
-    """The library's vllm-moe profile: pristine, auto walks MARLIN with no FLASHINFER_B12X;
-    patched on SM120, FLASHINFER_B12X first. The fixture's loop needs a field the reader does
-    not give (`config.supported`): what the function does past its list is not the answer.
-    In the 0.32 shape `prioritize_humming` returns a new list: the reader follows the name."""
+def test_explain_reads_the_nvfp4_moe_order(site, arch, b12x, pristine, patched, shape):
+    """The library's vllm-moe profile: pristine, auto walks MARLIN with neither b12x backend;
+    patched on SM120, B12X then FLASHINFER_B12X first; whether the target's Python has the b12x
+    package (read there, with vLLM's own test, `find_spec`). The fixture's loop needs a field
+    the reader does not give (`config.supported`): what the function does past its list is not
+    the answer. In the 0.32 shape `prioritize_humming` returns a new list: the reader follows
+    the name."""
     import sys
+
+    if b12x:
+        (site / "b12x").mkdir()
+        (site / "b12x" / "__init__.py").write_text("")
 
     from test_vllm_moe_b12x import HUMMING, LIST
 
@@ -194,7 +223,7 @@ def test_explain_reads_the_nvfp4_moe_order(site, arch, patched, shape):
                              "--simulate", arch, "--profile", "vllm-moe", "--json")
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["pristine"]["nvfp4_moe_order"] == "MARLIN, no FLASHINFER_B12X (only by --moe-backend)"
+    assert doc["pristine"]["nvfp4_moe_order"] == pristine
     assert doc["patched"]["nvfp4_moe_order"] == patched
     code, out, err = run_cli("explain", "--vllm", str(site), "--python", sys.executable,
                              "--simulate", arch, "--profile", "vllm-moe")

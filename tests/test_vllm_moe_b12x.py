@@ -1,7 +1,8 @@
 """vllm.moe-b12x on fixtures in the shapes of vLLM's releases (written by us): the list alone
 (0.30, 0.31), the list then `prioritize_humming` (0.32 to 0.34); the refusals; and the patched
-selection run with a stand-in `current_platform`: FLASHINFER_B12X right before MARLIN on exactly
-12.0 without expert parallelism, nothing changed on 12.1, 10.0 or with EP."""
+selection run with a stand-in `current_platform`: B12X, then FLASHINFER_B12X, right before MARLIN
+on exactly 12.0 without expert parallelism (B12X unsupported, as without the b12x package: the
+next one), nothing changed on 12.1, 10.0 or with EP."""
 
 from __future__ import annotations
 
@@ -66,8 +67,10 @@ def select_nvfp4_moe_backend(config, weight_key, activation_key):
 
 INSERTED = '''\
     # sm120patch vllm.moe-b12x: on SM120 (exactly 12.0; SM121 keeps Marlin) without expert
-    # parallelism, try FLASHINFER_B12X right before MARLIN, as open PR
-    # https://github.com/vllm-project/vllm/pull/47577 does.
+    # parallelism, try B12X (the b12x package; falls through where it is not installed),
+    # then FLASHINFER_B12X, right before MARLIN, as open PRs
+    # https://github.com/vllm-project/vllm/pull/54669 (B12X) and
+    # https://github.com/vllm-project/vllm/pull/47577 (FLASHINFER_B12X) do.
     from vllm.platforms import current_platform
 
     if (
@@ -76,9 +79,20 @@ INSERTED = '''\
     ):
         AVAILABLE_BACKENDS.insert(
             AVAILABLE_BACKENDS.index(NvFp4MoeBackend.MARLIN),
+            NvFp4MoeBackend.B12X,
+        )
+        AVAILABLE_BACKENDS.insert(
+            AVAILABLE_BACKENDS.index(NvFp4MoeBackend.MARLIN),
             NvFp4MoeBackend.FLASHINFER_B12X,
         )
 '''
+
+# The patch's previous form (FLASHINFER_B12X alone), as a tree applied by an older sm120patch has it.
+OLD_INSERTED = INSERTED.replace('''        AVAILABLE_BACKENDS.insert(
+            AVAILABLE_BACKENDS.index(NvFp4MoeBackend.MARLIN),
+            NvFp4MoeBackend.B12X,
+        )
+''', "")
 
 LIST_AFTER = LIST.replace(
     "        NvFp4MoeBackend.EMULATION,\n    ]\n",
@@ -159,8 +173,14 @@ def _second_list(s: str) -> str:
          Status.NOT_APPLICABLE, "no `AVAILABLE_BACKENDS = [...]`"),
         (lambda s: s.replace("def select_nvfp4_moe_backend", "def select_backend"),
          Status.NOT_APPLICABLE, "select_nvfp4_moe_backend"),
+        (lambda s: s.replace("        NvFp4MoeBackend.MARLIN,\n",
+                             "        NvFp4MoeBackend.B12X,\n"
+                             "        NvFp4MoeBackend.MARLIN,\n"),
+         Status.REFUSED, "without NvFp4MoeBackend.B12X"),
+        (lambda s: s.replace('    B12X = "B12X"\n', ""), Status.REFUSED, "no B12X"),
     ],
-    ids=["no-marlin", "two-lists", "b12x-listed", "no-config", "no-list", "no-function"],
+    ids=["no-marlin", "two-lists", "fi-b12x-listed", "no-config", "no-list", "no-function",
+         "b12x-listed", "no-b12x-member"],
 )
 def test_refusals(run_patch, edit, status, found) -> None:
     res = run_patch(PATCH, edit(HUMMING))
@@ -219,12 +239,29 @@ def _select(text: str, capability: int, *, ep: bool = False, backend: str = "aut
                 sys.modules[k] = v
 
 
-def test_the_patched_selection_runs_as_pr_47577_says(run_patch) -> None:
+def test_the_previous_form_refuses_saying_so(run_patch) -> None:
+    """A tree an older sm120patch patched (FLASHINFER_B12X alone) is not taken for a hand edit:
+    the refusal names the previous patch and what to do."""
+    res = run_patch(PATCH, HUMMING.replace(
+        "    AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)\n",
+        "    AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)\n" + OLD_INSERTED))
+    assert one(res).status is Status.REFUSED
+    assert "the previous vllm.moe-b12x" in one(res).reason, one(res).describe()
+
+
+def test_the_patched_selection_runs_as_the_prs_say(run_patch) -> None:
     after = run_patch(PATCH, HUMMING).after
-    chosen, order = _select(after, 120)
-    assert chosen == "FLASHINFER_B12X"
-    assert order[order.index("MARLIN") - 1] == "FLASHINFER_B12X"
-    assert order.count("FLASHINFER_B12X") == 1
+    everything = ("B12X", "FLASHINFER_B12X", "MARLIN")
+    chosen, order = _select(after, 120, supported=everything)
+    assert chosen == "B12X"  # PRs 54669 and 54719: B12X before MARLIN
+    assert order[order.index("MARLIN") - 2 : order.index("MARLIN")] == ["B12X", "FLASHINFER_B12X"]
+    assert order.count("FLASHINFER_B12X") == 1 and order.count("B12X") == 1
+    # B12X not supported (no b12x package): FLASHINFER_B12X, as PR 47577
+    assert _select(after, 120)[0] == "FLASHINFER_B12X"
+    for capability, ep in ((121, False), (100, False), (120, True)):
+        assert _select(after, capability, ep=ep, supported=everything) == _select(
+            HUMMING, capability, ep=ep, supported=everything)
+        assert _select(after, capability, ep=ep, supported=everything)[0] == "MARLIN"
     for capability, ep in ((121, False), (100, False), (120, True)):
         assert _select(after, capability, ep=ep) == _select(HUMMING, capability, ep=ep)
         assert _select(after, capability, ep=ep)[0] == "MARLIN"
@@ -250,5 +287,7 @@ def test_facts_cover_the_pins_and_wiring_reads_both_log_forms() -> None:
     marlin = "INFO Using MARLIN NvFp4 MoE backend out of potential backends: ['MARLIN']."
     assert PATCH.wiring.read(older).seen.value == "ran"
     assert PATCH.wiring.read(newer).seen.value == "ran"
+    native = "INFO Using B12X NvFp4 MoE backend out of potential backends: ['B12X', 'MARLIN']."
+    assert PATCH.wiring.read(native).seen.value == "ran"
     assert PATCH.wiring.read(marlin).seen.value == "skipped"
     assert PATCH.wiring.read(textwrap.dedent("nothing here")).seen.value == "not-seen"

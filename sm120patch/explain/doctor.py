@@ -139,7 +139,7 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
         check.decide()
     return Examination(
         gpus,
-        [t.to_dict() for t in found.values()],
+        [_described(t) for t in found.values()],
         missing,
         checks,
         applied,
@@ -147,6 +147,34 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
         known=_pointed(known.lines(None, named, read_gpus=lambda: gpus, verbose=verbose,
                                    statuses=statuses), verbose),
     )
+
+
+# Optional packages a target's profiles use when they are installed beside it: the patch opens a
+# backend upstream's own availability check lets through only with the package (vllm-moe's
+# B12X needs `b12x`, `pip install 'vllm[b12x]'`; without it the next backend is taken).
+BESIDE = {"vllm": (("b12x", "vllm[b12x]", "vllm-moe", "vllm-moe's B12X MoE backend"),)}
+
+
+def _described(target: targets.Target) -> dict[str, Any]:
+    """The target's row, and for each optional package of BESIDE whether it is installed in the
+    target's site-packages (read from the dist-info names, never imported here)."""
+    from sm120patch.targets.installed import installed_beside
+
+    row: dict[str, Any] = dict(target.to_dict())
+    beside = []
+    for dist, extra, profile, used in BESIDE.get(target.kind, ()):
+        version = installed_beside(target, dist)
+        if version is None:
+            state = (f"unknown for a checkout (its Python is not known here); `sm120patch "
+                     f"explain --{target.kind} PATH --profile {profile}` asks it")
+        elif version:
+            state = f"installed ({version})"
+        else:
+            state = f"not installed: {used} falls through (`pip install '{extra}'`)"
+        beside.append({"package": dist, "version": version, "state": state, "used_by": used})
+    if beside:
+        row["beside"] = beside
+    return row
 
 
 def _pointed(lines: list[str], verbose: bool) -> list[str]:

@@ -34,3 +34,18 @@ def record_hashes(target: Target) -> dict[str, str]:
                         continue
                     out[row[0]] = digest.hex()
     return out
+
+
+def installed_beside(target: Target, dist: str) -> str | None:
+    """The version of distribution `dist` installed in the same site-packages as an installed
+    `target` (its `<dist>-<version>.dist-info` directory, the name only: nothing of it is read
+    or imported), "" when it is not there, None for a checkout (whose Python this cannot
+    tell)."""
+    if target.layout != "installed":
+        return None
+    prefix = f"{dist}-"
+    for info in sorted(target.parent.glob(f"{dist}-*.dist-info")):
+        version = info.name.removeprefix(prefix).removesuffix(".dist-info")
+        if version and "-" not in version:  # not another distribution named `<dist>-...`
+            return version
+    return ""

@@ -52,8 +52,9 @@ def test_every_check_answers(vllm_behaviour: VllmBehaviour, version: str) -> Non
 @pytest.mark.parametrize("version", RELEASES)
 def test_moe_sm120_w4a16_picks_b12x_patched(vllm_behaviour: VllmBehaviour,
                                             version: str) -> None:
-    """vllm.moe-b12x: W4A16 NVFP4 MoE on SM120 picks MARLIN pristine, FLASHINFER_B12X patched,
-    and not B12X with expert parallelism."""
+    """vllm.moe-b12x: W4A16 NVFP4 MoE on SM120 picks MARLIN pristine; patched, B12X with the
+    b12x package and FLASHINFER_B12X without it (upstream's availability check falls
+    through); neither with expert parallelism or an explicit --moe-backend."""
     pristine = get(vllm_behaviour, version, "pristine", "sm120")
     patched = get(vllm_behaviour, version, "patched", "sm120")
     assert moe_problems(pristine, patched) == []
@@ -101,11 +102,12 @@ def test_patched_decides_as_pristine_off_sm120(vllm_behaviour: VllmBehaviour, ve
 @pytest.mark.parametrize("version", RELEASES)
 def test_controls_off_sm120(vllm_behaviour: VllmBehaviour, version: str) -> None:
     """What upstream decides where the patches change nothing, so that "unchanged" above is
-    about real answers: W4A16 NVFP4 MoE is MARLIN on SM100 and SM90 too (the FlashInfer
-    backends there want NVFP4 activations), the fusion is on at TP 2 (SM100 and SM90 are in
+    about real answers: W4A16 NVFP4 MoE is MARLIN on SM100 and SM90 too, with the b12x package
+    or without it (the FlashInfer backends there want NVFP4 activations), the fusion is on at TP 2 (SM100 and SM90 are in
     vLLM's own gate), and NVLink-connected GPUs pass the PCIe gate."""
     for arch in ("sm100", "sm90"):
         result = get(vllm_behaviour, version, "pristine", arch)
         assert result["moe"]["w4a16"]["backend"] == MARLIN, arch
+        assert result["moe"]["w4a16-b12x"]["backend"] == MARLIN, arch
         assert result["fusion"]["tp2"]["enabled"] is True, arch
         assert result["allreduce"]["world4"]["reaches_p2p_check"] is True, arch

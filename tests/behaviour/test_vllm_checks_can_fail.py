@@ -45,6 +45,7 @@ def test_a_patch_that_does_nothing_fails_every_sm120_check(vllm_behaviour: VllmB
     result = vllm_behaviour.run(Case(VERSION, "patched", "sm120"), overlay=noop)
     moe = moe_problems(pristine, result)
     assert any("patched SM120 w4a16:" in p and "MARLIN" in p for p in moe), moe
+    assert any("patched SM120 w4a16-b12x:" in p and "MARLIN" in p for p in moe), moe
     fusion = fusion_problems(pristine, result)
     assert any("patched SM120 fusion" in p for p in fusion), fusion
     tables = fusion_table_problems(pristine, result)
@@ -79,3 +80,23 @@ def test_a_moe_patch_that_drops_marlin_for_sm100_fails_the_control(
     assert result["moe"]["w4a16"].get("backend") != "MARLIN", result["moe"]
     problems = same_problems(pristine, result)
     assert any(p.startswith("moe:") for p in problems), problems
+
+
+def test_a_moe_patch_without_b12x_fails_the_b12x_check(vllm_behaviour: VllmBehaviour,
+                                                        tmp_path: Path) -> None:
+    """The patch's previous form (FLASHINFER_B12X alone, no native B12X) on the newest release:
+    with the b12x package installed it still picks FLASHINFER_B12X, and the check says so."""
+    pristine = vllm_behaviour.result(Case(VERSION, "pristine", "sm120"))
+    overlay = dict(vllm_behaviour.overlay(VERSION))
+    text = Path(overlay[MOE]).read_text(encoding="utf-8")
+    text, dropped = re.subn(
+        r"AVAILABLE_BACKENDS\.insert\(\s*AVAILABLE_BACKENDS\.index\(NvFp4MoeBackend\.MARLIN\),"
+        r"\s*NvFp4MoeBackend\.B12X,?\s*\)\n", "", text)
+    assert dropped == 1
+    wrong = tmp_path / "nvfp4.py"
+    wrong.write_text(text, encoding="utf-8")
+    overlay[MOE] = str(wrong)
+    result = vllm_behaviour.run(Case(VERSION, "patched", "sm120"), overlay=overlay)
+    problems = moe_problems(pristine, result)
+    assert problems == [f"patched SM120 w4a16-b12x: {result['moe']['w4a16-b12x']}, "
+                        "expected B12X"], problems

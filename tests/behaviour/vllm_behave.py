@@ -8,7 +8,9 @@ files, from `explain.patched_texts`, on the release's pristine tree), served as 
 
 What every case asks (`REQUEST`):
 - `moe`: `select_nvfp4_moe_backend` for a W4A16 NVFP4 MoE layer (weight key kNvfp4Static, no
-  activation key): `w4a16` without expert parallelism, `w4a16-ep` with EP over 4 GPUs;
+  activation key): `w4a16` without expert parallelism, `w4a16-ep` with EP over 4 GPUs, as the
+  probe's environment has it (no `b12x` package); the same with the `b12x` package stood in
+  (`-b12x`), and with it and an explicit `--moe-backend marlin` (`w4a16-b12x-explicit`);
 - `fusion`: `enable_allreduce_rms_fusion` (vLLM's default for the all-reduce + RMSNorm pass)
   at TP 2;
 - `allreduce`: CustomAllreduce's set-up on one node of 2 and of 4 GPUs, and of 4 GPUs with
@@ -39,7 +41,10 @@ SIDES = ("pristine", "patched")
 WORKERS_ENV = "SM120PATCH_BEHAVIOUR_WORKERS"
 TIMEOUT_S = 300.0
 REQUEST: dict[str, Any] = {
-    "moe": {"w4a16": {"tp": 1}, "w4a16-ep": {"tp": 4, "ep": True}},
+    "moe": {"w4a16": {"tp": 1}, "w4a16-ep": {"tp": 4, "ep": True},
+            "w4a16-b12x": {"tp": 1, "b12x": True},
+            "w4a16-ep-b12x": {"tp": 4, "ep": True, "b12x": True},
+            "w4a16-b12x-explicit": {"tp": 1, "b12x": True, "moe_backend": "marlin"}},
     "fusion": {"tp2": {"tp": 2}},
     "fusion_tables": {"tp2": {"tp": 2}, "tp4": {"tp": 4}},
     "allreduce": {

@@ -11,7 +11,8 @@ Result = dict[str, Any]
 
 CAPABILITY = {"sm120": [12, 0], "sm100": [10, 0], "sm90": [9, 0]}
 MARLIN = "MARLIN"
-B12X = "FLASHINFER_B12X"
+B12X = "B12X"
+FI_B12X = "FLASHINFER_B12X"
 PCIE_GATE = "not supported on more than two PCIe-only GPUs"
 
 
@@ -41,18 +42,27 @@ def _backend(result: Result, name: str) -> str | None:
 
 
 def moe_problems(pristine: Result, patched: Result) -> list[str]:
-    """SM120, W4A16 NVFP4 MoE: pristine picks MARLIN, patched FLASHINFER_B12X; with expert
-    parallelism the patched choice is not B12X and is pristine's."""
+    """SM120, W4A16 NVFP4 MoE: pristine picks MARLIN with or without the b12x package (B12X
+    and FLASHINFER_B12X are only on request); patched picks B12X where the b12x package is
+    installed and, without it, falls through to FLASHINFER_B12X (B12X's own availability check
+    says no); with expert parallelism, or an explicit `--moe-backend`, the patched choice is
+    pristine's and neither b12x backend."""
     problems = []
-    if _backend(pristine, "w4a16") != MARLIN:
-        problems.append(f"pristine SM120 w4a16: {pristine['moe'].get('w4a16')}, "
-                        f"expected {MARLIN}")
-    if _backend(patched, "w4a16") != B12X:
-        problems.append(f"patched SM120 w4a16: {patched['moe'].get('w4a16')}, expected {B12X}")
-    ep_before, ep_after = _backend(pristine, "w4a16-ep"), _backend(patched, "w4a16-ep")
-    if ep_after is None or ep_after == B12X or ep_after != ep_before:
-        problems.append(f"patched SM120 w4a16-ep: {patched['moe'].get('w4a16-ep')}, "
-                        f"expected pristine's {ep_before}")
+    for name in ("w4a16", "w4a16-b12x"):
+        if _backend(pristine, name) != MARLIN:
+            problems.append(f"pristine SM120 {name}: {pristine['moe'].get(name)}, "
+                            f"expected {MARLIN}")
+    if _backend(patched, "w4a16") != FI_B12X:
+        problems.append(f"patched SM120 w4a16: {patched['moe'].get('w4a16')}, "
+                        f"expected {FI_B12X} (no b12x package: B12X falls through)")
+    if _backend(patched, "w4a16-b12x") != B12X:
+        problems.append(f"patched SM120 w4a16-b12x: {patched['moe'].get('w4a16-b12x')}, "
+                        f"expected {B12X}")
+    for name in ("w4a16-ep", "w4a16-ep-b12x", "w4a16-b12x-explicit"):
+        before, after = _backend(pristine, name), _backend(patched, name)
+        if after is None or after in (B12X, FI_B12X) or after != before:
+            problems.append(f"patched SM120 {name}: {patched['moe'].get(name)}, "
+                            f"expected pristine's {before}")
     return problems
 
 

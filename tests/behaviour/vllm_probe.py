@@ -22,8 +22,9 @@ by path from `request["probe"]`), and adds what vLLM asks beyond torch:
 
 Request: `probe` (path of sm120patch's probe.py), `simulate` ("sm120", "sm100", "sm90"),
 `devices`, `sys_path`, `overlay` {module: file}, `env`, `extensions`, `flashinfer`, and the
-checks to run: `moe` {name: {"moe_backend", "ep", "tp"}} (`select_nvfp4_moe_backend` for a
-W4A16 NVFP4 layer: weight key kNvfp4Static, no activation key), `fusion` {name: {"tp"}} (the
+checks to run: `moe` {name: {"moe_backend", "ep", "tp", "b12x"}} (`select_nvfp4_moe_backend`
+for a W4A16 NVFP4 layer: weight key kNvfp4Static, no activation key; `b12x` true stands the
+optional b12x package in for that call, `b12x_installed`), `fusion` {name: {"tp"}} (the
 all-reduce + RMSNorm fusion default of `vllm.config.vllm`), `allreduce` {name: {"world"}}
 (CustomAllreduce's set-up on one node of `world` simulated GPUs, `env` set for the call).
 
@@ -287,11 +288,46 @@ def _routing_method() -> Any:
     return enum.Renormalize
 
 
+B12X_MODULES = ("b12x", "b12x.moe", "b12x.moe.fused_moe")
+
+
+def b12x_installed(present: bool) -> None:
+    """Stand the optional `b12x` package (`vllm[b12x]`) in, or take it away, and let vLLM's own
+    accessor module (`vllm.utils.b12x`) look again: it decides at import time
+    (`find_spec("b12x")`, then imports `b12x.moe.fused_moe` and the others), so it is reloaded,
+    its own code running again. The stand-in is `b12x`, `b12x.moe` and `b12x.moe.fused_moe`
+    whose `is_supported()` says yes (what `B12xExperts._supports_current_device` asks of it
+    once the GPU is SM12x); every other b12x submodule stays absent (vLLM then keeps None for
+    it). No b12x code runs."""
+    import importlib.machinery
+    from types import ModuleType
+
+    for name in B12X_MODULES:
+        sys.modules.pop(name, None)
+    if present:
+        for name in B12X_MODULES:
+            module = ModuleType(name)
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            module.__path__ = []
+            sys.modules[name] = module
+        sys.modules["b12x.moe.fused_moe"].is_supported = lambda: True  # type: ignore[attr-defined]
+    importlib.reload(importlib.import_module("vllm.utils.b12x"))
+
+
 def select_moe(spec: dict[str, Any]) -> dict[str, Any]:
+    """`select_nvfp4_moe_backend` for a W4A16 NVFP4 layer; with `b12x` true, with the b12x
+    package stood in for this one call (`b12x_installed`)."""
     from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import select_nvfp4_moe_backend
     from vllm.model_executor.layers.quantization.utils.quant_utils import kNvfp4Static
 
-    backend, experts = select_nvfp4_moe_backend(moe_config(spec), kNvfp4Static, None)
+    with_b12x = bool(spec.get("b12x", False))
+    if with_b12x:
+        b12x_installed(True)
+    try:
+        backend, experts = select_nvfp4_moe_backend(moe_config(spec), kNvfp4Static, None)
+    finally:
+        if with_b12x:
+            b12x_installed(False)
     return {"backend": backend.value, "experts": experts.__name__}
 
 
