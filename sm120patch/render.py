@@ -664,9 +664,6 @@ def describe(group: click.Group) -> None:
         group.order = tuple(HELP)
 
 
-# ---- printing: every line of text the CLI prints goes through these ---------------------------
-
-
 def colour_wanted() -> bool:
     """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
