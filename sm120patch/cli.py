@@ -223,6 +223,15 @@ def apply_cmd(
     is_flag=True,
     help="Only verify: exit 1 unless already exactly as wanted (never writes).",
 )
+@click.option(
+    "--lock-wait",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait this long for another sm120patch run's lock (two services sharing a venv), "
+    "then decide from the bytes; 0 refuses at once.",
+)
 @json_option
 def ensure_cmd(
     profile: str | None,
@@ -232,13 +241,16 @@ def ensure_cmd(
     force: bool,
     no_gpu_check: bool,
     no_apply: bool,
+    lock_wait: float,
     as_json: bool,
 ) -> None:
     """For service start-up: exit 0 when the trees are exactly as wanted (applying first if
     they are pristine or the patch is gone), exit 1 changing nothing otherwise."""
     want = app.locked(profile, locked)
     report = app.ensure(session(sglang, flashinfer), want, force=force,
-                        gpu_check=not no_gpu_check, apply_if_needed=not no_apply)  # fmt: skip
+                        gpu_check=not no_gpu_check, apply_if_needed=not no_apply,
+                        lock_wait=lock_wait,
+                        on_wait=render.lock_wait_notice(lock_wait))  # fmt: skip
     if as_json:
         emit_json(report.to_dict())
         return

@@ -693,3 +693,13 @@ def quiet(line: str) -> None:  # --json keeps stdout one document
 def pasted(echo: Callable[[str], None]) -> Callable[[str], None]:
     """`echo` of lines whose `sm120patch ...` commands paste (render.paste)."""
     return lambda line: echo(paste(line))
+
+
+def lock_wait_notice(seconds: float) -> Callable[[object], None]:
+    """What `ensure` says, on stderr, when it starts waiting for another run's lock."""
+
+    def notice(root: object) -> None:
+        echo_err(f"sm120patch: another sm120patch run holds the lock on {root}; waiting for it "
+                 f"(at most {seconds:g} s), then deciding from the bytes")  # fmt: skip
+
+    return notice
