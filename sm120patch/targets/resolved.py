@@ -3,12 +3,12 @@
 A command names its targets (`--sglang`, `--flashinfer`, `--vllm`), or, naming none, gets the
 documented defaults (the one importable by this Python). A command that names any target never
 takes another from this Python: a kind it does not name is the one beside a named installed
-target (the FlashInfer in an installed SGLang's site-packages), else a refusal asking for it. `app.Session` holds one
-`Resolved` and hands it to every verb, so that a target is found, its version read and its
-checkout's git asked, once per command, and every step of the command works on the same
-`Target` (the same tree, whatever is renamed under its path meanwhile). A target that could
-not be found is the same refusal each time it is asked for, never a second search. A vLLM is
-looked for only where the command names it (`kinds.LOOKED_FOR`).
+target (the FlashInfer in an installed SGLang's site-packages), else a refusal asking for it.
+`app.Session` holds one `Resolved` and hands it to every verb, so that a target is found, its
+version read and its checkout's git asked, once per command, and every step of the command
+works on the same `Target` (the same tree, whatever is renamed under its path meanwhile). A
+target that could not be found is the same refusal each time it is asked for, never a second
+search. A vLLM is looked for only where the command names it (`kinds.LOOKED_FOR`).
 """
 
 from __future__ import annotations
