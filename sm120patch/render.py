@@ -592,9 +592,15 @@ class Group(click.Group):
             fail(exc, json_wanted(ctx), ctx.invoked_subcommand)
         except KeyboardInterrupt:
             # Outside the engine's writes (those end as Interrupted or Unfinished, with their
-            # own next step): nothing was cut short, so one line says it all.
-            click.echo("sm120patch: interrupted", err=True)
-            sys.exit(130)
+            # own next step): nothing was cut short; the line says the state the last run of
+            # this command left (applied, rolled back, or unfinished with its `recover`).
+            from sm120patch.engine import interrupts
+
+            error = interrupts.outside()
+            if error.hint or json_wanted(ctx):
+                fail(error, json_wanted(ctx), ctx.invoked_subcommand)
+            click.echo(printable(f"sm120patch: {error.message}"), err=True)  # nothing to do
+            sys.exit(error.exit_code)
         except BrokenPipeError:
             # `sm120patch status | head -1`: the reader left, having read what it wanted. As
             # git does, end quietly and successfully; stdout points at /dev/null so that the

@@ -199,8 +199,16 @@ def run_tool(main: Callable[[], Any], early: Any) -> None:
                 _unwritten_to_devnull(stream)
     except KeyboardInterrupt:
         # A Ctrl-C outside every command's own handling: while click parses the arguments, or
-        # once the command has ended. Nothing of a run is cut short here.
-        os.write(2, b"sm120patch: interrupted\n")
+        # once the command has ended. Nothing of a run is cut short here; the line says the
+        # state the command's last run left.
+        hooks = sys.modules.get("sm120patch.engine.interrupts")
+        state, hint = (
+            hooks.after_interrupt() if hooks is not None
+            else ("no apply, revert or recover had started: nothing was changed", "")
+        )  # fmt: skip
+        os.write(2, printable(f"sm120patch: interrupted (SIGINT): {state}\n").encode())
+        if hint:
+            os.write(2, "".join(f"{line}\n" for line in hint_lines(hint)).encode())
         code = 130
     sys.exit(code)
 
