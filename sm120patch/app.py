@@ -175,7 +175,8 @@ def locked(profile: str | None, lock_path: str | None) -> Locked:
         if not profile:
             raise UsageError(
                 "give a profile or --locked with a lock file",
-                "`sm120patch list` shows the profiles; `moe` is the recommended one",
+                "`sm120patch list` shows the profiles; `sm120patch <again> moe` for the "
+                "recommended one",
             )
         return Locked(profile)
     from sm120patch.plan import lockfile

@@ -525,7 +525,23 @@ def paste(text: str) -> str:
     if root is None:
         return text
     argv = root.meta.get(ARGV_META, [])
-    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or (), argv)
+    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or (), argv,
+                     path_options(root.command))  # fmt: skip
+
+
+def path_options(command: click.Command) -> frozenset[str]:
+    """Every option of `command` and its subcommands that names a file or directory (a
+    click.Path, or a PATH, DIR or FILE metavar): what a hint makes absolute."""
+    found: set[str] = set()
+    for param in command.params:
+        if isinstance(param, click.Option) and (
+            isinstance(param.type, click.Path)
+            or (param.metavar or "").split("=")[-1] in ("PATH", "DIR", "FILE", "LOCKFILE")
+        ):
+            found.update(o for o in param.opts if o.startswith("--"))
+    for sub in getattr(command, "commands", {}).values():
+        found |= path_options(sub)
+    return frozenset(found)
 
 
 def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:

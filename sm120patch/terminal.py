@@ -58,17 +58,36 @@ def _given(argv: Sequence[str]) -> list[str]:
     return words[: words.index("--")] if "--" in words else words
 
 
+def absolute_paths(words: Sequence[str], path_options: frozenset[str]) -> list[str]:
+    """`words` with the value of each option in `path_options` (`--vllm t/vllm`, `--locked=x`)
+    made absolute: a hint pastes from any directory."""
+    out: list[str] = []
+    take = False
+    for word in words:
+        name, eq, value = word.partition("=")
+        if take:
+            out.append(os.path.abspath(word) if word and word != "-" else word)
+        elif eq and name in path_options and value and value != "-":
+            out.append(f"{name}={os.path.abspath(value)}")
+        else:
+            out.append(word)
+        take = not take and word in path_options
+    return out
+
+
 def pasteable(
     text: str,
     paths: Mapping[str, str | None],
     packs: Sequence[str] = (),
     argv: Sequence[str] = (),
+    path_options: frozenset[str] = frozenset(),
 ) -> str:
     """Every `sm120patch ...` in `text` as the user can paste it: each word shell-quoted, with
     the --patches of the command it follows, for a command on targets its --sglang/
     --flashinfer paths (made absolute) and the flags it keeps (KEPT_FLAGS) where the words do
     not name them already. `sm120patch <again> ...` is the user's own command line (`argv`)
-    with the words after it added (before a trial's `--`)."""
+    with the words after it added (before a trial's `--`), the values of its `path_options`
+    made absolute."""
     import shlex
 
     def complete(match: re.Match[str]) -> str:
@@ -79,6 +98,7 @@ def pasteable(
         if words[:1] == [AGAIN]:
             mine = list(argv)
             at = mine.index("--") if "--" in mine else len(mine)
+            mine[:at] = absolute_paths(mine[:at], path_options)
             return "`" + shlex.join(["sm120patch", *mine[:at], *words[1:], *mine[at:]]) + "`"
         if not words or (len(words) == 1 and words[0] in NEED_ARGUMENT):
             return match.group(0)
@@ -115,15 +135,35 @@ def hint_lines(hint: str) -> list[str]:
     commands = [
         c for c in _SPAN.findall(hint)
         if not any(_PLACEHOLDERS.match(w) for w in c.split())
+        and c.split()[1:] not in ([v] for v in NEED_ARGUMENT)  # a mention: `sm120patch pin`
     ]  # fmt: skip
     rest = _SPAN.sub(" ", hint)
     for mark in ",;:.()":
         rest = rest.replace(mark, f" {mark} ")
     says_more = any(w.lower() not in _FILLER for w in rest.split())
-    lines = [f"  next: {c}" for c in commands]
+    lines = [f"  next: {c}" for c in dict.fromkeys(commands)]
     if says_more or not commands:
-        lines.append(f"  {hint}")
+        lines.append(f"  {_named_above(hint, list(dict.fromkeys(commands)))}")
     return lines
+
+
+_ORDINALS = ("first", "second", "third", "fourth", "fifth")
+
+
+def _named_above(hint: str, commands: list[str]) -> str:
+    """The hint's words with each command its `next:` line shows named, not printed again:
+    "the command above", or "the second command above" where there are several."""
+
+    def name(match: re.Match[str]) -> str:
+        command = match.group(1)
+        if command not in commands:
+            return match.group(0)
+        at = commands.index(command)
+        if len(commands) == 1:
+            return "the command above"
+        return f"the {_ORDINALS[at] if at < len(_ORDINALS) else f'#{at + 1}'} command above"
+
+    return _SPAN.sub(name, hint)
 
 
 # C0 and C1 control characters but tab and newline: a record read from a state directory, a

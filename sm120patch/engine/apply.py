@@ -104,7 +104,7 @@ def _preflight(
         early = prep.plan = planner.plan(profile.name, given, found=[c.target for c in ctxs],
                                          force=True)
         if early.refused:
-            raise PlanRefused(early)
+            raise PlanRefused(early, dry_run=reading)
     applied = []
     for ctx in ctxs:
         found = ctx.assess((seen or {}).get(ctx.target.kind))
@@ -156,7 +156,7 @@ def _preflight(
     plan = early or planner.plan(profile.name, given, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
-        raise PlanRefused(plan)
+        raise PlanRefused(plan, dry_run=reading)
     if check_plan is not None:
         if lock is not None:
             check_plan(plan, frozenset(c.target.kind for c, _ in applied))  # type: ignore[call-arg]
