@@ -150,7 +150,7 @@ def show_cmd(profile: str, as_json: bool) -> None:
     if as_json:
         emit_json(render.profile_doc(s.catalog, prof, entries))
         return
-    show(render.profile(s.catalog, prof, entries))
+    show(render.profile(s.catalog, prof, entries, render.page_width()))
 
 
 locked_option = click.option(

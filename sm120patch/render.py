@@ -22,6 +22,7 @@ from sm120patch.terminal import fallback_hint as fallback_hint
 from sm120patch.terminal import hint_lines as hint_lines
 from sm120patch.terminal import interrupt_notice as interrupt_notice
 from sm120patch.terminal import json_asked as json_asked
+from sm120patch.terminal import page_width as page_width
 from sm120patch.terminal import pasteable as pasteable
 from sm120patch.terminal import printable as printable
 from sm120patch.terminal import run_tool as run_tool
@@ -155,35 +156,38 @@ def profile_doc(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> dic
     }
 
 
-def profile(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> Text:
-    """`show PROFILE`: pins, refusals, the patches, then every known outcome about it, in
-    full (what the one-line known outcomes of `apply` and `doctor` point to)."""
+def profile(cat: Catalog, prof: Profile, known: Sequence[Entry] = (), width: int = 100) -> Text:
+    """`show PROFILE`: first the summary (what it is, pins, refusals, one line per patch and
+    per known outcome), then the profile's notes, each patch in full, and every known outcome
+    about it in full with its quote (what the one-line known outcomes of `apply` and `doctor`
+    point to); wrapped at `width`."""
     from sm120patch.patchkit.versions import range_text
+    from sm120patch.terminal import wrapped
 
-    text = Text()
-    text.out.append(f"{prof.name} [{prof.status}]: {prof.title}")
-    for k, v in prof.pins.items():
-        text.out.append(f"  pinned on {k} {range_text(v)}")
-    for r in prof.refuse:
-        text.out.append(f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}")
+    patches = cat.patches_of(prof)
+    lines = [f"{prof.name} [{prof.status}]: {prof.title}"]
+    lines += [f"  pinned on {k} {range_text(v)}" for k, v in prof.pins.items()]
+    lines += [f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}"
+              for r in prof.refuse]  # fmt: skip
+    lines += [f"  patch {p.id}: {p.title}" for p in patches]
+    lines += [f"  {e.line()}" for e in known]
     if prof.known:
-        text.out.append("  known: " + " ".join(prof.known.split()))
-    for patch in cat.patches_of(prof):
-        text.out.append("")
-        text.out.append(f"{patch.id} ({patch.target}, {cat.source(patch.id).name}): {patch.title}")
-        text.out.append("  why: " + patch.why)
+        lines += ["", "About it: " + " ".join(prof.known.split())]
+    for patch in patches:
+        lines.append("")
+        lines.append(f"{patch.id} ({patch.target}, {cat.source(patch.id).name}): {patch.title}")
+        lines.append("  why: " + patch.why)
         if patch.upstream:
-            text.out.append(f"  upstream: {patch.upstream}")
+            lines.append(f"  upstream: {patch.upstream}")
         if patch.wiring is not None:
-            text.out.append("  in the server log, ran: " + " | ".join(patch.wiring.ran))
+            lines.append("  in the server log, ran: " + " | ".join(patch.wiring.ran))
             if patch.wiring.skipped:
-                text.out.append("  in the server log, skipped: " + " | ".join(patch.wiring.skipped))
-        for shape in patch.shapes:
-            text.out.append(f"  - {shape}")
+                lines.append("  in the server log, skipped: " + " | ".join(patch.wiring.skipped))
+        lines += [f"  - {shape}" for shape in patch.shapes]
     if known:
-        text.out.append("")
-        text.out += [e.full() for e in known]
-    return text
+        lines += ["", f"Known outcomes about {prof.name}, in full:"]
+        lines += [f"  {e.full()}" for e in known]
+    return Text(out=[w for line in lines for w in wrapped(line, width)])
 
 
 def outcomes(found: Sequence[Outcome]) -> list[str]:
@@ -324,8 +328,8 @@ def status(found: list[TargetStatus]) -> Text:
         if s.state != "pristine":
             text.out.append(f"  {s.assessment.message}")
         text.out += ["  " + line for line in trial_lines(s.trials)]
-        if s.profile is None:
-            continue
+        if s.profile is None or not (s.files or s.branch):
+            continue  # a profile that needs nothing here: its message line says so, no header
         branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
         text.out.append(f"  profile {s.profile}{branch}")
         text.out += [_file_line(f) for f in s.files]
@@ -446,7 +450,7 @@ def doctor(found: Examination) -> Text:
     for p in found.profiles:
         text.out.append(f"profile {p.name} [{p.status}]: {p.verdict}")
         for o in p.outcomes:
-            where = f"{o['file'] or ''}::{o['site']}"
+            where = f"{o['file']}::{o['site']}" if o["file"] else o["site"]  # as `outcomes`
             text.out.append(f"  {o['status']:16} {o['patch']:{PATCH_WIDTH}} {where}")
         text.out += [f"  applied now on {root}" for root in p.applied_on]
     for a in found.applied:

@@ -259,3 +259,31 @@ def _unwritten_to_devnull(stream: Any) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
     except (OSError, ValueError):
         pass
+
+
+# A page read by a person (`show`): at most this wide where stdout is not a terminal (a pager,
+# a file, a mail), the terminal's own width where it is.
+PAGE_WIDTH = 100
+
+
+def page_width() -> int:
+    """The width `show` wraps at: the terminal's, else PAGE_WIDTH."""
+    import shutil
+
+    if sys.stdout.isatty():
+        return max(40, shutil.get_terminal_size((PAGE_WIDTH, 24)).columns)
+    return PAGE_WIDTH
+
+
+def wrapped(line: str, width: int) -> list[str]:
+    """`line` wrapped at `width`, its continuation lines indented two more than its own
+    indentation; a word longer than the width (a URL) stands whole on its own line."""
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    lead = line[: len(line) - len(line.lstrip())]
+    return textwrap.wrap(
+        line.strip(), width, initial_indent=lead, subsequent_indent=lead + "  ",
+        break_long_words=False, break_on_hyphens=False,
+    ) or [line]  # fmt: skip
