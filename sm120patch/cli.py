@@ -218,20 +218,11 @@ def apply_cmd(
 @locked_option
 @click.option("--force", is_flag=True, help="Allow versions outside the profile's pins.")
 @click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
-@click.option(
-    "--no-apply",
-    is_flag=True,
-    help="Only verify: exit 1 unless already exactly as wanted (never writes).",
-)
-@click.option(
-    "--lock-wait",
-    type=click.FloatRange(min=0),
-    default=120.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait this long for another sm120patch run's lock (two services sharing a venv), "
-    "then decide from the bytes; 0 refuses at once.",
-)
+@click.option("--no-apply", is_flag=True,
+              help="Only verify: exit 1 unless already exactly as wanted (never writes).")
+@click.option("--lock-wait", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              metavar="SECONDS", help="Wait this long for another run's lock (two services "
+              "sharing a venv), then decide from the bytes; 0 refuses at once.")  # fmt: skip
 @json_option
 def ensure_cmd(
     profile: str | None,
@@ -249,8 +240,7 @@ def ensure_cmd(
     want = app.locked(profile, locked)
     report = app.ensure(session(sglang, flashinfer), want, force=force,
                         gpu_check=not no_gpu_check, apply_if_needed=not no_apply,
-                        lock_wait=lock_wait,
-                        on_wait=render.lock_wait_notice(lock_wait))  # fmt: skip
+                        lock_wait=lock_wait, on_wait=render.waiting(lock_wait))  # fmt: skip
     if as_json:
         emit_json(report.to_dict())
         return

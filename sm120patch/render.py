@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sm120patch.errors import Sm120Error
+from sm120patch.terminal import colour_wanted as colour_wanted
+from sm120patch.terminal import coloured as coloured
 from sm120patch.terminal import error_doc as error_doc
 from sm120patch.terminal import fallback_hint as fallback_hint
 from sm120patch.terminal import hint_lines as hint_lines
@@ -24,8 +26,10 @@ from sm120patch.terminal import interrupt_notice as interrupt_notice
 from sm120patch.terminal import json_asked as json_asked
 from sm120patch.terminal import page_width as page_width
 from sm120patch.terminal import pasteable as pasteable
+from sm120patch.terminal import path_options
 from sm120patch.terminal import printable as printable
 from sm120patch.terminal import run_tool as run_tool
+from sm120patch.terminal import waiting as waiting
 
 if TYPE_CHECKING:
     from sm120patch.app import DryRun, Matrix, Pinned, Shown, Trialled
@@ -38,28 +42,6 @@ if TYPE_CHECKING:
     from sm120patch.plan.catalog import Catalog, Profile
     from sm120patch.plan.known import Entry
     from sm120patch.scan.run import Report as ScanReport
-
-
-_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),
-                ("+", "green"), ("-", "red"))  # fmt: skip
-
-
-def coloured(diff: str) -> str:
-    """A unified diff with the colours of `git diff` (for a terminal): added lines green,
-    removed red, hunk headers cyan, file headers bold."""
-    out = []
-    for line in diff.splitlines(True):
-        style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), None)
-        if style is None:
-            out.append(line)
-            continue
-        body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
-        out.append(
-            click.style(body, bold=True) + end
-            if style == "bold"
-            else click.style(body, fg=style) + end
-        )
-    return "".join(out)
 
 
 @dataclass
@@ -533,21 +515,6 @@ def paste(text: str) -> str:
                      path_options(root.command))  # fmt: skip
 
 
-def path_options(command: click.Command) -> frozenset[str]:
-    """Every option of `command` and its subcommands that names a file or directory (a
-    click.Path, or a PATH, DIR or FILE metavar): what a hint makes absolute."""
-    found: set[str] = set()
-    for param in command.params:
-        if isinstance(param, click.Option) and (
-            isinstance(param.type, click.Path)
-            or (param.metavar or "").split("=")[-1] in ("PATH", "DIR", "FILE", "LOCKFILE")
-        ):
-            found.update(o for o in param.opts if o.startswith("--"))
-    for sub in getattr(command, "commands", {}).values():
-        found |= path_options(sub)
-    return frozenset(found)
-
-
 def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:
     """One line, then what to do (every refusal has one): `next:` lines that paste, the words
     on their own; the same as JSON with --json (`next`: the words, `commands`: what pastes)."""
@@ -687,11 +654,6 @@ def describe(group: click.Group) -> None:
 # ---- printing: every line of text the CLI prints goes through these ---------------------------
 
 
-def colour_wanted() -> bool:
-    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
 def show(text: Text) -> None:
     for line in text.err:
         echo_err(paste(line))
@@ -719,13 +681,3 @@ def quiet(line: str) -> None:  # --json keeps stdout one document
 def pasted(echo: Callable[[str], None]) -> Callable[[str], None]:
     """`echo` of lines whose `sm120patch ...` commands paste (render.paste)."""
     return lambda line: echo(paste(line))
-
-
-def lock_wait_notice(seconds: float) -> Callable[[object], None]:
-    """What `ensure` says, on stderr, when it starts waiting for another run's lock."""
-
-    def notice(root: object) -> None:
-        echo_err(f"sm120patch: another sm120patch run holds the lock on {root}; waiting for it "
-                 f"(at most {seconds:g} s), then deciding from the bytes")  # fmt: skip
-
-    return notice

@@ -287,3 +287,56 @@ def wrapped(line: str, width: int) -> list[str]:
         line.strip(), width, initial_indent=lead, subsequent_indent=lead + "  ",
         break_long_words=False, break_on_hyphens=False,
     ) or [line]  # fmt: skip
+
+
+def path_options(command: click.Command) -> frozenset[str]:
+    """Every option of `command` and its subcommands that names a file or directory (a
+    click.Path, or a PATH, DIR or FILE metavar): what a hint makes absolute."""
+    found: set[str] = set()
+    for param in command.params:
+        if isinstance(param, click.Option) and (
+            isinstance(param.type, click.Path)
+            or (param.metavar or "").split("=")[-1] in ("PATH", "DIR", "FILE", "LOCKFILE")
+        ):
+            found.update(o for o in param.opts if o.startswith("--"))
+    for sub in getattr(command, "commands", {}).values():
+        found |= path_options(sub)
+    return frozenset(found)
+
+
+def waiting(seconds: float) -> Callable[[object], None]:
+    """What `ensure` says, on stderr, when it starts waiting for another run's lock."""
+
+    def notice(root: object) -> None:
+        line = (f"sm120patch: another sm120patch run holds the lock on {root}; waiting for it "
+                f"(at most {seconds:g} s), then deciding from the bytes")  # fmt: skip
+        click.echo(printable(line), err=True)
+
+    return notice
+
+
+_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),
+                ("+", "green"), ("-", "red"))  # fmt: skip
+
+
+def coloured(diff: str) -> str:
+    """A unified diff with the colours of `git diff` (for a terminal): added lines green,
+    removed red, hunk headers cyan, file headers bold."""
+    out = []
+    for line in diff.splitlines(True):
+        style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), None)
+        if style is None:
+            out.append(line)
+            continue
+        body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+        out.append(
+            click.style(body, bold=True) + end
+            if style == "bold"
+            else click.style(body, fg=style) + end
+        )
+    return "".join(out)
+
+
+def colour_wanted() -> bool:
+    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
