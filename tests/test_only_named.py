@@ -47,7 +47,7 @@ def test_no_flashinfer_beside_the_named_sglang_refuses_and_asks_for_it(
     before = tree_hash(own_flashinfer), tree_hash(sg)
     code, out, err = cli("apply", "fusion", "--sglang", str(sg), "--no-gpu-check")
     assert code == 1, err
-    assert "no FlashInfer beside --sglang" in err and "--flashinfer" in err, err
+    assert f"no FlashInfer beside the SGLang at {sg}" in err and "--flashinfer" in err, err
     assert (tree_hash(own_flashinfer), tree_hash(sg)) == before
     # status names nothing it was not given: no FlashInfer row from the tool's environment
     targets = json.loads(cli("status", "--sglang", str(sg), "--json")[1])["targets"]

@@ -65,17 +65,20 @@ class Resolved:
         an installed SGLang runs with), else the refusal that asks for it by name: a command
         that names its targets never reaches the tool's own environment for another."""
         named = [k for k in KINDS if self.given(k)]
+        where = []
         for other in named:
             try:
                 found = self.find(other)
             except Sm120Error:
+                where.append(f"--{other} {self.paths[other]}")
                 continue
+            where.append(f"the {found.name} at {found.root}")
             if found.layout != "git" and (found.parent / kind).is_dir():
                 try:
                     return self.at(kind, found.parent)
                 except Sm120Error as exc:
                     return exc
-        return beside_missing(kind, [f"--{k} {self.paths[k]}" for k in named])
+        return beside_missing(kind, where)
 
     def quiet(self, kind: str, *, required: bool | None = None) -> Target | None:
         """`find`, or None when `kind` is not there and (unless `required`) was not named; a
