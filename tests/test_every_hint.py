@@ -7,7 +7,8 @@ from). Each `sm120patch ...` command in them is completed as the CLI completes i
 command line given with relative paths, pasted through `sh` from another directory, and:
 - names every path absolutely;
 - is no usage error (exit 2);
-- is not the command that printed it (an `<again>` adds words to the user's command).
+- is not the command that printed it (an `<again>` adds words to the user's command);
+- is printed once: the hint's words name it ("the command above"), not print it again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -223,7 +225,11 @@ def _pasted(template: str, box: Path) -> list[tuple[str, list[str], list[str]]]:
                          path_options(main))  # fmt: skip
     finally:
         os.chdir(here)
-    lines = [line[len("  next: "):] for line in hint_lines(text) if line.startswith("  next: ")]
+    printed = hint_lines(text)
+    lines = [line[len("  next: "):] for line in printed if line.startswith("  next: ")]
+    prose = [line for line in printed if not line.startswith("  next: ")]
+    for line in lines:  # each command once: on its `next:` line, never again in the words
+        assert not any(line in words for words in prose), (line, prose)
     out = []
     for line in lines:
         first = shlex.split(line)[0]
@@ -270,7 +276,10 @@ def _parsed(words: list[str]) -> int:
 
     try:
         with main.make_context("sm120patch", list(words), resilient_parsing=False) as ctx:
-            name, sub, rest = main.resolve_command(ctx, ctx.protected_args + ctx.args)
+            with warnings.catch_warnings():  # click 8.2 keeps the subcommand there still
+                warnings.simplefilter("ignore", DeprecationWarning)
+                words_left = [*ctx.protected_args, *ctx.args]
+            name, sub, rest = main.resolve_command(ctx, words_left)
             assert sub is not None
             sub.make_context(name, rest, parent=ctx)
     except click.UsageError:
