@@ -7,7 +7,7 @@ def _interrupted_at_start(signum: int, frame: object) -> None:
     """SIGINT until the command line takes over (`cli.run`): one line, exit 130."""
     import os
 
-    os.write(2, b"sm120patch: interrupted\n")
+    os.write(2, b"sm120patch: interrupted (SIGINT) while starting: nothing was changed\n")
     os._exit(130)
 
 

@@ -176,7 +176,8 @@ def locked(profile: str | None, lock_path: str | None) -> Locked:
         if not profile:
             raise UsageError(
                 "give a profile or --locked with a lock file",
-                "`sm120patch list` shows the profiles; `moe` is the recommended one",
+                "`sm120patch list` shows the profiles; `sm120patch <again> moe` for the "
+                "recommended one",
             )
         return Locked(profile)
     from sm120patch.plan import lockfile
@@ -298,9 +299,13 @@ def apply(
 
 
 def ensure(
-    session: Session, want: Locked, *, force: bool, gpu_check: bool, apply_if_needed: bool
-) -> Report:
+    session: Session, want: Locked, *, force: bool, gpu_check: bool, apply_if_needed: bool,
+    lock_wait: float = 0.0, on_wait: Callable[[Path], None] | None = None,
+) -> Report:  # fmt: skip
+    """`ensure`; a lock another run holds is waited for up to `lock_wait` seconds, `on_wait`
+    told once (the CLI's line on stderr)."""
     from sm120patch.engine import ensure as ensuring
+    from sm120patch.engine.store import Waiting
 
     with _profile_of(want):
         return ensuring.ensure(
@@ -311,6 +316,7 @@ def ensure(
             check_plan=want.check_plan,
             lock=want.lock,
             apply_if_needed=apply_if_needed,
+            wait=Waiting(lock_wait, on_wait) if lock_wait > 0 else None,
         )
 
 

@@ -150,7 +150,7 @@ def show_cmd(profile: str, as_json: bool) -> None:
     if as_json:
         emit_json(render.profile_doc(s.catalog, prof, entries))
         return
-    show(render.profile(s.catalog, prof, entries))
+    show(render.profile(s.catalog, prof, entries, render.page_width()))
 
 
 locked_option = click.option(
@@ -218,11 +218,11 @@ def apply_cmd(
 @locked_option
 @click.option("--force", is_flag=True, help="Allow versions outside the profile's pins.")
 @click.option("--no-gpu-check", is_flag=True, help="Skip the SM120 GPU precondition.")
-@click.option(
-    "--no-apply",
-    is_flag=True,
-    help="Only verify: exit 1 unless already exactly as wanted (never writes).",
-)
+@click.option("--no-apply", is_flag=True,
+              help="Only verify: exit 1 unless already exactly as wanted (never writes).")
+@click.option("--lock-wait", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              metavar="SECONDS", help="Wait this long for another run's lock (two services "
+              "sharing a venv), then decide from the bytes; 0 refuses at once.")  # fmt: skip
 @json_option
 def ensure_cmd(
     profile: str | None,
@@ -232,13 +232,15 @@ def ensure_cmd(
     force: bool,
     no_gpu_check: bool,
     no_apply: bool,
+    lock_wait: float,
     as_json: bool,
 ) -> None:
     """For service start-up: exit 0 when the trees are exactly as wanted (applying first if
     they are pristine or the patch is gone), exit 1 changing nothing otherwise."""
     want = app.locked(profile, locked)
     report = app.ensure(session(sglang, flashinfer), want, force=force,
-                        gpu_check=not no_gpu_check, apply_if_needed=not no_apply)  # fmt: skip
+                        gpu_check=not no_gpu_check, apply_if_needed=not no_apply,
+                        lock_wait=lock_wait, on_wait=render.waiting(lock_wait))  # fmt: skip
     if as_json:
         emit_json(report.to_dict())
         return

@@ -93,8 +93,8 @@ def _walk(path: Path) -> tuple[int, str | None]:
             )
             os.close(fd)
             return -1, why
-        os.close(fd)
-        fd = nxt
+        old, fd = fd, nxt  # held before the close, as in `_parent`
+        os.close(old)
     return fd, None
 
 
@@ -151,14 +151,14 @@ class TreeHandle:
         self.dev, self.ino, self.uid = st.st_dev, st.st_ino, st.st_uid
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        fd, self.fd = self.fd, -1  # forgotten before it is closed: never closed twice
+        if fd >= 0:
+            os.close(fd)
 
     def __del__(self) -> None:
         try:
             self.close()
-        except OSError:
+        except (OSError, AttributeError):  # at the interpreter's exit `os` may be gone already
             pass
 
     def __repr__(self) -> str:
@@ -238,9 +238,12 @@ class TreeHandle:
                             "again",
                         ) from None
                     raise
-                if fd != self.fd:
-                    os.close(fd)
-                fd = nxt
+                # The new descriptor is held before the old one is closed: a Ctrl-C handled
+                # right after a close returned must not leave `fd` naming it, or the finally
+                # below closes it twice (EBADF, or another file's reused number).
+                old, fd = fd, nxt
+                if old != self.fd:
+                    os.close(old)
             yield fd, parts[-1]
         finally:
             if fd != self.fd:

@@ -16,15 +16,20 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sm120patch.errors import Sm120Error
+from sm120patch.terminal import colour_wanted as colour_wanted
+from sm120patch.terminal import coloured as coloured
 from sm120patch.terminal import error_doc as error_doc
 from sm120patch.terminal import exhausted
 from sm120patch.terminal import fallback_hint as fallback_hint
 from sm120patch.terminal import hint_lines as hint_lines
 from sm120patch.terminal import interrupt_notice as interrupt_notice
 from sm120patch.terminal import json_asked as json_asked
+from sm120patch.terminal import page_width as page_width
 from sm120patch.terminal import pasteable as pasteable
+from sm120patch.terminal import path_options
 from sm120patch.terminal import printable as printable
 from sm120patch.terminal import run_tool as run_tool
+from sm120patch.terminal import waiting as waiting
 
 if TYPE_CHECKING:
     from sm120patch.app import DryRun, Matrix, Pinned, Shown, Trialled
@@ -37,28 +42,6 @@ if TYPE_CHECKING:
     from sm120patch.plan.catalog import Catalog, Profile
     from sm120patch.plan.known import Entry
     from sm120patch.scan.run import Report as ScanReport
-
-
-_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),
-                ("+", "green"), ("-", "red"))  # fmt: skip
-
-
-def coloured(diff: str) -> str:
-    """A unified diff with the colours of `git diff` (for a terminal): added lines green,
-    removed red, hunk headers cyan, file headers bold."""
-    out = []
-    for line in diff.splitlines(True):
-        style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), None)
-        if style is None:
-            out.append(line)
-            continue
-        body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
-        out.append(
-            click.style(body, bold=True) + end
-            if style == "bold"
-            else click.style(body, fg=style) + end
-        )
-    return "".join(out)
 
 
 @dataclass
@@ -156,36 +139,39 @@ def profile_doc(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> dic
     }
 
 
-def profile(cat: Catalog, prof: Profile, known: Sequence[Entry] = ()) -> Text:
-    """`show PROFILE`: pins, refusals, the patches, then every known outcome about it, in
-    full (what the one-line known outcomes of `apply` and `doctor` point to)."""
+def profile(cat: Catalog, prof: Profile, known: Sequence[Entry] = (), width: int = 100) -> Text:
+    """`show PROFILE`: first the summary (what it is, pins, refusals, one line per patch and
+    per known outcome), then the profile's notes, each patch in full, and every known outcome
+    about it in full with its quote (what the one-line known outcomes of `apply` and `doctor`
+    point to); wrapped at `width`."""
     from sm120patch.patchkit.versions import range_text
+    from sm120patch.terminal import wrapped
 
-    text = Text()
-    text.out.append(f"{prof.name} [{prof.status}]: {prof.title}")
-    for k, v in prof.pins.items():
-        text.out.append(f"  pinned on {k} {range_text(v)}")
-    for r in prof.refuse:
-        text.out.append(f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}")
+    patches = cat.patches_of(prof)
+    lines = [f"{prof.name} [{prof.status}]: {prof.title}"]
+    lines += [f"  pinned on {k} {range_text(v)}" for k, v in prof.pins.items()]
+    lines += [f"  refuses {r.kind} {r.releases} (--force to apply anyway): {r.reason}"
+              for r in prof.refuse]  # fmt: skip
+    lines += [f"  patch {p.id}: {p.title}" for p in patches]
+    lines += [f"  {e.line()}" for e in known]
     if prof.known:
-        text.out.append("  known: " + " ".join(prof.known.split()))
-    text.out += [f"  {prof.flag_sentence()}"] if prof.flag else []
-    for patch in cat.patches_of(prof):
-        text.out.append("")
-        text.out.append(f"{patch.id} ({patch.target}, {cat.source(patch.id).name}): {patch.title}")
-        text.out.append("  why: " + patch.why)
+        lines += ["", "About it: " + " ".join(prof.known.split())]
+    lines += ["", prof.flag_sentence()] if prof.flag else []
+    for patch in patches:
+        lines.append("")
+        lines.append(f"{patch.id} ({patch.target}, {cat.source(patch.id).name}): {patch.title}")
+        lines.append("  why: " + patch.why)
         if patch.upstream:
-            text.out.append(f"  upstream: {patch.upstream}")
+            lines.append(f"  upstream: {patch.upstream}")
         if patch.wiring is not None:
-            text.out.append("  in the server log, ran: " + " | ".join(patch.wiring.ran))
+            lines.append("  in the server log, ran: " + " | ".join(patch.wiring.ran))
             if patch.wiring.skipped:
-                text.out.append("  in the server log, skipped: " + " | ".join(patch.wiring.skipped))
-        for shape in patch.shapes:
-            text.out.append(f"  - {shape}")
+                lines.append("  in the server log, skipped: " + " | ".join(patch.wiring.skipped))
+        lines += [f"  - {shape}" for shape in patch.shapes]
     if known:
-        text.out.append("")
-        text.out += [e.full() for e in known]
-    return text
+        lines += ["", f"Known outcomes about {prof.name}, in full:"]
+        lines += [f"  {e.full()}" for e in known]
+    return Text(out=[w for line in lines for w in wrapped(line, width)])
 
 
 def outcomes(found: Sequence[Outcome]) -> list[str]:
@@ -326,8 +312,8 @@ def status(found: list[TargetStatus]) -> Text:
         if s.state != "pristine":
             text.out.append(f"  {s.assessment.message}")
         text.out += ["  " + line for line in trial_lines(s.trials)]
-        if s.profile is None:
-            continue
+        if s.profile is None or not (s.files or s.branch):
+            continue  # a profile that needs nothing here: its message line says so, no header
         branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
         text.out.append(f"  profile {s.profile}{branch}")
         text.out += [_file_line(f) for f in s.files]
@@ -449,7 +435,7 @@ def doctor(found: Examination) -> Text:
     for p in found.profiles:
         text.out.append(f"profile {p.name} [{p.status}]: {p.verdict}")
         for o in p.outcomes:
-            where = f"{o['file'] or ''}::{o['site']}"
+            where = f"{o['file']}::{o['site']}" if o["file"] else o["site"]  # as `outcomes`
             text.out.append(f"  {o['status']:16} {o['patch']:{PATCH_WIDTH}} {where}")
         text.out += [f"  applied now on {root}" for root in p.applied_on]
         text.out += [f"  {p.flag}"] if p.flag else []
@@ -529,7 +515,8 @@ def paste(text: str) -> str:
     if root is None:
         return text
     argv = root.meta.get(ARGV_META, [])
-    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or (), argv)
+    return pasteable(text, root.meta.get(PATHS_META, {}), root.obj or (), argv,
+                     path_options(root.command))  # fmt: skip
 
 
 def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:
@@ -596,9 +583,15 @@ class Group(click.Group):
             fail(exc, json_wanted(ctx), ctx.invoked_subcommand)
         except KeyboardInterrupt:
             # Outside the engine's writes (those end as Interrupted or Unfinished, with their
-            # own next step): nothing was cut short, so one line says it all.
-            click.echo("sm120patch: interrupted", err=True)
-            sys.exit(130)
+            # own next step): nothing was cut short; the line says the state the last run of
+            # this command left (applied, rolled back, or unfinished with its `recover`).
+            from sm120patch.engine import interrupts
+
+            error = interrupts.outside()
+            if error.hint or json_wanted(ctx):
+                fail(error, json_wanted(ctx), ctx.invoked_subcommand)
+            click.echo(printable(f"sm120patch: {error.message}"), err=True)  # nothing to do
+            sys.exit(error.exit_code)
         except BrokenPipeError:
             # `sm120patch status | head -1`: the reader left, having read what it wanted. As
             # git does, end quietly and successfully; stdout points at /dev/null so that the
@@ -664,9 +657,13 @@ def describe(group: click.Group) -> None:
         group.order = tuple(HELP)
 
 
+<<<<<<< HEAD
 def colour_wanted() -> bool:
     """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+=======
+# ---- printing: every line of text the CLI prints goes through these ---------------------------
+>>>>>>> operator
 
 
 def show(text: Text) -> None:

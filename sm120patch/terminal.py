@@ -68,17 +68,36 @@ def _given(argv: Sequence[str]) -> list[str]:
     return words[: words.index("--")] if "--" in words else words
 
 
+def absolute_paths(words: Sequence[str], path_options: frozenset[str]) -> list[str]:
+    """`words` with the value of each option in `path_options` (`--vllm t/vllm`, `--locked=x`)
+    made absolute: a hint pastes from any directory."""
+    out: list[str] = []
+    take = False
+    for word in words:
+        name, eq, value = word.partition("=")
+        if take:
+            out.append(os.path.abspath(word) if word and word != "-" else word)
+        elif eq and name in path_options and value and value != "-":
+            out.append(f"{name}={os.path.abspath(value)}")
+        else:
+            out.append(word)
+        take = not take and word in path_options
+    return out
+
+
 def pasteable(
     text: str,
     paths: Mapping[str, str | None],
     packs: Sequence[str] = (),
     argv: Sequence[str] = (),
+    path_options: frozenset[str] = frozenset(),
 ) -> str:
     """Every `sm120patch ...` in `text` as the user can paste it: each word shell-quoted, with
     the --patches of the command it follows, for a command on targets its --sglang/
     --flashinfer paths (made absolute) and the flags it keeps (KEPT_FLAGS) where the words do
     not name them already. `sm120patch <again> ...` is the user's own command line (`argv`)
-    with the words after it added (before a trial's `--`)."""
+    with the words after it added (before a trial's `--`), the values of its `path_options`
+    made absolute."""
     import shlex
 
     def complete(match: re.Match[str]) -> str:
@@ -89,6 +108,7 @@ def pasteable(
         if words[:1] == [AGAIN]:
             mine = list(argv)
             at = mine.index("--") if "--" in mine else len(mine)
+            mine[:at] = absolute_paths(mine[:at], path_options)
             return "`" + shlex.join(["sm120patch", *mine[:at], *words[1:], *mine[at:]]) + "`"
         if not words or (len(words) == 1 and words[0] in NEED_ARGUMENT):
             return match.group(0)
@@ -125,15 +145,35 @@ def hint_lines(hint: str) -> list[str]:
     commands = [
         c for c in _SPAN.findall(hint)
         if not any(_PLACEHOLDERS.match(w) for w in c.split())
+        and c.split()[1:] not in ([v] for v in NEED_ARGUMENT)  # a mention: `sm120patch pin`
     ]  # fmt: skip
     rest = _SPAN.sub(" ", hint)
     for mark in ",;:.()":
         rest = rest.replace(mark, f" {mark} ")
     says_more = any(w.lower() not in _FILLER for w in rest.split())
-    lines = [f"  next: {c}" for c in commands]
+    lines = [f"  next: {c}" for c in dict.fromkeys(commands)]
     if says_more or not commands:
-        lines.append(f"  {hint}")
+        lines.append(f"  {_named_above(hint, list(dict.fromkeys(commands)))}")
     return lines
+
+
+_ORDINALS = ("first", "second", "third", "fourth", "fifth")
+
+
+def _named_above(hint: str, commands: list[str]) -> str:
+    """The hint's words with each command its `next:` line shows named, not printed again:
+    "the command above", or "the second command above" where there are several."""
+
+    def name(match: re.Match[str]) -> str:
+        command = match.group(1)
+        if command not in commands:
+            return match.group(0)
+        at = commands.index(command)
+        if len(commands) == 1:
+            return "the command above"
+        return f"the {_ORDINALS[at] if at < len(_ORDINALS) else f'#{at + 1}'} command above"
+
+    return _SPAN.sub(name, hint)
 
 
 # C0 and C1 control characters but tab and newline: a record read from a state directory, a
@@ -209,8 +249,16 @@ def run_tool(main: Callable[[], Any], early: Any) -> None:
                 _unwritten_to_devnull(stream)
     except KeyboardInterrupt:
         # A Ctrl-C outside every command's own handling: while click parses the arguments, or
-        # once the command has ended. Nothing of a run is cut short here.
-        os.write(2, b"sm120patch: interrupted\n")
+        # once the command has ended. Nothing of a run is cut short here; the line says the
+        # state the command's last run left.
+        hooks = sys.modules.get("sm120patch.engine.interrupts")
+        state, hint = (
+            hooks.after_interrupt() if hooks is not None
+            else ("no apply, revert or recover had started: nothing was changed", "")
+        )  # fmt: skip
+        os.write(2, printable(f"sm120patch: interrupted (SIGINT): {state}\n").encode())
+        if hint:
+            os.write(2, "".join(f"{line}\n" for line in hint_lines(hint)).encode())
         code = 130
     sys.exit(code)
 
@@ -221,3 +269,84 @@ def _unwritten_to_devnull(stream: Any) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
     except (OSError, ValueError):
         pass
+
+
+# A page read by a person (`show`): at most this wide where stdout is not a terminal (a pager,
+# a file, a mail), the terminal's own width where it is.
+PAGE_WIDTH = 100
+
+
+def page_width() -> int:
+    """The width `show` wraps at: the terminal's, else PAGE_WIDTH."""
+    import shutil
+
+    if sys.stdout.isatty():
+        return max(40, shutil.get_terminal_size((PAGE_WIDTH, 24)).columns)
+    return PAGE_WIDTH
+
+
+def wrapped(line: str, width: int) -> list[str]:
+    """`line` wrapped at `width`, its continuation lines indented two more than its own
+    indentation; a word longer than the width (a URL) stands whole on its own line."""
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    lead = line[: len(line) - len(line.lstrip())]
+    return textwrap.wrap(
+        line.strip(), width, initial_indent=lead, subsequent_indent=lead + "  ",
+        break_long_words=False, break_on_hyphens=False,
+    ) or [line]  # fmt: skip
+
+
+def path_options(command: click.Command) -> frozenset[str]:
+    """Every option of `command` and its subcommands that names a file or directory (a
+    click.Path, or a PATH, DIR or FILE metavar): what a hint makes absolute."""
+    found: set[str] = set()
+    for param in command.params:
+        if isinstance(param, click.Option) and (
+            isinstance(param.type, click.Path)
+            or (param.metavar or "").split("=")[-1] in ("PATH", "DIR", "FILE", "LOCKFILE")
+        ):
+            found.update(o for o in param.opts if o.startswith("--"))
+    for sub in getattr(command, "commands", {}).values():
+        found |= path_options(sub)
+    return frozenset(found)
+
+
+def waiting(seconds: float) -> Callable[[object], None]:
+    """What `ensure` says, on stderr, when it starts waiting for another run's lock."""
+
+    def notice(root: object) -> None:
+        line = (f"sm120patch: another sm120patch run holds the lock on {root}; waiting for it "
+                f"(at most {seconds:g} s), then deciding from the bytes")  # fmt: skip
+        click.echo(printable(line), err=True)
+
+    return notice
+
+
+_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),
+                ("+", "green"), ("-", "red"))  # fmt: skip
+
+
+def coloured(diff: str) -> str:
+    """A unified diff with the colours of `git diff` (for a terminal): added lines green,
+    removed red, hunk headers cyan, file headers bold."""
+    out = []
+    for line in diff.splitlines(True):
+        style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), None)
+        if style is None:
+            out.append(line)
+            continue
+        body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+        out.append(
+            click.style(body, bold=True) + end
+            if style == "bold"
+            else click.style(body, fg=style) + end
+        )
+    return "".join(out)
+
+
+def colour_wanted() -> bool:
+    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")

@@ -87,3 +87,40 @@ def test_the_check_catches_a_wrong_row(old: str, new: str) -> None:
     text = COMPAT.read_text(encoding="utf-8")
     assert old in text
     assert problems(text.replace(old, new, 1)) != []
+
+
+PROFILES_DOC = COMPAT.parent / "profiles.md"
+README = COMPAT.parents[1] / "README.md"
+
+
+def _table(text: str, head: str) -> list[dict[str, str]]:
+    """The rows of the markdown table whose header line starts with `head`."""
+    lines = text[text.index(head) :].splitlines()
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    rows = []
+    for row in cells[2:]:
+        if not lines[len(rows) + 2].startswith("|"):
+            break
+        rows.append(dict(zip(cells[0], row, strict=True)))
+    return rows
+
+
+def test_the_profiles_page_has_a_row_per_profile_with_its_status() -> None:
+    # The README's profile table moved to docs/profiles.md: held to the catalog as it was.
+    cat = catalog.load()
+    rows = _table(PROFILES_DOC.read_text(encoding="utf-8"), "| profile | status | what it does")
+    assert sorted(r["profile"].strip("`") for r in rows) == sorted(cat.profiles)
+    for row in rows:
+        assert row["status"].startswith(cat.profiles[row["profile"].strip("`")].status), row
+
+
+def test_the_readme_is_short_and_its_box_table_names_real_profiles() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    rows = _table(text, "| your box | use |")
+    named = {n for r in rows for n in re.findall(r"`([a-z0-9-]+)`", r["use"])}
+    assert named and named <= set(catalog.load().profiles), named
+    # the model family, NVFP4 or not, GPU count and topology each lead somewhere
+    boxes = " ".join(r["your box"] for r in rows)
+    for word in ("NVFP4", "not NVFP4", "GPU count", "PCIe-only", "TP2"):
+        assert word in boxes, word

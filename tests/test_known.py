@@ -238,7 +238,7 @@ def test_doctor_and_apply_show_matching_entries(tmp_path, mocker, fi_version, sh
         assert f"profile moe refuses FlashInfer {fi_version}" in err and "issues/2723" in err
         # Inside the pins: the hint is the refusal's, not "use a pinned release".
         assert "  use a release it does not refuse (its reason says which), or apply " \
-            "anyway: `sm120patch apply moe --dry-run" in err and "pinned release" not in err
+            "anyway: the command above" in err and "pinned release" not in err
         # the next: line is the user's own command with --force, as it pastes
         assert f"  next: sm120patch {' '.join(dry)} --force\n" in err, err
         code, out, err = run_cli(*dry, "--force")

@@ -46,6 +46,7 @@ from sm120patch.engine.run import (
     start_time,
     unchecked_refusals,
 )
+from sm120patch.engine.store import Waiting
 from sm120patch.errors import NotWritable, Refused
 from sm120patch.patchkit.facts import Status
 from sm120patch.plan import catalog, planner, plans
@@ -103,7 +104,7 @@ def _preflight(
         early = prep.plan = planner.plan(profile.name, given, found=[c.target for c in ctxs],
                                          force=True)
         if early.refused:
-            raise PlanRefused(early)
+            raise PlanRefused(early, dry_run=reading)
     applied = []
     for ctx in ctxs:
         found = ctx.assess((seen or {}).get(ctx.target.kind))
@@ -155,7 +156,7 @@ def _preflight(
     plan = early or planner.plan(profile.name, given, found=[c.target for c in ctxs], force=True)
     prep.plan = plan
     if plan.refused:
-        raise PlanRefused(plan)
+        raise PlanRefused(plan, dry_run=reading)
     if check_plan is not None:
         if lock is not None:
             check_plan(plan, frozenset(c.target.kind for c, _ in applied))  # type: ignore[call-arg]
@@ -259,10 +260,15 @@ def apply_runs(
     check_plan: Callable[[Plan], None] | None = None,
     lock: Lock | None = None,
     seen: Mapping[str, Assessment] | None = None,
+    wait: Waiting | None = None,
 ) -> Report:
     """`apply` on runs already made (`runs_for`, its pins checked); `seen` as `_preflight`
-    takes it. The report's `unrecorded` names each target left without the profile's record."""
-    with locked(ctxs):
+    takes it. The report's `unrecorded` names each target left without the profile's record.
+    `wait`: a lock another run holds is waited for (`ensure`), and the trees then assessed
+    again, as a second apply would."""
+    with locked(ctxs, wait) as waited:
+        if waited:
+            seen = None  # the other run may have changed every tree since
         prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, given=given,
                           seen=seen)  # fmt: skip
         if prep.nothing_to_do:

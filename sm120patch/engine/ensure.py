@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from sm120patch.engine import assess
 from sm120patch.engine.reports import Action, Report, TargetReport
 from sm120patch.engine.run import check_applied_matches_lock, runs_for, unchecked_refusals
+from sm120patch.engine.store import Waiting
 from sm120patch.errors import Refused
 from sm120patch.plan import profiles
 from sm120patch.targets.resolved import Given, resolved
@@ -26,6 +27,7 @@ def ensure(
     check_plan: Callable[[Plan], None] | None = None,
     lock: Lock | None = None,
     apply_if_needed: bool = True,
+    wait: Waiting | None = None,
 ) -> Report:
     """For service start-up: the target ends exactly as wanted, or nothing changes (Refused).
 
@@ -37,6 +39,10 @@ def ensure(
     refused with nothing changed (apply's own preflight). Each target is assessed once: the
     apply takes this assessment under its lock while the state is unchanged, and reports the
     targets it leaves without the profile's record (every other one it wrote and verified).
+
+    `wait`: where another run holds a target's lock (a second service sharing the venv,
+    started at the same time), wait for it, bounded, then decide from the bytes as a second
+    apply would: applied as wanted by the other run is nothing to do.
     """
     # The profile as its profiles.toml declares it: no patch module is imported while the
     # bytes may still answer "as wanted" (a damaged pack is met when a plan is needed).
@@ -86,7 +92,7 @@ def ensure(
     report = apply_runs(
         catalog.load().profile(profile.name), ctxs, named, preconditions=preconditions,
         check_plan=check_plan, lock=lock,
-        seen={c.target.kind: a for c, a in zip(ctxs, found, strict=True)},
+        seen={c.target.kind: a for c, a in zip(ctxs, found, strict=True)}, wait=wait,
     )  # fmt: skip
     for ctx in ctxs:
         why = report.unrecorded.get(ctx.target.kind)

@@ -73,6 +73,8 @@ class Section:
         self.abortable = abortable
         self.committed = False
         self.received: list[int] = []
+        self.failed = False  # it ended with an error (a refusal, a rollback)
+        self.unfinished: Callable[[], bool] = lambda: False
 
     def commit(self) -> None:
         """The apply's commit point: every manifest is written; a signal no longer aborts."""
@@ -88,6 +90,9 @@ class Section:
 
 
 _active: list[Section] = []
+# The last outermost section this process ended: what a signal that comes outside every section
+# (a KeyboardInterrupt, after the run or before it) finds the trees in (`after_interrupt`).
+_last: list[Section] = []
 
 
 def _name(signum: int) -> str:
@@ -95,7 +100,7 @@ def _name(signum: int) -> str:
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
-    if not _active:  # cannot happen: handlers are restored before the section is dropped
+    if not _active:  # the section just ended (`_end`): as the handler before it would
         raise KeyboardInterrupt
     section = _active[-1]
     section.received.append(signum)
@@ -124,6 +129,7 @@ def critical(
     is finished instead. `unfinished()`: whether a journal of this run is still open.
     """
     section = Section(op, profile, abortable=abortable)
+    section.unfinished = unfinished
     main = threading.current_thread() is threading.main_thread()
     previous: dict[int, Any] = {}
     if main and not _active:
@@ -136,7 +142,7 @@ def critical(
     try:
         yield section
     except BaseException as exc:
-        _end(section, previous)
+        _end(section, previous, exc)
         if outer is not None:
             outer.received.extend(section.received)
             raise
@@ -149,11 +155,45 @@ def critical(
     _raise_for(section, None, unfinished)
 
 
-def _end(section: Section, previous: dict[int, Any]) -> None:
-    # Handlers first: a signal from here on is handled as before the section.
+def _end(section: Section, previous: dict[int, Any], exc: BaseException | None = None) -> None:
+    # The section is known ended before the handlers go back: a signal handled as before the
+    # section (a KeyboardInterrupt) then finds it as the last one, whose state it reports.
+    section.failed = exc is not None
+    _active.remove(section)
+    if not _active:
+        _last[:] = [section]
     for signum, old in previous.items():
         signal.signal(signum, old)
-    _active.remove(section)
+
+
+def outside(signame: str = "SIGINT") -> Interrupted:
+    """The error for a signal outside every section: one line saying the state it left."""
+    state, hint = after_interrupt()
+    return Interrupted(f"interrupted ({signame}): {state}", hint)
+
+
+def after_interrupt() -> tuple[str, str]:
+    """What a Ctrl-C outside every section leaves (it cut nothing of a run short): the state
+    of the trees as the last run of this process left them, and what to do."""
+    if not _last:
+        return "no apply, revert or recover had started: nothing was changed", ""
+    section = _last[0]
+    try:
+        left = section.unfinished()
+    except Exception:
+        left = True  # its journal cannot be read: recover says what it finds
+    if left:
+        return f"{section.what()} is unfinished: its journal is kept", RECOVER_HINT
+    if section.op == "apply" and section.committed:
+        return (
+            f"{section.what()} had completed: it stays applied",
+            f"`sm120patch revert {section.profile}` undoes it",
+        )
+    if section.op == "apply":
+        return f"{section.what()} was rolled back: nothing was changed", ""
+    if section.failed:
+        return f"{section.what()} failed, leaving no journal: nothing was changed", ""
+    return f"{section.what()} was finished first", "`sm120patch status` shows the trees"
 
 
 def _raise_for(section: Section, exc: BaseException | None, unfinished: Callable[[], bool]) -> None:

@@ -40,6 +40,13 @@ def revert(
     ctxs = _revert_targets(profile_name, given)
     reports: list[TargetReport] = []
     notes: list[str] = []
+    if all(c.state.manifest() is None and c.state.journal() is None for c in ctxs):
+        # Nothing recorded anywhere: said without the lock, which a tree this run cannot
+        # write (a read-only mount, an image's layer) could not even hold. A run starting
+        # meanwhile is no more reverted than one starting just after this answer.
+        nothing = _revert_preflight(profile_name, ctxs, force)[2]
+        if nothing is not None:
+            return nothing
     with locked(ctxs):
         todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
         if nothing is not None:

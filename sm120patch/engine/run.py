@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from sm120patch.engine import assess
 from sm120patch.engine.assess import Assessment
 from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
-from sm120patch.engine.store import TargetState
+from sm120patch.engine.store import TargetState, Waiting
 from sm120patch.errors import Refused, not_writable
 from sm120patch.plan import pins
 from sm120patch.plan.profiles import Pinned
@@ -194,11 +194,26 @@ def check_applied_matches_lock(ctx: TargetRun, found: Assessment, lock: Lock) ->
 
 
 @contextmanager
-def locked(ctxs: list[TargetRun]) -> Iterator[None]:
+def locked(ctxs: list[TargetRun], wait: Waiting | None = None) -> Iterator[bool]:
+    """Every target's lock, taken in order; yields whether any was waited for (what was
+    assessed before is then stale: the other run may have changed the tree). With `wait`,
+    the whole command waits at most its seconds, however many targets."""
+    import time
+
+    waited: list[Path] = []
+
+    def notice(root: Path) -> None:
+        waited.append(root)
+        if wait is not None and wait.notice is not None:
+            wait.notice(root)
+
+    deadline = time.monotonic() + (wait.seconds if wait is not None else 0.0)
     with ExitStack() as stack:
         for ctx in ctxs:
-            stack.enter_context(ctx.state.locked())
-        yield
+            left = None if wait is None else Waiting(
+                max(0.0, deadline - time.monotonic()), notice)  # fmt: skip
+            stack.enter_context(ctx.state.locked(left))
+        yield bool(waited)
 
 
 def refuse_unfinished(ctxs: list[TargetRun]) -> None:

@@ -36,8 +36,9 @@ import os
 import shlex
 import stat
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -214,8 +215,10 @@ class TargetState:
 
     # ---- lock -------------------------------------------------------------------------
     @contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self, wait: Waiting | None = None) -> Iterator[None]:
         """One sm120patch run per target: an flock on `lock` in the target's state directory.
+        Held by another run: refused at once, or with `wait` (ensure), its notice given once
+        and the lock waited for up to its seconds.
 
         An OS lock: a run killed while holding it releases it with its process, so a lock
         file left behind is never stale. (filelock did the same; its import alone was a tenth
@@ -233,10 +236,7 @@ class TargetState:
                 # Readable and writable by its owner only (made so, or refused as it is):
                 # flock needs nothing but a descriptor, so a lock anyone can open is a lock
                 # anyone can hold.
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise self._held() from None
+                _take(fd, wait, self._held, self.root)
                 try:
                     self._migrate()
                     yield
@@ -245,7 +245,13 @@ class TargetState:
             finally:
                 os.close(fd)
 
-    def _held(self) -> Refused:
+    def _held(self, waited: float = 0.0) -> Refused:
+        if waited:
+            return Refused(
+                f"another sm120patch run held the lock on {self.root} for all of the "
+                f"{waited:.3g} s waited for it; nothing was changed",
+                "`sm120patch status` shows the state; once that run is done, start this one again",
+            )
         return Refused(
             f"another sm120patch run holds the lock on {self.root}",
             "wait for it to finish, then try again",
@@ -488,3 +494,39 @@ def _read_nofollow(path: Path, state: TargetState) -> bytes:
 
 
 _CHECKS = {MANIFEST: check_manifest, JOURNAL: check_journal, TRIALS: check_trials}
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """How a run waits for a lock another run holds (`ensure` at service start: two services
+    sharing a venv both start): up to `seconds`, `notice` called once when it starts waiting
+    (the CLI says so on stderr; the engine never prints)."""
+
+    seconds: float
+    notice: Callable[[Path], None] | None = None
+
+
+def _take(fd: int, wait: Waiting | None, held: Callable[[float], Refused], root: Path) -> None:
+    """flock `fd`: at once, or waiting as `wait` says; `held(waited)` is the refusal."""
+    import fcntl
+    import time
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        if wait is None or wait.seconds <= 0:
+            raise held(0.0) from None
+    if wait.notice is not None:
+        wait.notice(root)
+    deadline = time.monotonic() + wait.seconds
+    while True:
+        # Polled, not a blocking flock under an alarm: a signal then interrupts a sleep, never
+        # a call the interrupts module has to restart, and the bound holds whatever the signal.
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise held(wait.seconds) from None

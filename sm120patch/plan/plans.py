@@ -15,12 +15,16 @@ from sm120patch.targets import Target
 class PlanRefused(Refused):
     """The plan has refused sites; nothing was touched."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, dry_run: bool = False) -> None:
         lines = [o.describe() for o in plan.refused]
+        name = plan.profile.name
         super().__init__(
-            f"profile {plan.profile.name} refused at {len(lines)} site(s): " + "; ".join(lines),
-            f"nothing was changed; `sm120patch apply {plan.profile.name} --dry-run` shows every "
-            "site",
+            f"profile {name} refused at {len(lines)} site(s): " + "; ".join(lines),
+            # The dry run is the command that shows every site: it points on, not at itself.
+            f"nothing was changed; the refusal says why; `sm120patch show {name}` describes "
+            "the profile and what to use instead"
+            if dry_run
+            else f"nothing was changed; `sm120patch apply {name} --dry-run` shows every site",
             {"outcomes": [o.to_dict() for o in plan.outcomes]},
         )
         self.plan = plan

@@ -1,12 +1,14 @@
 """The targets of one command, each found once (`Resolved`).
 
-A command names its targets (`--sglang`, `--flashinfer`, or the documented defaults: the one
-importable by this Python, the FlashInfer beside an installed SGLang). `app.Session` holds one
-`Resolved` and hands it to every verb, so that a target is found, its version read and its
-checkout's git asked, once per command, and every step of the command works on the same
-`Target` (the same tree, whatever is renamed under its path meanwhile). A target that could
-not be found is the same refusal each time it is asked for, never a second search. A vLLM is
-looked for only where the command names it (`kinds.LOOKED_FOR`).
+A command names its targets (`--sglang`, `--flashinfer`, `--vllm`), or, naming none, gets the
+documented defaults (the one importable by this Python). A command that names any target never
+takes another from this Python: a kind it does not name is the one beside a named installed
+target (the FlashInfer in an installed SGLang's site-packages), else a refusal asking for it.
+`app.Session` holds one `Resolved` and hands it to every verb, so that a target is found, its
+version read and its checkout's git asked, once per command, and every step of the command
+works on the same `Target` (the same tree, whatever is renamed under its path meanwhile). A
+target that could not be found is the same refusal each time it is asked for, never a second
+search. A vLLM is looked for only where the command names it (`kinds.LOOKED_FOR`).
 """
 
 from __future__ import annotations
@@ -44,12 +46,39 @@ class Resolved:
         patches vLLM never patches one the command line did not name."""
         if kind not in self._named and not (self.given(kind) or kind in LOOKED_FOR):
             self._named[kind] = not_named(kind)
+        if kind not in self._named and not self.given(kind) and self.named_any():
+            self._named[kind] = self._beside_named(kind)
         if kind not in self._named:
             try:
                 self._named[kind] = targets.find(kind, self.paths.get(kind))
             except Sm120Error as exc:
                 self._named[kind] = exc
         return _held(self._named[kind])
+
+    def named_any(self) -> bool:
+        """Whether the command line names a path for any kind: then nothing is looked for in
+        this Python (the tool's own environment), only at or beside what was named."""
+        return any(self.given(k) for k in KINDS)
+
+    def _beside_named(self, kind: str) -> Target | Sm120Error:
+        """The `kind` target in the site-packages of a named installed target (the FlashInfer
+        an installed SGLang runs with), else the refusal that asks for it by name: a command
+        that names its targets never reaches the tool's own environment for another."""
+        named = [k for k in KINDS if self.given(k)]
+        where = []
+        for other in named:
+            try:
+                found = self.find(other)
+            except Sm120Error:
+                where.append(f"--{other} {self.paths[other]}")
+                continue
+            where.append(f"the {found.name} at {found.root}")
+            if found.layout != "git" and (found.parent / kind).is_dir():
+                try:
+                    return self.at(kind, found.parent)
+                except Sm120Error as exc:
+                    return exc
+        return beside_missing(kind, where)
 
     def quiet(self, kind: str, *, required: bool | None = None) -> Target | None:
         """`find`, or None when `kind` is not there and (unless `required`) was not named; a
@@ -111,6 +140,21 @@ def not_named(kind: str) -> Refused:
         hint = (f"`python3 -c {shlex.quote(probe)}` in the server's Python prints the directory "
                 f"holding its {name}: give it as --{kind}")  # fmt: skip
     return Refused(message, hint)
+
+
+def beside_missing(kind: str, named: list[str]) -> Refused:
+    """The refusal of a `kind` target needed beside named ones that hold none: the command
+    names its targets, so this Python's own is not taken in its place."""
+    import shlex
+
+    name = DISPLAY[kind]
+    probe = f"import {kind}, pathlib; print(pathlib.Path({kind}.__file__).parents[1])"
+    return Refused(
+        f"no {name} beside {', '.join(named)}, and this command names its targets, so the "
+        f"{name} of sm120patch's own Python is not used; name the one the server runs with",
+        f"`python3 -c {shlex.quote(probe)}` in the server's Python prints the directory "
+        f"holding its {name}: give it as --{kind}, `sm120patch {AGAIN} --{kind} DIR`",
+    )
 
 
 def _held(found: Target | Sm120Error) -> Target:
