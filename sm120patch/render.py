@@ -19,14 +19,13 @@ from sm120patch.errors import Sm120Error
 from sm120patch.terminal import colour_wanted as colour_wanted
 from sm120patch.terminal import coloured as coloured
 from sm120patch.terminal import error_doc as error_doc
-from sm120patch.terminal import exhausted
+from sm120patch.terminal import exhausted, path_options
 from sm120patch.terminal import fallback_hint as fallback_hint
 from sm120patch.terminal import hint_lines as hint_lines
 from sm120patch.terminal import interrupt_notice as interrupt_notice
 from sm120patch.terminal import json_asked as json_asked
 from sm120patch.terminal import page_width as page_width
 from sm120patch.terminal import pasteable as pasteable
-from sm120patch.terminal import path_options
 from sm120patch.terminal import printable as printable
 from sm120patch.terminal import run_tool as run_tool
 from sm120patch.terminal import waiting as waiting
@@ -655,15 +654,6 @@ def describe(group: click.Group) -> None:
         command.epilog = f"\b\nExample: {example}"  # \b: click keeps the line as it is
     if isinstance(group, Group):
         group.order = tuple(HELP)
-
-
-<<<<<<< HEAD
-def colour_wanted() -> bool:
-    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org)."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-=======
-# ---- printing: every line of text the CLI prints goes through these ---------------------------
->>>>>>> operator
 
 
 def show(text: Text) -> None:
