@@ -28,7 +28,9 @@ def test_show_wraps_at_100_columns_off_a_terminal_summary_first(name):
     assert code == 0, err
     assert not _too_wide(out, 100), _too_wide(out, 100)
     lines = out.splitlines()
-    patch_lines = [i for i, line in enumerate(lines) if line.startswith("  patch ")]
+    ids = {f"  patch {p}:" for p in catalog.load().profiles[name].patches}
+    patch_lines = [i for i, line in enumerate(lines) if line.split(" ", 4)[:4] and
+                   " ".join(line.split(" ", 4)[:4]) in ids]  # fmt: skip
     assert patch_lines and patch_lines[-1] < lines.index(""), "one line per patch, first"
     if "Known outcomes about" in out:
         full = lines.index(f"Known outcomes about {name}, in full:")
