@@ -164,6 +164,8 @@ def _fill(template: str, places: dict[str, str]) -> str:
             return AGAIN
         if "profile" in hole or hole in ("other", "name", "wanted") or hole.endswith(".name"):
             return "moe"
+        if hole == "out":  # lockfile.remake_hint's: the lock's path and --force (it is there)
+            return shlex.quote(places["abs"] + "/sm120patch.lock") + " --force"
         if "output" in hole or "lock" in hole:
             return shlex.quote(places["abs"] + "/sm120patch.lock")
         if any(w in hole for w in ("path", "root", "where", "dir", "parent", "file", "lock",

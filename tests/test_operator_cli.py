@@ -422,7 +422,9 @@ def test_show_and_doctor_name_upstreams_flag_beside_the_patch(tmp_path, mocker):
         assert p.flag_why and p.flag_release.split()[0] in p.targets, name
     code, out, _ = cli("show", "moe")
     assert code == 0
-    (line,) = [x for x in out.splitlines() if "upstream's flag" in x]
+    # The flag's paragraph, wrapped at the page's width: from its first line to the blank after.
+    (para,) = [p for p in out.split("\n\n") if p.startswith("upstream's flag")]
+    line = " ".join(para.split())
     assert "--moe-runner-backend flashinfer_cutlass (read in sglang 0.5.23)" in line
     assert "SM120 alone" in line and "every launch" in line and "cannot edit" in line
     code, out, _ = cli("show", "moe", "--json")
