@@ -35,6 +35,7 @@ from sm120patch.patchkit.model import (
     applied,
     upstream,
 )
+from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
 
 # The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
@@ -212,6 +213,112 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     return spans
 
 
+def explain_read(site: Site) -> Reading:
+    """What `flashinfer_gdn_prefill_default` decides for a GDN model (head dims 128) with no
+    --linear-attn-prefill-backend, the Triton decode backend, static chunking: per domain (state
+    dtype, chunk size, CUDA, FlashInfer's SM120 kernel) "flashinfer" or None (Triton). The
+    function is compiled alone from its module's file (the module imports the whole model
+    runner), beside torch and the conditions held. On a real GPU this box's CUDA and FlashInfer
+    count; under a simulated GPU (no kernels load on a CPU) SGLang's loader is held available and
+    the CUDA version and SM120 kernel vary. Runs in the target's interpreter (patchkit.readers)."""
+    import ast
+    import importlib.util
+    import sys
+    import types
+    from types import SimpleNamespace
+    from typing import Optional
+
+    import torch
+
+    try:
+        spec = importlib.util.find_spec(site.modules[0])
+    except ImportError as exc:
+        return {"error": site.error(exc)}
+    if spec is None or spec.origin is None:
+        return {"error": f"no module {site.modules[0]}"}
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), spec.origin)
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in site.functions]
+    if len(defs) != 1:
+        return {"error": f"{len(defs)} definitions of {site.functions[0]} in {spec.origin}"}
+    code = compile(ast.Module(body=[defs[0]], type_ignores=[]), spec.origin, "exec")
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    real = site.simulate is None
+    domains = [("fp32", 8192), ("fp32", 8193), ("bf16", 8192), ("fp32", 32768)]
+    cudas = [torch.version.cuda] if real else ["13.0", "12.9"]
+    kernels = ["installed"] if real else ["loaded", "none", "absent"]
+    logged: list[str] = []
+    decisions: dict[str, object] = {}
+    names = ("flashinfer", "flashinfer.gdn_kernels",
+             "sglang.srt.layers.attention.linear.kernels.gdn_flashinfer")
+    saved_cuda = torch.version.cuda
+    saved = {k: sys.modules.get(k) for k in names}
+    try:
+        for dtype, chunk in domains:
+            for cuda in cudas:
+                for kernel in kernels:
+                    if not real:
+                        fi = types.ModuleType(names[0])
+                        gdn = types.ModuleType(names[1])
+                        if kernel != "absent":
+                            gdn.__dict__["chunk_gated_delta_rule_sm120"] = (
+                                None if kernel == "none" else object())
+                        fi.__dict__["gdn_kernels"] = gdn
+                        loader = types.ModuleType(names[2])
+                        loader.__dict__["is_flashinfer_gdn_prefill_available"] = lambda: True
+                        sys.modules.update(dict(zip(names, (fi, gdn, loader), strict=True)))
+                    torch.version.cuda = cuda
+                    scope: dict[str, object] = {
+                        "__name__": site.modules[0],
+                        "torch": torch,
+                        "Optional": Optional,
+                        "ModelRunner": object,
+                        "is_cuda": lambda: True,
+                        "get_exec": lambda: SimpleNamespace(
+                            mamba=SimpleNamespace(linear_attn_prefill_backend=None,
+                                                  linear_attn_backend="triton"),
+                            deterministic=SimpleNamespace(enable_deterministic_inference=False)),
+                        "get_memory": lambda: SimpleNamespace(enable_page_major_kv_layout=False),
+                        "get_schedule": lambda c=chunk: SimpleNamespace(
+                            chunked_prefill_size=c, enable_dynamic_chunking=False),
+                        "hybrid_gdn_config": lambda config: SimpleNamespace(
+                            linear_key_head_dim=128, linear_value_head_dim=128),
+                        "rank0_log": logged.append,
+                    }
+                    pool = SimpleNamespace(temporal=SimpleNamespace(dtype=dtypes[dtype]))
+                    runner = SimpleNamespace(
+                        model_config=SimpleNamespace(),
+                        req_to_token_pool=SimpleNamespace(
+                            mamba_pool=SimpleNamespace(mamba_cache=pool)))
+                    key = f"{dtype}/chunk {chunk}/cuda {cuda}/kernel {kernel}"
+                    try:
+                        exec(code, scope)  # the release's own function, alone
+                        decisions[key] = scope[defs[0].name](runner)  # type: ignore[operator]
+                    except Exception as exc:
+                        decisions[key] = f"error: {site.error(exc)}"
+    finally:
+        torch.version.cuda = saved_cuda
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    return {"function": defs[0].name, "decisions": decisions, "log": sorted(set(logged))}
+
+
+def explain_row(answer: Answer) -> str:
+    if "error" in answer:
+        return f"error: {answer['error']}"
+    picked = sorted(k for k, v in answer["decisions"].items() if v == "flashinfer")
+    if not picked:
+        return "Triton (FlashInfer in no domain checked)"
+    return "FlashInfer for " + "; ".join(picked)
+
+
+EXPLAIN = Explain(name="gdn_prefill", label="GDN prefill default", read=explain_read,
+                  row=explain_row)
+
+
 PATCH = Patch(
     id="sglang.gdn-prefill",
     check=check,
@@ -231,5 +338,6 @@ PATCH = Patch(
     facts=FACTS,
     upstream="https://github.com/sgl-project/sglang/pull/36357",
     wiring=WIRING,
+    explain=EXPLAIN,
     transform=transform,
 )
