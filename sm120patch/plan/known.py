@@ -58,7 +58,9 @@ RECORD = ("id", "outcome", "figure", "date", "source", "evidence")
 EVIDENCE = ("measured", "confounded", "reported", "inferred", "unpublished")
 # What was run, in the source's terms; the sentence or figure of the source the entry relies on
 # (required of the built-in library, `QUOTED`: a pack's own entries may leave it out).
-OPTIONAL = ("measured", "quote")
+# engine, kernel, differs: what the source ran and what differed between its runs (the
+# derived-evidence schema; read by its own test, accepted here).
+OPTIONAL = ("measured", "quote", "engine", "kernel", "differs")
 QUOTED = "quote"
 # The most characters of a known line before a command's output (a diff, a table): one line a
 # reader takes in; the whole entry is `sm120patch show PROFILE` (or the command's --verbose).
