@@ -1,4 +1,15 @@
-"""sglang.fusion-autoenable: the server arguments auto-enable allreduce fusion on SM120 (site C)."""
+"""sglang.fusion-autoenable: the server arguments auto-enable allreduce fusion on SM120 at TP2
+only (site C).
+
+The only SGLang figures on SM120 have fusion helping at TP2 and regressing beyond:
+https://github.com/sgl-project/sglang/pull/32330 was closed with "TP4 testing showed a
+substantial regression that was removed by disabling FlashInfer all-reduce fusion", so the SM120
+operand the patch adds to the auto-enable's `(sm90 or sm100)` group is `(<sm120> and
+<args>.tp_size == 2)`, as vllm.allreduce-fusion-size limits vLLM's to world size 2. An explicit
+`--flashinfer-allreduce-fusion-backend` (or `--enable-flashinfer-allreduce-fusion`) is the
+user's and is never touched: the auto-enable runs only where upstream's own test says the user
+left it unset.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +43,8 @@ SITES = (
 )
 FUSION_FIELDS = ("enable_flashinfer_allreduce_fusion", "flashinfer_allreduce_fusion_backend")
 SM120_CALL = "is_sm120_supported"
+# The one tensor-parallel size at which SM120 auto-enables fusion (see the module docstring).
+TP = 2
 EXPECTED = (
     "one `if` turning allreduce fusion on whose test has `(is_sm90_supported() or "
     "is_sm100_supported())` (or the `get_platform()` form), or in the per-model blocks of "
@@ -44,7 +57,8 @@ class Verdict(Enum):
 
     WIDEN_OR = "widen-or"  # `(sm90 or sm100)`: add `or sm120` to the group
     WIDEN_SINGLE = "widen-single"  # a lone sm100 check gating only fusion: `sm100 or sm120`
-    HAS_SM120 = "has-sm120"  # already checks SM120
+    HAS_SM120 = "has-sm120"  # already checks SM120 at TP2 only: the patch's own shape
+    SM120_EVERY_TP = "sm120-every-tp"  # checks SM120 at every TP size: not the patch's shape
     UPSTREAM = "upstream"  # checks Blackwell (majors 10 and 12): SM120 already included
     SM100_BLOCK = "sm100-block"  # a lone sm100 check that also picks SM100-only kernels: kept
     UNKNOWN = "unknown"  # an arch test of a shape the patch does not know
@@ -104,6 +118,16 @@ def transform(module: cst.Module) -> Result:
 
     if gate.verdict is Verdict.HAS_SM120:
         return already_applied(name, shape).needing(needs)
+    if gate.verdict is Verdict.SM120_EVERY_TP:
+        # The release auto-enables SM120 itself, at every TP size: upstream decides there.
+        return upstream(
+            name, f"the release auto-enables fusion on SM120 itself (every TP size): `{shape}`"
+            f"{note}", shape)
+    receiver = _receiver(func)
+    if receiver is None:
+        raise Refuse(name, "a function whose first parameter holds the server arguments",
+                     f"`def {name}` with no parameter")
+    sm120_tp2 = _sm120_at_tp2(gate.form, receiver)
     if gate.verdict is Verdict.UPSTREAM:
         return upstream(
             name,
@@ -113,12 +137,12 @@ def transform(module: cst.Module) -> Result:
         )
 
     if gate.verdict is Verdict.WIDEN_OR:
+        if not isinstance(operand, cst.BooleanOperation):
+            raise Refuse(name, EXPECTED, f"`{shape}`")
         # Only the gate (the `if` whose test holds the operand) is rebuilt, not the function.
-        res = op.widen_arch_or(module, operand, gate.node, site=name, expected=EXPECTED)
-        if res.status is not Status.APPLIED:
-            return res
-        new_module = res.module
-        change = res.shape
+        new_group = h.widen_or(operand, sm120_tp2)
+        new_module = h.replace(module, operand, new_group, scope=gate.node)
+        change = f"{shape} -> {h.code(new_group)}"
     else:  # WIDEN_SINGLE: the per-model GptOss block of 0.5.2 to 0.5.4
         if gate.form == "call" and not h.binds_at_module_level(module, SM120_CALL):
             # Only 0.5.2 and 0.5.3 have this block without the import, and their
@@ -133,13 +157,56 @@ def transform(module: cst.Module) -> Result:
         new_operand = cst.BooleanOperation(
             left=operand,
             operator=cst.Or(),
-            right=arch.sglang_arch_check("sm120", gate.form),
+            right=sm120_tp2,
             lpar=[cst.LeftParen()] if parens else [],
             rpar=[cst.RightParen()] if parens else [],
         )
         new_module = h.replace(module, operand, new_operand, scope=gate.node)
         change = f"{shape} -> {h.code(new_operand)}"
     return applied(name, new_module, change, f"patched ({change}){note}").needing(needs)
+
+
+def _receiver(func: cst.FunctionDef) -> str | None:
+    """The name the function reads the server arguments through: its first parameter (`self`
+    in ServerArgs up to 0.5.14, `view` in arg_groups/overrides.py from 0.5.15)."""
+    params = func.params.params
+    return params[0].name.value if params else None
+
+
+def _sm120_at_tp2(form: str, receiver: str) -> cst.BaseExpression:
+    """`(<the SM120 check in form> and <receiver>.tp_size == 2)`."""
+    import libcst as cst
+
+    from sm120patch.patchkit import arch
+
+    check = cst.Module([]).code_for_node(arch.sglang_arch_check("sm120", form))
+    return cst.parse_expression(f"({check} and {receiver}.tp_size == {TP})")
+
+
+def _tp2_form(node: cst.BaseExpression) -> str | None:
+    """The form of an `(<sm120 check> and <x>.tp_size == 2)` operand, else None."""
+    import libcst as cst
+
+    from sm120patch.patchkit import arch
+    from sm120patch.patchkit import syntax as h
+
+    if not (isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And)):
+        return None
+    ops = h.and_operands(node)
+    if len(ops) != 2:
+        return None
+    found = arch.sglang_arch(ops[0])
+    tp = ops[1]
+    if found is None or found[0] != "sm120" or not isinstance(tp, cst.Comparison):
+        return None
+    if not (
+        isinstance(tp.left, cst.Attribute) and tp.left.attr.value == "tp_size"
+        and len(tp.comparisons) == 1 and isinstance(tp.comparisons[0].operator, cst.Equal)
+        and isinstance(tp.comparisons[0].comparator, cst.Integer)
+        and tp.comparisons[0].comparator.value == str(TP)
+    ):
+        return None
+    return found[1]
 
 
 def _turns_fusion_on(node: object) -> bool:
@@ -177,6 +244,13 @@ def _judge(gate: cst.If) -> Gate:
     arch_ops: list[cst.BaseExpression] = []
     for op in h.and_operands(gate.test):
         parts = h.or_operands(op) or [op]
+        tp2 = [p for p in parts if _tp2_form(p) is not None]
+        rest = [arch.sglang_arch(p) for p in parts if _tp2_form(p) is None]
+        if len(tp2) == 1 and rest and all(c is not None for c in rest):
+            # The patch's own operand beside the release's arch checks: already applied.
+            forms = {c[1] for c in rest if c is not None} | {_tp2_form(tp2[0]) or ""}
+            verdict = Verdict.HAS_SM120 if len(forms) == 1 else Verdict.UNKNOWN
+            return Gate(gate, verdict, op, forms.pop() if len(forms) == 1 else "")
         checks = [arch.sglang_arch(p) for p in parts]
         if all(c is not None for c in checks):
             arch_ops.append(op)
@@ -197,7 +271,7 @@ def _judge(gate: cst.If) -> Gate:
     if form in ("", "flag"):
         return Gate(gate, Verdict.UNKNOWN, operand)
     if "sm120" in archs:
-        return Gate(gate, Verdict.HAS_SM120, operand, form)
+        return Gate(gate, Verdict.SM120_EVERY_TP, operand, form)
     if "blackwell" in archs:
         return Gate(gate, Verdict.UPSTREAM, operand, form)
     if sorted(archs) == ["sm100", "sm90"]:  # either order
@@ -217,7 +291,8 @@ OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 FACTS = (
     Fact(releases="==0.5.4", status=Status.APPLIED,
          shape="GptOss block `if is_sm100_supported():` -> `or "
-         "is_sm120_supported()`; the DeepseekV3 block (also SM100-only kernels) is left",
+         "(is_sm120_supported() and self.tp_size == 2)`; the DeepseekV3 block (also "
+         "SM100-only kernels) is left",
          file=SERVER_ARGS, function="ServerArgs._handle_model_specific_adjustments", form="bare",
          source="real files", note="On 0.5.4 the GptOss block gates on a bare `if "
          "is_sm100_supported():`, the test 0.5.5 widened upstream to "
@@ -261,9 +336,10 @@ FACTS = (
 
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """0.5.4: the GptOss block's bare `if is_sm100_supported():` gains `or
-    is_sm120_supported()`; later: the unified block's `(sm90 or sm100)` group gains the SM120
-    test in its form. Upstream (0.5.4.post3 to 0.5.7): an `if` of the release already tests
-    `is_blackwell_supported()` (majors 10 and 12)."""
+    (is_sm120_supported() and self.tp_size == 2)`; later: the unified block's `(sm90 or sm100)`
+    group gains `(<the SM120 test in its form> and <args>.tp_size == 2)`, `<args>` the
+    function's first parameter. Upstream (0.5.4.post3 to 0.5.7): an `if` of the release
+    already tests `is_blackwell_supported()` (majors 10 and 12)."""
     from sm120patch.patchkit import sitecheck as sc
     if fact.status is Status.UPSTREAM:
         tests = [ast.unparse(n.test) for n in ast.walk(before) if isinstance(n, ast.If)]
@@ -271,22 +347,29 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
         sc.same_but(before, after, "nothing")
         return sc.Spans()
     if fact.form == "bare":
-        return sc.widened_bare(before, after, fact, owner="GptOssForCausalLM")
-    return sc.widened_or(before, after, fact)
+        return sc.widened_bare(before, after, fact, owner="GptOssForCausalLM", tp=TP)
+    return sc.widened_or(before, after, fact, tp=TP)
 
 
 PATCH = Patch(
     id="sglang.fusion-autoenable",
     check=check,
     target="sglang",
-    title="Auto-enable FlashInfer allreduce fusion on SM120 as on SM90/SM100",
+    title="Auto-enable FlashInfer allreduce fusion on SM120 at TP2 only",
     why=(
         "The server arguments turn FlashInfer allreduce fusion on by default for the models "
         "that support it, but only when `is_sm90_supported() or is_sm100_supported()` "
         "(from 0.5.19 `get_platform().is_sm90 or get_platform().is_sm100`): on SM120 fusion "
-        "stays off unless asked for. The patch adds the SM120 check in the same form. The "
-        "multi-node clause `nnodes == 1 or <sm100>` (0.5.14 on) stays as it is: multi-node "
-        "fusion resolves to MNNVL, which SM120 systems do not have."
+        "stays off unless asked for. The patch adds `(<the SM120 check> and "
+        "<args>.tp_size == 2)` in the same form: on SM120 fusion is auto-enabled at TP2 only, "
+        "since TP4 was reported to regress "
+        "(https://github.com/sgl-project/sglang/pull/32330: \"TP4 testing showed a substantial "
+        "regression that was removed by disabling FlashInfer all-reduce fusion\"). SM90 and "
+        "SM100 decide as upstream at every TP size, and an explicit "
+        "--flashinfer-allreduce-fusion-backend (or --enable-flashinfer-allreduce-fusion) is "
+        "the user's and stays as given. The multi-node clause `nnodes == 1 or <sm100>` (0.5.14 "
+        "on) stays as it is: multi-node fusion resolves to MNNVL, which SM120 systems do not "
+        "have."
     ),
     marker=f"def {SITES[0]}",
     facts=FACTS,

@@ -353,7 +353,8 @@ def test_fusion_autoenable_variants(drawn):
     ops, extra = arch_names(form)
 
     def expected(tree: ast.Module) -> ast.Module:
-        widen(find_or(tree, set(ops)), extra)
+        # SM120 auto-enables at TP2 only: `(<sm120> and self.tp_size == 2)`.
+        widen(find_or(tree, set(ops)), f"({extra} and self.tp_size == 2)")
         if form == "call":
             add_import(tree, "is_sm120_supported", "is_sm100_supported")
         return tree

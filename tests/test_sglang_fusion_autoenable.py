@@ -32,7 +32,8 @@ class ServerArgs:
 '''
 UNIFIED_AFTER = UNIFIED.replace(
     "and (is_sm90_supported() or is_sm100_supported())",
-    "and (is_sm90_supported() or is_sm100_supported() or is_sm120_supported())",
+    "and (is_sm90_supported() or is_sm100_supported() or (is_sm120_supported() and "
+    "self.tp_size == 2))",
 )
 
 # 0.5.14: sets the backend to "auto"; the multi-node clause mentions SM100 too.
@@ -53,7 +54,8 @@ class ServerArgs:
 '''
 BACKEND_AUTO_AFTER = BACKEND_AUTO.replace(
     "and (is_sm90_supported() or is_sm100_supported())\n",
-    "and (is_sm90_supported() or is_sm100_supported() or is_sm120_supported())\n",
+    "and (is_sm90_supported() or is_sm100_supported() or (is_sm120_supported() and "
+    "self.tp_size == 2))\n",
 )
 
 # 0.5.15 to 0.5.18: arg_groups/overrides.py returns the override.
@@ -76,7 +78,8 @@ def _flashinfer_allreduce_fusion_auto_enable(view):
 '''
 OVERRIDES_AFTER = OVERRIDES.replace(
     "(is_sm90_supported() or is_sm100_supported())",
-    "(is_sm90_supported() or is_sm100_supported() or is_sm120_supported())",
+    "(is_sm90_supported() or is_sm100_supported() or (is_sm120_supported() and "
+    "view.tp_size == 2))",
 )
 
 # 0.5.19 to 0.5.23: get_platform() form; an early return turns fusion off, not on.
@@ -98,7 +101,8 @@ def _flashinfer_allreduce_fusion_auto_enable(view):
 '''
 PLATFORM_AFTER = PLATFORM.replace(
     "(get_platform().is_sm90 or get_platform().is_sm100)\n",
-    "(get_platform().is_sm90 or get_platform().is_sm100 or get_platform().is_sm120)\n",
+    "(get_platform().is_sm90 or get_platform().is_sm100 or (get_platform().is_sm120 and "
+    "view.tp_size == 2))\n",
 )
 
 # 0.5.4: per-model blocks. DeepseekV3's also picks SM100-only kernels; GptOss's gates
@@ -122,7 +126,7 @@ class ServerArgs:
 '''
 PER_MODEL_AFTER = PER_MODEL.replace(
     "            if is_sm100_supported():\n",
-    "            if is_sm100_supported() or is_sm120_supported():\n",
+    "            if is_sm100_supported() or (is_sm120_supported() and self.tp_size == 2):\n",
 )
 
 APPLIED = {
@@ -293,23 +297,24 @@ def test_refuses_sm120_used_but_not_imported(run_patch):
 
 
 # Formatting variants of the anchor: each is patched to the expected text.
+TP2 = "(is_sm120_supported() and view.tp_size == 2)"
 VARIANTS = {
     "one line": (
         "(is_sm90_supported() or is_sm100_supported())",
-        "(is_sm90_supported() or is_sm100_supported() or is_sm120_supported())",
+        f"(is_sm90_supported() or is_sm100_supported() or {TP2})",
     ),
     "reversed": (
         "(is_sm100_supported() or is_sm90_supported())",
-        "(is_sm100_supported() or is_sm90_supported() or is_sm120_supported())",
+        f"(is_sm100_supported() or is_sm90_supported() or {TP2})",
     ),
     "inner parentheses": (
         "((is_sm90_supported()) or (is_sm100_supported()))",
-        "((is_sm90_supported()) or (is_sm100_supported()) or is_sm120_supported())",
+        f"((is_sm90_supported()) or (is_sm100_supported()) or {TP2})",
     ),
     "broken over lines": (
         "(\n            is_sm90_supported()\n            or is_sm100_supported()\n        )",
         "(\n            is_sm90_supported()\n            or is_sm100_supported()\n"
-        "            or is_sm120_supported()\n        )",
+        f"            or {TP2}\n        )",
     ),
 }
 
@@ -323,3 +328,32 @@ def test_formatting_variants(run_patch, variant):
     assert res.after == textwrap.dedent(OVERRIDES.replace(anchor, new))
     again = run_patch(PATCH, res.after)
     assert _one(again).status is Status.ALREADY_APPLIED
+
+
+def test_sm120_at_every_tp_size_is_upstream(run_patch):
+    # A release (or an sm120patch before TP2-only) whose group already tests SM120 alone: the
+    # release decides at every TP size, and the patch never narrows what is there.
+    src = OVERRIDES.replace(
+        "(is_sm90_supported() or is_sm100_supported())",
+        "(is_sm90_supported() or is_sm100_supported() or is_sm120_supported())",
+    )
+    res = run_patch(PATCH, src)
+    assert _one(res).status is Status.UPSTREAM, _one(res).reason
+    assert "every TP size" in _one(res).reason
+    assert not res.changed
+
+
+@pytest.mark.parametrize("size", ["view.tp_size == 4", "view.tp_size > 1", "view.nnodes == 2"])
+def test_another_sm120_guard_is_refused(run_patch, size):
+    # Only the patch's own `== 2` counts as applied; anything else beside SM120 is not ours.
+    src = OVERRIDES_AFTER.replace("view.tp_size == 2", size)
+    res = run_patch(PATCH, src)
+    assert _one(res).status is Status.REFUSED, _one(res).reason
+    assert not res.changed
+
+
+def test_receiver_is_the_first_parameter(run_patch):
+    src = OVERRIDES.replace("(view)", "(args)").replace("view.", "args.")
+    res = run_patch(PATCH, src)
+    assert _one(res).status is Status.APPLIED, _one(res).reason
+    assert "(is_sm120_supported() and args.tp_size == 2)" in res.after

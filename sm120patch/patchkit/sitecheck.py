@@ -314,10 +314,12 @@ def only_in(before: str, after: str, allowed: Spans) -> None:
 # ----------------------------------------------------------------------------- shared checks
 
 
-def widened_or(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
+def widened_or(before: ast.Module, after: ast.Module, fact: Fact, tp: int | None = None
+               ) -> Spans:
     """Exactly one `(sm90 or sm100)` group, in the fact's function, gains one operand that
     tests SM120 in the same form as its SM100 operand; every other group and every operand it
-    had stay as they were (the fusion gate, backend and auto-enable sites)."""
+    had stay as they were (the fusion gate, backend and auto-enable sites). With `tp`, the new
+    operand is `(<sm120> and <first parameter>.tp_size == tp)` (the auto-enable)."""
     old, new = or_groups(before), or_groups(after)
     assert len(old) == len(new), f"{len(old)} arch or-groups before, {len(new)} after"
     changed = [(o, n) for o, n in zip(old, new, strict=True)
@@ -328,14 +330,17 @@ def widened_or(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
     archs = [arch_of(v) for v in group_o.values]
     assert 90 in archs and 100 in archs, f"the widened group was `{ast.unparse(group_o)}`"
     assert len(group_n.values) == len(group_o.values) + 1, f"now `{ast.unparse(group_n)}`"
-    added = [v for v in group_n.values if arch_of(v) == 120]
+    receiver = _first_param(after, fact) if tp is not None else ""
+    added = [v for v in group_n.values if _sm120_check(v, tp, receiver) is not None]
     assert len(added) == 1, f"now `{ast.unparse(group_n)}`"
     kept = [ast.dump(v) for v in group_n.values if v is not added[0]]
     assert kept == [ast.dump(v) for v in group_o.values], (
         f"operands changed: `{ast.unparse(group_o)}` -> `{ast.unparse(group_n)}`"
     )
     sm100 = group_o.values[archs.index(100)]
-    assert ast.dump(added[0]) == ast.dump(sm100).replace("sm100", "sm120"), (
+    check = _sm120_check(added[0], tp, receiver)
+    assert check is not None
+    assert ast.dump(check) == ast.dump(sm100).replace("sm100", "sm120"), (
         f"SM120 operand `{ast.unparse(added[0])}` is not in the form of `{ast.unparse(sm100)}`"
     )
     if fact.form == "utils":
@@ -346,9 +351,37 @@ def widened_or(before: ast.Module, after: ast.Module, fact: Fact) -> Spans:
     return spans
 
 
-def widened_bare(before: ast.Module, after: ast.Module, fact: Fact, owner: str) -> Spans:
+def _sm120_check(node: ast.expr, tp: int | None, receiver: str) -> ast.expr | None:
+    """The SM120 check `node` is (`tp` None), or the one in `(<sm120> and <receiver>.tp_size ==
+    tp)`; None for anything else."""
+    if tp is None:
+        return node if arch_of(node) == 120 else None
+    if not (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And)
+            and len(node.values) == 2):
+        return None
+    check, size = node.values
+    want = ast.Compare(
+        left=ast.Attribute(value=ast.Name(id=receiver, ctx=ast.Load()), attr="tp_size",
+                           ctx=ast.Load()),
+        ops=[ast.Eq()], comparators=[ast.Constant(value=tp)],
+    )
+    if arch_of(check) != 120 or ast.dump(size) != ast.dump(want):
+        return None
+    return check
+
+
+def _first_param(tree: ast.Module, fact: Fact) -> str:
+    """The first parameter of the fact's function: what it reads the server arguments through."""
+    func = one_function(tree, fact.function)
+    assert func.args.args, f"`def {fact.function}` has no parameter"
+    return func.args.args[0].arg
+
+
+def widened_bare(before: ast.Module, after: ast.Module, fact: Fact, owner: str,
+                 tp: int | None = None) -> Spans:
     """A bare `if is_sm100_supported():` inside the `if` naming `owner` becomes
-    `if is_sm100_supported() or is_sm120_supported():`; every other `if` stays as it was."""
+    `if is_sm100_supported() or is_sm120_supported():` (with `tp`, `... or
+    (is_sm120_supported() and self.tp_size == tp)`); every other `if` stays as it was."""
 
     def ifs(tree: ast.Module) -> list[tuple[ast.If, list[ast.AST]]]:
         func = one_function(tree, fact.function)
@@ -363,9 +396,12 @@ def widened_bare(before: ast.Module, after: ast.Module, fact: Fact, owner: str) 
     assert arch_of(if_o.test) == 100, f"the widened test was `{ast.unparse(if_o.test)}`"
     test = if_n.test
     assert isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or), ast.unparse(test)
-    assert [ast.dump(v) for v in test.values] == [
-        ast.dump(if_o.test), ast.dump(if_o.test).replace("sm100", "sm120")
-    ], f"now `{ast.unparse(test)}`"
+    receiver = _first_param(after, fact) if tp is not None else ""
+    assert len(test.values) == 2 and ast.dump(test.values[0]) == ast.dump(if_o.test), (
+        f"now `{ast.unparse(test)}`")
+    check = _sm120_check(test.values[1], tp, receiver)
+    assert check is not None and ast.dump(check) == ast.dump(if_o.test).replace(
+        "sm100", "sm120"), f"now `{ast.unparse(test)}`"
     owners = [ast.unparse(p.test) for p in parents_n if isinstance(p, ast.If)]
     assert any(owner in o for o in owners), f"inside {owners}"
     requires_sm120_import(after)

@@ -62,7 +62,9 @@ RECORD = ("id", "outcome", "figure", "date", "source", "evidence")
 EVIDENCE = ("measured", "confounded", "reported", "inferred", "unpublished")
 # What was run, in the source's terms; the sentence or figure of the source the entry relies on
 # (required of the built-in library, `QUOTED`: a pack's own entries may leave it out).
-OPTIONAL = ("measured", "quote")
+# engine, kernel, differs: what the source ran and what differed between its runs (the
+# derived-evidence schema; read by its own test, accepted here).
+OPTIONAL = ("measured", "quote", "engine", "kernel", "differs")
 QUOTED = "quote"
 # What the source ran and compared (`SOURCE_RAN`: required of the built-in library, which
 # derives the evidence word's ceiling from them, `ceiling`): the engine ("sglang", "vllm", or

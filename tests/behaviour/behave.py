@@ -36,6 +36,11 @@ ARCHS = explain.ARCHS
 SIDES = ("pristine", "patched")
 # Fusion on only with more than one GPU (0.5.14 on): every fusion launch is --tp 2.
 FUSION_TP = "2"
+# SM120 auto-enables fusion at TP2 only: one fusion model also launches at TP4, plain and with
+# the user's explicit flag (which the patch leaves to the user). Named `fusion4-...` so that
+# the TP2 checks (`fusion-` launches) do not take them.
+TP4_MODEL = "Qwen3MoeForCausalLM"
+TP4_LAUNCHES = {"fusion4-plain": (), "fusion4-flag": ("--enable-flashinfer-allreduce-fusion",)}
 # Fixed, so that two resolutions of one launch compare equal field by field.
 SEED = ("--random-seed", "0")
 # architecture -> transformers model_type, for the config.json of each listed architecture;
@@ -193,6 +198,10 @@ class Behaviour:
             if arch in MODEL_TYPES:
                 model = write_model(self.models / f"fusion-{arch}", arch)
                 out[f"fusion-{arch}"] = ["--model-path", str(model), "--tp", FUSION_TP, *SEED]
+        if TP4_MODEL in self.fusion_archs(version):
+            model = write_model(self.models / f"fusion-{TP4_MODEL}", TP4_MODEL)
+            for name, flags in TP4_LAUNCHES.items():
+                out[name] = ["--model-path", str(model), "--tp", "4", *SEED, *flags]
         return out
 
     def fusion_archs(self, version: str) -> list[str]:

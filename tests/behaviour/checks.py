@@ -103,6 +103,7 @@ def sm120_problems(pristine: Result, patched: Result, pristine_sm100: Result,
         a = args_of(patched, name)
         if a is None or not fusion_on(a):
             problems.append(f"patched SM120 {name}: fusion not auto-enabled")
+    problems += tp4_problems(pristine, patched, pristine_sm100)
     if patched["gate"].get("passes") is not True:
         problems.append(f"patched SM120 gate: {patched['gate']}")
     if has_resolve_backend(patched):
@@ -110,6 +111,26 @@ def sm120_problems(pristine: Result, patched: Result, pristine_sm100: Result,
         if "value" not in auto:
             problems.append(f"patched SM120 _resolve_backend('auto'): {auto}")
     problems += field_problems(pristine, patched, MOE_FIELDS | FUSION_FIELDS)
+    return problems
+
+
+def tp4_problems(pristine: Result, patched: Result, pristine_sm100: Result) -> list[str]:
+    """SM120 auto-enables fusion at TP2 only: at TP4, where upstream auto-enables it on SM100,
+    patched SM120 leaves it off; with the user's explicit flag it is on, pristine and patched."""
+    problems = []
+    plain, flag = "fusion4-plain", "fusion4-flag"
+    if plain not in pristine_sm100["launches"]:
+        return problems  # the release does not list the TP4 model for fusion
+    sm100 = args_of(pristine_sm100, plain)
+    if sm100 is None or not fusion_on(sm100):
+        problems.append(f"pristine SM100 {plain}: fusion not auto-enabled at TP4: {sm100}")
+    a = args_of(patched, plain)
+    if a is None or fusion_on(a):
+        problems.append(f"patched SM120 {plain}: fusion auto-enabled at TP4 (or error)")
+    for side, result in (("pristine", pristine), ("patched", patched)):
+        a = args_of(result, flag)
+        if a is None or not fusion_on(a):
+            problems.append(f"{side} SM120 {flag}: the user's explicit flag did not stand")
     return problems
 
 

@@ -58,3 +58,20 @@ def test_an_edit_of_the_sm100_path_fails_the_control(
     result = behaviour.run(Case("sglang", VERSION, "patched", "sm100"), overlay=wrong)
     problems = same_problems(pristine, result)
     assert any(p.startswith("gate:") and "'passes': False" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("sglang_version", [VERSION])
+def test_fusion_at_every_tp_size_fails_the_sm120_check(
+    behaviour: Behaviour, sglang_version: str, tmp_path: Path
+) -> None:
+    """The fusion auto-enable as it was before TP2-only (SM120 at every TP size), and no
+    patch at all (the pristine text as the patched side), each fail the SM120 check."""
+    pristine = behaviour.result(Case("sglang", VERSION, "pristine", "sm120"))
+    sm100 = behaviour.result(Case("sglang", VERSION, "pristine", "sm100"))
+    wrong = edited(behaviour, tmp_path, "sglang.srt.server_args",
+                   "(is_sm120_supported() and self.tp_size == 2)", "is_sm120_supported()")
+    result = behaviour.run(Case("sglang", VERSION, "patched", "sm120"), overlay=wrong)
+    problems = sm120_problems(pristine, result, sm100)
+    assert any("fusion4-plain" in p and "at TP4" in p for p in problems), problems
+    noop = sm120_problems(pristine, pristine, sm100)
+    assert any("fusion not auto-enabled" in p for p in noop), noop
