@@ -13,8 +13,7 @@ from sm120patch.plan import profiles
 from sm120patch.targets.resolved import Given, resolved
 
 if TYPE_CHECKING:
-    from sm120patch.plan.lockfile import Lock
-    from sm120patch.plan.plans import Plan
+    from sm120patch.plan.lockfile import Lock, PlanCheck
 
 
 def ensure(
@@ -23,7 +22,7 @@ def ensure(
     *,
     force: bool = False,
     preconditions: Callable[[], None] | None = None,
-    check_plan: Callable[[Plan], None] | None = None,
+    check_plan: PlanCheck | None = None,
     lock: Lock | None = None,
     apply_if_needed: bool = True,
 ) -> Report:
