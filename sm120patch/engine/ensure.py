@@ -40,7 +40,7 @@ def ensure(
     # The profile as its profiles.toml declares it: no patch module is imported while the
     # bytes may still answer "as wanted" (a damaged pack is met when a plan is needed).
     # Where the light reader cannot decide, the catalog decides, with its own errors.
-    profile: profiles.Pinned | None = profiles.spec(profile_name)
+    profile: profiles.Profile | None = profiles.spec(profile_name)
     if profile is None:
         from sm120patch.plan import catalog
 
