@@ -39,7 +39,7 @@ class TargetRun:
 
     @property
     def layout(self) -> TargetLayout:
-        # Made on first use: GitPython is imported only by runs that touch git, and the layouts
+        # Made on first use: git runs only in runs that touch a checkout, and the layouts
         # only by runs that write (not `ensure` on a tree already as wanted).
         if self._layout is None:
             from sm120patch.engine.layouts import layout_of
