@@ -1,8 +1,8 @@
 """sglang.moe-backend: choose flashinfer_cutlass as the MoE runner of GLM-4 MoE on SM120 (site D).
 
 The SM120 branch is literal (`BRANCHES`, one per form of the release's SM100 branch, put by
-`patchkit.moe`), written in that release's quantization handling and spelling; only the parts
-that are about TRT-LLM differ.
+`patchkit.moe`): the kit's template of a branch deriving the quantization, in that release's
+spelling of the server args (`moe.Spelling`); only the parts that are about TRT-LLM differ.
 """
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
-from sm120patch.patchkit.moe import FLAG_NOTE, Branch
+from sm120patch.patchkit.moe import (
+    FLAG_NOTE,
+    IN_METHOD,
+    IN_METHOD_UNSET,
+    IN_MODEL_OVERRIDES,
+    IN_OVERRIDES,
+    derived_branch,
+)
 
 # The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
@@ -100,118 +107,16 @@ PATCH = Patch(
 
 
 # The SM120 branch put right after each form of upstream's SM100 branch (`moe.Branch`), named
-# by the releases that ship that form, which is known by its fingerprint (`moe.fingerprint`).
+# by the releases that ship that form, which is known by its fingerprint (`moe.fingerprint`):
+# the family's template (`moe.derived_branch`) in that release's spelling.
 BRANCHES = (
-    Branch(
-        "SGLang 0.5.8 to 0.5.10",
-        sm100=("54c366d0db1a08f0", "1d519b0eecb26a1c", "0ecf78c76602d5ea"),
-        code='''
-    elif is_sm120_supported():
-        quantization = self.quantization
-        quantization_config = getattr(hf_config, "quantization_config", None)
-        quant_method = (
-            quantization_config.get("quant_method")
-            if quantization_config is not None
-            else None
-        )
-        if quantization is None and quant_method is not None:
-            quantization = quant_method
-        if (
-            quantization == "modelopt_fp4"
-            and self.moe_a2a_backend == "none"
-            and self.moe_runner_backend == "auto"
-        ):
-            self.moe_runner_backend = "flashinfer_cutlass"
-            logger.info(
-                "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
-            )
-''',
-    ),
-    Branch(
-        "SGLang 0.5.11 to 0.5.14",
-        sm100=("b9e92e08acc620dd",),
-        code='''
-    elif is_sm120_supported():
-        quantization = self.quantization
-        quantization_config = getattr(hf_config, "quantization_config", None)
-        quant_method = (
-            quantization_config.get("quant_method")
-            if quantization_config is not None
-            else None
-        )
-        if (
-            quantization is None
-            and not self._quantization_explicitly_unset
-            and quant_method is not None
-        ):
-            quantization = quant_method
-        if (
-            quantization == "modelopt_fp4"
-            and self.moe_a2a_backend == "none"
-            and self.moe_runner_backend == "auto"
-        ):
-            self.moe_runner_backend = "flashinfer_cutlass"
-            logger.info(
-                "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
-            )
-''',
-    ),
-    Branch(
-        "SGLang 0.5.15 to 0.5.18",
-        sm100=("234b4fe1363c4106",),
-        code='''
-    elif is_sm120_supported():
-        quantization_config = getattr(hf_config, "quantization_config", None)
-        quant_method = (
-            quantization_config.get("quant_method")
-            if quantization_config is not None
-            else None
-        )
-        quantization = server_args.quantization
-        if (
-            quantization is None
-            and not server_args._quantization_explicitly_unset
-            and quant_method is not None
-        ):
-            quantization = quant_method
-        if (
-            quantization == "modelopt_fp4"
-            and server_args.moe_a2a_backend == "none"
-            and server_args.moe_runner_backend == "auto"
-        ):
-            overrides["moe_runner_backend"] = "flashinfer_cutlass"
-            logger.info(
-                "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
-            )
-''',
-    ),
-    Branch(
-        "SGLang 0.5.19 to 0.5.23",
-        sm100=("8e2625f4036ed8ab",),
-        code='''
-    elif get_platform().is_sm120:
-        quantization_config = getattr(hf_config, "quantization_config", None)
-        quant_method = (
-            quantization_config.get("quant_method")
-            if quantization_config is not None
-            else None
-        )
-        quantization = cfg.quantization
-        if (
-            quantization is None
-            and not server_args._quantization_explicitly_unset
-            and quant_method is not None
-        ):
-            quantization = quant_method
-        if (
-            quantization == "modelopt_fp4"
-            and cfg.moe_a2a_backend == "none"
-            and cfg.moe_runner_backend == "auto"
-        ):
-            overrides["moe_runner_backend"] = "flashinfer_cutlass"
-            logger.info(
-                "Use flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM"
-            )
-''',
-    ),
+    derived_branch("SGLang 0.5.8 to 0.5.10",
+                   ("54c366d0db1a08f0", "1d519b0eecb26a1c", "0ecf78c76602d5ea"),
+                   IN_METHOD, helper=False, model=MODEL),
+    derived_branch("SGLang 0.5.11 to 0.5.14", ("b9e92e08acc620dd",), IN_METHOD_UNSET,
+                   helper=False, model=MODEL),
+    derived_branch("SGLang 0.5.15 to 0.5.18", ("234b4fe1363c4106",), IN_OVERRIDES,
+                   helper=False, model=MODEL),
+    derived_branch("SGLang 0.5.19 to 0.5.23", ("8e2625f4036ed8ab",), IN_MODEL_OVERRIDES,
+                   helper=False, model=MODEL),
 )

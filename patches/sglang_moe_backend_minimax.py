@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
-from sm120patch.patchkit.moe import FLAG_NOTE, Branch
+from sm120patch.patchkit.moe import (
+    FLAG_NOTE,
+    IN_MODEL_OVERRIDES,
+    IN_OVERRIDES,
+    config_branch,
+)
 
 # The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
@@ -77,38 +82,10 @@ PATCH = Patch(
 
 
 # The SM120 branch put right after each form of upstream's SM100 branch (`moe.Branch`), named
-# by the releases that ship that form, which is known by its fingerprint (`moe.fingerprint`).
+# by the releases that ship that form, which is known by its fingerprint (`moe.fingerprint`):
+# the family's template (`moe.config_branch`) in that release's spelling.
 BRANCHES = (
-    Branch(
-        "SGLang 0.5.18",
-        sm100=("3026fbca7db7c654",),
-        code='''
-    elif (
-        is_sm120_supported()
-        and server_args.moe_runner_backend == "auto"
-        and server_args.get_model_config().quantization == "modelopt_fp4"
-    ):
-        overrides["moe_runner_backend"] = "flashinfer_cutlass"
-        logger.info(
-            "Use flashinfer_cutlass as MoE runner backend on SM120 "
-            "for MiniMaxM2ForCausalLM with modelopt_fp4."
-        )
-''',
-    ),
-    Branch(
-        "SGLang 0.5.19 to 0.5.23",
-        sm100=("6e1f2858cd5077c0",),
-        code='''
-    elif (
-        get_platform().is_sm120
-        and cfg.moe_runner_backend == "auto"
-        and model_config_of(server_args).quantization == "modelopt_fp4"
-    ):
-        overrides["moe_runner_backend"] = "flashinfer_cutlass"
-        logger.info(
-            "Use flashinfer_cutlass as MoE runner backend on SM120 "
-            "for MiniMaxM2ForCausalLM with modelopt_fp4."
-        )
-''',
-    ),
+    config_branch("SGLang 0.5.18", ("3026fbca7db7c654",), IN_OVERRIDES, model=MODEL),
+    config_branch("SGLang 0.5.19 to 0.5.23", ("6e1f2858cd5077c0",), IN_MODEL_OVERRIDES,
+                  model=MODEL),
 )

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
-from sm120patch.patchkit.moe import FLAG_NOTE, Branch
+from sm120patch.patchkit.moe import (
+    FLAG_NOTE,
+    IN_METHOD,
+    IN_METHOD_UNSET,
+    IN_MODEL_OVERRIDES,
+    IN_OVERRIDES,
+    derived_branch,
+)
 
 # The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
@@ -94,128 +101,17 @@ PATCH = Patch(
 
 
 # The SM120 branch put right after each form of upstream's SM100 branch (`moe.Branch`), named
-# by the releases that ship that form, which is known by its fingerprint (`moe.fingerprint`).
+# by the releases that ship that form, which is known by its fingerprint (`moe.fingerprint`):
+# the family's template (`moe.derived_branch`) in that release's spelling.
 BRANCHES = (
-    Branch(
-        "SGLang 0.5.6 to 0.5.7",
-        sm100=("41a77b5c9634ce00",),
-        code='''
-    elif is_sm120_supported():
-        quantization = self.quantization
-        quantization_config = getattr(hf_config, "quantization_config", None)
-        quant_method = (
-            quantization_config.get("quant_method")
-            if quantization_config is not None
-            else None
-        )
-        if quantization is None and quant_method is not None:
-            quantization = quant_method
-        if (
-            quantization == "modelopt_fp4"
-            and self.moe_a2a_backend == "none"
-            and self.moe_runner_backend == "auto"
-        ):
-            self.moe_runner_backend = "flashinfer_cutlass"
-            logger.info(
-                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
-                f"{model_arch}"
-            )
-''',
-    ),
-    Branch(
-        "SGLang 0.5.8 to 0.5.10",
-        sm100=("7100423ed54e467a",),
-        code='''
-    elif is_sm120_supported():
-        quantization = self.quantization
-        quant_method = get_quantization_config(hf_config)
-        if quantization is None and quant_method is not None:
-            quantization = quant_method
-        if (
-            quantization == "modelopt_fp4"
-            and self.moe_a2a_backend == "none"
-            and self.moe_runner_backend == "auto"
-        ):
-            self.moe_runner_backend = "flashinfer_cutlass"
-            logger.info(
-                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
-                f"{model_arch}"
-            )
-''',
-    ),
-    Branch(
-        "SGLang 0.5.11 to 0.5.14",
-        sm100=("ac933d1eb12b7261",),
-        code='''
-    elif is_sm120_supported():
-        quantization = self.quantization
-        quant_method = get_quantization_config(hf_config)
-        if (
-            quantization is None
-            and not self._quantization_explicitly_unset
-            and quant_method is not None
-        ):
-            quantization = quant_method
-        if (
-            quantization == "modelopt_fp4"
-            and self.moe_a2a_backend == "none"
-            and self.moe_runner_backend == "auto"
-        ):
-            self.moe_runner_backend = "flashinfer_cutlass"
-            logger.info(
-                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
-                f"{model_arch}"
-            )
-''',
-    ),
-    Branch(
-        "SGLang 0.5.15 to 0.5.18",
-        sm100=("03caaf01bda6cc40",),
-        code='''
-    elif is_sm120_supported():
-        quant_method = get_quantization_config(hf_config)
-        quantization = server_args.quantization
-        if (
-            quantization is None
-            and not server_args._quantization_explicitly_unset
-            and quant_method is not None
-        ):
-            quantization = quant_method
-        if (
-            quantization == "modelopt_fp4"
-            and server_args.moe_a2a_backend == "none"
-            and server_args.moe_runner_backend == "auto"
-        ):
-            overrides["moe_runner_backend"] = "flashinfer_cutlass"
-            logger.info(
-                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
-                f"{hf_config.architectures[0]}"
-            )
-''',
-    ),
-    Branch(
-        "SGLang 0.5.19 to 0.5.23",
-        sm100=("f14de353ba54b03e", "fd2f13194c8e1d5c"),
-        code='''
-    elif get_platform().is_sm120:
-        quant_method = get_quantization_config(hf_config)
-        quantization = cfg.quantization
-        if (
-            quantization is None
-            and not server_args._quantization_explicitly_unset
-            and quant_method is not None
-        ):
-            quantization = quant_method
-        if (
-            quantization == "modelopt_fp4"
-            and cfg.moe_a2a_backend == "none"
-            and cfg.moe_runner_backend == "auto"
-        ):
-            overrides["moe_runner_backend"] = "flashinfer_cutlass"
-            logger.info(
-                "Use flashinfer_cutlass as MoE runner backend on sm120 for "
-                f"{hf_config.architectures[0]}"
-            )
-''',
-    ),
+    derived_branch("SGLang 0.5.6 to 0.5.7", ("41a77b5c9634ce00",), IN_METHOD, helper=False,
+                   model=None),
+    derived_branch("SGLang 0.5.8 to 0.5.10", ("7100423ed54e467a",), IN_METHOD, helper=True,
+                   model=None),
+    derived_branch("SGLang 0.5.11 to 0.5.14", ("ac933d1eb12b7261",), IN_METHOD_UNSET,
+                   helper=True, model=None),
+    derived_branch("SGLang 0.5.15 to 0.5.18", ("03caaf01bda6cc40",), IN_OVERRIDES, helper=True,
+                   model=None),
+    derived_branch("SGLang 0.5.19 to 0.5.23", ("f14de353ba54b03e", "fd2f13194c8e1d5c"),
+                   IN_MODEL_OVERRIDES, helper=True, model=None),
 )

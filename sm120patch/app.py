@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from sm120patch.maintain.matrix import Row
     from sm120patch.patchkit.newpatch import Written
     from sm120patch.plan.catalog import Catalog, Profile
-    from sm120patch.plan.lockfile import Lock
+    from sm120patch.plan.lockfile import Lock, PlanCheck
     from sm120patch.plan.mails import MailFile
     from sm120patch.plan.plans import Plan
     from sm120patch.scan.run import Report as ScanReport
@@ -167,7 +167,7 @@ class Locked:
     profile: str
     lock: Lock | None = None
     lock_path: str | None = None
-    check_plan: Callable[[Plan], None] | None = None
+    check_plan: PlanCheck | None = None
 
 
 def locked(profile: str | None, lock_path: str | None) -> Locked:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from packaging.specifiers import SpecifierSet
 
 from sm120patch.cli import main
 from sm120patch.plan import catalog, lockfile
@@ -177,7 +178,7 @@ def test_new_patch_writes_module_facts_profile_and_test(tmp_path):
     cat = catalog._combine([catalog._load_dir(str(pack))])
     patch = cat.patches["flashinfer.moe-arch"]
     assert patch.facts[0].releases == ">=0.6.1,<0.6.16"
-    assert cat.profile("moe-arch").pins["flashinfer"] == catalog.SpecifierSet(">=0.6.1,<0.6.16")
+    assert cat.profile("moe-arch").pins["flashinfer"] == SpecifierSet(">=0.6.1,<0.6.16")
     # The example: one element, `[10]` -> `[10, 12]` with its space.
     from sm120patch.patchkit.runner import transform_text
 

@@ -310,24 +310,14 @@ def test_procscan_tells_a_live_run_from_a_reused_pid_and_a_zombie():
 
 
 def test_git_children_run_in_sessions_of_their_own(tmp_path):
-    """Neither a one-off git command nor GitPython's long-lived cat-file shares our session,
-    so the terminal's Ctrl-C (or SIGHUP) never reaches them."""
-    root = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
-    repo = git.Repo(root)
-    sid = repo.repo.git.execute([sys.executable, "-c", "import os; print(os.getsid(0))"])
-    assert int(sid) != os.getsid(0)
-    repo.head()  # starts `git cat-file --batch-check`
-    cat_file = repo.repo.git.cat_file_header.proc.pid
-    assert os.getsid(cat_file) == cat_file != os.getsid(0)
+    """Every git command (`targets.run_git`, the one runner) starts in a session of its own,
+    so the terminal's Ctrl-C (or SIGHUP) never reaches it; and nothing of git outlives it."""
+    from sm120patch import targets
 
-
-def test_head_survives_a_killed_cat_file(tmp_path):
-    """A signal to the whole control group kills git cat-file too: the next read starts it
-    again instead of failing a rollback with "Broken pipe"."""
     root = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
+    sid = f"alias.sid=!{sys.executable} -c 'import os; print(os.getsid(0))'"
+    proc = targets.run_git(root, "-c", sid, "sid")
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) != os.getsid(0)
     repo = git.Repo(root)
-    before = repo.head()
-    proc = repo.repo.git.cat_file_header.proc
-    proc.kill()
-    proc.wait()
-    assert repo.head() == before
+    assert repo.head()[1] == repo._read("rev-parse", "rev-parse", "HEAD")

@@ -428,7 +428,7 @@ def test_a_file_changed_between_plan_and_journal_is_refused(tmp_path, monkeypatc
     from sm120patch.plan import planner
 
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    real_plan = planner.plan
+    real_plan = planner.plan_admitted
 
     def plan_then_install(*args, **kwargs):
         result = real_plan(*args, **kwargs)
@@ -436,7 +436,7 @@ def test_a_file_changed_between_plan_and_journal_is_refused(tmp_path, monkeypatc
         path.write_text(path.read_text() + "# a pip install landed here\n")
         return result
 
-    monkeypatch.setattr(planner, "plan", plan_then_install)
+    monkeypatch.setattr(planner, "plan_admitted", plan_then_install)
     code, _, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
     assert code == 1 and "changed since it was planned" in err, err
     assert (sg / SERVER_ARGS).read_text().endswith("# a pip install landed here\n")

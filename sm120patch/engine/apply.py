@@ -56,7 +56,7 @@ from sm120patch.targets.files import sha256
 from sm120patch.targets.resolved import Given, resolved
 
 if TYPE_CHECKING:
-    from sm120patch.plan.lockfile import Lock
+    from sm120patch.plan.lockfile import Lock, PlanCheck
 
 
 @dataclass
@@ -79,7 +79,7 @@ def _preflight(
     profile: catalog.Profile,
     ctxs: list[TargetRun],
     *,
-    check_plan: Callable[[Plan], None] | None,
+    check_plan: PlanCheck | None,
     lock: Lock | None,
     given: Given,
     reading: bool = False,
@@ -101,8 +101,7 @@ def _preflight(
         # A profile refused by design refuses before any other check: "revert the other
         # profile first, then apply this one" would send the user to a revert for nothing.
         # Nothing below writes, so where it does not refuse this plan stands for the apply.
-        early = prep.plan = planner.plan(profile.name, given, found=[c.target for c in ctxs],
-                                         force=True)
+        early = prep.plan = planner.plan_admitted(profile.name, [c.target for c in ctxs], given)
         if early.refused:
             raise PlanRefused(early, dry_run=reading)
     applied = []
@@ -153,15 +152,13 @@ def _preflight(
         ctx.layout.check_ready(_candidate_files(cat, profile, ctx.target))
     # Planned here, with the patches loaded here: a lock is a claim that `check_plan` holds
     # this plan to, never a source of bytes.
-    plan = early or planner.plan(profile.name, given, found=[c.target for c in ctxs], force=True)
+    plan = early or planner.plan_admitted(profile.name, [c.target for c in ctxs], given)
     prep.plan = plan
     if plan.refused:
         raise PlanRefused(plan, dry_run=reading)
     if check_plan is not None:
-        if lock is not None:
-            check_plan(plan, frozenset(c.target.kind for c, _ in applied))  # type: ignore[call-arg]
-        else:
-            check_plan(plan)
+        # The targets already applied as the lock says were held to it above, file by file.
+        check_plan(plan, frozenset(c.target.kind for c, _ in applied) if lock else frozenset())
     if not plan.applies:
         prep.nothing_to_do = True
         prep.notes.append(
@@ -211,7 +208,7 @@ def dry_run(
     given: Given,
     *,
     force: bool = False,
-    check_plan: Callable[[Plan], None] | None = None,
+    check_plan: PlanCheck | None = None,
     lock: Lock | None = None,
 ) -> Prepared:
     """The apply minus the writes: the same preflight, the same refusals; writes nothing."""
@@ -225,7 +222,7 @@ def dry_run(
     prep.notes[:0] = unwritable
     if prep.plan is None:
         found = [c.target for c in ctxs]
-        prep.plan = planner.plan(profile.name, given, found=found, force=True)
+        prep.plan = planner.plan_admitted(profile.name, found, given)
     return prep
 
 
@@ -235,7 +232,7 @@ def apply(
     *,
     force: bool = False,
     preconditions: Callable[[], None] | None = None,
-    check_plan: Callable[[Plan], None] | None = None,
+    check_plan: PlanCheck | None = None,
     lock: Lock | None = None,
 ) -> Report:
     """Apply a profile to its targets (`given`: the command's, `Resolved`) as one transaction.
@@ -257,7 +254,7 @@ def apply_runs(
     given: Given,
     *,
     preconditions: Callable[[], None] | None = None,
-    check_plan: Callable[[Plan], None] | None = None,
+    check_plan: PlanCheck | None = None,
     lock: Lock | None = None,
     seen: Mapping[str, Assessment] | None = None,
     wait: Waiting | None = None,

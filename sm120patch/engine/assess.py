@@ -137,26 +137,25 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
     if manifest.git is not None:
         branch_now = git.head_branch(target.root)
         exists = git.branch_exists_light(target.root, manifest.git.patch_branch)
-    common = dict(manifest=manifest, files=files, branch_now=branch_now,
-                  patch_branch_exists=exists)  # fmt: skip
+
+    def verdict(state: State, message: str) -> Assessment:
+        return Assessment(target, state, message, manifest, files=files, branch_now=branch_now,
+                          patch_branch_exists=exists)
+
     if version_changed(target, manifest):
-        return Assessment(
-            target,
+        return verdict(
             State.REPLACED,
             f"{name} was {manifest.version} when profile {profile} was applied, "
             f"{target.version} is installed now: the patches are gone",
-            **common,  # type: ignore[arg-type]
         )
     if manifest.needs_nothing:
         return _needs_nothing(target, manifest)
     words = {f.state for f in files}
     if "missing" in words:
         gone = ", ".join(f.path for f in files if f.state == "missing")
-        return Assessment(
-            target,
+        return verdict(
             State.MISSING,
             f"touched file(s) deleted since profile {profile} was applied: {gone}",
-            **common,  # type: ignore[arg-type]
         )
     on_branch = manifest.git is not None and branch_now == manifest.git.patch_branch
     if words == {"patched"} and on_branch and manifest.git is not None:
@@ -164,22 +163,18 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
         # the apply made, and a revert would not throw the commits away without --force.
         head = git.branch_sha_light(target.root, manifest.git.patch_branch)
         if manifest.git.commits and head is not None and head != manifest.git.commits[-1]:
-            return Assessment(
-                target,
+            return verdict(
                 State.DRIFTED,
                 f"branch {manifest.git.patch_branch} has commits after sm120patch's (now at "
                 f"{head[:12]}): profile {profile} is applied with changes of yours on top",
-                **common,  # type: ignore[arg-type]
             )
     if words == {"patched"}:
         where = ""
         if manifest.git is not None and branch_now != manifest.git.patch_branch:
             where = f" (checked out: {branch_now or 'a detached HEAD'})"
-        return Assessment(
-            target,
+        return verdict(
             State.APPLIED,
             f"profile {profile} applied: every touched file has the bytes sm120patch wrote{where}",
-            **common,  # type: ignore[arg-type]
         )
     if manifest.git is not None and branch_now != manifest.git.patch_branch:
         # The patches live on their branch, which is not checked out (or was deleted): this
@@ -190,26 +185,20 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
             else f"{branch_now or 'a detached HEAD'} is checked out, not "
             f"{manifest.git.patch_branch}"
         )
-        return Assessment(
-            target,
+        return verdict(
             State.GONE,
             f"profile {profile} was applied, but {why}: the patches are not in this work tree",
-            **common,  # type: ignore[arg-type]
         )
     if words == {"pristine"}:
-        return Assessment(
-            target,
+        return verdict(
             State.GONE,
             f"profile {profile} was applied, but every touched file is back to its original "
             "bytes (a reinstall of the same release?): the patches are gone",
-            **common,  # type: ignore[arg-type]
         )
     changed = ", ".join(f.path for f in files if f.state != "patched")
-    return Assessment(
-        target,
+    return verdict(
         State.DRIFTED,
         f"changed since profile {profile} was applied: {changed}",
-        **common,  # type: ignore[arg-type]
     )
 
 

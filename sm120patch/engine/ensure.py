@@ -14,8 +14,7 @@ from sm120patch.plan import profiles
 from sm120patch.targets.resolved import Given, resolved
 
 if TYPE_CHECKING:
-    from sm120patch.plan.lockfile import Lock
-    from sm120patch.plan.plans import Plan
+    from sm120patch.plan.lockfile import Lock, PlanCheck
 
 
 def ensure(
@@ -24,7 +23,7 @@ def ensure(
     *,
     force: bool = False,
     preconditions: Callable[[], None] | None = None,
-    check_plan: Callable[[Plan], None] | None = None,
+    check_plan: PlanCheck | None = None,
     lock: Lock | None = None,
     apply_if_needed: bool = True,
     wait: Waiting | None = None,
@@ -47,7 +46,7 @@ def ensure(
     # The profile as its profiles.toml declares it: no patch module is imported while the
     # bytes may still answer "as wanted" (a damaged pack is met when a plan is needed).
     # Where the light reader cannot decide, the catalog decides, with its own errors.
-    profile: profiles.Pinned | None = profiles.spec(profile_name)
+    profile: profiles.Profile | None = profiles.spec(profile_name)
     if profile is None:
         from sm120patch.plan import catalog
 

@@ -57,15 +57,15 @@ class TargetLayout(Protocol):
     def write(self, rel: str, text: str) -> None: ...
     def record_step(self, rel: str, message: str) -> str | None: ...
     def of_this_run(self, files: tuple[FileRecord, ...]) -> tuple[FileRecord, ...]: ...
-    def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
-    def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None: ...
-    def changes_since_apply(self, git: GitBase | None) -> list[str]: ...
+    def roll_back(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None: ...
+    def check_can_restore(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None: ...
+    def changes_since_apply(self, base: GitBase | None) -> list[str]: ...
     def finish_revert(
-        self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
+        self, files: tuple[FileRecord, ...], base: GitBase | None, keep_branch: bool
     ) -> str | None: ...
     def settle_after_kill(self, journal: Journal) -> list[str]: ...
-    def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored: ...
-    def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]: ...
+    def restores(self, files: tuple[FileRecord, ...], base: GitBase | None) -> Restored: ...
+    def drop_branch(self, base: GitBase | None, keep_branch: bool) -> list[str]: ...
     def restore_pristine(self, touched: tuple[FileRecord, ...]) -> None: ...
     def undo_own_writes(self) -> None: ...
 
@@ -166,11 +166,11 @@ class InstalledLayout:
             return files
         return tuple(f for f in files if f.path in self.written)
 
-    def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+    def roll_back(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None:
         self.restore_pristine(self.of_this_run(files))
 
     # ---- revert -----------------------------------------------------------------------
-    def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+    def check_can_restore(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None:
         """Before the journal: every file not back to the release has a pristine copy to restore."""
         for f in files:
             now = self.tree.sha256(f.path)
@@ -185,12 +185,12 @@ class InstalledLayout:
                 )
             self.pristine_bytes(f)
 
-    def changes_since_apply(self, git: GitBase | None) -> list[str]:
+    def changes_since_apply(self, base: GitBase | None) -> list[str]:
         """What the user did to this target after the apply besides editing its files."""
         return []
 
     def finish_revert(
-        self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
+        self, files: tuple[FileRecord, ...], base: GitBase | None, keep_branch: bool
     ) -> str | None:
         self.restore_pristine(files)
         return None
@@ -199,7 +199,7 @@ class InstalledLayout:
         """Before `recover` finishes a killed run: what the run's tools left (notes)."""
         return []
 
-    def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored:
+    def restores(self, files: tuple[FileRecord, ...], base: GitBase | None) -> Restored:
         """What each file will hold once a revert has run (for its dry run): the pristine copy
         where the file is not pristine already."""
         out: Restored = {}
@@ -216,7 +216,7 @@ class InstalledLayout:
                     out[f.path] = None
         return out
 
-    def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]:
+    def drop_branch(self, base: GitBase | None, keep_branch: bool) -> list[str]:
         return []
 
     def restore_pristine(self, touched: tuple[FileRecord, ...]) -> None:
@@ -307,49 +307,49 @@ class GitLayout(InstalledLayout):
         self.tree.verify()
         return self.repo.commit([rel], message)
 
-    def roll_back(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
-        if git is None:
+    def roll_back(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None:
+        if base is None:
             return
         current, _ = self.repo.head()
-        if current == git.patch_branch:
-            self._switch_back(self.of_this_run(files), git)
+        if current == base.patch_branch:
+            self._switch_back(self.of_this_run(files), base)
         self.tree.verify()
-        self.repo.delete_branch(git.patch_branch)
+        self.repo.delete_branch(base.patch_branch)
 
     # ---- revert -----------------------------------------------------------------------
     def undo_own_writes(self) -> None:
         """The branch and commits are git's, reached by path only: the checkout moved aside
         keeps them with its journal, and `recover` there rolls them back by git."""
 
-    def check_can_restore(self, files: tuple[FileRecord, ...], git: GitBase | None) -> None:
+    def check_can_restore(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None:
         """Before the journal: the revert can be finished by git alone."""
-        if git is None:
+        if base is None:
             return
         self.repo.check_idle()
         for f in files:
             # What git will restore must be in git: a damaged record is refused here, with
             # nothing changed, not found halfway through.
-            if self.repo.show(git.patch_branch, f.path) is None:
+            if self.repo.show(base.patch_branch, f.path) is None:
                 raise Refused(
                     f"{self.target.at}: the state of the apply does not match the tree: "
                     f"{f.path} cannot be restored from it",
                     f"restore the file by hand, then move {self.state.dir} aside",
                 )
         current, _ = self.repo.head()
-        if current != git.patch_branch:
+        if current != base.patch_branch:
             return  # nothing to switch; only the branch to drop
-        if git.branch is not None and not self.repo.branch_exists(git.branch):
+        if base.branch is not None and not self.repo.branch_exists(base.branch):
             raise Refused(
-                f"{self.target.at}: your branch {git.branch} no longer exists, so there is "
+                f"{self.target.at}: your branch {base.branch} no longer exists, so there is "
                 "nothing to go back to",
                 f"finish by hand: `git -C {shlex.quote(str(self.target.root))} checkout -b "
-                f"{shlex.quote(git.branch)} {git.head[:12]}` (the commit "
+                f"{shlex.quote(base.branch)} {base.head[:12]}` (the commit "
                 f"the apply started from), then `sm120patch revert`",
             )
-        target = git.branch or git.head
+        target = base.branch or base.head
         mine = {f.path for f in files}
         dirty = [p for p in self.repo.dirty_all() if p not in mine]
-        crossing = sorted(set(dirty) & set(self.repo.changed_between(git.patch_branch, target)))
+        crossing = sorted(set(dirty) & set(self.repo.changed_between(base.patch_branch, target)))
         if crossing:
             raise Refused(
                 f"{self.target.at}: switching back to {target} would overwrite your "
@@ -357,24 +357,24 @@ class GitLayout(InstalledLayout):
                 "commit or stash them (`git stash`), then revert again",
             )
 
-    def changes_since_apply(self, git: GitBase | None) -> list[str]:
+    def changes_since_apply(self, base: GitBase | None) -> list[str]:
         """Commits made on the patch branch after sm120patch's own."""
-        if git is None:
+        if base is None:
             return []
         branch, head = self.repo.head()
-        if branch == git.patch_branch and git.commits and head != git.commits[-1]:
-            return [f"{git.patch_branch} has commits after sm120patch's ({head[:12]})"]
+        if branch == base.patch_branch and base.commits and head != base.commits[-1]:
+            return [f"{base.patch_branch} has commits after sm120patch's ({head[:12]})"]
         return []
 
     def finish_revert(
-        self, files: tuple[FileRecord, ...], git: GitBase | None, keep_branch: bool
+        self, files: tuple[FileRecord, ...], base: GitBase | None, keep_branch: bool
     ) -> str | None:
         """Idempotent: run again from the journal, it converges."""
-        if git is None:
+        if base is None:
             return None
         current, _ = self.repo.head()
-        if current == git.patch_branch:
-            self._switch_back(files, git)
+        if current == base.patch_branch:
+            self._switch_back(files, base)
         self._check_matches_head(files)
         return None
 
@@ -391,45 +391,45 @@ class GitLayout(InstalledLayout):
         self.repo.check_idle()
         return notes
 
-    def restores(self, files: tuple[FileRecord, ...], git: GitBase | None) -> Restored:
+    def restores(self, files: tuple[FileRecord, ...], base: GitBase | None) -> Restored:
         """What each file will hold once a revert has run: the content of the branch it
         switches back to (as that branch is now), or, already off the patch branch, what is
         checked out."""
-        if git is None:
-            return super().restores(files, git)
+        if base is None:
+            return super().restores(files, base)
         current, _ = self.repo.head()
-        if current != git.patch_branch:
+        if current != base.patch_branch:
             return {f.path: self.repo.show("HEAD", f.path) for f in files}
-        back = git.branch or git.head
+        back = base.branch or base.head
         return {f.path: self.repo.show(back, f.path) for f in files}
 
-    def drop_branch(self, git: GitBase | None, keep_branch: bool) -> list[str]:
+    def drop_branch(self, base: GitBase | None, keep_branch: bool) -> list[str]:
         """Delete the patch branch unless asked to keep it; notes for what could not be."""
-        if git is None or keep_branch or not self.repo.branch_exists(git.patch_branch):
+        if base is None or keep_branch or not self.repo.branch_exists(base.patch_branch):
             return []
-        holder = self.repo.worktree_of(git.patch_branch)
+        holder = self.repo.worktree_of(base.patch_branch)
         if holder is not None:
             return [
-                f"kept branch {git.patch_branch}: it is checked out in the worktree {holder} "
+                f"kept branch {base.patch_branch}: it is checked out in the worktree {holder} "
                 f"(delete it there: `git -C {holder} switch --detach && git -C {holder} "
-                f"branch -D {git.patch_branch}`)"
+                f"branch -D {base.patch_branch}`)"
             ]
-        if not self.repo.only_ours(git.patch_branch):
+        if not self.repo.only_ours(base.patch_branch):
             return [
-                f"kept branch {git.patch_branch}: it has commits that are not sm120patch's"
+                f"kept branch {base.patch_branch}: it has commits that are not sm120patch's"
             ]
         self.tree.verify()
-        self.repo.delete_branch(git.patch_branch)
+        self.repo.delete_branch(base.patch_branch)
         return []
 
-    def _switch_back(self, files: tuple[FileRecord, ...], git: GitBase) -> None:
+    def _switch_back(self, files: tuple[FileRecord, ...], base: GitBase) -> None:
         # Reset our files to the patch branch so the switch is clean (a revert with edits
         # there got --force); other dirty files ride along untouched.
         self.tree.verify()
         self.repo.discard([f.path for f in files])
         interrupts.kill_point("during-switch")
         self.tree.verify()
-        self.repo.switch(git.branch, git.head)
+        self.repo.switch(base.branch, base.head)
         interrupts.kill_point("after-switch")
 
     def _check_matches_head(self, files: tuple[FileRecord, ...]) -> None:

@@ -31,7 +31,7 @@ def make(profile_name: str, given: Given, *, force: bool = False) -> Lock:
     named = resolved(given)
     found = pins.resolve_targets(profile, named)
     pins.require_pins(profile, found, named, force=force, verb="pin")
-    plan, assessed = pristine.pristine_plan(profile, found, named, force=True, verb="pin")
+    plan, assessed = pristine.pristine_plan(profile, found, named, verb="pin")
     lock = from_plan(plan)
     _check_applied_as_planned(lock, found, assessed)
     if not lock.files:

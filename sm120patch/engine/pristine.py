@@ -40,13 +40,15 @@ def plan_from_pristine(
     the ones the apply read (its before-hash)."""
     profile = catalog.load().profile(profile_name)
     found = pins.resolve_targets(profile, given)
-    return pristine_plan(profile, found, given, force=force, verb=verb)[0]
+    pins.require_pins(profile, found, given, force=force, verb=verb)
+    return pristine_plan(profile, found, given, verb=verb)[0]
 
 
 def pristine_plan(
-    profile: catalog.Profile, found: list[Target], given: Given, *, force: bool, verb: str
+    profile: catalog.Profile, found: list[Target], given: Given, *, verb: str
 ) -> tuple[Plan, dict[str, assess.Assessment]]:
-    """`plan_from_pristine` on targets found, and each target's assessment (made once)."""
+    """`plan_from_pristine` on targets found and admitted (their pins checked by the caller,
+    `pins.require_pins`), and each target's assessment (made once)."""
     from sm120patch.targets.files import sha256
 
     texts: dict[str, dict[str, str]] = {}
@@ -74,7 +76,7 @@ def pristine_plan(
                     f"`sm120patch {verb} {profile.name}` on the pristine tree",
                 )
             texts[target.kind][f.module] = data.decode("utf-8")
-    plan = planner.plan(profile.name, given, found=found, force=force, texts=texts)
+    plan = planner.plan_admitted(profile.name, found, given, texts=texts)
     if plan.refused:
         raise PlanRefused(plan)
     return plan, assessed

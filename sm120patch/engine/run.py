@@ -18,7 +18,7 @@ from sm120patch.engine.records import FileRecord, Journal, Manifest, Peer
 from sm120patch.engine.store import TargetState, Waiting
 from sm120patch.errors import Refused, not_writable
 from sm120patch.plan import pins
-from sm120patch.plan.profiles import Pinned
+from sm120patch.plan.profiles import Profile
 from sm120patch.targets import Target, procscan
 from sm120patch.targets.resolved import Given
 
@@ -39,7 +39,7 @@ class TargetRun:
 
     @property
     def layout(self) -> TargetLayout:
-        # Made on first use: GitPython is imported only by runs that touch git, and the layouts
+        # Made on first use: git runs only in runs that touch a checkout, and the layouts
         # only by runs that write (not `ensure` on a tree already as wanted).
         if self._layout is None:
             from sm120patch.engine.layouts import layout_of
@@ -123,7 +123,7 @@ class TargetRun:
 
 
 def runs_for(
-    profile: Pinned,
+    profile: Profile,
     given: Given,
     force: bool,
     lock: Lock | None = None,
@@ -155,7 +155,7 @@ def runs_for(
     return [TargetRun(t) for t in found]
 
 
-def unchecked_refusals(profile: Pinned, found: list[Target], given: Given) -> list[str]:
+def unchecked_refusals(profile: Profile, found: list[Target], given: Given) -> list[str]:
     """One line per target kind whose releases `profile` refuses but does not patch (moe: a
     FlashInfer before 0.6.7) where no such target can be found to check: why the run goes on,
     and how to have it checked. The profile's patches do not need that target, and SGLang's

@@ -116,7 +116,7 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
             check.refused = pins.refusal_lines(profile, have, named)
             check.pinned = len(check.problems) == len(check.refused)
             try:
-                plan = planner.plan(profile.name, named, found=have, force=True)
+                plan = planner.plan_admitted(profile.name, have, named)
                 check.outcomes = [o.to_dict() for o in plan.outcomes]
             except Sm120Error as exc:
                 check.problems.append(exc.message)

@@ -1,4 +1,4 @@
-"""SGLang's per-model MoE runner choice, and its SM120 twin, as literal templates.
+"""SGLang's per-model MoE runner choice, and its SM120 twin, from one template per model family.
 
 For some MoE models SGLang picks a MoE runner backend by GPU arch, in the model's override
 (`_<model>_overrides` in arg_groups/overrides.py or arg_groups/model_overrides/, from 0.5.15)
@@ -6,7 +6,7 @@ or in its `elif model_arch in [...]:` branch of `ServerArgs._handle_model_specif
 (before): only on SM100, a TRT-LLM-gen backend (`flashinfer_trtllm`, `flashinfer_trtllm_routed`)
 whose kernels do not run on SM120. `add_sm120_choice` puts an SM120 branch right after that
 SM100 branch: literal source the patch declares (`Branch`), one per form upstream's SM100 branch
-takes across releases. Each SM120 branch, written once by hand in the release's own spelling:
+takes across releases. Each SM120 branch, in the release's own spelling:
 
 - keeps the SM100 branch's quantization derivation, but into a local (it writes no
   quantization field: upstream sets it later from the model config);
@@ -20,6 +20,12 @@ takes across releases. Each SM120 branch, written once by hand in the release's 
 A branch is put only beside the SM100 branch it was written for: each `Branch` lists the
 fingerprints of those (`fingerprint`: the sha256 of the branch's code), and an SM100 branch of
 any other form is refused, its fingerprint in the refusal for the maintainer who writes its twin.
+
+The branches of one model family differ across releases only in how the release spells the
+server args around the choice (`Spelling`: the arch check, who holds the settings, where the
+choice is written), so a patch declares each of its branches as its family's template
+(`derived_branch`, `config_branch`) filled with a release's `Spelling`; the literal text is
+what the template makes of it.
 """
 
 from __future__ import annotations
@@ -59,6 +65,107 @@ class Branch:
         if not code.startswith("elif "):
             raise ValueError(f"the SM120 branch {self.name!r} does not start with `elif `")
         object.__setattr__(self, "code", code)
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one form of SGLang's per-model MoE choice spells what its SM120 twin reads and
+    writes: the SM120 `arch` check, the server args holding the settings (`args`) and the
+    `_quantization_explicitly_unset` flag (`unset`, None before that flag), where the choice
+    is `write`n, the expression naming the model's architecture there (`model_arch`), and the
+    model config (`model_config`, None where no MoE choice of ours reads it)."""
+
+    arch: str
+    args: str
+    unset: str | None
+    write: str
+    model_arch: str
+    model_config: str | None
+
+    @property
+    def in_method(self) -> bool:
+        """In `ServerArgs`'s own method (to 0.5.14): the quantization setting is read first,
+        as upstream's SM100 branch reads it there; an override reads it after the config."""
+        return self.args == "self"
+
+
+# ServerArgs._handle_model_specific_adjustments, SGLang to 0.5.10.
+IN_METHOD = Spelling("is_sm120_supported()", "self", None, "self.moe_runner_backend",
+                     "model_arch", None)
+# The same, 0.5.11 to 0.5.14: an explicitly unset quantization is not derived.
+IN_METHOD_UNSET = Spelling("is_sm120_supported()", "self", "self", "self.moe_runner_backend",
+                           "model_arch", None)
+# `_<model>_overrides` in arg_groups/overrides.py, 0.5.15 to 0.5.18.
+IN_OVERRIDES = Spelling("is_sm120_supported()", "server_args", "server_args",
+                        'overrides["moe_runner_backend"]', "hf_config.architectures[0]",
+                        "server_args.get_model_config()")
+# `_<model>_overrides` in arg_groups/model_overrides/, 0.5.19 on: the platform's arch flags and
+# the group's `cfg`.
+IN_MODEL_OVERRIDES = Spelling("get_platform().is_sm120", "cfg", "server_args",
+                              'overrides["moe_runner_backend"]', "hf_config.architectures[0]",
+                              "model_config_of(server_args)")
+
+_QUANT_METHOD_OF_CONFIG = """\
+quantization_config = getattr(hf_config, "quantization_config", None)
+quant_method = (
+    quantization_config.get("quant_method")
+    if quantization_config is not None
+    else None
+)"""
+
+
+def derived_branch(
+    name: str, sm100: tuple[str, ...], spelling: Spelling, *, helper: bool, model: str | None
+) -> Branch:
+    """The SM120 branch of a model whose SM100 branch derives the quantization from the
+    checkpoint's config (GLM-4 MoE, the Qwen3 MoE family): the derivation into a local, read
+    with `get_quantization_config` where upstream's branch uses that `helper`, then
+    flashinfer_cutlass for modelopt_fp4 on `auto`, logged naming `model`, or the site's
+    architecture where one override serves a family (`model` None)."""
+    quantization = f"quantization = {spelling.args}.quantization"
+    method = "quant_method = get_quantization_config(hf_config)" if helper else (
+        _QUANT_METHOD_OF_CONFIG)
+    derive = [quantization, method] if spelling.in_method else [method, quantization]
+    if spelling.unset is None:
+        unset = "if quantization is None and quant_method is not None:"
+    else:
+        unset = ("if (\n    quantization is None\n"
+                 f"    and not {spelling.unset}._quantization_explicitly_unset\n"
+                 "    and quant_method is not None\n):")
+    said = f"Use {NEW_BACKEND} as MoE runner backend on sm120 for "
+    log = f'"{said}{model}"' if model else f'"{said}"\n        f"{{{spelling.model_arch}}}"'
+    choice = f"""\
+if (
+    quantization == "modelopt_fp4"
+    and {spelling.args}.moe_a2a_backend == "none"
+    and {spelling.args}.moe_runner_backend == "auto"
+):
+    {spelling.write} = "{NEW_BACKEND}"
+    logger.info(
+        {log}
+    )"""
+    body = "\n".join([*derive, unset, "    quantization = quant_method", choice])
+    return Branch(name, sm100, f"elif {spelling.arch}:\n{textwrap.indent(body, '    ')}")
+
+
+def config_branch(name: str, sm100: tuple[str, ...], spelling: Spelling, *, model: str) -> Branch:
+    """The SM120 branch of a model whose SM100 choice is one `if` testing the model config's
+    quantization (MiniMax-M2): the same conditions with the arch changed, flashinfer_cutlass,
+    logged in upstream's words for `model`."""
+    if spelling.model_config is None:
+        raise ValueError(f"the SM120 branch {name!r}: no model config in {spelling}")
+    return Branch(name, sm100, f"""\
+elif (
+    {spelling.arch}
+    and {spelling.args}.moe_runner_backend == "auto"
+    and {spelling.model_config}.quantization == "modelopt_fp4"
+):
+    {spelling.write} = "{NEW_BACKEND}"
+    logger.info(
+        "Use {NEW_BACKEND} as MoE runner backend on SM120 "
+        "for {model} with modelopt_fp4."
+    )
+""")
 
 
 def add_sm120_choice(

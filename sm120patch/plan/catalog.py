@@ -20,17 +20,15 @@ import os
 import pkgutil
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import InvalidSpecifier
 
 from sm120patch.errors import UnknownProfile, UsageError
-from sm120patch.patchkit.facts import Fact
-from sm120patch.patchkit.model import TARGETS, Evidence, Patch, Status, wiring_evidence
-from sm120patch.patchkit.versions import base_release, contains
+from sm120patch.patchkit.model import TARGETS, Evidence, Patch, wiring_evidence
 from sm120patch.plan.packdirs import PACKS_ENV as PACKS_ENV
 from sm120patch.plan.packdirs import pack_dirs as pack_dirs
 from sm120patch.plan.packdirs import use_packs as use_packs
@@ -38,66 +36,13 @@ from sm120patch.plan.profiles import BUILT_IN as BUILT_IN
 from sm120patch.plan.profiles import DAMAGED_HINT as DAMAGED_HINT
 from sm120patch.plan.profiles import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
 from sm120patch.plan.profiles import PROFILES_SCHEMA as PROFILES_SCHEMA
-from sm120patch.plan.profiles import PinChecks, pins_of
+from sm120patch.plan.profiles import Profile as Profile
 from sm120patch.plan.profiles import Refusal as Refusal
 from sm120patch.plan.profiles import TOMLDecodeError as TOMLDecodeError
 from sm120patch.plan.profiles import parse_toml as parse_toml
 from sm120patch.plan.profiles import pin_problems as pin_problems
+from sm120patch.plan.profiles import read_profile
 from sm120patch.plan.profiles import refusal_problems as refusal_problems
-
-
-@dataclass(frozen=True)
-class Profile(PinChecks):
-    name: str
-    title: str
-    status: str  # "recommended", "experimental", or "refused" (a reason why a gate stays)
-    patches: tuple[str, ...]
-    pins: dict[str, SpecifierSet]
-    # patch id -> versions where its site does not exist and that is fine for this profile,
-    # beyond what the patch's own facts say (its `not-applicable` facts count everywhere)
-    absent: dict[str, SpecifierSet] = field(default_factory=dict)
-    known: str = ""
-    refuse: tuple[Refusal, ...] = ()
-    # The kernels (or backends) this profile makes the engine take, in upstream's own names:
-    # what a known outcome's `kernel` is held to (`plan.known.ceiling`).
-    kernel: tuple[str, ...] = ()
-    # Upstream's own flag or environment variable with the same effect on one launch, the
-    # release it was read in ("sglang 0.5.23"), and why the patch still helps beside it.
-    flag: str = ""
-    flag_release: str = ""
-    flag_why: str = ""
-    # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
-    facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
-
-    def absent_ok(self, patch_id: str, version: str) -> bool:
-        """Whether a missing site of `patch_id` is fine in `version`: a `not-applicable` fact
-        of the patch covers it, or the profile's own `absent` table does."""
-        if any(
-            f.status is Status.NOT_APPLICABLE and f.covers(version)
-            for f in self.facts.get(patch_id, ())
-        ):
-            return True
-        spec = self.absent.get(patch_id)
-        return spec is not None and contains(spec, base_release(version))
-
-    def flag_sentence(self, release: bool = True) -> str:
-        """Upstream's own flag or variable beside the patch and why the patch still helps (a
-        user may prefer the flag for one launch): what `show` and `doctor` print."""
-        read = f" (read in {self.flag_release})" if release and self.flag_release else ""
-        return f"upstream's flag for one launch: {self.flag}{read}. Why the patch beside it: " \
-            + self.flag_why
-
-    def ran_doc(self) -> dict[str, Any]:
-        """`show --json`'s engine, kernels and upstream's flag (None where there is none)."""
-        flag = {"flag": self.flag, "release": self.flag_release, "why": self.flag_why}
-        return {"engine": self.engine, "kernel": list(self.kernel),
-                "flag": flag if self.flag else None}  # fmt: skip
-
-    @property
-    def engine(self) -> str:
-        """The engine whose server this profile changes: vLLM where it patches vLLM, else
-        SGLang (a FlashInfer patch serves the SGLang beside it)."""
-        return "vllm" if any(p.startswith("vllm.") for p in self.patches) else "sglang"
 
 
 @dataclass(frozen=True)
@@ -409,28 +354,13 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             if pid not in patches:
                 raise RuntimeError(f"profiles.toml: profile {name} names unknown patch {pid}")
         try:
-            pins, refuse = pins_of(name, raw)
-            absent = {pid: SpecifierSet(spec) for pid, spec in raw.get("absent", {}).items()}
+            prof = read_profile(name, raw)
         except InvalidSpecifier as exc:
             raise RuntimeError(f"profiles.toml: profile {name}: {exc}") from None
         needed = {patches[pid].target for pid in ids}
-        if needed - set(pins):
+        if needed - set(prof.pins):
             raise RuntimeError(
-                f"profiles.toml: profile {name} lacks pins for {sorted(needed - set(pins))}"
+                f"profiles.toml: profile {name} lacks pins for {sorted(needed - set(prof.pins))}"
             )
-        profiles[name] = Profile(
-            name=name,
-            title=raw.get("title", name),
-            status=raw.get("status", "experimental"),
-            patches=ids,
-            pins=pins,
-            absent=absent,
-            known=raw.get("known", "").strip(),
-            refuse=refuse,
-            kernel=tuple(raw.get("kernel", ())),
-            flag=raw.get("flag", ""),
-            flag_release=raw.get("flag_release", ""),
-            flag_why=" ".join(raw.get("flag_why", "").split()),
-            facts={pid: patches[pid].facts for pid in ids},
-        )
+        profiles[name] = replace(prof, facts={pid: patches[pid].facts for pid in ids})
     return profiles

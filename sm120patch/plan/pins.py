@@ -9,7 +9,7 @@ from __future__ import annotations
 from sm120patch import targets
 from sm120patch.errors import AGAIN, Refused, Sm120Error
 from sm120patch.plan import profiles
-from sm120patch.plan.profiles import Pinned as Profile
+from sm120patch.plan.profiles import Profile
 from sm120patch.targets import Target
 from sm120patch.targets.resolved import Given, resolved
 

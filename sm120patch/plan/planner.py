@@ -62,10 +62,26 @@ def plan(
     side of an applied tree, which `export` plans from. Raises Refused when a target is
     outside the profile's pins, unless `force`.
     """
+    profile = catalog.load().profile(profile_name)
+    found = found if found is not None else pins.resolve_targets(profile, paths or {})
+    pins.require_pins(profile, found, paths, force=force, verb="plan")
+    return plan_admitted(profile_name, found, paths, texts=texts)
+
+
+def plan_admitted(
+    profile_name: str,
+    found: list[Target],
+    paths: Given | None = None,
+    *,
+    texts: Mapping[str, Mapping[str, str]] | None = None,
+) -> Plan:
+    """The plan of targets the caller has admitted already: a verb checks the pins once, where
+    it finds its targets (`pins.require_pins`, with the user's --force), and a report shows
+    what is outside them. This checks no pin; the plan records what is outside them
+    (`pins.check_pins`), which only --force lets through."""
     cat = catalog.load()
     profile = cat.profile(profile_name)
-    found = found if found is not None else pins.resolve_targets(profile, paths or {})
-    outside = pins.require_pins(profile, found, paths, force=force, verb="plan")  # kept on the plan
+    outside = pins.check_pins(profile, found, paths)  # kept on the plan
     patches = cat.patches_of(profile)
     with no_cycle_collection():
         plans = [plan_target(profile, patches, t, texts.get(t.kind) if texts else None)

@@ -1,5 +1,6 @@
-"""A profile's name, targets, pins and refusals, read from the profiles.toml of the built-in
-library and of each pack without importing a patch module or the kit's model.
+"""The profile model (`Profile`), read from the profiles.toml of the built-in library and of
+each pack (`read_profile`, which the catalog uses too) without importing a patch module or the
+kit's model.
 
 What `ensure` checks before it knows a tree is as wanted is all here: on an applied tree the
 bytes answer the rest (the hashes its record holds), so a service start pays neither for the
@@ -14,17 +15,21 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from packaging.specifiers import SpecifierSet
 
 from sm120patch.errors import UsageError
+from sm120patch.patchkit.facts import Status
 from sm120patch.patchkit.kinds import TARGETS
 from sm120patch.patchkit.versions import base_release, contains, range_text
 from sm120patch.plan.packdirs import pack_dirs
+
+if TYPE_CHECKING:
+    from sm120patch.patchkit.facts import Fact
 
 # The one place that picks the TOML reader (catalog.py, lockfile.py and trial.py use it too).
 if sys.version_info >= (3, 11):
@@ -69,28 +74,32 @@ class Refusal:
         return contains(self.releases, base_release(version))
 
 
-class Pinned(Protocol):
-    """What the pin and refusal checks read of a profile: the catalog's `Profile` and this
-    module's `ProfileSpec` both."""
+@dataclass(frozen=True)
+class Profile:
+    """A profile: what its profiles.toml declares (`read_profile`), and its patches' facts,
+    which the catalog fills in (`catalog.load`); the light reader (`spec`) leaves them empty,
+    reading no patch module."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def pins(self) -> Mapping[str, SpecifierSet]: ...
-    @property
-    def refuse(self) -> tuple[Refusal, ...]: ...
-    @property
-    def targets(self) -> tuple[str, ...]: ...
-    def pinned(self, target: str, version: str) -> bool: ...
-    def refusals(self, kind: str, version: str) -> list[Refusal]: ...
-
-
-class PinChecks:
-    """The targets, pin and refusal checks of a profile, from its `pins` and `refuse` (the
-    catalog's `Profile` and `ProfileSpec` share them)."""
-
+    name: str
+    title: str
+    status: str  # "recommended", "experimental", or "refused" (a reason why a gate stays)
+    patches: tuple[str, ...]
     pins: dict[str, SpecifierSet]
-    refuse: tuple[Refusal, ...]
+    # patch id -> versions where its site does not exist and that is fine for this profile,
+    # beyond what the patch's own facts say (its `not-applicable` facts count everywhere)
+    absent: dict[str, SpecifierSet] = field(default_factory=dict)
+    known: str = ""
+    refuse: tuple[Refusal, ...] = ()
+    # The kernels (or backends) this profile makes the engine take, in upstream's own names:
+    # what a known outcome's `kernel` is held to (`plan.known.ceiling`).
+    kernel: tuple[str, ...] = ()
+    # Upstream's own flag or environment variable with the same effect on one launch, the
+    # release it was read in ("sglang 0.5.23"), and why the patch still helps beside it.
+    flag: str = ""
+    flag_release: str = ""
+    flag_why: str = ""
+    # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
+    facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -103,14 +112,35 @@ class PinChecks:
     def pinned(self, target: str, version: str) -> bool:
         return contains(self.pins[target], base_release(version))
 
+    def absent_ok(self, patch_id: str, version: str) -> bool:
+        """Whether a missing site of `patch_id` is fine in `version`: a `not-applicable` fact
+        of the patch covers it, or the profile's own `absent` table does."""
+        if any(
+            f.status is Status.NOT_APPLICABLE and f.covers(version)
+            for f in self.facts.get(patch_id, ())
+        ):
+            return True
+        spec = self.absent.get(patch_id)
+        return spec is not None and contains(spec, base_release(version))
 
-@dataclass(frozen=True)
-class ProfileSpec(PinChecks):
-    """A profile as its profiles.toml declares it: what `ensure` checks on a warm tree."""
+    def flag_sentence(self, release: bool = True) -> str:
+        """Upstream's own flag or variable beside the patch and why the patch still helps (a
+        user may prefer the flag for one launch): what `show` and `doctor` print."""
+        read = f" (read in {self.flag_release})" if release and self.flag_release else ""
+        return f"upstream's flag for one launch: {self.flag}{read}. Why the patch beside it: " \
+            + self.flag_why
 
-    name: str
-    pins: dict[str, SpecifierSet]
-    refuse: tuple[Refusal, ...] = ()
+    def ran_doc(self) -> dict[str, Any]:
+        """`show --json`'s engine, kernels and upstream's flag (None where there is none)."""
+        flag = {"flag": self.flag, "release": self.flag_release, "why": self.flag_why}
+        return {"engine": self.engine, "kernel": list(self.kernel),
+                "flag": flag if self.flag else None}  # fmt: skip
+
+    @property
+    def engine(self) -> str:
+        """The engine whose server this profile changes: vLLM where it patches vLLM, else
+        SGLang (a FlashInfer patch serves the SGLang beside it)."""
+        return "vllm" if any(p.startswith("vllm.") for p in self.patches) else "sglang"
 
 
 def pins_of(name: str, raw: dict[str, Any]) -> tuple[dict[str, SpecifierSet], tuple[Refusal, ...]]:
@@ -135,8 +165,29 @@ def refusal(profile: str, raw: Any) -> Refusal:
     return Refusal(kinds[0], SpecifierSet(raw[kinds[0]]), " ".join(reason.split()))
 
 
+def read_profile(name: str, raw: dict[str, Any]) -> Profile:
+    """A `[profiles.NAME]` table as it declares the profile, its facts not filled in
+    (KeyError, InvalidSpecifier or RuntimeError where it does not read; the catalog checks
+    its patches and pins against the patches it loads)."""
+    pins, refuse = pins_of(name, raw)
+    return Profile(
+        name=name,
+        title=raw.get("title", name),
+        status=raw.get("status", "experimental"),
+        patches=tuple(raw["patches"]),
+        pins=pins,
+        absent={pid: SpecifierSet(spec) for pid, spec in raw.get("absent", {}).items()},
+        known=raw.get("known", "").strip(),
+        refuse=refuse,
+        kernel=tuple(raw.get("kernel", ())),
+        flag=raw.get("flag", ""),
+        flag_release=raw.get("flag_release", ""),
+        flag_why=" ".join(raw.get("flag_why", "").split()),
+    )
+
+
 def pin_problems(
-    profile: Pinned,
+    profile: Profile,
     versions: Mapping[str, str],
     labels: Mapping[str, tuple[str, str]] | None = None,
 ) -> list[str]:
@@ -174,7 +225,7 @@ def pin_problems(
 
 
 def refusal_problems(
-    profile: Pinned,
+    profile: Profile,
     versions: Mapping[str, str],
     labels: Mapping[str, tuple[str, str]] | None = None,
 ) -> list[str]:
@@ -191,18 +242,18 @@ def refusal_problems(
     return problems
 
 
-def spec(name: str) -> ProfileSpec | None:
+def spec(name: str) -> Profile | None:
     """Profile `name` as the profiles.toml files in effect declare it; None where this reader
     cannot decide (the module's docstring says when): the full catalog decides then."""
     return _specs(pack_dirs()).get(name)
 
 
 @lru_cache(maxsize=4)
-def _specs(dirs: tuple[str, ...]) -> dict[str, ProfileSpec]:
+def _specs(dirs: tuple[str, ...]) -> dict[str, Profile]:
     places = _places(dirs)
     if places is None:
         return {}
-    found: dict[str, ProfileSpec] = {}
+    found: dict[str, Profile] = {}
     for place in places:
         path = place / "profiles.toml"
         if not path.is_file():
@@ -214,8 +265,7 @@ def _specs(dirs: tuple[str, ...]) -> dict[str, ProfileSpec]:
             for name, raw in data.get("profiles", {}).items():
                 if name in found:
                     return {}  # defined twice: the catalog names both packs
-                pins, refuse = pins_of(name, raw)
-                found[name] = ProfileSpec(name, pins, refuse)
+                found[name] = read_profile(name, raw)
         except Exception:  # anything that does not read or validate: the catalog says what
             return {}
     return found

@@ -6,12 +6,13 @@ its packaging says at the base of sm120patch's patch branch (`_checkout_version`
 This package's init imports none of its own modules (git.py, files.py and procscan.py import
 it): Python runs a package's init before any module of it, so an init importing one of them
 would be an import circle. The read-only git a target's finding needs (is the package tracked,
-which commit is the base, which tags and files it has) is plain `git` run here; GitPython and
-every git command that writes stay in git.py.
+which commit is the base, which tags and files it has) is run here, as every git command is
+(`run_git`); the commands that write, and a checkout's repository, are in git.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -32,7 +33,7 @@ from sm120patch.safeio import clean_command, git_env, read_regular, user_name
 
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
 
     from packaging.version import Version
 
@@ -295,7 +296,7 @@ def _read_file(path: Path) -> bytes | None:
 # `-c` options given to every git command sm120patch runs (they override every config file):
 # a checkout's hooks and configuration are its owner's code, which must not run in
 # sm120patch's process (often root's), reformat the files just verified, or block an
-# unattended run on a prompt. git.py gives them to GitPython's commands too.
+# unattended run on a prompt (`run_git`, the one way git is run).
 SAFE_CONFIG = (
     "-c", "core.hooksPath=/dev/null",
     "-c", "core.fsmonitor=false",
@@ -380,21 +381,28 @@ def check_owner(root: Path) -> None:
             )
 
 
-def _run_git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    """A read-only git command in `root`, without hooks, fsmonitor or a pager; GitPython is
-    not imported for it (`status` would double its start-up time)."""
+def run_git(
+    root: Path, *args: str, env: Mapping[str, str] | None = None, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Every git command sm120patch runs, in `root`: without hooks, fsmonitor, signing, gc or
+    a pager (`SAFE_CONFIG`), with paths never read as pathspec magic, with nothing of the
+    caller's environment (`git_env`, plus `env`: a repository's filters off, an identity), in
+    a session of its own with terminal signals blocked around its start
+    (`_terminal_signals_blocked`), its output captured. GitPython is not used: its import
+    alone would double `status`'s start-up time, and one runner is one set of rules."""
     import subprocess  # only where there is a checkout: none for installed packages
+
+    command = ["git", *SAFE_CONFIG, "--literal-pathspecs", "--no-pager", "-C", str(root), *args]
     try:
-        return subprocess.run(
-            clean_command(
-                ["git", *SAFE_CONFIG, "--literal-pathspecs", "--no-pager", "-C", str(root), *args],
-                git_env(),
-            ),
-            capture_output=True,
-            check=False,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C to the terminal's group never kills it mid-read
-        )
+        with _terminal_signals_blocked():
+            return subprocess.run(
+                clean_command(command, git_env(dict(env or {}))),
+                input=stdin,
+                stdin=subprocess.DEVNULL if stdin is None else None,
+                capture_output=True,
+                check=False,
+                start_new_session=True,  # a Ctrl-C to the terminal's group never kills it
+            )
     except OSError as exc:
         raise Refused(
             f"cannot run git for {root} ({exc.strerror})",
@@ -402,16 +410,36 @@ def _run_git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
         ) from None
 
 
+@contextlib.contextmanager
+def _terminal_signals_blocked() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP blocked in this thread around a git command.
+
+    The child is in the terminal's process group from the fork until its `setsid`; a Ctrl-C
+    in that window stays pending in it and kills git once the child unblocks it, before the
+    exec (a rollback's `git branch -D` died so, exit -2). The child inherits the mask, so the
+    signal stays blocked in git, whose own session no terminal signal reaches anyway. Here it
+    stays pending too, and reaches the handler (`interrupts.py`) when the command returns:
+    deferred, never lost."""
+    import signal
+
+    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _git_out(root: Path, *args: str) -> str | None:
     """A read-only git command's output, or None when it fails."""
-    proc = _run_git(root, *args)
+    proc = run_git(root, *args)
     return proc.stdout.decode("utf-8", "replace").strip() if proc.returncode == 0 else None
 
 
 def is_tracked(root: Path, path: Path) -> bool:
     """Whether git tracks `path`; refuses a repository git itself will not work in, rather
     than silently treating the checkout as an installed package."""
-    proc = _run_git(root, "ls-files", "--error-unmatch", "--", str(path.relative_to(root)))
+    proc = run_git(root, "ls-files", "--error-unmatch", "--", str(path.relative_to(root)))
     if proc.returncode == 0:
         return True
     stderr = proc.stderr.decode("utf-8", "replace")
@@ -476,16 +504,8 @@ class _AtCommit:
             asked.insert(0, self.rev)
         if not asked:
             return
-        import subprocess  # only where there is a checkout: none for installed packages
-        proc = subprocess.run(
-            clean_command(
-                ["git", *SAFE_CONFIG, "-C", str(self.root), "cat-file", "--batch"], git_env()
-            ),
-            input="".join(f"{name}\n" for name in asked).encode(),
-            capture_output=True,
-            check=False,
-            start_new_session=True,  # as every git child: out of the terminal's Ctrl-C
-        )
+        proc = run_git(self.root, "cat-file", "--batch",
+                       stdin="".join(f"{name}\n" for name in asked).encode())
         out, at, found = proc.stdout, 0, []
         for _ in asked:
             end = out.find(b"\n", at)

@@ -1,26 +1,26 @@
-"""Everything that touches git. The one place branches are made; the only module importing git.
+"""Everything that writes with git. The one place branches are made.
 
-GitPython is imported lazily so commands that never touch git (`list`, `status`) start fast.
-Every git command runs without hooks (`core.hooksPath=/dev/null`: no pre-commit, post-commit,
-post-checkout nor reference-transaction hook), without fsmonitor, signing or automatic gc
-(`SAFE_CONFIG`): a checkout's hooks and configuration are code of its owner's, which must not
-run in sm120patch's process (often root's), reformat the files just verified, or block an
-unattended run on a prompt. A checkout owned by another user than the one running sm120patch
-is refused (`targets.check_owner`) before any git command runs in it; the read-only git that
-finding a target needs (is it tracked, its version) runs from `targets/__init__.py`.
+Every git command runs through `targets.run_git` (the one runner, beside the read-only git
+that finding a target needs), without hooks (`core.hooksPath=/dev/null`: no pre-commit,
+post-commit, post-checkout nor reference-transaction hook), without fsmonitor, signing or
+automatic gc (`SAFE_CONFIG`): a checkout's hooks and configuration are code of its owner's,
+which must not run in sm120patch's process (often root's), reformat the files just verified,
+or block an unattended run on a prompt. A checkout owned by another user than the one running
+sm120patch is refused (`targets.check_owner`) before any git command runs in it.
 
 Git also runs with no configuration but the repository's own and no code of anyone's: a clean
 environment (`git_env`: no system or global config, no `HOME` to find one in, no `GIT_*` of the
 caller's), no attributes file, and every filter driver the repository's config defines switched
 off (`_filters_off`), so no clean, smudge or process filter runs whatever `.gitattributes` or
 `$GIT_DIR/info/attributes` assign. (root run with a user's HOME used to run that user's
-`~/.gitconfig` filters.) Every git child is started through `/usr/bin/env -i`: GitPython merges
-the caller's whole environment into each child's, and this is the one way to drop it.
+`~/.gitconfig` filters.) Every git child is started through `/usr/bin/env -i`.
 
 Every git child runs in a session of its own (`start_new_session`): a Ctrl-C in the terminal,
 or a closed terminal, signals the terminal's foreground process group, and a git killed
 half-way through a checkout leaves a half-switched work tree and its `index.lock`. sm120patch
-defers those signals itself (`interrupts.py`) and lets each git command finish.
+defers those signals itself (`interrupts.py`) and lets each git command finish. No git process
+outlives its command (GitPython's long-lived `cat-file`, which a signal to the whole control
+group killed under a rollback, is gone with GitPython).
 """
 
 from __future__ import annotations
@@ -28,19 +28,16 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch.errors import Refused
-from sm120patch.safeio import clean_command, git_env
-from sm120patch.targets import PATCH_TRAILER, SAFE_CONFIG, procscan
+from sm120patch.targets import PATCH_TRAILER, procscan, run_git
 from sm120patch.targets import git_dir_of as git_dir_of  # read without git: with finding
 from sm120patch.targets import head_branch as head_branch
 
 if TYPE_CHECKING:
-    import git
+    import subprocess
 
 FALLBACK_NAME = "sm120patch"
 FALLBACK_EMAIL = "sm120patch@localhost"
@@ -58,19 +55,11 @@ def _filters_off(root: Path) -> tuple[dict[str, str], bool]:
     attributes that name a driver (`.gitattributes`, `info/attributes`) then do nothing.
     And whether the configuration says the repository is bare (`core.bare`), read by the
     same git command."""
-    import subprocess
-
-    try:
-        proc = subprocess.run(
-            clean_command(["git", *SAFE_CONFIG, "-C", str(root), "config", "-z", "--get-regexp",
-                            r"^filter\.|^core\.bare$"], git_env()),
-            capture_output=True, text=True, check=False, start_new_session=True,
-        )  # fmt: skip
-    except OSError:
-        return {}, False
+    proc = run_git(root, "config", "-z", "--get-regexp", r"^filter\.|^core\.bare$")
     names = set()
     bare = False
-    for entry in proc.stdout.split("\0"):  # `-z`: "key\nvalue", or "key" alone for no value
+    # `-z`: "key\nvalue", or "key" alone for no value
+    for entry in proc.stdout.decode("utf-8", "replace").split("\0"):
         key, newline, value = entry.partition("\n")
         if key.lower() == "core.bare":  # git's booleans: no value is true
             v = value.strip().lower()
@@ -133,12 +122,11 @@ def branch_sha_light(root: Path, name: str) -> str | None:
     return None
 
 
-def _git_problem(exc: Exception) -> str:
-    """The line of a git error that says what went wrong."""
-    text = str(getattr(exc, "stderr", "") or exc).strip().strip("'").strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+def _git_problem(stderr: str) -> str:
+    """The line of git's error output that says what went wrong ('' where it says nothing)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     fatal = [line for line in lines if line.startswith(("fatal:", "error:"))]
-    return (fatal or lines or [type(exc).__name__])[0].removeprefix("stderr: ")
+    return (fatal or lines or [""])[0]
 
 
 def _unusable(root: Path) -> Refused:
@@ -162,68 +150,9 @@ def _failed(what: str, root: Path, problem: str) -> Refused:
     )
 
 
-_repo_class: type[git.Repo] | None = None
-
-
-def _own_session_repo() -> type[git.Repo]:
-    """`git.Repo` whose every git child starts in a session of its own, the persistent
-    `git cat-file` processes included (they are started through `Git.execute` too).
-
-    `Git.execute` hands its extra keyword arguments to `subprocess.Popen` (GitPython 3.1 and
-    3.2: `**subprocess_kwargs`), but `repo.git.<command>(...)` turns unknown keywords into git
-    options, so the default is set in `execute` itself, through `Repo.GitCommandWrapperType`.
-    """
-    global _repo_class
-    if _repo_class is None:
-        import git
-
-        class OwnSessionGit(git.Git):
-            def execute(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
-                kwargs.setdefault("start_new_session", True)
-                if (
-                    isinstance(command, (list, tuple))
-                    and len(command) > 1
-                    and command[0] in ("git", self.GIT_PYTHON_GIT_EXECUTABLE)
-                ):
-                    # No hook, fsmonitor, signing or gc: whatever the repository says; and
-                    # nothing of the caller's environment (`git_env`).
-                    env = git_env({**self._environment, **(kwargs.pop("env", None) or {})})
-                    command = clean_command([command[0], *SAFE_CONFIG, *command[1:]], env)
-                with _terminal_signals_blocked():
-                    return super().execute(command, *args, **kwargs)
-
-        class OwnSessionRepo(git.Repo):
-            GitCommandWrapperType = OwnSessionGit
-
-        _repo_class = OwnSessionRepo
-    return _repo_class
-
-
-@contextmanager
-def _terminal_signals_blocked() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP blocked in this thread around a git command.
-
-    The child is in the terminal's process group from the fork until its `setsid`; a Ctrl-C
-    in that window stays pending in it and kills git once the child unblocks it, before the
-    exec (a rollback's `git branch -D` died so, exit -2). The child inherits the mask, so the
-    signal stays blocked in git, whose own session no terminal signal reaches anyway. Here it
-    stays pending too, and reaches the handler (`interrupts.py`) when the command returns:
-    deferred, never lost."""
-    import signal
-
-    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 class Repo:
-    """The git side of one target. GitPython is opened at the first command that needs it: its
-    import runs `git version` twice and was about a tenth of a cold dry run on a checkout, which
-    reads the checkout with plain git commands run as GitPython runs them (`check_ready`,
-    `branch_exists`) and never opens it."""
+    """The git side of one target: its commands run by `targets.run_git`, with the
+    repository's filter drivers off and paths taken literally."""
 
     def __init__(self, root: Path) -> None:
         if not (git_dir_of(root) / "HEAD").is_file():
@@ -233,85 +162,36 @@ class Repo:
         if bare:
             raise _bare(root)
         self.root = root
-        # Paths come from the plan and from state: never let one be read as pathspec magic.
-        self._environment = {"GIT_LITERAL_PATHSPECS": "1", **filters_off}
-        self._repo: git.Repo | None = None
+        self._environment = filters_off
 
-    @property
-    def repo(self) -> git.Repo:
-        if self._repo is None:
-            self._repo = self._open()
-        return self._repo
-
-    def _open(self) -> git.Repo:
-        import git
-
-        try:
-            repo: git.Repo = _own_session_repo()(self.root)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise _unusable(self.root) from None
-        if repo.bare:
-            raise _bare(self.root)
-        repo.git.update_environment(**self._environment)
-        return repo
-
-    def _read(self, what: str, *args: str) -> str:
-        """A read-only git command's output, run as GitPython runs this repository's commands
-        (`_own_session_repo`: the same configuration, environment, session and signal mask)
-        without opening it. A failure is one line (`_failing`'s)."""
-        import subprocess
-
-        command = clean_command(["git", *SAFE_CONFIG, *args], git_env(self._environment))
-        try:
-            with _terminal_signals_blocked():
-                proc = subprocess.run(command, cwd=self.root, capture_output=True, check=False,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        except OSError as exc:
-            raise _failed(what, self.root, exc.strerror or str(exc)) from None
+    def _run(
+        self, what: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
+        """A git command that must succeed: a failure is one line saying which and why
+        (`_failed`), never a traceback."""
+        proc = run_git(self.root, *args, env={**self._environment, **(env or {})})
         if proc.returncode != 0:
             stderr = proc.stderr.decode("utf-8", "replace")
-            failed = subprocess.CalledProcessError(proc.returncode, command, stderr=stderr)
-            raise _failed(what, self.root, _git_problem(failed))
-        out = proc.stdout.decode("utf-8", "replace")
-        return out[:-1] if out.endswith("\n") else out  # as GitPython strips it
+            raise _failed(what, self.root, _git_problem(stderr) or f"exit {proc.returncode}")
+        return proc
 
-    @contextmanager
-    def _failing(self, what: str) -> Iterator[None]:
-        """A failed git command becomes one line saying which and why (never a traceback)."""
-        import git
-
-        try:
-            yield
-        except git.GitCommandError as exc:
-            raise _failed(what, self.root, _git_problem(exc)) from None
+    def _read(self, what: str, *args: str) -> str:
+        """A git command's output, its last newline dropped."""
+        out = self._run(what, *args).stdout.decode("utf-8", "replace")
+        return out[:-1] if out.endswith("\n") else out
 
     # ---- reading -----------------------------------------------------------------------
     def head(self) -> tuple[str | None, str]:
         """(current branch or None when detached, HEAD commit)."""
-        import git
-
-        try:
-            sha = self._head_sha()
-        except ValueError:
-            raise Refused(f"{self.root} has no commit yet", "commit the tree first") from None
-        try:
-            branch: str | None = self.repo.active_branch.name
-        except TypeError:  # detached HEAD
-            branch = None
-        except git.GitCommandError:
-            branch = None
-        return branch, sha
+        return head_branch(self.root), self._head_sha()
 
     def _head_sha(self) -> str:
-        """HEAD's commit id. GitPython reads objects through a long-lived `git cat-file`; if
-        that process died (a signal sent to a whole control group, an OOM kill), start it
-        again once instead of failing a rollback with "Broken pipe"."""
-        try:
-            return self.repo.head.commit.hexsha
-        except (BrokenPipeError, ValueError):
-            # ValueError is also "no commit yet": the second try raises it again.
-            self.repo.git.clear_cache()
-            return self.repo.head.commit.hexsha
+        """HEAD's commit id."""
+        proc = run_git(self.root, "rev-parse", "--verify", "-q", "HEAD^{commit}",
+                       env=self._environment)  # fmt: skip
+        if proc.returncode != 0:
+            raise Refused(f"{self.root} has no commit yet", "commit the tree first")
+        return proc.stdout.decode("ascii", "replace").strip()
 
     def check_ready(self, rels: list[str]) -> None:
         """Refuse when the repository is mid-operation or a file we would touch is not clean."""
@@ -350,7 +230,7 @@ class Repo:
     # ---- after a killed run (recover) ---------------------------------------------------
     def _git_dirs(self) -> list[Path]:
         """The per-worktree git directory and the common one (the same outside worktrees)."""
-        return sorted({Path(self.repo.git_dir), Path(self.repo.common_dir)})
+        return sorted({git_dir_of(self.root), _common_dir(self.root)})
 
     def lock_files(self) -> list[Path]:
         """The lock files a killed git leaves behind: `index.lock`, `HEAD.lock`,
@@ -420,42 +300,31 @@ class Repo:
         return branch_exists_light(self.root, name)
 
     def show(self, rev: str, rel: str) -> bytes | None:
-        import git
-
-        try:
-            data = self.repo.git.execute(
-                ["git", "show", f"{rev}:{rel}"],
-                stdout_as_string=False,
-                strip_newline_in_stdout=False,
-            )
-        except git.GitCommandError:
-            return None
-        assert isinstance(data, bytes)  # stdout_as_string=False
-        return data
+        proc = run_git(self.root, "show", f"{rev}:{rel}", env=self._environment)
+        return proc.stdout if proc.returncode == 0 else None
 
     def dirty_all(self) -> list[str]:
         """Every tracked file with uncommitted changes (paths relative to the root)."""
-        with self._failing("status"):
-            out = self.repo.git.status("--porcelain", "--untracked-files=no")
+        out = self._read("status", "status", "--porcelain", "--untracked-files=no")
         return sorted({line[3:] for line in out.splitlines() if line.strip()})
 
     def changed_between(self, a: str, b: str) -> list[str]:
-        with self._failing("diff"):
-            out = self.repo.git.diff("--no-ext-diff", "--no-textconv", "--name-only", a, b, "--")
+        out = self._read("diff", "diff", "--no-ext-diff", "--no-textconv", "--name-only", a, b,
+                         "--")  # fmt: skip
         return [line for line in out.splitlines() if line]
 
     def only_ours(self, branch: str) -> bool:
         """Whether every commit of `branch` not on any other branch is one of sm120patch's."""
-        others = [f"^{h.name}" for h in self.repo.heads if h.name != branch]
-        with self._failing("log"):
-            out = self.repo.git.log("--format=%H%x00%B%x01", branch, *others, "--")
+        heads = self._read("for-each-ref", "for-each-ref", "--format=%(refname:short)",
+                           "refs/heads/").splitlines()  # fmt: skip
+        others = [f"^{h}" for h in heads if h and h != branch]
+        out = self._read("log", "log", "--format=%H%x00%B%x01", branch, *others, "--")
         commits = [c for c in out.split("\x01") if c.strip()]
         return all(PATCH_TRAILER in c for c in commits)
 
     def worktree_of(self, branch: str) -> Path | None:
         """Another worktree that has `branch` checked out (git refuses to delete it then)."""
-        with self._failing("worktree list"):
-            out = self.repo.git.worktree("list", "--porcelain")
+        out = self._read("worktree list", "worktree", "list", "--porcelain")
         path: Path | None = None
         for line in out.splitlines():
             if line.startswith("worktree "):
@@ -471,56 +340,33 @@ class Repo:
 
         `reset`: the branch exists and carries only sm120patch's commits: move it here.
         """
-        with self._failing("checkout -b"):
-            self.repo.git.checkout("-B" if reset else "-b", name)
+        self._run("checkout -b", "checkout", "-B" if reset else "-b", name)
 
     def switch(self, branch: str | None, sha: str) -> None:
-        with self._failing("checkout"):
-            if branch:
-                self.repo.git.checkout(branch, "--")
-            else:
-                self.repo.git.checkout("--detach", sha, "--")
+        if branch:
+            self._run("checkout", "checkout", branch, "--")
+        else:
+            self._run("checkout", "checkout", "--detach", sha, "--")
 
     def discard(self, rels: list[str]) -> None:
         """Reset files to HEAD (only ever called on files whose edits the user chose to drop)."""
         if rels:
-            with self._failing("checkout HEAD --"):
-                self.repo.git.checkout("HEAD", "--", *rels)
+            self._run("checkout HEAD --", "checkout", "HEAD", "--", *rels)
 
     def delete_branch(self, name: str) -> None:
         if self.branch_exists(name):
-            with self._failing("branch -D"):
-                self.repo.git.branch("-D", name, "--")
+            self._run("branch -D", "branch", "-D", name, "--")
 
     def commit(self, rels: list[str], message: str) -> str:
-        with self._failing("commit"):
-            return self._commit(rels, message)
-
-    def _commit(self, rels: list[str], message: str) -> str:
-        self.repo.git.add("--", *rels)
-        self.repo.git.execute(
-            [
-                "git",
-                "commit",
-                "--no-verify",
-                "-q",
-                "-m",
-                message,
-                "--",
-                *rels,
-            ],
-            env=self._identity(),
-        )
+        self._run("commit", "add", "--", *rels)
+        self._run("commit", "commit", "--no-verify", "-q", "-m", message, "--", *rels,
+                  env=self._identity())  # fmt: skip
         return self._head_sha()
 
     def _local_config(self, key: str) -> str:
-        """The repository's own value of `key` ('' when unset)."""
-        import git
-
-        try:
-            return str(self.repo.git.config("--local", "--get", key)).strip()
-        except git.GitCommandError:  # exit 1: not set
-            return ""
+        """The repository's own value of `key` ('' when unset: exit 1)."""
+        proc = run_git(self.root, "config", "--local", "--get", key, env=self._environment)
+        return proc.stdout.decode("utf-8", "replace").strip() if proc.returncode == 0 else ""
 
     def _identity(self) -> dict[str, str]:
         """`_identity_env`, read once per repository (two git commands, not two a commit)."""
@@ -532,9 +378,7 @@ class Repo:
         """The identity of sm120patch's commits: `GIT_AUTHOR_*`/`GIT_COMMITTER_*` when set,
         else the repository's `user.name`/`user.email`, else a clear fallback (never a prompt).
         Git sees no global configuration (`git_env`), so the identity is always given.
-        Read by `git config --local`, not GitPython's config parser: the parser's `__del__`
-        runs wherever the object dies, and a Ctrl-C landing there is printed as an ignored
-        exception's traceback and lost."""
+        Read by `git config --local`."""
         name = self._local_config("user.name") or FALLBACK_NAME
         email = self._local_config("user.email") or FALLBACK_EMAIL
         env = {"GIT_AUTHOR_NAME": name, "GIT_COMMITTER_NAME": name,
