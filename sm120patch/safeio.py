@@ -9,12 +9,17 @@ HOME must not run that user's `~/.gitconfig`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120patch.errors import Refused
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 def user_name(uid: int) -> str:
@@ -214,5 +219,69 @@ def python_command(python: str, *args: str) -> list[str]:
 def clean_command(command: list[str], env: dict[str, str]) -> list[str]:
     """`command` run with exactly `env` (see the module's docstring)."""
     if not os.path.exists(ENV_BIN):
-        return command  # not Linux-like: GitPython's merged environment, less safe but working
+        return command  # not Linux-like: the caller's environment, less safe but working
     return [ENV_BIN, "-i", *(f"{k}={v}" for k, v in env.items()), *command]
+
+
+# `-c` options given to every git command sm120patch runs (they override every config file):
+# a checkout's hooks and configuration are its owner's code, which must not run in
+# sm120patch's process (often root's), reformat the files just verified, or block an
+# unattended run on a prompt (`run_git`, the one way git is run).
+SAFE_CONFIG = (
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "core.fsmonitor=false",
+    "-c", "commit.gpgSign=false",
+    "-c", "tag.gpgSign=false",
+    "-c", "gc.auto=0",
+    "-c", "maintenance.auto=false",
+    "-c", "core.attributesFile=/dev/null",
+)  # fmt: skip
+
+
+def run_git(
+    root: Path, *args: str, env: Mapping[str, str] | None = None, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Every git command sm120patch runs, in `root`: without hooks, fsmonitor, signing, gc or
+    a pager (`SAFE_CONFIG`), with paths never read as pathspec magic, with nothing of the
+    caller's environment (`git_env`, plus `env`: a repository's filters off, an identity), in
+    a session of its own with terminal signals blocked around its start
+    (`_terminal_signals_blocked`), its output captured. GitPython is not used: its import
+    alone would double `status`'s start-up time, and one runner is one set of rules."""
+    import subprocess  # only where there is a checkout: none for installed packages
+
+    command = ["git", *SAFE_CONFIG, "--literal-pathspecs", "--no-pager", "-C", str(root), *args]
+    try:
+        with _terminal_signals_blocked():
+            return subprocess.run(
+                clean_command(command, git_env(dict(env or {}))),
+                input=stdin,
+                stdin=subprocess.DEVNULL if stdin is None else None,
+                capture_output=True,
+                check=False,
+                start_new_session=True,  # a Ctrl-C to the terminal's group never kills it
+            )
+    except OSError as exc:
+        raise Refused(
+            f"cannot run git for {root} ({exc.strerror})",
+            "install git, or point sm120patch at an installed package",
+        ) from None
+
+
+@contextlib.contextmanager
+def _terminal_signals_blocked() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP blocked in this thread around a git command.
+
+    The child is in the terminal's process group from the fork until its `setsid`; a Ctrl-C
+    in that window stays pending in it and kills git once the child unblocks it, before the
+    exec (a rollback's `git branch -D` died so, exit -2). The child inherits the mask, so the
+    signal stays blocked in git, whose own session no terminal signal reaches anyway. Here it
+    stays pending too, and reaches the handler (`interrupts.py`) when the command returns:
+    deferred, never lost."""
+    import signal
+
+    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

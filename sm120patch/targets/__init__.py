@@ -12,7 +12,6 @@ which commit is the base, which tags and files it has) is run here, as every git
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import os
@@ -29,11 +28,12 @@ from sm120patch.patchkit import versions
 from sm120patch.patchkit.kinds import DISPLAY as DISPLAY  # defined with the kinds, read here
 from sm120patch.patchkit.kinds import DIST_NAMES as DIST_NAMES
 from sm120patch.patchkit.kinds import TARGETS, Kind
-from sm120patch.safeio import clean_command, git_env, read_regular, user_name
+from sm120patch.safeio import SAFE_CONFIG as SAFE_CONFIG  # git's rules, kept with its runner
+from sm120patch.safeio import read_regular, user_name
+from sm120patch.safeio import run_git as run_git  # the one git runner, called here by git.py
 
 if TYPE_CHECKING:
-    import subprocess
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Mapping
 
     from packaging.version import Version
 
@@ -293,21 +293,6 @@ def _read_file(path: Path) -> bytes | None:
 
 
 # ---- is it a checkout, and whose --------------------------------------------------------------
-# `-c` options given to every git command sm120patch runs (they override every config file):
-# a checkout's hooks and configuration are its owner's code, which must not run in
-# sm120patch's process (often root's), reformat the files just verified, or block an
-# unattended run on a prompt (`run_git`, the one way git is run).
-SAFE_CONFIG = (
-    "-c", "core.hooksPath=/dev/null",
-    "-c", "core.fsmonitor=false",
-    "-c", "commit.gpgSign=false",
-    "-c", "tag.gpgSign=false",
-    "-c", "gc.auto=0",
-    "-c", "maintenance.auto=false",
-    "-c", "core.attributesFile=/dev/null",
-)  # fmt: skip
-
-
 def work_tree_of(path: Path) -> Path | None:
     """The nearest directory at or above `path` holding a `.git` (found without running git)."""
     for directory in (path, *path.parents):
@@ -379,55 +364,6 @@ def check_owner(root: Path) -> None:
                 f"run sm120patch as {user_name(owner)} (`sudo -u {user_name(owner)} "
                 "sm120patch ...`)",
             )
-
-
-def run_git(
-    root: Path, *args: str, env: Mapping[str, str] | None = None, stdin: bytes | None = None
-) -> subprocess.CompletedProcess[bytes]:
-    """Every git command sm120patch runs, in `root`: without hooks, fsmonitor, signing, gc or
-    a pager (`SAFE_CONFIG`), with paths never read as pathspec magic, with nothing of the
-    caller's environment (`git_env`, plus `env`: a repository's filters off, an identity), in
-    a session of its own with terminal signals blocked around its start
-    (`_terminal_signals_blocked`), its output captured. GitPython is not used: its import
-    alone would double `status`'s start-up time, and one runner is one set of rules."""
-    import subprocess  # only where there is a checkout: none for installed packages
-
-    command = ["git", *SAFE_CONFIG, "--literal-pathspecs", "--no-pager", "-C", str(root), *args]
-    try:
-        with _terminal_signals_blocked():
-            return subprocess.run(
-                clean_command(command, git_env(dict(env or {}))),
-                input=stdin,
-                stdin=subprocess.DEVNULL if stdin is None else None,
-                capture_output=True,
-                check=False,
-                start_new_session=True,  # a Ctrl-C to the terminal's group never kills it
-            )
-    except OSError as exc:
-        raise Refused(
-            f"cannot run git for {root} ({exc.strerror})",
-            "install git, or point sm120patch at an installed package",
-        ) from None
-
-
-@contextlib.contextmanager
-def _terminal_signals_blocked() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP blocked in this thread around a git command.
-
-    The child is in the terminal's process group from the fork until its `setsid`; a Ctrl-C
-    in that window stays pending in it and kills git once the child unblocks it, before the
-    exec (a rollback's `git branch -D` died so, exit -2). The child inherits the mask, so the
-    signal stays blocked in git, whose own session no terminal signal reaches anyway. Here it
-    stays pending too, and reaches the handler (`interrupts.py`) when the command returns:
-    deferred, never lost."""
-    import signal
-
-    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _git_out(root: Path, *args: str) -> str | None:
