@@ -71,6 +71,18 @@ class SiteCase:
         return f"{self.patch_id}@{self.version}"
 
 
+def site_cases() -> list[SiteCase]:
+    """Every patch on every release of this session: what tests/real/test_sites.py checks."""
+    from sm120patch.patchkit.kinds import TARGETS
+
+    return [
+        SiteCase(p.id, kind, v)
+        for kind in TARGETS  # vLLM's too: its sources are cached (maintain/sources.py)
+        for v in release_set(kind)
+        for p in patches_of(kind)
+    ]
+
+
 @dataclass
 class SiteRun:
     """One patch's step on one file: the text it saw and the text it left.
