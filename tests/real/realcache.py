@@ -114,7 +114,7 @@ class SiteRun:
 
     def key(self, known: Fact | None) -> CheckKey:
         """What the patch's check reads: its module, the two texts and the fact it is told."""
-        return (self.patch.id, patch_digest(self.patch.id), digest(self.before),
+        return (self.patch.id, patch_digest(self.patch), digest(self.before),
                 digest(self.after), known)
 
 
@@ -150,9 +150,10 @@ def checked(run: SiteRun, known: Fact | None) -> Spans:
             _checked[key] = check(run.before_ast, run.after_ast, known)
         except AssertionError as exc:
             _checked[key] = exc
+            raise
     found = _checked[key]
-    if isinstance(found, AssertionError):
-        raise found
+    if isinstance(found, AssertionError):  # a fresh error: the first keeps its own traceback
+        raise AssertionError(f"{found} (the same input as a release that failed above)") from found
     return found
 
 
@@ -200,12 +201,15 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-@cache
-def patch_digest(patch_id: str) -> str:
+def patch_digest(patch: Patch) -> str:
     """The sha256 of the module that defines the patch: its transform, sought names and check."""
-    patch = catalog.load().patches[patch_id]
-    module = sys.modules[patch.transform.__module__]
-    assert module.__file__, f"{patch_id}: no source file for {module.__name__}"
+    return _module_digest(patch.transform.__module__)
+
+
+@cache
+def _module_digest(name: str) -> str:
+    module = sys.modules[name]
+    assert module.__file__, f"no source file for {name}"
     return hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()
 
 
@@ -217,7 +221,7 @@ RunKey = tuple[tuple[str, ...], tuple[str, ...], str, str]
 
 def run_key(patches: Sequence[Patch], file: str, text: str) -> RunKey:
     ids = tuple(p.id for p in patches)
-    return ids, tuple(patch_digest(i) for i in ids), file, digest(text)
+    return ids, tuple(patch_digest(p) for p in patches), file, digest(text)
 
 
 class ByBytes:

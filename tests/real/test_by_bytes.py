@@ -88,3 +88,28 @@ def test_a_shared_check_is_what_each_release_gets_alone(real: RealReleases) -> N
     alone = run.patch.check(ast.parse(run.before), ast.parse(run.after), known)
     assert checked(run, known) == shared == alone
     assert first.target.version != run.target.version
+
+
+def test_a_failing_check_fails_every_release_that_shares_its_input(real: RealReleases) -> None:
+    """A check that fails on one release's input fails each release with the same input; it
+    runs once."""
+    from dataclasses import replace
+
+    from realcache import release_set
+
+    calls = []
+
+    def failing(before: ast.Module, after: ast.Module, known: object) -> object:
+        calls.append(known)
+        raise AssertionError("the site moved")
+
+    runs = [real.site(SiteCase(PATCH, "sglang", v)) for v in release_set("sglang")]
+    shared = [r for r in runs if r.before == runs[0].before and r.file == runs[0].file]
+    assert len(shared) >= 2
+    fact = judged(PATCH, "sglang", shared[0].target.version)
+    for run in shared:
+        # A patch of its own id (so its own key): the real check's answers stay as they are.
+        run = replace(run, patch=replace(run.patch, id=f"{PATCH}.failing", check=failing))
+        with pytest.raises(AssertionError, match="the site moved"):
+            checked(run, fact)
+    assert len(calls) == 1
