@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -44,11 +45,146 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-c", HOOKED, *args]
 
 
+# The fork server: one helper process that has imported the tool once and forks a child per
+# run. The child is a real process (its own pid, killed by a real signal, its own process group
+# where asked) that starts where a fresh `python -c HOOKED` would after its imports: about
+# 0.3 s of imports saved per child, over the few hundred children the kill and signal tests
+# start. SM120PATCH_TEST_FORK=0 starts a fresh interpreter per child instead.
+FORK_ENV = "SM120PATCH_TEST_FORK"
+SERVER = (
+    "import json, os, runpy, sys\n"
+    "import sm120patch.engine.interrupts as hooks\n"
+    # What an apply, a revert and a recover import: loaded before any fork, never run.
+    "import libcst, sm120patch.cli, sm120patch.engine.apply, sm120patch.engine.revert\n"
+    "import sm120patch.engine.recover, sm120patch.plan.planner, sm120patch.plan.catalog\n"
+    "def child(req):\n"
+    "    if req['session']:\n"
+    "        os.setsid()\n"
+    "    os.chdir(req['cwd'])\n"
+    "    os.environ.clear()\n"
+    "    os.environ.update(req['env'])\n"
+    "    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),\n"
+    "                            (1, req['out'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),\n"
+    "                            (2, req['err'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):\n"
+    "        os.dup2(os.open(path, flags, 0o600), fd)\n"
+    "    hooks.TEST_HOOKS = True\n"
+    "    sys.argv = ['-c', *req['args']]\n"
+    # As `python -c HOOKED` goes on: the exit status and any traceback are the interpreter's.
+    "    runpy.run_module('sm120patch', run_name='__main__', alter_sys=True)\n"
+    "    sys.exit(0)\n"
+    "for line in sys.stdin:\n"
+    "    req = json.loads(line)\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        child(req)\n"
+    "    print(pid, flush=True)\n"
+    "    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)\n"
+)
+
+
+def _line(fd: int, timeout: float | None) -> str | None:
+    """One line from the server, unbuffered (a buffered reader could hold a status that select
+    then never sees); None if none came within `timeout`."""
+    import select
+
+    got = b""
+    while not got.endswith(b"\n"):
+        if not got and not select.select([fd], [], [], timeout)[0]:
+            return None
+        byte = os.read(fd, 1)
+        assert byte, "the fork server ended"
+        got += byte
+    return got.decode()
+
+
+class Child:
+    """A child of the fork server, read as a subprocess.Popen is: pid, poll, wait, returncode,
+    send_signal, communicate (its output goes to files, read at the end)."""
+
+    def __init__(self, fd: int, pid: int, out: Path, err: Path) -> None:
+        self._fd, self.pid, self._out, self._err = fd, pid, out, err
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self._status(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        status = self._status(timeout)
+        if status is None:
+            raise subprocess.TimeoutExpired("sm120patch", timeout or 0)
+        return status
+
+    def _status(self, timeout: float | None) -> int | None:
+        if self.returncode is None:
+            line = _line(self._fd, timeout)
+            if line is not None:
+                self.returncode = int(line)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def communicate(self) -> tuple[str, str]:
+        self.wait()
+        return self._out.read_text(errors="replace"), self._err.read_text(errors="replace")
+
+
+_server: subprocess.Popen[bytes] | None = None
+_pending: list[Child] = []  # the child the server is waiting for: its status comes first
+_outputs: list[Path] = []  # one directory for every child's stdout and stderr
+
+
+def _fork_server() -> subprocess.Popen[bytes]:
+    global _server
+    if _server is None or _server.poll() is not None:
+        _server = subprocess.Popen(
+            [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            bufsize=0, start_new_session=True,  # a group SIGINT is not its own
+        )  # fmt: skip
+    return _server
+
+
+def popen(
+    args: list[str], env: dict[str, str] | None = None, *, session: bool = False
+) -> Child | subprocess.Popen[str]:
+    """sm120patch started as a process of its own (the fork server's child), its stdout and
+    stderr kept for `communicate`; `session`: in a process group of its own."""
+    import tempfile
+
+    if os.environ.get(FORK_ENV, "1") == "0":
+        return subprocess.Popen(command(*args), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                start_new_session=session)  # fmt: skip
+    if not _outputs:
+        import atexit
+        import shutil
+
+        _outputs.append(Path(tempfile.mkdtemp(prefix="sm120kill-")))
+        atexit.register(shutil.rmtree, _outputs[0], True)
+    for earlier in _pending:  # a test that failed before it waited for its child
+        earlier.wait()
+    _pending.clear()
+    n = len(list(_outputs[0].iterdir()))
+    out, err = _outputs[0] / f"{n}.out", _outputs[0] / f"{n + 1}.err"
+    server = _fork_server()
+    assert server.stdin is not None and server.stdout is not None
+    request = {"args": list(args), "env": dict(env if env is not None else os.environ),
+               "session": session, "cwd": os.getcwd(), "out": str(out), "err": str(err)}
+    server.stdin.write((json.dumps(request) + "\n").encode())
+    server.stdin.flush()
+    fd = server.stdout.fileno()
+    child = Child(fd, int(_line(fd, None) or ""), out, err)
+    _pending.append(child)
+    return child
+
+
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """sm120patch as a process of its own, with extra environment variables."""
-    return subprocess.run(
-        command(*args), env={**os.environ, **(env or {})}, capture_output=True, text=True
-    )
+    proc = popen(list(args), {**os.environ, **(env or {})})
+    out, err = proc.communicate()
+    return subprocess.CompletedProcess(command(*args), proc.returncode or 0, out, err)
 
 
 def steps_of(tmp: Path, *args: str) -> list[str]:
@@ -82,13 +218,7 @@ def kill_after(
         after_trace.unlink(missing_ok=True)
         env = {**os.environ, TRACE_ENV: str(after_trace)}
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        command(*args),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        start_new_session=True,  # its own process group, as under a shell or a service
-    )
+    proc = popen(args, env, session=True)  # its own process group, as under a shell or a service
     if after_trace is not None:
         while proc.poll() is None and not after_trace.exists():
             time.sleep(0.001)

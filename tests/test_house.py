@@ -178,3 +178,18 @@ def test_the_module_check_finds_an_unnamed_module(tmp_path):
         (tmp_path / rel).write_text("x = 1\n" if "__init__" not in rel else "")
     doc = "| `plan/` | q | the planner (`planner.py`) |\n\n`p_one.py`\n\nsee `extra.py`\n"
     assert unnamed_modules(doc, tmp_path) == ["sm120patch/plan/extra.py"]
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    """.ci/run times the README's test command one step at a time: its steps, joined by &&,
+    are that command, in its order."""
+    import re
+    import shlex
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (command,) = {m.strip() for m in re.findall(r"^ *(pip install -e .*)$", readme, re.M)}
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    steps = [shlex.split(line)[2:] for line in ci.splitlines() if line.startswith("timed ")]
+    assert " && ".join(shlex.join(s) for s in steps) == shlex.join(shlex.split(command)).replace(
+        " '&&' ", " && "
+    )

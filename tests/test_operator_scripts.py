@@ -19,6 +19,8 @@ from trees import make_tree
 
 from sm120patch import render
 
+ROOT = Path(__file__).resolve().parents[1]
+
 SCRIPT = Path(sys.executable).with_name("sm120patch")  # the console script of this venv
 
 
@@ -127,28 +129,52 @@ def shared():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _as(user, *args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    """The tool run as `user` (another uid), from this venv's packages by the system's Python."""
+_TOOL = ("import site, sys; site.addsitedir(sys.argv.pop(1)); from sm120patch.cli import run;"
+         " sys.argv[0] = 'sm120patch'; run()")  # fmt: skip
+
+
+def _command(user, python: str, code: str, *args: str) -> list[str]:
+    """`code` run by `python` as `user` (another uid), with this venv's packages on its path."""
     site = sysconfig.get_paths()["purelib"]
-    code = ("import site, sys; site.addsitedir(sys.argv.pop(1)); from sm120patch.cli import run;"
-            " sys.argv[0] = 'sm120patch'; run()")  # fmt: skip
-    return subprocess.run(
-        ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--",
-         sys.executable if os.access(sys.executable, os.X_OK) else PYTHON,
-         "-c", code, site, *args],
-        capture_output=True, text=True, cwd="/",
-        env={"PATH": "/usr/bin:/bin", "HOME": str(home), "LC_ALL": "C"},
-    )  # fmt: skip
+    return ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--",
+            python, "-c", code, site, *args]  # fmt: skip
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "HOME": str(home), "LC_ALL": "C"}
+
+
+def readers_python(user) -> str:
+    """The interpreter `user` can run the tool with: this venv's, else the system's with this
+    venv's packages. Skips, saying why, where that uid can run neither or cannot read the
+    checkout (a venv or a checkout under a home other users cannot enter, as /root often is)."""
+    probe = "import site, sys; site.addsitedir(sys.argv.pop(1)); import sm120patch.cli"
+    tried = []
+    for python in dict.fromkeys((sys.executable, PYTHON)):
+        proc = subprocess.run(_command(user, python, probe), capture_output=True, text=True,
+                              cwd="/", env=_env(Path("/")))  # fmt: skip
+        if proc.returncode == 0:
+            return python
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        tried.append(f"{python}: {last}")
+    pytest.skip(
+        f"uid {user.uid} cannot run the tool from this checkout ({ROOT}) with this venv's "
+        f"packages ({sysconfig.get_paths()['purelib']}): {'; '.join(tried)}. Put the checkout "
+        "and the venv where other users may read them to run this test"
+    )
+
+
+def _as(user, *args: str, home: Path, python: str) -> subprocess.CompletedProcess[str]:
+    """The tool run as `user` (another uid), from this venv's packages."""
+    return subprocess.run(_command(user, python, _TOOL, *args), capture_output=True, text=True,
+                          cwd="/", env=_env(home))  # fmt: skip
 
 
 def test_a_reader_dry_runs_checks_and_reads_a_tree_it_cannot_write(reader, shared):
     """A root-owned environment another user may read but not write: the dry run prints the
     diff and says what the apply would refuse; status, doctor, list and show answer; the apply
     refuses naming the owner (no "as root (or root)"); nothing is written anywhere."""
-    probe = subprocess.run(["setpriv", f"--reuid={reader.uid}", "--", sys.executable, "-c", ""],
-                           capture_output=True)  # fmt: skip
-    if probe.returncode != 0:
-        pytest.skip("this venv's interpreter cannot be run by another user here")
+    python = readers_python(reader)
     sg = make_tree(shared, "sglang", "0.5.8", "installed")
     for path in [shared, *shared.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -156,15 +182,16 @@ def test_a_reader_dry_runs_checks_and_reads_a_tree_it_cannot_write(reader, share
     before = tree_hash(sg)
 
     dry = _as(reader, "apply", "moe", "--dry-run", "--sglang", str(sg), "--no-gpu-check",
-              home=home)  # fmt: skip
+              home=home, python=python)  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.startswith("diff --git") or "+++ b/sglang/srt/server_args.py" in dry.stdout
     assert "the apply would refuse" in dry.stderr and "may not write" in dry.stderr, dry.stderr
     for args in (["status", "--check"], ["doctor"], ["list"], ["show", "moe"]):
         proc = _as(reader, *args, *(["--sglang", str(sg)] if args[0] in ("status", "doctor")
-                                      else []), home=home)  # fmt: skip
+                                      else []), home=home, python=python)  # fmt: skip
         assert proc.returncode == 0, (args, proc.stderr)
-    real = _as(reader, "apply", "moe", "--sglang", str(sg), "--no-gpu-check", home=home)
+    real = _as(reader, "apply", "moe", "--sglang", str(sg), "--no-gpu-check", home=home,
+               python=python)
     assert real.returncode == 1 and "may not write" in real.stderr, real.stderr
     assert "(or root)" not in real.stderr
     assert tree_hash(sg) == before and not (sg / ".sm120patch").exists()

@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from killing import KILL_ENV, TRACE_ENV, States, cli, command, kill_after, run, steps_of
+from killing import KILL_ENV, TRACE_ENV, States, cli, kill_after, popen, run, steps_of
 from trees import make_tree
 
 LAYOUTS = ["git", "installed"]
@@ -241,12 +240,7 @@ def timed_run(args: list[str], tmp: Path) -> tuple[float, float, float]:
     trace = tmp / "timing.txt"
     trace.unlink(missing_ok=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        command(*args),
-        env={**os.environ, TRACE_ENV: str(trace)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = popen(args, {**os.environ, TRACE_ENV: str(trace)})
     first = last = None
     size = 0
     while proc.poll() is None:

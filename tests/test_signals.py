@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from killing import KILL_ENV, States, cli, command, fail_writes, run
+from killing import KILL_ENV, States, cli, command, fail_writes, popen, run
 from test_reliability_kill import (
     apply_args,
     assert_settled,
@@ -132,13 +132,7 @@ def test_sigint_during_recover_finishes_it(tmp_path):
 def sigint_after(args: list[str], delay: float, times: int) -> subprocess.CompletedProcess[str]:
     """Start sm120patch in a process group of its own and, after `delay` seconds, send SIGINT
     to that whole group `times` times (30 ms apart), as a terminal's Ctrl-C does."""
-    proc = subprocess.Popen(
-        command(*args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = popen(args, session=True)
     time.sleep(delay)
     for _ in range(times):
         try:
@@ -147,7 +141,7 @@ def sigint_after(args: list[str], delay: float, times: int) -> subprocess.Comple
             break
         time.sleep(0.03)
     out, err = proc.communicate()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return subprocess.CompletedProcess(command(*args), proc.returncode or 0, out, err)
 
 
 def test_sigint_to_the_whole_group_at_real_moments(trees, tmp_path):  # noqa: F811

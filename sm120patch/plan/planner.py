@@ -7,7 +7,7 @@ that one parse, in profile order.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -105,10 +105,14 @@ def plan_target(
     patches: list[Patch],
     target: Target,
     given: Mapping[str, str] | None = None,
+    run: Callable[[list[Patch], str, str], FileResult] = transform_text,
 ) -> TargetPlan:
-    """The plan of one target: each file it reads parsed once, its patches run in order."""
+    """The plan of one target: each file it reads parsed once, its patches run in order.
+
+    `run` is the file's transform; the real-release tests pass one that remembers results by
+    the file's bytes (a pure function of the patches, the file's path and its text)."""
     pending = _prepare(patches, target, given)
-    return _finish(profile, pending, [transform_text(*job) for job in pending.jobs()])
+    return _finish(profile, pending, [run(*job) for job in pending.jobs()])
 
 
 @dataclass

@@ -12,7 +12,7 @@ shared by the tests through the session-scoped `real` fixture.
 from __future__ import annotations
 
 import pytest
-from realcache import FULL_ENV, RealReleases, SiteCase, full_run, patches_of, release_set
+from realcache import FULL_ENV, RealReleases, SiteCase, full_run, release_set, site_cases
 
 from sm120patch.maintain import releases
 from sm120patch.patchkit.kinds import TARGETS
@@ -59,12 +59,6 @@ def _cases_of(item: pytest.Item) -> list[SiteCase]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "site_case" in metafunc.fixturenames:
-        cases = [
-            SiteCase(p.id, kind, v)
-            for kind in TARGETS  # vLLM's too: its sources are cached (maintain/sources.py)
-            for v in release_set(kind)
-            for p in patches_of(kind)
-        ]
-        metafunc.parametrize("site_case", cases, ids=str)
+        metafunc.parametrize("site_case", site_cases(), ids=str)
     if "sglang_version" in metafunc.fixturenames:
         metafunc.parametrize("sglang_version", release_set("sglang"))

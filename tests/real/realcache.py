@@ -10,19 +10,24 @@ to 330 kB (SGLang's server_args.py), a few seconds each, and the releases are in
 from __future__ import annotations
 
 import ast
+import copy
+import hashlib
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cache, cached_property, lru_cache
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
 from sm120patch import targets
 from sm120patch.maintain import releases, sources, trees
+from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Outcome, Patch, Status
 from sm120patch.patchkit.runner import FileResult, transform_text
+from sm120patch.patchkit.sitecheck import Spans
 from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.planner import plan_target
@@ -66,6 +71,18 @@ class SiteCase:
         return f"{self.patch_id}@{self.version}"
 
 
+def site_cases() -> list[SiteCase]:
+    """Every patch on every release of this session: what tests/real/test_sites.py checks."""
+    from sm120patch.patchkit.kinds import TARGETS
+
+    return [
+        SiteCase(p.id, kind, v)
+        for kind in TARGETS  # vLLM's too: its sources are cached (maintain/sources.py)
+        for v in release_set(kind)
+        for p in patches_of(kind)
+    ]
+
+
 @dataclass
 class SiteRun:
     """One patch's step on one file: the text it saw and the text it left.
@@ -85,14 +102,59 @@ class SiteRun:
     after: str
     rerun: FileResult | None  # only for an applied site
 
-    # Parsed once per session: several tests read the same 330 kB file's syntax tree.
+    # Parsed once per session and per distinct text: several tests, and many releases, read
+    # the same 330 kB file's syntax tree (the checks only read it).
     @cached_property
     def before_ast(self) -> ast.Module:
-        return ast.parse(self.before)
+        return parsed(self.before)
 
     @cached_property
     def after_ast(self) -> ast.Module:
-        return ast.parse(self.after)
+        return parsed(self.after)
+
+    def key(self, known: Fact | None) -> CheckKey:
+        """What the patch's check reads: its module, the two texts and the fact it is told."""
+        return (self.patch.id, patch_digest(self.patch), digest(self.before),
+                digest(self.after), known)
+
+
+# (patch id, its module's digest, digest of the text before, digest of the text after, fact)
+CheckKey = tuple[str, str, str, str, "Fact | None"]
+
+
+@lru_cache(maxsize=64)
+def parsed(text: str) -> ast.Module:
+    return ast.parse(text)
+
+
+@cache
+def compiles(text: str, file: str) -> bool:
+    """compile() once per distinct text (a SyntaxError is raised again on each call)."""
+    compile(text, file, "exec", dont_inherit=True)
+    return True
+
+
+_checked: dict[CheckKey, Spans | AssertionError] = {}
+
+
+def checked(run: SiteRun, known: Fact | None) -> Spans:
+    """The patch's own check (Patch.check) on the run, once per CheckKey in a session: a
+    check is a function of the two trees and the fact alone (`Check`'s signature), so the
+    releases whose site bytes are equal share one answer, a failure included."""
+    check = run.patch.check
+    assert check is not None, f"{run.patch.id} declares no check (Patch(check=...))"
+    assert known is not None
+    key = run.key(known)
+    if key not in _checked:
+        try:
+            _checked[key] = check(run.before_ast, run.after_ast, known)
+        except AssertionError as exc:
+            _checked[key] = exc
+            raise
+    found = _checked[key]
+    if isinstance(found, AssertionError):  # a fresh error: the first keeps its own traceback
+        raise AssertionError(f"{found} (the same input as a release that failed above)") from found
+    return found
 
 
 def chain_of(patch_id: str) -> tuple[str, ...]:
@@ -144,13 +206,81 @@ def find_target(kind: str, version: str) -> Target:
     return found
 
 
-def run_chain(key: ChainKey) -> RawRuns:
-    """Plan a whole chain once on one release and cut it into one step per patch; run every
-    applied patch a second time on its own output. Runs in a worker process."""
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def patch_digest(patch: Patch) -> str:
+    """The sha256 of the module that defines the patch: its transform, sought names and check."""
+    return _module_digest(patch.transform.__module__)
+
+
+@cache
+def _module_digest(name: str) -> str:
+    module = sys.modules[name]
+    assert module.__file__, f"no source file for {name}"
+    return hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()
+
+
+# (patch ids in order, their modules' digests, the file's path, the digest of its text): what
+# a transform reads. transform_text is a function of exactly these, so a key that is equal
+# means a result that is equal; the release's version and its other files are not in it.
+RunKey = tuple[tuple[str, ...], tuple[str, ...], str, str]
+
+
+def run_key(patches: Sequence[Patch], file: str, text: str) -> RunKey:
+    ids = tuple(p.id for p in patches)
+    return ids, tuple(patch_digest(p) for p in patches), file, digest(text)
+
+
+class ByBytes:
+    """transform_text remembered by its RunKey: byte-identical input runs once per process.
+
+    What depends on the release beyond the file (its version's facts and notes, the names its
+    other modules define) is judged by the planner after the transform, on every release."""
+
+    def __init__(self) -> None:
+        self.results: dict[RunKey, FileResult] = {}
+        self.ran = 0
+
+    def __call__(self, patches: Sequence[Patch], file: str, text: str) -> FileResult:
+        key = run_key(patches, file, text)
+        if key not in self.results:
+            self.ran += 1
+            self.results[key] = _without_trees(transform_text(patches, file, text))
+        # The planner replaces a result's outcomes and changes (never edits them in place):
+        # each release gets its own shell around the shared texts and trees.
+        return copy.copy(self.results[key])
+
+
+@dataclass
+class _Kept(FileResult):
+    """A FileResult kept without its libcst trees (a chain over 15 releases of server_args.py
+    would hold 15 of them), with what the planner still asks of the trees worked out first."""
+
+    added: frozenset[tuple[str, str]] = frozenset()
+
+    def imports_added(self) -> set[tuple[str, str]]:
+        return set(self.added)
+
+
+def _without_trees(result: FileResult) -> _Kept:
+    kept = _Kept(result.file, result.before, result.after, list(result.outcomes), [],
+                 list(result.texts), None, frozenset(result.imports_added()))
+    kept.steps = [(pid, None) for pid, _ in result.steps]  # refuse_all reads the ids
+    return kept
+
+
+def run_chain(key: ChainKey, by_bytes: ByBytes | None = None) -> RawRuns:
+    """Plan a whole chain on one release and cut it into one step per patch; run every applied
+    patch a second time on its own output."""
     chain, kind, version = key
+    run = by_bytes or ByBytes()
     cat = catalog.load()
     target = find_target(kind, version)
-    planned = plan_target(chain_profile(chain, kind), [cat.patches[p] for p in chain], target)
+    planned = plan_target(
+        chain_profile(chain, kind), [cat.patches[p] for p in chain], target, run=run
+    )
     runs: RawRuns = {}
     for result in planned.files:
         text = result.before
@@ -159,12 +289,22 @@ def run_chain(key: ChainKey) -> RawRuns:
             after = steps.get(outcome.patch, text)
             rerun = None
             if outcome.status is Status.APPLIED:
-                rerun = transform_text([cat.patches[outcome.patch]], result.file, after)
+                rerun = run([cat.patches[outcome.patch]], result.file, after)
             runs[outcome.patch] = (outcome, result.file, text, after, rerun)
             text = after
     missing = set(chain) - set(runs)
     assert not missing, f"no outcome for {sorted(missing)} on {kind} {version}"
     return runs
+
+
+def run_chains(job: tuple[tuple[str, ...], str, tuple[str, ...]]) -> tuple[list[RawRuns], int]:
+    """One chain on each of several releases, in a worker process, sharing one ByBytes: a
+    release whose files hold the same bytes as an earlier one's costs no transform. Also
+    returns how many transforms ran."""
+    chain, kind, versions = job
+    by_bytes = ByBytes()
+    runs = [run_chain((chain, kind, v), by_bytes) for v in versions]
+    return runs, by_bytes.ran
 
 
 def _step_texts(result: FileResult) -> list[tuple[str, str]]:
@@ -186,6 +326,7 @@ class RealReleases:
         self._targets: dict[tuple[str, str], Target] = {}
         self._chains: dict[ChainKey, RawRuns] = {}
         self._sites: dict[SiteCase, SiteRun] = {}
+        self.transforms_run = 0
 
     def tree(self, kind: str, version: str) -> Path:
         return release_tree(kind, version)  # built once per cache; cheap to look up after
@@ -197,20 +338,27 @@ class RealReleases:
         return self._targets[key]
 
     def warm(self, cases: Iterable[SiteCase]) -> None:
-        """Run every chain these cases need, in parallel; the trees get built on the way."""
+        """Run every chain these cases need, in parallel: one job per chain, over every release
+        it is needed on, so that identical bytes run once (ByBytes)."""
         wanted = {(chain_of(c.patch_id), c.kind, c.version) for c in cases}
-        keys = sorted(wanted - set(self._chains))
-        if not keys:
-            return
-        n = min(workers(), len(keys))
-        if n == 1:
-            results = map(run_chain, keys)
-            self._chains.update(zip(keys, results, strict=True))
+        by_chain: dict[tuple[tuple[str, ...], str], list[str]] = {}
+        for chain, kind, version in sorted(wanted - set(self._chains)):
+            by_chain.setdefault((chain, kind), []).append(version)
+        jobs = [(chain, kind, tuple(vs)) for (chain, kind), vs in by_chain.items()]
+        if not jobs:
             return
         # Biggest first (SGLang's server_args.py), so the pool does not end on a long tail.
-        keys.sort(key=lambda k: (k[1] != "sglang", -len(k[0])))
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            self._chains.update(zip(keys, pool.map(run_chain, keys), strict=True))
+        jobs.sort(key=lambda j: (j[1] != "sglang", -len(j[0]) * len(j[2])))
+        n = min(workers(), len(jobs))
+        if n == 1:
+            results = list(map(run_chains, jobs))
+        else:
+            with ProcessPoolExecutor(max_workers=n) as pool:
+                results = list(pool.map(run_chains, jobs))
+        for (chain, kind, versions), (runs, ran) in zip(jobs, results, strict=True):
+            self.transforms_run += ran
+            for version, r in zip(versions, runs, strict=True):
+                self._chains[(chain, kind, version)] = r
 
     def site(self, case: SiteCase) -> SiteRun:
         if case not in self._sites:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 from expected import Fact, judged
-from realcache import RealReleases, SiteCase, SiteRun
+from realcache import RealReleases, SiteCase, SiteRun, checked, compiles
 
 from sm120patch.patchkit import sitecheck
 from sm120patch.patchkit.model import Status
-from sm120patch.patchkit.sitecheck import Check, Spans
+from sm120patch.patchkit.sitecheck import Spans
 
 pytestmark = pytest.mark.real
 
@@ -51,17 +51,16 @@ def test_outcome(real: RealReleases, site_case: SiteCase) -> None:
 def test_compiles_or_untouched(real: RealReleases, site_case: SiteCase) -> None:
     run, _ = _run(real, site_case)
     if run.outcome.status is Status.APPLIED:
-        compile(run.after, run.file, "exec", dont_inherit=True)
+        assert compiles(run.after, run.file)
     else:
         assert run.after == run.before, f"{run.outcome.status} but the text changed"
 
 
-def _check(run: SiteRun) -> Check:
-    """The patch's own check; a library patch without one fails tests/test_one_home.py."""
+def _check(run: SiteRun, known: Fact) -> sitecheck.Spans:
+    """The patch's own check, once per distinct input (realcache.checked); a library patch
+    without one fails tests/test_one_home.py."""
     assert __debug__, "a check asserts: run the real tier without -O"
-    check = run.patch.check
-    assert check is not None, f"{run.patch.id} declares no check (Patch(check=...))"
-    return check
+    return checked(run, known)
 
 
 def test_intended_node(real: RealReleases, site_case: SiteCase) -> None:
@@ -71,16 +70,16 @@ def test_intended_node(real: RealReleases, site_case: SiteCase) -> None:
     ):
         # Upstream must mean the release itself carries the change: the check says how, for
         # the patches with upstream facts, and nothing may change.
-        assert _check(run)(run.before_ast, run.after_ast, known) == Spans()
+        assert _check(run, known) == Spans()
         return
     known = _must_be_applied(run, known)
-    _check(run)(run.before_ast, run.after_ast, known)
+    _check(run, known)
 
 
 def test_only_site_lines_change(real: RealReleases, site_case: SiteCase) -> None:
     run, known = _run(real, site_case)
     known = _must_be_applied(run, known)
-    spans = _check(run)(run.before_ast, run.after_ast, known)
+    spans = _check(run, known)
     sitecheck.only_in(run.before, run.after, spans)
 
 
