@@ -175,44 +175,6 @@ FACTS = (
 )
 
 
-def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
-    """The admission test reads `(9, 10, 12)`; right after `if sm_major == 10:` comes `elif
-    sm_major == 12:` with exactly the patch's body (CUDA 13, the SM120 kernel loaded, chunk 8192,
-    fp32 state); with both taken back, the file is the release's."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
-
-    def parts(tree: ast.Module) -> tuple[ast.Compare, ast.If]:
-        func = sc.one_function(tree, fact.function)
-        admit = sc.one([c for c in ast.walk(func) if isinstance(c, ast.Compare)
-                        and ast.unparse(c) in (ADMIT_OLD, ADMIT_NEW)], "admission test")
-        sm100 = sc.direct_if(func.body, SM100_TEST)
-        return admit, sm100
-
-    admit_b, sm100_b = parts(before)
-    assert ast.unparse(admit_b) == ADMIT_OLD, ast.unparse(admit_b)
-    assert len(sm100_b.orelse) > 0 and not isinstance(sm100_b.orelse[0], ast.If), "no else"
-    restored = copy.deepcopy(after)
-    admit, sm100 = parts(restored)
-    assert ast.unparse(admit) == ADMIT_NEW, ast.unparse(admit)
-    assert len(sm100.orelse) == 1 and isinstance(sm100.orelse[0], ast.If), "no elif after it"
-    ours = sm100.orelse[0]
-    assert ast.unparse(ours.test) == SM120_TEST, ast.unparse(ours.test)
-    want = ast.parse(BRANCH).body[0]
-    assert isinstance(want, ast.If)
-    assert [ast.dump(s) for s in ours.body] == [ast.dump(s) for s in want.body], (
-        ast.unparse(ours))
-    spans = sc.Spans([sc.span(admit_b), sc.span(sm100_b)],
-                     [sc.span(admit), sc.span(sm100)])
-    # Take the change back: the file must be the release's.
-    sm100.orelse = ours.orelse
-    assert isinstance(admit.comparators[0], ast.Tuple)
-    admit.comparators[0].elts = admit.comparators[0].elts[:2]
-    sc.same_but(before, restored, "the admission test and the SM120 branch")
-    return spans
-
-
 def explain_read(site: Site) -> Reading:
     """What `flashinfer_gdn_prefill_default` decides for a GDN model (head dims 128) with no
     --linear-attn-prefill-backend, the Triton decode backend, static chunking: per domain (state
@@ -317,6 +279,44 @@ def explain_row(answer: Answer) -> str:
 
 EXPLAIN = Explain(name="gdn_prefill", label="GDN prefill default", read=explain_read,
                   row=explain_row)
+
+
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """The admission test reads `(9, 10, 12)`; right after `if sm_major == 10:` comes `elif
+    sm_major == 12:` with exactly the patch's body (CUDA 13, the SM120 kernel loaded, chunk 8192,
+    fp32 state); with both taken back, the file is the release's."""
+    import copy
+
+    from sm120patch.patchkit import sitecheck as sc
+
+    def parts(tree: ast.Module) -> tuple[ast.Compare, ast.If]:
+        func = sc.one_function(tree, fact.function)
+        admit = sc.one([c for c in ast.walk(func) if isinstance(c, ast.Compare)
+                        and ast.unparse(c) in (ADMIT_OLD, ADMIT_NEW)], "admission test")
+        sm100 = sc.direct_if(func.body, SM100_TEST)
+        return admit, sm100
+
+    admit_b, sm100_b = parts(before)
+    assert ast.unparse(admit_b) == ADMIT_OLD, ast.unparse(admit_b)
+    assert len(sm100_b.orelse) > 0 and not isinstance(sm100_b.orelse[0], ast.If), "no else"
+    restored = copy.deepcopy(after)
+    admit, sm100 = parts(restored)
+    assert ast.unparse(admit) == ADMIT_NEW, ast.unparse(admit)
+    assert len(sm100.orelse) == 1 and isinstance(sm100.orelse[0], ast.If), "no elif after it"
+    ours = sm100.orelse[0]
+    assert ast.unparse(ours.test) == SM120_TEST, ast.unparse(ours.test)
+    want = ast.parse(BRANCH).body[0]
+    assert isinstance(want, ast.If)
+    assert [ast.dump(s) for s in ours.body] == [ast.dump(s) for s in want.body], (
+        ast.unparse(ours))
+    spans = sc.Spans([sc.span(admit_b), sc.span(sm100_b)],
+                     [sc.span(admit), sc.span(sm100)])
+    # Take the change back: the file must be the release's.
+    sm100.orelse = ours.orelse
+    assert isinstance(admit.comparators[0], ast.Tuple)
+    admit.comparators[0].elts = admit.comparators[0].elts[:2]
+    sc.same_but(before, restored, "the admission test and the SM120 branch")
+    return spans
 
 
 PATCH = Patch(

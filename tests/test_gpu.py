@@ -160,7 +160,7 @@ def test_doctor_json(tmp_path, mocker):
     fake_nvml(mocker, [RTX])
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
     fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
-    old = make_tree(tmp_path / "old", "flashinfer", "0.6.1", "git")
+    old = make_tree(tmp_path / "old", "flashinfer", "0.6.5", "git")  # the garbage report's release
     result = CliRunner().invoke(
         main, ["doctor", "--sglang", str(sg), "--flashinfer", str(fi), "--json"]
     )
@@ -184,7 +184,7 @@ def test_doctor_json(tmp_path, mocker):
     doc = json.loads(result.stdout)
     moe = {p["name"]: p for p in doc["profiles"]}["moe"]
     assert moe["pinned"] is True and moe["refused"] and moe["condemned"]
-    assert "moe is not recommended here: profile moe refuses FlashInfer 0.6.1" in (
+    assert "moe is not recommended here: profile moe refuses FlashInfer 0.6.5" in (
         doc["recommendation"]
     )
     assert "recommended here: moe" not in doc["recommendation"]

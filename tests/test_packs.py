@@ -210,7 +210,7 @@ def test_new_patch_writes_module_facts_profile_and_test(tmp_path):
     ],
 )
 def test_new_patch_bad_input(tmp_path, extra, message):
-    code, _, err = cli("new-patch", "flashinfer.x", "--target", "flashinfer", "--file", "f.py",
+    code, _, err = cli("new-patch", "flashinfer.x", "--target", "flashinfer", "--file", "flashinfer/f.py",
                        "--function", "f", "--dir", str(tmp_path / "p"), *extra)
     assert code == 2 and message in err, err
 

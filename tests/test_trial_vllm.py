@@ -181,7 +181,7 @@ def test_vllm_trial_kept_on_its_own_log_lines(pack, tree, tmp_path, fake_nvml):
 
     entry, = _parse((tmp_path / "mine.toml").read_text(), "mine.toml", "")
     assert entry.condition["vllm"] == "==0.34.0" and entry.condition["tp"] == "==2"
-    assert entry.outcome == "faster" and "vllm ==0.34.0" in entry.line()
+    assert entry.outcome == "faster" and "vllm == 0.34.0" in entry.line()
     here = Box(versions={"vllm": "0.34.0"}, gpu_family="sm120", gpus=2, tp=2)
     assert matches(entry, "vmoe-test", here)
     assert not matches(entry, "vmoe-test", Box(versions={"vllm": "0.33.0"}, gpu_family="sm120",
