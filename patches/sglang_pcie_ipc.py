@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status
+from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
 
 # The check is imported where it runs (the real tier): every command loads this module.
 if TYPE_CHECKING:
@@ -163,6 +164,62 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     return sc.Spans([], [*spans.after, sc.with_blank_lines(helper, 2)])
 
 
+def explain_read(site: Site) -> Reading:
+    """What the release's own `eligible_group` answers for a TP group of four GPUs (visible as
+    0,1,2,3), per SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (unset, "0", "1") and per fabric (NVML's NVLink
+    answer held: "pcie" none, "nvlink" full), with deterministic inference off. The variable is
+    restored after each call. Runs in the target's interpreter (patchkit.readers)."""
+    import importlib
+    import os
+    from typing import Any
+
+    var = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+    utils: Any
+    try:
+        module = importlib.import_module(site.modules[0])
+        utils = importlib.import_module(
+            "sglang.srt.distributed.device_communicators.custom_all_reduce_utils")
+    except Exception as exc:
+        return {"error": site.error(exc)}
+    decide = getattr(module, site.functions[0])
+    saved = {k: os.environ.get(k) for k in (var, "CUDA_VISIBLE_DEVICES")}
+    saved_nvlink = utils.is_full_nvlink
+    decisions: dict[str, object] = {}
+    try:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0,1,2,3"
+        for fabric in ("pcie", "nvlink"):
+            utils.is_full_nvlink = lambda ids, n, full=fabric == "nvlink": full
+            for value in (None, "0", "1"):
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+                key = f"{fabric}/{var}={'unset' if value is None else value}"
+                try:
+                    decisions[key] = decide(group_name="tp", world_size=4, deterministic=False)
+                except Exception as exc:
+                    decisions[key] = f"error: {site.error(exc)}"
+    finally:
+        utils.is_full_nvlink = saved_nvlink
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return {"function": site.functions[0], "decisions": decisions}
+
+
+def explain_row(answer: Answer) -> str:
+    if "error" in answer:
+        return f"error: {answer['error']}"
+    on = sorted(k for k, v in answer["decisions"].items() if v is True)
+    return "on for " + "; ".join(on) if on else "off unless set"
+
+
+EXPLAIN = Explain(name="pcie_ipc", label="PCIe-IPC allreduce (TP4)", read=explain_read,
+                  row=explain_row)
+
+
 PATCH = Patch(
     id="sglang.pcie-ipc",
     check=check,
@@ -179,6 +236,7 @@ PATCH = Patch(
         "off at run time, without reverting; =1 keeps it on anywhere, as upstream."
     ),
     marker=f"{HELPER}()",
+    explain=EXPLAIN,
     transform=transform,
     facts=FACTS,
 )
