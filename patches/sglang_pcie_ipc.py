@@ -170,12 +170,15 @@ def explain_read(site: Site) -> Reading:
     answer held: "pcie" none, "nvlink" full), with deterministic inference off. The variable is
     restored after each call. Runs in the target's interpreter (patchkit.readers)."""
     import importlib
+    import importlib.util
     import os
     from typing import Any
 
     var = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
     utils: Any
     try:
+        if importlib.util.find_spec(site.modules[0]) is None:
+            return {"absent": True}  # before SGLang 0.5.21: no PCIe-IPC allreduce
         module = importlib.import_module(site.modules[0])
         utils = importlib.import_module(
             "sglang.srt.distributed.device_communicators.custom_all_reduce_utils")
@@ -212,6 +215,8 @@ def explain_read(site: Site) -> Reading:
 def explain_row(answer: Answer) -> str:
     if "error" in answer:
         return f"error: {answer['error']}"
+    if answer.get("absent"):
+        return "not in this SGLang (0.5.21 on)"
     on = sorted(k for k, v in answer["decisions"].items() if v is True)
     return "on for " + "; ".join(on) if on else "off unless set"
 
