@@ -139,31 +139,6 @@ def transform(module: cst.Module) -> Result:
     return op.then(res, helper, shape=shape)
 
 
-def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
-    """Right before `eligible_group`'s `if not (envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.get() and
-    ...): return False`, `if not envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.is_set() and world_size
-    > 1 and group_name in _ELIGIBLE_GROUP_NAMES and _sm120patch_pcie_only():
-    envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.set(True)`; right after `def eligible_group`, the
-    helper asking SGLang's is_sm120 and is_full_nvlink; with both taken out the file is the
-    release's."""
-    from sm120patch.patchkit import sitecheck as sc
-
-    helper = sc.helper_after(after, fact.function, HELPER, HELPER_SOURCE.format(name=HELPER))
-    stripped = sc.without(after, [helper])
-    _, spans = sc.switch_before_gate(
-        before, stripped, fact,
-        _unparsed("not (envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.get() and world_size > 1 and "
-                  "group_name in _ELIGIBLE_GROUP_NAMES)"),
-        "if not envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.is_set() and world_size > 1 and "
-        "group_name in _ELIGIBLE_GROUP_NAMES and _sm120patch_pcie_only():\n"
-        "    envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.set(True)\n",
-    )
-    assert {"envs", "torch", "_ELIGIBLE_GROUP_NAMES"} <= sc.module_bindings(after), (
-        "envs, torch or _ELIGIBLE_GROUP_NAMES is not bound at module level"
-    )
-    return sc.Spans([], [*spans.after, sc.with_blank_lines(helper, 2)])
-
-
 def explain_read(site: Site) -> Reading:
     """What the release's own `eligible_group` answers for a TP group of four GPUs (visible as
     0,1,2,3), per SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (unset, "0", "1") and per fabric (NVML's NVLink
@@ -223,6 +198,32 @@ def explain_row(answer: Answer) -> str:
 
 EXPLAIN = Explain(name="pcie_ipc", label="PCIe-IPC allreduce (TP4)", read=explain_read,
                   row=explain_row)
+
+
+def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
+    """Right before `eligible_group`'s `if not (envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.get() and
+    ...): return False`, `if not envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.is_set() and world_size
+    > 1 and group_name in _ELIGIBLE_GROUP_NAMES and _sm120patch_pcie_only():
+    envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.set(True)`; right after `def eligible_group`, the
+    helper asking SGLang's is_sm120 and is_full_nvlink; with both taken out the file is the
+    release's."""
+    from sm120patch.patchkit import sitecheck as sc
+
+    helper = sc.helper_after(after, fact.function, HELPER, HELPER_SOURCE.format(name=HELPER))
+    stripped = sc.without(after, [helper])
+    _, spans = sc.switch_before_gate(
+        before, stripped, fact,
+        ast.unparse(ast.parse("not (envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.get() and "
+                              "world_size > 1 and group_name in _ELIGIBLE_GROUP_NAMES)",
+                              mode="eval").body),
+        "if not envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.is_set() and world_size > 1 and "
+        "group_name in _ELIGIBLE_GROUP_NAMES and _sm120patch_pcie_only():\n"
+        "    envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.set(True)\n",
+    )
+    assert {"envs", "torch", "_ELIGIBLE_GROUP_NAMES"} <= sc.module_bindings(after), (
+        "envs, torch or _ELIGIBLE_GROUP_NAMES is not bound at module level"
+    )
+    return sc.Spans([], [*spans.after, sc.with_blank_lines(helper, 2)])
 
 
 PATCH = Patch(
