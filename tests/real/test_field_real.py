@@ -22,7 +22,6 @@ pytestmark = pytest.mark.real
 PCIE_ENV = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
 
 
-@functools.cache  # a vLLM release is ~2,000 files: parse each release once per session
 def _strings(text: str) -> list[str]:
     """The string literals of one source text, f-strings with `{}` for their fields."""
     out = []
@@ -34,19 +33,11 @@ def _strings(text: str) -> list[str]:
     return out
 
 
+@functools.cache  # a vLLM release is ~2,000 files: parse each release once per session
 def logged_strings(root: Path) -> list[str]:
     """Every string literal of the release's unpacked files: f-strings with `{}` for their
     fields (implicit concatenation is one literal already)."""
-    out = []
-    for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                out.append(node.value)
-            elif isinstance(node, ast.JoinedStr):
-                out.append(
-                    "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
-                )
-    return out
+    return [s for path in sorted(root.rglob("*.py")) for s in _strings(path.read_text("utf-8"))]
 
 
 def _logs_percent(pattern: str, strings: list[str]) -> bool:
@@ -132,10 +123,10 @@ def test_wiring_lines_are_logged_by_each_pinned_release(real: RealReleases, patc
             continue
         if not any(p.pinned(patch.target, version) for p in profiles):
             continue
-        strings = logged_strings(real.tree(patch.target, version))
-        # A line the patch itself adds to the code it writes (gdn-prefill's "Defaulting SM120
-        # GDN prefill backend to FlashInfer.") is logged by the patched release.
-        strings += _strings(real.site(SiteCase(patch_id, patch.target, version)).after)
+        # A line the patch itself adds to the code it writes is logged by the patched release
+        # (a new list: the release's own is cached for the session).
+        strings = [*logged_strings(real.tree(patch.target, version)),
+                   *_strings(real.site(SiteCase(patch_id, patch.target, version)).after)]
         hits = {pat for pat in (*wiring.ran, *wiring.skipped) if logs(pat, strings)}
         used |= hits
         assert hits & set(wiring.ran), f"{patch_id} on {version}: no `ran` line is logged"
