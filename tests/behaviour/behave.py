@@ -11,12 +11,12 @@ from __future__ import annotations
 import ast
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import envs
+import probes
 from checks import GLM, MOE_MODELS, moe_launch
 
 from sm120patch import targets
@@ -231,11 +231,10 @@ class Behaviour:
     def warm(self, cases: list[Case]) -> None:
         """Run every case not yet run, in parallel processes (each its own interpreter)."""
         todo = [c for c in cases if c not in self.results]
-        for case in todo:  # build prefixes and overlays here, serially, before the pool
-            self.request(case)
-        workers = int(os.environ.get(WORKERS_ENV, 0)) or (os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            self.results.update(zip(todo, pool.map(self.run, todo), strict=True))
+        # prefixes and overlays here, serially; the tier's shared cache runs what is new
+        requests = [self.request(case) for case in todo]
+        done = probes.SHARED.run_all(requests, lambda r: explain.run_probe(self.python, r))
+        self.results.update(zip(todo, done, strict=True))
 
     def result(self, case: Case) -> dict[str, Any]:
         if case not in self.results:

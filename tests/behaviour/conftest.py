@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+import probes
 import pytest
 from behave import ARCHS, SIDES, Behaviour, Case, release_set
 from vllm_behave import VllmBehaviour
@@ -90,3 +91,10 @@ def vllm_behaviour(tmp_path_factory: pytest.TempPathFactory,
                                                     "params", {})}))
     b.warm(all_vllm_cases(wanted))
     return b
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many probe requests the session's modules made, and how many distinct ones ran."""
+    if probes.SHARED.asked:
+        terminalreporter.write_line(f"behaviour probes: {probes.SHARED.asked} asked, "
+                                    f"{probes.SHARED.ran} run")

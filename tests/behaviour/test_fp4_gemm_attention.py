@@ -19,13 +19,12 @@ this machine answers).
 from __future__ import annotations
 
 import json
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import envs
+import probes
 import pytest
 from behave import ARCHS, SEED, release_set
 from checks import field_problems
@@ -129,10 +128,8 @@ class Runs:
     def warm(self, runs: list[Run]) -> None:
         todo = [r for r in dict.fromkeys(runs) if r not in self.results]
         requests = [self.request(r) for r in todo]  # overlays and prefixes first, serially
-        workers = int(os.environ.get("SM120PATCH_BEHAVIOUR_WORKERS", 0)) or (os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            done = pool.map(lambda req: explain.run_probe(self.python, req), requests)
-            self.results.update(zip(todo, done, strict=True))
+        done = probes.SHARED.run_all(requests, lambda req: explain.run_probe(self.python, req))
+        self.results.update(zip(todo, done, strict=True))
 
     def get(self, run: Run) -> dict[str, Any]:
         if run not in self.results:

@@ -13,11 +13,11 @@ processes, and the probe runs upstream's `ModelOptNvFp4FusedMoEMethod.create_moe
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import envs
+import probes
 import pytest
 from behave import ARCHS, release_set
 from packaging.version import Version
@@ -47,6 +47,19 @@ def applies(version: str) -> bool:
                for f in catalog.load().patches[PATCH].facts_at(version))
 
 
+def request(tmp: Path, version: str, arch: str, overlay: dict[str, str]) -> dict[str, Any]:
+    return {
+        "simulate": arch,
+        "cuda_version": "12.9",
+        "sys_path": envs.sys_path_for("sglang", version),
+        "overlay": overlay,
+        "launches": {},
+        "sglang": True,
+        "flashinfer": False,
+        "env": {"CUDA_HOME": str(tmp / "no-cuda")},
+    }
+
+
 class Results:
     """The probe's `moe_runner` answer per (release, side, arch), computed in parallel."""
 
@@ -54,18 +67,9 @@ class Results:
         self.python = envs.deps_python()
         cases = [(v, side, arch) for v in versions for side in SIDES for arch in ARCHS]
         overlays = {v: self.overlay(tmp, v) for v in versions}  # serially, before the pool
-        requests = [{
-            "simulate": arch,
-            "cuda_version": "12.9",
-            "sys_path": envs.sys_path_for("sglang", v),
-            "overlay": {} if side == "pristine" else overlays[v],
-            "launches": {},
-            "sglang": True,
-            "flashinfer": False,
-            "env": {"CUDA_HOME": str(tmp / "no-cuda")},
-        } for v, side, arch in cases]
-        with ThreadPoolExecutor(max_workers=envs_workers()) as pool:
-            done = list(pool.map(lambda r: explain.run_probe(self.python, r), requests))
+        requests = [request(tmp, v, arch, {} if side == "pristine" else overlays[v])
+                    for v, side, arch in cases]
+        done = probes.SHARED.run_all(requests, lambda r: explain.run_probe(self.python, r))
         self.by_case = dict(zip(cases, done, strict=True))
 
     @staticmethod
@@ -78,12 +82,6 @@ class Results:
         res = self.by_case[(version, side, arch)]["moe_runner"]
         assert "error" not in res, (version, side, arch, res)
         return res
-
-
-def envs_workers() -> int:
-    import os
-
-    return int(os.environ.get("SM120PATCH_BEHAVIOUR_WORKERS", 0)) or (os.cpu_count() or 1)
 
 
 @pytest.fixture(scope="session")

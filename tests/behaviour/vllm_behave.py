@@ -23,12 +23,12 @@ import json
 import os
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import envs
+import probes
 
 from sm120patch import targets
 from sm120patch.explain import explain
@@ -163,9 +163,8 @@ class VllmBehaviour:
     def warm(self, cases: list[Case]) -> None:
         todo = [c for c in cases if c not in self.results]
         requests = [self.request(c) for c in todo]  # trees, prefix, overlays: serially
-        workers = int(os.environ.get(WORKERS_ENV, 0)) or (os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            self.results.update(zip(todo, pool.map(run_probe, requests), strict=True))
+        done = probes.SHARED.run_all(requests, run_probe, str(PROBE))
+        self.results.update(zip(todo, done, strict=True))
 
     def result(self, case: Case) -> dict[str, Any]:
         if case not in self.results:
