@@ -210,8 +210,9 @@ def locked(ctxs: list[TargetRun], wait: Waiting | None = None) -> Iterator[bool]
     deadline = time.monotonic() + (wait.seconds if wait is not None else 0.0)
     with ExitStack() as stack:
         for ctx in ctxs:
-            left = None if wait is None else Waiting(
-                max(0.0, deadline - time.monotonic()), notice)  # fmt: skip
+            left = None
+            if wait is not None:
+                left = Waiting(max(0.0, deadline - time.monotonic()), notice, wait.seconds)
             stack.enter_context(ctx.state.locked(left))
         yield bool(waited)
 

@@ -504,6 +504,9 @@ class Waiting:
 
     seconds: float
     notice: Callable[[Path], None] | None = None
+    # The command's whole bound, when `seconds` is what is left of it for this lock (several
+    # targets share one bound): the refusal names the bound the user gave, not the remainder.
+    bound: float | None = None
 
 
 def _take(fd: int, wait: Waiting | None, held: Callable[[float], Refused], root: Path) -> None:
@@ -529,4 +532,4 @@ def _take(fd: int, wait: Waiting | None, held: Callable[[float], Refused], root:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise held(wait.seconds) from None
+                raise held(wait.seconds if wait.bound is None else wait.bound) from None

@@ -16,14 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import envs
-import probes
+import overlay_probe
 import pytest
-from behave import ARCHS, release_set
-
-from sm120patch import targets
-from sm120patch.explain import explain
-from sm120patch.plan import catalog
+from behave import ARCHS
+from overlay_probe import OverlayProbe
 
 pytestmark = pytest.mark.behaviour
 
@@ -32,53 +28,14 @@ OURS = "fp32/chunk 8192/cuda 13.0/kernel loaded"
 
 
 def pinned() -> list[str]:
-    prof = catalog.load().profile(PROFILE)
-    return [v for v in release_set("sglang") if prof.pinned("sglang", v)]
-
-
-class Probe:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.python = envs.deps_python()
-        self.results: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.overlays: dict[str, dict[str, str]] = {}
-
-    def overlay(self, version: str) -> dict[str, str]:
-        if version not in self.overlays:
-            target = targets.find("sglang", envs.release_prefix("sglang", version))
-            texts = explain.patched_texts(target, PROFILE)
-            self.overlays[version] = explain.write_overlay(texts, self.tmp / version)
-        return self.overlays[version]
-
-    def request(self, version: str, side: str, arch: str,
-                overlay: dict[str, str] | None = None) -> dict[str, Any]:
-        return {
-            "simulate": arch,
-            "sys_path": envs.sys_path_for("sglang", version),
-            "overlay": overlay if overlay is not None else (
-                self.overlay(version) if side == "patched" else {}),
-            "launches": {},
-            "sglang": True,
-            "flashinfer": False,
-            "env": {"CUDA_HOME": str(self.tmp / "no-cuda")},
-        }
-
-    def run(self, version: str, side: str, arch: str,
-            overlay: dict[str, str] | None = None) -> dict[str, Any]:
-        key = (version, side, arch)
-        if overlay is None and key in self.results:
-            return self.results[key]
-        request = self.request(version, side, arch, overlay)
-        if overlay is not None:  # a negative test's own overlay: run it, keep nothing
-            return explain.run_probe(self.python, request)["gdn_prefill"]
-        result = probes.SHARED.run(request, lambda r: explain.run_probe(self.python, r))
-        self.results[key] = result["gdn_prefill"]
-        return self.results[key]
+    return overlay_probe.pinned(PROFILE)
 
 
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> Probe:
-    return Probe(tmp_path_factory.mktemp("gdn"))
+def probe(tmp_path_factory: pytest.TempPathFactory) -> OverlayProbe:
+    probe = OverlayProbe(PROFILE, "gdn_prefill", tmp_path_factory.mktemp("gdn"))
+    probe.prefetch(pinned())
+    return probe
 
 
 def picks(result: dict[str, Any]) -> list[str]:
@@ -100,7 +57,7 @@ def sm120_problems(pristine: dict[str, Any], patched: dict[str, Any]) -> list[st
 
 
 @pytest.mark.parametrize("version", pinned())
-def test_sm120_takes_flashinfer_in_the_validated_domain(probe: Probe, version: str) -> None:
+def test_sm120_takes_flashinfer_in_the_validated_domain(probe: OverlayProbe, version: str) -> None:
     pristine = probe.run(version, "pristine", "sm120")
     patched = probe.run(version, "patched", "sm120")
     assert sm120_problems(pristine, patched) == []
@@ -108,7 +65,7 @@ def test_sm120_takes_flashinfer_in_the_validated_domain(probe: Probe, version: s
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "sm120"])
 @pytest.mark.parametrize("version", pinned())
-def test_sm100_and_sm90_decide_as_released(probe: Probe, version: str, arch: str) -> None:
+def test_sm100_and_sm90_decide_as_released(probe: OverlayProbe, version: str, arch: str) -> None:
     pristine = probe.run(version, "pristine", arch)
     patched = probe.run(version, "patched", arch)
     assert "error" not in pristine, pristine
@@ -117,7 +74,7 @@ def test_sm100_and_sm90_decide_as_released(probe: Probe, version: str, arch: str
         assert any(k.startswith("bf16/chunk 8192/cuda 13.0") for k in picks(pristine)), pristine
 
 
-def test_the_check_fails_a_no_op_and_a_wrong_patch(probe: Probe, tmp_path: Path) -> None:
+def test_the_check_fails_a_no_op_and_a_wrong_patch(probe: OverlayProbe, tmp_path: Path) -> None:
     version = pinned()[-1]
     pristine = probe.run(version, "pristine", "sm120")
     assert sm120_problems(pristine, pristine) != []  # no patch at all

@@ -14,14 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import envs
-import probes
+import overlay_probe
 import pytest
-from behave import ARCHS, release_set
-
-from sm120patch import targets
-from sm120patch.explain import explain
-from sm120patch.plan import catalog
+from behave import ARCHS
+from overlay_probe import OverlayProbe
 
 pytestmark = pytest.mark.behaviour
 
@@ -31,53 +27,14 @@ SET = [f"pcie/{VAR}=1", f"nvlink/{VAR}=1"]  # upstream builds it wherever the va
 
 
 def pinned() -> list[str]:
-    prof = catalog.load().profile(PROFILE)
-    return [v for v in release_set("sglang") if prof.pinned("sglang", v)]
-
-
-class Probe:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.python = envs.deps_python()
-        self.results: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.overlays: dict[str, dict[str, str]] = {}
-
-    def overlay(self, version: str) -> dict[str, str]:
-        if version not in self.overlays:
-            target = targets.find("sglang", envs.release_prefix("sglang", version))
-            texts = explain.patched_texts(target, PROFILE)
-            self.overlays[version] = explain.write_overlay(texts, self.tmp / version)
-        return self.overlays[version]
-
-    def request(self, version: str, side: str, arch: str,
-                overlay: dict[str, str] | None = None) -> dict[str, Any]:
-        return {
-            "simulate": arch,
-            "sys_path": envs.sys_path_for("sglang", version),
-            "overlay": overlay if overlay is not None else (
-                self.overlay(version) if side == "patched" else {}),
-            "launches": {},
-            "sglang": True,
-            "flashinfer": False,
-            "env": {"CUDA_HOME": str(self.tmp / "no-cuda")},
-        }
-
-    def run(self, version: str, side: str, arch: str,
-            overlay: dict[str, str] | None = None) -> dict[str, Any]:
-        key = (version, side, arch)
-        if overlay is None and key in self.results:
-            return self.results[key]
-        request = self.request(version, side, arch, overlay)
-        if overlay is not None:  # a negative test's own overlay: run it, keep nothing
-            return explain.run_probe(self.python, request)["pcie_ipc"]
-        result = probes.SHARED.run(request, lambda r: explain.run_probe(self.python, r))
-        self.results[key] = result["pcie_ipc"]
-        return self.results[key]
+    return overlay_probe.pinned(PROFILE)
 
 
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> Probe:
-    return Probe(tmp_path_factory.mktemp("pcie-ipc"))
+def probe(tmp_path_factory: pytest.TempPathFactory) -> OverlayProbe:
+    probe = OverlayProbe(PROFILE, "pcie_ipc", tmp_path_factory.mktemp("pcie-ipc"))
+    probe.prefetch(pinned())
+    return probe
 
 
 def on(result: dict[str, Any]) -> list[str]:
@@ -97,7 +54,7 @@ def sm120_problems(pristine: dict[str, Any], patched: dict[str, Any]) -> list[st
 
 
 @pytest.mark.parametrize("version", pinned())
-def test_sm120_on_by_default_without_nvlink_explicit_kept(probe: Probe, version: str) -> None:
+def test_sm120_on_by_default_without_nvlink_explicit_kept(probe: OverlayProbe, version: str) -> None:
     pristine = probe.run(version, "pristine", "sm120")
     patched = probe.run(version, "patched", "sm120")
     assert sm120_problems(pristine, patched) == []
@@ -105,14 +62,14 @@ def test_sm120_on_by_default_without_nvlink_explicit_kept(probe: Probe, version:
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "sm120"])
 @pytest.mark.parametrize("version", pinned())
-def test_sm100_and_sm90_decide_as_released(probe: Probe, version: str, arch: str) -> None:
+def test_sm100_and_sm90_decide_as_released(probe: OverlayProbe, version: str, arch: str) -> None:
     pristine = probe.run(version, "pristine", arch)
     patched = probe.run(version, "patched", arch)
     assert on(pristine) == sorted(SET), pristine
     assert patched["decisions"] == pristine["decisions"]
 
 
-def test_the_check_fails_a_no_op_and_a_wrong_patch(probe: Probe, tmp_path: Path) -> None:
+def test_the_check_fails_a_no_op_and_a_wrong_patch(probe: OverlayProbe, tmp_path: Path) -> None:
     version = pinned()[-1]
     pristine = probe.run(version, "pristine", "sm120")
     assert sm120_problems(pristine, pristine) != []  # no patch at all

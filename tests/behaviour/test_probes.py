@@ -12,6 +12,7 @@ from typing import Any
 import probes
 import pytest
 from behave import ARCHS
+from overlay_probe import OverlayProbe
 
 
 def _tree(root: Path, record: str) -> Path:
@@ -110,9 +111,9 @@ def test_moe_gdn_and_pcie_modules_ask_one_pristine_run(tmp_path: Path) -> None:
     for arch in ARCHS:
         keys = {
             probes.key(test_moe_runner_auto.request(tmp_path / "moe", version, arch, {})),
-            probes.key(test_gdn_prefill.Probe(tmp_path / "gdn").request(version, "pristine",
-                                                                        arch)),
-            probes.key(test_pcie_ipc.Probe(tmp_path / "pcie").request(version, "pristine",
-                                                                      arch)),
+            probes.key(OverlayProbe(test_gdn_prefill.PROFILE, "gdn_prefill", tmp_path / "gdn")
+                       .request(version, "pristine", arch)),
+            probes.key(OverlayProbe(test_pcie_ipc.PROFILE, "pcie_ipc", tmp_path / "pcie")
+                       .request(version, "pristine", arch)),
         }
         assert len(keys) == 1, (version, arch)
