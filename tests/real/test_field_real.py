@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import itertools
 import re
 from pathlib import Path
@@ -33,11 +34,23 @@ def _strings(text: str) -> list[str]:
     return out
 
 
-@functools.cache  # a vLLM release is ~2,000 files: parse each release once per session
+_BY_BYTES: dict[bytes, tuple[str, ...]] = {}
+
+
+def _strings_once(data: bytes) -> tuple[str, ...]:
+    """`_strings` of a file's bytes, once per distinct content in the session: most of a
+    release's ~2,000 files are byte-identical in the releases beside it."""
+    digest = hashlib.sha256(data).digest()
+    if digest not in _BY_BYTES:
+        _BY_BYTES[digest] = tuple(_strings(data.decode("utf-8")))
+    return _BY_BYTES[digest]
+
+
+@functools.cache  # a vLLM release is ~2,000 files: read each release once per session
 def logged_strings(root: Path) -> list[str]:
     """Every string literal of the release's unpacked files: f-strings with `{}` for their
     fields (implicit concatenation is one literal already)."""
-    return [s for path in sorted(root.rglob("*.py")) for s in _strings(path.read_text("utf-8"))]
+    return [s for path in sorted(root.rglob("*.py")) for s in _strings_once(path.read_bytes())]
 
 
 def _logs_percent(pattern: str, strings: list[str]) -> bool:

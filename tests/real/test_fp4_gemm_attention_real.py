@@ -7,11 +7,10 @@ on 0.5.23."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import shutil
 import subprocess
-import sys
-import venv
 from pathlib import Path
 
 import pytest
@@ -167,57 +166,29 @@ def cli(*args: str):
     return result.exit_code, result.stdout, result.stderr
 
 
-def snapshot(root: Path) -> dict[str, bytes]:
+def snapshot(root: Path) -> dict[str, str]:
     return {
-        p.relative_to(root).as_posix(): p.read_bytes()
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
         if p.is_file() and "__pycache__" not in p.parts
     }
 
 
-def installed(tmp_path: Path, *dists: Path) -> Path:
-    """A virtual environment with the wheels pip-installed (no dependencies): its site-packages."""
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False).create(env_dir)
-    py = env_dir / "bin" / "python"
-    site = Path(
-        subprocess.run(
-            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(py),
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-compile",
-            "--disable-pip-version-check",
-            *map(str, dists),
-        ],
-        check=True,
-        capture_output=True,
-    )
+def installed(tmp_path: Path, *releases_: tuple[str, str]) -> Path:
+    """A site directory holding each (kind, version) as pip installs it: the release's cached
+    install tree (its package and dist-info, `trees.tree`), copied."""
+    site = tmp_path / "site"
+    for kind, version in releases_:
+        if not releases.index_reachable() and releases.cached(kind, version) is None:
+            pytest.skip(f"{kind} {version} is not cached and the index is unreachable")
+        for entry in trees.tree(kind, version).iterdir():
+            if entry.is_dir():
+                shutil.copytree(entry, site / entry.name)
     return site
 
 
-def _fetch_or_skip(kind: str, version: str) -> Path:
-    if not releases.index_reachable() and releases.cached(kind, version) is None:
-        pytest.skip(f"{kind} {version} is not cached and the index is unreachable")
-    return releases.fetch(kind, version)
-
-
 def test_fp4_gemm_on_sglang_0_5_23_with_flashinfer_0_7_4(tmp_path: Path) -> None:
-    site = installed(
-        tmp_path, _fetch_or_skip("sglang", "0.5.23"), _fetch_or_skip("flashinfer", "0.7.4")
-    )
+    site = installed(tmp_path, ("sglang", "0.5.23"), ("flashinfer", "0.7.4"))
     before = {k: snapshot(site / k) for k in ("sglang", "flashinfer")}
     where = ["--sglang", str(site), "--flashinfer", str(site)]
     code, out, err = cli("apply", "fp4-gemm", *where, "--dry-run")
