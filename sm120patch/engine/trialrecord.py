@@ -230,7 +230,7 @@ class TrialRecord:
     measured trial's runs, pairs, summary, power, wiring, quality checks; a plain trial's
     tail, log and power samples) is `measured`: large, only ever rendered, and its shape
     varies with the version that wrote it, so it stays the checked mapping it was read as
-    rather than a second copy of the run classes of `trial.measure`.
+    rather than a second copy of the run classes of `trial.measured`.
     """
 
     profile: str
