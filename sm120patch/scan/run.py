@@ -1,7 +1,7 @@
 """Scan one target (a tree on disk, or a release's files as bytes) and say what each gate is.
 
 Nothing here imports the target: its files are read as bytes, the arch words found in the
-text (gates.py), the patches of every profile run on the texts they pick (classify.py).
+text (filescan.py), the patches of every profile run on the texts they pick (classify.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sm120patch.scan import classify as c
-from sm120patch.scan import gates as g
+from sm120patch.scan import filescan
 
 if TYPE_CHECKING:
     from sm120patch.targets.resolved import Given
@@ -161,7 +161,7 @@ def scan_files(
     if families is None:
         families = c.load_kernels()
     out = TargetScan(kind, version, root, layout)
-    scans: dict[str, g.FileScan] = {}
+    scans: dict[str, filescan.FileScan] = {}
     contents: dict[str, bytes] = {}
     for rel, data in files:
         if skipped(rel):
@@ -169,11 +169,13 @@ def scan_files(
         out.files_read += 1
         contents[rel] = data
         try:
-            found = g.scan_text(rel, data)
+            found = filescan.scan_text(rel, data)
         except RecursionError:
             # An expression nested thousands deep: Python's parser (or a walk of its tree)
             # gives up. A note, as for a file that does not parse; the scan goes on.
-            found = g.FileScan(rel, problem="nests too deep for Python to parse (RecursionError)")
+            found = filescan.FileScan(
+                rel, problem="nests too deep for Python to parse (RecursionError)"
+            )
         if found.problem:
             out.problems.append((rel, found.problem))
         out.skipped += [(rel, line, size) for line, size in found.skipped]
