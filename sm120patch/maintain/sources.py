@@ -47,19 +47,21 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sm120patch.maintain import pipconfig
+from sm120patch.maintain.dists import (
+    DOWNLOAD_TIMEOUT_S,
+    _listed_files,
+    _pip_download,
+    choose,
+    pip_download_args,
+    sha256_file,
+)
 from sm120patch.maintain.index import IndexFile, redact
 from sm120patch.maintain.releases import (
-    DOWNLOAD_TIMEOUT_S,
     PACKAGE,
     SOURCES_ONLY,
     ReleaseError,
-    _listed_files,
-    _pip_download,
     check_kind,
-    choose,
     locked,
-    pip_download_args,
-    sha256_file,
     sweep,
     trees_dir,
 )
@@ -165,7 +167,7 @@ def unchecked(kind: str, version: str) -> str | None:
 def _whole(kind: str, version: str, entry: IndexFile, staging: Path) -> None:
     """The fallback: the whole wheel into a temporary directory (by URL, else pip), checked
     against the index's sha256, its kept members taken, the wheel deleted with the directory."""
-    from sm120patch.maintain.releases import _download_url
+    from sm120patch.maintain.dists import _download_url
 
     with tempfile.TemporaryDirectory(prefix=f".dl-{kind}-{version}-", dir=trees_dir()) as tmp:
         try:

@@ -17,15 +17,14 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from sm120patch.maintain.dists import fetch, sha256_file
 from sm120patch.maintain.releases import (
     PACKAGE,
     PROJECT,
     SUPPORT_FILES,
     ReleaseError,
     check_kind,
-    fetch,
     locked,
-    sha256_file,
     sweep,
     trees_dir,
 )

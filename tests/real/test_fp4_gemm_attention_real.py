@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from realcache import RealReleases, release_set
 
 from sm120patch.cli import main
-from sm120patch.maintain import releases, trees
+from sm120patch.maintain import dists, releases, trees
 from sm120patch.plan import catalog
 
 pytestmark = pytest.mark.real
@@ -209,9 +209,9 @@ def installed(tmp_path: Path, *dists: Path) -> Path:
 
 
 def _fetch_or_skip(kind: str, version: str) -> Path:
-    if not releases.index_reachable() and releases.cached(kind, version) is None:
+    if not releases.index_reachable() and dists.cached(kind, version) is None:
         pytest.skip(f"{kind} {version} is not cached and the index is unreachable")
-    return releases.fetch(kind, version)
+    return dists.fetch(kind, version)
 
 
 def test_fp4_gemm_on_sglang_0_5_23_with_flashinfer_0_7_4(tmp_path: Path) -> None:
