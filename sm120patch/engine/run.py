@@ -109,8 +109,9 @@ class TargetRun:
         profile = cat.profiles.get(m.profile)
         if profile is None:
             return found  # no loaded patches say otherwise: the bytes still hold
-        wanted = {f for p in cat.patches_of(profile) if p.target == self.target.kind
-                  for f in p.files}  # fmt: skip
+        wanted = {
+            f for p in cat.patches_of(profile) if p.target == self.target.kind for f in p.files
+        }
         if {f.module for f in m.checked or ()} == wanted:
             return found
         return replace(
@@ -210,8 +211,7 @@ def locked(ctxs: list[TargetRun], wait: Waiting | None = None) -> Iterator[bool]
     deadline = time.monotonic() + (wait.seconds if wait is not None else 0.0)
     with ExitStack() as stack:
         for ctx in ctxs:
-            left = None if wait is None else Waiting(
-                max(0.0, deadline - time.monotonic()), notice)  # fmt: skip
+            left = None if wait is None else Waiting(max(0.0, deadline - time.monotonic()), notice)
             stack.enter_context(ctx.state.locked(left))
         yield bool(waited)
 
@@ -275,9 +275,11 @@ def check_evidence(
         )
     ids = [*known.patches, *(p for p in patches if p in cat.patches)]
     allowed = {
-        f for pid in ids if cat.patches[pid].target == ctx.target.kind
+        f
+        for pid in ids
+        if cat.patches[pid].target == ctx.target.kind
         for f in cat.patches[pid].files
-    }  # fmt: skip
+    }
     for f in touched:
         if f.module not in allowed or f.path != ctx.target.rel(f.module):
             raise Refused(
