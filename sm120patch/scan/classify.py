@@ -259,8 +259,11 @@ def identities(file: str, key: Sequence[object]) -> set[tuple[str, ...]]:
     between releases; two gates of one function differ by their expressions). `key` is a
     gate's `key` (function, kind, expression), or its first three items from JSON."""
     function, kind, expression = str(key[0]), str(key[1]), str(key[2])
-    return {(file, function, kind, expression), ("", function, kind, expression),
-            (file, "", kind, expression)}  # fmt: skip
+    return {
+        (file, function, kind, expression),
+        ("", function, kind, expression),
+        (file, "", kind, expression),
+    }
 
 
 @dataclass(frozen=True)
@@ -289,11 +292,10 @@ class Classified:
             "sm120_choices": list(gate.sm120_choices),
             "key": list(gate.key[:3]),
             "covered_by": [
-                {"profile": c.profile, "patch": c.patch, "outcome": c.outcome,
-                 "pinned": c.pinned}
+                {"profile": c.profile, "patch": c.patch, "outcome": c.outcome, "pinned": c.pinned}
                 for c in self.covered_by
             ],
-        }  # fmt: skip
+        }
 
 
 def required(gates: Iterable[g.Gate]) -> dict[str, g.Gate]:

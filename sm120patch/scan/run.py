@@ -84,10 +84,12 @@ class TargetScan:
             "files_read": self.files_read,
             "files_parsed": self.files_parsed,
             "not_read": [{"file": f, "problem": p} for f, p in self.problems]
-            + [{"file": f, "line": n, "problem": f"a {size} byte statement (generated code)"}
-               for f, n, size in self.skipped],
+            + [
+                {"file": f, "line": n, "problem": f"a {size} byte statement (generated code)"}
+                for f, n, size in self.skipped
+            ],
             "seconds": round(self.seconds, 3),
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -285,8 +287,11 @@ def scan(paths: Given, *, catalog: Any = None) -> Report:
 
     named = resolved(paths)
     given = tuple(kind for kind in targets.KINDS if named.given(kind))
-    found = [t for t in (named.quiet(kind, required=bool(given))
-                         for kind in given or targets.KINDS) if t is not None]  # fmt: skip
+    found = [
+        t
+        for t in (named.quiet(kind, required=bool(given)) for kind in given or targets.KINDS)
+        if t is not None
+    ]
     if not found:
         raise Refused(
             "neither SGLang nor FlashInfer is installed in this Python",
