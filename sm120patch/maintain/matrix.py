@@ -301,8 +301,9 @@ def markdown(rows: list[Row], profiles: Sequence[str] | None = None) -> str:
             out.append("")
         for r in mine:
             if r.unchecked and not r.error:
-                out.append(f"{DISPLAY[kind]} {r.version}: not verified against the index, "
-                           f"{r.unchecked}")  # fmt: skip
+                out.append(
+                    f"{DISPLAY[kind]} {r.version}: not verified against the index, {r.unchecked}"
+                )
                 out.append("")
         out += _new_candidates(mine)
     return "\n".join(out)

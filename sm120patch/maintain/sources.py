@@ -159,8 +159,10 @@ def unchecked(kind: str, version: str) -> str | None:
     if record.get("index_sha256") is True:
         return None
     if record.get("read") == RANGED:
-        return ("read by HTTP range requests: each member's CRC32 and the wheel's own RECORD "
-                "checked, not the index's sha256 of the whole wheel")  # fmt: skip
+        return (
+            "read by HTTP range requests: each member's CRC32 and the wheel's own RECORD "
+            "checked, not the index's sha256 of the whole wheel"
+        )
     return "the index lists no sha256 for its wheel (or an older sm120patch kept it)"
 
 
@@ -192,8 +194,10 @@ def _extract(zf: zipfile.ZipFile, wheel: str, staging: Path) -> None:
             )
     total = sum(i.file_size for i in infos)
     if total > TOTAL_LIMIT:
-        raise ReleaseError(f"{wheel}: its kept members inflate to {total} bytes, more than "
-                           f"sm120patch keeps of a release ({TOTAL_LIMIT})")  # fmt: skip
+        raise ReleaseError(
+            f"{wheel}: its kept members inflate to {total} bytes, more than "
+            f"sm120patch keeps of a release ({TOTAL_LIMIT})"
+        )
     names = [i.filename for i in infos]
     records = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/RECORD")]
     if len(records) != 1:
@@ -247,8 +251,7 @@ def _write_record(
         "present": sorted(written),
         "sha256": written,
     }
-    atomic_write(staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644,
-                 durable=False)  # fmt: skip
+    atomic_write(staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644, durable=False)
 
 
 # ---- a zip read by HTTP range requests ------------------------------------------------------

@@ -84,8 +84,9 @@ def tree(kind: str, version: str) -> Path:
                 "source_sha256": sha256_file(source),
                 "sha256": written,
             }
-            atomic_write(staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644,
-                         durable=False)  # fmt: skip
+            atomic_write(
+                staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644, durable=False
+            )
             put_tree(staging, dest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
