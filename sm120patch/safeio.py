@@ -35,8 +35,12 @@ def user_name(uid: int) -> str:
 # The largest file sm120patch reads from a target or a state directory: a source file or a
 # state document is far smaller; anything larger was put there to exhaust memory.
 READ_LIMIT = 64 << 20
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class NotOwned(Refused):
@@ -120,8 +124,9 @@ def read_named(path: Path, what: str, *, limit: int = NAMED_LIMIT) -> bytes:
     except FileNotFoundError:
         raise UsageError(f"{what} {path} does not exist", "check the path") from None
     except NotADirectoryError:
-        raise UsageError(f"{what} {path} does not exist (a file is on its way)",
-                         "check the path") from None  # fmt: skip
+        raise UsageError(
+            f"{what} {path} does not exist (a file is on its way)", "check the path"
+        ) from None
     except IsADirectoryError:
         raise UsageError(f"{what} {path} is a directory", "give the file's path") from None
     except Refused as exc:
@@ -189,10 +194,27 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 # how it reaches the index (proxies, certificates, .netrc), a temporary directory and the
 # locale. Nothing that changes which code Python runs: the child also runs `-I` (no PYTHON*
 # variable, no user site, no working directory on sys.path) in `/`.
-_PIP_KEPT = ("PATH", "HOME", "TZ", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "XDG_CONFIG_HOME",
-             "XDG_CONFIG_DIRS", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR",
-             "DBUS_SESSION_BUS_ADDRESS", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR",
-             "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")  # fmt: skip (keyring: XDG, D-Bus)
+_PIP_KEPT = (
+    "PATH",
+    "HOME",
+    "TZ",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TMPDIR",
+    "XDG_CONFIG_HOME",
+    "XDG_CONFIG_DIRS",
+    "XDG_CACHE_HOME",
+    "XDG_DATA_HOME",
+    "XDG_RUNTIME_DIR",
+    "DBUS_SESSION_BUS_ADDRESS",  # keyring: the XDG variables and D-Bus
+    "VIRTUAL_ENV",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NETRC",
+)
 _PROXIES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
 # Where a Python child the tool starts runs: the caller's working directory may be anyone's
 # (`python -m` puts it first on sys.path; a relative path in the environment resolves in it).
@@ -227,15 +249,16 @@ def clean_command(command: list[str], env: dict[str, str]) -> list[str]:
 # a checkout's hooks and configuration are its owner's code, which must not run in
 # sm120patch's process (often root's), reformat the files just verified, or block an
 # unattended run on a prompt (`run_git`, the one way git is run).
-SAFE_CONFIG = (
-    "-c", "core.hooksPath=/dev/null",
-    "-c", "core.fsmonitor=false",
-    "-c", "commit.gpgSign=false",
-    "-c", "tag.gpgSign=false",
-    "-c", "gc.auto=0",
-    "-c", "maintenance.auto=false",
-    "-c", "core.attributesFile=/dev/null",
-)  # fmt: skip
+_SAFE_SETTINGS = (
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "commit.gpgSign=false",
+    "tag.gpgSign=false",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "core.attributesFile=/dev/null",
+)
+SAFE_CONFIG = tuple(arg for setting in _SAFE_SETTINGS for arg in ("-c", setting))
 
 
 def run_git(

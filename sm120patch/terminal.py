@@ -33,10 +33,15 @@ def exhausted(exc: RecursionError | MemoryError) -> Refused:
     """An input built to exhaust the interpreter (nested thousands deep, inflating to
     gigabytes) that no reader refused by name: one line, as any refusal, never an internal
     error."""
-    why = ("nests deeper than Python can read" if isinstance(exc, RecursionError)
-           else "needs more memory than this process has")  # fmt: skip
-    return Refused(f"stopped: an input of this command {why} ({type(exc).__name__})",
-                   "`sm120patch status` shows the state of the trees")  # fmt: skip
+    why = (
+        "nests deeper than Python can read"
+        if isinstance(exc, RecursionError)
+        else "needs more memory than this process has"
+    )
+    return Refused(
+        f"stopped: an input of this command {why} ({type(exc).__name__})",
+        "`sm120patch status` shows the state of the trees",
+    )
 
 
 def fallback_hint(exit_code: int, verb: str | None) -> str:
@@ -48,9 +53,19 @@ def fallback_hint(exit_code: int, verb: str | None) -> str:
 
 # The commands whose --sglang/--flashinfer name targets (matrix's name release specifiers).
 TARGET_VERBS = frozenset(
-    {"apply", "revert", "ensure", "status", "recover", "doctor", "pin", "export", "explain",
-     "trial"}
-)  # fmt: skip
+    {
+        "apply",
+        "revert",
+        "ensure",
+        "status",
+        "recover",
+        "doctor",
+        "pin",
+        "export",
+        "explain",
+        "trial",
+    }
+)
 # ...and those that are no command without an argument (`sm120patch pin` names the tool's verb)
 NEED_ARGUMENT = frozenset({"apply", "revert", "ensure", "pin", "export", "trial"})
 # The flags of the user's command that a follow-up command keeps, and the verbs that take them:
@@ -143,10 +158,11 @@ def hint_lines(hint: str) -> list[str]:
     is, then the hint's words on a line of their own (indented, no `next:`) where they say
     more than the commands: a `next:` line is only ever a command."""
     commands = [
-        c for c in _SPAN.findall(hint)
+        c
+        for c in _SPAN.findall(hint)
         if not any(_PLACEHOLDERS.match(w) for w in c.split())
         and c.split()[1:] not in ([v] for v in NEED_ARGUMENT)  # a mention: `sm120patch pin`
-    ]  # fmt: skip
+    ]
     rest = _SPAN.sub(" ", hint)
     for mark in ",;:.()":
         rest = rest.replace(mark, f" {mark} ")
@@ -253,9 +269,10 @@ def run_tool(main: Callable[[], Any], early: Any) -> None:
         # state the command's last run left.
         hooks = sys.modules.get("sm120patch.engine.interrupts")
         state, hint = (
-            hooks.after_interrupt() if hooks is not None
+            hooks.after_interrupt()
+            if hooks is not None
             else ("no apply, revert or recover had started: nothing was changed", "")
-        )  # fmt: skip
+        )
         os.write(2, printable(f"sm120patch: interrupted (SIGINT): {state}\n").encode())
         if hint:
             os.write(2, "".join(f"{line}\n" for line in hint_lines(hint)).encode())
@@ -294,9 +311,13 @@ def wrapped(line: str, width: int) -> list[str]:
         return [line]
     lead = line[: len(line) - len(line.lstrip())]
     return textwrap.wrap(
-        line.strip(), width, initial_indent=lead, subsequent_indent=lead + "  ",
-        break_long_words=False, break_on_hyphens=False,
-    ) or [line]  # fmt: skip
+        line.strip(),
+        width,
+        initial_indent=lead,
+        subsequent_indent=lead + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [line]
 
 
 def path_options(command: click.Command) -> frozenset[str]:
@@ -318,15 +339,23 @@ def waiting(seconds: float) -> Callable[[object], None]:
     """What `ensure` says, on stderr, when it starts waiting for another run's lock."""
 
     def notice(root: object) -> None:
-        line = (f"sm120patch: another sm120patch run holds the lock on {root}; waiting for it "
-                f"(at most {seconds:g} s), then deciding from the bytes")  # fmt: skip
+        line = (
+            f"sm120patch: another sm120patch run holds the lock on {root}; waiting for it "
+            f"(at most {seconds:g} s), then deciding from the bytes"
+        )
         click.echo(printable(line), err=True)
 
     return notice
 
 
-_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("diff ", "bold"), ("@@", "cyan"),
-                ("+", "green"), ("-", "red"))  # fmt: skip
+_DIFF_STYLES = (
+    ("+++", "bold"),
+    ("---", "bold"),
+    ("diff ", "bold"),
+    ("@@", "cyan"),
+    ("+", "green"),
+    ("-", "red"),
+)
 
 
 def coloured(diff: str) -> str:

@@ -123,7 +123,7 @@ def test_a_planted_pip_in_the_callers_directory_never_runs(via, attacker, shared
     """`matrix` asks pip for its index configuration and fetches with `pip download`: a
     `pip/__main__.py` the user planted where root stands (or on a PYTHONPATH root inherited)
     is not what runs; pip's own configuration (PIP_*, its config files) still is."""
-    from sm120patch.maintain import pipconfig, releases
+    from sm120patch.maintain import dists, pipconfig
 
     here = attacker.give(shared / "work")
     attacker.write(here / "pip" / "__init__.py", "")
@@ -139,7 +139,7 @@ def test_a_planted_pip_in_the_callers_directory_never_runs(via, attacker, shared
         pipconfig.pip_index.cache_clear()
     assert not (here / "pip" / "__main__.py.ran").exists()
     assert found.index_url != "http://evil" and "https://mirror.example/simple" in found.sources
-    args = releases.pip_download_args("sglang", "0.5.8")
+    args = dists.pip_download_args("sglang", "0.5.8")
     assert args[1] == "-I", args
 
 

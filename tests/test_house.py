@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 MOST_LINES = 700
 # Everything a user or a newcomer reads: the code, the patch library and its data, the docs.
@@ -44,6 +46,45 @@ def test_no_module_over_700_lines():
     for path in (ROOT / "sm120patch").rglob("*.py"):
         lines = path.read_text(encoding="utf-8").count("\n")
         assert lines <= MOST_LINES, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+# The size cap a module is held to, met by splitting by responsibility: a `# fmt: skip` (or
+# `# fmt: off`) that keeps lines packed to stay under it does not count.
+MOST_LINES_SPLIT = 600
+PACKED = re.compile(r"#.*\bfmt:\s*(?:skip|off)\b")  # also "# why; fmt: skip"
+
+
+def packed_or_long(root: Path = ROOT) -> dict[str, str]:
+    """The modules under sm120patch/ and patches/ over MOST_LINES_SPLIT lines or holding a
+    formatter escape, each with what is wrong with it."""
+    found = {}
+    for path in sorted([*(root / "sm120patch").rglob("*.py"), *(root / "patches").rglob("*.py")]):
+        text = path.read_text(encoding="utf-8")
+        wrong = []
+        if (lines := text.count("\n")) > MOST_LINES_SPLIT:
+            wrong.append(f"{lines} lines")
+        if packed := len(PACKED.findall(text)):
+            wrong.append(f"{packed} fmt: skip")
+        if wrong:
+            found[path.relative_to(root).as_posix()] = ", ".join(wrong)
+    return found
+
+
+@pytest.mark.xfail(strict=False, reason="other branches of issue 41 land the rest")
+def test_no_module_is_packed_or_over_600_lines():
+    assert packed_or_long() == {}
+
+
+def test_the_size_check_finds_a_packed_and_a_long_module(tmp_path):
+    (tmp_path / "sm120patch" / "plan").mkdir(parents=True)
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "sm120patch" / "plan" / "long.py").write_text("x = 1\n" * 601)
+    (tmp_path / "sm120patch" / "plan" / "short.py").write_text("x = 1\n" * 600)
+    (tmp_path / "patches" / "p_one.py").write_text("X = (1,\n     2)  # kept; fmt: skip\n")
+    assert packed_or_long(tmp_path) == {
+        "patches/p_one.py": "1 fmt: skip",
+        "sm120patch/plan/long.py": "601 lines",
+    }
 
 
 def test_nothing_cites_a_document_or_issue_users_cannot_open():

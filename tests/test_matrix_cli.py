@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from fakeindex import FakeIndex, closed_port_url, pip_env, serve
 
 from sm120patch.cli import main
-from sm120patch.maintain import pipconfig, releases, trees
+from sm120patch.maintain import dists, pipconfig, releases, trees
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_reads_the_index_from_pip_config_and_prints_one_json_object(
     assert got[("flashinfer", "0.6.1")]["sites"]["flashinfer.comm-arch"] == "applied"
     assert "/simple/sglang/" in index.requests and "/simple/flashinfer-python/" in index.requests
     wheel = tmp_path / "cache" / "dist" / "sglang-0.5.8-py3-none-any.whl"
-    assert releases.recorded_digest(wheel) == releases.sha256_file(wheel)
+    assert dists.recorded_digest(wheel) == dists.sha256_file(wheel)
     assert result.stderr == ""
 
 
@@ -170,7 +170,7 @@ def test_a_corrupted_cache_entry_is_fetched_again(
     assert rows(after.stdout) == rows(before.stdout)
     assert trees.tree_problem(cache / "trees" / "sglang-0.5.8") is None
     wheel = cache / "dist" / "sglang-0.5.8-py3-none-any.whl"
-    assert releases.verify("sglang", wheel) is None
+    assert dists.verify("sglang", wheel) is None
 
 
 def _run_on_a_terminal(args: list[str], env: dict[str, str]) -> tuple[int, str]:

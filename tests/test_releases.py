@@ -13,7 +13,7 @@ import pytest
 from fakeindex import pip_env, serve
 
 from sm120patch import targets
-from sm120patch.maintain import index, pipconfig, releases, trees
+from sm120patch.maintain import dists, index, pipconfig, releases, trees
 
 
 @pytest.fixture
@@ -109,20 +109,20 @@ def test_fetch_reuses_the_cache(cache: Path, monkeypatch: pytest.MonkeyPatch) ->
     def no_network(*args: object, **kwargs: object) -> None:
         raise AssertionError("fetched again")
 
-    monkeypatch.setattr(releases.subprocess, "run", no_network)
-    assert releases.fetch("sglang", "0.5.8") == wheel
+    monkeypatch.setattr(dists.subprocess, "run", no_network)
+    assert dists.fetch("sglang", "0.5.8") == wheel
 
 
 def test_pip_arguments_per_release() -> None:
-    new = releases.pip_download_args("sglang", "0.5.11")
+    new = dists.pip_download_args("sglang", "0.5.11")
     assert new[1:5] == ["-I", "-m", "pip", "download"] and "--no-deps" in new
     assert {"--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
             "--only-binary=:all:"} <= set(new)
-    old = releases.pip_download_args("sglang", "0.5.10")
+    old = dists.pip_download_args("sglang", "0.5.10")
     assert "--platform" not in old and "--only-binary=:all:" in old
-    assert "flashinfer-python==0.6.1" in releases.pip_download_args("flashinfer", "0.6.1")
-    assert releases.is_sdist_only("flashinfer", "0.4.1")
-    assert not releases.is_sdist_only("flashinfer", "0.5.0")
+    assert "flashinfer-python==0.6.1" in dists.pip_download_args("flashinfer", "0.6.1")
+    assert dists.is_sdist_only("flashinfer", "0.4.1")
+    assert not dists.is_sdist_only("flashinfer", "0.5.0")
 
 
 def listed(*names: str, yanked: tuple[str, ...] = ()) -> list[index.IndexFile]:
@@ -170,12 +170,12 @@ def test_choose_prefers_the_pure_wheel_then_cp311_linux_then_the_sdist() -> None
     names = ["sglang-0.5.12-cp311-cp311-manylinux_2_34_aarch64.whl",
              "sglang-0.5.12-cp310-cp310-manylinux_2_34_x86_64.whl",
              "sglang-0.5.12-cp311-cp311-manylinux_2_34_x86_64.whl", "sglang-0.5.12.tar.gz"]
-    assert releases.choose(listed(*names)).filename == names[2]
-    assert releases.choose(listed(*names[:2], names[3])).filename == names[1]
-    assert releases.choose(listed(names[0], names[3])).filename == names[3]
-    assert releases.choose(listed(*names, "sglang-0.5.12-py3-none-any.whl")).filename.endswith(
+    assert dists.choose(listed(*names)).filename == names[2]
+    assert dists.choose(listed(*names[:2], names[3])).filename == names[1]
+    assert dists.choose(listed(names[0], names[3])).filename == names[3]
+    assert dists.choose(listed(*names, "sglang-0.5.12-py3-none-any.whl")).filename.endswith(
         "py3-none-any.whl")
-    assert releases.choose(listed(names[0])) is None
+    assert dists.choose(listed(names[0])) is None
 
 
 def test_pip_config_precedence_is_pips() -> None:
@@ -246,11 +246,11 @@ def test_truncated_wheel_is_downloaded_again(cache: Path, monkeypatch: pytest.Mo
         pipconfig.pip_index.cache_clear()
         releases.listing.cache_clear()
         try:
-            wheel = releases.fetch("sglang", "0.5.8")
+            wheel = dists.fetch("sglang", "0.5.8")
             good = wheel.read_bytes()
             wheel.write_bytes(good[: len(good) // 2])
-            assert releases.verify("sglang", wheel) is not None
-            assert releases.fetch("sglang", "0.5.8") == wheel
+            assert dists.verify("sglang", wheel) is not None
+            assert dists.fetch("sglang", "0.5.8") == wheel
             assert wheel.read_bytes() == good
             assert served.requests.count("/files/sglang-0.5.8-py3-none-any.whl") == 2
         finally:
@@ -260,12 +260,12 @@ def test_truncated_wheel_is_downloaded_again(cache: Path, monkeypatch: pytest.Mo
 
 def test_unrecorded_cached_wheel_is_adopted_only_when_whole(cache: Path) -> None:
     wheel = make_wheel(cache / "dist", "sglang", "0.5.8", {"sglang/__init__.py": ""})
-    assert releases.recorded_digest(wheel) is None  # fetched by an older sm120patch
-    assert releases.verify("sglang", wheel) is None
-    assert releases.recorded_digest(wheel) == releases.sha256_file(wheel)
+    assert dists.recorded_digest(wheel) is None  # fetched by an older sm120patch
+    assert dists.verify("sglang", wheel) is None
+    assert dists.recorded_digest(wheel) == dists.sha256_file(wheel)
     other = make_wheel(cache / "dist", "sglang", "0.5.9", {"sglang/__init__.py": ""})
     other.write_bytes(other.read_bytes()[:-30])
-    assert "does not read as a whole archive" in releases.verify("sglang", other)
+    assert "does not read as a whole archive" in dists.verify("sglang", other)
 
 
 def test_edited_tree_is_rebuilt(cache: Path) -> None:

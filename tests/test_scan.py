@@ -14,11 +14,11 @@ from trees import make_tree
 
 from sm120patch.cli import main
 from sm120patch.patchkit import arch as words
-from sm120patch.scan import classify, evaluate, gates, report, run
+from sm120patch.scan import classify, evaluate, filescan, gates, report, run
 
 
 def scan(text: str, file: str = "sglang/srt/layers/x.py") -> list[gates.Gate]:
-    found = gates.scan_text(file, textwrap.dedent(text))
+    found = filescan.scan_text(file, textwrap.dedent(text))
     assert not found.problem, found.problem
     return found.gates
 
@@ -338,7 +338,7 @@ def test_class_level_statements_and_nested_defs_get_their_qualified_names() -> N
 
 
 def test_a_file_that_does_not_parse_is_said_so() -> None:
-    found = gates.scan_text("sglang/x.py", "if is_sm100_supported(:\n    pass\n")
+    found = filescan.scan_text("sglang/x.py", "if is_sm100_supported(:\n    pass\n")
     assert found.problem.startswith("does not parse")
 
 
@@ -537,7 +537,7 @@ def test_what_the_release_itself_refuses_on_sm120_is_kernel() -> None:
                     raise ValueError("fast across nodes needs SM100")
         """
     )
-    found = gates.scan_text("sglang/srt/server_args.py", text).gates
+    found = filescan.scan_text("sglang/srt/server_args.py", text).gates
     refused = classify.required(found)
     assert list(refused) == ["attention_backend=fast"]  # the other check has a condition more
     classes = [classify.classify(x, FAMILIES, (), refused) for x in found]

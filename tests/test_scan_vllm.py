@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sm120patch.patchkit import arch
-from sm120patch.scan import classify, gates, run
+from sm120patch.scan import classify, filescan, gates, run
 
 SM100_FAMILY = frozenset({arch.SM100, arch.SM103})
 FROM_SM100 = frozenset({arch.SM100, arch.SM103, arch.SM110, arch.SM120, arch.SM121})
@@ -81,7 +81,7 @@ def test_vllm_blackwell_is_major_ten() -> None:
 
 
 def scan(text: str, file: str = "vllm/model_executor/layers/x.py") -> list[gates.Gate]:
-    found = gates.scan_text(file, textwrap.dedent(text))
+    found = filescan.scan_text(file, textwrap.dedent(text))
     assert not found.problem, found.problem
     return found.gates
 

@@ -31,7 +31,7 @@ from sm120patch.errors import Refused
 from sm120patch.patchkit.model import Wiring
 from sm120patch.plan.known import entries as known_entries
 from sm120patch.trial import decide, gpu, known, loadgen, sanity, wiring
-from sm120patch.trial import measure as measure_
+from sm120patch.trial import measured as measured_
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
 WATCHED = "python/sglang/srt/server_args.py"  # the file the moe profile patches
@@ -317,10 +317,10 @@ def stand_in_trial(seed: int, noise: float = 0.12, delay_ms: float = 50.0) -> st
     while True:
         base.append(tok_s("pristine", len(base)))
         patched.append(tok_s("patched", len(patched)))
-        if len(base) < measure_.REPEAT:
+        if len(base) < measured_.REPEAT:
             continue
         decided = decide.decide_gain(base, patched, True, 0.02)
-        if not decided.more or len(base) >= measure_.MAX_REPEAT:
+        if not decided.more or len(base) >= measured_.MAX_REPEAT:
             return decided.verdict
 
 
@@ -689,7 +689,7 @@ def record(trees, n: int) -> list[str]:
     paths = {"sglang": str(sg), "flashinfer": str(fi)}
     ids = []
     for i in range(n):
-        doc = measure_.MeasuredTrial("moe", ["serve"], {}, 1_800_000_000.0 + i).to_dict()
+        doc = measured_.MeasuredTrial("moe", ["serve"], {}, 1_800_000_000.0 + i).to_dict()
         doc["id"] = f"20270115-0800{i:02d}-{i:04x}"
         doc["verdict"], doc["message"] = "inconclusive", f"trial number {i}"
         trials.record_trial(paths, "moe", TrialRecord.from_json(doc))

@@ -13,7 +13,8 @@ from trees import make_tree
 from sm120patch.engine import trials
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused
-from sm120patch.trial import gpu, measure, serve
+from sm120patch.trial import gpu, serve
+from sm120patch.trial import measured as measured_
 
 
 def one_line(err: str) -> bool:
@@ -27,14 +28,14 @@ def measured_doc() -> dict:
     figures = {"output_tok_s": 812.5, "req_s": 3.25, "ttft_p50_ms": 41.0, "ttft_p99_ms": 90.5,
                "itl_p50_ms": 7.5, "itl_p99_ms": None, "completed": 64, "failed": 0,
                "output_tokens": 8192, "duration_s": 10.1, "tokens_from_usage": True}  # fmt: skip
-    result = measure.MeasuredTrial("moe", ["python", "-m", "sglang.launch_server", "--tp", "2"],
+    result = measured_.MeasuredTrial("moe", ["python", "-m", "sglang.launch_server", "--tp", "2"],
                                    {"figure": "output_tok_s", "repeat": 2}, 1_800_000_000.25)  # fmt: skip
     result.versions = {"sglang": "0.5.8"}
     result.gpu_names = ["NVIDIA RTX PRO 6000", "NVIDIA RTX PRO 6000"]
     result.gpu_family = "sm120"
     for i, side in enumerate(("baseline", "patched", "baseline", "patched")):
         reading = gpu.Reading(0, "NVIDIA RTX PRO 6000", 390.5, 600.0, 93.0)
-        result.runs.append(measure.Run(
+        result.runs.append(measured_.Run(
             side, i // 2, 1_800_000_010.0 + i, ready_s=20.5, figures=dict(figures),
             window_start=1_800_000_030.0 + i, window_end=1_800_000_040.5 + i,
             timeline=[{"t": 0.5, "tok_s": 800.0}], power=[{"t": 0.25, "gpus": [reading.__dict__]}],

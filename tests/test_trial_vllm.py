@@ -25,7 +25,7 @@ from vllmpack import write_pack
 
 from sm120patch.plan import catalog
 from sm120patch.trial import engines, known, serve
-from sm120patch.trial import measure as measure_
+from sm120patch.trial import measured as measured_
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
 GATES = "vllm/platforms/gates.py"  # the fixture tree's file the pack's patch changes
@@ -74,11 +74,11 @@ def test_sglang_command_lines_keep_their_defaults():
     cmd = ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "4"]
     assert (e.api(cmd), e.model_path(cmd), e.tp(cmd)) == ("http://127.0.0.1:30000", "/m", "4")
     assert e.api([*cmd, "--port", "31000", "--host", "0.0.0.0"]) == "http://127.0.0.1:31000"
-    opts = measure_.Options()
-    assert measure_.api_of(opts, cmd) == "http://127.0.0.1:30000"
-    assert measure_.api_of(opts, ["vllm", "serve", "m"], engines.VLLM) == "http://127.0.0.1:8000"
-    ready = measure_.Options(ready_url="http://127.0.0.1:7000/health")
-    assert measure_.api_of(ready, ["vllm", "serve", "m"], engines.VLLM) == "http://127.0.0.1:7000"
+    opts = measured_.Options()
+    assert measured_.api_of(opts, cmd) == "http://127.0.0.1:30000"
+    assert measured_.api_of(opts, ["vllm", "serve", "m"], engines.VLLM) == "http://127.0.0.1:8000"
+    ready = measured_.Options(ready_url="http://127.0.0.1:7000/health")
+    assert measured_.api_of(ready, ["vllm", "serve", "m"], engines.VLLM) == "http://127.0.0.1:7000"
 
 
 def test_the_engine_is_the_profiles(pack):

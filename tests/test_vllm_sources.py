@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sm120patch.maintain import releases, sources
+from sm120patch.maintain import dists, releases, sources
 from sm120patch.maintain.index import make_file
 from sm120patch.maintain.trees import tree_problem
 
@@ -113,7 +113,7 @@ def test_without_ranges_the_whole_wheel_is_checked_and_deleted(serve, monkeypatc
         fetched.append(staging / entry.filename)
         return staging / entry.filename
 
-    monkeypatch.setattr(releases, "_download_url", download)
+    monkeypatch.setattr(dists, "_download_url", download)
     root = sources.tree("vllm", VERSION)
     assert (root / "vllm/__init__.py").is_file() and not (root / "vllm/_C.abi3.so").exists()
     assert fetched and not fetched[0].exists(), "the wheel was kept"
@@ -142,4 +142,4 @@ def test_a_member_whose_crc_does_not_match_refuses_the_release(serve):
 
 def test_the_release_cache_never_fetches_a_vllm_wheel():
     with pytest.raises(releases.ReleaseError, match="not cached"):
-        releases.fetch("vllm", VERSION)
+        dists.fetch("vllm", VERSION)

@@ -334,8 +334,9 @@ def status(given: Given) -> list[TargetStatus]:
         lines = refused_beside(s.assessment, found, named)
         if lines:
             a = s.assessment
-            s.assessment = replace(a, message="; ".join([a.message, *lines]),
-                                   notes=(*a.notes, *lines))  # fmt: skip
+            s.assessment = replace(
+                a, message="; ".join([a.message, *lines]), notes=(*a.notes, *lines)
+            )
     return out
 
 

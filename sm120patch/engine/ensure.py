@@ -77,8 +77,9 @@ def ensure(
                 raise
             # not as the lock says: apply's preflight refuses with the full story
     if not apply_if_needed:
-        wrong = next(a for a in found if not (a.state == assess.State.APPLIED
-                                              and a.profile == profile.name))  # fmt: skip
+        wrong = next(
+            a for a in found if not (a.state == assess.State.APPLIED and a.profile == profile.name)
+        )
         raise Refused(
             f"{wrong.target.at}: {wrong.state}: {wrong.message}",
             verify_hint(wrong, profile.name, lock),
@@ -89,10 +90,15 @@ def ensure(
     from sm120patch.plan import catalog
 
     report = apply_runs(
-        catalog.load().profile(profile.name), ctxs, named, preconditions=preconditions,
-        check_plan=check_plan, lock=lock,
-        seen={c.target.kind: a for c, a in zip(ctxs, found, strict=True)}, wait=wait,
-    )  # fmt: skip
+        catalog.load().profile(profile.name),
+        ctxs,
+        named,
+        preconditions=preconditions,
+        check_plan=check_plan,
+        lock=lock,
+        seen={c.target.kind: a for c, a in zip(ctxs, found, strict=True)},
+        wait=wait,
+    )
     for ctx in ctxs:
         why = report.unrecorded.get(ctx.target.kind)
         if why is not None:

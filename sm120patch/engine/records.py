@@ -43,8 +43,13 @@ class FileRecord:
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> FileRecord:
-        return cls(doc["path"], doc.get("module", doc["path"]), doc["before"], doc["after"],
-                   doc.get("mode"))  # fmt: skip
+        return cls(
+            doc["path"],
+            doc.get("module", doc["path"]),
+            doc["before"],
+            doc["after"],
+            doc.get("mode"),
+        )
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,8 +86,9 @@ class GitBase:
     def from_doc(cls, doc: dict[str, Any] | None) -> GitBase | None:
         if doc is None:
             return None
-        return cls(doc.get("branch"), doc["head"], doc["patch_branch"],
-                   tuple(doc.get("commits", [])))  # fmt: skip
+        return cls(
+            doc.get("branch"), doc["head"], doc["patch_branch"], tuple(doc.get("commits", []))
+        )
 
     def to_doc(self) -> dict[str, Any]:
         return {**asdict(self), "commits": list(self.commits)}
@@ -292,8 +298,12 @@ def _check_target(target: object) -> str:
     return ""
 
 
-def _check_files(files: object, name: str = "files", hashes: tuple[str, ...] = ("before", "after"),
-                 absent: bool = False) -> str:  # fmt: skip
+def _check_files(
+    files: object,
+    name: str = "files",
+    hashes: tuple[str, ...] = ("before", "after"),
+    absent: bool = False,
+) -> str:
     """`files` (or `checked`, whose sha256 may be None: `absent`) entry by entry."""
     if not isinstance(files, list):
         return f"{name} is not a list"
@@ -382,11 +392,10 @@ def _check_refuses(refuses: object) -> str:
     ok = refuses is None or (
         isinstance(refuses, dict)
         and all(
-            k in TARGETS and isinstance(v, list)
-            and all(isinstance(spec, str) for spec in v)
+            k in TARGETS and isinstance(v, list) and all(isinstance(spec, str) for spec in v)
             for k, v in refuses.items()
         )
-    )  # fmt: skip
+    )
     return "" if ok else "refuses is not a table of target kind to specifiers"
 
 

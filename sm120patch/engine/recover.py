@@ -136,9 +136,12 @@ def _drop_replaced(ctx: TargetRun, journal: Journal, was: str) -> list[str]:
         f"{t.root}: {t.name} was {was} when the interrupted {journal.op} of {journal.profile} "
         f"began, {t.version} is there now: nothing of {was} was written back; dropped its "
         "journal"
-        + (f" (`sm120patch apply {journal.profile}` patches {t.version})"
-           if journal.op == Op.APPLY else "")
-    ]  # fmt: skip
+        + (
+            f" (`sm120patch apply {journal.profile}` patches {t.version})"
+            if journal.op == Op.APPLY
+            else ""
+        )
+    ]
     if git is not None and t.layout == "git" and git_head_branch(t.root) != git.patch_branch:
         notes.extend(ctx.layout.drop_branch(git, keep_branch=journal.keep_branch))
     manifest = ctx.state.manifest() if ctx.state.has_manifest() else None

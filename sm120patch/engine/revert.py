@@ -159,16 +159,24 @@ def revert_dry_run(
             after = restored[f.path]
             report.files.append(ReportedFile(f.path, "pristine"))
             if after is not None and after != data:
-                diffs.append(diff_texts(f.path, data.decode("utf-8", "replace"),
-                                        after.decode("utf-8", "replace")))  # fmt: skip
+                diffs.append(
+                    diff_texts(
+                        f.path, data.decode("utf-8", "replace"), after.decode("utf-8", "replace")
+                    )
+                )
         reports.append(report)
-    return Report(Action.REVERTED if todo else Action.DROPPED, profile_name, reports, notes=notes,
-                  dry_run=True, restores="".join(diffs))  # fmt: skip
+    return Report(
+        Action.REVERTED if todo else Action.DROPPED,
+        profile_name,
+        reports,
+        notes=notes,
+        dry_run=True,
+        restores="".join(diffs),
+    )
 
 
 def _revert_targets(profile_name: str | None, given: Given) -> list[TargetRun]:
-    kinds = TARGETS if profile_name is None else catalog.load().profile(
-        profile_name).targets  # fmt: skip
+    kinds = TARGETS if profile_name is None else catalog.load().profile(profile_name).targets
     return [TargetRun(t) for t in resolved(given).each(tuple(kinds))]
 
 
@@ -224,8 +232,9 @@ def _dropped_note(ctx: TargetRun, found: Assessment, *, dry_run: bool = False) -
     done = "the revert would drop the record" if dry_run else "dropped the record"
     m = found.manifest
     if m is not None and m.needs_nothing and found.state == assess.State.APPLIED:
-        return (f"{ctx.target.at}: profile {m.profile} needed nothing here; nothing to "
-                f"restore, {done}")  # fmt: skip
+        return (
+            f"{ctx.target.at}: profile {m.profile} needed nothing here; nothing to restore, {done}"
+        )
     return f"{ctx.target.at}: {found.message}; nothing to restore, {done}"
 
 
@@ -233,8 +242,9 @@ def _preflight(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
     """Refuse before any journal is written: the manifest checked as evidence, every file it
     names a regular file, edits since the apply (unless `force`), and whether the layout can
     restore every file (`check_can_restore`), so a revert never stops halfway."""
-    check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
-                   kind=manifest.target.kind)  # fmt: skip
+    check_evidence(
+        ctx, manifest.profile, manifest.files, manifest.patches, kind=manifest.target.kind
+    )
     for f in manifest.files:
         st = ctx.tree.lstat(f.path)
         if st is not None and not stat.S_ISREG(st.st_mode):
@@ -289,8 +299,9 @@ def finish_revert(ctx: TargetRun, journal: Journal) -> tuple[TargetReport, list[
     """Idempotent: run again from the journal, it converges."""
     manifest = journal.manifest
     assert manifest is not None
-    check_evidence(ctx, manifest.profile, manifest.files, manifest.patches,
-                   kind=manifest.target.kind)  # fmt: skip
+    check_evidence(
+        ctx, manifest.profile, manifest.files, manifest.patches, kind=manifest.target.kind
+    )
     report = TargetReport(ctx.target, state=assess.State.PRISTINE)
     remove_temps(ctx, manifest.files)
     ctx.layout.finish_revert(manifest.files, manifest.git, journal.keep_branch)

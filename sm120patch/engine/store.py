@@ -298,8 +298,9 @@ class TargetState:
         try:
             with self.held.holding():
                 # Never blocking on a FIFO there, never through a link.
-                fd = os.open(LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW,
-                             dir_fd=self.held.open())  # fmt: skip
+                fd = os.open(
+                    LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=self.held.open()
+                )
         except OSError:
             return  # no lock file: nobody holds it
         try:
@@ -459,8 +460,13 @@ class TargetState:
     def keep_copy(self, kind: str, rel: str, data: bytes) -> None:
         # A pristine copy is what a revert restores from: durable. A patched copy only shows a
         # later edit as a diff (and a torn one shows as a larger diff, never a wrong restore).
-        self.held.write(f"{kind}/{files.safe_relpath(rel)}", data, self.file_mode,
-                        self._making(), durable=kind == "pristine")  # fmt: skip
+        self.held.write(
+            f"{kind}/{files.safe_relpath(rel)}",
+            data,
+            self.file_mode,
+            self._making(),
+            durable=kind == "pristine",
+        )
 
     def copy(self, kind: str, rel: str) -> bytes | None:
         name = f"{kind}/{files.safe_relpath(rel)}"

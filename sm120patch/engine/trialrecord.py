@@ -73,9 +73,15 @@ def _power_sample(sample: object) -> bool:
     return (
         isinstance(sample, dict)
         and _number(sample.get("t"))
-        and _list_of(sample.get("gpus"), lambda g: isinstance(g, dict)
-                     and type(g.get("index")) is int and _maybe_number(g.get("power_w")))
-    )  # fmt: skip
+        and _list_of(
+            sample.get("gpus"),
+            lambda g: (
+                isinstance(g, dict)
+                and type(g.get("index")) is int
+                and _maybe_number(g.get("power_w"))
+            ),
+        )
+    )
 
 
 def _gpu_figures(g: object) -> bool:
@@ -114,8 +120,12 @@ def _check_run(r: dict[str, Any]) -> str:
         ("exit_code", lambda c: c is None or (type(c) is int and c in _EXIT_RANGE)),
         ("window_start", lambda t: _maybe(t, _time)),
         ("window_end", lambda t: _maybe(t, _time)),
-        ("timeline", lambda v: _list_of(v, lambda p: isinstance(p, dict)
-                                        and _number(p.get("t")) and _number(p.get("tok_s")))),
+        (
+            "timeline",
+            lambda v: _list_of(
+                v, lambda p: isinstance(p, dict) and _number(p.get("t")) and _number(p.get("tok_s"))
+            ),
+        ),
         ("power", lambda v: _list_of(v, _power_sample)),
         ("gpus", lambda v: _list_of(v, _gpu_figures)),
         ("nvml_problem", lambda v: _maybe(v, _text)),
@@ -124,7 +134,7 @@ def _check_run(r: dict[str, Any]) -> str:
         ("wiring", lambda v: _table_of(v, _evidence_line)),
         ("load_errors", lambda v: _list_of(v, _text)),
         ("tail", lambda v: _list_of(v, _text)),
-    )  # fmt: skip
+    )
     for key, ok in checks:
         if key == "outcome" and key not in r:
             return "a trial's run has no outcome"
@@ -140,12 +150,19 @@ def _sanity(s: object) -> bool:
     return (
         all(_maybe_number(s.get(k)) for k in ("similarity", "agreement"))
         and _maybe(s.get("agreement_positions"), lambda n: type(n) is int)
-        and all(_maybe(s.get(k), lambda v: _list_of(v, _text))
-                for k in ("reasons", "notes", "baseline_reasons"))
-        and (not scores or (isinstance(scores, dict) and _text(scores.get("key"))
-                            and all(_number(scores.get(k))
-                                    for k in ("patched", "baseline", "tolerance"))))
-    )  # fmt: skip
+        and all(
+            _maybe(s.get(k), lambda v: _list_of(v, _text))
+            for k in ("reasons", "notes", "baseline_reasons")
+        )
+        and (
+            not scores
+            or (
+                isinstance(scores, dict)
+                and _text(scores.get("key"))
+                and all(_number(scores.get(k)) for k in ("patched", "baseline", "tolerance"))
+            )
+        )
+    )
 
 
 # What each other field of a record may hold (a run's are checked in `_check_run`).
@@ -160,14 +177,15 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "gpu_names": lambda v: _list_of(v, _text),
     "gpu_family": lambda v: _maybe(v, _text),
     "options": lambda v: isinstance(v, dict) and _maybe(v.get("figure"), _text),
-    "summary": lambda v: _table_of(v, lambda side: _table_of(side, lambda stats: _table_of(
-        stats, _maybe_number))),
+    "summary": lambda v: _table_of(
+        v, lambda side: _table_of(side, lambda stats: _table_of(stats, _maybe_number))
+    ),
     "sanity": lambda v: _maybe(v, _sanity),
     "signature": lambda v: _maybe(v, lambda s: _table_of(s, _text) and _text(s.get("action"))),
     "tail": lambda v: _list_of(v, _text),
     "power_samples": lambda v: _list_of(v, _power_sample),
     "time_to_ready_s": _maybe_number,
-}  # fmt: skip
+}
 
 
 def check_trial(t: object) -> str:
@@ -230,7 +248,7 @@ class TrialRecord:
     measured trial's runs, pairs, summary, power, wiring, quality checks; a plain trial's
     tail, log and power samples) is `measured`: large, only ever rendered, and its shape
     varies with the version that wrote it, so it stays the checked mapping it was read as
-    rather than a second copy of the run classes of `trial.measure`.
+    rather than a second copy of the run classes of `trial.measured`.
     """
 
     profile: str

@@ -17,9 +17,11 @@ from sm120patch.targets.resolved import Given, resolved
 def recorded(found: Iterable[Target]) -> list[TrialRecord]:
     """The trials recorded on each of `found`, target by target (a trial of a profile spanning
     both targets is on both): what a command shows of this box without assessing a target."""
-    return [t for target in found
-            for t in TargetState.of(target.root, target.layout, target.kind,
-                                    target.handle).trials()]  # fmt: skip
+    return [
+        t
+        for target in found
+        for t in TargetState.of(target.root, target.layout, target.kind, target.handle).trials()
+    ]
 
 
 def record_trial(given: Given, profile: str, trial: TrialRecord) -> None:

@@ -96,8 +96,11 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
     profiles = catalog.load().profiles.values()
     # A kind looked for only when named (vLLM), not named: one line saying so, where a profile
     # patches it; its profiles are not checked, for that reason.
-    unnamed = {k for k in TARGETS if k not in LOOKED_FOR and not named.given(k)
-               and any(k in p.targets for p in profiles)}  # fmt: skip
+    unnamed = {
+        k
+        for k in TARGETS
+        if k not in LOOKED_FOR and not named.given(k) and any(k in p.targets for p in profiles)
+    }
     for kind in sorted(unnamed, key=TARGETS.index):
         which = ", ".join(p.name for p in profiles if kind in p.targets)
         missing.append(f"{targets.DISPLAY[kind]}: looked for only with --{kind} PATH "

@@ -201,10 +201,13 @@ def profile_for(target: Target, profile_name: str | None) -> str:
         return PROFILE
     names = [n for n, p in catalog.load().profiles.items() if target.kind in p.targets]
     if len(names) != 1:
-        raise UsageError(f"{len(names) or 'no'} profiles patch {target.name}"
-                         + (f" ({', '.join(names)})" if names else ""),
-                         "name the patched side with --profile PROFILE" if names else
-                         "load a pack that patches it (--patches DIR)")  # fmt: skip
+        raise UsageError(
+            f"{len(names) or 'no'} profiles patch {target.name}"
+            + (f" ({', '.join(names)})" if names else ""),
+            "name the patched side with --profile PROFILE"
+            if names
+            else "load a pack that patches it (--patches DIR)",
+        )
     return names[0]
 
 

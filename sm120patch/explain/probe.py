@@ -67,12 +67,21 @@ GPU_EXTENSIONS = ("sgl_kernel", "deep_gemm", "flash_mla", "sgl_deep_gemm", "sgl_
 # vLLM's compiled modules (the .so files its wheel's RECORD lists, 0.30-0.34), inside its
 # package: on a CPU box they are absent (a release's .py tree) or do not load.
 VLLM_EXTENSIONS = (
-    "vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C", "vllm._moe_C_stable_libtorch",
-    "vllm.cumem_allocator", "vllm._flashmla_C", "vllm._flashmla_extension_C",
-    "vllm._deepselect_C", "vllm._flashkda_C", "vllm.fs_io_C", "vllm.spinloop",
-    "vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C",
+    "vllm._C",
+    "vllm._C_stable_libtorch",
+    "vllm._moe_C",
+    "vllm._moe_C_stable_libtorch",
+    "vllm.cumem_allocator",
+    "vllm._flashmla_C",
+    "vllm._flashmla_extension_C",
+    "vllm._deepselect_C",
+    "vllm._flashkda_C",
+    "vllm.fs_io_C",
+    "vllm.spinloop",
+    "vllm.vllm_flash_attn._vllm_fa2_C",
+    "vllm.vllm_flash_attn._vllm_fa3_C",
     "vllm.third_party.deep_gemm._C_extension",
-)  # fmt: skip
+)
 
 
 class Fatal(Exception):

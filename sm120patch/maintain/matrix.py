@@ -19,7 +19,7 @@ from typing import Any
 from packaging.version import Version
 
 from sm120patch.errors import UsageError
-from sm120patch.maintain import releases, sources, trees
+from sm120patch.maintain import dists, releases, sources, trees
 from sm120patch.plan import catalog
 
 DISPLAY = {"sglang": "SGLang", "flashinfer": "FlashInfer", "vllm": "vLLM"}
@@ -216,7 +216,7 @@ def _release_digest(kind: str, version: str) -> str:
     if kind in releases.SOURCES_ONLY:
         record = sources.tree(kind, version) / trees.TREE_RECORD
         return hashlib.sha256(record.read_bytes()).hexdigest()
-    return releases.sha256_file(releases.fetch(kind, version))
+    return dists.sha256_file(dists.fetch(kind, version))
 
 
 def _scan_key(release: str) -> str:
@@ -301,8 +301,9 @@ def markdown(rows: list[Row], profiles: Sequence[str] | None = None) -> str:
             out.append("")
         for r in mine:
             if r.unchecked and not r.error:
-                out.append(f"{DISPLAY[kind]} {r.version}: not verified against the index, "
-                           f"{r.unchecked}")  # fmt: skip
+                out.append(
+                    f"{DISPLAY[kind]} {r.version}: not verified against the index, {r.unchecked}"
+                )
                 out.append("")
         out += _new_candidates(mine)
     return "\n".join(out)

@@ -47,19 +47,21 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sm120patch.maintain import pipconfig
+from sm120patch.maintain.dists import (
+    DOWNLOAD_TIMEOUT_S,
+    _listed_files,
+    _pip_download,
+    choose,
+    pip_download_args,
+    sha256_file,
+)
 from sm120patch.maintain.index import IndexFile, redact
 from sm120patch.maintain.releases import (
-    DOWNLOAD_TIMEOUT_S,
     PACKAGE,
     SOURCES_ONLY,
     ReleaseError,
-    _listed_files,
-    _pip_download,
     check_kind,
-    choose,
     locked,
-    pip_download_args,
-    sha256_file,
     sweep,
     trees_dir,
 )
@@ -157,15 +159,17 @@ def unchecked(kind: str, version: str) -> str | None:
     if record.get("index_sha256") is True:
         return None
     if record.get("read") == RANGED:
-        return ("read by HTTP range requests: each member's CRC32 and the wheel's own RECORD "
-                "checked, not the index's sha256 of the whole wheel")  # fmt: skip
+        return (
+            "read by HTTP range requests: each member's CRC32 and the wheel's own RECORD "
+            "checked, not the index's sha256 of the whole wheel"
+        )
     return "the index lists no sha256 for its wheel (or an older sm120patch kept it)"
 
 
 def _whole(kind: str, version: str, entry: IndexFile, staging: Path) -> None:
     """The fallback: the whole wheel into a temporary directory (by URL, else pip), checked
     against the index's sha256, its kept members taken, the wheel deleted with the directory."""
-    from sm120patch.maintain.releases import _download_url
+    from sm120patch.maintain.dists import _download_url
 
     with tempfile.TemporaryDirectory(prefix=f".dl-{kind}-{version}-", dir=trees_dir()) as tmp:
         try:
@@ -190,8 +194,10 @@ def _extract(zf: zipfile.ZipFile, wheel: str, staging: Path) -> None:
             )
     total = sum(i.file_size for i in infos)
     if total > TOTAL_LIMIT:
-        raise ReleaseError(f"{wheel}: its kept members inflate to {total} bytes, more than "
-                           f"sm120patch keeps of a release ({TOTAL_LIMIT})")  # fmt: skip
+        raise ReleaseError(
+            f"{wheel}: its kept members inflate to {total} bytes, more than "
+            f"sm120patch keeps of a release ({TOTAL_LIMIT})"
+        )
     names = [i.filename for i in infos]
     records = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/RECORD")]
     if len(records) != 1:
@@ -245,8 +251,7 @@ def _write_record(
         "present": sorted(written),
         "sha256": written,
     }
-    atomic_write(staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644,
-                 durable=False)  # fmt: skip
+    atomic_write(staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644, durable=False)
 
 
 # ---- a zip read by HTTP range requests ------------------------------------------------------

@@ -17,15 +17,14 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from sm120patch.maintain.dists import fetch, sha256_file
 from sm120patch.maintain.releases import (
     PACKAGE,
     PROJECT,
     SUPPORT_FILES,
     ReleaseError,
     check_kind,
-    fetch,
     locked,
-    sha256_file,
     sweep,
     trees_dir,
 )
@@ -85,8 +84,9 @@ def tree(kind: str, version: str) -> Path:
                 "source_sha256": sha256_file(source),
                 "sha256": written,
             }
-            atomic_write(staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644,
-                         durable=False)  # fmt: skip
+            atomic_write(
+                staging / TREE_RECORD, json.dumps(record, indent=1).encode(), 0o644, durable=False
+            )
             put_tree(staging, dest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

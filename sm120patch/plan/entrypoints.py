@@ -112,6 +112,7 @@ def _by_importlib(group: str, path: list[str]) -> list[EntryPoint]:
         if name in seen:
             continue
         seen.add(name)
-        found.extend(EntryPoint(ep.name, ep.value, group) for ep in dist.entry_points
-                     if ep.group == group)  # fmt: skip
+        found.extend(
+            EntryPoint(ep.name, ep.value, group) for ep in dist.entry_points if ep.group == group
+        )
     return found

@@ -115,8 +115,12 @@ class Entry:
 
     def ran_doc(self) -> dict[str, Any]:
         """What the source ran, for `show --json`."""
-        return {"engine": self.engine or None, "kernel": self.kernel or None,
-                "differs": list(self.differs), "against": self.against or None}  # fmt: skip
+        return {
+            "engine": self.engine or None,
+            "kernel": self.kernel or None,
+            "differs": list(self.differs),
+            "against": self.against or None,
+        }
 
     def _head(self) -> str:
         """What it is about and its kernel, the verdict, what it is compared with, the
@@ -275,8 +279,9 @@ def _parse(text: str, where: str, hint: str) -> list[Entry]:
     out = []
     for raw in doc.get("outcome", []):
         missing = [k for k in RECORD if not raw.get(k)]
-        unknown = (set(raw) - set(RECORD) - set(OPTIONAL) - set(CONDITIONS) - set(SOURCE_RAN)
-                   - {AGAINST})  # fmt: skip
+        unknown = (
+            set(raw) - set(RECORD) - set(OPTIONAL) - set(CONDITIONS) - set(SOURCE_RAN) - {AGAINST}
+        )
         problems = []
         if missing:
             problems.append(f"missing {', '.join(missing)}")
@@ -313,8 +318,9 @@ def _parse(text: str, where: str, hint: str) -> list[Entry]:
 def about_profile(profile: str, found: Sequence[Entry] | None = None) -> list[Entry]:
     """Every known entry about `profile` (or a patch of it, or any profile), whatever the box:
     what `show PROFILE` prints in full."""
-    return [e for e in (entries() if found is None else found)
-            if _profile_matches(e.condition, profile)]  # fmt: skip
+    return [
+        e for e in (entries() if found is None else found) if _profile_matches(e.condition, profile)
+    ]
 
 
 def condemning(profile: str, box: Box, found: Sequence[Entry] | None = None) -> list[Entry]:
@@ -483,14 +489,17 @@ def lines(
     """The known entries matching `box` (a short line each, or in full with `verbose`), then
     this box's own measured trials."""
     mine = local_lines(trials, profile)
-    return once([e.full() if verbose else e.line() for e in entries() if matches(e, profile, box)]
-                + (mine if verbose else [cut(line) for line in mine]))  # fmt: skip
+    return once(
+        [e.full() if verbose else e.line() for e in entries() if matches(e, profile, box)]
+        + (mine if verbose else [cut(line) for line in mine])
+    )
 
 
 def _spaced(spec: Any) -> str:
     """`==4` as `== 4`, `>=0.6.3,<0.6.13` as `>= 0.6.3, < 0.6.13`: a range a person reads."""
-    return ", ".join(re.sub(r"^([<>=!~]+)\s*", r"\1 ", part.strip())
-                     for part in str(spec).split(","))  # fmt: skip
+    return ", ".join(
+        re.sub(r"^([<>=!~]+)\s*", r"\1 ", part.strip()) for part in str(spec).split(",")
+    )
 
 
 def once(lines: Iterable[str]) -> list[str]:

@@ -201,8 +201,9 @@ def read(path: Path) -> Lock:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise Refused(f"lock file {path} is not UTF-8 text (byte {exc.start})",
-                      remake_hint(path)) from None  # fmt: skip
+        raise Refused(
+            f"lock file {path} is not UTF-8 text (byte {exc.start})", remake_hint(path)
+        ) from None
     lock = _parse(path, text)
     _check_paths(path, lock)
     return lock
@@ -259,9 +260,7 @@ def check_files_of_profile(lock: Lock, profile: Profile, path: Path) -> None:
     from sm120patch.plan import catalog
 
     cat = catalog.load()
-    allowed = {
-        (p.target, f) for p in cat.patches_of(profile) for f in p.files
-    }  # fmt: skip
+    allowed = {(p.target, f) for p in cat.patches_of(profile) for f in p.files}
     for entry in _entries(lock):
         if (entry.target, entry.path) not in allowed:
             raise Refused(
@@ -292,11 +291,14 @@ def _parse(path: Path, raw: str) -> Lock:
         # tomllib says where (line, column) and what it expected, never the text itself. A
         # truncated lock still has its profile line (the third `pin` writes): the hint names it.
         line = _PROFILE_LINE.search(raw)
-        raise Refused(f"lock file {path} is not TOML: {exc} (truncated or edited?)",
-                      remake_hint(path, line.group(1) if line else None)) from None  # fmt: skip
+        raise Refused(
+            f"lock file {path} is not TOML: {exc} (truncated or edited?)",
+            remake_hint(path, line.group(1) if line else None),
+        ) from None
     except RecursionError:
-        raise Refused(f"lock file {path} nests tables or arrays too deep to be a lock",
-                      remake_hint(path)) from None  # fmt: skip
+        raise Refused(
+            f"lock file {path} nests tables or arrays too deep to be a lock", remake_hint(path)
+        ) from None
     profile = doc.get("profile")
     try:
         return _document(path, doc)
@@ -339,14 +341,21 @@ def _document(path: Path, doc: dict[str, Any]) -> Lock:
         patches=[str(p["id"]) for p in patches],
         pack_of={str(p["id"]): str(p.get("pack", BUILT_IN)) for p in patches},
         packs={str(p["name"]): str(p["digest"]) for p in packs},
-        legacy={str(p["id"]): {k: str(p[k]) for k in _LEGACY_KEYS if k in p}
-                for p in patches if schema < 2 and any(k in p for k in _LEGACY_KEYS)},
-        files=[LockedFile(**_entry(f, "files", i, _FILE_KEYS))
-               for i, f in enumerate(_tables(doc, "files"), 1)],
+        legacy={
+            str(p["id"]): {k: str(p[k]) for k in _LEGACY_KEYS if k in p}
+            for p in patches
+            if schema < 2 and any(k in p for k in _LEGACY_KEYS)
+        },
+        files=[
+            LockedFile(**_entry(f, "files", i, _FILE_KEYS))
+            for i, f in enumerate(_tables(doc, "files"), 1)
+        ],
         tool_version=str(doc.get("tool_version", "")),
-        steps=[LockedStep(**_entry(s, "steps", i, _STEP_KEYS))
-               for i, s in enumerate(_tables(doc, "steps"), 1)],
-    )  # fmt: skip
+        steps=[
+            LockedStep(**_entry(s, "steps", i, _STEP_KEYS))
+            for i, s in enumerate(_tables(doc, "steps"), 1)
+        ],
+    )
 
 
 def _tables(doc: dict[str, Any], name: str) -> list[Any]:
@@ -383,8 +392,11 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
     """
     now = from_plan(plan, steps=False)
     if skip:
-        lock = replace(lock, versions={k: v for k, v in lock.versions.items() if k not in skip},
-                       files=[f for f in lock.files if f.target not in skip])  # fmt: skip
+        lock = replace(
+            lock,
+            versions={k: v for k, v in lock.versions.items() if k not in skip},
+            files=[f for f in lock.files if f.target not in skip],
+        )
         now.versions = {k: v for k, v in now.versions.items() if k not in skip}
         now.files = [f for f in now.files if f.target not in skip]
     problems = []
@@ -395,11 +407,14 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
         a, b = lock.versions.get(kind), now.versions.get(kind)
         if a is not None and b is None:
             # Not a version found: the profile as it is here does not patch that target.
-            problems.append(f"the lock pins {kind} {a}, but profile {profile} here patches no "
-                            f"{kind} (the profile changed since the lock was made?)")  # fmt: skip
+            problems.append(
+                f"the lock pins {kind} {a}, but profile {profile} here patches no "
+                f"{kind} (the profile changed since the lock was made?)"
+            )
         elif a is None and b is not None:
-            problems.append(f"profile {profile} here patches {kind} {b}, which the lock does "
-                            "not pin")  # fmt: skip
+            problems.append(
+                f"profile {profile} here patches {kind} {b}, which the lock does not pin"
+            )
         elif a != b:
             problems.append(f"{kind} version: lock has {a}, found {b}")
     for pid in sorted(set(lock.pack_of) & set(now.pack_of)):

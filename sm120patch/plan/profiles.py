@@ -133,8 +133,11 @@ class Profile:
     def ran_doc(self) -> dict[str, Any]:
         """`show --json`'s engine, kernels and upstream's flag (None where there is none)."""
         flag = {"flag": self.flag, "release": self.flag_release, "why": self.flag_why}
-        return {"engine": self.engine, "kernel": list(self.kernel),
-                "flag": flag if self.flag else None}  # fmt: skip
+        return {
+            "engine": self.engine,
+            "kernel": list(self.kernel),
+            "flag": flag if self.flag else None,
+        }
 
     @property
     def engine(self) -> str:

@@ -1,2 +1,3 @@
 """`sm120patch scan`: the GPU-arch gates of a target that leave SM120 out, and which patch
-covers each (gates.py finds them, classify.py says what each is, report.py renders)."""
+covers each (filescan.py and gates.py find them, classify.py says what each is, report.py
+renders)."""

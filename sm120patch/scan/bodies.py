@@ -17,7 +17,6 @@ _NAME_VALUE = re.compile(r"[A-Za-z][\w.+-]{0,48}")
 _LOGGING = re.compile(r"(?:^|\.)(?:logger|logging|log|warnings|print_warning_once)(?:\.|$)|^print$")
 
 
-
 def _choice(value: ast.AST) -> str | None:
     """The name a value chooses: a string constant (`"flashinfer_cutlass"`), an enum member
     (`MoeRunnerBackend.MARLIN` -> "marlin"); else None."""
@@ -157,3 +156,58 @@ def _plain(node: ast.AST) -> str:
 def _short(text: str, most: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= most else text[: most - 3] + "..."
+
+
+def branch_words(body: list[ast.stmt]) -> str:
+    """What a branch does, in words: the first value it chooses (a backend...), else
+    its first statement that is not logging."""
+    chosen = _chosen(body)
+    if chosen:
+        return statement_words(chosen[0][0])
+    for s in body:
+        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant):
+            continue  # a docstring or a bare string
+        if isinstance(s, ast.Pass):
+            continue
+        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
+            if _LOGGING.search(spelled(s.value.func) or ""):
+                continue
+        inner = getattr(s, "body", None)
+        if isinstance(inner, list) and not isinstance(s, (ast.FunctionDef, ast.ClassDef)):
+            return branch_words(inner)
+        return statement_words(s)
+    return "nothing"
+
+
+def statement_words(s: ast.stmt) -> str:
+    """A statement in words: "calls f()", "sets x = ...", "returns ...", "raises E: text"."""
+    if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
+        return f"calls {spelled(s.value.func) or ast.unparse(s.value.func)}()"
+    if isinstance(s, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = s.targets if isinstance(s, ast.Assign) else [s.target]
+        names = ", ".join(spelled(t) or ast.unparse(t) for t in targets)
+        value = ast.unparse(s.value) if s.value is not None else ""
+        return f"sets {names} = {_short(value, 60)}"
+    if isinstance(s, ast.Return):
+        return "returns " + (_short(ast.unparse(s.value), 60) if s.value else "None")
+    if isinstance(s, ast.Raise):
+        return "raises" + (message_words(s.exc) if s.exc else "")
+    if isinstance(s, (ast.Import, ast.ImportFrom)):
+        return "imports " + ", ".join(a.name for a in s.names)
+    if isinstance(s, (ast.Continue, ast.Break)):
+        return type(s).__name__.lower() + "s"
+    return type(s).__name__.lower()
+
+
+def message_words(node: ast.AST | None) -> str:
+    """What is raised or asserted with, in words: " ValueError: text", ": text"."""
+    if node is None:
+        return ""
+    if isinstance(node, ast.Call):
+        exc = spelled(node.func) or ""
+        args = [a for a in node.args if isinstance(a, (ast.Constant, ast.JoinedStr))]
+        text = _short(_plain(args[0]), 60) if args else ""
+        return f" {exc}" + (f": {text}" if text else "")
+    if isinstance(node, (ast.Constant, ast.JoinedStr)):
+        return f": {_short(_plain(node), 60)}"
+    return f" {_short(ast.unparse(node), 60)}"

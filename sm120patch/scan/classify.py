@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120patch.patchkit import arch
-from sm120patch.scan import evaluate
+from sm120patch.scan import evaluate, filescan
 from sm120patch.scan import gates as g
 
 if sys.version_info >= (3, 11):
@@ -157,7 +157,7 @@ def coverage(
     kind: str,
     version: str,
     read: Callable[[str], str | None],
-    scans: Mapping[str, g.FileScan],
+    scans: Mapping[str, filescan.FileScan],
     catalog: Any,
     families: Sequence[Family] = (),
 ) -> Coverages:
@@ -215,7 +215,7 @@ def _run_chain(
     chain: list[Any],
     version: str,
     read: Callable[[str], str | None],
-    scans: Mapping[str, g.FileScan],
+    scans: Mapping[str, filescan.FileScan],
     families: Sequence[Family] = (),
 ) -> dict[str, tuple[str | None, str, str, list[g.Gate]]]:
     """patch id -> (file, site, outcome, the gates its step stops leaving SM120 out)."""
@@ -233,11 +233,13 @@ def _run_chain(
             continue
         result = transform_text(group, rel, text)
         by_id = {p.id: p for p in group}
-        before = scans.get(rel) or g.scan_text(rel, text)
+        before = scans.get(rel) or filescan.scan_text(rel, text)
         left = [x for x in before.gates if leaves_out(x, families)]
         removed: dict[str, list[g.Gate]] = {}
         for patch_id, step_text in result.step_texts():
-            still = {x.key for x in g.scan_text(rel, step_text).gates if leaves_out(x, families)}
+            still = {
+                x.key for x in filescan.scan_text(rel, step_text).gates if leaves_out(x, families)
+            }
             removed[patch_id] = [x for x in left if x.key not in still]
             left = [x for x in left if x.key in still]
         for o in result.outcomes:
@@ -257,8 +259,11 @@ def identities(file: str, key: Sequence[object]) -> set[tuple[str, ...]]:
     between releases; two gates of one function differ by their expressions). `key` is a
     gate's `key` (function, kind, expression), or its first three items from JSON."""
     function, kind, expression = str(key[0]), str(key[1]), str(key[2])
-    return {(file, function, kind, expression), ("", function, kind, expression),
-            (file, "", kind, expression)}  # fmt: skip
+    return {
+        (file, function, kind, expression),
+        ("", function, kind, expression),
+        (file, "", kind, expression),
+    }
 
 
 @dataclass(frozen=True)
@@ -287,11 +292,10 @@ class Classified:
             "sm120_choices": list(gate.sm120_choices),
             "key": list(gate.key[:3]),
             "covered_by": [
-                {"profile": c.profile, "patch": c.patch, "outcome": c.outcome,
-                 "pinned": c.pinned}
+                {"profile": c.profile, "patch": c.patch, "outcome": c.outcome, "pinned": c.pinned}
                 for c in self.covered_by
             ],
-        }  # fmt: skip
+        }
 
 
 def required(gates: Iterable[g.Gate]) -> dict[str, g.Gate]:

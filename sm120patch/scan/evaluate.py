@@ -81,8 +81,14 @@ def _constant(node: ast.AST) -> object:
     return None
 
 
-_FLIP = {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE, ast.Eq: ast.Eq,
-         ast.NotEq: ast.NotEq}  # fmt: skip
+_FLIP = {
+    ast.Lt: ast.Gt,
+    ast.Gt: ast.Lt,
+    ast.LtE: ast.GtE,
+    ast.GtE: ast.LtE,
+    ast.Eq: ast.Eq,
+    ast.NotEq: ast.NotEq,
+}
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,5 @@
-"""Find the GPU-arch gates in one file's text: text first, syntax only around the arch words.
-
-A file whose bytes hold none of the arch words (`patchkit.arch.ARCH_TEXT`) is never parsed. In
-one that does, only the innermost function around each such line (or, outside any function,
-the module-level statement holding it) goes through Python's own parser, `ast`: a whole
-SGLang release is 4,700 files and 68 MB, 400 of them naming an arch, and libcst reads a few
-hundred kB a second. A region that does not parse alone (a docstring at column 0 cut it short)
-sends the whole file to the parser instead.
+"""The GPU-arch gates of one parsed region of a file (`filescan.py` finds the regions: text
+first, syntax only around the arch words).
 
 Every test found (an `if`/`elif`/`while` test, an `assert`, a returned or assigned value, a
 keyword argument, an `x if test else y`, a list of majors or compile targets) is evaluated on
@@ -21,22 +15,22 @@ from __future__ import annotations
 import ast
 import bisect
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sm120patch.patchkit import arch
 from sm120patch.scan.bodies import (
-    _LOGGING,
     _TESTS,
     _choice,
     _chosen,
     _declines,
     _exits,
     _name_tests,
-    _plain,
     _refuses,
     _short,
     _walk,
+    branch_words,
+    message_words,
     setting,
 )
 from sm120patch.scan.evaluate import (
@@ -48,19 +42,7 @@ from sm120patch.scan.evaluate import (
     judge,
     spelled,
 )
-from sm120patch.scan.regions import (
-    _line_offsets,
-    _outermost,
-    _outside,
-    _outside_comments,
-    _parse_region,
-    _Shape,
-    _string_spans,
-)
 
-# A statement or def longer than this is generated code (FlashInfer's 500 kB module tables and
-# 400 kB kernel bodies): not parsed, and said so (`FileScan.skipped`).
-MAX_REGION = 200_000
 SHOWN = 160  # characters of an expression shown
 
 
@@ -91,95 +73,6 @@ class Gate:
     key: tuple[str, str, str, int] = ("", "", "", 0)  # identity across two texts of a file
 
 
-@dataclass
-class FileScan:
-    file: str
-    gates: list[Gate] = field(default_factory=list)
-    parsed: bool = False  # some of it went through the parser
-    problem: str = ""  # why it could not be read (a syntax error of the whole file)
-    skipped: list[tuple[int, int]] = field(default_factory=list)  # (line, bytes) not parsed
-
-
-def scan_text(file: str, text: str | bytes) -> FileScan:
-    """The gates of one file (`file` relative to the package's parent; its text, or its bytes
-    in UTF-8: most files are never decoded)."""
-    out = FileScan(file)
-    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
-    hits = arch.arch_text_hits(data)
-    if hits:
-        hits = _outside_comments(data, hits)
-    strings = _string_spans(data) if hits else []
-    hits = _outside(strings, hits)
-    if not hits:
-        return out
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            out.problem = f"not UTF-8 (byte {exc.start})"
-            return out
-    lines = text.split("\n")
-    starts = _line_offsets(data)
-    wanted = sorted({bisect.bisect_right(starts, h) - 1 for h in hits})
-    hit_lines = [n + 1 for n in wanted]  # 1-based, sorted
-    in_strings: set[int] = set()
-    for begin, end in strings:
-        first = bisect.bisect_right(starts, begin)  # the line after the opening quotes'
-        last = bisect.bisect_right(starts, end) - 1
-        in_strings.update(range(first, last + 1))
-    shape = _Shape(lines, in_strings)
-    found_regions: set[tuple[int, int, str]] = set()
-    span = (-1, -1)
-    for n in wanted:
-        if span[0] <= n < span[1]:
-            continue  # inside the region of an earlier line
-        region = shape.region(n)
-        found_regions.add(region)
-        span = region[:2]
-    regions = _outermost(found_regions)
-    # (tree, line offset, qualified name outside it, source, wrapped in `if 1:`)
-    found: list[tuple[ast.AST, int, str, str, bool]] = []
-    failed = False
-    for start, end, qual in regions:
-        size = starts[end] - starts[start] if end < len(starts) else len(data) - starts[start]
-        if size > MAX_REGION:
-            out.skipped.append((start + 1, size))
-            continue
-        parsed = _parse_region(lines, start, end)
-        if parsed is None:
-            failed = True
-            break
-        found.append((*parsed[:2], qual, parsed[2], parsed[1] != start))
-    if failed:
-        found, out.skipped = [], []
-        if len(data) > 4 * MAX_REGION:
-            out.problem = "a region does not parse alone and the file is too big to parse whole"
-            return out
-        try:
-            found = [(ast.parse(text), 0, "", text, False)]
-        except (SyntaxError, ValueError) as exc:
-            out.problem = f"does not parse ({type(exc).__name__}: {exc})"
-            return out
-    out.parsed = bool(found)
-    counts: dict[tuple[str, str, str], int] = {}
-    for tree, offset, qual, source, wrapped in found:
-        finder = _Finder(file, text, source, offset, qual, hit_lines, wrapped)
-        finder.run(tree)
-        for gate in finder.gates:
-            ident = (gate.function, gate.kind, gate.key[2])
-            n = counts.get(ident, 0)
-            counts[ident] = n + 1
-            out.gates.append(_with_key(gate, (*ident, n)))
-    out.gates.sort(key=lambda g: g.line)
-    return out
-
-
-def _with_key(gate: Gate, key: tuple[str, str, str, int]) -> Gate:
-    from dataclasses import replace
-
-    return replace(gate, key=key)
-
-
 _ARCH_CONTEXT = re.compile(r"major|arch|(?:^|_)sm(?:_|s?$)|capabilit|(?:^|_)cc(?:_|$)")
 
 
@@ -188,13 +81,19 @@ _ARCH_CONTEXT = re.compile(r"major|arch|(?:^|_)sm(?:_|s?$)|capabilit|(?:^|_)cc(?
 Where = tuple[list[str], "ast.AST | None", list[tuple[ast.If, bool]]]
 
 
-class _Finder:
+class Finder:
     """Every gate of one parsed region."""
 
     def __init__(
-        self, file: str, text: str, source: str, offset: int, qual: str, hits: list[int],
+        self,
+        file: str,
+        text: str,
+        source: str,
+        offset: int,
+        qual: str,
+        hits: list[int],
         wrapped: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.file = file
         self.hits = hits  # the file's lines holding an arch word, sorted
         self.wrapped = wrapped
@@ -223,9 +122,12 @@ class _Finder:
     # Each statement list is walked with the qualified name, the innermost def, and the `if`
     # branches around it: (test, which branch) for each, outermost first.
     def _block(
-        self, stmts: list[ast.stmt], qual: list[str], func: ast.AST | None,
+        self,
+        stmts: list[ast.stmt],
+        qual: list[str],
+        func: ast.AST | None,
         around: list[tuple[ast.If, bool]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         for stmt in stmts:
             self._stmt(stmt, stmts, qual, func, around)
             if isinstance(stmt, ast.If) and self._exits_on_sm120(stmt):
@@ -272,9 +174,13 @@ class _Finder:
         return expr.table()[arch.SM120], expr.full
 
     def _stmt(
-        self, stmt: ast.stmt, block: list[ast.stmt], qual: list[str], func: ast.AST | None,
+        self,
+        stmt: ast.stmt,
+        block: list[ast.stmt],
+        qual: list[str],
+        func: ast.AST | None,
         around: list[tuple[ast.If, bool]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not self._mentions(stmt):
             return
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -288,9 +194,9 @@ class _Finder:
             self._chain(stmt, block, where)
             return
         if isinstance(stmt, ast.While):
-            self._test(stmt.test, "while", self._what(stmt.body), where, stmt.body)
+            self._test(stmt.test, "while", branch_words(stmt.body), where, stmt.body)
         elif isinstance(stmt, ast.Assert):
-            self._test(stmt.test, "assert", "asserts" + self._msg(stmt.msg), where, [])
+            self._test(stmt.test, "assert", "asserts" + message_words(stmt.msg), where, [])
         elif isinstance(stmt, ast.Return) and stmt.value is not None:
             if not self._defines_arch(func):
                 self._value(stmt.value, "return", f"returned by {self._name(qual)}", where)
@@ -351,9 +257,15 @@ class _Finder:
             taken = self._sm120_branch([c.test for c in chain[i:]])
             path = bodies[i + taken] if taken is not None else []
             sm120 = tuple(dict.fromkeys(v for _, v in _chosen(path))) if path else ()
-            self._test(node.test, "elif" if i else "if", self._what(node.body),
-                       (qual, func, branches), node.body, siblings,
-                       sm120_choices=sm120)  # fmt: skip
+            self._test(
+                node.test,
+                "elif" if i else "if",
+                branch_words(node.body),
+                (qual, func, branches),
+                node.body,
+                siblings,
+                sm120_choices=sm120,
+            )
             self._block(node.body, qual, func, [*branches, (node, True)])
             branches = [*branches, (node, False)]
         last = chain[-1]
@@ -363,11 +275,16 @@ class _Finder:
     # -------------------------------------------------------------------- one test
 
     def _test(
-        self, node: ast.AST, kind: str, what: str, where: Where, body: list[ast.stmt],
+        self,
+        node: ast.AST,
+        kind: str,
+        what: str,
+        where: Where,
+        body: list[ast.stmt],
         siblings: list[ast.AST] = (),  # type: ignore[assignment]
         choices: tuple[str, ...] = (),
         sm120_choices: tuple[str, ...] = (),
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not self._mentions(node):
             return
         expr = _Expr(node, self.file)
@@ -379,10 +296,18 @@ class _Finder:
         self._add(node, kind, what, reading, where, body, siblings, (), choices, sm120_choices)
 
     def _add(
-        self, node: ast.AST, kind: str, what: str, reading: Reading, where: Where,
-        body: list[ast.stmt], siblings: list[ast.AST], arch_specific: list[str] | tuple[str, ...],
-        choices: tuple[str, ...] = (), sm120_choices: tuple[str, ...] = (),
-    ) -> None:  # fmt: skip
+        self,
+        node: ast.AST,
+        kind: str,
+        what: str,
+        reading: Reading,
+        where: Where,
+        body: list[ast.stmt],
+        siblings: list[ast.AST],
+        arch_specific: list[str] | tuple[str, ...],
+        choices: tuple[str, ...] = (),
+        sm120_choices: tuple[str, ...] = (),
+    ) -> None:
         qual, func, around = where
         if self._unreachable_on_sm120(around):
             return  # inside a gate that already keeps SM120 away
@@ -452,10 +377,16 @@ class _Finder:
             picked = _short(ast.unparse(c.body), 60)
             taken = self._sm120_branch(tests[i:])
             sm120 = named[i + taken] if taken is not None else ""
-            self._test(c.test, "ifexp", f"{what} = {picked}", where, [],
-                       [t for t in tests if t is not c.test],
-                       (named[i],) if named[i] else (),
-                       (sm120,) if sm120 else ())  # fmt: skip
+            self._test(
+                c.test,
+                "ifexp",
+                f"{what} = {picked}",
+                where,
+                [],
+                [t for t in tests if t is not c.test],
+                (named[i],) if named[i] else (),
+                (sm120,) if sm120 else (),
+            )
 
     def _inner(self, stmt: ast.stmt, where: Where) -> None:
         """Keyword arguments, lists and `x if t else y` inside a simple statement's
@@ -467,8 +398,10 @@ class _Finder:
             parts = [stmt.iter]
         elif isinstance(stmt, (ast.With, ast.AsyncWith)):
             parts = list(stmt.items)
-        elif isinstance(stmt, (ast.Expr, ast.Return, ast.Assign, ast.AnnAssign, ast.AugAssign,
-                               ast.Raise, ast.Assert)):  # fmt: skip
+        elif isinstance(
+            stmt,
+            (ast.Expr, ast.Return, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Raise, ast.Assert),
+        ):
             parts = [stmt]
         for part in parts:
             self._inner_expr(part, where, top=stmt)
@@ -510,8 +443,9 @@ class _Finder:
         reading = judge(table, names_sm120)
         if reading.verdict is None:
             return
-        self._add(node, "list" if kind == "assign" else kind, what, reading, where, [], [],
-                  specific)  # fmt: skip
+        self._add(
+            node, "list" if kind == "assign" else kind, what, reading, where, [], [], specific
+        )
 
     def _arch_members(
         self, node: ast.AST, context: str
@@ -595,57 +529,7 @@ class _Finder:
         define the word, the gates are where it is used."""
         return func is not None and arch.arch_predicate(getattr(func, "name", "")) is not None
 
-    # -------------------------------------------------------------------- words
-
-    def _what(self, body: list[ast.stmt]) -> str:
-        """What a branch does, in words: the first value it chooses (a backend...), else
-        its first statement that is not logging."""
-        chosen = _chosen(body)
-        if chosen:
-            return self._describe(chosen[0][0])
-        for s in body:
-            if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant):
-                continue  # a docstring or a bare string
-            if isinstance(s, ast.Pass):
-                continue
-            if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
-                if _LOGGING.search(spelled(s.value.func) or ""):
-                    continue
-            inner = getattr(s, "body", None)
-            if isinstance(inner, list) and not isinstance(s, (ast.FunctionDef, ast.ClassDef)):
-                return self._what(inner)
-            return self._describe(s)
-        return "nothing"
-
-    def _describe(self, s: ast.stmt) -> str:
-        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
-            return f"calls {spelled(s.value.func) or ast.unparse(s.value.func)}()"
-        if isinstance(s, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = s.targets if isinstance(s, ast.Assign) else [s.target]
-            names = ", ".join(spelled(t) or ast.unparse(t) for t in targets)
-            value = ast.unparse(s.value) if s.value is not None else ""
-            return f"sets {names} = {_short(value, 60)}"
-        if isinstance(s, ast.Return):
-            return "returns " + (_short(ast.unparse(s.value), 60) if s.value else "None")
-        if isinstance(s, ast.Raise):
-            return "raises" + (self._msg(s.exc) if s.exc else "")
-        if isinstance(s, (ast.Import, ast.ImportFrom)):
-            return "imports " + ", ".join(a.name for a in s.names)
-        if isinstance(s, (ast.Continue, ast.Break)):
-            return type(s).__name__.lower() + "s"
-        return type(s).__name__.lower()
-
-    def _msg(self, node: ast.AST | None) -> str:
-        if node is None:
-            return ""
-        if isinstance(node, ast.Call):
-            exc = spelled(node.func) or ""
-            args = [a for a in node.args if isinstance(a, (ast.Constant, ast.JoinedStr))]
-            text = _short(_plain(args[0]), 60) if args else ""
-            return f" {exc}" + (f": {text}" if text else "")
-        if isinstance(node, (ast.Constant, ast.JoinedStr)):
-            return f": {_short(_plain(node), 60)}"
-        return f" {_short(ast.unparse(node), 60)}"
+    # -------------------------------------------------------------------- where
 
     def _name(self, qual: list[str]) -> str:
         return ".".join(qual) or "<module>"
@@ -686,8 +570,3 @@ class _Finder:
             return chunk[0][start:end].decode(errors="replace")
         chunk[0], chunk[-1] = chunk[0][start:], chunk[-1][:end]
         return b"\n".join(chunk).decode(errors="replace")
-
-
-def iter_gates(scans: list[FileScan]) -> Iterator[Gate]:
-    for s in scans:
-        yield from s.gates

@@ -1,7 +1,7 @@
 """Scan one target (a tree on disk, or a release's files as bytes) and say what each gate is.
 
 Nothing here imports the target: its files are read as bytes, the arch words found in the
-text (gates.py), the patches of every profile run on the texts they pick (classify.py).
+text (filescan.py), the patches of every profile run on the texts they pick (classify.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sm120patch.scan import classify as c
-from sm120patch.scan import gates as g
+from sm120patch.scan import filescan
 
 if TYPE_CHECKING:
     from sm120patch.targets.resolved import Given
@@ -84,10 +84,12 @@ class TargetScan:
             "files_read": self.files_read,
             "files_parsed": self.files_parsed,
             "not_read": [{"file": f, "problem": p} for f, p in self.problems]
-            + [{"file": f, "line": n, "problem": f"a {size} byte statement (generated code)"}
-               for f, n, size in self.skipped],
+            + [
+                {"file": f, "line": n, "problem": f"a {size} byte statement (generated code)"}
+                for f, n, size in self.skipped
+            ],
             "seconds": round(self.seconds, 3),
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -161,7 +163,7 @@ def scan_files(
     if families is None:
         families = c.load_kernels()
     out = TargetScan(kind, version, root, layout)
-    scans: dict[str, g.FileScan] = {}
+    scans: dict[str, filescan.FileScan] = {}
     contents: dict[str, bytes] = {}
     for rel, data in files:
         if skipped(rel):
@@ -169,11 +171,13 @@ def scan_files(
         out.files_read += 1
         contents[rel] = data
         try:
-            found = g.scan_text(rel, data)
+            found = filescan.scan_text(rel, data)
         except RecursionError:
             # An expression nested thousands deep: Python's parser (or a walk of its tree)
             # gives up. A note, as for a file that does not parse; the scan goes on.
-            found = g.FileScan(rel, problem="nests too deep for Python to parse (RecursionError)")
+            found = filescan.FileScan(
+                rel, problem="nests too deep for Python to parse (RecursionError)"
+            )
         if found.problem:
             out.problems.append((rel, found.problem))
         out.skipped += [(rel, line, size) for line, size in found.skipped]
@@ -283,8 +287,11 @@ def scan(paths: Given, *, catalog: Any = None) -> Report:
 
     named = resolved(paths)
     given = tuple(kind for kind in targets.KINDS if named.given(kind))
-    found = [t for t in (named.quiet(kind, required=bool(given))
-                         for kind in given or targets.KINDS) if t is not None]  # fmt: skip
+    found = [
+        t
+        for t in (named.quiet(kind, required=bool(given)) for kind in given or targets.KINDS)
+        if t is not None
+    ]
     if not found:
         raise Refused(
             "neither SGLang nor FlashInfer is installed in this Python",

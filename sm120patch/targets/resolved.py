@@ -137,8 +137,10 @@ def not_named(kind: str) -> Refused:
         hint = f"`sm120patch {AGAIN} --{kind} {shlex.quote(str(parent))}` ({name} in this Python)"
     else:
         probe = f"import {kind}, pathlib; print(pathlib.Path({kind}.__file__).parents[1])"
-        hint = (f"`python3 -c {shlex.quote(probe)}` in the server's Python prints the directory "
-                f"holding its {name}: give it as --{kind}")  # fmt: skip
+        hint = (
+            f"`python3 -c {shlex.quote(probe)}` in the server's Python prints the directory "
+            f"holding its {name}: give it as --{kind}"
+        )
     return Refused(message, hint)
 
 

@@ -31,40 +31,23 @@ import math
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from sm120patch.engine import apply, assess, revert, trials
-from sm120patch.engine.trialrecord import TrialRecord
-from sm120patch.errors import Refused, TrialUnreachable, UsageError
+from sm120patch.errors import Refused, UsageError
 from sm120patch.targets.resolved import Given, resolved
-from sm120patch.trial import decide, engines, gpu, loadgen, sanity, serve, wiring
+from sm120patch.trial import engines, gpu, loadgen, sanity, serve, verdict, wiring
+from sm120patch.trial.measured import FIGURES, MeasuredTrial, Options, Run, api_of
 
-EXIT = {
-    "kept": 0,
-    "crashed": 3,
-    "interrupted": 130,
-    "inconclusive": 5,
-    "inert": 5,
-    "reverted-slower": 5,
-    "reverted-wrong-output": 6,
-    "unreachable": 8,
-}
-EXIT_UNREACHABLE = EXIT["unreachable"]
-# Verdicts that say something about the patch: the only "you measured" lines and exports.
-DECIDED = ("kept", "reverted-slower", "reverted-wrong-output")
-REPEAT = 3  # default rounds: ABAB with 3 runs a side
-MAX_REPEAT = 6  # default most runs a side while the figures lean without clearing the noise
-MIN_RUNS = decide.MIN_RUNS
-
-FIGURES = decide.FIGURES
+# The trial's entry point and the types of its signature, which the command layer imports
+# from here.
+__all__ = ["MeasuredTrial", "Options", "check_options", "run"]
 
 # the result keys of sglang.bench_serving and of `vllm bench serve` (the same) -> ours
 BENCH_KEYS = {
@@ -78,140 +61,6 @@ BENCH_KEYS = {
     "total_output_tokens": "output_tokens",
     "duration": "duration_s",
 }
-
-
-@dataclass(frozen=True)
-class Options:
-    api: str | None = None  # None: from --ready-url, else the command's --host and --port
-    ready_url: str | None = None
-    ready_pattern: str | None = None
-    timeout: float = 600.0
-    requests: int = 64
-    concurrency: int = 8
-    max_tokens: int = 128
-    warmup: int | None = None
-    repeat: int = REPEAT
-    # While the figures lean one way without clearing the noise, one more run a side, up to
-    # this many (decide.GainDecision.more).
-    max_repeat: int = MAX_REPEAT
-    min_gain: float = 0.02
-    figure: str = "output_tok_s"
-    min_similarity: float = sanity.MIN_SIMILARITY
-    min_agreement: float = sanity.MIN_AGREEMENT
-    model: str | None = None
-    bench_cmd: str | None = None  # a command line with {output} for its JSON result file
-    # A quality command of the user's, run on both sides ({api}, {model}, {output}); its
-    # score is the number at `eval_key` (dotted) in the JSON it writes to {output} or prints
-    # last on stdout; the patched side may not score below the baseline by more than
-    # `eval_tolerance`.
-    eval_cmd: str | None = None
-    eval_key: str = "score"
-    eval_tolerance: float = 0.01
-    sample_every: float = 0.25
-
-
-@dataclass
-class Run:
-    side: str  # "baseline" or "patched"
-    round: int
-    started: float
-    ready_s: float | None = None
-    outcome: str = "ok"  # "ok", "crashed", "timeout", "died-under-load"
-    exit_code: int | None = None
-    figures: dict[str, Any] | None = None
-    # The measured window, seconds since the epoch (time.time()), to align outside telemetry.
-    window_start: float | None = None
-    window_end: float | None = None
-    timeline: list[dict[str, float]] = field(default_factory=list)
-    power: list[dict[str, Any]] = field(default_factory=list)
-    gpus: list[dict[str, Any]] = field(default_factory=list)
-    nvml_problem: str | None = None
-    answers: list[dict[str, Any]] = field(default_factory=list)
-    eval_score: float | None = None
-    # patch id -> {"seen": "ran" | "skipped" | "not-seen", "line": the line that showed it}
-    wiring: dict[str, dict[str, str]] = field(default_factory=dict)
-    load_errors: list[str] = field(default_factory=list)
-    load_texts: list[str] = field(default_factory=list)
-    tail: list[str] = field(default_factory=list)
-
-    def mean_power_w(self) -> float | None:
-        watts = [g["mean_w"] for g in self.gpus if g.get("mean_w") is not None]
-        return sum(watts) / len(watts) if watts else None
-
-    def answered(self) -> bool:
-        """Whether anything of the API answered: one load request or one probe."""
-        completed = (self.figures or {}).get("completed")
-        return bool(completed) or any(a.get("error") is None for a in self.answers)
-
-
-@dataclass
-class MeasuredTrial:
-    profile: str
-    command: list[str]
-    options: dict[str, Any]
-    started: float
-    versions: dict[str, str] = field(default_factory=dict)
-    gpu_names: list[str] = field(default_factory=list)
-    gpu_family: str | None = None
-    runs: list[Run] = field(default_factory=list)
-    summary: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
-    gain: float | None = None
-    noise: float | None = None
-    # Each patched run's gain over its neighbouring baseline runs (decide_gain).
-    pairs: list[float] = field(default_factory=list)
-    verdict: str = "crashed"
-    message: str = ""
-    reverted: bool = False
-    sanity: dict[str, Any] | None = None
-    signature: dict[str, str] | None = None
-    ended: float | None = None
-    id: str = field(default_factory=serve.new_id)
-    kind: str = "measured"
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT[self.verdict]
-
-    @property
-    def evidence(self) -> bool:
-        """Whether this trial says something about the patch (DECIDED, or the patched side
-        crashed): only those are "you measured" lines and exports."""
-        if self.verdict == "crashed":
-            return any(r.side == "patched" and r.outcome != "ok" for r in self.runs)
-        return self.verdict in DECIDED
-
-    def to_dict(self) -> dict[str, Any]:
-        doc = asdict(self)
-        for run in doc["runs"]:
-            run.pop("load_texts")  # checked, not kept: they would swell the history
-        doc["exit_code"] = self.exit_code
-        doc["evidence"] = self.evidence
-        return doc
-
-    def record(self) -> TrialRecord:
-        """What the trial history keeps of it (checked as every record read back is)."""
-        return TrialRecord.from_json(self.to_dict())
-
-    def unreachable(self, *, with_record: bool) -> TrialUnreachable:
-        """The error an `unreachable` verdict is shown as (exit 8); `with_record`: the trial's
-        record rides along in the error's JSON."""
-        return TrialUnreachable(
-            self.message,
-            "check --api (or --ready-url, or the command's --port): the server must answer "
-            "/v1/completions there",
-            details=self.to_dict() if with_record else None,
-        )
-
-
-def api_of(opts: Options, command: Sequence[str], engine: engines.Engine = engines.SGLANG) -> str:
-    """--api, else the scheme and address of --ready-url, else where the engine's command
-    listens (its --host and --port, the engine's default port without one)."""
-    if opts.api:
-        return opts.api.rstrip("/")
-    if opts.ready_url:
-        parts = urlsplit(opts.ready_url)
-        return f"{parts.scheme}://{parts.netloc}"
-    return engine.api(command)
 
 
 def check_options(opts: Options, engine: engines.Engine = engines.SGLANG) -> None:
@@ -301,7 +150,7 @@ def run(
     try:
         limit = max(opts.repeat, opts.max_repeat)
         round_ = 0
-        while round_ < opts.repeat or (round_ < limit and _leans(result, opts)):
+        while round_ < opts.repeat or (round_ < limit and verdict.leans(result, opts)):
             if round_ >= opts.repeat:
                 on_event(
                     f"the figures lean but have not cleared the noise after {round_} runs a "
@@ -316,9 +165,17 @@ def run(
                 is_applied = want
                 on_event(f"{side} run {round_ + 1} of {max(opts.repeat, round_ + 1)}")
                 one = _one_run(
-                    side, round_, command, opts, on_line, log, declared, on_wait,
-                    first=round_ == 0, engine=engine,
-                )  # fmt: skip
+                    side,
+                    round_,
+                    command,
+                    opts,
+                    on_line,
+                    log,
+                    declared,
+                    on_wait,
+                    first=round_ == 0,
+                    engine=engine,
+                )
                 result.runs.append(one)
                 if one.outcome != "ok":
                     raise _Stop
@@ -342,7 +199,7 @@ def run(
         if log:
             log.close()
     if result.verdict != "interrupted":
-        _decide(result, opts, engine)
+        verdict.judge(result, opts, engine)
     if result.verdict != "kept" and is_applied:
         revert.revert(profile, paths)
         result.reverted = True
@@ -353,46 +210,6 @@ def run(
     if result.verdict == "interrupted":
         raise KeyboardInterrupt
     return result
-
-
-def _leans(result: MeasuredTrial, opts: Options) -> bool:
-    """Whether the figures so far lean one way without clearing the noise, so that one more
-    run a side could decide them (`decide.GainDecision.more`); never once the output is
-    wrong: that verdict needs no more runs."""
-    base = [r for r in result.runs if r.side == "baseline"]
-    patched = [r for r in result.runs if r.side == "patched"]
-    if not _judge_output(base, patched, opts).ok:
-        return False
-    decided = decide.decide_gain(
-        _figure_values(base, opts.figure), _figure_values(patched, opts.figure),
-        FIGURES[opts.figure][1], opts.min_gain,
-    )  # fmt: skip
-    return decided.more
-
-
-def _judge_output(base: list[Run], patched: list[Run], opts: Options) -> sanity.Sanity:
-    """The output checks (`sanity.judge`) on the first run of each side's probes and eval
-    score, and every run's load texts and errors."""
-    scores = None
-    if opts.eval_cmd and base[0].eval_score is not None and patched[0].eval_score is not None:
-        scores = sanity.EvalScores(
-            base[0].eval_score, patched[0].eval_score, opts.eval_tolerance, opts.eval_key
-        )
-    return sanity.judge(
-        [loadgen.Answer(**a) for a in base[0].answers],
-        [loadgen.Answer(**a) for a in patched[0].answers],
-        patched_load_texts=[t for r in patched for t in r.load_texts],
-        patched_load_errors=[e for r in patched for e in r.load_errors],
-        baseline_load_errors=[e for r in base for e in r.load_errors],
-        min_similarity=opts.min_similarity,
-        min_agreement=opts.min_agreement,
-        scores=scores,
-    )
-
-
-def _figure_values(runs: list[Run], figure: str) -> list[float]:
-    """In ABAB order, 0 where a run measured nothing (kept, so the pairs stay aligned)."""
-    return [float((r.figures or {}).get(figure) or 0.0) for r in runs]
 
 
 class _Stop(Exception):
@@ -548,134 +365,3 @@ def _eval(opts: Options, api: str, model: str) -> float:
             )
         text = Path(out).read_text(encoding="utf-8") if os.path.exists(out) else done.stdout
     return sanity.eval_score(text, opts.eval_key)
-
-
-# ---- the verdict --------------------------------------------------------------------------
-
-
-def _stats(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {"median": None, "min": None, "max": None, "spread": None, "runs": 0}
-    med = statistics.median(values)
-    spread = (max(values) - min(values)) / med if med else 0.0
-    return {
-        "median": round(med, 3),
-        "min": min(values),
-        "max": max(values),
-        # None with one run: one value has no spread (0 would read as "no noise").
-        "spread": round(spread, 4) if len(values) > 1 else None,
-        "runs": len(values),
-    }
-
-
-def _crash(result: MeasuredTrial, bad: Run) -> None:
-    sig = serve.diagnose(bad.tail)
-    result.signature = asdict(sig) if sig else None
-    what = {
-        "timeout": "was not ready before the timeout",
-        "died-under-load": f"died under load (exit {bad.exit_code})",
-    }.get(bad.outcome, f"exited with code {bad.exit_code}")
-    head = f"{bad.side} server {what} in run {bad.round + 1}"
-    if sig:
-        head += f": {sig.diagnosis}"
-    tail = "reverted" if bad.side == "patched" else "the command fails without the patch too"
-    result.verdict = "crashed"
-    result.message = f"{head}: {tail}"
-
-
-def _decide(result: MeasuredTrial, opts: Options,
-            engine: engines.Engine = engines.SGLANG) -> None:
-    bad = next((r for r in result.runs if r.outcome != "ok"), None)
-    if bad is not None:
-        _crash(result, bad)
-        return
-    base = [r for r in result.runs if r.side == "baseline"]
-    patched = [r for r in result.runs if r.side == "patched"]
-    if base and not base[0].answered():
-        api = api_of(opts, result.command, engine)
-        first = next((e for e in base[0].load_errors), None) or next(
-            (a.get("error") for a in base[0].answers if a.get("error")), "no answer"
-        )
-        result.verdict = "unreachable"
-        result.message = (
-            f"nothing answered at {api} on the baseline (no load request, no probe: {first}); "
-            "this says nothing about the patch: reverted"
-        )
-        return
-    for side, runs in (("baseline", base), ("patched", patched)):
-        result.summary[side] = {
-            name: _stats([v for r in runs if (v := (r.figures or {}).get(name)) is not None])
-            for name in FIGURES
-        }
-        result.summary[side]["power_w"] = _stats(
-            [p for r in runs if (p := r.mean_power_w()) is not None]
-        )
-    verdict = _judge_output(base, patched, opts)
-    result.sanity = asdict(verdict)
-    unit, higher = FIGURES[opts.figure]
-
-    decision = decide.decide_gain(
-        _figure_values(base, opts.figure), _figure_values(patched, opts.figure), higher,
-        opts.min_gain,
-    )  # fmt: skip
-    result.gain, result.noise, result.pairs = decision.gain, decision.noise, decision.pairs
-    figures = _figures_line(result, opts.figure, unit)
-    skipped = next((s for r in patched if (s := wiring.skipped(r.wiring)) is not None), None)
-    if not verdict.ok:
-        result.verdict = "reverted-wrong-output"
-        result.message = f"{figures}, but the output is wrong ({verdict.reasons[0]}): reverted"
-    elif skipped is not None:
-        patch, line = skipped
-        run = next(r for r in patched if wiring.skipped(r.wiring) is not None)
-        result.verdict = "inert"
-        result.message = (
-            f"the patched server skipped {patch}'s path in run {run.round + 1} "
-            f"(its log: {line!r}); the figures measure the unpatched path: reverted"
-        )
-    elif decision.gain is None:
-        result.verdict = "inconclusive"
-        result.message = f"no {opts.figure} was measured on one side: reverted"
-    elif decision.why == "few":
-        result.verdict = "inconclusive"
-        result.message = (
-            f"{figures}: one run a side, no spread measured; a keep needs at least "
-            f"{MIN_RUNS} runs a side (--repeat {REPEAT}, the default): reverted"
-        )
-    else:
-        result.verdict = decision.verdict
-        noise = (
-            f"±{100 * (decision.noise or 0):.1f}% noise + --min-gain {100 * opts.min_gain:g}% "
-            f"({len(patched)} runs a side)"
-        )
-        if decision.verdict == "inconclusive":
-            result.message = f"{figures}: inside the {noise}: reverted"
-        elif decision.verdict == "kept":
-            result.message = f"{figures}: beyond the {noise}: kept"
-        else:
-            result.message = f"{figures}: slower beyond the {noise}: reverted"
-    unseen = [
-        p for p, ev in (patched[0].wiring if patched else {}).items() if ev["seen"] == "not-seen"
-    ]
-    if unseen and result.verdict != "inert":
-        result.message += f" (the log showed neither ran nor skipped for {', '.join(unseen)})"
-
-
-def _figures_line(result: MeasuredTrial, figure: str, unit: str) -> str:
-    """'patched 236 tok/s vs baseline 880 tok/s (-73%), power 125 W vs 250 W'."""
-    b = result.summary["baseline"][figure]["median"]
-    p = result.summary["patched"][figure]["median"]
-    gain = "" if result.gain is None else f" ({100 * result.gain:+.0f}%)"
-    if result.gain is not None and abs(result.gain) < 0.1:
-        gain = f" ({100 * result.gain:+.1f}%)"
-    line = f"patched {_num(p)} {unit} vs baseline {_num(b)} {unit}{gain}"
-    pb = result.summary["baseline"]["power_w"]["median"]
-    pp = result.summary["patched"]["power_w"]["median"]
-    if pb is not None and pp is not None:
-        line += f", power {pp:.0f} W vs {pb:.0f} W"
-    return line
-
-
-def _num(value: float | None) -> str:
-    if value is None:
-        return "?"
-    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"

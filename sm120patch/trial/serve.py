@@ -64,8 +64,9 @@ def signatures() -> list[Signature]:
     try:
         return [Signature(**raw) for raw in doc["signature"]]
     except (KeyError, TypeError) as exc:
-        raise UsageError(f"{path}: not a list of [[signature]] tables ({exc})",
-                         catalog.DAMAGED_HINT) from None  # fmt: skip
+        raise UsageError(
+            f"{path}: not a list of [[signature]] tables ({exc})", catalog.DAMAGED_HINT
+        ) from None
 
 
 def diagnose(lines: Sequence[str]) -> Signature | None:
@@ -393,8 +394,10 @@ def crash_hint(result: TrialResult) -> str:
     if result.signature:
         return result.signature["action"]
     if result.tail:
-        seen = (f"its last {len(result.tail)} line(s) are printed above and kept in "
-                f"`sm120patch trial show {result.id}`")  # fmt: skip
+        seen = (
+            f"its last {len(result.tail)} line(s) are printed above and kept in "
+            f"`sm120patch trial show {result.id}`"
+        )
     else:
         seen = "the command printed nothing; run it by hand to see why it stops"
     if result.log:

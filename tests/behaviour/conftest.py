@@ -16,7 +16,7 @@ from behave import ARCHS, SIDES, Behaviour, Case, release_set
 from vllm_behave import VllmBehaviour
 from vllm_behave import all_cases as all_vllm_cases
 
-from sm120patch.maintain import releases
+from sm120patch.maintain import dists, releases
 
 SUMMARY_ENV = "SM120PATCH_BEHAVIOUR_RESULTS"  # write every probe result to this JSON file
 
@@ -48,7 +48,7 @@ def behaviour(tmp_path_factory: pytest.TempPathFactory,
               request: pytest.FixtureRequest) -> Behaviour:
     if not releases.pypi_reachable():
         missing = [f"{k} {v}" for k in releases.KINDS for v in release_set(k)
-                   if releases.cached(k, v) is None]
+                   if dists.cached(k, v) is None]
         import envs
 
         if missing or not envs.root().is_dir():

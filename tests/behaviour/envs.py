@@ -35,7 +35,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from sm120patch.maintain import releases
+from sm120patch.maintain import dists, releases
 
 TORCH = "2.13.0"
 # What `import sglang.srt.server_args`, the fusion gate modules, `flashinfer_comm_fusion` and
@@ -208,7 +208,7 @@ def vllm_sys_path(version: str) -> list[str]:
 
 def release_prefix(kind: str, version: str) -> Path:
     """`<cache>/behaviour/<kind>-<version>/`: the release installed from its cached wheel."""
-    dist = releases.fetch(kind, version)
+    dist = dists.fetch(kind, version)
     if not dist.name.endswith(".whl"):
         raise EnvError(f"{kind} {version} ships no wheel ({dist.name}); not importable here")
     dest = root() / f"{kind}-{version}"
@@ -226,7 +226,7 @@ def pinned(kind: str, version: str, project: str) -> str | None:
     """The version of `project` a release pins unconditionally, from its wheel's METADATA."""
     from packaging.utils import canonicalize_name
 
-    dist = releases.fetch(kind, version)
+    dist = dists.fetch(kind, version)
     with zipfile.ZipFile(dist) as zf:
         meta = next(n for n in zf.namelist() if n.count("/") == 1
                     and n.endswith(".dist-info/METADATA"))

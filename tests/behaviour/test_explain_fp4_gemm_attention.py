@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from sm120patch.cli import main
-from sm120patch.maintain import releases
+from sm120patch.maintain import dists, releases
 
 pytestmark = pytest.mark.behaviour
 
@@ -33,7 +33,7 @@ def explain_json(sglang: Path, profile: str, model: Path) -> dict:
 def sglang(monkeypatch: pytest.MonkeyPatch) -> Path:
     """The release installed by itself; the FlashInfer and transformers it pins reach the
     probe's interpreter through PYTHONPATH, as they would be installed beside it."""
-    if not releases.pypi_reachable() and releases.cached("sglang", VERSION) is None:
+    if not releases.pypi_reachable() and dists.cached("sglang", VERSION) is None:
         pytest.skip(f"PyPI is unreachable and SGLang {VERSION} is not cached")
     prefix, *beside = envs.sys_path_for("sglang", VERSION)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(beside))

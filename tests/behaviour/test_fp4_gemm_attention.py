@@ -32,7 +32,7 @@ from packaging.version import Version
 
 from sm120patch import targets
 from sm120patch.explain import explain
-from sm120patch.maintain import releases
+from sm120patch.maintain import dists, releases
 from sm120patch.plan import catalog
 
 pytestmark = pytest.mark.behaviour
@@ -146,7 +146,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
                      and "version" in getattr(getattr(item, "callspec", None), "params", {})},
                     key=Version)
     if not releases.pypi_reachable():
-        missing = [v for v in wanted if releases.cached("sglang", v) is None]
+        missing = [v for v in wanted if dists.cached("sglang", v) is None]
         if missing or not envs.root().is_dir():
             pytest.skip(f"PyPI is unreachable and the cache {releases.cache_dir()} lacks what "
                         "the behaviour tier needs")

@@ -24,7 +24,7 @@ from packaging.version import Version
 
 from sm120patch import targets
 from sm120patch.explain import explain
-from sm120patch.maintain import releases
+from sm120patch.maintain import dists, releases
 from sm120patch.patchkit.model import Status
 from sm120patch.plan import catalog
 
@@ -88,7 +88,7 @@ class Results:
 def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     versions = sorted(pinned(), key=Version)
     if not releases.pypi_reachable():
-        missing = [v for v in versions if releases.cached("sglang", v) is None]
+        missing = [v for v in versions if dists.cached("sglang", v) is None]
         if missing or not envs.root().is_dir():
             pytest.skip(f"PyPI is unreachable and the cache {releases.cache_dir()} lacks what "
                         "the behaviour tier needs")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from fleetkit import COLLECTION, EXAMPLES, Image, ansible_bin, build_context, run_containerfile
 
-from sm120patch.maintain import releases
+from sm120patch.maintain import dists, releases
 
 SGLANG, FLASHINFER = "0.5.8", "0.6.1"
 IMAGE_PROFILE = "fusion"  # the image's lock: both targets touched (moe and all refuse FI 0.6.1)
@@ -80,12 +80,12 @@ def _need_ansible() -> None:
 
 
 def _wheel(kind: str, version: str) -> Path:
-    if releases.cached(kind, version) is None and not releases.pypi_reachable():
+    if dists.cached(kind, version) is None and not releases.pypi_reachable():
         pytest.skip(
             f"{kind} {version} is not in the release cache {releases.dist_dir()} and PyPI is "
             "unreachable; the fleet tier installs it"
         )
-    return releases.fetch(kind, version)
+    return dists.fetch(kind, version)
 
 
 def _run(argv: list[str], log: Path, **kw) -> None:

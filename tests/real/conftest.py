@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from realcache import FULL_ENV, RealReleases, SiteCase, full_run, release_set, site_cases
 
-from sm120patch.maintain import releases
+from sm120patch.maintain import dists, releases
 from sm120patch.patchkit.kinds import TARGETS
 from sm120patch.plan import catalog
 
@@ -23,7 +23,7 @@ from sm120patch.plan import catalog
 def real(request: pytest.FixtureRequest) -> RealReleases:
     needed = [(k, v) for k in releases.KINDS for v in release_set(k)]
     if not releases.index_reachable():
-        missing = [f"{k} {v}" for k, v in needed if releases.cached(k, v) is None]
+        missing = [f"{k} {v}" for k, v in needed if dists.cached(k, v) is None]
         if missing:
             pytest.skip(
                 f"the index ({releases.index_sources()}) is unreachable and "

@@ -25,7 +25,7 @@ from packaging.version import Version
 from trees import tree_hash, upstream_checkout
 
 from sm120patch.cli import main
-from sm120patch.maintain import releases, trees
+from sm120patch.maintain import dists, releases, trees
 from sm120patch.plan import catalog, lockfile, pins
 from sm120patch.targets import find
 
@@ -56,7 +56,7 @@ def newest() -> dict[str, str]:
         found = {kind: max(releases.available(kind), key=Version) for kind in releases.KINDS}
     except (releases.ReleaseError, ValueError) as exc:
         pytest.skip(f"the index ({releases.index_sources()}) cannot be read: {exc}")
-    missing = [f"{k} {v}" for k, v in found.items() if releases.cached(k, v) is None]
+    missing = [f"{k} {v}" for k, v in found.items() if dists.cached(k, v) is None]
     if missing and not releases.index_reachable():
         pytest.skip(f"the index is unreachable and {', '.join(missing)} is not cached")
     return found

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from sm120patch.cli import main
+from sm120patch.maintain import dists as distfiles
 from sm120patch.maintain import releases, trees
 
 pytestmark = pytest.mark.real
@@ -28,10 +29,10 @@ SGLANG_PATCHES = ["sglang.sm120-flag", "sglang.fusion-gate", "sglang.fusion-auto
 @pytest.fixture(scope="module")
 def dists():
     if not releases.index_reachable() and (
-        releases.cached("sglang", SGLANG) is None or releases.cached("flashinfer", FLASHINFER) is None
+        distfiles.cached("sglang", SGLANG) is None or distfiles.cached("flashinfer", FLASHINFER) is None
     ):
         pytest.skip(f"the index ({releases.index_sources()}) is unreachable and the releases are not cached")
-    return releases.fetch("sglang", SGLANG), releases.fetch("flashinfer", FLASHINFER)
+    return distfiles.fetch("sglang", SGLANG), distfiles.fetch("flashinfer", FLASHINFER)
 
 
 def cli(*args: str):
@@ -193,7 +194,7 @@ def test_pip_reinstall_and_upgrade_are_seen_from_the_bytes(tmp_path, dists):
     assert code == 0, err
     assert server_args.read_bytes() == patched  # the lock's bytes, proven after writing
 
-    newer = releases.fetch("sglang", "0.5.9")
+    newer = distfiles.fetch("sglang", "0.5.9")
     pip(str(newer))
     upgraded = server_args.read_bytes()
     doc = {t["kind"]: t for t in json.loads(cli("status", *where, "--json")[1])["targets"]}

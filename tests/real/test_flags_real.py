@@ -11,7 +11,7 @@ from functools import cache
 
 import pytest
 
-from sm120patch.maintain import releases, sources, trees
+from sm120patch.maintain import dists, releases, sources, trees
 from sm120patch.plan import catalog
 
 pytestmark = pytest.mark.real
@@ -22,7 +22,7 @@ FLAGGED = sorted(name for name, p in catalog.load().profiles.items() if p.flag)
 @cache
 def release_files(kind: str, version: str) -> dict[str, str]:
     """Path -> text of every `.py` of the release's package."""
-    if not releases.index_reachable() and releases.cached(kind, version) is None:
+    if not releases.index_reachable() and dists.cached(kind, version) is None:
         pytest.skip(f"{kind} {version} is not in the release cache and the index is unreachable")
     if kind == "vllm":  # vLLM's sources alone, never its ~240 MB wheel
         root = sources.tree(kind, version)

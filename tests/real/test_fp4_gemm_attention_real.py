@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from realcache import RealReleases, release_set
 
 from sm120patch.cli import main
-from sm120patch.maintain import releases, trees
+from sm120patch.maintain import dists, releases, trees
 from sm120patch.plan import catalog
 
 pytestmark = pytest.mark.real
@@ -179,7 +179,7 @@ def installed(tmp_path: Path, *releases_: tuple[str, str]) -> Path:
     install tree (its package and dist-info, `trees.tree`), copied."""
     site = tmp_path / "site"
     for kind, version in releases_:
-        if not releases.index_reachable() and releases.cached(kind, version) is None:
+        if not releases.index_reachable() and dists.cached(kind, version) is None:
             pytest.skip(f"{kind} {version} is not cached and the index is unreachable")
         for entry in trees.tree(kind, version).iterdir():
             if entry.is_dir():

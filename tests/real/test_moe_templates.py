@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from sm120patch.maintain import releases, trees
+from sm120patch.maintain import dists, releases, trees
 from sm120patch.patchkit import moe
 from sm120patch.patchkit.model import Patch, Status
 from sm120patch.patchkit.runner import transform_text
@@ -49,7 +49,7 @@ def sha(text: str) -> str:
 
 
 def release_tree(version: str) -> Path:
-    if releases.cached("sglang", version) is None and not releases.index_reachable():
+    if dists.cached("sglang", version) is None and not releases.index_reachable():
         pytest.skip(f"SGLang {version} is not in the cache and the index is unreachable")
     return trees.tree("sglang", version)
 

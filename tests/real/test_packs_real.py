@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_engine_real import cli, git
 
-from sm120patch.maintain import releases, trees
+from sm120patch.maintain import dists, releases, trees
 from sm120patch.plan import catalog, lockfile
 
 pytestmark = pytest.mark.real
@@ -28,7 +28,7 @@ def no_pack_left():
 
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
-    if releases.cached("flashinfer", VERSION) is None and not releases.pypi_reachable():
+    if dists.cached("flashinfer", VERSION) is None and not releases.pypi_reachable():
         pytest.skip(f"PyPI is unreachable and FlashInfer {VERSION} is not cached")
     root = tmp_path / "flashinfer-checkout"
     shutil.copytree(trees.tree("flashinfer", VERSION) / "flashinfer", root / "flashinfer")
