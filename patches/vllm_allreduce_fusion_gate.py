@@ -13,8 +13,14 @@ MNNVL, which needs NVSwitch multicast, then falls back to the TRT-LLM backend, w
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+
+from sm120patch.patchkit import arch
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -29,12 +35,6 @@ from sm120patch.patchkit.model import (
 )
 
 from .vllm_allreduce_fusion_size import FUSION_WIRING, PR_3903
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 CONFIG = "vllm/config/vllm.py"
 FUNCTION = "enable_allreduce_rms_fusion"
@@ -58,10 +58,6 @@ def _capability_calls(node: cst.BaseExpression) -> tuple[str, str] | None:
     """(receiver, `method(argument)`) of a vLLM capability check with one constant argument:
     `current_platform.is_device_capability(90)` -> ("current_platform",
     "is_device_capability(90)"); None for anything else."""
-    import libcst as cst
-
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import syntax as h
 
     if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
             and len(node.args) == 1 and isinstance(node.args[0].value, cst.Integer)):  # fmt: skip
@@ -75,9 +71,6 @@ def _capability_calls(node: cst.BaseExpression) -> tuple[str, str] | None:
 
 def _groups(func: cst.FunctionDef) -> list[cst.BooleanOperation]:
     """The outermost `or` chains of the function whose operands are all capability checks."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     out = []
     for node in h.nodes(func, cst.BooleanOperation):
@@ -90,10 +83,6 @@ def _groups(func: cst.FunctionDef) -> list[cst.BooleanOperation]:
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, FUNCTION)
     groups = _groups(func)
     if not groups:
@@ -118,7 +107,6 @@ def transform(module: cst.Module) -> Result:
     if sorted(checks) != sorted(RELEASED) or len(receivers) != 1:
         raise Refuse(FUNCTION, "`(current_platform.is_device_capability_family(100) or "
                      "current_platform.is_device_capability(90))`", f"`{shape}`")  # fmt: skip
-    import libcst as cst
 
     receiver = receivers.pop()
     extra = cst.parse_expression(f"{receiver}.{OURS}")
@@ -132,9 +120,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     the release's two checks (family 100, exactly 90) followed by
     `current_platform.is_device_capability(120)`; with that operand taken out the file is the
     release's."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     def groups(tree: ast.Module) -> list[ast.BoolOp]:
         func = sc.one_function(tree, fact.function)

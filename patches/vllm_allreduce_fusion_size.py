@@ -19,8 +19,12 @@ reads the table's name from the fact's `form`.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -34,12 +38,6 @@ from sm120patch.patchkit.model import (
     applied,
     upstream,
 )
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 FUSION = "vllm/compilation/passes/fusion/allreduce_rms_fusion.py"
 TABLE = "FI_ALLREDUCE_FUSION_MAX_SIZE_MB"
@@ -76,8 +74,6 @@ FACTS = (
 
 def table_statement(module: cst.Module, table: str) -> tuple[cst.SimpleStatementLine, cst.Dict]:
     """The one module-level `table = {...}` or `table: T = {...}` and its dict literal."""
-    import libcst as cst
-
     found = []
     for stmt in module.body:
         if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
@@ -103,8 +99,6 @@ def table_statement(module: cst.Module, table: str) -> tuple[cst.SimpleStatement
 
 def _rows(table: str, value: cst.Dict) -> dict[int, cst.DictElement]:
     """The table's rows by capability int; refuses anything but `<int>: {<int>: <number>}`."""
-    import libcst as cst
-
     rows: dict[int, cst.DictElement] = {}
     for el in value.elements:
         if not (isinstance(el, cst.DictElement) and isinstance(el.key, cst.Integer)
@@ -116,8 +110,6 @@ def _rows(table: str, value: cst.Dict) -> dict[int, cst.DictElement]:
 
 def _literal(node: cst.CSTNode) -> object:
     """The value of a literal node, read from its own source text (comments and all)."""
-    import libcst as cst
-
     try:
         return ast.literal_eval(cst.Module(body=[]).code_for_node(node).strip())
     except (ValueError, SyntaxError):
@@ -125,16 +117,12 @@ def _literal(node: cst.CSTNode) -> object:
 
 
 def _code(node: cst.CSTNode) -> str:
-    from sm120patch.patchkit import syntax as h
-
     return h.code(node, 10_000)
 
 
 def table_transform(module: cst.Module, table: str, comment: str) -> Result:
     """`table` gains the row `120: {2: <row 90's value at 2>}` after its last row, laid out as
     the rows above it, under the one comment line `comment`."""
-    import libcst as cst
-
     stmt, value = table_statement(module, table)
     rows = _rows(table, value)
     source = rows.get(FROM_ROW)
@@ -210,9 +198,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     _FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB for vllm.allreduce-fusion-oneshot, which runs this same
     check) is the release's table plus `120: {2: <row 90's value at 2>}` as its last row; with
     that row taken out, the file is the release's."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     table = fact.form
 

@@ -25,8 +25,14 @@ walked).
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import Any
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -40,14 +46,6 @@ from sm120patch.patchkit.model import (
     applied,
 )
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    from types import FrameType
-
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 PR_47577 = "https://github.com/vllm-project/vllm/pull/47577"
 PR_54669 = "https://github.com/vllm-project/vllm/pull/54669"
@@ -99,8 +97,6 @@ FACTS = (
 
 def _is_list(stmt: cst.CSTNode) -> bool:
     """`AVAILABLE_BACKENDS = [...]`, a list literal."""
-    import libcst as cst
-
     return (
         isinstance(stmt, cst.SimpleStatementLine)
         and len(stmt.body) == 1
@@ -115,8 +111,6 @@ def _is_list(stmt: cst.CSTNode) -> bool:
 def _same(node: cst.CSTNode, source: str) -> bool:
     """`node` (a statement) is `source`, whatever its layout and comments (compared as Python's
     own syntax trees)."""
-    import libcst as cst
-
     try:
         text = cst.Module(body=[node]).code  # type: ignore[list-item]
         return ast.dump(ast.parse(text)) == ast.dump(ast.parse(source))
@@ -127,17 +121,12 @@ def _same(node: cst.CSTNode, source: str) -> bool:
 def _is_ours(stmt: cst.CSTNode) -> bool:
     """An `if` naming B12X or FLASHINFER_B12X: the patch's, or an edit of it (upstream's
     function has none in any pinned release), told apart by `_same`."""
-    import libcst as cst
-
     return isinstance(stmt, cst.If) and any(name in _code(stmt) for name in (B12X, FI_B12X))
 
 
 def _members(module: cst.Module) -> set[str]:
     """The names `class NvFp4MoeBackend` assigns (the members the inserted lines name must be
     there, or the patched selection raises AttributeError on SM120 only)."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     names: set[str] = set()
     for cls in h.matching_nodes(module, cst.ClassDef, lambda c: c.name.value == ENUM):  # type: ignore[attr-defined]
@@ -148,17 +137,10 @@ def _members(module: cst.Module) -> set[str]:
 
 
 def _code(node: cst.CSTNode) -> str:
-    from sm120patch.patchkit import syntax as h
-
     return h.code(node, 10_000)
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, FUNCTION)
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     lists = h.matching_nodes(func, cst.SimpleStatementLine, _is_list)
@@ -232,6 +214,7 @@ def explain_read(site: Site) -> Reading:
     (a trace on that one frame); whatever the function does past the list (try a kernel that
     cannot load here) is caught: the list is the decision. Runs in the target's interpreter
     (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import importlib
     import importlib.util
     import sys
@@ -305,8 +288,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     inserting NvFp4MoeBackend.B12X, then NvFp4MoeBackend.FLASHINFER_B12X, each at the index of
     NvFp4MoeBackend.MARLIN; the list itself still without either; `class NvFp4MoeBackend`
     defines both; with those two statements taken out, the file is the release's."""
-    from sm120patch.patchkit import sitecheck as sc
-
     func = sc.one_function(after, fact.function)
     body = func.body
 
