@@ -101,8 +101,11 @@ def _rows(table: str, value: cst.Dict) -> dict[int, cst.DictElement]:
     """The table's rows by capability int; refuses anything but `<int>: {<int>: <number>}`."""
     rows: dict[int, cst.DictElement] = {}
     for el in value.elements:
-        if not (isinstance(el, cst.DictElement) and isinstance(el.key, cst.Integer)
-                and isinstance(el.value, cst.Dict)):  # fmt: skip
+        if not (
+            isinstance(el, cst.DictElement)
+            and isinstance(el.key, cst.Integer)
+            and isinstance(el.value, cst.Dict)
+        ):
             raise Refuse(table, "rows `<capability int>: {<world size>: <MB>}`", f"`{_code(el)}`")
         rows[int(el.key.value)] = el
     return rows
@@ -139,23 +142,29 @@ def table_transform(module: cst.Module, table: str, comment: str) -> Result:
         return upstream(table, f"the release has its own SM120 row: `{SM120}: {own}`")
     assert source is not None and isinstance(source.value, cst.Dict)  # read above
     inner = source.value
-    entry = next(e for e in inner.elements
-                 if isinstance(e, cst.DictElement) and _literal(e.key) == WORLD)  # fmt: skip
+    entry = next(
+        e for e in inner.elements if isinstance(e, cst.DictElement) and _literal(e.key) == WORLD
+    )
     last = value.elements[-1]
     between = value.elements[0].comma
     after_entry = entry.comma
     closing = inner.rbrace.whitespace_before
     laid_out = (
-        len(value.elements) > 1 and isinstance(last, cst.DictElement)
-        and isinstance(last.comma, cst.Comma) and isinstance(between, cst.Comma)
+        len(value.elements) > 1
+        and isinstance(last, cst.DictElement)
+        and isinstance(last.comma, cst.Comma)
+        and isinstance(between, cst.Comma)
         and isinstance(between.whitespace_after, cst.ParenthesizedWhitespace)
         and isinstance(after_entry, cst.Comma)
         and isinstance(after_entry.whitespace_after, cst.ParenthesizedWhitespace)
         and isinstance(closing, cst.ParenthesizedWhitespace)
-    )  # fmt: skip
+    )
     if not laid_out:
-        raise Refuse(table, f"`{table}` laid out one row and one entry per line, as released",
-                     f"`{_code(stmt)[:200]}`")  # fmt: skip
+        raise Refuse(
+            table,
+            f"`{table}` laid out one row and one entry per line, as released",
+            f"`{_code(stmt)[:200]}`",
+        )
     assert isinstance(between, cst.Comma) and isinstance(after_entry, cst.Comma)
     assert isinstance(between.whitespace_after, cst.ParenthesizedWhitespace)
     assert isinstance(after_entry.whitespace_after, cst.ParenthesizedWhitespace)
@@ -171,9 +180,9 @@ def table_transform(module: cst.Module, table: str, comment: str) -> Result:
     gap = between.whitespace_after
     note = cst.EmptyLine(indent=True, whitespace=gap.last_line, comment=cst.Comment(comment))
     assert isinstance(last.comma, cst.Comma)  # `laid_out` above
-    new_last = last.with_changes(comma=last.comma.with_changes(
-        whitespace_after=gap.with_changes(empty_lines=[note])
-    ))  # fmt: skip
+    new_last = last.with_changes(
+        comma=last.comma.with_changes(whitespace_after=gap.with_changes(empty_lines=[note]))
+    )
     row = last.with_changes(key=cst.Integer(str(SM120)), value=new_inner)
     new_value = value.with_changes(elements=[*value.elements[:-1], new_last, row])
     # a module-level simple statement: the module's body is rebuilt around it (as the kit's
@@ -203,11 +212,13 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
 
     def the_dict(tree: ast.Module) -> ast.Dict:
         found = [
-            n.value for n in tree.body
-            if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None
+            n.value
+            for n in tree.body
+            if isinstance(n, (ast.Assign, ast.AnnAssign))
+            and n.value is not None
             and [ast.unparse(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
             == [table]
-        ]  # fmt: skip
+        ]
         value = sc.one(found, f"module-level {table}")
         assert isinstance(value, ast.Dict), f"{table} is not a dict literal"
         return value

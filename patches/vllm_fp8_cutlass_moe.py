@@ -86,13 +86,17 @@ def transform(module: cst.Module) -> Result:
         h.code(first.body) != "return False"
     ):
         found = f"`{h.code(first)}`" if first is not None else "an empty body"
-        raise Refuse(FUNCTION, "first `if <capability> < 90 or <capability> >= N: return "
-                     "False`", found)  # fmt: skip
+        raise Refuse(
+            FUNCTION, "first `if <capability> < 90 or <capability> >= N: return False`", found
+        )
     low, high = bounds
     if low <= 120 < high:  # SM120 goes on to the compiled op, which decides per build
-        return upstream(FUNCTION, f"SM120 passes the gate (< {low} or >= {high}) and the "
-                        "compiled op decides: this release carries an SM120 path",
-                        shape=f"`{h.code(first.test)}`")  # fmt: skip
+        return upstream(
+            FUNCTION,
+            f"SM120 passes the gate (< {low} or >= {high}) and the "
+            "compiled op decides: this release carries an SM120 path",
+            shape=f"`{h.code(first.test)}`",
+        )
     raise Refuse(FUNCTION, EXPECTED, FOUND)
 
 

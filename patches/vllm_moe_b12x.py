@@ -151,20 +151,25 @@ def transform(module: cst.Module) -> Result:
     listed = lists[0]
     index = next((i for i, stmt in enumerate(body) if stmt is listed), None)
     if index is None:
-        raise Refuse(FUNCTION, f"`{LIST} = [...]` in the function's own body",
-                     "it nested in a block")  # fmt: skip
+        raise Refuse(
+            FUNCTION, f"`{LIST} = [...]` in the function's own body", "it nested in a block"
+        )
     elements = [h.code(e.value) for e in listed.body[0].value.elements]  # type: ignore[attr-defined]
     if MARLIN not in elements:
         raise Refuse(FUNCTION, f"{MARLIN} in `{LIST}`", f"`{h.code(listed)}`")
     for name in (B12X, FI_B12X):
         if name in elements:  # a hand edit, or upstream's own choice: neither is ours to judge
-            raise Refuse(FUNCTION, f"`{LIST}` without {name} (vLLM leaves it out)",
-                         f"`{h.code(listed)}`")  # fmt: skip
+            raise Refuse(
+                FUNCTION, f"`{LIST}` without {name} (vLLM leaves it out)", f"`{h.code(listed)}`"
+            )
     members = _members(module)
     missing = [n for n in ("B12X", "FLASHINFER_B12X") if n not in members]
     if missing:
-        raise Refuse(FUNCTION, f"`class {ENUM}` with members B12X and FLASHINFER_B12X",
-                     f"no {', '.join(missing)}")  # fmt: skip
+        raise Refuse(
+            FUNCTION,
+            f"`class {ENUM}` with members B12X and FLASHINFER_B12X",
+            f"no {', '.join(missing)}",
+        )
     params = [p.name.value for p in func.params.params]
     if "config" not in params:
         raise Refuse(FUNCTION, "a `config` parameter (the FusedMoEConfig)", ", ".join(params))
@@ -180,11 +185,17 @@ def transform(module: cst.Module) -> Result:
         ):
             return already_applied(FUNCTION, f"B12X, FLASHINFER_B12X before MARLIN when {TEST}")
         if len(ours) == 1 and _same(ours[0], f"if {TEST}:\n    {OLD_BODY}"):
-            raise Refuse(FUNCTION, f"`if {TEST}: {BODY}`",
-                         "the previous vllm.moe-b12x (FLASHINFER_B12X alone): revert vllm-moe "
-                         "with the sm120patch that applied it, then apply again")  # fmt: skip
-        raise Refuse(FUNCTION, f"at most one `if {TEST}: {BODY}`, right after `{h.code(anchor)}`",
-                     f"{len(ours)}, elsewhere or edited")  # fmt: skip
+            raise Refuse(
+                FUNCTION,
+                f"`if {TEST}: {BODY}`",
+                "the previous vllm.moe-b12x (FLASHINFER_B12X alone): revert vllm-moe "
+                "with the sm120patch that applied it, then apply again",
+            )
+        raise Refuse(
+            FUNCTION,
+            f"at most one `if {TEST}: {BODY}`, right after `{h.code(anchor)}`",
+            f"{len(ours)}, elsewhere or edited",
+        )
     nl, ind = module.default_newline, module.default_indent
     new = [
         h.parse_statement("".join(f"{line}{nl}" for line in COMMENT) + f"{IMPORT}{nl}", module),
@@ -237,10 +248,11 @@ def explain_read(site: Site) -> Reading:
         return local
 
     config = SimpleNamespace(
-        moe_backend="auto", swiglu_limit=None,
+        moe_backend="auto",
+        swiglu_limit=None,
         activation_format=SimpleNamespace(is_batched=False),
         moe_parallel_config=SimpleNamespace(use_ep=False),
-    )  # fmt: skip
+    )
     stopped = None
     old = sys.gettrace()
     sys.settrace(trace)
@@ -269,8 +281,11 @@ def explain_row(answer: Answer) -> str:
     absent = " (no b12x package)" if answer.get("b12x") is False else ""
     if "MARLIN" not in order:
         return "auto tries: " + ", ".join(order)
-    ahead = [b for b in ("B12X", "FLASHINFER_B12X") if b in order
-             and order.index(b) < order.index("MARLIN")]  # fmt: skip
+    ahead = [
+        b
+        for b in ("B12X", "FLASHINFER_B12X")
+        if b in order and order.index(b) < order.index("MARLIN")
+    ]
     if ahead:
         return f"{', '.join(ahead)} before MARLIN{absent}"
     return f"MARLIN, no B12X/FLASHINFER_B12X{absent}"
@@ -305,8 +320,13 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     for name in ("NvFp4MoeBackend.B12X", "NvFp4MoeBackend.FLASHINFER_B12X"):
         assert name not in names, f"the list itself was changed: {name}"
     [enum] = [n for n in after.body if isinstance(n, ast.ClassDef) and n.name == "NvFp4MoeBackend"]
-    members = {t.id for n in enum.body if isinstance(n, ast.Assign)
-               for t in n.targets if isinstance(t, ast.Name)}  # fmt: skip
+    members = {
+        t.id
+        for n in enum.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
     assert {"B12X", "FLASHINFER_B12X"} <= members, f"NvFp4MoeBackend members: {members}"
     humming = "AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)"
     if fact.form == "humming":

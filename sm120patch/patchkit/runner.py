@@ -117,8 +117,9 @@ def transform_text(
     except RecursionError:
         result = FileResult(file=file, before=text, after=text)
         why = "the file nests too deep for Python to parse (RecursionError); restore it first"
-        result.outcomes = [Outcome(p.id, p.target, file, "<module>", Status.REFUSED, why)
-                           for p in patches]  # fmt: skip
+        result.outcomes = [
+            Outcome(p.id, p.target, file, "<module>", Status.REFUSED, why) for p in patches
+        ]
         return result
 
 

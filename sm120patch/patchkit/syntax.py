@@ -540,9 +540,15 @@ def guarded_nodes(
     """
     found: list[tuple[cst.CSTNode, list[cst.If]]] = []
     blocks = (
-        cst.IndentedBlock, cst.SimpleStatementSuite, cst.Else, cst.Finally, cst.ExceptHandler,
-        cst.ExceptStarHandler, cst.MatchCase, cst.BaseCompoundStatement,
-    )  # fmt: skip
+        cst.IndentedBlock,
+        cst.SimpleStatementSuite,
+        cst.Else,
+        cst.Finally,
+        cst.ExceptHandler,
+        cst.ExceptStarHandler,
+        cst.MatchCase,
+        cst.BaseCompoundStatement,
+    )
 
     def walk(node: cst.CSTNode, stack: list[cst.If]) -> None:
         if want(node):
