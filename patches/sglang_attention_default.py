@@ -21,6 +21,7 @@ import ast
 import libcst as cst
 from libcst.helpers import ensure_type
 
+from sm120patch.patchkit import imports
 from sm120patch.patchkit import operations as op
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit import syntax as h
@@ -112,7 +113,7 @@ def transform(module: cst.Module) -> Result:
         )
     if helper:
         raise Refuse(SITE, f"no `def {HELPER}` without its branch", "the helper alone")
-    if not h.binds_at_module_level(module, "Any"):
+    if not imports.binds_at_module_level(module, "Any"):
         raise Refuse(SITE, "`from typing import Any` (the helper's annotations)", "none")
     if len(sm100) != 1 or not _returns(sm100[0].body, BACKEND):
         found = "; ".join(f"`{h.code(b.test)}`" for b in sm100) or "no SM100 branch"

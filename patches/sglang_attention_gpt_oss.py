@@ -19,6 +19,7 @@ import copy
 import libcst as cst
 from libcst.helpers import ensure_type
 
+from sm120patch.patchkit import imports
 from sm120patch.patchkit import operations as op
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit import syntax as h
@@ -79,7 +80,7 @@ def transform(module: cst.Module) -> Result:
         raise Refuse(SITE, EXPECTED, f"`elif {h.code(ours.test)}: {h.code(ours.body)}`")
     if len(sm100) != 1 or not _sets_trtllm(sm100[0]):
         raise Refuse(SITE, EXPECTED, f"{len(sm100)} `if {SM100}:` branches")
-    if not h.binds_at_module_level(module, "resolving_view"):
+    if not imports.binds_at_module_level(module, "resolving_view"):
         raise Refuse(SITE, f"`from {BASE_MODULE} import (...)`", "no such import")
     nl = module.default_newline
     lines = f"{TARGET} = {VALUE}".split("\n")

@@ -18,7 +18,7 @@ import ast
 import libcst as cst
 from libcst.helpers import ensure_type
 
-from sm120patch.patchkit import arch
+from sm120patch.patchkit import arch, imports
 from sm120patch.patchkit import operations as op
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit import syntax as h
@@ -149,7 +149,7 @@ def transform(module: cst.Module) -> Result:
         f"`if {spelled}:` choosing {BACKEND} first in the auto chain",
         f"`def {HELPER}` added after {SITE}",
     ]
-    if form == "call" and not h.import_sources(res.module, "is_sm120_supported"):
+    if form == "call" and not imports.import_sources(res.module, "is_sm120_supported"):
         # The runner places it next to is_sm100_supported, or refuses where it cannot.
         res = res.needing(Import("is_sm120_supported", next_to="is_sm100_supported"))
         notes.append("is_sm120_supported imported")

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import libcst as cst
 
-from sm120patch.patchkit import arch
+from sm120patch.patchkit import arch, imports
 from sm120patch.patchkit import operations as op
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit import syntax as h
@@ -139,7 +139,7 @@ def transform(module: cst.Module) -> Result:
         new_module = h.replace(module, operand, new_group, scope=gate.node)
         change = f"{shape} -> {h.code(new_group)}"
     else:  # WIDEN_SINGLE: the per-model GptOss block of 0.5.2 to 0.5.4
-        if gate.form == "call" and not h.binds_at_module_level(module, SM120_CALL):
+        if gate.form == "call" and not imports.binds_at_module_level(module, SM120_CALL):
             # Only 0.5.2 and 0.5.3 have this block without the import, and their
             # sglang.srt.utils has no is_sm120_supported to import.
             raise Refuse(

@@ -14,6 +14,7 @@ import ast
 
 import libcst as cst
 
+from sm120patch.patchkit import imports
 from sm120patch.patchkit import operations as op
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit import syntax as h
@@ -74,7 +75,7 @@ def transform(module: cst.Module) -> Result:
         found = f"{len(gates)} such statements"
         raise Refuse(" / ".join(FUNCTIONS), f"one `if {GATE}:`", found)
     gate = gates[0]
-    if not h.imports_module(module, "os"):
+    if not imports.imports_module(module, "os"):
         raise Refuse(h.qualified_name(module, gate),
                      "`import os` at module level (the override reads os.environ)", "none")
     nl, ind = module.default_newline, module.default_indent

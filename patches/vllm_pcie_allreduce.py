@@ -21,6 +21,7 @@ import ast
 
 import libcst as cst
 
+from sm120patch.patchkit import imports
 from sm120patch.patchkit import operations as op
 from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit import syntax as h
@@ -84,7 +85,8 @@ def transform(module: cst.Module) -> Result:
     site = h.qualified_name(module, gate)
     if site != FUNCTION:
         raise Refuse(site, f"`if {GATE}:` in {FUNCTION}", f"it in {site}")
-    if h.binds_at_module_level(module, "__import__") or h.module_assignments(module, "__import__"):
+    rebound = h.module_assignments(module, "__import__")
+    if imports.binds_at_module_level(module, "__import__") or rebound:
         # The statement calls the builtin; a module rebinding the name would get its own.
         raise Refuse(site, "`__import__` left to the builtin", "a module-level binding of it")
     nl, ind = module.default_newline, module.default_indent
