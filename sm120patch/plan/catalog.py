@@ -15,6 +15,7 @@ imported (`trust`).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import sys
 import types
@@ -25,8 +26,10 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier
 
+from sm120patch import patches as package  # type: ignore[attr-defined]  # patches/ (package-dir)
 from sm120patch.errors import UnknownProfile
 from sm120patch.patchkit.model import Evidence, Patch, wiring_evidence
+from sm120patch.plan.entrypoints import entry_points
 from sm120patch.plan.packdirs import PACKS_ENV as PACKS_ENV
 from sm120patch.plan.packdirs import pack_dirs as pack_dirs
 from sm120patch.plan.packdirs import use_packs as use_packs
@@ -44,6 +47,7 @@ from sm120patch.plan.profiles import refusal_problems as refusal_problems
 from sm120patch.plan.registry import REGISTRY_FILE, Registry, Row, discover, rows_in
 from sm120patch.plan.registry import Pack as Pack
 from sm120patch.plan.registry import PackError as PackError
+from sm120patch.targets.files import untrusted_by
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,6 @@ def load() -> Catalog:
 
 @lru_cache(maxsize=4)
 def _load(dirs: tuple[str, ...]) -> Catalog:
-    from sm120patch import patches as package  # type: ignore[attr-defined]  # from patches/ (package-dir)
-
     builtin = Pack(BUILT_IN, str(Path(package.__path__[0])))
     packs: list[tuple[Pack, Registry, str | None]] = [
         (builtin, _registry(package, builtin), _read_data(package, "profiles.toml"))
@@ -133,8 +135,6 @@ def trust(pack: Pack, path: Path | None) -> None:
     runs with this process's privileges)."""
     if path is None:
         return
-    from sm120patch.targets.files import untrusted_by
-
     problem = untrusted_by(path, os.geteuid(), tree=True)
     if problem:
         raise PackError(
@@ -147,8 +147,6 @@ def trust(pack: Pack, path: Path | None) -> None:
 def _entry_point_code(ep: Any) -> Path | None:
     """Where the top-level package (or module) an entry point names lives, found without
     importing anything; None when it is not on disk as a file or directory."""
-    import importlib.util
-
     value = getattr(ep, "value", None)
     if not isinstance(value, str):
         return None  # judged once loaded, by where it came from
@@ -165,8 +163,6 @@ def _entry_point_code(ep: Any) -> Path | None:
 
 
 def _entry_points() -> list[Any]:
-    from sm120patch.plan.entrypoints import entry_points
-
     return sorted(entry_points(ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
@@ -192,7 +188,7 @@ def _read_data(package: Any, name: str) -> str | None:
     if init is None:  # a namespace package (a pack directory): its first directory
         path = Path(list(package.__path__)[0]) / name
         return path.read_text(encoding="utf-8") if path.is_file() else None
-    from importlib import resources
+    from importlib import resources  # here: see above (a zipped package only)
 
     try:
         entry = resources.files(package).joinpath(name)
