@@ -183,3 +183,19 @@ def test_a_module_that_disagrees_with_its_row_is_refused_when_imported(tmp_path)
     assert cat.patches.rows["sglang.fusion-gate"].title != "Another title"
     with pytest.raises(catalog.PackError, match="sglang_fusion_gate's PATCH has title 'Another title' where registry.toml has"):
         cat.patches["sglang.fusion-gate"]
+
+
+def test_every_module_of_the_library_has_its_row_and_agrees_with_it():
+    """A module the registry does not list would never load: each patch module of the library
+    has a row, and each row's module, imported, agrees with it (the registry refuses one that
+    does not)."""
+    from pathlib import Path
+
+    from sm120patch.plan.registry import Registry
+
+    library = Path(catalog.__file__).parents[2] / "patches"
+    modules = {p.stem for p in library.glob("*.py") if p.stem != "__init__"}
+    rows = catalog.load().patches.rows
+    assert {r.module.rsplit(".", 1)[-1] for r in rows.values()} == modules
+    fresh = Registry(rows.values())
+    assert [fresh[pid].id for pid in rows] == list(rows)
