@@ -20,6 +20,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+# libcst and the kit's tree modules are imported inside the functions that parse or rewrite:
+# the engine's layouts and the plan wing import `FileResult` from here on every warm command
+# (`status`, `ensure`, `revert` on an applied tree), which parse nothing.
 if TYPE_CHECKING:
     import libcst as cst
 
