@@ -8,8 +8,10 @@ Shipped inside the wheel as `sm120patch.patches`. Conventions for a patch module
 - its independent check, `def check(before, after, fact)` on `ast` with
   `sm120patch.patchkit.sitecheck`, directly above `PATCH = Patch(` and named there
   (`check=check`): what the real-release tier runs (docs/ARCHITECTURE.md);
-- import libcst and `sm120patch.patchkit.syntax` inside the transform, not at module level, so that
-  `sm120patch list`, `status` and `--help` start without loading libcst;
+- import libcst and the kit at the top: the catalog knows the patch by its row in registry.toml
+  (module, target, title, files) and imports the module only when the patch is needed, so
+  `sm120patch list`, `status` and `--help` start without loading libcst; the row and `PATCH`
+  agree (the registry refuses a module that disagrees with its row);
 - find the site with the kit's finders (`operations.one_def`, `one_of_defs`), which return the
   node; return the `Result` of the change (applied, already-applied, upstream), and where the
   transform stops early raise `Refuse(site, expected, found)` or `NotApplicable(site, reason)`

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "gen_trtllm_comm_module"
 KEYWORD = "supported_major_versions"
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch.patchkit import operations as op
-
     return op.extend_keyword_list(module, function=SITE, keyword=KEYWORD, expect=[9, 10], add=12)
 
 
@@ -50,6 +45,7 @@ FACTS = (
 def explain_read(site: Site) -> Reading:
     """The nvcc arch flags FlashInfer's `gen_trtllm_comm_module` builds with, or its error.
     Runs in the target's interpreter (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import importlib
 
     problem = "no module to look in"
@@ -91,7 +87,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The fact's function's one `supported_major_versions` list gains 12 at its end, nothing
     else in it changes; every other function's lists stay as they were. Upstream (0.6.17 on):
     the release's own list is [9, 10, 12]."""
-    from sm120patch.patchkit import sitecheck as sc
     if fact.status is Status.UPSTREAM:
         release = [v for v, _, _ in sc.keyword_lists(before, "supported_major_versions").get(
             fact.function or "", [])]

@@ -17,8 +17,14 @@ upstream's SM100 choice is made in model overrides that are SM100-only).
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+from libcst.helpers import ensure_type
+
+from sm120patch.patchkit import imports
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
@@ -29,12 +35,6 @@ from sm120patch.patchkit.model import (
     applied,
     upstream,
 )
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "get_default_attn_backend"
 HELPER = "_sm120_trtllm_mha_fits"
@@ -79,12 +79,6 @@ EXPECTED = (
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-    from libcst.helpers import ensure_type
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.19)")
     if not isinstance(func.body, cst.IndentedBlock):
         raise Refuse(SITE, EXPECTED, f"`{h.code(func)}`")
@@ -119,7 +113,7 @@ def transform(module: cst.Module) -> Result:
         )
     if helper:
         raise Refuse(SITE, f"no `def {HELPER}` without its branch", "the helper alone")
-    if not h.binds_at_module_level(module, "Any"):
+    if not imports.binds_at_module_level(module, "Any"):
         raise Refuse(SITE, "`from typing import Any` (the helper's annotations)", "none")
     if len(sm100) != 1 or not _returns(sm100[0].body, BACKEND):
         found = "; ".join(f"`{h.code(b.test)}`" for b in sm100) or "no SM100 branch"
@@ -144,8 +138,6 @@ def transform(module: cst.Module) -> Result:
 
 
 def _assigns(stmt: cst.CSTNode, name: str) -> bool:
-    import libcst as cst
-
     return (
         isinstance(stmt, cst.SimpleStatementLine)
         and len(stmt.body) == 1
@@ -157,10 +149,6 @@ def _assigns(stmt: cst.CSTNode, name: str) -> bool:
 
 
 def _mentions(node: cst.CSTNode, attr: str) -> bool:
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
-
     def named(n: cst.CSTNode) -> bool:
         if isinstance(n, cst.Attribute):
             return n.attr.value.startswith(attr)
@@ -170,10 +158,6 @@ def _mentions(node: cst.CSTNode, attr: str) -> bool:
 
 
 def _returns(body: cst.BaseSuite, value: str) -> bool:
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
-
     return any(
         isinstance(r, cst.Return)
         and isinstance(r.value, cst.SimpleString)
@@ -183,8 +167,6 @@ def _returns(body: cst.BaseSuite, value: str) -> bool:
 
 
 def _is_ours(branch: cst.If) -> bool:
-    from sm120patch.patchkit import syntax as h
-
     ops = h.and_operands(branch.test)
     return (
         len(ops) == 2
@@ -195,8 +177,6 @@ def _is_ours(branch: cst.If) -> bool:
 
 
 def _defines(module: cst.Module, name: str) -> bool:
-    import libcst as cst
-
     return any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in module.body)
 
 
@@ -228,8 +208,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """Right after the MHA chain's SM100 branch, `elif get_platform().is_sm120 and
     _sm120_trtllm_mha_fits(cfg, model_config): return "trtllm_mha"`; the helper right after the
     function, exactly ours; with both taken out, the file is the release's."""
-    from sm120patch.patchkit import sitecheck as sc
-
     def sm100_branch(tree: ast.Module) -> ast.If:
         mha = sc.direct_if(sc.one_function(tree, fact.function).body, "not use_mla_backend")
         return sc.one([b for b in ast.walk(mha) if isinstance(b, ast.If)

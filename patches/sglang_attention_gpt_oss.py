@@ -14,8 +14,15 @@ FlashInfer's generic FA2 prefill on SM12x ignoring them).
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+from libcst.helpers import ensure_type
+
+from sm120patch.patchkit import imports
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Import,
@@ -27,12 +34,6 @@ from sm120patch.patchkit.model import (
     applied,
     upstream,
 )
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "_gpt_oss_overrides"
 SM100 = "get_platform().is_sm100"
@@ -59,12 +60,6 @@ EXPECTED = (
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-    from libcst.helpers import ensure_type
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.19)")
     gates = [
         n
@@ -85,7 +80,7 @@ def transform(module: cst.Module) -> Result:
         raise Refuse(SITE, EXPECTED, f"`elif {h.code(ours.test)}: {h.code(ours.body)}`")
     if len(sm100) != 1 or not _sets_trtllm(sm100[0]):
         raise Refuse(SITE, EXPECTED, f"{len(sm100)} `if {SM100}:` branches")
-    if not h.binds_at_module_level(module, "resolving_view"):
+    if not imports.binds_at_module_level(module, "resolving_view"):
         raise Refuse(SITE, f"`from {BASE_MODULE} import (...)`", "no such import")
     nl = module.default_newline
     lines = f"{TARGET} = {VALUE}".split("\n")
@@ -106,10 +101,6 @@ def transform(module: cst.Module) -> Result:
 
 
 def _sets_trtllm(branch: cst.If) -> bool:
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
-
     return any(
         isinstance(a, cst.Assign)
         and len(a.targets) == 1
@@ -121,10 +112,6 @@ def _sets_trtllm(branch: cst.If) -> bool:
 
 
 def _is_ours(branch: cst.If) -> bool:
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
-
     assigns = h.matching_nodes(branch.body, cst.Assign)
     return len(assigns) == 1 and "".join(h.code(assigns[0], 400).split()) == "".join(
         f"{TARGET} = {VALUE}".split()
@@ -158,9 +145,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """Right after `if get_platform().is_sm100:`, `elif get_platform().is_sm120:` setting the
     attention backend to get_default_attn_backend(...), with the three names imported from
     model_override_base; with those taken out, the file is the release's."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     sm100 = sc.one_if(sc.one_function(after, fact.function), "get_platform().is_sm100")
     ours = sc.one(sm100.orelse, "statement after the SM100 branch")

@@ -14,8 +14,14 @@ which already prefers b12x on SM120 (upstream).
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+from libcst.helpers import ensure_type
+
+from sm120patch.patchkit import arch, imports
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Import,
@@ -28,12 +34,6 @@ from sm120patch.patchkit.model import (
     upstream,
 )
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "initialize_fp4_gemm_config"
 HELPER = "_flashinfer_offers_b12x"
@@ -72,13 +72,6 @@ EXPECTED = (
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-    from libcst.helpers import ensure_type
-
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.8)")
     if not isinstance(func.body, cst.IndentedBlock):
         raise Refuse(SITE, "a function body", f"`{h.code(func)}`")
@@ -156,7 +149,7 @@ def transform(module: cst.Module) -> Result:
         f"`if {spelled}:` choosing {BACKEND} first in the auto chain",
         f"`def {HELPER}` added after {SITE}",
     ]
-    if form == "call" and not h.import_sources(res.module, "is_sm120_supported"):
+    if form == "call" and not imports.import_sources(res.module, "is_sm120_supported"):
         # The runner places it next to is_sm100_supported, or refuses where it cannot.
         res = res.needing(Import("is_sm120_supported", next_to="is_sm100_supported"))
         notes.append("is_sm120_supported imported")
@@ -167,9 +160,6 @@ def transform(module: cst.Module) -> Result:
 
 def _is_auto_test(test: cst.BaseExpression) -> bool:
     """`backend == "auto"`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     return (
         isinstance(test, cst.Comparison)
@@ -183,9 +173,6 @@ def _is_auto_test(test: cst.BaseExpression) -> bool:
 
 def _chooses(body: cst.BaseSuite, backend: str) -> bool:
     """Whether the block assigns `backend = "<backend>"`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     return any(
         isinstance(a, cst.Assign)
@@ -199,9 +186,6 @@ def _chooses(body: cst.BaseSuite, backend: str) -> bool:
 
 def _assigns_backend_string(func: cst.FunctionDef) -> bool:
     """Whether the function assigns `backend` a literal of its own (a mapping we do not know)."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     return any(
         isinstance(a, cst.Assign)
@@ -214,9 +198,6 @@ def _assigns_backend_string(func: cst.FunctionDef) -> bool:
 
 def _is_ours(branch: cst.If) -> bool:
     """`if <SM120 check> and _flashinfer_offers_b12x():` choosing flashinfer_b12x."""
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import syntax as h
-
     ops = h.and_operands(branch.test)
     return (
         len(ops) == 2
@@ -227,8 +208,6 @@ def _is_ours(branch: cst.If) -> bool:
 
 
 def _defines_helper(module: cst.Module) -> bool:
-    import libcst as cst
-
     return any(isinstance(s, cst.FunctionDef) and s.name.value == HELPER for s in module.body)
 
 
@@ -289,6 +268,7 @@ def explain_read(site: Site) -> Reading:
     a copy of the function whose configuration reads return the request (the server
     arguments up to 0.5.18, `get_exec().kernel` from 0.5.19), the module's global left as it
     was. Runs in the target's interpreter (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import importlib
     import types
     from types import SimpleNamespace
@@ -335,7 +315,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     is_sm120_supported imported where the call form needs it; with all that taken out, the file
     is the release's. Upstream (0.5.8, 0.5.9): the function maps no `auto` itself and hands the
     backend to Fp4GemmRunnerBackend, which passes it to FlashInfer's own auto."""
-    from sm120patch.patchkit import sitecheck as sc
     auto_test = "backend == 'auto'"
     if fact.status is Status.UPSTREAM:
         func = sc.one_function(before, fact.function)

@@ -12,8 +12,12 @@ GEMM backend is autotuned (not-applicable). Needs sglang.fp4-gemm-enum (the pred
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -24,12 +28,6 @@ from sm120patch.patchkit.model import (
     already_applied,
     applied,
 )
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 TARGET = "fp4_gemm_needs_autotune"
 GETTER = "get_fp4_gemm_runner_backend()"
@@ -43,10 +41,6 @@ EXPECTED = (
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
-
     funcs = [f for name in FUNCTIONS for f in h.functions(module, name)]
     if not funcs:
         raise NotApplicable(FUNCTIONS[0], "no FlashInfer autotune gate in this file")
@@ -131,9 +125,6 @@ FACTS = (
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """In the fact's function, the `or` of `fp4_gemm_needs_autotune` gains
     `get_fp4_gemm_runner_backend().is_flashinfer_b12x()` last; nothing else changes."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     def group(tree: ast.Module) -> ast.BoolOp:
         func = sc.one_function(tree, fact.function)

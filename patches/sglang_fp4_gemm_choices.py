@@ -11,16 +11,15 @@ share the same list object.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Result, Status
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 NAME = "FP4_GEMM_RUNNER_BACKEND_CHOICES"
 ADD = "flashinfer_b12x"
@@ -29,9 +28,6 @@ EXPECT = ("auto", "flashinfer_cudnn", "flashinfer_cutlass", "flashinfer_trtllm")
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     if not h.module_assignments(module, NAME):
         raise NotApplicable(
             NAME, f"no module-level `{NAME} = [...]` in this file (it exists from 0.5.8)"
@@ -69,9 +65,6 @@ FACTS = (
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """FP4_GEMM_RUNNER_BACKEND_CHOICES gains "flashinfer_b12x" at its end; nothing else
     changes."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     def choices(tree: ast.Module) -> tuple[ast.Assign, ast.List]:
         node = sc.one([n for n in tree.body if isinstance(n, ast.Assign) and any(

@@ -13,16 +13,16 @@ refuses a release where it does not.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import Any
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status, already_applied
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 CLASS = "Fp4GemmRunnerBackend"
 MEMBER = "FLASHINFER_B12X"
@@ -35,11 +35,6 @@ PREFIX = "flashinfer_"
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     found = h.classes(module, CLASS)
     if not found:
         raise NotApplicable(CLASS, f"no `class {CLASS}` in this file (it exists from 0.5.8)")
@@ -110,8 +105,6 @@ def transform(module: cst.Module) -> Result:
 
 def _assigned(stmt: cst.CSTNode) -> str | None:
     """The name a one-target `NAME = ...` statement assigns, else None."""
-    import libcst as cst
-
     if (
         isinstance(stmt, cst.SimpleStatementLine)
         and len(stmt.body) == 1
@@ -125,8 +118,6 @@ def _assigned(stmt: cst.CSTNode) -> str | None:
 
 def _members(body: list[cst.BaseStatement]) -> dict[str, str | None]:
     """Enum members of a class body: name -> its string value (None for any other value)."""
-    import libcst as cst
-
     out: dict[str, str | None] = {}
     for stmt in body:
         name = _assigned(stmt)
@@ -141,9 +132,6 @@ def _members(body: list[cst.BaseStatement]) -> dict[str, str | None]:
 
 def _maps_by_prefix(func: cst.FunctionDef | None) -> bool:
     """Whether the mapping method strips the `flashinfer_` prefix off the member's value."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     if func is None:
         return False
@@ -164,9 +152,6 @@ def _maps_by_prefix(func: cst.FunctionDef | None) -> bool:
 
 def _is_predicate_of(func: cst.FunctionDef | None, member: str) -> bool:
     """`def is_x(self) -> bool: return self == Fp4GemmRunnerBackend.<member>`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     if func is None or not isinstance(func.body, cst.IndentedBlock) or len(func.body.body) != 1:
         return False
@@ -213,10 +198,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """FLASHINFER_B12X = "flashinfer_b12x" right after FLASHINFER_TRTLLM, is_flashinfer_b12x()
     right after is_flashinfer_trtllm(), both in the fact's class; the class, run, maps the new
     member to mm_fp4's "b12x"; with the two taken out, the file is the release's."""
-    from enum import Enum
-    from typing import Any
-
-    from sm120patch.patchkit import sitecheck as sc
 
     def name_of(stmt: ast.stmt) -> str | None:
         if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):

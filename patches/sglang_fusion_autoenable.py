@@ -15,8 +15,14 @@ from __future__ import annotations
 
 import ast
 from enum import Enum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+import libcst as cst
+
+from sm120patch.patchkit import arch, imports
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
@@ -27,12 +33,7 @@ from sm120patch.patchkit.model import (
     applied,
     upstream,
 )
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit.operations import read_arch_group
 
 # The function holding the auto-enable, newest layout first: arg_groups/overrides.py from
 # 0.5.15, ServerArgs before that (0.5.2 names the method without its leading underscore).
@@ -74,12 +75,6 @@ class Gate(NamedTuple):
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     name, func = op.one_of_defs(module, SITES)
 
     enables = h.guarded_nodes(func, _turns_fusion_on)
@@ -144,7 +139,7 @@ def transform(module: cst.Module) -> Result:
         new_module = h.replace(module, operand, new_group, scope=gate.node)
         change = f"{shape} -> {h.code(new_group)}"
     else:  # WIDEN_SINGLE: the per-model GptOss block of 0.5.2 to 0.5.4
-        if gate.form == "call" and not h.binds_at_module_level(module, SM120_CALL):
+        if gate.form == "call" and not imports.binds_at_module_level(module, SM120_CALL):
             # Only 0.5.2 and 0.5.3 have this block without the import, and their
             # sglang.srt.utils has no is_sm120_supported to import.
             raise Refuse(
@@ -175,9 +170,6 @@ def _receiver(func: cst.FunctionDef) -> str | None:
 
 def _sm120_at_tp2(form: str, receiver: str) -> cst.BaseExpression:
     """`(<the SM120 check in form> and <receiver>.tp_size == 2)`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import arch
 
     check = cst.Module([]).code_for_node(arch.sglang_arch_check("sm120", form))
     return cst.parse_expression(f"({check} and {receiver}.tp_size == {TP})")
@@ -185,10 +177,6 @@ def _sm120_at_tp2(form: str, receiver: str) -> cst.BaseExpression:
 
 def _tp2_form(node: cst.BaseExpression) -> str | None:
     """The form of an `(<sm120 check> and <x>.tp_size == 2)` operand, else None."""
-    import libcst as cst
-
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import syntax as h
 
     if not (isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And)):
         return None
@@ -212,8 +200,6 @@ def _tp2_form(node: cst.BaseExpression) -> str | None:
 def _turns_fusion_on(node: object) -> bool:
     """`<x>.enable_flashinfer_allreduce_fusion = True`, `<x>.flashinfer_allreduce_fusion_backend
     = <not None>`, or `return {"flashinfer_allreduce_fusion_backend": <not None>}`."""
-    import libcst as cst
-
     def on(value: cst.BaseExpression) -> bool:
         return not (isinstance(value, cst.Name) and value.value in ("None", "False"))
 
@@ -237,23 +223,19 @@ def _turns_fusion_on(node: object) -> bool:
 
 def _judge(gate: cst.If) -> Gate:
     """Find the one arch operand among the gate's `and` operands and say what it is."""
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import syntax as h
-    from sm120patch.patchkit.operations import read_arch_group
-
     arch_ops: list[cst.BaseExpression] = []
-    for op in h.and_operands(gate.test):
-        parts = h.or_operands(op) or [op]
+    for operand in h.and_operands(gate.test):
+        parts = h.or_operands(operand) or [operand]
         tp2 = [p for p in parts if _tp2_form(p) is not None]
         rest = [arch.sglang_arch(p) for p in parts if _tp2_form(p) is None]
         if len(tp2) == 1 and rest and all(c is not None for c in rest):
             # The patch's own operand beside the release's arch checks: already applied.
             forms = {c[1] for c in rest if c is not None} | {_tp2_form(tp2[0]) or ""}
             verdict = Verdict.HAS_SM120 if len(forms) == 1 else Verdict.UNKNOWN
-            return Gate(gate, verdict, op, forms.pop() if len(forms) == 1 else "")
+            return Gate(gate, verdict, operand, forms.pop() if len(forms) == 1 else "")
         checks = [arch.sglang_arch(p) for p in parts]
         if all(c is not None for c in checks):
-            arch_ops.append(op)
+            arch_ops.append(operand)
         elif len(parts) > 1 and not any(
             arch.mentions_sglang_arch(p) for p, c in zip(parts, checks, strict=True) if c is None
         ):
@@ -261,8 +243,8 @@ def _judge(gate: cst.If) -> Gate:
             # (0.5.14 on): multi-node fusion resolves to MNNVL, which only SM100 systems have,
             # and the backend refuses multi-node on SM120. Left as it is.
             continue
-        elif arch.mentions_sglang_arch(op):
-            return Gate(gate, Verdict.UNKNOWN, op)
+        elif arch.mentions_sglang_arch(operand):
+            return Gate(gate, Verdict.UNKNOWN, operand)
     if len(arch_ops) != 1:
         return Gate(gate, Verdict.UNKNOWN, None)
     operand = arch_ops[0]
@@ -340,7 +322,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     group gains `(<the SM120 test in its form> and <args>.tp_size == 2)`, `<args>` the
     function's first parameter. Upstream (0.5.4.post3 to 0.5.7): an `if` of the release
     already tests `is_blackwell_supported()` (majors 10 and 12)."""
-    from sm120patch.patchkit import sitecheck as sc
     if fact.status is Status.UPSTREAM:
         tests = [ast.unparse(n.test) for n in ast.walk(before) if isinstance(n, ast.If)]
         assert any("is_blackwell_supported()" in t for t in tests), "no is_blackwell_supported()"

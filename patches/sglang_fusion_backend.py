@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import arch
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Sought, Status
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "_resolve_backend"
 EXPECTED = (
@@ -23,12 +22,6 @@ EXPECTED = (
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.14 on)")
     # The arch check guards the whole function, so it sits in its body, not nested: the
     # checks nested under one backend (`if backend == "cutedsl": if not <sm100>: raise`,
@@ -60,10 +53,6 @@ def transform(module: cst.Module) -> Result:
 
 
 def _raises(check: cst.If) -> list[cst.CSTNode]:
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
-
     return h.matching_nodes(check.body, cst.Raise)
 
 
@@ -85,6 +74,7 @@ FACTS = (
 def explain_read(site: Site) -> Reading:
     """What `_resolve_backend` returns or raises for each requested fusion backend. Runs in
     the target's interpreter (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import importlib
 
     name = site.functions[0]
@@ -119,7 +109,6 @@ EXPLAIN = Explain(name="resolve_backend", label="_resolve_backend('auto')", read
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The backend check's one `(sm90 or sm100)` group, in the fact's function, gains the SM120
     test in the SM100 operand's form; nothing else changes."""
-    from sm120patch.patchkit import sitecheck as sc
     return sc.widened_or(before, after, fact)
 
 

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Status, Wiring, applied
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 # 0.5.8 to 0.5.21 call the gate function apply_flashinfer_allreduce_fusion, 0.5.22 on
 # flashinfer_ar_fusion_applies; before 0.5.8 the gate is an `if` inside this method.
@@ -44,10 +42,6 @@ FUSION_WIRING = Wiring(
 
 
 def _mentions_flags(node: cst.CSTNode) -> bool:
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
-
     names = ARCH_FLAGS | {SM120}
     return bool(
         h.matching_nodes(node, cst.Name, lambda n: isinstance(n, cst.Name) and n.value in names)
@@ -55,9 +49,6 @@ def _mentions_flags(node: cst.CSTNode) -> bool:
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     site, scope = op.one_of_defs(module, FUNCTIONS, fallback=(CLASS, METHOD), required=True)
 
     # The gate is the one condition (an `if` test or a returned value) testing the arch flags.
@@ -108,6 +99,7 @@ def explain_read(site: Site) -> Reading:
     """The runtime allreduce-fusion gate at batch size 1, every condition of it that is not
     about the GPU architecture held true: the answer is the architecture's. Runs in the
     target's interpreter (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import importlib
     import types
     from types import SimpleNamespace
@@ -168,7 +160,6 @@ EXPLAIN = Explain(name="gate", label="runtime fusion gate", read=explain_read, r
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The gate's one `(_is_sm90_supported or _is_sm100_supported)` group, in the fact's
     function, gains `_is_sm120_supported`; nothing else changes."""
-    from sm120patch.patchkit import sitecheck as sc
     return sc.widened_or(before, after, fact)
 
 

@@ -15,8 +15,13 @@ the sizes are upstream's, unchanged.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     Patch,
@@ -31,12 +36,6 @@ from sm120patch.patchkit.model import (
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
 
 from .sglang_fusion_gate import FUSION_WIRING
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "_flashinfer_trtllm_workspace_allocation_sizes"
 QUERY = "cuMulticastGetGranularity"
@@ -55,9 +54,6 @@ EXPECTED = (
 
 def _assigns_call(stmt: cst.CSTNode, names: tuple[str, str], call: str) -> bool:
     """`a, b = cuda_driver.<call>(...)` on one line."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
         return False
@@ -76,9 +72,6 @@ def _assigns_call(stmt: cst.CSTNode, names: tuple[str, str], call: str) -> bool:
 
 def _is_error_check(stmt: cst.CSTNode) -> bool:
     """`if err != cuda_driver.CUresult.CUDA_SUCCESS:` with no else."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     return (
         isinstance(stmt, cst.If)
@@ -93,9 +86,6 @@ def _is_error_check(stmt: cst.CSTNode) -> bool:
 
 def _body_is(check: cst.If, kind: str) -> bool:
     """The check's block is one `raise ...` (kind "raise") or our fallback ("fallback")."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     body = check.body
     if not isinstance(body, cst.IndentedBlock) or len(body.body) != 1:
@@ -109,11 +99,6 @@ def _body_is(check: cst.If, kind: str) -> bool:
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.11 on)")
     text = module.code_for_node(func)
     if QUERY not in text:
@@ -174,6 +159,7 @@ def explain_read(site: Site) -> Reading:
     the buffer sizes (no allocation, no process group); True/False: a simulated driver with
     or without multicast, and the whole collective preflight on a one-rank gloo group. Runs in
     the target's interpreter (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import importlib
     import io
     import logging
@@ -294,9 +280,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     `err, mc_granularity = cuda_driver.cuMulticastGetGranularity(...)` had one `raise` and now
     has `mc_granularity = alloc_granularity`; with that body put back, the file is the
     release's. The query itself stays."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     def error_branch(tree: ast.Module) -> ast.If:
         found: list[ast.stmt] = []

@@ -21,8 +21,14 @@ SM90/SM100 decide exactly as released.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+from libcst.helpers import ensure_type
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -36,12 +42,6 @@ from sm120patch.patchkit.model import (
     upstream,
 )
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "flashinfer_gdn_prefill_default"
 FILE = "sglang/srt/layers/attention/linear/gdn_backend.py"
@@ -79,12 +79,6 @@ WIRING = Wiring(ran=(r"Defaulting SM120 GDN prefill backend to FlashInfer",))
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-    from libcst.helpers import ensure_type
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, SITE, f"no `def {SITE}` in this file (it exists from 0.5.19)")
     admits = [c for c in h.matching_nodes(func, cst.Comparison)
               if h.code(c) in (ADMIT_OLD, ADMIT_NEW)]
@@ -135,8 +129,6 @@ def transform(module: cst.Module) -> Result:
 
 def _is_ours(branch: cst.If) -> bool:
     """The SM120 branch's body is exactly the one the patch writes (comments aside)."""
-    import libcst as cst
-
     found = ast.parse(cst.Module([]).code_for_node(branch)).body[0]
     want = ast.parse(BRANCH).body[0]
     assert isinstance(found, ast.If) and isinstance(want, ast.If)
@@ -183,6 +175,7 @@ def explain_read(site: Site) -> Reading:
     runner), beside torch and the conditions held. On a real GPU this box's CUDA and FlashInfer
     count; under a simulated GPU (no kernels load on a CPU) SGLang's loader is held available and
     the CUDA version and SM120 kernel vary. Runs in the target's interpreter (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import ast
     import importlib.util
     import sys
@@ -285,9 +278,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The admission test reads `(9, 10, 12)`; right after `if sm_major == 10:` comes `elif
     sm_major == 12:` with exactly the patch's body (CUDA 13, the SM120 kernel loaded, chunk 8192,
     fp32 state); with both taken back, the file is the release's."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     def parts(tree: ast.Module) -> tuple[ast.Compare, ast.If]:
         func = sc.one_function(tree, fact.function)

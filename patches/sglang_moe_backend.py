@@ -8,8 +8,11 @@ spelling of the server args (`moe.Spelling`); only the parts that are about TRT-
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import moe
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
 from sm120patch.patchkit.moe import (
@@ -21,19 +24,11 @@ from sm120patch.patchkit.moe import (
     derived_branch,
 )
 
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
-
 MODEL = "Glm4MoeForCausalLM"
 OVERRIDES_FUNC = "_glm4_moe_overrides"
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch.patchkit import moe
-
     return moe.add_sm120_choice(module, MODEL, OVERRIDES_FUNC, BRANCHES)
 
 
@@ -71,7 +66,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """Right after the model's unchanged SM100 branch, an SM120 branch setting the MoE runner
     backend to flashinfer_cutlass for modelopt_fp4 on `auto` alone, logged, writing no
     quantization field (`sitecheck.moe_choice`)."""
-    from sm120patch.patchkit import sitecheck as sc
     return sc.moe_choice(before, after, fact, MODEL)
 
 

@@ -4,8 +4,11 @@ a checkpoint whose config says NVFP4 (site D, as for GLM-4 MoE)."""
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import moe
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Status
 from sm120patch.patchkit.moe import (
@@ -15,20 +18,12 @@ from sm120patch.patchkit.moe import (
     config_branch,
 )
 
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
-
 MODEL = "MiniMaxM2ForCausalLM"
 OVERRIDES_FUNC = "_minimax_m2_overrides"
 ABSENT = "upstream picks no MoE runner backend for MiniMaxM2ForCausalLM on any GPU here"
 
 
 def transform(module: cst.Module) -> Result:
-    from sm120patch.patchkit import moe
-
     return moe.add_sm120_choice(module, MODEL, OVERRIDES_FUNC, BRANCHES, absent=ABSENT)
 
 
@@ -57,7 +52,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """Right after the model's unchanged SM100 branch, an SM120 branch setting the MoE runner
     backend to flashinfer_cutlass for modelopt_fp4 on `auto` alone, logged, writing no
     quantization field (`sitecheck.moe_choice`)."""
-    from sm120patch.patchkit import sitecheck as sc
     return sc.moe_choice(before, after, fact, MODEL)
 
 

@@ -28,8 +28,14 @@ backend: `apply()` never reads that choice, so there is nothing to change (not-a
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+from libcst.helpers import ensure_type
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -43,12 +49,6 @@ from sm120patch.patchkit.model import (
     applied,
 )
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 CLASS = "ModelOptNvFp4FusedMoEMethod"
 METHOD = "create_moe_runner"
@@ -76,12 +76,6 @@ EXPECTED = (
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-    from libcst.helpers import ensure_type
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = _method(module, METHOD)
     # No `auto` choice is looked for before the method's shape is: a method without one is
     # not-applicable whatever its shape, as `sought` promises.
@@ -173,8 +167,6 @@ def transform(module: cst.Module) -> Result:
 def _method(module: cst.Module, name: str) -> cst.FunctionDef:
     """The one method `name` of the one class CLASS. Raises `NotApplicable` when the class or
     the method is absent, `Refuse` when there are several."""
-    from sm120patch.patchkit import syntax as h
-
     classes = h.classes(module, CLASS)
     if len(classes) != 1:
         if not classes:
@@ -199,8 +191,6 @@ def _property(module: cst.Module) -> cst.FunctionDef | None:
 
 def _assigns(stmt: cst.CSTNode, value: str) -> bool:
     """`moe_runner_backend = <value>`."""
-    from sm120patch.patchkit import syntax as h
-
     assign = h.single_assign(stmt)
     return (
         assign is not None
@@ -211,8 +201,6 @@ def _assigns(stmt: cst.CSTNode, value: str) -> bool:
 
 def _assigns_only(body: cst.BaseSuite, value: str) -> bool:
     """A block of one statement, `moe_runner_backend = <value>` (comments aside)."""
-    import libcst as cst
-
     return (
         isinstance(body, cst.IndentedBlock)
         and len(body.body) == 1
@@ -222,9 +210,6 @@ def _assigns_only(body: cst.BaseSuite, value: str) -> bool:
 
 def _is_ours(branch: cst.If) -> bool:
     """`elif <SM120_TEST>:` choosing FLASHINFER_CUTLASS and setting the mark."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     body = branch.body.body if isinstance(branch.body, cst.IndentedBlock) else ()
     return (
@@ -238,9 +223,6 @@ def _is_ours(branch: cst.If) -> bool:
 def _stores_backend(func: cst.FunctionDef) -> bool:
     """Whether the method keeps its resolved backend (`self._moe_runner_backend = ...`), the
     one apply() reads from 0.5.13 on."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     return any(
         h.key(t.target) == "self._moe_runner_backend"
@@ -250,17 +232,11 @@ def _stores_backend(func: cst.FunctionDef) -> bool:
 
 
 def _mentions(node: cst.CSTNode, attr: str) -> bool:
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
-
     return any(a.attr.value == attr for a in h.nodes(node, cst.Attribute))
 
 
 def _last_return(func: cst.FunctionDef) -> cst.Return | None:
     """The return statement ending the function's body, else None."""
-    import libcst as cst
-
     if not isinstance(func.body, cst.IndentedBlock) or not func.body.body:
         return None
     last = func.body.body[-1]
@@ -335,6 +311,7 @@ def explain_read(site: Site) -> Reading:
     says the weights are prepared for CUTLASS: a copy of the method reading `auto`, run on a
     stand-in up to the backend it keeps (before 0.5.13, the runner it builds); the property
     reads `auto`. Runs in the target's interpreter (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import importlib
     import types
     from types import SimpleNamespace
@@ -393,9 +370,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     elif choosing FLASHINFER_CUTLASS and setting the method's mark, the release's TRT-LLM `else`
     after it; the class's `enable_flashinfer_cutlass_moe` returns the global read `or` the
     mark; with both taken out, the file is the release's."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     def auto_of(tree: ast.Module) -> ast.If:
         return sc.direct_if(sc.one_function(tree, fact.function).body, AUTO_TEST)

@@ -11,16 +11,15 @@ the server's environment restores upstream behaviour at run time, without a reve
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import imports
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 ENV = "SM120PATCH_PCIE_ALLREDUCE"
 GATE = "world_size > 2 and not full_nvlink"
@@ -54,16 +53,11 @@ FACTS = (
 
 def _is_gate(test: cst.BaseExpression) -> bool:
     """`world_size > 2 and not full_nvlink`, as released."""
-    from sm120patch.patchkit import syntax as h
-
     return h.and_codes(test) == h.and_form(GATE)
 
 
 def _is_override(stmt: cst.CSTNode) -> bool:
     """Our statement: `if <gate> and os.environ.get(ENV) != "0": full_nvlink = True`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     return (
         isinstance(stmt, cst.If)
@@ -74,11 +68,6 @@ def _is_override(stmt: cst.CSTNode) -> bool:
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     gates = [n for n in h.statements(module) if isinstance(n, cst.If) and _is_gate(n.test)]
     if not gates:
         raise NotApplicable(" / ".join(FUNCTIONS), f"no `if {GATE}:` in this file")
@@ -86,7 +75,7 @@ def transform(module: cst.Module) -> Result:
         found = f"{len(gates)} such statements"
         raise Refuse(" / ".join(FUNCTIONS), f"one `if {GATE}:`", found)
     gate = gates[0]
-    if not h.imports_module(module, "os"):
+    if not imports.imports_module(module, "os"):
         raise Refuse(h.qualified_name(module, gate),
                      "`import os` at module level (the override reads os.environ)", "none")
     nl, ind = module.default_newline, module.default_indent
@@ -108,8 +97,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     `if world_size > 2 and not full_nvlink and os.environ.get(ENV) != "0": full_nvlink = True`
     (ENV the documented SM120PATCH_PCIE_ALLREDUCE); with that one statement taken out, the file
     is the release's."""
-    from sm120patch.patchkit import sitecheck as sc
-
     _, spans = sc.switch_before_gate(
         before, after, fact, "world_size > 2 and (not full_nvlink)",
         'if world_size > 2 and not full_nvlink and os.environ.get("SM120PATCH_PCIE_ALLREDUCE")'

@@ -14,17 +14,15 @@ test then passes. An explicit SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (0 or 1) is left 
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import NotApplicable, Patch, Refuse, Result, Status
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 VAR = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
 FILE = "sglang/srt/distributed/device_communicators/pcie_ipc_ar.py"
@@ -84,8 +82,6 @@ def _unparsed(text: str) -> str:
 def _is_gate(test: cst.BaseExpression) -> bool:
     """Upstream's `not (envs.VAR.get() and world_size > 1 and group_name in ...)`, as released
     (over several lines: compared as Python reads it)."""
-    import libcst as cst
-
     text = cst.Module(body=[]).code_for_node(test)
     try:
         return _unparsed(text.strip()) == _unparsed(GATE)
@@ -95,9 +91,6 @@ def _is_gate(test: cst.BaseExpression) -> bool:
 
 def _is_switch(stmt: cst.CSTNode) -> bool:
     """Our statement: `if <unset and SM120 without full NVLink>: envs.VAR.set(True)`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     return (
         isinstance(stmt, cst.If)
@@ -108,11 +101,6 @@ def _is_switch(stmt: cst.CSTNode) -> bool:
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, SITE)
     gates = [n for n in h.statements(func) if isinstance(n, cst.If) and _is_gate(n.test)]
     if not gates:
@@ -144,6 +132,7 @@ def explain_read(site: Site) -> Reading:
     0,1,2,3), per SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (unset, "0", "1") and per fabric (NVML's NVLink
     answer held: "pcie" none, "nvlink" full), with deterministic inference off. The variable is
     restored after each call. Runs in the target's interpreter (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import importlib
     import importlib.util
     import os
@@ -207,8 +196,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     envs.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE.set(True)`; right after `def eligible_group`, the
     helper asking SGLang's is_sm120 and is_full_nvlink; with both taken out the file is the
     release's."""
-    from sm120patch.patchkit import sitecheck as sc
-
     helper = sc.helper_after(after, fact.function, HELPER, HELPER_SOURCE.format(name=HELPER))
     stripped = sc.without(after, [helper])
     _, spans = sc.switch_before_gate(

@@ -7,16 +7,16 @@ in; no release defines an SM120 one, so this patch adds it in the form the SM100
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
+import libcst as cst
+
+from sm120patch.patchkit import arch
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Status
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 SITE = "_is_sm120_supported"
 ANCHOR = "_is_sm100_supported"
@@ -34,9 +34,6 @@ KNOWN = (
 
 def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | None:
     """(left, right) of a module flag `name = left and right`, each as `cst_helpers.key`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     assign = stmt.body[0]
     if not isinstance(assign, cst.Assign):
@@ -48,12 +45,6 @@ def _and_keys(stmt: cst.SimpleStatementLine) -> tuple[str | None, str | None] | 
 
 
 def transform(module: cst.Module) -> Result:
-    from dataclasses import replace
-
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     anchors = h.module_assignments(module, ANCHOR)
     cuda, sm120, needs = "", "", None  # no single SM100 flag: add_module_flag refuses
     if len(anchors) == 1:
@@ -109,8 +100,6 @@ FACTS = (
 def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """`_is_sm120_supported = <the SM100 flag's expression, SM120>` right after the SM100 flag,
     and `is_sm120_supported` imported from sglang.srt.utils where the import form needs it."""
-    from sm120patch.patchkit import sitecheck as sc
-
     def flag(tree: ast.Module, name: str) -> list[ast.Assign]:
         return [n for n in tree.body if isinstance(n, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]

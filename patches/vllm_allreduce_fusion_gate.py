@@ -13,8 +13,14 @@ MNNVL, which needs NVSwitch multicast, then falls back to the TRT-LLM backend, w
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+
+from sm120patch.patchkit import arch
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -30,19 +36,15 @@ from sm120patch.patchkit.model import (
 
 from .vllm_allreduce_fusion_size import FUSION_WIRING, PR_3903
 
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
-
 CONFIG = "vllm/config/vllm.py"
 FUNCTION = "enable_allreduce_rms_fusion"
 RELEASED = ("is_device_capability_family(100)", "is_device_capability(90)")  # any order
 OURS = "is_device_capability(120)"
-SHAPE = ("`return (tp > 1 and is_cuda() and has_flashinfer() and "
-         "(current_platform.is_device_capability_family(100) or "
-         "current_platform.is_device_capability(90)))`")  # fmt: skip
+SHAPE = (
+    "`return (tp > 1 and is_cuda() and has_flashinfer() and "
+    "(current_platform.is_device_capability_family(100) or "
+    "current_platform.is_device_capability(90)))`"
+)
 
 FACTS = (
     Fact(releases=">=0.30.0,<0.34.0", status=Status.APPLIED,
@@ -58,13 +60,13 @@ def _capability_calls(node: cst.BaseExpression) -> tuple[str, str] | None:
     """(receiver, `method(argument)`) of a vLLM capability check with one constant argument:
     `current_platform.is_device_capability(90)` -> ("current_platform",
     "is_device_capability(90)"); None for anything else."""
-    import libcst as cst
 
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import syntax as h
-
-    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-            and len(node.args) == 1 and isinstance(node.args[0].value, cst.Integer)):  # fmt: skip
+    if not (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and len(node.args) == 1
+        and isinstance(node.args[0].value, cst.Integer)
+    ):
         return None
     method = node.func.attr.value
     if method not in arch.VLLM_CAPABILITY_CHECKS:
@@ -75,9 +77,6 @@ def _capability_calls(node: cst.BaseExpression) -> tuple[str, str] | None:
 
 def _groups(func: cst.FunctionDef) -> list[cst.BooleanOperation]:
     """The outermost `or` chains of the function whose operands are all capability checks."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     out = []
     for node in h.nodes(func, cst.BooleanOperation):
@@ -89,18 +88,24 @@ def _groups(func: cst.FunctionDef) -> list[cst.BooleanOperation]:
     return [n for n in out if id(n) not in inner]
 
 
-def transform(module: cst.Module) -> Result:
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
+def _accepts_sm120(check: str) -> bool:
+    """Whether one capability check, `is_device_capability(90)` as `_capability_calls` spells
+    it, takes SM120."""
+    method, _, number = check.partition("(")
+    return arch.SM120 in (arch.capability_check(method, int(number.removesuffix(")"))) or ())
 
+
+def transform(module: cst.Module) -> Result:
     func = op.one_def(module, FUNCTION)
     groups = _groups(func)
     if not groups:
         raise NotApplicable(FUNCTION, "no `or` of capability checks in the selector")
     if len(groups) > 1:
-        raise Refuse(FUNCTION, "one `or` of capability checks",
-                     " and ".join(f"`{h.code(g)}`" for g in groups))  # fmt: skip
+        raise Refuse(
+            FUNCTION,
+            "one `or` of capability checks",
+            " and ".join(f"`{h.code(g)}`" for g in groups),
+        )
     group = groups[0]
     shape = h.code(group, 400)
     calls = [_capability_calls(o) for o in h.or_operands(group) or []]
@@ -108,17 +113,16 @@ def transform(module: cst.Module) -> Result:
     receivers = {c[0] for c in calls if c is not None}
     if checks[-1] == OURS and sorted(checks[:-1]) == sorted(RELEASED):
         return already_applied(FUNCTION, shape)
-    on_sm120 = [
-        c for c in checks
-        if arch.SM120 in (arch.capability_check(c.partition("(")[0], int(c[c.index("(") + 1:-1]))
-                          or ())
-    ]  # fmt: skip
+    on_sm120 = [c for c in checks if _accepts_sm120(c)]
     if on_sm120:
         return upstream(FUNCTION, f"the selector already accepts SM120: `{on_sm120[0]}`")
     if sorted(checks) != sorted(RELEASED) or len(receivers) != 1:
-        raise Refuse(FUNCTION, "`(current_platform.is_device_capability_family(100) or "
-                     "current_platform.is_device_capability(90))`", f"`{shape}`")  # fmt: skip
-    import libcst as cst
+        raise Refuse(
+            FUNCTION,
+            "`(current_platform.is_device_capability_family(100) or "
+            "current_platform.is_device_capability(90))`",
+            f"`{shape}`",
+        )
 
     receiver = receivers.pop()
     extra = cst.parse_expression(f"{receiver}.{OURS}")
@@ -132,18 +136,19 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     the release's two checks (family 100, exactly 90) followed by
     `current_platform.is_device_capability(120)`; with that operand taken out the file is the
     release's."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     def groups(tree: ast.Module) -> list[ast.BoolOp]:
         func = sc.one_function(tree, fact.function)
         return [
-            n for n in ast.walk(func)
-            if isinstance(n, ast.BoolOp) and isinstance(n.op, ast.Or)
-            and all(isinstance(v, ast.Call) and "device_capability" in ast.unparse(v.func)
-                    for v in n.values)
-        ]  # fmt: skip
+            n
+            for n in ast.walk(func)
+            if isinstance(n, ast.BoolOp)
+            and isinstance(n.op, ast.Or)
+            and all(
+                isinstance(v, ast.Call) and "device_capability" in ast.unparse(v.func)
+                for v in n.values
+            )
+        ]
 
     old = sc.one(groups(before), "capability `or` in the release")
     new = sc.one(groups(after), "capability `or` after the patch")

@@ -12,19 +12,15 @@ release), so larger tensors take the two-shot kernel as on every other GPU. Infe
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import sitecheck as sc
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Result, Sought, Status
 
 from .vllm_allreduce_fusion_size import FUSION, FUSION_WIRING, WORLD, table_transform
 from .vllm_allreduce_fusion_size import check as table_check
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 TABLE = "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB"
 COMMENT = f"# sm120patch vllm.allreduce-fusion-oneshot: SM120, TP{WORLD} only (SM90's value)"

@@ -19,8 +19,12 @@ reads the table's name from the fact's `form`.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import copy
 
+import libcst as cst
+
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -34,12 +38,6 @@ from sm120patch.patchkit.model import (
     applied,
     upstream,
 )
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 FUSION = "vllm/compilation/passes/fusion/allreduce_rms_fusion.py"
 TABLE = "FI_ALLREDUCE_FUSION_MAX_SIZE_MB"
@@ -76,8 +74,6 @@ FACTS = (
 
 def table_statement(module: cst.Module, table: str) -> tuple[cst.SimpleStatementLine, cst.Dict]:
     """The one module-level `table = {...}` or `table: T = {...}` and its dict literal."""
-    import libcst as cst
-
     found = []
     for stmt in module.body:
         if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
@@ -103,12 +99,13 @@ def table_statement(module: cst.Module, table: str) -> tuple[cst.SimpleStatement
 
 def _rows(table: str, value: cst.Dict) -> dict[int, cst.DictElement]:
     """The table's rows by capability int; refuses anything but `<int>: {<int>: <number>}`."""
-    import libcst as cst
-
     rows: dict[int, cst.DictElement] = {}
     for el in value.elements:
-        if not (isinstance(el, cst.DictElement) and isinstance(el.key, cst.Integer)
-                and isinstance(el.value, cst.Dict)):  # fmt: skip
+        if not (
+            isinstance(el, cst.DictElement)
+            and isinstance(el.key, cst.Integer)
+            and isinstance(el.value, cst.Dict)
+        ):
             raise Refuse(table, "rows `<capability int>: {<world size>: <MB>}`", f"`{_code(el)}`")
         rows[int(el.key.value)] = el
     return rows
@@ -116,8 +113,6 @@ def _rows(table: str, value: cst.Dict) -> dict[int, cst.DictElement]:
 
 def _literal(node: cst.CSTNode) -> object:
     """The value of a literal node, read from its own source text (comments and all)."""
-    import libcst as cst
-
     try:
         return ast.literal_eval(cst.Module(body=[]).code_for_node(node).strip())
     except (ValueError, SyntaxError):
@@ -125,16 +120,12 @@ def _literal(node: cst.CSTNode) -> object:
 
 
 def _code(node: cst.CSTNode) -> str:
-    from sm120patch.patchkit import syntax as h
-
     return h.code(node, 10_000)
 
 
 def table_transform(module: cst.Module, table: str, comment: str) -> Result:
     """`table` gains the row `120: {2: <row 90's value at 2>}` after its last row, laid out as
     the rows above it, under the one comment line `comment`."""
-    import libcst as cst
-
     stmt, value = table_statement(module, table)
     rows = _rows(table, value)
     source = rows.get(FROM_ROW)
@@ -151,23 +142,29 @@ def table_transform(module: cst.Module, table: str, comment: str) -> Result:
         return upstream(table, f"the release has its own SM120 row: `{SM120}: {own}`")
     assert source is not None and isinstance(source.value, cst.Dict)  # read above
     inner = source.value
-    entry = next(e for e in inner.elements
-                 if isinstance(e, cst.DictElement) and _literal(e.key) == WORLD)  # fmt: skip
+    entry = next(
+        e for e in inner.elements if isinstance(e, cst.DictElement) and _literal(e.key) == WORLD
+    )
     last = value.elements[-1]
     between = value.elements[0].comma
     after_entry = entry.comma
     closing = inner.rbrace.whitespace_before
     laid_out = (
-        len(value.elements) > 1 and isinstance(last, cst.DictElement)
-        and isinstance(last.comma, cst.Comma) and isinstance(between, cst.Comma)
+        len(value.elements) > 1
+        and isinstance(last, cst.DictElement)
+        and isinstance(last.comma, cst.Comma)
+        and isinstance(between, cst.Comma)
         and isinstance(between.whitespace_after, cst.ParenthesizedWhitespace)
         and isinstance(after_entry, cst.Comma)
         and isinstance(after_entry.whitespace_after, cst.ParenthesizedWhitespace)
         and isinstance(closing, cst.ParenthesizedWhitespace)
-    )  # fmt: skip
+    )
     if not laid_out:
-        raise Refuse(table, f"`{table}` laid out one row and one entry per line, as released",
-                     f"`{_code(stmt)[:200]}`")  # fmt: skip
+        raise Refuse(
+            table,
+            f"`{table}` laid out one row and one entry per line, as released",
+            f"`{_code(stmt)[:200]}`",
+        )
     assert isinstance(between, cst.Comma) and isinstance(after_entry, cst.Comma)
     assert isinstance(between.whitespace_after, cst.ParenthesizedWhitespace)
     assert isinstance(after_entry.whitespace_after, cst.ParenthesizedWhitespace)
@@ -183,9 +180,9 @@ def table_transform(module: cst.Module, table: str, comment: str) -> Result:
     gap = between.whitespace_after
     note = cst.EmptyLine(indent=True, whitespace=gap.last_line, comment=cst.Comment(comment))
     assert isinstance(last.comma, cst.Comma)  # `laid_out` above
-    new_last = last.with_changes(comma=last.comma.with_changes(
-        whitespace_after=gap.with_changes(empty_lines=[note])
-    ))  # fmt: skip
+    new_last = last.with_changes(
+        comma=last.comma.with_changes(whitespace_after=gap.with_changes(empty_lines=[note]))
+    )
     row = last.with_changes(key=cst.Integer(str(SM120)), value=new_inner)
     new_value = value.with_changes(elements=[*value.elements[:-1], new_last, row])
     # a module-level simple statement: the module's body is rebuilt around it (as the kit's
@@ -210,19 +207,18 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     _FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB for vllm.allreduce-fusion-oneshot, which runs this same
     check) is the release's table plus `120: {2: <row 90's value at 2>}` as its last row; with
     that row taken out, the file is the release's."""
-    import copy
-
-    from sm120patch.patchkit import sitecheck as sc
 
     table = fact.form
 
     def the_dict(tree: ast.Module) -> ast.Dict:
         found = [
-            n.value for n in tree.body
-            if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None
+            n.value
+            for n in tree.body
+            if isinstance(n, (ast.Assign, ast.AnnAssign))
+            and n.value is not None
             and [ast.unparse(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
             == [table]
-        ]  # fmt: skip
+        ]
         value = sc.one(found, f"module-level {table}")
         assert isinstance(value, ast.Dict), f"{table} is not a dict literal"
         return value

@@ -21,15 +21,14 @@ a shape this patch does not know.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Patch, Refuse, Result, Sought, Status, upstream
-
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 FILE = "vllm/_custom_ops.py"
 FUNCTION = "cutlass_group_gemm_supported"
@@ -59,9 +58,6 @@ FACTS = (
 
 def _bounds(test: cst.BaseExpression) -> tuple[int, int] | None:
     """(low, high) of `c < low or c >= high` on one name, else None."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     ops = h.or_operands(test)
     if ops is None or len(ops) != 2:
@@ -82,11 +78,6 @@ def _bounds(test: cst.BaseExpression) -> tuple[int, int] | None:
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, FUNCTION, f"no `def {FUNCTION}` in this file")
     body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
     first = body[0] if body else None
@@ -95,13 +86,17 @@ def transform(module: cst.Module) -> Result:
         h.code(first.body) != "return False"
     ):
         found = f"`{h.code(first)}`" if first is not None else "an empty body"
-        raise Refuse(FUNCTION, "first `if <capability> < 90 or <capability> >= N: return "
-                     "False`", found)  # fmt: skip
+        raise Refuse(
+            FUNCTION, "first `if <capability> < 90 or <capability> >= N: return False`", found
+        )
     low, high = bounds
     if low <= 120 < high:  # SM120 goes on to the compiled op, which decides per build
-        return upstream(FUNCTION, f"SM120 passes the gate (< {low} or >= {high}) and the "
-                        "compiled op decides: this release carries an SM120 path",
-                        shape=f"`{h.code(first.test)}`")  # fmt: skip
+        return upstream(
+            FUNCTION,
+            f"SM120 passes the gate (< {low} or >= {high}) and the "
+            "compiled op decides: this release carries an SM120 path",
+            shape=f"`{h.code(first.test)}`",
+        )
     raise Refuse(FUNCTION, EXPECTED, FOUND)
 
 
@@ -109,8 +104,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     """The fact's function opens with `if c < 90 or c >= N: return False`. Refused releases
     (N <= 120) keep SM120 out and the text unchanged; an upstream one (N > 120) lets SM120 on.
     Nothing is written either way."""
-    from sm120patch.patchkit import sitecheck as sc
-
     func = sc.one_function(before, fact.function)
     first = func.body[0]
     assert isinstance(first, ast.If) and isinstance(first.test, ast.BoolOp), ast.unparse(first)

@@ -25,8 +25,14 @@ walked).
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import Any
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -40,14 +46,6 @@ from sm120patch.patchkit.model import (
     applied,
 )
 from sm120patch.patchkit.readers import Answer, Explain, Reading, Site, error_row
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    from types import FrameType
-
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 PR_47577 = "https://github.com/vllm-project/vllm/pull/47577"
 PR_54669 = "https://github.com/vllm-project/vllm/pull/54669"
@@ -99,8 +97,6 @@ FACTS = (
 
 def _is_list(stmt: cst.CSTNode) -> bool:
     """`AVAILABLE_BACKENDS = [...]`, a list literal."""
-    import libcst as cst
-
     return (
         isinstance(stmt, cst.SimpleStatementLine)
         and len(stmt.body) == 1
@@ -115,8 +111,6 @@ def _is_list(stmt: cst.CSTNode) -> bool:
 def _same(node: cst.CSTNode, source: str) -> bool:
     """`node` (a statement) is `source`, whatever its layout and comments (compared as Python's
     own syntax trees)."""
-    import libcst as cst
-
     try:
         text = cst.Module(body=[node]).code  # type: ignore[list-item]
         return ast.dump(ast.parse(text)) == ast.dump(ast.parse(source))
@@ -127,17 +121,12 @@ def _same(node: cst.CSTNode, source: str) -> bool:
 def _is_ours(stmt: cst.CSTNode) -> bool:
     """An `if` naming B12X or FLASHINFER_B12X: the patch's, or an edit of it (upstream's
     function has none in any pinned release), told apart by `_same`."""
-    import libcst as cst
-
     return isinstance(stmt, cst.If) and any(name in _code(stmt) for name in (B12X, FI_B12X))
 
 
 def _members(module: cst.Module) -> set[str]:
     """The names `class NvFp4MoeBackend` assigns (the members the inserted lines name must be
     there, or the patched selection raises AttributeError on SM120 only)."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     names: set[str] = set()
     for cls in h.matching_nodes(module, cst.ClassDef, lambda c: c.name.value == ENUM):  # type: ignore[attr-defined]
@@ -148,17 +137,10 @@ def _members(module: cst.Module) -> set[str]:
 
 
 def _code(node: cst.CSTNode) -> str:
-    from sm120patch.patchkit import syntax as h
-
     return h.code(node, 10_000)
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, FUNCTION)
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     lists = h.matching_nodes(func, cst.SimpleStatementLine, _is_list)
@@ -169,20 +151,25 @@ def transform(module: cst.Module) -> Result:
     listed = lists[0]
     index = next((i for i, stmt in enumerate(body) if stmt is listed), None)
     if index is None:
-        raise Refuse(FUNCTION, f"`{LIST} = [...]` in the function's own body",
-                     "it nested in a block")  # fmt: skip
+        raise Refuse(
+            FUNCTION, f"`{LIST} = [...]` in the function's own body", "it nested in a block"
+        )
     elements = [h.code(e.value) for e in listed.body[0].value.elements]  # type: ignore[attr-defined]
     if MARLIN not in elements:
         raise Refuse(FUNCTION, f"{MARLIN} in `{LIST}`", f"`{h.code(listed)}`")
     for name in (B12X, FI_B12X):
         if name in elements:  # a hand edit, or upstream's own choice: neither is ours to judge
-            raise Refuse(FUNCTION, f"`{LIST}` without {name} (vLLM leaves it out)",
-                         f"`{h.code(listed)}`")  # fmt: skip
+            raise Refuse(
+                FUNCTION, f"`{LIST}` without {name} (vLLM leaves it out)", f"`{h.code(listed)}`"
+            )
     members = _members(module)
     missing = [n for n in ("B12X", "FLASHINFER_B12X") if n not in members]
     if missing:
-        raise Refuse(FUNCTION, f"`class {ENUM}` with members B12X and FLASHINFER_B12X",
-                     f"no {', '.join(missing)}")  # fmt: skip
+        raise Refuse(
+            FUNCTION,
+            f"`class {ENUM}` with members B12X and FLASHINFER_B12X",
+            f"no {', '.join(missing)}",
+        )
     params = [p.name.value for p in func.params.params]
     if "config" not in params:
         raise Refuse(FUNCTION, "a `config` parameter (the FusedMoEConfig)", ", ".join(params))
@@ -198,11 +185,17 @@ def transform(module: cst.Module) -> Result:
         ):
             return already_applied(FUNCTION, f"B12X, FLASHINFER_B12X before MARLIN when {TEST}")
         if len(ours) == 1 and _same(ours[0], f"if {TEST}:\n    {OLD_BODY}"):
-            raise Refuse(FUNCTION, f"`if {TEST}: {BODY}`",
-                         "the previous vllm.moe-b12x (FLASHINFER_B12X alone): revert vllm-moe "
-                         "with the sm120patch that applied it, then apply again")  # fmt: skip
-        raise Refuse(FUNCTION, f"at most one `if {TEST}: {BODY}`, right after `{h.code(anchor)}`",
-                     f"{len(ours)}, elsewhere or edited")  # fmt: skip
+            raise Refuse(
+                FUNCTION,
+                f"`if {TEST}: {BODY}`",
+                "the previous vllm.moe-b12x (FLASHINFER_B12X alone): revert vllm-moe "
+                "with the sm120patch that applied it, then apply again",
+            )
+        raise Refuse(
+            FUNCTION,
+            f"at most one `if {TEST}: {BODY}`, right after `{h.code(anchor)}`",
+            f"{len(ours)}, elsewhere or edited",
+        )
     nl, ind = module.default_newline, module.default_indent
     new = [
         h.parse_statement("".join(f"{line}{nl}" for line in COMMENT) + f"{IMPORT}{nl}", module),
@@ -232,6 +225,7 @@ def explain_read(site: Site) -> Reading:
     (a trace on that one frame); whatever the function does past the list (try a kernel that
     cannot load here) is caught: the list is the decision. Runs in the target's interpreter
     (patchkit.readers)."""
+    # Imported here: the probe runs this reader from its source text alone (patchkit.readers).
     import importlib
     import importlib.util
     import sys
@@ -254,10 +248,11 @@ def explain_read(site: Site) -> Reading:
         return local
 
     config = SimpleNamespace(
-        moe_backend="auto", swiglu_limit=None,
+        moe_backend="auto",
+        swiglu_limit=None,
         activation_format=SimpleNamespace(is_batched=False),
         moe_parallel_config=SimpleNamespace(use_ep=False),
-    )  # fmt: skip
+    )
     stopped = None
     old = sys.gettrace()
     sys.settrace(trace)
@@ -286,8 +281,11 @@ def explain_row(answer: Answer) -> str:
     absent = " (no b12x package)" if answer.get("b12x") is False else ""
     if "MARLIN" not in order:
         return "auto tries: " + ", ".join(order)
-    ahead = [b for b in ("B12X", "FLASHINFER_B12X") if b in order
-             and order.index(b) < order.index("MARLIN")]  # fmt: skip
+    ahead = [
+        b
+        for b in ("B12X", "FLASHINFER_B12X")
+        if b in order and order.index(b) < order.index("MARLIN")
+    ]
     if ahead:
         return f"{', '.join(ahead)} before MARLIN{absent}"
     return f"MARLIN, no B12X/FLASHINFER_B12X{absent}"
@@ -305,8 +303,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     inserting NvFp4MoeBackend.B12X, then NvFp4MoeBackend.FLASHINFER_B12X, each at the index of
     NvFp4MoeBackend.MARLIN; the list itself still without either; `class NvFp4MoeBackend`
     defines both; with those two statements taken out, the file is the release's."""
-    from sm120patch.patchkit import sitecheck as sc
-
     func = sc.one_function(after, fact.function)
     body = func.body
 
@@ -324,8 +320,13 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     for name in ("NvFp4MoeBackend.B12X", "NvFp4MoeBackend.FLASHINFER_B12X"):
         assert name not in names, f"the list itself was changed: {name}"
     [enum] = [n for n in after.body if isinstance(n, ast.ClassDef) and n.name == "NvFp4MoeBackend"]
-    members = {t.id for n in enum.body if isinstance(n, ast.Assign)
-               for t in n.targets if isinstance(t, ast.Name)}  # fmt: skip
+    members = {
+        t.id
+        for n in enum.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
     assert {"B12X", "FLASHINFER_B12X"} <= members, f"NvFp4MoeBackend members: {members}"
     humming = "AVAILABLE_BACKENDS = prioritize_humming(AVAILABLE_BACKENDS)"
     if fact.form == "humming":

@@ -18,8 +18,13 @@ vLLM's custom_all_reduce.py imports no `os`: the statement reads the variable th
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import imports
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -30,12 +35,6 @@ from sm120patch.patchkit.model import (
     Status,
     Wiring,
 )
-
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
 
 ENV = "SM120PATCH_PCIE_ALLREDUCE"
 GATE = "same_node and world_size > 2 and not fully_connected"
@@ -62,16 +61,11 @@ FACTS = (
 
 def _is_gate(test: cst.BaseExpression) -> bool:
     """`same_node and world_size > 2 and not fully_connected`, as released."""
-    from sm120patch.patchkit import syntax as h
-
     return h.and_codes(test) == h.and_form(GATE)
 
 
 def _is_override(stmt: cst.CSTNode) -> bool:
     """Our statement: `if <gate> and <ENV is not "0">: fully_connected = True`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     return (
         isinstance(stmt, cst.If)
@@ -82,11 +76,6 @@ def _is_override(stmt: cst.CSTNode) -> bool:
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     gates = [n for n in h.statements(module) if isinstance(n, cst.If) and _is_gate(n.test)]
     if not gates:
         raise NotApplicable(FUNCTION, f"no `if {GATE}:` in this file")
@@ -96,7 +85,8 @@ def transform(module: cst.Module) -> Result:
     site = h.qualified_name(module, gate)
     if site != FUNCTION:
         raise Refuse(site, f"`if {GATE}:` in {FUNCTION}", f"it in {site}")
-    if h.binds_at_module_level(module, "__import__") or h.module_assignments(module, "__import__"):
+    rebound = h.module_assignments(module, "__import__")
+    if imports.binds_at_module_level(module, "__import__") or rebound:
         # The statement calls the builtin; a module rebinding the name would get its own.
         raise Refuse(site, "`__import__` left to the builtin", "a module-level binding of it")
     nl, ind = module.default_newline, module.default_indent
@@ -120,8 +110,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     fully_connected = True` (ENV the documented SM120PATCH_PCIE_ALLREDUCE); the gate, its
     `return` and the P2P check after it as released; with that one statement taken out, the
     file is the release's."""
-    from sm120patch.patchkit import sitecheck as sc
-
     gate, spans = sc.switch_before_gate(
         before, after, fact, "same_node and world_size > 2 and (not fully_connected)",
         "if same_node and world_size > 2 and not fully_connected and "

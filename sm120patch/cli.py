@@ -564,7 +564,9 @@ def export_cmd(
 def new_patch_cmd(**options: Any) -> None:
     """Write a patch module, its facts table, a profile and a test into a pack directory."""
     written = app.new_patch(app.NewPatchRequest(**options))
-    for path in (written.module, written.test, written.profiles):
+    for path in (written.module, written.test, written.profiles, written.registry):
+        if path is None:
+            continue
         echo_out(f"wrote {path}")
     directory = options["directory"]
     for line in render.hint_lines(

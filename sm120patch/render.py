@@ -75,9 +75,9 @@ def profiles(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> Text:
         for why in held.get(p.name, []):
             text.out.append(f"{'':{width}} not recommended here: {why}")
         for pid in p.patches:
-            source = cat.source(pid)
-            where = "" if source.built_in else f" (from {source.name})"
-            text.out.append(f"{'':{width}}   {pid:{PATCH_WIDTH}} {cat.patches[pid].title}{where}")
+            row = cat.patches.rows[pid]  # the registry's row: no patch module imported
+            where = "" if row.pack.built_in else f" (from {row.pack.name})"
+            text.out.append(f"{'':{width}}   {pid:{PATCH_WIDTH}} {row.title}{where}")
     return text
 
 
@@ -103,8 +103,8 @@ def profiles_doc(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> d
             for p in cat.profiles.values()
         ],
         "patches": [
-            {"id": p.id, "target": p.target, "title": p.title, "source": cat.source(p.id).name}
-            for p in cat.patches.values()
+            {"id": p.id, "target": p.target, "title": p.title, "source": p.pack.name}
+            for p in cat.patches.rows.values()
         ],
     }
 

@@ -128,3 +128,74 @@ def test_every_patch_id_fits_the_column_the_outcome_lines_give_it():
 
     longest = max(catalog.load().patches, key=len)
     assert len(longest) < render.PATCH_WIDTH, longest
+
+
+LISTING = """
+import json, sys
+from sm120patch import render
+from sm120patch.plan import catalog
+cat = catalog.load()
+lines = render.profiles(cat).out
+doc = render.profiles_doc(cat)
+print(json.dumps({"lines": len(lines), "patches": len(doc["patches"]),
+                  "libcst": "libcst" in sys.modules,
+                  "modules": [m for m in sys.modules if m.startswith("sm120patch.patches.")]}))
+"""
+
+
+def test_loading_the_catalog_and_listing_its_profiles_imports_no_patch_module():
+    """The registry knows every patch by its row: `list` (text and JSON) shows every profile
+    and patch without importing a patch module, so without libcst, which they import at their
+    top. Asking for a patch imports its module then, and only its."""
+    import json
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", LISTING], capture_output=True, text=True,
+                         check=True)
+    seen = json.loads(ran.stdout)
+    assert seen["patches"] == len(catalog.load().patches) > 20 and seen["lines"] > 40
+    assert seen["modules"] == [] and seen["libcst"] is False
+
+    from sm120patch.plan.registry import Registry
+
+    registry = Registry(catalog.load().patches.rows.values())
+    assert registry.imported() == []
+    assert registry["sglang.fusion-gate"].title == registry.rows["sglang.fusion-gate"].title
+    assert registry.imported() == ["sglang.fusion-gate"]
+
+
+def test_a_module_that_disagrees_with_its_row_is_refused_when_imported(tmp_path):
+    """A title changed in the module alone: the catalog loads (it reads rows), and asking for
+    the patch refuses the pack in one line naming what differs."""
+    import shutil
+    from pathlib import Path
+
+    library = tmp_path / "library"
+    shutil.copytree(Path(catalog.__file__).parents[2] / "patches", library,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    module = library / "sglang_fusion_gate.py"
+    text = module.read_text()
+    title = 'title="Let the FlashInfer allreduce-fusion gate pass on SM120",'
+    assert title in text
+    module.write_text(text.replace(title, 'title="Another title",'))
+    cat = catalog._combine([catalog._load_dir(str(library))])
+    assert cat.patches.rows["sglang.fusion-gate"].title != "Another title"
+    with pytest.raises(catalog.PackError, match="sglang_fusion_gate's PATCH has title 'Another title' where registry.toml has"):
+        cat.patches["sglang.fusion-gate"]
+
+
+def test_every_module_of_the_library_has_its_row_and_agrees_with_it():
+    """A module the registry does not list would never load: each patch module of the library
+    has a row, and each row's module, imported, agrees with it (the registry refuses one that
+    does not)."""
+    from pathlib import Path
+
+    from sm120patch.plan.registry import Registry
+
+    library = Path(catalog.__file__).parents[2] / "patches"
+    modules = {p.stem for p in library.glob("*.py") if p.stem != "__init__"}
+    rows = catalog.load().patches.rows
+    assert {r.module.rsplit(".", 1)[-1] for r in rows.values()} == modules
+    fresh = Registry(rows.values())
+    assert [fresh[pid].id for pid in rows] == list(rows)

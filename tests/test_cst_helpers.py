@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from sm120patch.patchkit import imports
 from sm120patch.patchkit import syntax as h
 
 
@@ -31,23 +32,23 @@ def test_key_rejects_calls_with_arguments():
 
 def test_add_import_after_in_parenthesised_import():
     src = "from m import (\n    a,\n    b,\n)\n"
-    new = h.add_import_after(cst.parse_module(src), "m", "c", after="a")
+    new = imports.add_import_after(cst.parse_module(src), "m", "c", after="a")
     assert new is not None
     assert new.code == "from m import (\n    a,\n    c,\n    b,\n)\n"
 
 
 def test_add_import_after_last_name():
     src = "from m import (\n    a,\n    b,\n)\n"
-    new = h.add_import_after(cst.parse_module(src), "m", "c", after="b")
+    new = imports.add_import_after(cst.parse_module(src), "m", "c", after="b")
     assert new.code == "from m import (\n    a,\n    b,\n    c,\n)\n"
 
 
 def test_add_import_after_one_line():
-    new = h.add_import_after(cst.parse_module("from m import a, b\n"), "m", "c", after="b")
+    new = imports.add_import_after(cst.parse_module("from m import a, b\n"), "m", "c", after="b")
     assert new.code == "from m import a, b, c\n"
 
 
 def test_add_import_after_refuses_ambiguity():
     src = "from m import a\nfrom m import a\n"
-    assert h.add_import_after(cst.parse_module(src), "m", "c", after="a") is None
-    assert h.add_import_after(cst.parse_module("from n import a\n"), "m", "c", after="a") is None
+    assert imports.add_import_after(cst.parse_module(src), "m", "c", after="a") is None
+    assert imports.add_import_after(cst.parse_module("from n import a\n"), "m", "c", after="a") is None

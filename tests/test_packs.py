@@ -254,3 +254,39 @@ def test_old_lock_without_pack_fields_reads_as_built_in(tmp_path):
     read = lockfile.read(lock)
     assert read.pack_of == {"sglang.moe-backend": "built-in"} and read.packs == {}
     assert 'pack = "built-in"' in read.to_toml()
+
+
+REGISTRY = '''
+schema = 1
+
+[patches."flashinfer.extra"]
+module = "extra_patch"
+target = "flashinfer"
+title = "t"
+files = ["flashinfer/x.py"]
+'''
+
+
+def test_a_pack_with_a_registry_loads_and_lists_without_importing_its_python(tmp_path):
+    """A pack's registry.toml names its patches: a module that does not import leaves the
+    pack loading and listing from its rows; the patch, once asked for, refuses the pack in one
+    line. Without registry.toml the same module fails the pack as it loads."""
+    pack = make_pack(tmp_path / "pack", module="raise RuntimeError('damaged')\n")
+    with pytest.raises(catalog.PackError, match="module extra_patch does not import"):
+        catalog._combine([catalog._load_dir(str(pack))])
+    (pack / "registry.toml").write_text(REGISTRY)
+    cat = catalog._combine([catalog._load_dir(str(pack))])
+    assert cat.patches.rows["flashinfer.extra"].title == "t"
+    assert cat.profile("extra").patches == ("flashinfer.extra",)
+    with pytest.raises(catalog.PackError, match=r"patch pack directory .*: module extra_patch "
+                       r"does not import \(RuntimeError: damaged\)"):
+        cat.patches["flashinfer.extra"]
+    # Repaired, the module is held to its row, then loads.
+    (pack / "extra_patch.py").write_text(MODULE.format(pid="flashinfer.extra"))
+    cat = catalog._combine([catalog._load_dir(str(pack))])
+    assert cat.patches["flashinfer.extra"].files == ("flashinfer/x.py",)
+    # A row that is not one: a line naming the file and the patch.
+    (pack / "registry.toml").write_text(REGISTRY.replace('target = "flashinfer"', ""))
+    with pytest.raises(catalog.PackError, match="registry.toml: patch flashinfer.extra: a row "
+                       "holds exactly module, target, title and files"):
+        catalog._load_dir(str(pack))

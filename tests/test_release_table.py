@@ -45,7 +45,7 @@ def test_no_library_patch_lists_its_files_by_hand() -> None:
 
 
 def test_the_catalog_refuses_a_fact_on_a_file_the_patch_does_not_read() -> None:
-    from sm120patch.plan.catalog import _patch_problems
+    from sm120patch.plan.registry import patch_problems as _patch_problems
 
     patch = library()[0]
     stray = replace(patch, facts=(*patch.facts, Fact(releases=">=99", status=Status.APPLIED,

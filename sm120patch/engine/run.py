@@ -275,10 +275,9 @@ def check_evidence(
             f"again; if the state is damaged, move {where} aside",
         )
     ids = [*known.patches, *(p for p in patches if p in cat.patches)]
-    allowed = {
-        f for pid in ids if cat.patches[pid].target == ctx.target.kind
-        for f in cat.patches[pid].files
-    }  # fmt: skip
+    # The registry's rows: no patch module imported (a warm `revert` parses nothing).
+    rows = [cat.patches.rows[pid] for pid in ids]
+    allowed = {f for row in rows if row.target == ctx.target.kind for f in row.files}
     for f in touched:
         if f.module not in allowed or f.path != ctx.target.rel(f.module):
             raise Refused(

@@ -112,8 +112,14 @@ def mentions_sglang_arch(node: cst.CSTNode, arch: str | None = None) -> bool:
 
 Capability = tuple[int, int]
 SM80, SM90, SM100, SM103, SM110, SM120, SM121 = (
-    (8, 0), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)
-)  # fmt: skip
+    (8, 0),
+    (9, 0),
+    (10, 0),
+    (10, 3),
+    (11, 0),
+    (12, 0),
+    (12, 1),
+)
 # The GPUs an expression is evaluated on.
 ARCH_POINTS: tuple[Capability, ...] = (SM80, SM90, SM100, SM103, SM110, SM120, SM121)
 # What upstream code favours where it leaves SM120 out: Hopper and datacenter Blackwell.
@@ -237,8 +243,12 @@ def arch_quantity(spelled: str | None) -> str | None:
     if dot and last == "to_int()" and (arch_quantity(base) == "capability" or "capabilit" in base):
         return "sm"  # vLLM's `DeviceCapability.to_int()`: major * 10 + minor
     last = last.removesuffix("()")
-    for kind, pattern in (("major", _MAJOR), ("minor", _MINOR), ("capability", _CAPABILITY),
-                          ("sm", _SM)):  # fmt: skip
+    for kind, pattern in (
+        ("major", _MAJOR),
+        ("minor", _MINOR),
+        ("capability", _CAPABILITY),
+        ("sm", _SM),
+    ):
         if pattern.fullmatch(last):
             return kind
     return None
@@ -293,10 +303,12 @@ def capability_check(spelled: str | None, argument: object) -> frozenset[Capabil
             return frozenset(c for c in ARCH_POINTS if c[0] == argument // 10)
         wanted = (argument // 10, argument % 10)  # to_int()'s order is the tuple's
     elif (
-        isinstance(argument, tuple) and len(argument) == 2
-        and all(type(a) is int for a in argument) and 7 <= argument[0] <= 13
+        isinstance(argument, tuple)
+        and len(argument) == 2
+        and all(type(a) is int for a in argument)
+        and 7 <= argument[0] <= 13
         and method != "is_device_capability_family"
-    ):  # fmt: skip
+    ):
         wanted = (argument[0], argument[1])
     else:
         return None

@@ -33,6 +33,9 @@ ID_RE = re.compile(r"^[a-z][a-z0-9]*(?:[.-][a-z0-9]+)+$")
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a Python identifier (ASCII)
 FILE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:/[A-Za-z_][A-Za-z0-9_]*)*\.py$")
 PROFILE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")  # as the library's profiles are named
+# The module's title, and its registry row's where the directory has a registry.toml: the
+# catalog holds the module to its row, so both change together.
+TITLE = "TODO: one line saying what the patch changes"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Written:
     test: Path
     profiles: Path
     profile: str
+    registry: Path | None = None  # the registry.toml given the patch's row, where there is one
 
 
 def check(spec: NewPatch) -> None:
@@ -140,7 +144,14 @@ def write(
     put(test, _test_text(spec))
     text = existing or "# Profiles of this patch pack (sm120patch's format).\nschema = 1\n"
     put(profiles, text.rstrip("\n") + "\n\n" + _profile_text(spec))
-    return Written(module, test, profiles, spec.profile_name)
+    registry = directory / "registry.toml"
+    if not registry.is_file():
+        return Written(module, test, profiles, spec.profile_name)
+    # A pack that registers its patches (the library does) loads only the modules it lists.
+    rows = read_named(registry, "registry file").decode("utf-8")
+    if _registry_row(spec).splitlines()[0] not in rows.splitlines():  # --force, written before
+        put(registry, rows.rstrip("\n") + "\n\n" + _registry_row(spec))
+    return Written(module, test, profiles, spec.profile_name, registry)
 
 
 def _toml_key(name: str) -> str:
@@ -159,6 +170,17 @@ def _profile_text(spec: NewPatch) -> str:
         "\n"
         f"[profiles.{key}.pins]\n"
         f"{spec.target} = {q(spec.pins)}\n"
+    )
+
+
+def _registry_row(spec: NewPatch) -> str:
+    q = json.dumps
+    return (
+        f"[patches.{q(spec.patch_id)}]\n"
+        f"module = {q(spec.module_name)}\n"
+        f"target = {q(spec.target)}\n"
+        f"title = {q(TITLE)}\n"
+        f"files = [{q(spec.file)}]\n"
     )
 
 
@@ -194,7 +216,7 @@ def _module_text(spec: NewPatch) -> str:
     return template("patch.py.tmpl").substitute(
         patch_id=e(spec.patch_id), target=e(spec.target), file=e(spec.file),
         function=e(spec.function), pins=e(spec.pins), constants=constants, shape=e(shape),
-        why=e(why),
+        why=e(why), title=e(TITLE),
         transform=transform.template.rstrip("\n") + "\n", reader_name=spec.module_name,
         check=check.template.rstrip("\n") + "\n",
     )

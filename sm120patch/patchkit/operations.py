@@ -39,8 +39,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import arch
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.model import (
     NotApplicable,
     Refuse,
@@ -51,9 +54,6 @@ from sm120patch.patchkit.model import (
     refused,
     upstream,
 )
-
-if TYPE_CHECKING:
-    import libcst as cst
 
 SM120 = "sm120"
 
@@ -66,8 +66,6 @@ def one_def(
 ) -> cst.FunctionDef:
     """The one `def name` (at any depth). Raises `NotApplicable` when there is none
     (`absent` says why), `Refuse` when there are several."""
-    from sm120patch.patchkit import syntax as h
-
     site = site or name
     funcs = h.functions(module, name)
     if not funcs:
@@ -91,8 +89,6 @@ def one_of_defs(
     None of them: raises `NotApplicable` (`absent` says why), or `Refuse` when `required`.
     Several (two names, or one defined twice): `Refuse`, naming them.
     """
-    from sm120patch.patchkit import syntax as h
-
     found = [(name, f) for name in names for f in h.functions(module, name)]
     site = " / ".join(names)
     every = [f"def {name}" for name in names] + ([".".join(fallback)] if fallback else [])
@@ -128,9 +124,6 @@ class ArchGroup:
 
 def read_arch_group(group: cst.BaseExpression) -> ArchGroup:
     """The archs and the one spelling of `a or b or ...` (a lone check counts as a group)."""
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import syntax as h
-
     operands = h.or_operands(group) or [group]
     found = [arch.sglang_arch(op) for op in operands]
     if any(f is None for f in found):
@@ -161,9 +154,6 @@ def widen_arch_or(
     that is not exactly the archs of `widen` in one of `forms`. The applied shape reads
     `<old> -> <new>`. `found` overrides the text quoted in a refusal.
     """
-    from sm120patch.patchkit import arch
-    from sm120patch.patchkit import syntax as h
-
     read = read_arch_group(group)
     shape = h.code(group)
     quoted = found or f"`{shape}`"
@@ -178,7 +168,6 @@ def widen_arch_or(
         )
     if len(read.archs) != len(widen) or set(read.archs) != widen:  # any order
         return refused(site, expected, quoted)
-    import libcst as cst
 
     if not isinstance(group, cst.BooleanOperation):
         return refused(site, expected, quoted)  # one check alone: not an `or` to widen
@@ -201,9 +190,6 @@ def extend_keyword_list(
     Already-applied where `add` is in the list; refused for any other list or call. It finds
     its function with `one_def`, so it raises as that finder does.
     """
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     func = one_def(module, function, absent)
     want = f"`{keyword}={list(expect)}`"
@@ -247,8 +233,6 @@ def add_module_flag(
     `same` says whether an existing `name = ...` is the intended one (the caller compares it):
     already-applied then, refused otherwise, as when `sibling` is not assigned exactly once.
     """
-    from sm120patch.patchkit import syntax as h
-
     anchors = h.module_assignments(module, sibling)
     if len(anchors) != 1:
         found = "none" if not anchors else f"{len(anchors)} assignments of {sibling}"
@@ -285,8 +269,6 @@ def then(first: Result, second: Result, *, shape: str | None = None) -> Result:
 
 def if_chain(node: cst.If) -> list[cst.If]:
     """An if statement and its elif branches, in order."""
-    import libcst as cst
-
     out = [node]
     while isinstance(out[-1].orelse, cst.If):
         out.append(out[-1].orelse)
@@ -295,8 +277,6 @@ def if_chain(node: cst.If) -> list[cst.If]:
 
 def branches_in(suite: cst.BaseSuite) -> list[cst.If]:
     """The if and elif branches of the if statements directly in `suite`."""
-    import libcst as cst
-
     body = suite.body if isinstance(suite, cst.IndentedBlock) else ()
     return [b for stmt in body if isinstance(stmt, cst.If) for b in if_chain(stmt)]
 
@@ -304,8 +284,6 @@ def branches_in(suite: cst.BaseSuite) -> list[cst.If]:
 def new_elif(after: cst.If, test: cst.BaseExpression, body: cst.BaseSuite) -> cst.If:
     """The branch `elif test: body` to follow `after`, keeping `after`'s whitespace around the
     test; an elif or else that followed `after` follows the new branch."""
-    import libcst as cst
-
     return cst.If(
         test=test,
         body=body,
@@ -317,8 +295,6 @@ def new_elif(after: cst.If, test: cst.BaseExpression, body: cst.BaseSuite) -> cs
 
 def add_elif(module: cst.Module, after: cst.If, branch: cst.If, *, site: str, shape: str) -> Result:
     """`branch` (made by `new_elif`, checked by the caller) right after the branch `after`."""
-    from sm120patch.patchkit import syntax as h
-
     new_module = h.replace(module, after, after.with_changes(orelse=branch), scope=after)
     return applied(site, new_module, shape)
 
@@ -332,9 +308,6 @@ def insert_before(
 ) -> Result:
     """`new` right before `anchor`, a compound statement of a block (or of the module), after
     the comment lines above `anchor`: those stay on top, `new` then `anchor` follow them."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     block = h.parent_of(module, anchor)
     if not isinstance(block, (cst.Module, cst.IndentedBlock)):
@@ -367,9 +340,6 @@ def switch_before_gate(
     pcie-allreduce patches' one statement. Already applied where the one statement
     `is_switch` finds sits right before `gate`; refused where `gate` is not such an `if`, where
     one sits elsewhere, or where `gate` itself was edited to read `env`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     site = h.qualified_name(module, gate)
     block = h.parent_of(module, gate)
@@ -406,9 +376,6 @@ def add_first_branch(
     """`if test: body` before the first branch of the if statement `chain`, which follows it
     as an `elif` (its own elif and else branches after it): the comment lines above `chain`
     stay above the new `if`, and the new `if` takes `chain`'s whitespace around its test."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     new_if = cst.If(
         test=test,
@@ -430,9 +397,6 @@ def insert_after(
 ) -> Result:
     """`new` right after `anchor`, a statement of a block (or of the module, or of a class
     body); the statement that followed `anchor` follows `new`."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     block = h.parent_of(module, anchor)
     if not isinstance(block, (cst.Module, cst.IndentedBlock)):
@@ -451,9 +415,6 @@ def add_function_after(
 ) -> Result:
     """The function `source` (written with "\\n" newlines) at module level right after the
     module-level def `anchor`, two blank lines above it, in the module's own newline."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     new = h.parse_statement(source.replace("\n", module.default_newline), module)
     new = new.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
@@ -472,9 +433,6 @@ def append_to_list(
     to a list of string literals holding every string of `expect`. The new element takes the
     separator the others use (one per line stays one per line) and the last element's comma;
     already-applied where `add` is in the list; refused for any other value."""
-    import libcst as cst
-
-    from sm120patch.patchkit import syntax as h
 
     site = site or name
     stmts = h.module_assignments(module, name)
@@ -520,6 +478,4 @@ def replace_statement(
 ) -> Result:
     """`module` with the statement-level node `old` (a class, a def, an if) replaced by `new`,
     which the patch built from it (and checked); only the blocks above `old` are rebuilt."""
-    from sm120patch.patchkit import syntax as h
-
     return applied(site, h.replace(module, old, new, scope=old), shape)

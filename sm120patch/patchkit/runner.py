@@ -20,6 +20,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+# libcst and the kit's tree modules are imported inside the functions that parse or rewrite:
+# the engine's layouts and the plan wing import `FileResult` from here on every warm command
+# (`status`, `ensure`, `revert` on an applied tree), which parse nothing.
 if TYPE_CHECKING:
     import libcst as cst
 
@@ -59,11 +62,11 @@ class FileResult:
 
     def imports_added(self) -> set[tuple[str, str]]:
         """(module, name) of each module-level `from <module> import name` the patches added."""
-        from sm120patch.patchkit import syntax
+        from sm120patch.patchkit import imports
 
         if not self.steps:
             return set()
-        return syntax.imported_from(self.steps[-1][1]) - syntax.imported_from(self.tree)
+        return imports.imported_from(self.steps[-1][1]) - imports.imported_from(self.tree)
 
     def forget_trees(self) -> None:
         """Keep the texts and outcomes, drop the trees (once the imports the patches added
@@ -117,8 +120,9 @@ def transform_text(
     except RecursionError:
         result = FileResult(file=file, before=text, after=text)
         why = "the file nests too deep for Python to parse (RecursionError); restore it first"
-        result.outcomes = [Outcome(p.id, p.target, file, "<module>", Status.REFUSED, why)
-                           for p in patches]  # fmt: skip
+        result.outcomes = [
+            Outcome(p.id, p.target, file, "<module>", Status.REFUSED, why) for p in patches
+        ]
         return result
 
 
@@ -200,24 +204,25 @@ def _outcome(patch: Patch, file: str, res: Result) -> Outcome:
 
 def settle_imports(res: Result, module: cst.Module) -> Result:
     """`res` with the imports it requests in place. Applied: each one not yet bound at module
-    level goes into `res.module` (`patchkit.syntax.add_import_after`, or `import_next_to`
+    level goes into `res.module` (`patchkit.imports.add_import_after`, or `import_next_to`
     when the request names no module), and the shape says so; refused when one has no single
     import to join. Already applied: each must be bound in `module` already, else refused (a
     half-done edit whose code would raise NameError)."""
-    from sm120patch.patchkit import syntax as h
+    from sm120patch.patchkit import imports
 
     if not res.imports or res.status not in (Status.APPLIED, Status.ALREADY_APPLIED):
         return res
     tree = res.module if res.status is Status.APPLIED else module
     added: list[str] = []
     for imp in dict.fromkeys(res.imports):
-        if h.binds_at_module_level(tree, imp.name):
+        if imports.binds_at_module_level(tree, imp.name):
             continue
         if res.status is Status.ALREADY_APPLIED:
             return refused(res.site, f"`{imp.name}` imported where it is used", "no such import")
         placed = _place(tree, imp)
         if placed is None:
-            holders = [m for m in h.import_sources(tree, imp.next_to) if m == (imp.module or m)]
+            sources = imports.import_sources(tree, imp.next_to)
+            holders = [m for m in sources if m == (imp.module or m)]
             return refused(
                 res.site,
                 f"one module-level `from {imp.module or '...'} import` naming {imp.next_to}, "
@@ -234,11 +239,11 @@ def settle_imports(res: Result, module: cst.Module) -> Result:
 
 
 def _place(tree: cst.Module, imp: Import) -> cst.Module | None:
-    from sm120patch.patchkit import syntax as h
+    from sm120patch.patchkit import imports
 
     if imp.module is None:
-        return h.import_next_to(tree, imp.name, imp.next_to)
-    return h.add_import_after(tree, imp.module, imp.name, after=imp.next_to)
+        return imports.import_next_to(tree, imp.name, imp.next_to)
+    return imports.add_import_after(tree, imp.module, imp.name, after=imp.next_to)
 
 
 def spliced_code(before: Any, before_text: str, after: Any) -> str:

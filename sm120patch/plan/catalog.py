@@ -15,9 +15,8 @@ imported (`trust`).
 from __future__ import annotations
 
 import hashlib
-import importlib
+import importlib.util
 import os
-import pkgutil
 import sys
 import types
 from dataclasses import dataclass, field, replace
@@ -27,8 +26,10 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier
 
-from sm120patch.errors import UnknownProfile, UsageError
-from sm120patch.patchkit.model import TARGETS, Evidence, Patch, wiring_evidence
+from sm120patch import patches as package  # type: ignore[attr-defined]  # patches/ (package-dir)
+from sm120patch.errors import UnknownProfile
+from sm120patch.patchkit.model import Evidence, Patch, wiring_evidence
+from sm120patch.plan.entrypoints import entry_points
 from sm120patch.plan.packdirs import PACKS_ENV as PACKS_ENV
 from sm120patch.plan.packdirs import pack_dirs as pack_dirs
 from sm120patch.plan.packdirs import use_packs as use_packs
@@ -43,59 +44,17 @@ from sm120patch.plan.profiles import parse_toml as parse_toml
 from sm120patch.plan.profiles import pin_problems as pin_problems
 from sm120patch.plan.profiles import read_profile
 from sm120patch.plan.profiles import refusal_problems as refusal_problems
-
-
-@dataclass(frozen=True)
-class Pack:
-    """Where patches and profiles come from: the built-in library or a pack from outside."""
-
-    name: str  # "built-in", "entry point <name>" or "directory <path>"
-    location: str  # the package's or directory's path
-    module_file: str = ""  # an entry point naming a plain module: its file
-
-    @property
-    def built_in(self) -> bool:
-        return self.name == BUILT_IN
-
-    def code_files(self) -> list[Path]:
-        """Every file of the pack that its patches may read or run: the module of a plain
-        module, else every file under its directory (data files too), bytecode left out."""
-        if self.module_file:
-            return [Path(self.module_file)]
-        if not self.location:
-            return []
-        from sm120patch.safeio import walk
-
-        root = Path(self.location)
-        out = []
-        for base, dirs, names in walk(root):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            out += [Path(base) / n for n in sorted(names)]
-        return out
-
-    def digest(self) -> str:
-        """sha256 over the pack's modules and profiles.toml (its tests left out)."""
-        return _digest_dir(self.location) if self.location else ""
-
-
-class PackError(UsageError):
-    """A patch pack (or the built-in library) that does not load or does not validate."""
-
-    def __init__(self, pack: Pack | str, problem: str) -> None:
-        name = pack.name if isinstance(pack, Pack) else pack
-        where = "the built-in patch library" if name == BUILT_IN else f"patch pack {name}"
-        super().__init__(
-            f"{where}: {problem}",
-            DAMAGED_HINT
-            if name == BUILT_IN
-            else "fix the pack, or leave it out (--patches, SM120PATCH_PATCHES, or uninstall "
-            "the distribution providing the sm120patch.patches entry point)",
-        )
+from sm120patch.plan.registry import REGISTRY_FILE, Registry, Row, discover, rows_in
+from sm120patch.plan.registry import Pack as Pack
+from sm120patch.plan.registry import PackError as PackError
+from sm120patch.targets.files import untrusted_by
 
 
 @dataclass(frozen=True)
 class Catalog:
-    patches: dict[str, Patch]
+    # patch id -> Patch, each patch's module imported when it is first asked for; what the
+    # registry knows without importing it is in `patches.rows`
+    patches: Registry
     profiles: dict[str, Profile]
     # patch id / profile name -> the pack it comes from
     sources: dict[str, Pack] = field(default_factory=dict)
@@ -146,11 +105,9 @@ def load() -> Catalog:
 
 @lru_cache(maxsize=4)
 def _load(dirs: tuple[str, ...]) -> Catalog:
-    from sm120patch import patches as package  # type: ignore[attr-defined]  # from patches/ (package-dir)
-
     builtin = Pack(BUILT_IN, str(Path(package.__path__[0])))
-    packs: list[tuple[Pack, list[Patch], str | None]] = [
-        (builtin, _patches_in(package, builtin), _read_profiles(package))
+    packs: list[tuple[Pack, Registry, str | None]] = [
+        (builtin, _registry(package, builtin), _read_data(package, "profiles.toml"))
     ]
     for ep in _entry_points():
         pack = Pack(f"entry point {ep.name}", "")
@@ -166,7 +123,7 @@ def _load(dirs: tuple[str, ...]) -> Catalog:
             pack = Pack(pack.name, str(Path(module.__file__ or "").parent), module.__file__ or "")
         # What was loaded, too: before its patches are used (its name may not have said).
         trust(pack, Path(pack.module_file or pack.location) if pack.location else None)
-        packs.append((pack, _patches_in(module, pack), _read_profiles(module)))
+        packs.append((pack, _registry(module, pack), _read_data(module, "profiles.toml")))
     for d in dirs:
         packs.append(_load_dir(d))
     return _combine(packs)
@@ -178,8 +135,6 @@ def trust(pack: Pack, path: Path | None) -> None:
     runs with this process's privileges)."""
     if path is None:
         return
-    from sm120patch.targets.files import untrusted_by
-
     problem = untrusted_by(path, os.geteuid(), tree=True)
     if problem:
         raise PackError(
@@ -192,8 +147,6 @@ def trust(pack: Pack, path: Path | None) -> None:
 def _entry_point_code(ep: Any) -> Path | None:
     """Where the top-level package (or module) an entry point names lives, found without
     importing anything; None when it is not on disk as a file or directory."""
-    import importlib.util
-
     value = getattr(ep, "value", None)
     if not isinstance(value, str):
         return None  # judged once loaded, by where it came from
@@ -210,51 +163,41 @@ def _entry_point_code(ep: Any) -> Path | None:
 
 
 def _entry_points() -> list[Any]:
-    from sm120patch.plan.entrypoints import entry_points
-
     return sorted(entry_points(ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
-def _patches_in(module: Any, pack: Pack) -> list[Patch]:
-    """The `PATCH` of every module of a package (or of the module itself)."""
-    found: list[Patch] = []
-    if isinstance(getattr(module, "PATCH", None), Patch):
-        found.append(module.PATCH)
-    for info in sorted(pkgutil.iter_modules(getattr(module, "__path__", [])), key=lambda i: i.name):
-        if info.name.startswith("test_"):
-            continue  # a pack's own tests (new-patch writes one next to the module)
-        try:
-            sub = importlib.import_module(f"{module.__name__}.{info.name}")
-        except Exception as exc:
-            raise PackError(
-                pack, f"module {info.name} does not import ({type(exc).__name__}: {exc})"
-            ) from None
-        patch = getattr(sub, "PATCH", None)
-        if isinstance(patch, Patch):
-            found.append(patch)
-    return found
+def _registry(package: Any, pack: Pack) -> Registry:
+    """A pack's patches: the rows of its registry.toml, no module imported, or, where it has
+    none, every module's `PATCH` found by importing it."""
+    text = _read_data(package, REGISTRY_FILE)
+    if text is None:
+        return discover(package, pack)
+    return Registry(rows_in(text, package.__name__, pack))
 
 
-def _read_profiles(package: Any) -> str | None:
-    """A pack's profiles.toml, None when it has none (or is a plain module). A package on
-    disk is read directly: `importlib.resources`, which also reads zipped packages, brings
-    `zipfile`, `tempfile` and `shutil` (4 ms) to every command."""
+def _read_data(package: Any, name: str) -> str | None:
+    """A pack's data file `name` (profiles.toml, registry.toml), None when it has none (or is
+    a plain module). A package on disk is read directly: `importlib.resources`, which also
+    reads zipped packages, brings `zipfile`, `tempfile` and `shutil` (4 ms) to every command."""
     if not hasattr(package, "__path__"):
         return None  # a plain module
     init = getattr(package, "__file__", None)
     if init and os.path.isfile(init):
-        path = Path(init).parent / "profiles.toml"
+        path = Path(init).parent / name
         return path.read_text(encoding="utf-8") if path.is_file() else None
-    from importlib import resources
+    if init is None:  # a namespace package (a pack directory): its first directory
+        path = Path(list(package.__path__)[0]) / name
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+    from importlib import resources  # here: see above (a zipped package only)
 
     try:
-        entry = resources.files(package).joinpath("profiles.toml")
+        entry = resources.files(package).joinpath(name)
         return entry.read_text(encoding="utf-8") if entry.is_file() else None
     except (TypeError, ModuleNotFoundError, FileNotFoundError):
         return None
 
 
-def _load_dir(directory: str) -> tuple[Pack, list[Patch], str | None]:
+def _load_dir(directory: str) -> tuple[Pack, Registry, str | None]:
     path = Path(directory).expanduser().resolve()
     pack = Pack(f"directory {path}", str(path))
     if not path.is_dir():
@@ -268,38 +211,24 @@ def _load_dir(directory: str) -> tuple[Pack, list[Patch], str | None]:
         package = types.ModuleType(name)
         package.__path__ = [str(path)]
         sys.modules[name] = package
-    profiles = path / "profiles.toml"
-    return pack, _patches_in(package, pack), (
-        profiles.read_text(encoding="utf-8") if profiles.is_file() else None
-    )
+    return pack, _registry(package, pack), _read_data(package, "profiles.toml")
 
 
-@lru_cache(maxsize=16)
-def _digest_dir(directory: str) -> str:
-    h = hashlib.sha256()
-    root = Path(directory)
-    for f in sorted([*root.glob("*.py"), *root.glob("*.toml")]):
-        if f.name.startswith("test_"):
-            continue
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return "sha256:" + h.hexdigest()
-
-
-def _combine(packs: list[tuple[Pack, list[Patch], str | None]]) -> Catalog:
+def _combine(packs: list[tuple[Pack, Registry, str | None]]) -> Catalog:
     """One catalog from every pack: ids and profile names unique, every profile's patches
-    known (from any pack), pins that parse; the first problem raises naming its pack."""
-    patches: dict[str, Patch] = {}
-    sources: dict[str, Pack] = {}
+    known (from any pack), pins that parse; the first problem raises naming its pack. No
+    patch module is imported here but those of a pack without registry.toml."""
+    rows: dict[str, Row] = {}
+    loaded: dict[str, Patch] = {}
     for pack, found, _ in packs:
-        for patch in found:
-            if patch.id in patches:
-                other = sources[patch.id].name
-                raise PackError(pack, f"two patches declare the id {patch.id} (also in {other})")
-            problems = _patch_problems(patch)
-            if problems:
-                raise PackError(pack, f"patch {patch.id}: {problems[0]}")
-            patches[patch.id] = patch
-            sources[patch.id] = pack
+        for pid, row in found.rows.items():
+            if pid in rows:
+                other = rows[pid].pack.name
+                raise PackError(pack, f"two patches declare the id {pid} (also in {other})")
+            rows[pid] = row
+        loaded.update({pid: found[pid] for pid in found.imported()})
+    patches = Registry(rows.values(), loaded)
+    sources = {pid: row.pack for pid, row in rows.items()}
     profiles: dict[str, Profile] = {}
     profile_sources: dict[str, Pack] = {}
     for pack, _, text in packs:
@@ -321,27 +250,7 @@ def _combine(packs: list[tuple[Pack, list[Patch], str | None]]) -> Catalog:
     return Catalog(patches, profiles, sources, profile_sources, [p for p, _, _ in packs])
 
 
-def _patch_problems(patch: Patch) -> list[str]:
-    from sm120patch.patchkit import facts
-
-    problems = []
-    if patch.target not in TARGETS:
-        problems.append(f"target {patch.target!r} is not one of {', '.join(TARGETS)}")
-    if not patch.files:
-        problems.append("names no files (neither `files` nor a fact with a file)")
-    unlisted = sorted({f.file for f in patch.facts if f.file} - set(patch.files))
-    if unlisted:
-        problems.append(f"facts name files its `files` lacks: {', '.join(unlisted)}")
-    if not callable(patch.transform):
-        problems.append("has no transform")
-    if patch.wiring is not None:
-        problems += patch.wiring.problems()
-    if patch.sought is not None:
-        problems += patch.sought.problems()
-    return problems + facts.check(patch.facts)
-
-
-def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
+def parse_profiles(text: str, patches: Registry) -> dict[str, Profile]:
     data = parse_toml(text)
     if data.get("schema") != PROFILES_SCHEMA:
         raise RuntimeError(
@@ -357,10 +266,10 @@ def parse_profiles(text: str, patches: dict[str, Patch]) -> dict[str, Profile]:
             prof = read_profile(name, raw)
         except InvalidSpecifier as exc:
             raise RuntimeError(f"profiles.toml: profile {name}: {exc}") from None
-        needed = {patches[pid].target for pid in ids}
+        needed = {patches.rows[pid].target for pid in ids}
         if needed - set(prof.pins):
             raise RuntimeError(
                 f"profiles.toml: profile {name} lacks pins for {sorted(needed - set(prof.pins))}"
             )
-        profiles[name] = replace(prof, facts={pid: patches[pid].facts for pid in ids})
+        profiles[name] = replace(prof, facts=patches.facts(ids))
     return profiles

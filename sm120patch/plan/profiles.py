@@ -99,7 +99,7 @@ class Profile:
     flag_release: str = ""
     flag_why: str = ""
     # patch id -> the patch's facts, filled in by the catalog (not compared: derived data)
-    facts: dict[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
+    facts: Mapping[str, tuple[Fact, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def targets(self) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ import pytest
 from test_engine_real import cli, git
 
 from sm120patch.maintain import dists, releases, trees
-from sm120patch.plan import catalog, lockfile
+from sm120patch.plan import catalog, lockfile, registry
 
 pytestmark = pytest.mark.real
 
@@ -95,7 +95,7 @@ def test_new_patch_pack_applies_and_reverts_on_a_real_release(tmp_path: Path, ch
     written = lockfile.read(lock)
     assert written.pack_of == {"flashinfer.mnnvl-arch": f"directory {pack.resolve()}"}
     # profile and patch both come from the pack; its digest is recorded
-    assert written.packs == {f"directory {pack.resolve()}": catalog._digest_dir(str(pack.resolve()))}
+    assert written.packs == {f"directory {pack.resolve()}": registry.digest_dir(str(pack.resolve()))}
     assert lockfile.differences(written, _plan(pack, checkout)) == []
 
 
