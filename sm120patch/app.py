@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,17 +40,28 @@ def on_interrupt(notice: Callable[[int, int], None]) -> None:
     interrupts.notice = notice
 
 
+@dataclass(frozen=True)
+class Named:
+    """What a command line names of its targets, one entry per kind of the kinds table
+    (`patchkit.kinds.TARGETS`): the path of `--KIND PATH` (None where not named) and the
+    release of `--KIND-version` (only where stated)."""
+
+    paths: Mapping[str, str | None] = field(default_factory=dict)
+    stated: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class Session:
-    """What one command works on: targets, packs, the catalog and the GPUs, resolved once."""
+    """What one command works on: targets, packs, the catalog and the GPUs, resolved once.
+    Every field has a default, so that a caller names what it gives (`Session(paths=...)`)."""
 
-    sglang: str | None = None
-    flashinfer: str | None = None
+    # kind -> the path the command line names (None or absent: not named). A kind of
+    # kinds.LOOKED_FOR not named is the one installed here; any other (vLLM), none.
+    paths: Mapping[str, str | None] = field(default_factory=dict)
     packs: tuple[str, ...] = ()
-    stated: dict[str, str] = field(default_factory=dict)  # --sglang-version, --flashinfer-version
+    stated: Mapping[str, str] = field(default_factory=dict)  # kind -> --KIND-version
     _gpus: GpuInventory | None = field(default=None, repr=False)
     verbose: bool = False  # the known outcomes in full, not one short line each
-    vllm: str | None = None  # --vllm: looked for only when given (kinds.LOOKED_FOR)
 
     def __post_init__(self) -> None:
         from sm120patch import targets
@@ -58,10 +69,6 @@ class Session:
 
         packdirs.use_packs(self.packs)  # also when empty: one process may run several commands
         targets.state_versions(self.stated)  # the same
-
-    @property
-    def paths(self) -> dict[str, str | None]:
-        return {"sglang": self.sglang, "flashinfer": self.flashinfer, "vllm": self.vllm}
 
     @functools.cached_property
     def targets(self) -> Resolved:

@@ -40,7 +40,7 @@ def run() -> None:
 def main(ctx: click.Context, pack_dirs: tuple[str, ...]) -> None:
     """Apply, review and revert the patches that enable SGLang, FlashInfer and vLLM (named
     with --vllm) fast paths on NVIDIA SM120 GPUs (RTX PRO 6000, RTX 5090)."""
-    ctx.obj = tuple(pack_dirs)
+    ctx.obj = render.Invocation(tuple(pack_dirs))
 
 
 # In the order they were written; `--help` lists them in the order of the work (render.HELP).

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -34,6 +34,9 @@ from sm120patch.terminal import path_options as path_options
 from sm120patch.terminal import printable as printable
 from sm120patch.terminal import run_tool as run_tool
 from sm120patch.terminal import waiting as waiting
+
+if TYPE_CHECKING:
+    from sm120patch.app import Session
 
 
 @dataclass
@@ -65,17 +68,33 @@ def remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bo
     return value
 
 
+@dataclass
+class Invocation:
+    """The object of one command line's root context (`ctx.obj`): the group's --patches and,
+    once the command has made it, its session, whose targets and packs a hint pastes."""
+
+    packs: tuple[str, ...] = ()
+    session: Session | None = None
+
+
+def invocation(ctx: click.Context) -> Invocation:
+    """The command line's `Invocation` (an empty one outside the group: a bare command)."""
+    root = ctx.find_root()
+    if not isinstance(root.obj, Invocation):
+        root.obj = Invocation()
+    return root.obj
+
+
 def paste(text: str) -> str:
-    """`text` with each `sm120patch ...` in it completed with this command's paths, packs and
-    kept flags."""
+    """`text` with each `sm120patch ...` in it completed with this command's paths (its
+    session's), packs and kept flags."""
     ctx = click.get_current_context(silent=True)
-    root = ctx.find_root() if ctx is not None else None
-    if root is None:
+    if ctx is None:
         return text
+    root, held = ctx.find_root(), invocation(ctx)
+    paths = held.session.paths if held.session is not None else {}
     argv = root.meta.get(ARGV_META, [])
-    return pasteable(
-        text, root.meta.get(PATHS_META, {}), root.obj or (), argv, path_options(root.command)
-    )
+    return pasteable(text, paths, held.packs, argv, path_options(root.command))
 
 
 def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:
@@ -93,7 +112,7 @@ def fail(error: Sm120Error, as_json: bool, verb: str | None = None) -> None:
     sys.exit(error.exit_code)
 
 
-ARGV_META, PATHS_META = "sm120patch.argv", "sm120patch.paths"  # argv; the targets given
+ARGV_META = "sm120patch.argv"  # the command line as given, for `<again>` hints
 
 
 def json_wanted(ctx: click.Context) -> bool:

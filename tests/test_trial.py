@@ -195,7 +195,7 @@ def test_a_trial_says_how_long_it_has_waited(trees, mocker):
         "moe", (sys.executable, "-c", cmd), ready_pattern="^ready$", timeout=20, gpu_check=False
     )
     found = trial.trial(
-        app.Session(str(sg), str(fi)), request, None, on_known=lambda line: None,
+        app.Session(paths={"sglang": str(sg), "flashinfer": str(fi)}), request, None, on_known=lambda line: None,
         on_line=lambda line: None, on_event=lambda line: None, on_progress=said.append,
     )  # fmt: skip
     assert found.result is not None and found.result.verdict == "ready"

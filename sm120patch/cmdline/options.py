@@ -3,71 +3,66 @@ profile's shell completion, and the command's session (`session`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
 from sm120patch import app, render
+from sm120patch.patchkit.kinds import DISPLAY, LOOKED_FOR, TARGETS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _stated(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value:  # --sglang-version / --flashinfer-version, for `session` (checked there)
-        ctx.meta.setdefault("sm120patch.stated", {})[str(param.name)[: -len("_version")]] = value
-
-
-VLLM_META = "sm120patch.vllm"
-
-
-def _named_vllm(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    # Not a parameter of every command: `session` reads it, as it reads the stated versions.
-    if value:
-        ctx.find_root().meta[VLLM_META] = value
-
-
-target_options = [
-    click.option(
-        "--sglang",
-        "sglang",
-        metavar="PATH",
-        default=None,
-        help="SGLang checkout root, package parent or site-packages "
-        "(default: the one installed in this Python).",
-    ),
-    click.option(
-        "--flashinfer",
-        "flashinfer",
-        metavar="PATH",
-        default=None,
-        help="FlashInfer checkout root, package parent or site-packages "
-        "(default: the one installed in this Python).",
-    ),
-    click.option(
-        "--vllm",
-        metavar="PATH",
-        expose_value=False,
-        callback=_named_vllm,
-        help="vLLM checkout root, package parent or site-packages (looked for only when given).",
-    ),
-    *(
+def _target_options() -> list[Callable[[F], F]]:
+    """One `--KIND PATH` per kind of the kinds table, then one `--KIND-version VERSION` each:
+    a new kind of target is a row there, and every command on targets takes it."""
+    paths = [
         click.option(
-            f"--{k}-version",
-            metavar="VERSION",
-            expose_value=False,
-            callback=_stated,
-            help=f"The {n} release this tree is, where its packaging does not say.",
+            f"--{kind}",
+            f"path_{kind.name.lower()}",
+            metavar="PATH",
+            default=None,
+            help=f"{DISPLAY[kind]} checkout root, package parent or site-packages "
+            + (
+                "(default: the one installed in this Python)."
+                if kind in LOOKED_FOR
+                else "(looked for only when given)."
+            ),
         )
-        for k, n in (("sglang", "SGLang"), ("flashinfer", "FlashInfer"), ("vllm", "vLLM"))
-    ),
-]
+        for kind in TARGETS
+    ]
+    versions = [
+        click.option(
+            f"--{kind}-version",
+            f"version_{kind.name.lower()}",
+            metavar="VERSION",
+            default=None,
+            help=f"The {DISPLAY[kind]} release this tree is, where its packaging does not say.",
+        )
+        for kind in TARGETS
+    ]
+    return [*paths, *versions]
 
 
-def with_targets(fn: F) -> F:
+target_options = _target_options()
+
+
+def with_targets(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The command takes the target options, and gets what they name as one `app.Named`,
+    its `targets` argument."""
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        paths = {kind.value: kwargs.pop(f"path_{kind.name.lower()}") for kind in TARGETS}
+        versions = {kind.value: kwargs.pop(f"version_{kind.name.lower()}") for kind in TARGETS}
+        named = app.Named(paths, {kind: v for kind, v in versions.items() if v})
+        return fn(*args, targets=named, **kwargs)
+
     for option in reversed(target_options):
-        fn = option(fn)
-    return fn
+        command = option(command)
+    return command
 
 
 json_option = click.option(
@@ -97,23 +92,12 @@ def complete_profile(ctx: click.Context, param: object, incomplete: str) -> list
     return [CompletionItem(n) for n in profiles.profile_names(packs) if n.startswith(incomplete)]
 
 
-def session(
-    sglang: str | None = None, flashinfer: str | None = None, *, verbose: bool = False
-) -> app.Session:
-    """The command's session: its targets and the group's --patches."""
-    root = click.get_current_context().find_root()
-    vllm = root.meta.get(VLLM_META)
-    # hints use them
-    root.meta[render.PATHS_META] = {
-        "sglang": sglang,
-        "flashinfer": flashinfer,
-        **({"vllm": vllm} if vllm else {}),
-    }
-    return app.Session(
-        sglang,
-        flashinfer,
-        root.obj or (),
-        root.meta.get("sm120patch.stated", {}),
-        verbose=verbose,
-        vllm=vllm,
+def session(targets: app.Named | None = None, *, verbose: bool = False) -> app.Session:
+    """The command's session: the targets it names and the group's --patches, held where a
+    hint reads what to paste (render.paste)."""
+    held = render.invocation(click.get_current_context())
+    named = targets or app.Named()
+    held.session = app.Session(
+        paths=named.paths, packs=held.packs, stated=named.stated, verbose=verbose
     )
+    return held.session

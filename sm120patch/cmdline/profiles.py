@@ -12,6 +12,7 @@ import click
 from sm120patch import render
 from sm120patch.cmdline.options import complete_profile, json_option, session
 from sm120patch.commands import profiles as verbs
+from sm120patch.patchkit.kinds import TARGETS
 from sm120patch.render import PATCH_WIDTH, Text, echo_out, emit_json, show
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ def show_cmd(profile: str, as_json: bool) -> None:
 
 @click.command("new-patch")
 @click.argument("patch_id")
-@click.option("--target", type=click.Choice(["sglang", "flashinfer", "vllm"]), required=True)
+@click.option("--target", type=click.Choice([str(k) for k in TARGETS]), required=True)
 @click.option(
     "--file",
     "rel",

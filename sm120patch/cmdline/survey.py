@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from sm120patch import app
 from sm120patch.cmdline.options import json_option, session, verbose_option, with_targets
 from sm120patch.commands import survey as verbs
 from sm120patch.errors import UsageError
@@ -103,13 +104,13 @@ def scan(found: ScanReport, *, as_json: bool, all_: bool) -> Text:
 @with_targets
 @verbose_option
 @json_option
-def doctor_cmd(sglang: str | None, flashinfer: str | None, verbose: bool, as_json: bool) -> None:
+def doctor_cmd(targets: app.Named, verbose: bool, as_json: bool) -> None:
     """What this machine has (GPUs, SGLang, FlashInfer) and one verdict per profile here.
 
     The known outcomes that match this box come after the profiles, one line each (--verbose:
     in full), then the summary.
     """
-    found = verbs.doctor(session(sglang, flashinfer, verbose=verbose))
+    found = verbs.doctor(session(targets, verbose=verbose))
     if as_json:
         emit_json(found.to_dict())
         return
@@ -186,10 +187,10 @@ def matrix_cmd(
 @click.option("--all", "all_", is_flag=True, help="List the upstream and kernel gates too.")
 @click.option("--fail-on-candidate", is_flag=True, help="Exit 1 when a new candidate is found.")
 @click.option("--known", metavar="FILE", help="A `scan --json` whose candidates are not new.")
-def scan_cmd(sglang: str | None, flashinfer: str | None, known: str | None, **o: bool) -> None:
+def scan_cmd(targets: app.Named, known: str | None, **o: bool) -> None:
     """The GPU-arch gates that leave SM120 out, read from the sources (nothing is imported), by
     class. Given a path, only that target; else the ones installed in this Python."""
-    found = verbs.scan(session(sglang, flashinfer), known)
+    found = verbs.scan(session(targets), known)
     show(scan(found, as_json=o["as_json"], all_=o["all_"]))
     if o["fail_on_candidate"] and found.new_candidates():
         sys.exit(1)
@@ -220,8 +221,7 @@ def scan_cmd(sglang: str | None, flashinfer: str | None, known: str | None, **o:
 @json_option
 @click.argument("launch", nargs=-1, type=click.UNPROCESSED)
 def explain_cmd(
-    sglang: str | None,
-    flashinfer: str | None,
+    targets: app.Named,
     python: str | None,
     simulate: str | None,
     profile: str | None,
@@ -234,7 +234,7 @@ def explain_cmd(
     FP4 GEMM backend `auto` resolves to and FlashInfer's comm module flags in the target's
     interpreter: no weights, no server. With --vllm PATH: what vLLM's patches read there.
     """
-    found = verbs.explain(session(sglang, flashinfer), python, simulate, launch, profile)
+    found = verbs.explain(session(targets), python, simulate, launch, profile)
     if as_json:
         emit_json(found.to_dict())
         return

@@ -213,8 +213,7 @@ def pinned(found: Pinned, profile: str) -> Text:
 @json_option
 def apply_cmd(
     profile: str | None,
-    sglang: str | None,
-    flashinfer: str | None,
+    targets: app.Named,
     dry_run: bool,
     locked: str | None,
     force: bool,
@@ -226,7 +225,7 @@ def apply_cmd(
 
     The known outcomes that match this box come first, one line each (--verbose: in full).
     """
-    s = session(sglang, flashinfer, verbose=verbose)
+    s = session(targets, verbose=verbose)
     want = app.locked(profile, locked)
     known = quiet if as_json else (pasted(echo_err) if dry_run else pasted(echo_out))
     if dry_run:
@@ -269,8 +268,7 @@ def apply_cmd(
 @json_option
 def ensure_cmd(
     profile: str | None,
-    sglang: str | None,
-    flashinfer: str | None,
+    targets: app.Named,
     locked: str | None,
     force: bool,
     no_gpu_check: bool,
@@ -282,7 +280,7 @@ def ensure_cmd(
     they are pristine or the patch is gone), exit 1 changing nothing otherwise."""
     want = app.locked(profile, locked)
     report = verbs.ensure(
-        session(sglang, flashinfer),
+        session(targets),
         want,
         force=force,
         gpu_check=not no_gpu_check,
@@ -312,8 +310,7 @@ def ensure_cmd(
 def revert_cmd(
     profile: str | None,
     all_: bool,
-    sglang: str | None,
-    flashinfer: str | None,
+    targets: app.Named,
     force: bool,
     keep_branch: bool,
     dry_run: bool,
@@ -321,7 +318,7 @@ def revert_cmd(
 ) -> None:
     """Revert PROFILE, or --all: every touched file back byte for byte."""
     report = verbs.revert(
-        session(sglang, flashinfer),
+        session(targets),
         profile,
         every=all_,
         force=force,
@@ -343,9 +340,9 @@ def revert_cmd(
     "drifted, gone, replaced or missing or none is found, 75 when one is unfinished.",
 )
 @json_option
-def status_cmd(sglang: str | None, flashinfer: str | None, check: bool, as_json: bool) -> None:
+def status_cmd(targets: app.Named, check: bool, as_json: bool) -> None:
     """The state of each target, decided from the bytes on disk, and of every touched file."""
-    found = verbs.status(session(sglang, flashinfer))
+    found = verbs.status(session(targets))
     code = status_exit(found) if check else 0
     if as_json:
         emit_json({"targets": [s.to_dict() for s in found], "exit_code": code})
@@ -358,9 +355,9 @@ def status_cmd(sglang: str | None, flashinfer: str | None, check: bool, as_json:
 @click.command("recover")
 @with_targets
 @json_option
-def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> None:
+def recover_cmd(targets: app.Named, as_json: bool) -> None:
     """Finish an interrupted apply (roll back) or revert (roll forward)."""
-    report = verbs.recover(session(sglang, flashinfer))
+    report = verbs.recover(session(targets))
     if as_json:
         emit_json(report.to_dict())
         return
@@ -383,11 +380,9 @@ def recover_cmd(sglang: str | None, flashinfer: str | None, as_json: bool) -> No
     is_flag=True,
     help="Pin outside the profile's pinned versions, and replace an existing lock file.",
 )
-def pin_cmd(
-    profile: str, sglang: str | None, flashinfer: str | None, output: str, force: bool
-) -> None:
+def pin_cmd(profile: str, targets: app.Named, output: str, force: bool) -> None:
     """Write a lock file freezing versions, file hashes and each patch's diff of PROFILE here."""
-    show(pinned(verbs.pin(session(sglang, flashinfer), profile, output, force=force), profile))
+    show(pinned(verbs.pin(session(targets), profile, output, force=force), profile))
 
 
 @click.command("export")
@@ -405,15 +400,14 @@ def pin_cmd(
 @click.option("--overwrite", is_flag=True, help="Replace the patches already in DIR.")
 def export_cmd(
     profile: str,
-    sglang: str | None,
-    flashinfer: str | None,
+    targets: app.Named,
     out_dir: str,
     force: bool,
     overwrite: bool,
 ) -> None:
     """Write one mail-format patch per applied patch per target (for git am / git apply)."""
     written = verbs.write_patch_mails(
-        session(sglang, flashinfer), profile, out_dir, force=force, overwrite=overwrite
+        session(targets), profile, out_dir, force=force, overwrite=overwrite
     )
     for item in written:
         echo_out(f"{item.target}: {item.path}")

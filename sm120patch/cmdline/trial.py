@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from sm120patch import app
 from sm120patch.cmdline.options import complete_profile, json_option, session, with_targets
 from sm120patch.commands import trial as verbs
 from sm120patch.render import Text, echo_err, echo_out, emit_json, paste, show
@@ -231,8 +232,7 @@ MEASURE_OPTIONS = (
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trial_cmd(
     profile: str,
-    sglang: str | None,
-    flashinfer: str | None,
+    targets: app.Named,
     measure: bool,
     no_gpu_check: bool,
     as_json: bool,
@@ -252,7 +252,7 @@ def trial_cmd(
     measure_options = verbs.measure_options(request, **measured) if measure else None
     try:
         found = verbs.trial(
-            session(sglang, flashinfer),
+            session(targets),
             request,
             measure_options,
             on_known=echo_err if as_json else echo_out,
@@ -296,14 +296,13 @@ def trial_cmd(
 @json_option
 def trial_show_cmd(
     trial_id: str | None,
-    sglang: str | None,
-    flashinfer: str | None,
+    targets: app.Named,
     html_path: str | None,
     record_path: str | None,
     as_json: bool,
 ) -> None:
     """Show a recorded trial (the latest, or ID or a prefix of it); --html draws a report."""
-    found = verbs.trial_show(session(sglang, flashinfer), trial_id, html_path, record_path)
+    found = verbs.trial_show(session(targets), trial_id, html_path, record_path)
     if as_json:
         if record_path:
             echo_err(f"wrote {record_path}: one known.toml record")
@@ -320,12 +319,11 @@ def trial_show_cmd(
 def trial_forget_cmd(
     trial_ids: tuple[str, ...],
     everything: bool,
-    sglang: str | None,
-    flashinfer: str | None,
+    targets: app.Named,
     as_json: bool,
 ) -> None:
     """Remove recorded trials (IDs or unique prefixes of them, or --all) from every target."""
-    gone = verbs.trial_forget(session(sglang, flashinfer), trial_ids, everything=everything)
+    gone = verbs.trial_forget(session(targets), trial_ids, everything=everything)
     if as_json:
         emit_json({"forgotten": gone})
         return
