@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def profiles_text(cat: Catalog, held: Mapping[str, list[str]] | None = None) -> Text:
-    """`list`; `held`: per profile, why it is not recommended here (app.held_here)."""
+    """`list`; `held`: per profile, why it is not recommended here (commands.profiles.held_here)."""
     from sm120patch.patchkit.versions import range_text
 
     text = Text()
