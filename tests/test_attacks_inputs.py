@@ -100,14 +100,14 @@ def test_a_hostile_lock_file_is_one_line_and_echoes_nothing(attacker, shared, tm
 def test_an_exhausted_interpreter_is_one_line_at_the_boundary(monkeypatch, tmp_path):
     """A RecursionError or MemoryError no reader refused by name ends as one line, and as a
     JSON document with --json, never as an internal error."""
-    from sm120patch import app
+    from sm120patch.commands import tree
 
     site = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     for exc in (RecursionError, MemoryError):
         def boom(*args, exc=exc, **kwargs):
             raise exc()
 
-        monkeypatch.setattr(app, "status", boom)
+        monkeypatch.setattr(tree, "status", boom)
         code, out, err = cli("status", "--sglang", str(site))
         assert code == 1 and exc.__name__ in err and one_line(err), err
         code, out, err = cli("status", "--sglang", str(site), "--json")

@@ -132,10 +132,10 @@ def test_every_patch_id_fits_the_column_the_outcome_lines_give_it():
 
 LISTING = """
 import json, sys
-from sm120patch import render
+from sm120patch.cmdline import profiles as render
 from sm120patch.plan import catalog
 cat = catalog.load()
-lines = render.profiles(cat).out
+lines = render.profiles_text(cat).out
 doc = render.profiles_doc(cat)
 print(json.dumps({"lines": len(lines), "patches": len(doc["patches"]),
                   "libcst": "libcst" in sys.modules,

@@ -18,6 +18,7 @@ from test_states import cli, tree_hash, where
 from trees import make_tree
 
 from sm120patch import render
+from sm120patch.cmdline import tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -239,10 +240,10 @@ def test_status_check_exit_75_when_unfinished():
         def __init__(self, state: State) -> None:
             self.state = state
 
-    assert render.status_exit([Found(State.APPLIED), Found(State.UNFINISHED)]) == 75  # type: ignore[list-item]
-    assert render.status_exit([Found(State.PRISTINE), Found(State.APPLIED)]) == 0  # type: ignore[list-item]
-    assert render.status_exit([Found(State.GONE)]) == 1  # type: ignore[list-item]
-    assert render.status_exit([]) == 1
+    assert tree.status_exit([Found(State.APPLIED), Found(State.UNFINISHED)]) == 75  # type: ignore[list-item]
+    assert tree.status_exit([Found(State.PRISTINE), Found(State.APPLIED)]) == 0  # type: ignore[list-item]
+    assert tree.status_exit([Found(State.GONE)]) == 1  # type: ignore[list-item]
+    assert tree.status_exit([]) == 1
 
 
 def test_a_closed_pipe_ends_quietly_with_exit_0():

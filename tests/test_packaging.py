@@ -27,6 +27,9 @@ def test_wheel_ships_every_patch_and_the_data_files(tmp_path):
     expected = {f"sm120patch/patches/{p.name}" for p in (ROOT / "patches").iterdir()
                 if p.suffix in (".py", ".toml")}
     assert expected <= names, sorted(expected - names)
+    # Every module of the tool: a package missing from pyproject.toml's list would be left out.
+    tool = {p.relative_to(ROOT).as_posix() for p in (ROOT / "sm120patch").rglob("*.py")}
+    assert tool <= names, sorted(tool - names)
     assert "sm120patch/patches/profiles.toml" in names
     assert "sm120patch/patches/signatures.toml" in names
     # `scan`: its wing and the maintainers' table of kernel families.

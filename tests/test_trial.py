@@ -185,16 +185,17 @@ def test_a_trial_says_how_long_it_has_waited(trees, mocker):
     """The command layer turns readiness progress into lines (the CLI passes its stderr on a
     terminal)."""
     from sm120patch import app
+    from sm120patch.commands import trial
 
     mocker.patch.object(serve, "PROGRESS_EVERY", 0.3)
     sg, fi = trees
     cmd = "import time; print('Load weight begin', flush=True); time.sleep(1.2); print('ready', flush=True); time.sleep(30)"
     said: list[str] = []
-    request = app.TrialRequest(
+    request = trial.TrialRequest(
         "moe", (sys.executable, "-c", cmd), ready_pattern="^ready$", timeout=20, gpu_check=False
     )
-    found = app.trial(
-        app.Session(str(sg), str(fi)), request, None, on_known=lambda line: None,
+    found = trial.trial(
+        app.Session(paths={"sglang": str(sg), "flashinfer": str(fi)}), request, None, on_known=lambda line: None,
         on_line=lambda line: None, on_event=lambda line: None, on_progress=said.append,
     )  # fmt: skip
     assert found.result is not None and found.result.verdict == "ready"

@@ -45,10 +45,6 @@ from sm120patch.targets.resolved import Given, resolved
 from sm120patch.trial import engines, gpu, loadgen, sanity, serve, verdict, wiring
 from sm120patch.trial.measured import FIGURES, MeasuredTrial, Options, Run, api_of
 
-# The trial's entry point and the types of its signature, which the command layer imports
-# from here.
-__all__ = ["MeasuredTrial", "Options", "check_options", "run"]
-
 # the result keys of sglang.bench_serving and of `vllm bench serve` (the same) -> ours
 BENCH_KEYS = {
     "output_throughput": "output_tok_s",
