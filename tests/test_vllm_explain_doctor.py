@@ -132,7 +132,7 @@ def test_doctor_with_vllm_shows_it_and_its_profiles(pack, site):
 
 
 def test_doctor_says_whether_b12x_is_installed_beside_vllm(pack, site, tmp_path):
-    """vllm-moe's B12X backend runs only with the b12x package: doctor reads whether it is in
+    """vllm-moe's B12X backend (and vllm-fp4-gemm's kernel) runs only with the b12x package: doctor reads whether it is in
     vLLM's site-packages from the dist-info name, importing nothing of it (its __init__ would
     leave a mark)."""
     mark = tmp_path / "imported"
@@ -140,15 +140,16 @@ def test_doctor_says_whether_b12x_is_installed_beside_vllm(pack, site, tmp_path)
     (site / "b12x" / "__init__.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
     code, out, err = run_cli("--patches", str(pack), "doctor", "--vllm", str(site))
     assert code == 0, err
-    assert ("  b12x: not installed: vllm-moe's B12X MoE backend falls through "
-            "(`pip install 'vllm[b12x]'`)") in out
+    assert ("  b12x: not installed: vllm-moe's B12X MoE backend (and vllm-fp4-gemm's B12X "
+            "NVFP4 GEMM) falls through (`pip install 'vllm[b12x]'`)") in out
     (site / "b12x-1.5.1.dist-info").mkdir()
     code, out, err = run_cli("--patches", str(pack), "doctor", "--vllm", str(site), "--json")
     assert code == 0, err
     [target] = [t for t in json.loads(out)["targets"] if t["kind"] == "vllm"]
     assert target["beside"] == [{"package": "b12x", "version": "1.5.1",
                                  "state": "installed (1.5.1)",
-                                 "used_by": "vllm-moe's B12X MoE backend"}]
+                                 "used_by": "vllm-moe's B12X MoE backend (and "
+                                            "vllm-fp4-gemm's B12X NVFP4 GEMM)"}]
     assert not mark.exists()
 
 

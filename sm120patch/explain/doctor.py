@@ -154,8 +154,10 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
 
 # Optional packages a target's profiles use when they are installed beside it: the patch opens a
 # backend upstream's own availability check lets through only with the package (vllm-moe's
-# B12X needs `b12x`, `pip install 'vllm[b12x]'`; without it the next backend is taken).
-BESIDE = {"vllm": (("b12x", "vllm[b12x]", "vllm-moe", "vllm-moe's B12X MoE backend"),)}
+# B12X MoE and vllm-fp4-gemm's B12X NVFP4 GEMM need `b12x`, `pip install 'vllm[b12x]'`; without
+# it the next backend is taken).
+BESIDE = {"vllm": (("b12x", "vllm[b12x]", "vllm-moe",
+                    "vllm-moe's B12X MoE backend (and vllm-fp4-gemm's B12X NVFP4 GEMM)"),)}
 
 
 def _described(target: targets.Target) -> dict[str, Any]:

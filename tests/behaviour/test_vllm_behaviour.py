@@ -11,6 +11,7 @@ from vllm_checks import (
     allreduce_problems,
     fusion_problems,
     fusion_table_problems,
+    linear_problems,
     moe_problems,
     platform_problems,
     same_problems,
@@ -23,8 +24,9 @@ def get(b: VllmBehaviour, version: str, side: str, arch: str) -> dict:
     return b.result(Case(version, side, arch))
 
 
-def test_the_vllm_profiles_are_the_three_under_test() -> None:
-    assert vllm_profiles() == ["vllm-moe", "vllm-pcie-allreduce", "vllm-allreduce-fusion"]
+def test_the_vllm_profiles_are_the_four_under_test() -> None:
+    assert vllm_profiles() == ["vllm-moe", "vllm-fp4-gemm", "vllm-pcie-allreduce",
+                               "vllm-allreduce-fusion"]
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -44,7 +46,7 @@ def test_every_check_answers(vllm_behaviour: VllmBehaviour, version: str) -> Non
     for side in SIDES:
         for arch in ARCHS:
             result = get(vllm_behaviour, version, side, arch)
-            for check in ("moe", "fusion", "fusion_tables", "allreduce"):
+            for check in ("moe", "linear", "fusion", "fusion_tables", "allreduce"):
                 for name, answer in result[check].items():
                     assert "error" not in answer, (side, arch, check, name, answer)
 
@@ -58,6 +60,18 @@ def test_moe_sm120_w4a16_picks_b12x_patched(vllm_behaviour: VllmBehaviour,
     pristine = get(vllm_behaviour, version, "pristine", "sm120")
     patched = get(vllm_behaviour, version, "patched", "sm120")
     assert moe_problems(pristine, patched) == []
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_linear_sm120_w4a4_picks_b12x_patched(vllm_behaviour: VllmBehaviour,
+                                              version: str) -> None:
+    """vllm.fp4-gemm-b12x: a W4A4 NVFP4 linear layer on SM120 takes FlashInfer CUTLASS
+    pristine; patched, B12xNvFp4LinearKernel with the b12x package and FlashInfer CUTLASS
+    without it (upstream's availability check falls through); neither an explicit
+    --linear-backend nor a W4A16 layer changes."""
+    pristine = get(vllm_behaviour, version, "pristine", "sm120")
+    patched = get(vllm_behaviour, version, "patched", "sm120")
+    assert linear_problems(pristine, patched) == []
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -103,11 +117,16 @@ def test_patched_decides_as_pristine_off_sm120(vllm_behaviour: VllmBehaviour, ve
 def test_controls_off_sm120(vllm_behaviour: VllmBehaviour, version: str) -> None:
     """What upstream decides where the patches change nothing, so that "unchanged" above is
     about real answers: W4A16 NVFP4 MoE is MARLIN on SM100 and SM90 too, with the b12x package
-    or without it (the FlashInfer backends there want NVFP4 activations), the fusion is on at TP 2 (SM100 and SM90 are in
+    or without it (the FlashInfer backends there want NVFP4 activations), a W4A4 NVFP4 linear
+    layer takes FlashInfer's CuTe-DSL kernel on SM100 and Marlin on SM90 with the b12x package
+    stood in (B12X's own check takes the 12.x family only), the fusion is on at TP 2 (SM100 and SM90 are in
     vLLM's own gate), and NVLink-connected GPUs pass the PCIe gate."""
     for arch in ("sm100", "sm90"):
         result = get(vllm_behaviour, version, "pristine", arch)
         assert result["moe"]["w4a16"]["backend"] == MARLIN, arch
         assert result["moe"]["w4a16-b12x"]["backend"] == MARLIN, arch
+        assert result["linear"]["w4a4-b12x"]["kernel"] == (
+            "FlashInferCuteDslNvFp4LinearKernel" if arch == "sm100" else "MarlinNvFp4LinearKernel"
+        ), arch
         assert result["fusion"]["tp2"]["enabled"] is True, arch
         assert result["allreduce"]["world4"]["reaches_p2p_check"] is True, arch

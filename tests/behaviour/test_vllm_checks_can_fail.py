@@ -13,6 +13,7 @@ from vllm_checks import (
     allreduce_problems,
     fusion_problems,
     fusion_table_problems,
+    linear_problems,
     moe_problems,
     same_problems,
 )
@@ -30,6 +31,7 @@ def test_a_patch_that_does_nothing_fails_every_sm120_check(vllm_behaviour: VllmB
     pristine = vllm_behaviour.result(Case(VERSION, "pristine", "sm120"))
     patched = vllm_behaviour.result(Case(VERSION, "patched", "sm120"))
     assert moe_problems(pristine, patched) == []
+    assert linear_problems(pristine, patched) == []
     # The patched side's overlay with every file's pristine text: it "applies" and changes
     # nothing.
     overlay = vllm_behaviour.overlay(VERSION)
@@ -37,15 +39,20 @@ def test_a_patch_that_does_nothing_fails_every_sm120_check(vllm_behaviour: VllmB
     noop = {}
     for module in overlay:
         rel = Path(*module.split(".")).with_suffix(".py")
+        if not (tree / rel).is_file():  # a package: kernels/linear/__init__.py
+            rel = Path(*module.split("."), "__init__.py")
         copy = tmp_path / rel
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_bytes((tree / rel).read_bytes())
         noop[module] = str(copy)
-    assert len(noop) >= 3  # nvfp4.py, vllm.py, custom_all_reduce.py at least
+    assert len(noop) >= 4  # nvfp4.py, kernels/linear, vllm.py, custom_all_reduce.py at least
     result = vllm_behaviour.run(Case(VERSION, "patched", "sm120"), overlay=noop)
     moe = moe_problems(pristine, result)
     assert any("patched SM120 w4a16:" in p and "MARLIN" in p for p in moe), moe
     assert any("patched SM120 w4a16-b12x:" in p and "MARLIN" in p for p in moe), moe
+    linear = linear_problems(pristine, result)
+    assert linear == [f"patched SM120 linear w4a4-b12x: {result['linear']['w4a4-b12x']}, "
+                      "expected B12xNvFp4LinearKernel"], linear
     fusion = fusion_problems(pristine, result)
     assert any("patched SM120 fusion" in p for p in fusion), fusion
     tables = fusion_table_problems(pristine, result)

@@ -11,6 +11,10 @@ What every case asks (`REQUEST`):
   activation key): `w4a16` without expert parallelism, `w4a16-ep` with EP over 4 GPUs, as the
   probe's environment has it (no `b12x` package); the same with the `b12x` package stood in
   (`-b12x`), and with it and an explicit `--moe-backend marlin` (`w4a16-b12x-explicit`);
+- `linear`: `init_nvfp4_linear_kernel` for a W4A4 NVFP4 linear layer, without the `b12x`
+  package (`w4a4`), with it stood in (`w4a4-b12x`), with it and an explicit
+  `--linear-backend marlin` (`w4a4-b12x-explicit`), and for a W4A16 layer with it
+  (`w4a16-b12x`);
 - `fusion`: `enable_allreduce_rms_fusion` (vLLM's default for the all-reduce + RMSNorm pass)
   at TP 2;
 - `allreduce`: CustomAllreduce's set-up on one node of 2 and of 4 GPUs, and of 4 GPUs with
@@ -45,6 +49,9 @@ REQUEST: dict[str, Any] = {
             "w4a16-b12x": {"tp": 1, "b12x": True},
             "w4a16-ep-b12x": {"tp": 4, "ep": True, "b12x": True},
             "w4a16-b12x-explicit": {"tp": 1, "b12x": True, "moe_backend": "marlin"}},
+    "linear": {"w4a4": {}, "w4a4-b12x": {"b12x": True},
+               "w4a4-b12x-explicit": {"b12x": True, "linear_backend": "marlin"},
+               "w4a16-b12x": {"b12x": True, "a16": True}},
     "fusion": {"tp2": {"tp": 2}},
     "fusion_tables": {"tp2": {"tp": 2}, "tp4": {"tp": 4}},
     "allreduce": {

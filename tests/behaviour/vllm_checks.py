@@ -14,6 +14,8 @@ MARLIN = "MARLIN"
 B12X = "B12X"
 FI_B12X = "FLASHINFER_B12X"
 PCIE_GATE = "not supported on more than two PCIe-only GPUs"
+B12X_LINEAR = "B12xNvFp4LinearKernel"
+CUTLASS_LINEAR = "FlashInferCutlassNvFp4LinearKernel"
 
 
 def platform_problems(result: Result, arch: str) -> list[str]:
@@ -62,6 +64,35 @@ def moe_problems(pristine: Result, patched: Result) -> list[str]:
         before, after = _backend(pristine, name), _backend(patched, name)
         if after is None or after in (B12X, FI_B12X) or after != before:
             problems.append(f"patched SM120 {name}: {patched['moe'].get(name)}, "
+                            f"expected pristine's {before}")
+    return problems
+
+
+def _kernel(result: Result, name: str) -> str | None:
+    return result["linear"].get(name, {}).get("kernel")
+
+
+def linear_problems(pristine: Result, patched: Result) -> list[str]:
+    """SM120, a W4A4 NVFP4 linear layer: pristine takes FlashInfer's CUTLASS kernel with or
+    without the b12x package (B12X comes after Marlin); patched takes B12xNvFp4LinearKernel
+    where the b12x package is installed and, without it, FlashInfer CUTLASS as released (B12X's
+    own availability check says no); an explicit `--linear-backend` and a W4A16 layer get
+    pristine's kernel, never B12X's."""
+    problems = []
+    for name in ("w4a4", "w4a4-b12x"):
+        if _kernel(pristine, name) != CUTLASS_LINEAR:
+            problems.append(f"pristine SM120 linear {name}: {pristine['linear'].get(name)}, "
+                            f"expected {CUTLASS_LINEAR}")
+    if _kernel(patched, "w4a4-b12x") != B12X_LINEAR:
+        problems.append(f"patched SM120 linear w4a4-b12x: {patched['linear'].get('w4a4-b12x')}, "
+                        f"expected {B12X_LINEAR}")
+    if _kernel(patched, "w4a4") != CUTLASS_LINEAR:
+        problems.append(f"patched SM120 linear w4a4: {patched['linear'].get('w4a4')}, expected "
+                        f"{CUTLASS_LINEAR} (no b12x package: B12X falls through)")
+    for name in ("w4a4-b12x-explicit", "w4a16-b12x"):
+        before, after = _kernel(pristine, name), _kernel(patched, name)
+        if after is None or after == B12X_LINEAR or after != before:
+            problems.append(f"patched SM120 linear {name}: {patched['linear'].get(name)}, "
                             f"expected pristine's {before}")
     return problems
 
@@ -127,7 +158,8 @@ def allreduce_problems(pristine: Result, patched: Result) -> list[str]:
 
 
 def sm120_problems(pristine: Result, patched: Result) -> list[str]:
-    return (moe_problems(pristine, patched) + fusion_problems(pristine, patched)
+    return (moe_problems(pristine, patched) + linear_problems(pristine, patched)
+            + fusion_problems(pristine, patched)
             + fusion_table_problems(pristine, patched) + allreduce_problems(pristine, patched))
 
 
@@ -135,7 +167,8 @@ def same_problems(pristine: Result, patched: Result) -> list[str]:
     """Off SM120 the patched code decides exactly as the pristine code: every answer of every
     check, its log lines and the compiled operators it asked."""
     problems = []
-    for key in ("platform", "moe", "fusion", "fusion_tables", "allreduce", "ops_called"):
+    for key in ("platform", "moe", "linear", "fusion", "fusion_tables", "allreduce",
+                "ops_called"):
         a, b = _unplaced(pristine.get(key)), _unplaced(patched.get(key))
         if a != b:
             problems.append(f"{key}: {pristine.get(key)} -> {patched.get(key)}")

@@ -25,7 +25,8 @@ Request: `probe` (path of sm120patch's probe.py), `simulate` ("sm120", "sm100", 
 checks to run: `moe` {name: {"moe_backend", "ep", "tp", "b12x"}} (`select_nvfp4_moe_backend`
 for a W4A16 NVFP4 layer: weight key kNvfp4Static, no activation key; `b12x` true stands the
 optional b12x package in for that call, `b12x_installed`), `fusion` {name: {"tp"}} (the
-all-reduce + RMSNorm fusion default of `vllm.config.vllm`), `allreduce` {name: {"world"}}
+all-reduce + RMSNorm fusion default of `vllm.config.vllm`), `linear` {name: {"linear_backend",
+"b12x", "a16"}} (`init_nvfp4_linear_kernel`, the NVFP4 linear kernel), `allreduce` {name: {"world"}}
 (CustomAllreduce's set-up on one node of `world` simulated GPUs, `env` set for the call).
 
 Result: `platform` (the class vLLM resolved and what it answers), then per check name its
@@ -288,17 +289,19 @@ def _routing_method() -> Any:
     return enum.Renormalize
 
 
-B12X_MODULES = ("b12x", "b12x.moe", "b12x.moe.fused_moe")
+B12X_MODULES = ("b12x", "b12x.moe", "b12x.moe.fused_moe", "b12x.gemm", "b12x.gemm.blockscaled",
+                "b12x._lib", "b12x._lib.intrinsics")
 
 
 def b12x_installed(present: bool) -> None:
     """Stand the optional `b12x` package (`vllm[b12x]`) in, or take it away, and let vLLM's own
     accessor module (`vllm.utils.b12x`) look again: it decides at import time
     (`find_spec("b12x")`, then imports `b12x.moe.fused_moe` and the others), so it is reloaded,
-    its own code running again. The stand-in is `b12x`, `b12x.moe` and `b12x.moe.fused_moe`
-    whose `is_supported()` says yes (what `B12xExperts._supports_current_device` asks of it
-    once the GPU is SM12x); every other b12x submodule stays absent (vLLM then keeps None for
-    it). No b12x code runs."""
+    its own code running again. The stand-in is `b12x`, `b12x.moe.fused_moe` and
+    `b12x.gemm.blockscaled`, whose `is_supported()` say yes (what
+    `B12xExperts._supports_current_device` and `B12xNvFp4LinearKernel.is_supported` ask of them
+    once the GPU is SM12x), and `b12x._lib.intrinsics` (the NVFP4 kernel asks it is there);
+    every other b12x submodule stays absent (vLLM then keeps None for it). No b12x code runs."""
     import importlib.machinery
     from types import ModuleType
 
@@ -310,7 +313,8 @@ def b12x_installed(present: bool) -> None:
             module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
             module.__path__ = []
             sys.modules[name] = module
-        sys.modules["b12x.moe.fused_moe"].is_supported = lambda: True  # type: ignore[attr-defined]
+        for name in ("b12x.moe.fused_moe", "b12x.gemm.blockscaled"):
+            sys.modules[name].is_supported = lambda: True  # type: ignore[attr-defined]
     importlib.reload(importlib.import_module("vllm.utils.b12x"))
 
 
@@ -329,6 +333,38 @@ def select_moe(spec: dict[str, Any]) -> dict[str, Any]:
         if with_b12x:
             b12x_installed(False)
     return {"backend": backend.value, "experts": experts.__name__}
+
+
+def select_linear(spec: dict[str, Any]) -> dict[str, Any]:
+    """`init_nvfp4_linear_kernel` for a W4A4 NVFP4 linear layer (`a16` true: W4A16): the kernel
+    the release's own walk takes. `linear_backend` is `--linear-backend` ("auto" where not
+    given), what the current vLLM config answers (a config carrying only the two fields
+    `_get_linear_backend` reads; none for "auto", as outside an engine); `b12x` true stands the
+    b12x package in for the call (`b12x_installed`). The compiled query of whether the build's
+    CUTLASS FP4 kernels serve this GPU (`cutlass_scaled_mm_supports_fp4`, a `_C` operator absent
+    here) answers as vLLM's CUDA build does: capability 100 and later."""
+    import vllm.config
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.layers.quantization.utils import nvfp4_utils
+
+    with_b12x = bool(spec.get("b12x", False))
+    backend = spec.get("linear_backend", "auto")
+    config = None if backend == "auto" else SimpleNamespace(
+        kernel_config=SimpleNamespace(linear_backend=backend, linear_backend_per_quant=None))
+    saved = (nvfp4_utils.cutlass_scaled_mm_supports_fp4,
+             vllm.config.get_current_vllm_config_or_none)
+    nvfp4_utils.cutlass_scaled_mm_supports_fp4 = lambda capability: capability >= 100
+    vllm.config.get_current_vllm_config_or_none = lambda: config
+    if with_b12x:
+        b12x_installed(True)
+    try:
+        kernel = linear.init_nvfp4_linear_kernel(use_a16=bool(spec.get("a16", False)))
+    finally:
+        nvfp4_utils.cutlass_scaled_mm_supports_fp4 = saved[0]
+        vllm.config.get_current_vllm_config_or_none = saved[1]
+        if with_b12x:
+            b12x_installed(False)
+    return {"kernel": type(kernel).__name__}
 
 
 def fusion(spec: dict[str, Any]) -> dict[str, Any]:
@@ -454,6 +490,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     result["platform"] = guarded(platform_answers)
     result["moe"] = {name: guarded(lambda s=spec: select_moe(s))
                      for name, spec in request.get("moe", {}).items()}
+    result["linear"] = {name: guarded(lambda s=spec: select_linear(s))
+                        for name, spec in request.get("linear", {}).items()}
     result["fusion"] = {name: guarded(lambda s=spec: fusion(s))
                         for name, spec in request.get("fusion", {}).items()}
     result["fusion_tables"] = {name: guarded(lambda s=spec: fusion_tables(s))
