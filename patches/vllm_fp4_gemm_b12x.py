@@ -25,8 +25,12 @@ CUDA version, so on CUDA 12.8 it is chosen and the engine dies at first use
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+import libcst as cst
+
+from sm120patch.patchkit import operations as op
+from sm120patch.patchkit import sitecheck as sc
+from sm120patch.patchkit import syntax as h
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import (
     NotApplicable,
@@ -41,12 +45,6 @@ from sm120patch.patchkit.model import (
     upstream,
 )
 
-# The check is imported where it runs (the real tier): every command loads this module.
-if TYPE_CHECKING:
-    import libcst as cst
-
-    from sm120patch.patchkit import sitecheck as sc
-
 PR_52016 = "https://github.com/vllm-project/vllm/pull/52016"
 INIT = "vllm/model_executor/kernels/linear/__init__.py"
 FUNCTION = "init_nvfp4_linear_kernel"
@@ -55,28 +53,36 @@ B12X = "B12xNvFp4LinearKernel"
 CUTLASS = "FlashInferCutlassNvFp4LinearKernel"
 # The statement the patch goes after: the walk's own copy of the registry's CUDA list.
 ANCHOR = f"possible = list({REGISTRY}.get(platform, []))"
-TEST = (f"current_platform.is_device_capability(120) and linear_backend == 'auto' "
-        f"and {B12X} in possible and {CUTLASS} in possible")
-BODY = (f"possible.remove({B12X})\n"
-        f"    possible.insert(possible.index({CUTLASS}), {B12X})")
+TEST = (
+    f"current_platform.is_device_capability(120) and linear_backend == 'auto' "
+    f"and {B12X} in possible and {CUTLASS} in possible"
+)
+BODY = f"possible.remove({B12X})\n    possible.insert(possible.index({CUTLASS}), {B12X})"
 COMMENT = (
     "# sm120patch vllm.fp4-gemm-b12x: on SM120 (exactly 12.0) with --linear-backend auto, try",
     "# the native B12X dense GEMM (the b12x package; its own check says no where it is not",
     "# installed) right before FlashInfer's CUTLASS kernel.",
 )
-SHAPE = (f"`{ANCHOR}` in `def {FUNCTION}`; `{REGISTRY}[PlatformEnum.CUDA]` lists {CUTLASS} "
-         f"before {B12X}; `linear_backend` and `current_platform` in scope")
+SHAPE = (
+    f"`{ANCHOR}` in `def {FUNCTION}`; `{REGISTRY}[PlatformEnum.CUDA]` lists {CUTLASS} "
+    f"before {B12X}; `linear_backend` and `current_platform` in scope"
+)
 
 FACTS = (
-    Fact(releases=">=0.30.0,<0.35", status=Status.APPLIED, shape=SHAPE, file=INIT,
-         function=FUNCTION, source="real files",
-         note="the list is the same in 0.30 to 0.34 but for B12xNvFp4W4A16LinearKernel (0.32 "
-         "on), which the patch does not move; the log line is \"Using %s for NVFP4 GEMM\""),
+    Fact(
+        releases=">=0.30.0,<0.35",
+        status=Status.APPLIED,
+        shape=SHAPE,
+        file=INIT,
+        function=FUNCTION,
+        source="real files",
+        note="the list is the same in 0.30 to 0.34 but for B12xNvFp4W4A16LinearKernel (0.32 "
+        'on), which the patch does not move; the log line is "Using %s for NVFP4 GEMM"',
+    ),
 )
 
 
 def _code(node: cst.CSTNode) -> str:
-    from sm120patch.patchkit import syntax as h
 
     return h.code(node, 10_000)
 
@@ -84,7 +90,6 @@ def _code(node: cst.CSTNode) -> str:
 def _same(node: cst.CSTNode, source: str) -> bool:
     """`node` (a statement) is `source`, whatever its layout and comments (compared as Python's
     own syntax trees)."""
-    import libcst as cst
 
     try:
         text = cst.Module(body=[node]).code  # type: ignore[list-item]
@@ -96,7 +101,6 @@ def _same(node: cst.CSTNode, source: str) -> bool:
 def _cuda_list(module: cst.Module) -> list[str] | None:
     """The names `_POSSIBLE_NVFP4_KERNELS[PlatformEnum.CUDA]` lists at module level, or None
     where the registry is not a dict literal with that key."""
-    import libcst as cst
 
     for stmt in module.body:
         if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
@@ -107,20 +111,23 @@ def _cuda_list(module: cst.Module) -> list[str] | None:
             value = node.value if node.target.value == REGISTRY else None
         elif isinstance(node, cst.Assign) and len(node.targets) == 1:
             target = node.targets[0].target
-            value = node.value if isinstance(target, cst.Name) and target.value == REGISTRY \
-                else None  # fmt: skip
+            value = (
+                node.value if isinstance(target, cst.Name) and target.value == REGISTRY else None
+            )
         if not isinstance(value, cst.Dict):
             continue
         for element in value.elements:
-            if (isinstance(element, cst.DictElement) and _code(element.key) == "PlatformEnum.CUDA"
-                    and isinstance(element.value, cst.List)):
+            if (
+                isinstance(element, cst.DictElement)
+                and _code(element.key) == "PlatformEnum.CUDA"
+                and isinstance(element.value, cst.List)
+            ):
                 return [_code(e.value) for e in element.value.elements]
     return None
 
 
 def _module_names(module: cst.Module) -> set[str]:
     """The names the module's top-level `from ... import` statements bind."""
-    import libcst as cst
 
     names: set[str] = set()
     for stmt in module.body:
@@ -136,11 +143,6 @@ def _module_names(module: cst.Module) -> set[str]:
 
 
 def transform(module: cst.Module) -> Result:
-    import libcst as cst
-
-    from sm120patch.patchkit import operations as op
-    from sm120patch.patchkit import syntax as h
-
     func = op.one_def(module, FUNCTION)
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     anchors = [i for i, stmt in enumerate(body) if _same(stmt, ANCHOR)]
@@ -150,32 +152,49 @@ def transform(module: cst.Module) -> Result:
         raise Refuse(FUNCTION, f"one `{ANCHOR}`", f"{len(anchors)}")
     listed = _cuda_list(module)
     if listed is None or CUTLASS not in listed or B12X not in listed:
-        raise Refuse(FUNCTION, f"`{REGISTRY}[PlatformEnum.CUDA] = [...]` listing {CUTLASS} and "
-                     f"{B12X}", f"{listed}")  # fmt: skip
+        raise Refuse(
+            FUNCTION,
+            f"`{REGISTRY}[PlatformEnum.CUDA] = [...]` listing {CUTLASS} and {B12X}",
+            f"{listed}",
+        )
     missing = [n for n in ("current_platform", B12X, CUTLASS) if n not in _module_names(module)]
     if missing:
-        raise Refuse(FUNCTION, "the module importing current_platform and both kernels",
-                     f"no import of {', '.join(missing)}")  # fmt: skip
+        raise Refuse(
+            FUNCTION,
+            "the module importing current_platform and both kernels",
+            f"no import of {', '.join(missing)}",
+        )
     index = anchors[0]
     before = [h.code(s) for s in body[:index]]
     if not any(line.lstrip().startswith("linear_backend =") for line in before):
-        raise Refuse(FUNCTION, "`linear_backend = _get_linear_backend(...)` before the walk",
-                     "no `linear_backend` assigned there")  # fmt: skip
+        raise Refuse(
+            FUNCTION,
+            "`linear_backend = _get_linear_backend(...)` before the walk",
+            "no `linear_backend` assigned there",
+        )
     ours = [s for s in h.statements(func) if isinstance(s, cst.If) and B12X in _code(s.test)]
     if ours:
-        if len(ours) == 1 and index + 1 < len(body) and body[index + 1] is ours[0] \
-                and _same(ours[0], f"if {TEST}:\n    {BODY}"):  # fmt: skip
+        if (
+            len(ours) == 1
+            and index + 1 < len(body)
+            and body[index + 1] is ours[0]
+            and _same(ours[0], f"if {TEST}:\n    {BODY}")
+        ):
             return already_applied(FUNCTION, f"{B12X} before {CUTLASS} when {TEST}")
-        raise Refuse(FUNCTION, f"at most one `if {TEST}: {BODY}`, right after `{ANCHOR}`",
-                     f"{len(ours)}, elsewhere or edited")  # fmt: skip
+        raise Refuse(
+            FUNCTION,
+            f"at most one `if {TEST}: {BODY}`, right after `{ANCHOR}`",
+            f"{len(ours)}, elsewhere or edited",
+        )
     if listed.index(B12X) < listed.index(CUTLASS):
-        return upstream(FUNCTION, f"{REGISTRY}[PlatformEnum.CUDA] already lists {B12X} before "
-                        f"{CUTLASS}")  # fmt: skip
+        return upstream(
+            FUNCTION, f"{REGISTRY}[PlatformEnum.CUDA] already lists {B12X} before {CUTLASS}"
+        )
     nl, ind = module.default_newline, module.default_indent
     comment = [cst.EmptyLine(indent=True, comment=cst.Comment(line)) for line in COMMENT]
     new = h.parse_statement(
         f"if ({nl}{ind}current_platform.is_device_capability(120){nl}"
-        f"{ind}and linear_backend == \"auto\"{nl}"
+        f'{ind}and linear_backend == "auto"{nl}'
         f"{ind}and {B12X} in possible{nl}"
         f"{ind}and {CUTLASS} in possible{nl}"
         f"):{nl}"
@@ -198,7 +217,6 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
     removes B12xNvFp4LinearKernel and inserts it at FlashInferCutlassNvFp4LinearKernel's index;
     the module-level registry still lists CUTLASS before B12X (the change is the walk's, at run
     time); with that statement taken out, the file is the release's."""
-    from sm120patch.patchkit import sitecheck as sc
 
     func = sc.one_function(after, fact.function)
     body = func.body
@@ -213,18 +231,29 @@ def check(before: ast.Module, after: ast.Module, fact: Fact) -> sc.Spans:
         "B12xNvFp4LinearKernel)\n"
     ).body[0]
     assert ast.dump(new) == ast.dump(want), f"after the walk's list: {ast.unparse(new)}"
-    assigned = [s for s in body[:i] if isinstance(s, ast.Assign)
-                and [ast.unparse(t) for t in s.targets] == ["linear_backend"]]  # fmt: skip
+    assigned = [
+        s
+        for s in body[:i]
+        if isinstance(s, ast.Assign) and [ast.unparse(t) for t in s.targets] == ["linear_backend"]
+    ]
     assert assigned, "no `linear_backend = ...` before the walk"
-    [registry] = [s for s in after.body if isinstance(s, ast.AnnAssign | ast.Assign)
-                  and "_POSSIBLE_NVFP4_KERNELS" in ast.unparse(s).split("=", 1)[0]]
+    [registry] = [
+        s
+        for s in after.body
+        if isinstance(s, ast.AnnAssign | ast.Assign)
+        and "_POSSIBLE_NVFP4_KERNELS" in ast.unparse(s).split("=", 1)[0]
+    ]
     assert isinstance(registry.value, ast.Dict)
-    [cuda] = [v for k, v in zip(registry.value.keys, registry.value.values, strict=True)
-              if k is not None and ast.unparse(k) == "PlatformEnum.CUDA"]
+    [cuda] = [
+        v
+        for k, v in zip(registry.value.keys, registry.value.values, strict=True)
+        if k is not None and ast.unparse(k) == "PlatformEnum.CUDA"
+    ]
     assert isinstance(cuda, ast.List)
     names = [ast.unparse(e) for e in cuda.elts]
     assert names.index("FlashInferCutlassNvFp4LinearKernel") < names.index(
-        "B12xNvFp4LinearKernel"), f"the registry itself was changed: {names}"
+        "B12xNvFp4LinearKernel"
+    ), f"the registry itself was changed: {names}"
     sc.same_but(before, sc.without(after, [new]), "the SM120 reordering")
     return sc.Spans([], [(new.lineno - len(COMMENT), new.end_lineno or new.lineno)])
 
