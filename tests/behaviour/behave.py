@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
+import forkserver
 import probes
 from checks import GLM, MOE_MODELS, moe_launch
 
@@ -175,7 +176,7 @@ class Behaviour:
         self.models = models
         self.overlays = overlays
         self.results: dict[Case, dict[str, Any]] = {}
-        self.python = envs.deps_python()
+        self.python = forkserver.python(envs.deps_python())
         self._overlays: dict[tuple[str, str], dict[str, str]] = {}
 
     def target(self, kind: str, version: str) -> targets.Target:

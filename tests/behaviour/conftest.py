@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+import forkserver
 import probes
 import pytest
 from behave import ARCHS, SIDES, Behaviour, Case, release_set
@@ -96,5 +97,11 @@ def vllm_behaviour(tmp_path_factory: pytest.TempPathFactory,
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """How many probe requests the session's modules made, and how many distinct ones ran."""
     if probes.SHARED.asked:
+        ran = forkserver.counts()
+        fresh = sum(n for how, n in ran.items() if how != "forked")
         terminalreporter.write_line(f"behaviour probes: {probes.SHARED.asked} asked, "
-                                    f"{probes.SHARED.ran} run")
+                                    f"{probes.SHARED.ran} run ({ran.get('forked', 0)} forked "
+                                    f"from the torch-imported server, {fresh} fresh)")
+        for how, n in sorted(ran.items()):
+            if how != "forked":
+                terminalreporter.write_line(f"  {n} {how}")

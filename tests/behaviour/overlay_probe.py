@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
+import forkserver
 import probes
 from behave import ARCHS, release_set
 
@@ -35,7 +36,7 @@ class OverlayProbe:
         self.profile = profile
         self.reader = reader
         self.tmp = tmp
-        self.python = envs.deps_python()
+        self.python = forkserver.python(envs.deps_python())
         self.results: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.overlays: dict[str, dict[str, str]] = {}
 

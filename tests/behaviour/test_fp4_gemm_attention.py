@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
+import forkserver
 import probes
 import pytest
 from behave import ARCHS, SEED, release_set
@@ -92,7 +93,7 @@ class Runs:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.python = envs.deps_python()
+        self.python = forkserver.python(envs.deps_python())
         self.results: dict[Run, dict[str, Any]] = {}
         self._overlays: dict[tuple[str, str], dict[str, str]] = {}
         self.launches: dict[str, list[str]] = {}

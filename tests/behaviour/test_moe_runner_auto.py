@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
+import forkserver
 import probes
 import pytest
 from behave import ARCHS, release_set
@@ -64,7 +65,7 @@ class Results:
     """The probe's `moe_runner` answer per (release, side, arch), computed in parallel."""
 
     def __init__(self, tmp: Path, versions: list[str]) -> None:
-        self.python = envs.deps_python()
+        self.python = forkserver.python(envs.deps_python())
         cases = [(v, side, arch) for v in versions for side in SIDES for arch in ARCHS]
         overlays = {v: self.overlay(tmp, v) for v in versions}  # serially, before the pool
         requests = [request(tmp, v, arch, {} if side == "pristine" else overlays[v])

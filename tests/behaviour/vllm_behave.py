@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
+import forkserver
 import probes
 
 from sm120patch import targets
@@ -113,7 +114,7 @@ def extensions(version: str) -> list[str]:
 def run_probe(request: dict[str, Any], *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     """The probe in the dependency environment; its result. Bytecode goes to a cache of its own
     (PYTHONPYCACHEPREFIX), never into the release trees, which hold exactly their files."""
-    python = envs.deps_python()
+    python = forkserver.python(envs.deps_python())
     with tempfile.TemporaryDirectory(prefix="sm120patch-vllm-probe-") as tmp:
         req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
         req.write_text(json.dumps(request), encoding="utf-8")
