@@ -24,7 +24,9 @@ from trees import make_tree
 LAYOUTS = ["git", "installed"]
 # The boundaries of a run; each must be among the traced ones of its run.
 APPLY_STEPS = {"after-journal", "after-write", "before-manifest", "after-manifest", "after-close"}
-GIT_APPLY_STEPS = {"after-branch", "after-commit"}
+# A checkout's apply builds its commits in git's object database, moves the patch branch once,
+# then checks it out once: three boundaries per target, whatever the number of patches.
+GIT_APPLY_STEPS = {"after-objects", "after-branch"}
 REVERT_STEPS = {"after-journal", "before-manifest", "after-manifest", "after-close"}
 GIT_REVERT_STEPS = {"during-switch", "after-switch"}
 
@@ -94,6 +96,10 @@ def test_kill_at_every_step_of_apply_then_recover(trees, tmp_path):
     layout, sg, fi = trees
     states, steps, _ = learn(tmp_path, sg, fi)
     assert APPLY_STEPS | (GIT_APPLY_STEPS if layout == "git" else set()) <= names(steps)
+    if layout == "git":
+        # One ref move and one checkout per target, not one commit per patch.
+        for once in ("after-objects", "after-branch", "after-write"):
+            assert [s for s in steps if s.startswith(once + ":")] == [f"{once}:1", f"{once}:2"]
     # The apply is committed once the last manifest is written; before that, recover rolls
     # it back, from there on it keeps it.
     committed = steps.index(max(s for s in steps if s.startswith("after-manifest:")))

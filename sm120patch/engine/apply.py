@@ -541,16 +541,8 @@ def _write_target(
 ) -> TargetReport:
     cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
-    steps = ctx.layout.steps(tp.changed, order)
-    report = TargetReport(tp.target)
-    patch_branch = journal.git.patch_branch if journal.git is not None else None
-    if ctx.layout.begin(patch_branch):
-        report.branch = patch_branch
-        interrupts.kill_point("after-branch")
-    for pid, f, text in steps:
-        rel = tp.target.rel(f.file)
-        ctx.layout.write(rel, text)
-        interrupts.kill_point("after-write")
+    writes = []
+    for pid, f, text in ctx.layout.steps(tp.changed, order):
         patch = cat.patches[pid]
         message = (
             f"sm120patch: {patch.title}\n\n{patch.why}\n\n"
@@ -558,10 +550,12 @@ def _write_target(
             f"Sm120patch-Profile: {plan.profile.name}\n"
             f"Sm120patch-Version: {__version__}\n"
         )
-        commit = ctx.layout.record_step(rel, message)
-        if commit is not None:
-            report.commits.append(commit)
-            interrupts.kill_point("after-commit")
+        writes.append((tp.target.rel(f.file), text, message))
+    report = TargetReport(tp.target)
+    # A checkout: one commit per patch, the branch moved once, one checkout (`GitLayout`).
+    report.commits.extend(ctx.layout.write_all(writes, journal.git))
+    if journal.git is not None:
+        report.branch = journal.git.patch_branch
     ctx.verify()
     for f in tp.changed:
         rel = tp.target.rel(f.file)

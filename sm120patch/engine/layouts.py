@@ -1,9 +1,11 @@
 """The two layouts of a target and how each records, rolls back and reverts an apply.
 
 - `GitLayout` (a checkout): the apply is a branch `sm120patch/<profile>` made from the user's
-  HEAD with one commit per patch; git restores. Revert returns to the user's branch as it is
-  now (their commits made since are kept) and checks each touched file equals that branch's
-  content; sm120patch never writes pristine bytes over a branch.
+  HEAD with one commit per patch, built in git's object database with an index of its own; the
+  branch moves once, then the work tree is checked out once (StGit's transaction: a kill before
+  the branch moves leaves nothing to undo); git restores. Revert returns to the user's branch
+  as it is now (their commits made since are kept) and checks each touched file equals that
+  branch's content; sm120patch never writes pristine bytes over a branch.
 - `InstalledLayout` (a package in site-packages): pristine copies kept in the target's state
   directory; revert writes them back only when they are the release's own bytes: the sha256
   the dist-info RECORD lists for the file (or, for a file no RECORD lists, the before-hash of
@@ -37,6 +39,8 @@ from sm120patch.targets.installed import record_hashes
 Restored = dict[str, bytes | None]
 # (patch id, the file's plan, the text to write) for each write an apply makes, in order.
 Step = tuple[str, FileResult, str]
+# (path relative to the target's root, the text to write, the commit message): a step to write.
+Write = tuple[str, str, str]
 
 
 class TargetLayout(Protocol):
@@ -53,9 +57,7 @@ class TargetLayout(Protocol):
     def base(self, patch_branch: str | None) -> GitBase | None: ...
     def keeps_pristine(self) -> bool: ...
     def steps(self, changed: Sequence[FileResult], order: Mapping[str, int]) -> list[Step]: ...
-    def begin(self, patch_branch: str | None) -> bool: ...
-    def write(self, rel: str, text: str) -> None: ...
-    def record_step(self, rel: str, message: str) -> str | None: ...
+    def write_all(self, writes: Sequence[Write], base: GitBase | None) -> list[str]: ...
     def of_this_run(self, files: tuple[FileRecord, ...]) -> tuple[FileRecord, ...]: ...
     def roll_back(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None: ...
     def check_can_restore(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None: ...
@@ -142,9 +144,12 @@ class InstalledLayout:
         """No commits to make: each file is written once, with its final text."""
         return [(f.step_texts()[-1][0], f, f.after) for f in changed]
 
-    def begin(self, patch_branch: str | None) -> bool:
-        """Nothing to set up before the first write (False: no branch was made)."""
-        return False
+    def write_all(self, writes: Sequence[Write], base: GitBase | None) -> list[str]:
+        """Each file's final text, one atomic write after another (no commits: [])."""
+        for rel, text, _ in writes:
+            self.write(rel, text)
+            interrupts.kill_point("after-write")
+        return []
 
     def write(self, rel: str, text: str) -> None:
         """One planned text into the target, atomically, with the file's mode bits kept; the
@@ -154,9 +159,6 @@ class InstalledLayout:
         self.tree.replace(rel, text.encode("utf-8"))  # its mode (never setuid) and owner kept
         self.written.add(rel)  # replaced (the rename is its last step that can fail)
         self.tree.drop_pycache(rel)
-
-    def record_step(self, rel: str, message: str) -> str | None:
-        return None
 
     def of_this_run(self, files: tuple[FileRecord, ...]) -> tuple[FileRecord, ...]:
         """What a rollback puts back: in the run that wrote, the files it wrote (one it never
@@ -258,6 +260,8 @@ class GitLayout(InstalledLayout):
     def __init__(self, target: Target, st: TargetState) -> None:
         super().__init__(target, st)
         self.repo = git.Repo(target.root)
+        # Whether this run moved the patch branch: before that, it has nothing to undo.
+        self.moved = False
 
     # ---- apply ------------------------------------------------------------------------
     def check_ready(self, rels: list[str]) -> None:
@@ -271,10 +275,13 @@ class GitLayout(InstalledLayout):
         else, or checked out in another worktree, is left alone and a fresh name is taken.
         """
         base = records.BRANCH_PREFIX + profile
+        current, _ = self.repo.head()
         for n in range(1, 100):
             name = base if n == 1 else f"{base}-{n}"
             if not self.repo.branch_exists(name):
                 return name
+            if name == current:
+                continue  # the commits are built on HEAD: never the branch moved itself
             if self.repo.only_ours(name) and self.repo.worktree_of(name) is None:
                 return name
         raise Refused(
@@ -297,24 +304,54 @@ class GitLayout(InstalledLayout):
             key=lambda s: order[s[0]],
         )
 
-    def begin(self, patch_branch: str | None) -> bool:
-        assert patch_branch is not None
-        self.tree.verify()  # git goes by path: only while it names the tree found
-        self.repo.create_branch_here(patch_branch, reset=self.repo.branch_exists(patch_branch))
-        return True
-
-    def record_step(self, rel: str, message: str) -> str | None:
+    def write_all(self, writes: Sequence[Write], base: GitBase | None) -> list[str]:
+        """The apply's one transaction on a checkout, as StGit makes it: one commit per step
+        built on the journal's HEAD in the object database (nothing of the repository's refs,
+        index or work tree changes), the patch branch moved once to the last of them (refused
+        when it or HEAD moved under the run), then one checkout of it into the work tree.
+        The commits, in order."""
+        assert base is not None
+        old = self.repo.branch_sha(base.patch_branch)  # a branch kept by an earlier revert
+        # git goes by path: only while it names the tree found
         self.tree.verify()
-        return self.repo.commit([rel], message)
+        steps = [(rel, text.encode("utf-8"), message) for rel, text, message in writes]
+        commits = self.repo.build_commits(base.head, steps)
+        interrupts.kill_point("after-objects")
+        self.tree.verify()
+        reason = f"sm120patch: {len(commits)} commits on {base.branch or base.head[:12]}"
+        self.repo.move_branch(base.patch_branch, commits[-1], old, base.head, reason)
+        self.moved = True
+        interrupts.kill_point("after-branch")
+        # From here a failed checkout may have written any of the files: all are this run's.
+        self.written.update(rel for rel, _, _ in writes)
+        self.tree.verify()
+        self.repo.switch(base.patch_branch, commits[-1])
+        for rel in sorted(self.written):
+            self.tree.drop_pycache(rel)
+        interrupts.kill_point("after-write")
+        return commits
 
     def roll_back(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None:
-        if base is None:
-            return
+        if base is None or (self.originals and not self.moved):
+            return  # the branch never moved in this run: nothing was changed
         current, _ = self.repo.head()
+        mine = self.of_this_run(files)
         if current == base.patch_branch:
-            self._switch_back(self.of_this_run(files), base)
+            self._switch_back(mine, base)
+        else:
+            self._undo_checkout(mine)
         self.tree.verify()
         self.repo.delete_branch(base.patch_branch)
+
+    def _undo_checkout(self, files: tuple[FileRecord, ...]) -> None:
+        """A checkout that failed, or was killed with git, before it moved HEAD may have
+        written some of the files (git writes the work tree, then the index, then HEAD):
+        those go back to HEAD's content, the user's branch, which the apply never moved.
+        Every touched file was clean when the apply began, under the lock held since."""
+        back = [f.path for f in files if self.tree.sha256(f.path) != f.before]
+        if back:
+            self.tree.verify()
+            self.repo.discard(back)
 
     # ---- revert -----------------------------------------------------------------------
     def undo_own_writes(self) -> None:
