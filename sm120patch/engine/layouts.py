@@ -317,19 +317,45 @@ class GitLayout(InstalledLayout):
         steps = [(rel, text.encode("utf-8"), message) for rel, text, message in writes]
         commits = self.repo.build_commits(base.head, steps)
         interrupts.kill_point("after-objects")
+        rels = sorted({rel for rel, _, _ in writes})
+        self._check_unchanged(rels)
         self.tree.verify()
         reason = f"sm120patch: {len(commits)} commits on {base.branch or base.head[:12]}"
         self.repo.move_branch(base.patch_branch, commits[-1], old, base.head, reason)
         self.moved = True
         interrupts.kill_point("after-branch")
-        # From here a failed checkout may have written any of the files: all are this run's.
-        self.written.update(rel for rel, _, _ in writes)
         self.tree.verify()
-        self.repo.switch(base.patch_branch, commits[-1])
-        for rel in sorted(self.written):
+        try:
+            self.repo.switch(base.patch_branch, commits[-1])
+        except BaseException:
+            # What git wrote before it failed is this run's to put back.
+            self.written.update(rel for rel in rels if self._changed(rel))
+            raise
+        self.written.update(rels)
+        for rel in rels:
             self.tree.drop_pycache(rel)
         interrupts.kill_point("after-write")
         return commits
+
+    def _check_unchanged(self, rels: list[str]) -> None:
+        """Each file still holds what the run read, through the handle: a link inside the
+        tree is refused here in one line (git, which goes by path, is never asked to write
+        behind one), and a file written since is never checked out over."""
+        for rel in rels:
+            if self.tree.sha256(rel) != sha256(self.originals[rel]):
+                raise Refused(
+                    f"{self.path(rel)} changed while sm120patch applied (an editor or an "
+                    "install wrote it); nothing was changed",
+                    "run the apply again once nothing else is writing the tree",
+                )
+
+    def _changed(self, rel: str) -> bool:
+        """Whether `rel` no longer holds what the run read (a file behind a link inside the
+        tree, which git does not write through, is not this run's)."""
+        try:
+            return self.tree.sha256(rel) != sha256(self.originals[rel])
+        except Refused:
+            return False
 
     def roll_back(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None:
         if base is None or (self.originals and not self.moved):
