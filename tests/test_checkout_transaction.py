@@ -129,3 +129,25 @@ def test_head_moved_meanwhile_is_refused(checkouts, monkeypatch):
     assert git(sg, "log", "-1", "--format=%s", "main").strip() == "mine"
     assert reflog(sg, BRANCH) == [] and reflog(fi, BRANCH) == []
     assert git(sg, "status", "--porcelain") == ""
+
+
+def test_the_files_git_checked_out_are_made_durable(checkouts, monkeypatch):
+    """git writes the work tree without fsync: every file the apply's checkout wrote, and its
+    directory, is fsync-ed before the manifest commits the apply."""
+    import os
+
+    sg, fi = checkouts
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert cli(*apply_all(sg, fi))[0] == 0
+    monkeypatch.undo()
+    for root in (sg, fi):
+        for rel in git(root, "diff", "--name-only", "main", BRANCH).split():
+            assert str(root / rel) in synced, rel
+            assert str((root / rel).parent) in synced, rel
