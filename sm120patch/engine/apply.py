@@ -1,8 +1,9 @@
 """`apply` and its dry run: one transaction over every target of a profile.
 
 preflight (shared with the dry run, so it refuses exactly as the apply would) -> journal (+
-pristine copies) -> write (+ one commit per patch on a checkout) -> verify -> manifest -> close
-the journal. Any failure before the journal is closed rolls every target back; a kill leaves
+pristine copies) -> write (on a checkout: one commit per patch built in git's object database,
+the branch moved once, one checkout; `layouts.GitLayout.write_all`) -> verify -> manifest ->
+close the journal. Any failure before the journal is closed rolls every target back; a kill leaves
 the journal behind for `recover`. Across targets, the journals of one run share a transaction
 id and name each other (peers): the apply is committed once every manifest of that id is
 written.
