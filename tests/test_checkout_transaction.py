@@ -63,6 +63,9 @@ def test_apply_all_moves_the_patch_branch_once(checkouts):
         assert "Sm120patch-Profile: all\nSm120patch-Version: " in body, body
     assert len(git(sg, "rev-list", f"main..{BRANCH}").split()) > 1  # the case that mattered
     assert cli("revert", "--all", *where(sg, fi), "--keep-branch")[0] == 0
+    for root in (sg, fi):
+        # Other commits (in the same second the same ones would leave the branch unmoved).
+        git(root, "config", "user.name", "Another User")
     assert cli(*apply_all(sg, fi))[0] == 0
     for root in (sg, fi):
         assert len(reflog(root, BRANCH)) == 2, reflog(root, BRANCH)
