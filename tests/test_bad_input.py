@@ -491,7 +491,7 @@ def index_lock_while_the_journaling_run_lives(tmp: Path) -> Case:
     from sm120patch.targets import procscan
 
     sg = make_tree(tmp, "sglang", "0.5.8", "git")
-    assert run(*apply_moe(sg), env={KILL_ENV: "after-commit"}).returncode == -9
+    assert run(*apply_moe(sg), env={KILL_ENV: "after-write"}).returncode == -9
     (sg / ".git" / "index.lock").write_text("")
     path = state_dir(sg) / "journal.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **procscan.identity()}))

@@ -24,7 +24,9 @@ from trees import make_tree
 LAYOUTS = ["git", "installed"]
 # The boundaries of a run; each must be among the traced ones of its run.
 APPLY_STEPS = {"after-journal", "after-write", "before-manifest", "after-manifest", "after-close"}
-GIT_APPLY_STEPS = {"after-branch", "after-commit"}
+# A checkout's apply builds its commits in git's object database, moves the patch branch once,
+# then checks it out once: three boundaries per target, whatever the number of patches.
+GIT_APPLY_STEPS = {"after-objects", "after-branch"}
 REVERT_STEPS = {"after-journal", "before-manifest", "after-manifest", "after-close"}
 GIT_REVERT_STEPS = {"during-switch", "after-switch"}
 
@@ -75,9 +77,13 @@ def assert_settled(sg, fi, expected: str, states: States) -> None:
         assert {f["state"] for t in doc["targets"] for f in t["files"]} == {"patched"}
 
 
-def kill_then_recover(args: list[str], step: str, sg, fi) -> None:
+def kill_then_recover(args: list[str], step: str, sg, fi, killed: States | None = None) -> None:
+    """Kill the run at `step`, then recover; with `killed`, the trees are pristine already
+    before recover."""
     proc = run(*args, env={KILL_ENV: step})
     assert proc.returncode == -9, f"{step}: not killed ({proc.returncode}): {proc.stderr}"
+    if killed is not None:
+        assert killed.now() == "pristine", f"{step}: changed before recover"
     code, out, err = cli("status", *targets_of(sg, fi), "--json")
     assert code == 0, err
     if any(t["unfinished"] for t in json.loads(out)["targets"]):
@@ -94,11 +100,20 @@ def test_kill_at_every_step_of_apply_then_recover(trees, tmp_path):
     layout, sg, fi = trees
     states, steps, _ = learn(tmp_path, sg, fi)
     assert APPLY_STEPS | (GIT_APPLY_STEPS if layout == "git" else set()) <= names(steps)
+    if layout == "git":
+        # One ref move and one checkout per target, not one commit per patch.
+        for once in ("after-objects", "after-branch", "after-write"):
+            assert [s for s in steps if s.startswith(once + ":")] == [f"{once}:1", f"{once}:2"]
+        before_any_move = ["after-journal:1", "after-journal:2", "after-objects:1"]
+        assert steps[: steps.index("after-branch:1")] == before_any_move
     # The apply is committed once the last manifest is written; before that, recover rolls
     # it back, from there on it keeps it.
     committed = steps.index(max(s for s in steps if s.startswith("after-manifest:")))
+    # On a checkout nothing changes before the first patch branch moves (HEAD, refs and work
+    # tree included): a kill there leaves nothing to undo.
+    untouched = steps.index("after-branch:1") if layout == "git" else 0
     for i, step in enumerate(steps):
-        kill_then_recover(apply_args(sg, fi), step, sg, fi)
+        kill_then_recover(apply_args(sg, fi), step, sg, fi, states if i < untouched else None)
         expected = "patched" if i >= committed else "pristine"
         assert states.now() == expected, step
         assert_settled(sg, fi, expected, states)

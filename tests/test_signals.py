@@ -58,7 +58,7 @@ def moments(steps: list[str], layout: str) -> list[str]:
     writes = [s for s in steps if s.startswith("after-write:")]
     picked = first("after-journal") + writes[len(writes) // 2 : len(writes) // 2 + 1]
     if layout == "git":
-        picked += first("after-branch") + first("after-commit") + first("during-switch")
+        picked += first("after-objects") + first("after-branch") + first("during-switch")
     picked += [s for s in steps if s.startswith("after-manifest:")][-1:] + first("after-close")
     return [s for s in steps if s in picked]
 
@@ -122,7 +122,7 @@ def test_sigint_during_recover_finishes_it(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
     fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
     states = States([sg, fi])
-    assert run(*apply_args(sg, fi), env={KILL_ENV: "after-commit:2"}).returncode == -9
+    assert run(*apply_args(sg, fi), env={KILL_ENV: "after-write:1"}).returncode == -9
     proc = signalled(["recover", *targets_of(sg, fi)], "during-switch:1=INTx2")
     assert proc.returncode == 130, proc.stderr
     assert "the recover was finished first" in proc.stderr
@@ -214,7 +214,7 @@ def killed_apply_with_a_lock(tmp_path) -> tuple[Path, Path, States, Path]:
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
     fi = make_tree(tmp_path, "flashinfer", "0.6.8", "git")
     states = States([sg, fi])
-    assert run(*apply_args(sg, fi), env={KILL_ENV: "after-commit:2"}).returncode == -9
+    assert run(*apply_args(sg, fi), env={KILL_ENV: "after-write:1"}).returncode == -9
     lock = sg / ".git" / "index.lock"
     lock.write_bytes(b"")
     return sg, fi, states, lock

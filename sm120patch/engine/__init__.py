@@ -10,8 +10,9 @@ Every verb is given the command's targets (`targets.resolved.Resolved`, held by
 
 Every verdict is decided from the bytes on disk (`assess`), never from the manifest alone.
 An apply is one transaction over every target of the profile:
-    preflight (shared with the dry run) -> journal (+ pristine copies) -> write (+ one commit
-    per patch on a checkout) -> verify -> manifest -> close journal.
+    preflight (shared with the dry run) -> journal (+ pristine copies) -> write (on a
+    checkout: one commit per patch built in git's object database, the branch moved once, one
+    checkout) -> verify -> manifest -> close journal.
 Any failure before the journal is closed rolls every target back; a kill leaves the journal
 behind, and `recover` finishes the rollback. A revert is rolled forward by `recover` instead:
 both end states are exact.

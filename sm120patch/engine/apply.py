@@ -1,8 +1,9 @@
 """`apply` and its dry run: one transaction over every target of a profile.
 
 preflight (shared with the dry run, so it refuses exactly as the apply would) -> journal (+
-pristine copies) -> write (+ one commit per patch on a checkout) -> verify -> manifest -> close
-the journal. Any failure before the journal is closed rolls every target back; a kill leaves
+pristine copies) -> write (on a checkout: one commit per patch built in git's object database,
+the branch moved once, one checkout; `layouts.GitLayout.write_all`) -> verify -> manifest ->
+close the journal. Any failure before the journal is closed rolls every target back; a kill leaves
 the journal behind for `recover`. Across targets, the journals of one run share a transaction
 id and name each other (peers): the apply is committed once every manifest of that id is
 written.
@@ -541,16 +542,8 @@ def _write_target(
 ) -> TargetReport:
     cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
-    steps = ctx.layout.steps(tp.changed, order)
-    report = TargetReport(tp.target)
-    patch_branch = journal.git.patch_branch if journal.git is not None else None
-    if ctx.layout.begin(patch_branch):
-        report.branch = patch_branch
-        interrupts.kill_point("after-branch")
-    for pid, f, text in steps:
-        rel = tp.target.rel(f.file)
-        ctx.layout.write(rel, text)
-        interrupts.kill_point("after-write")
+    writes = []
+    for pid, f, text in ctx.layout.steps(tp.changed, order):
         patch = cat.patches[pid]
         message = (
             f"sm120patch: {patch.title}\n\n{patch.why}\n\n"
@@ -558,10 +551,12 @@ def _write_target(
             f"Sm120patch-Profile: {plan.profile.name}\n"
             f"Sm120patch-Version: {__version__}\n"
         )
-        commit = ctx.layout.record_step(rel, message)
-        if commit is not None:
-            report.commits.append(commit)
-            interrupts.kill_point("after-commit")
+        writes.append((tp.target.rel(f.file), text, message))
+    report = TargetReport(tp.target)
+    # A checkout: one commit per patch, the branch moved once, one checkout (`GitLayout`).
+    report.commits.extend(ctx.layout.write_all(writes, journal.git))
+    if journal.git is not None:
+        report.branch = journal.git.patch_branch
     ctx.verify()
     for f in tp.changed:
         rel = tp.target.rel(f.file)

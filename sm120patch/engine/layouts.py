@@ -1,9 +1,11 @@
 """The two layouts of a target and how each records, rolls back and reverts an apply.
 
 - `GitLayout` (a checkout): the apply is a branch `sm120patch/<profile>` made from the user's
-  HEAD with one commit per patch; git restores. Revert returns to the user's branch as it is
-  now (their commits made since are kept) and checks each touched file equals that branch's
-  content; sm120patch never writes pristine bytes over a branch.
+  HEAD with one commit per patch, built in git's object database with an index of its own; the
+  branch moves once, then the work tree is checked out once (StGit's transaction: a kill before
+  the branch moves leaves nothing to undo); git restores. Revert returns to the user's branch
+  as it is now (their commits made since are kept) and checks each touched file equals that
+  branch's content; sm120patch never writes pristine bytes over a branch.
 - `InstalledLayout` (a package in site-packages): pristine copies kept in the target's state
   directory; revert writes them back only when they are the release's own bytes: the sha256
   the dist-info RECORD lists for the file (or, for a file no RECORD lists, the before-hash of
@@ -18,6 +20,7 @@ prints.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,6 +40,8 @@ from sm120patch.targets.installed import record_hashes
 Restored = dict[str, bytes | None]
 # (patch id, the file's plan, the text to write) for each write an apply makes, in order.
 Step = tuple[str, FileResult, str]
+# (path relative to the target's root, the text to write, the commit message): a step to write.
+Write = tuple[str, str, str]
 
 
 class TargetLayout(Protocol):
@@ -53,9 +58,7 @@ class TargetLayout(Protocol):
     def base(self, patch_branch: str | None) -> GitBase | None: ...
     def keeps_pristine(self) -> bool: ...
     def steps(self, changed: Sequence[FileResult], order: Mapping[str, int]) -> list[Step]: ...
-    def begin(self, patch_branch: str | None) -> bool: ...
-    def write(self, rel: str, text: str) -> None: ...
-    def record_step(self, rel: str, message: str) -> str | None: ...
+    def write_all(self, writes: Sequence[Write], base: GitBase | None) -> list[str]: ...
     def of_this_run(self, files: tuple[FileRecord, ...]) -> tuple[FileRecord, ...]: ...
     def roll_back(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None: ...
     def check_can_restore(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None: ...
@@ -142,9 +145,12 @@ class InstalledLayout:
         """No commits to make: each file is written once, with its final text."""
         return [(f.step_texts()[-1][0], f, f.after) for f in changed]
 
-    def begin(self, patch_branch: str | None) -> bool:
-        """Nothing to set up before the first write (False: no branch was made)."""
-        return False
+    def write_all(self, writes: Sequence[Write], base: GitBase | None) -> list[str]:
+        """Each file's final text, one atomic write after another (no commits: [])."""
+        for rel, text, _ in writes:
+            self.write(rel, text)
+            interrupts.kill_point("after-write")
+        return []
 
     def write(self, rel: str, text: str) -> None:
         """One planned text into the target, atomically, with the file's mode bits kept; the
@@ -154,9 +160,6 @@ class InstalledLayout:
         self.tree.replace(rel, text.encode("utf-8"))  # its mode (never setuid) and owner kept
         self.written.add(rel)  # replaced (the rename is its last step that can fail)
         self.tree.drop_pycache(rel)
-
-    def record_step(self, rel: str, message: str) -> str | None:
-        return None
 
     def of_this_run(self, files: tuple[FileRecord, ...]) -> tuple[FileRecord, ...]:
         """What a rollback puts back: in the run that wrote, the files it wrote (one it never
@@ -258,6 +261,8 @@ class GitLayout(InstalledLayout):
     def __init__(self, target: Target, st: TargetState) -> None:
         super().__init__(target, st)
         self.repo = git.Repo(target.root)
+        # Whether this run moved the patch branch: before that, it has nothing to undo.
+        self.moved = False
 
     # ---- apply ------------------------------------------------------------------------
     def check_ready(self, rels: list[str]) -> None:
@@ -271,10 +276,13 @@ class GitLayout(InstalledLayout):
         else, or checked out in another worktree, is left alone and a fresh name is taken.
         """
         base = records.BRANCH_PREFIX + profile
+        current, _ = self.repo.head()
         for n in range(1, 100):
             name = base if n == 1 else f"{base}-{n}"
             if not self.repo.branch_exists(name):
                 return name
+            if name == current:
+                continue  # the commits are built on HEAD: never the branch moved itself
             if self.repo.only_ours(name) and self.repo.worktree_of(name) is None:
                 return name
         raise Refused(
@@ -297,24 +305,102 @@ class GitLayout(InstalledLayout):
             key=lambda s: order[s[0]],
         )
 
-    def begin(self, patch_branch: str | None) -> bool:
-        assert patch_branch is not None
-        self.tree.verify()  # git goes by path: only while it names the tree found
-        self.repo.create_branch_here(patch_branch, reset=self.repo.branch_exists(patch_branch))
-        return True
-
-    def record_step(self, rel: str, message: str) -> str | None:
+    def write_all(self, writes: Sequence[Write], base: GitBase | None) -> list[str]:
+        """The apply's one transaction on a checkout, as StGit makes it: one commit per step
+        built on the journal's HEAD in the object database (nothing of the repository's refs,
+        index or work tree changes), the patch branch moved once to the last of them (refused
+        when it or HEAD moved under the run), then one checkout of it into the work tree.
+        The commits, in order."""
+        assert base is not None
+        old = self.repo.branch_sha(base.patch_branch)  # a branch kept by an earlier revert
+        # git goes by path: only while it names the tree found
         self.tree.verify()
-        return self.repo.commit([rel], message)
+        steps = [(rel, text.encode("utf-8"), message) for rel, text, message in writes]
+        commits = self.repo.build_commits(base.head, steps)
+        interrupts.kill_point("after-objects")
+        rels = sorted({rel for rel, _, _ in writes})
+        self._check_unchanged(rels)
+        self.tree.verify()
+        reason = f"sm120patch: {len(commits)} commits on {base.branch or base.head[:12]}"
+        self.repo.move_branch(base.patch_branch, commits[-1], old, base.head, reason)
+        self.moved = True
+        interrupts.kill_point("after-branch")
+        self.tree.verify()
+        try:
+            self.repo.switch(base.patch_branch, commits[-1])
+        except BaseException:
+            # What git wrote before it failed is this run's to put back.
+            self.written.update(rel for rel in rels if self._changed(rel))
+            raise
+        self.written.update(rels)
+        self._durable(rels)
+        for rel in rels:
+            self.tree.drop_pycache(rel)
+        interrupts.kill_point("after-write")
+        return commits
+
+    def _durable(self, rels: list[str]) -> None:
+        """git's checkout writes the work tree without fsync: each file it wrote, then each
+        of their directories (git makes a new inode), is fsync-ed, so that an apply its
+        manifest commits survives a power loss as a write through the handle does. Only an
+        fsync, no byte read or written: a name git resolved by path is opened the same way."""
+        import posixpath
+
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        directories = sorted({posixpath.dirname(rel) or "." for rel in rels})
+        for name in [*rels, *directories]:
+            try:
+                fd = os.open(name, flags, dir_fd=self.tree.fd)
+            except OSError:
+                continue  # not there (`_verify` says so next)
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass  # a file system without fsync
+            finally:
+                os.close(fd)
+
+    def _check_unchanged(self, rels: list[str]) -> None:
+        """Each file still holds what the run read, through the handle: a link inside the
+        tree is refused here in one line (git, which goes by path, is never asked to write
+        behind one), and a file written since is never checked out over."""
+        for rel in rels:
+            if self.tree.sha256(rel) != sha256(self.originals[rel]):
+                raise Refused(
+                    f"{self.path(rel)} changed while sm120patch applied (an editor or an "
+                    "install wrote it); nothing was changed",
+                    "run the apply again once nothing else is writing the tree",
+                )
+
+    def _changed(self, rel: str) -> bool:
+        """Whether `rel` no longer holds what the run read (a file behind a link inside the
+        tree, which git does not write through, is not this run's)."""
+        try:
+            return self.tree.sha256(rel) != sha256(self.originals[rel])
+        except Refused:
+            return False
 
     def roll_back(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None:
-        if base is None:
-            return
+        if base is None or (self.originals and not self.moved):
+            return  # the branch never moved in this run: nothing was changed
         current, _ = self.repo.head()
+        mine = self.of_this_run(files)
         if current == base.patch_branch:
-            self._switch_back(self.of_this_run(files), base)
+            self._switch_back(mine, base)
+        else:
+            self._undo_checkout(mine)
         self.tree.verify()
         self.repo.delete_branch(base.patch_branch)
+
+    def _undo_checkout(self, files: tuple[FileRecord, ...]) -> None:
+        """A checkout that failed, or was killed with git, before it moved HEAD may have
+        written some of the files (git writes the work tree, then the index, then HEAD):
+        those go back to HEAD's content, the user's branch, which the apply never moved.
+        Every touched file was clean when the apply began, under the lock held since."""
+        back = [f.path for f in files if self.tree.sha256(f.path) != f.before]
+        if back:
+            self.tree.verify()
+            self.repo.discard(back)
 
     # ---- revert -----------------------------------------------------------------------
     def undo_own_writes(self) -> None:

@@ -1,5 +1,10 @@
 """Everything that writes with git. The one place branches are made.
 
+An apply's commits are built in the object database with an index of their own
+(`Repo.build_commits`), the patch branch is moved once, in one ref transaction that refuses
+a branch or HEAD moved under the run (`Repo.move_branch`, as StGit moves a stack), and the
+work tree is then checked out once (`Repo.switch`).
+
 Every git command runs through `targets.run_git` (the one runner, beside the read-only git
 that finding a target needs), without hooks (`core.hooksPath=/dev/null`: no pre-commit,
 post-commit, post-checkout nor reference-transaction hook), without fsmonitor, signing or
@@ -38,6 +43,7 @@ from sm120patch.targets import head_branch as head_branch
 
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Sequence
 
 FALLBACK_NAME = "sm120patch"
 FALLBACK_EMAIL = "sm120patch@localhost"
@@ -150,6 +156,20 @@ def _failed(what: str, root: Path, problem: str) -> Refused:
     )
 
 
+def stripspace(message: str) -> str:
+    """`message` as `git commit -m` records it (git's whitespace clean-up, which
+    `commit-tree` does not make): each line's trailing whitespace dropped, runs of blank lines
+    made one, none at either end, one newline at the end."""
+    lines: list[str] = []
+    for line in message.splitlines():
+        line = line.rstrip()
+        if line or (lines and lines[-1]):
+            lines.append(line)
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 class Repo:
     """The git side of one target: its commands run by `targets.run_git`, with the
     repository's filter drivers off and paths taken literally."""
@@ -165,19 +185,21 @@ class Repo:
         self._environment = filters_off
 
     def _run(
-        self, what: str, *args: str, env: dict[str, str] | None = None
+        self, what: str, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None
     ) -> subprocess.CompletedProcess[bytes]:
         """A git command that must succeed: a failure is one line saying which and why
         (`_failed`), never a traceback."""
-        proc = run_git(self.root, *args, env={**self._environment, **(env or {})})
+        proc = run_git(self.root, *args, env={**self._environment, **(env or {})}, stdin=stdin)
         if proc.returncode != 0:
             stderr = proc.stderr.decode("utf-8", "replace")
             raise _failed(what, self.root, _git_problem(stderr) or f"exit {proc.returncode}")
         return proc
 
-    def _read(self, what: str, *args: str) -> str:
+    def _read(
+        self, what: str, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None
+    ) -> str:
         """A git command's output, its last newline dropped."""
-        out = self._run(what, *args).stdout.decode("utf-8", "replace")
+        out = self._run(what, *args, env=env, stdin=stdin).stdout.decode("utf-8", "replace")
         return out[:-1] if out.endswith("\n") else out
 
     # ---- reading -----------------------------------------------------------------------
@@ -299,6 +321,10 @@ class Repo:
     def branch_exists(self, name: str) -> bool:
         return branch_exists_light(self.root, name)
 
+    def branch_sha(self, name: str) -> str | None:
+        """The commit `name` points at (None: no such branch)."""
+        return branch_sha_light(self.root, name)
+
     def show(self, rev: str, rel: str) -> bytes | None:
         proc = run_git(self.root, "show", f"{rev}:{rel}", env=self._environment)
         return proc.stdout if proc.returncode == 0 else None
@@ -335,12 +361,70 @@ class Repo:
         return None
 
     # ---- writing -----------------------------------------------------------------------
-    def create_branch_here(self, name: str, *, reset: bool = False) -> None:
-        """Make `name` at HEAD and switch to it; uncommitted changes of other files stay.
+    def build_commits(self, parent: str, steps: Sequence[tuple[str, bytes, str]]) -> list[str]:
+        """One commit per step, each on the one before and the first on `parent`: a step is
+        (a tracked file's path, its bytes after the step, the commit message). Made in the
+        object database alone, through an index of its own in a private temporary directory
+        (`GIT_INDEX_FILE`): `read-tree`, then per step `hash-object -w`, `update-index`,
+        `write-tree`, `commit-tree`. No ref, neither the repository's index nor its work tree
+        changes: a kill here leaves only objects nothing points at (git's gc prunes them)."""
+        import tempfile
 
-        `reset`: the branch exists and carries only sm120patch's commits: move it here.
-        """
-        self._run("checkout -b", "checkout", "-B" if reset else "-b", name)
+        rels = sorted({rel for rel, _, _ in steps})
+        commits: list[str] = []
+        with tempfile.TemporaryDirectory(prefix="sm120patch-index-") as private:
+            index = {"GIT_INDEX_FILE": os.path.join(private, "index")}
+            self._run("read-tree", "read-tree", parent, env=index)
+            modes = self._modes(rels, index)
+            for rel, data, message in steps:
+                # `--path`: the repository's attributes apply as `git add` would apply them.
+                hashed = ("hash-object", "-w", f"--path={rel}", "--stdin")
+                blob = self._read("hash-object", *hashed, stdin=data)
+                entry = f"{modes[rel]},{blob},{rel}"
+                self._run("update-index", "update-index", "--cacheinfo", entry, env=index)
+                tree = self._read("write-tree", "write-tree", env=index)
+                text = stripspace(message).encode("utf-8")
+                made = ("commit-tree", tree, "-p", parent)
+                parent = self._read("commit-tree", *made, env=self._identity(), stdin=text)
+                commits.append(parent)
+        return commits
+
+    def _modes(self, rels: list[str], index: dict[str, str]) -> dict[str, str]:
+        """Each file's mode in the index `index` names (100644, 100755); a file it does not
+        track is refused (the apply's preflight refuses untracked files first)."""
+        out = self._read("ls-files", "ls-files", "-s", "-z", "--", *rels, env=index)
+        modes: dict[str, str] = {}
+        for entry in out.split("\0"):
+            info, tab, path = entry.partition("\t")
+            if tab:
+                modes[path] = info.split(" ")[0]
+        for rel in rels:
+            if rel not in modes:
+                raise Refused(
+                    f"{self.root}: {rel} is not tracked by git",
+                    f"commit it first (`git -C {shlex.quote(str(self.root))} add "
+                    f"{shlex.quote(rel)}`), then run sm120patch again",
+                )
+        return modes
+
+    def move_branch(self, name: str, new: str, old: str | None, head: str, reason: str) -> None:
+        """Point `refs/heads/<name>` at `new` in one ref transaction (`update-ref --stdin`), as
+        StGit moves a stack: only while the branch still is `old` (None: does not exist) and
+        HEAD still is `head`; a branch or HEAD moved under the run is a refusal, with nothing
+        moved. Its reflog gets one entry, `reason`."""
+        ref = f"refs/heads/{name}"
+        move = f"create {ref} {new}" if old is None else f"update {ref} {new} {old}"
+        lines = f"verify HEAD {head}\n{move}\n".encode("ascii")
+        moved = ("update-ref", "-m", reason, "--stdin")
+        proc = run_git(self.root, *moved, env=self._environment, stdin=lines)
+        if proc.returncode != 0:
+            problem = _git_problem(proc.stderr.decode("utf-8", "replace"))
+            raise Refused(
+                f"{self.root}: {name} or HEAD moved while sm120patch built its commits, or "
+                f"another git command holds a lock there ({problem or 'update-ref failed'}); "
+                "nothing was changed",
+                "run sm120patch again once no other git command runs there",
+            )
 
     def switch(self, branch: str | None, sha: str) -> None:
         if branch:
@@ -356,12 +440,6 @@ class Repo:
     def delete_branch(self, name: str) -> None:
         if self.branch_exists(name):
             self._run("branch -D", "branch", "-D", name, "--")
-
-    def commit(self, rels: list[str], message: str) -> str:
-        self._run("commit", "add", "--", *rels)
-        self._run("commit", "commit", "--no-verify", "-q", "-m", message, "--", *rels,
-                  env=self._identity())  # fmt: skip
-        return self._head_sha()
 
     def _local_config(self, key: str) -> str:
         """The repository's own value of `key` ('' when unset: exit 1)."""
