@@ -281,6 +281,7 @@ PATCH = Patch(
     sought=Sought(FUNCTION, (FUNCTION,)),
     wiring=Wiring(
         ran=(r"Using B12xNvFp4LinearKernel for NVFP4 GEMM",),
-        skipped=(r"Using (?!B12x)\w+NvFp4LinearKernel for NVFP4 GEMM",),
+        # Without b12x the walk takes FlashInfer's CUTLASS kernel, as released.
+        skipped=(r"Using FlashInferCutlassNvFp4LinearKernel for NVFP4 GEMM",),
     ),
 )

@@ -109,8 +109,10 @@ class TargetRun:
         profile = cat.profiles.get(m.profile)
         if profile is None:
             return found  # no loaded patches say otherwise: the bytes still hold
-        wanted = {f for p in cat.patches_of(profile) if p.target == self.target.kind
-                  for f in p.files}  # fmt: skip
+        # The registry's rows name each patch's target and files: no patch module (and so no
+        # libcst) is imported at service start.
+        rows = [cat.patches.rows[pid] for pid in profile.patches]
+        wanted = {f for row in rows if row.target == self.target.kind for f in row.files}
         if {f.module for f in m.checked or ()} == wanted:
             return found
         return replace(
