@@ -46,12 +46,12 @@ def ensure(
     # The profile as its profiles.toml declares it: no patch module is imported while the
     # bytes may still answer "as wanted" (a damaged pack is met when a plan is needed).
     # Where the light reader cannot decide, the catalog decides, with its own errors.
-    profile: profiles.Profile | None = profiles.spec(profile_name)
+    named = resolved(given)
+    profile: profiles.Profile | None = profiles.spec(profile_name, named.config)
     if profile is None:
         from sm120patch.plan import catalog
 
-        profile = catalog.load().profile(profile_name)
-    named = resolved(given)
+        profile = catalog.load(named.config).profile(profile_name)
     ctxs = runs_for(profile, named, force, lock)
     # At every service start: when the bytes already say "as wanted", answer without the lock
     # (reading is safe; a run in progress would show as unfinished).
@@ -90,7 +90,7 @@ def ensure(
     from sm120patch.plan import catalog
 
     report = apply_runs(
-        catalog.load().profile(profile.name),
+        catalog.load(named.config).profile(profile.name),
         ctxs,
         named,
         preconditions=preconditions,

@@ -27,8 +27,8 @@ def make(profile_name: str, given: Given, *, force: bool = False) -> Lock:
     from sm120patch.engine import pristine
     from sm120patch.plan import catalog, pins
 
-    profile = catalog.load().profile(profile_name)
     named = resolved(given)
+    profile = catalog.load(named.config).profile(profile_name)
     found = pins.resolve_targets(profile, named)
     pins.require_pins(profile, found, named, force=force, verb="pin")
     plan, assessed = pristine.pristine_plan(profile, found, named, verb="pin")

@@ -26,7 +26,8 @@ from sm120patch.targets.resolved import Given, resolved
 def recover(given: Given) -> Report:
     """Finish what a killed run left on the command's targets (`given`): roll an apply back,
     roll a revert forward."""
-    ctxs = [TargetRun(t) for t in resolved(given).each(TARGETS)]
+    named = resolved(given)
+    ctxs = [TargetRun(t, named.config) for t in named.each(TARGETS)]
     reports: list[TargetReport] = []
     notes: list[str] = _unnamed_peers(ctxs)
     with locked(ctxs):

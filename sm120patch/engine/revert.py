@@ -176,8 +176,13 @@ def revert_dry_run(
 
 
 def _revert_targets(profile_name: str | None, given: Given) -> list[TargetRun]:
-    kinds = TARGETS if profile_name is None else catalog.load().profile(profile_name).targets
-    return [TargetRun(t) for t in resolved(given).each(tuple(kinds))]
+    named = resolved(given)
+    kinds = (
+        TARGETS
+        if profile_name is None
+        else catalog.load(named.config).profile(profile_name).targets
+    )
+    return [TargetRun(t, named.config) for t in named.each(tuple(kinds))]
 
 
 def _revert_preflight(
@@ -197,8 +202,7 @@ def _revert_preflight(
             continue  # another profile's record that it needs nothing here: nothing of ours
         if profile_name is not None and manifest.profile != profile_name:
             raise Refused(
-                f"profile {manifest.profile} is applied on {ctx.target.root}, "
-                f"not {profile_name}",
+                f"profile {manifest.profile} is applied on {ctx.target.root}, not {profile_name}",
                 f"run `sm120patch revert {manifest.profile}` or `sm120patch revert --all`",
             )
         if found_state.state.stale or manifest.needs_nothing:
@@ -210,11 +214,15 @@ def _revert_preflight(
     if not todo and not stale:
         what = f"profile {profile_name}" if profile_name else "anything"
         where = ", ".join(f"{c.target.name} at {c.target.root}" for c in ctxs)
-        return todo, stale, Report(
-            Action.NOTHING_TO_DO,
-            profile_name,
-            [TargetReport(c.target, state=assess.State.PRISTINE) for c in ctxs],
-            notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
+        return (
+            todo,
+            stale,
+            Report(
+                Action.NOTHING_TO_DO,
+                profile_name,
+                [TargetReport(c.target, state=assess.State.PRISTINE) for c in ctxs],
+                notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
+            ),
         )
     for ctx, manifest in todo:
         _preflight(ctx, manifest, force)
@@ -253,6 +261,7 @@ def _preflight(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
                 "regular file",
                 f"inspect {ctx.state.dir / store.MANIFEST}; if it is damaged, move it aside",
             )
+
     def unchanged(f: FileRecord) -> bool:
         now = ctx.tree.sha256(f.path)
         return assess.file_verdict(f, now, ctx.layout.released(f)) in ("patched", "pristine")

@@ -27,7 +27,7 @@ def recorded(found: Iterable[Target]) -> list[TrialRecord]:
 def record_trial(given: Given, profile: str, trial: TrialRecord) -> None:
     """Keep a trial's record on every target of its profile (it survives the revert)."""
     named = resolved(given)
-    for kind in catalog.load().profile(profile).targets:
+    for kind in catalog.load(named.config).profile(profile).targets:
         target = named.quiet(kind, required=False)
         if target is None:
             continue

@@ -93,7 +93,8 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
         except Sm120Error as exc:
             missing.append(f"{targets.DISPLAY[kind]}: {exc.message}")
     checks = []
-    profiles = catalog.load().profiles.values()
+    cat = catalog.load(named.config)
+    profiles = cat.profiles.values()
     # A kind looked for only when named (vLLM), not named: one line saying so, where a profile
     # patches it; its profiles are not checked, for that reason.
     unnamed = {
@@ -134,10 +135,10 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
     from sm120patch.trial import known
 
     box = known.box_of(named, read_gpus=lambda: gpus, statuses=statuses)
-    shipped = entries()
+    shipped = entries(cat=cat)
     on = {a["profile"]: a.get("root", "") for a in applied if a.get("profile")}
     for check in checks:
-        check.condemned = [e.line() for e in condemning(check.name, box, shipped)]
+        check.condemned = [e.line() for e in condemning(check.name, box, shipped, cat)]
         check.applied_on = [root for name, root in on.items() if name == check.name]
         check.decide()
     return Examination(
@@ -148,7 +149,7 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
         applied,
         recommendation=recommendation(checks),
         known=_pointed(known.lines(None, named, read_gpus=lambda: gpus, verbose=verbose,
-                                   statuses=statuses), verbose),
+                                   statuses=statuses, cat=cat), verbose),
     )
 
 

@@ -35,6 +35,7 @@ from sm120patch.targets.resolved import Given, resolved
 if TYPE_CHECKING:
     from sm120patch.patchkit.model import Patch
     from sm120patch.patchkit.readers import Explain
+    from sm120patch.plan.catalog import Catalog
 
 PROBE = Path(__file__).with_name("probe.py")
 PROFILE = "all"  # what the planned patched side applies unless --profile says another
@@ -137,14 +138,14 @@ PROBE_KEYS = frozenset({"python", "torch", "simulate", "device", "capability", "
                         "flashinfer", "vllm", "predicates", "launches", "fatal"})
 
 
-def declared() -> list[tuple[Patch, Explain]]:
-    """What the loaded patches declare `explain` reads (`Patch.explain`), SGLang's first, in
-    the catalog's order. A reader the probe could not run from its text alone, or a name
-    taken twice, is a usage error naming the patch and where it comes from."""
+def declared(cat: Catalog | None = None) -> list[tuple[Patch, Explain]]:
+    """What the patches of `cat` (the command's catalog; None: the environment's) declare
+    `explain` reads (`Patch.explain`), SGLang's first, in the catalog's order. A reader the
+    probe could not run from its text alone, or a name taken twice, is a usage error naming
+    the patch and where it comes from."""
     from sm120patch.patchkit.model import TARGETS
-    from sm120patch.plan import catalog
 
-    cat = catalog.load()  # every patch's target is one of TARGETS (the catalog checks)
+    cat = _catalog(cat)  # every patch's target is one of TARGETS (the catalog checks)
     found = sorted(((p, p.explain) for p in cat.patches.values() if p.explain is not None),
                    key=lambda pe: TARGETS.index(pe[0].target))
     taken: dict[str, str] = {}
@@ -163,16 +164,22 @@ def declared() -> list[tuple[Patch, Explain]]:
     return found
 
 
-def labels() -> list[tuple[str, str]]:
+def _catalog(cat: Catalog | None) -> Catalog:
+    from sm120patch.plan import catalog
+
+    return cat if cat is not None else catalog.load()
+
+
+def labels(cat: Catalog | None = None) -> list[tuple[str, str]]:
     """(field, label) of the rows the loaded patches declare, in the order `explain` shows."""
-    return [(reader.key, reader.label) for _, reader in declared()]
+    return [(reader.key, reader.label) for _, reader in declared(cat)]
 
 
-def reader_requests(kinds: Sequence[str]) -> list[dict[str, Any]]:
+def reader_requests(kinds: Sequence[str], cat: Catalog | None = None) -> list[dict[str, Any]]:
     """The readers of the patches of the targets `kinds`, as the probe's request carries them:
     the reader's source text, and where its site is by the patch's facts."""
     out = []
-    for patch, reader in declared():
+    for patch, reader in declared(cat):
         if patch.target not in kinds:
             continue
         file, line, source = reader.source()
@@ -189,17 +196,15 @@ def reader_requests(kinds: Sequence[str]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- the two texts
 
 
-def profile_for(target: Target, profile_name: str | None) -> str:
+def profile_for(target: Target, profile_name: str | None, cat: Catalog | None = None) -> str:
     """The profile whose planned text is the patched side of `target`: the one named, else
     `all` for SGLang and FlashInfer, and for vLLM the one profile of the catalog that patches
     it (several: name one)."""
-    from sm120patch.plan import catalog
-
     if profile_name is not None:
         return profile_name
     if target.kind != "vllm":
         return PROFILE
-    names = [n for n, p in catalog.load().profiles.items() if target.kind in p.targets]
+    names = [n for n, p in _catalog(cat).profiles.items() if target.kind in p.targets]
     if len(names) != 1:
         raise UsageError(
             f"{len(names) or 'no'} profiles patch {target.name}"
@@ -211,26 +216,27 @@ def profile_for(target: Target, profile_name: str | None) -> str:
     return names[0]
 
 
-def check_profile(found: Sequence[Target], profile_name: str | None) -> None:
+def check_profile(
+    found: Sequence[Target], profile_name: str | None, cat: Catalog | None = None
+) -> None:
     """A profile named that patches none of the targets found is refused: its patched side
     would be the pristine text, every row "the same" for no reason."""
-    from sm120patch.plan import catalog
-
     if profile_name is None:
         return
-    kinds = catalog.load().profile(profile_name).targets
+    kinds = _catalog(cat).profile(profile_name).targets
     if not any(t.kind in kinds for t in found):
         names = " and ".join(t.name for t in found)
         raise UsageError(f"profile {profile_name} patches nothing of {names}",
                          "`sm120patch list` shows what each profile patches")
 
 
-def patched_texts(target: Target, profile_name: str = PROFILE) -> dict[str, str]:
+def patched_texts(
+    target: Target, profile_name: str = PROFILE, cat: Catalog | None = None
+) -> dict[str, str]:
     """What the planner would write into `target` for `profile_name`: file -> new text."""
-    from sm120patch.plan import catalog
     from sm120patch.plan.planner import plan_target
 
-    cat = catalog.load()
+    cat = _catalog(cat)
     profile = cat.profile(profile_name)
     planned = plan_target(profile, cat.patches_of(profile), target)
     return {f.file: f.after for f in planned.files if f.changed}
@@ -262,12 +268,14 @@ class Sides:
     patched: dict[str, str] = field(default_factory=dict)
 
 
-def sides(target: Target, directory: Path, profile: str | None = PROFILE) -> Sides:
+def sides(
+    target: Target, directory: Path, profile: str | None = PROFILE, cat: Catalog | None = None
+) -> Sides:
     from sm120patch.engine import pristine
 
     files = applied_files(target)
     if files is None:
-        planned = patched_texts(target, profile_for(target, profile))
+        planned = patched_texts(target, profile_for(target, profile, cat), cat)
         return Sides(False, patched=write_overlay(planned, directory / "patched"))
     texts: dict[str, str | bytes] = {}
     for f in files:
@@ -465,7 +473,10 @@ def explain(
     if not found:
         raise UsageError("found neither SGLang nor FlashInfer",
                          "pass --sglang/--flashinfer PATH (or --vllm PATH)")
-    check_profile(found, profile)
+    from sm120patch.plan import catalog
+
+    cat = catalog.load(named.config)
+    check_profile(found, profile, cat)
     interp = Path(python).absolute() if python else interpreter_for(found[0])
     problem = untrusted_interpreter(interp)
     if problem:
@@ -490,12 +501,12 @@ def explain(
         overlay: dict[str, dict[str, str]] = {"pristine": {}, "patched": {}}
         applied = False
         for target in found:
-            s = sides(target, Path(tmp) / target.kind, profile)
+            s = sides(target, Path(tmp) / target.kind, profile, cat)
             applied = applied or s.applied
             overlay["pristine"].update(s.pristine)
             overlay["patched"].update(s.patched)
         base = {
-            "readers": reader_requests(kinds),
+            "readers": reader_requests(kinds, cat),
             "simulate": simulate,
             "sys_path": [str(t.parent) for t in found],
             "launches": {"launch": launch} if launch else {},
@@ -511,7 +522,7 @@ def explain(
             }
             results = {side: f.result() for side, f in futures.items()}
     key = "launch" if launch else None
-    readers = [reader for _, reader in declared()]
+    readers = [reader for _, reader in declared(cat)]
     return Explanation(
         python=str(interp),
         simulate=simulate,

@@ -9,6 +9,11 @@ version read and its checkout's git asked, once per command, and every step of t
 works on the same `Target` (the same tree, whatever is renamed under its path meanwhile). A
 target that could not be found is the same refusal each time it is asked for, never a second
 search. A vLLM is looked for only where the command names it (`kinds.LOOKED_FOR`).
+
+A `Resolved` carries the command's `Config` (`config`): the versions it states are part of
+finding a target, and the verbs, which are given this object, load the catalog of its packs
+(`catalog.load(named.config)`), so a command's packs and versions reach every step of it
+without a process-wide setting.
 """
 
 from __future__ import annotations
@@ -17,10 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeAlias
 
-from sm120patch import targets
+from sm120patch.config import Config
 from sm120patch.errors import AGAIN, Refused, Sm120Error
 from sm120patch.patchkit.kinds import DISPLAY, LOOKED_FOR
-from sm120patch.targets import KINDS, Target
+from sm120patch.targets import KINDS, Target, finding
 
 Paths: TypeAlias = Mapping[str, str | Path | None]
 
@@ -30,7 +35,8 @@ class Resolved:
     at its path or the default), `quiet` (None where it is not there and was not named), `at`
     (the one in a directory: the FlashInfer beside an installed SGLang)."""
 
-    def __init__(self, paths: Paths) -> None:
+    def __init__(self, paths: Paths, config: Config | None = None) -> None:
+        self.config = config or Config.made()  # none given: the environment's packs alone
         self.paths: dict[str, str | Path | None] = {k: paths.get(k) for k in KINDS}
         self._named: dict[str, Target | Sm120Error] = {}
         self._in: dict[tuple[str, Path], Target | Sm120Error] = {}
@@ -50,10 +56,13 @@ class Resolved:
             self._named[kind] = self._beside_named(kind)
         if kind not in self._named:
             try:
-                self._named[kind] = targets.find(kind, self.paths.get(kind))
+                self._named[kind] = self._find(kind, self.paths.get(kind))
             except Sm120Error as exc:
                 self._named[kind] = exc
         return _held(self._named[kind])
+
+    def _find(self, kind: str, path: str | Path | None) -> Target:
+        return finding.find(kind, path, self.config.stated.get(kind))
 
     def named_any(self) -> bool:
         """Whether the command line names a path for any kind: then nothing is looked for in
@@ -105,7 +114,7 @@ class Resolved:
                 return held
         if (kind, where) not in self._in:
             try:
-                self._in[kind, where] = targets.find(kind, where)
+                self._in[kind, where] = self._find(kind, where)
             except Sm120Error as exc:
                 self._in[kind, where] = exc
         return _held(self._in[kind, where])
@@ -116,7 +125,7 @@ Given: TypeAlias = Resolved | Paths
 
 def resolved(given: Given) -> Resolved:
     """`given` as a `Resolved`: a command's own, or one for paths (kind -> path) given by a
-    caller that holds none (a test, a library user)."""
+    caller that holds none (a test, a library user), with the environment's configuration."""
     return given if isinstance(given, Resolved) else Resolved(given)
 
 

@@ -117,13 +117,16 @@ def run(
     slow, wrong, inert, unreachable or crashed server: that is the trial's verdict
     (`exit_code`). `on_wait(elapsed, last_line)` is called every few seconds while a server
     is not ready yet."""
-    engine = engines.of_profile(profile)  # an unknown profile is a usage error first
+    from sm120patch.plan import catalog
+
+    paths = resolved(paths)  # the targets found once, for every apply, revert and record
+    cat = catalog.load(paths.config)
+    engine = engines.of_profile(profile, cat)  # an unknown profile is a usage error first
     if not command:
         raise UsageError("give the server command after `--`", f"e.g. -- {engine.example}")
     check_options(opts, engine)
     if preconditions is not None:
         preconditions()
-    paths = resolved(paths)  # the targets found once, for every apply, revert and record
     applied = _applied_profiles(paths)
     others = applied - {profile}
     if others:
@@ -140,7 +143,7 @@ def run(
     found = gpu.read_gpus()
     result.gpu_names = [g.name for g in found.gpus]
     result.gpu_family = found.family
-    declared = wiring.declared(profile)
+    declared = wiring.declared(profile, cat)
     is_applied = profile in applied
     log = serve.open_log(log_path)
     try:

@@ -259,9 +259,11 @@ def run(
 ) -> TrialResult:
     """Run one trial. Raises TrialCrashed (after reverting) when the command crashed.
     `on_wait(elapsed, last_line)` is called every few seconds until the command is ready."""
+    from sm120patch.plan import catalog
     from sm120patch.trial import engines
 
-    engine = engines.of_profile(profile)  # the hints show its server; unknown: usage error
+    paths = resolved(paths)  # the targets found once, for the apply, the revert and the record
+    engine = engines.of_profile(profile, catalog.load(paths.config))  # unknown: usage error
     if not command:
         raise UsageError("give the command to run after `--`", f"e.g. -- {engine.example}")
     try:
@@ -274,7 +276,6 @@ def run(
     # Before anything is applied: an unwritable log is a usage error, not a patched tree left
     # behind by a crash.
     log = open_log(log_path)
-    paths = resolved(paths)  # the targets found once, for the apply, the revert and the record
     report = apply.apply(profile, paths, force=force, preconditions=preconditions)
     we_applied = report.action == "applied"
     started = time.time()
