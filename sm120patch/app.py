@@ -72,6 +72,17 @@ class Session:
         # second Session in this process sees its own packs and versions.
         self.config = Config.made(self.packs, self.stated)
 
+    def close(self) -> None:
+        """Close what the command held: its targets' handles (`Resolved.close`)."""
+        if "targets" in self.__dict__:  # found only where the command asked for one
+            self.targets.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @functools.cached_property
     def targets(self) -> Resolved:
         """The command's targets, each found on first use and then kept (a refusal too): what

@@ -29,6 +29,8 @@ def held_here(cat: Catalog) -> dict[str, list[str]]:
     from sm120patch.plan import known, pins
 
     found = known.installed_targets()
+    for t in found:
+        t.handle.close()  # only their versions are read below
     box = known.Box(versions={t.kind: t.version for t in found})
     shipped = known.entries(cat=cat)
     held = {}

@@ -54,7 +54,7 @@ from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target, procscan
 from sm120patch.targets.files import sha256
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned, resolved
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock, PlanCheck
@@ -214,19 +214,21 @@ def dry_run(
     lock: Lock | None = None,
 ) -> Prepared:
     """The apply minus the writes: the same preflight, the same refusals; writes nothing."""
-    named = resolved(given)
-    profile = catalog.load(named.config).profile(profile_name)
-    ctxs = runs_for(profile, named, force, lock)
-    unwritable: list[str] = []
-    for ctx in ctxs:
-        with _noted_if(True, unwritable):
-            ctx.state.check_lockable()
-    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, given=named, reading=True)
-    prep.notes[:0] = unwritable
-    if prep.plan is None:
-        found = [c.target for c in ctxs]
-        prep.plan = planner.plan_admitted(profile.name, found, named)
-    return prep
+    with owned(given) as named:
+        profile = catalog.load(named.config).profile(profile_name)
+        ctxs = runs_for(profile, named, force, lock)
+        unwritable: list[str] = []
+        for ctx in ctxs:
+            with _noted_if(True, unwritable):
+                ctx.state.check_lockable()
+        prep = _preflight(
+            profile, ctxs, check_plan=check_plan, lock=lock, given=named, reading=True
+        )
+        prep.notes[:0] = unwritable
+        if prep.plan is None:
+            found = [c.target for c in ctxs]
+            prep.plan = planner.plan_admitted(profile.name, found, named)
+        return prep
 
 
 def apply(
@@ -244,11 +246,12 @@ def apply(
     `check_plan` sees the plan before anything is written (a lock file's comparison); with
     `lock`, every written file must end with the lock's after-hash or the apply rolls back.
     """
-    named = resolved(given)
-    profile = catalog.load(named.config).profile(profile_name)
-    ctxs = runs_for(profile, named, force, lock)
-    return apply_runs(profile, ctxs, named, preconditions=preconditions, check_plan=check_plan,
-                      lock=lock)  # fmt: skip
+    with owned(given) as named:
+        profile = catalog.load(named.config).profile(profile_name)
+        ctxs = runs_for(profile, named, force, lock)
+        return apply_runs(
+            profile, ctxs, named, preconditions=preconditions, check_plan=check_plan, lock=lock
+        )
 
 
 def apply_runs(

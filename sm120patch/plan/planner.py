@@ -18,7 +18,7 @@ from sm120patch.plan import catalog, pins
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned, resolved
 
 # (patches, file, text): one call of `transform_text`.
 Job = tuple[list[Patch], str, str]
@@ -62,11 +62,11 @@ def plan(
     side of an applied tree, which `export` plans from. Raises Refused when a target is
     outside the profile's pins, unless `force`.
     """
-    named = resolved(paths or {})
-    profile = catalog.load(named.config).profile(profile_name)
-    found = found if found is not None else pins.resolve_targets(profile, named)
-    pins.require_pins(profile, found, named, force=force, verb="plan")
-    return plan_admitted(profile_name, found, named, texts=texts)
+    with owned(paths or {}) as named:
+        profile = catalog.load(named.config).profile(profile_name)
+        found = found if found is not None else pins.resolve_targets(profile, named)
+        pins.require_pins(profile, found, named, force=force, verb="plan")
+        return plan_admitted(profile_name, found, named, texts=texts)
 
 
 def plan_admitted(

@@ -18,8 +18,10 @@ without a process-wide setting.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 from typing import TypeAlias
 
 from sm120patch.config import Config
@@ -40,6 +42,21 @@ class Resolved:
         self.paths: dict[str, str | Path | None] = {k: paths.get(k) for k in KINDS}
         self._named: dict[str, Target | Sm120Error] = {}
         self._in: dict[tuple[str, Path], Target | Sm120Error] = {}
+
+    def close(self) -> None:
+        """Close the handle of every target found (`Target.handle`): at the command's end,
+        by whoever made this (`app.Session`, `owned`); a target is not used after it."""
+        for held in (*self._named.values(), *self._in.values()):
+            if isinstance(held, Target):
+                held.handle.close()
+
+    def __enter__(self) -> Resolved:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def given(self, kind: str) -> bool:
         """Whether the command line names a path for `kind`."""
@@ -127,6 +144,18 @@ def resolved(given: Given) -> Resolved:
     """`given` as a `Resolved`: a command's own, or one for paths (kind -> path) given by a
     caller that holds none (a test, a library user), with the environment's configuration."""
     return given if isinstance(given, Resolved) else Resolved(given)
+
+
+@contextmanager
+def owned(given: Given) -> Iterator[Resolved]:
+    """`resolved(given)` for the block: one made here for paths is closed at its end (the
+    handles of the targets it found); a command's own is its owner's to close (`app.Session`).
+    A verb a caller may give paths to runs in one of these, so no descriptor outlives it."""
+    if isinstance(given, Resolved):
+        yield given
+        return
+    with Resolved(given) as named:
+        yield named
 
 
 def not_named(kind: str) -> Refused:
