@@ -25,7 +25,7 @@ class Config:
     """What one command loads and states: `packs`, the pack directories (`--patches`, then
     SM120PATCH_PATCHES), which select the catalog (`plan.catalog.load`); `stated`, kind ->
     the version `--KIND-version` gives every target of that kind the command finds
-    (`targets.find`). Make one with `Config.made`, which reads the environment and checks
+    (`targets.finding.find`). Make one with `Config.made`, which reads the environment and checks
     the versions; the bare constructor takes both as they are."""
 
     packs: tuple[str, ...] = ()

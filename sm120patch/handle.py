@@ -186,7 +186,7 @@ class TreeHandle:
     device, inode and owner; every file of the tree is reached from it (see the module)."""
 
     def __init__(self, root: Path) -> None:
-        self.path = Path(os.path.abspath(root))  # as found (`targets.find` resolved it)
+        self.path = Path(os.path.abspath(root))  # as found (`targets.finding.find` resolved it)
         self.fd = -1
         fd, why = _walk(self.path)
         if why is not None:

@@ -251,7 +251,7 @@ def scan_directory(kind: str, package_dir: Path, version: str = "", **kwargs: An
 
 
 def scan_target(target: Any, **kwargs: Any) -> TargetScan:
-    """`scan_files` over a target found on disk (`targets.find`)."""
+    """`scan_files` over a target found on disk (`targets.finding.find`)."""
     from sm120patch.errors import Refused
     from sm120patch.targets.files import read_regular
 
