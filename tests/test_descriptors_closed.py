@@ -40,6 +40,9 @@ def test_no_descriptor_outlives_a_command(tmp_path, no_collector, layout):
         code, _, err = cli(*command, *targets)
         assert code == 0, (command, err)
         assert open_fds() == before, command
+    before = open_fds()
+    assert cli("list")[0] == 0  # the targets installed here, read for their versions alone
+    assert open_fds() == before
 
 
 def test_a_verb_given_paths_closes_what_it_found(tmp_path, no_collector):
