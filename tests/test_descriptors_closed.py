@@ -33,9 +33,14 @@ def test_no_descriptor_outlives_a_command(tmp_path, no_collector, layout):
     fi = str(make_tree(tmp_path, "flashinfer", "0.6.1", "installed"))
     targets = ("--sglang", sg, "--flashinfer", fi)
     cli("status", *targets)  # the first command's imports and caches, before counting
-    for command in (("status",), ("apply", "fusion", "--dry-run", "--no-gpu-check"),
-                    ("apply", "fusion", "--no-gpu-check"), ("status", "--json"),
-                    ("revert", "fusion"), ("recover",)):  # fmt: skip
+    for command in (
+        ("status",),
+        ("apply", "fusion", "--dry-run", "--no-gpu-check"),
+        ("apply", "fusion", "--no-gpu-check"),
+        ("status", "--json"),
+        ("revert", "fusion"),
+        ("recover",),
+    ):
         before = open_fds()
         code, _, err = cli(*command, *targets)
         assert code == 0, (command, err)
@@ -48,8 +53,10 @@ def test_no_descriptor_outlives_a_command(tmp_path, no_collector, layout):
 def test_a_verb_given_paths_closes_what_it_found(tmp_path, no_collector):
     """A caller holding no `Resolved` (a test, a library user) gives paths: the verb finds
     the targets for itself, and closes them when it returns."""
-    paths = {"sglang": str(make_tree(tmp_path, "sglang", "0.5.8", "installed")),
-             "flashinfer": str(make_tree(tmp_path, "flashinfer", "0.6.1", "installed"))}
+    paths = {
+        "sglang": str(make_tree(tmp_path, "sglang", "0.5.8", "installed")),
+        "flashinfer": str(make_tree(tmp_path, "flashinfer", "0.6.1", "installed")),
+    }
     assess.status(paths)
     before = open_fds()
     assert apply.apply("fusion", paths).action == "applied"
