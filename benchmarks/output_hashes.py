@@ -26,14 +26,14 @@ def _sha(text: str) -> str:
 
 
 def one_release(job: tuple[str, str]) -> dict[str, object]:
-    from sm120patch import targets
     from sm120patch.maintain import trees
     from sm120patch.plan import catalog
     from sm120patch.plan.planner import plan_target
+    from sm120patch.targets import finding
 
     kind, version = job
     cat = catalog.load()
-    target = targets.find(kind, trees.tree(kind, version))
+    target = finding.find(kind, trees.tree(kind, version))
     out: dict[str, object] = {}
     for name, profile in sorted(cat.profiles.items()):
         if kind not in profile.pins:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from sm120patch.errors import UnknownProfile, UsageError
 
 if TYPE_CHECKING:
+    from sm120patch.config import Config
     from sm120patch.plan.catalog import Catalog, Profile
     from sm120patch.plan.lockfile import Lock, PlanCheck
     from sm120patch.targets import Target
@@ -62,13 +63,25 @@ class Session:
     stated: Mapping[str, str] = field(default_factory=dict)  # kind -> --KIND-version
     _gpus: GpuInventory | None = field(default=None, repr=False)
     verbose: bool = False  # the known outcomes in full, not one short line each
+    config: Config = field(init=False, repr=False)  # made from `packs` and `stated`, below
 
     def __post_init__(self) -> None:
-        from sm120patch import targets
-        from sm120patch.plan import packdirs
+        from sm120patch.config import Config
 
-        packdirs.use_packs(self.packs)  # also when empty: one process may run several commands
-        targets.state_versions(self.stated)  # the same
+        # The command's own, passed down (through `targets`), never set for the process: a
+        # second Session in this process sees its own packs and versions.
+        self.config = Config.made(self.packs, self.stated)
+
+    def close(self) -> None:
+        """Close what the command held: its targets' handles (`Resolved.close`)."""
+        if "targets" in self.__dict__:  # found only where the command asked for one
+            self.targets.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @functools.cached_property
     def targets(self) -> Resolved:
@@ -76,7 +89,7 @@ class Session:
         the verbs are given, so no command finds a target twice."""
         from sm120patch.targets.resolved import Resolved
 
-        return Resolved(self.paths)
+        return Resolved(self.paths, self.config)
 
     def target(self, kind: str) -> Target:
         """The target of `kind` (at its path, or the one installed here); its refusal."""
@@ -86,7 +99,7 @@ class Session:
     def catalog(self) -> Catalog:
         from sm120patch.plan import catalog
 
-        return catalog.load()
+        return catalog.load(self.config)
 
     def profile(self, name: str) -> Profile:
         return self.catalog.profile(name)
@@ -115,7 +128,9 @@ class Session:
         line each and where the whole entries are, or the whole entries with `verbose`."""
         from sm120patch.trial import known
 
-        found = known.lines(profile, self.targets, command or [], self.gpus, verbose=self.verbose)
+        found = known.lines(
+            profile, self.targets, command or [], self.gpus, verbose=self.verbose, cat=self.catalog
+        )
         return self._with_where_in_full(profile, found)
 
     def _with_where_in_full(self, profile: str | None, lines: list[str]) -> list[str]:
@@ -146,9 +161,10 @@ class Session:
             gpu_family=found.family if found else None,
             gpus=(len(found.gpus) or None) if found else None,
         )
-        return self._with_where_in_full(
-            profile, known.lines(profile, box, known.once_each(trials), verbose=self.verbose)
+        found_lines = known.lines(
+            profile, box, known.once_each(trials), verbose=self.verbose, cat=self.catalog
         )
+        return self._with_where_in_full(profile, found_lines)
 
 
 # ---- lock files --------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from types import TracebackType
 
 from sm120patch.errors import Refused
 from sm120patch.safeio import READ_LIMIT, read_regular
@@ -98,6 +99,56 @@ def _walk(path: Path) -> tuple[int, str | None]:
     return fd, None
 
 
+def write_at(
+    dir_fd: int,
+    name: str,
+    data: bytes,
+    mode: int,
+    *,
+    owner: tuple[int, int] | None = None,
+    durable: bool = True,
+) -> None:
+    """The one atomic writer (targets, state, caches, outputs): `data` at `name` in the
+    directory held by `dir_fd`, so that a kill leaves the old file or the new one, never half.
+    A temp file is made beside it through the descriptor (O_CREAT|O_EXCL|O_NOFOLLOW, 0600,
+    named for `remove_temps`), written, fsync-ed, given `owner` (uid, gid; when root writes)
+    and `mode`'s permission bits less `NEVER_SET`, renamed over `name` through the descriptor
+    (a link at `name` is replaced, never written through), then the directory fsync-ed.
+    `durable=False` skips both fsyncs (the rename stays atomic): for what can be rebuilt."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    while True:
+        tmp = f".{name}.{os.urandom(6).hex()}{TMP_SUFFIX}"
+        try:
+            out = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+            break
+        except FileExistsError:  # 48 random bits: a clash is a stale temp of that very name
+            continue
+    try:
+        with os.fdopen(out, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            if durable:
+                os.fsync(fh.fileno())
+            if owner is not None and os.geteuid() == 0:
+                os.fchown(fh.fileno(), *owner)
+            os.fchmod(fh.fileno(), stat.S_IMODE(mode) & ~NEVER_SET)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise
+    if durable:
+        try:
+            os.fsync(dir_fd)
+        except OSError as exc:
+            # A search-only descriptor (O_PATH: no read permission on the directory) cannot
+            # be fsync-ed; the rename stands.
+            if exc.errno not in (errno.EBADF, errno.EINVAL):
+                raise
+
+
 def walk_dir(path: Path) -> tuple[int, str | None]:
     """`_walk` for the state directory's holder (`engine/statedir.py`): the same rule, one
     implementation."""
@@ -135,7 +186,7 @@ class TreeHandle:
     device, inode and owner; every file of the tree is reached from it (see the module)."""
 
     def __init__(self, root: Path) -> None:
-        self.path = Path(os.path.abspath(root))  # as found (`targets.find` resolved it)
+        self.path = Path(os.path.abspath(root))  # as found (`targets.finding.find` resolved it)
         self.fd = -1
         fd, why = _walk(self.path)
         if why is not None:
@@ -155,11 +206,13 @@ class TreeHandle:
         if fd >= 0:
             os.close(fd)
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except (OSError, AttributeError):  # at the interpreter's exit `os` may be gone already
-            pass
+    def __enter__(self) -> TreeHandle:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"TreeHandle({str(self.path)!r})"
@@ -319,36 +372,7 @@ class TreeHandle:
                     f"{shown} is not a regular file; sm120patch writes regular files only",
                     "replace it by the release's file, then run sm120patch again",
                 )
-            tmp, out = self._new_temp(fd, name)
-            try:
-                with os.fdopen(out, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                    if os.geteuid() == 0:
-                        os.fchown(fh.fileno(), st.st_uid, st.st_gid)
-                    os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode) & ~NEVER_SET)
-                os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-            except BaseException:
-                try:
-                    os.unlink(tmp, dir_fd=fd)
-                except FileNotFoundError:
-                    pass
-                raise
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass  # a search-only descriptor (no read permission): the rename stands
-
-    @staticmethod
-    def _new_temp(fd: int, name: str) -> tuple[str, int]:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-        while True:
-            tmp = f".{name}.{os.urandom(6).hex()}{TMP_SUFFIX}"
-            try:
-                return tmp, os.open(tmp, flags, 0o600, dir_fd=fd)
-            except FileExistsError:  # 48 random bits: a clash is a stale temp of that name
-                continue
+            write_at(fd, name, data, st.st_mode, owner=(st.st_uid, st.st_gid))
 
     def unlink(self, rel: str) -> None:
         """Remove the entry at `rel` (a link is removed itself); nothing there is fine."""

@@ -47,7 +47,7 @@ def _no_serving_engine_beside_the_tests(monkeypatch):
     """The suite does not depend on what else is installed beside it: the README's quick start
     installs SGLang and FlashInfer into the venv the tests then run in, where a command given
     no --sglang/--flashinfer would find them. An SGLang or FlashInfer in the test interpreter's
-    own site-packages is not found by default (`targets.find(kind, None)`); a test that wants
+    own site-packages is not found by default (`finding.find(kind, None)`); a test that wants
     one puts its own tree on sys.path, which is still found."""
     import importlib.util
     import sysconfig

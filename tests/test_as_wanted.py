@@ -19,7 +19,7 @@ from trees import make_tree, tree_hash
 from sm120patch.cli import main
 from sm120patch.engine.store import TargetState
 from sm120patch.plan import catalog
-from sm120patch.targets import find
+from sm120patch.targets.finding import find
 
 COMM = "flashinfer/jit/comm.py"
 UPSTREAM = "supported_major_versions=[9, 10, 12]"

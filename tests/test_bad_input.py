@@ -474,10 +474,10 @@ def manifest_naming_a_directory(tmp: Path) -> Case:
 def pristine_copy_missing(tmp: Path) -> Case:
     sg = make_tree(tmp, "sglang", "0.5.8", "installed")
     assert invoke(apply_moe(sg)).exit_code == 0
-    from sm120patch import targets
     from sm120patch.engine import store
+    from sm120patch.targets import finding
 
-    t = targets.find("sglang", sg)
+    t = finding.find("sglang", sg)
     shutil.rmtree(store.state_dir_for(t.root, t.layout, t.kind) / "pristine")
     return Case(["revert", "moe", "--sglang", str(sg)], [sg], 1, "cannot be restored")
 
@@ -786,10 +786,10 @@ def test_read_only_file_is_patched_keeping_its_mode(tmp_path):
 @pytest.mark.parametrize("layout", ["git", "installed"])
 def test_stale_lock_file_from_a_dead_process_is_no_obstacle(layout, tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", layout)
-    from sm120patch import targets
     from sm120patch.engine import store
+    from sm120patch.targets import finding
 
-    t = targets.find("sglang", sg)
+    t = finding.find("sglang", sg)
     d = store.state_dir_for(t.root, t.layout, t.kind)
     d.mkdir(parents=True, exist_ok=True)
     (d / "lock").write_text("12345\n")  # left by a run that died; no process holds it

@@ -17,6 +17,7 @@ from sm120patch import targets
 from sm120patch.cli import main
 from sm120patch.patchkit import versions
 from sm120patch.plan.catalog import Profile
+from sm120patch.targets import finding
 
 SCM_SGLANG = SGLANG_SCM_PYPROJECT
 # setuptools-scm's own `git describe`: no describe command of the project's.
@@ -72,7 +73,7 @@ def upstream_shape(root: Path) -> dict[str, str]:
 
 
 def version_of(root: Path, kind: str = "sglang") -> targets.Target:
-    return targets.find(kind, root)
+    return finding.find(kind, root)
 
 
 # ---- SGLang's setuptools-scm configuration --------------------------------------------------
@@ -296,21 +297,17 @@ def test_an_unknown_version_refuses_with_the_flag_that_states_it(tmp_path, capsy
 
 def test_a_stated_version_says_what_the_tree_reads(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    targets.state_versions({"sglang": "0.5.9"})
-    try:
-        found = targets.find("sglang", sg)
-    finally:
-        targets.state_versions({})
+    found = finding.find("sglang", sg, "0.5.9")
     assert found.version == "0.5.9"
     assert found.version_source.startswith("--sglang-version; the tree reads 0.5.8 (")
-    assert targets.find("sglang", sg).version == "0.5.8"
+    assert finding.find("sglang", sg).version == "0.5.8"
 
 
 # ---- a .git above a target ------------------------------------------------------------------------
 def test_a_repository_above_that_does_not_track_the_package_is_not_a_checkout(tmp_path):
     site = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     init_repo(tmp_path)  # a project holding the venv, tracking none of it
-    found = targets.find("sglang", site)
+    found = finding.find("sglang", site)
     assert (found.layout, found.root) == ("installed", site)
 
 
@@ -320,9 +317,9 @@ def test_a_repository_above_owned_by_another_user_is_not_read(tmp_path):
     commit_all(init_repo(tmp_path), "someone else's repository tracking the venv")
     for path in (tmp_path, tmp_path / ".git"):
         os.chown(path, 65534, 65534)
-    found = targets.find("sglang", site)  # no refusal: it is not the package owner's checkout
+    found = finding.find("sglang", site)  # no refusal: it is not the package owner's checkout
     assert (found.layout, found.version) == ("installed", "0.5.8")
     # the repository of the package's owner, who is not the user running sm120patch: refused
     os.chown(site / "sglang", 65534, 65534)
     with pytest.raises(targets.Refused, match="owned by another user"):
-        targets.find("sglang", site)
+        finding.find("sglang", site)

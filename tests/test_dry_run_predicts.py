@@ -18,12 +18,12 @@ import pytest
 from test_states import cli, error_lines, everything, pair, where  # noqa: F401
 from trees import make_tree
 
-from sm120patch import targets
 from sm120patch.engine import store
+from sm120patch.targets import finding
 
 
 def state_of(root: Path, kind: str = "sglang") -> Path:
-    t = targets.find(kind, root)
+    t = finding.find(kind, root)
     return store.state_dir_for(t.root, t.layout, kind)
 
 

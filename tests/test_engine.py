@@ -212,10 +212,10 @@ def test_kill_during_apply_then_recover(trees, step):
 
 def test_lock_held_refuses(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "git")
-    from sm120patch import targets
     from sm120patch.engine import store
+    from sm120patch.targets import finding
 
-    t = targets.find("sglang", sg)
+    t = finding.find("sglang", sg)
     st = store.TargetState(store.state_dir_for(t.root, t.layout, t.kind), t.root)
     before = tree_hash(sg)
     with st.locked():

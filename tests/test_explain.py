@@ -14,10 +14,10 @@ import pytest
 from test_bad_input import assert_one_clear_line, invoke
 from trees import make_tree
 
-from sm120patch import targets
 from sm120patch.engine import apply
 from sm120patch.errors import UsageError
 from sm120patch.explain import explain
+from sm120patch.targets import finding
 
 
 def test_probe_imports_nothing_of_sm120patch_nor_upstream_at_top() -> None:
@@ -63,7 +63,7 @@ def test_unknown_interpreter_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_sides_of_a_pristine_target_come_from_the_planner(tmp_path: Path) -> None:
     root = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    target = targets.find("sglang", root)
+    target = finding.find("sglang", root)
     sides = explain.sides(target, tmp_path / "overlay")
     assert not sides.applied and sides.pristine == {}
     planned = explain.patched_texts(target)
@@ -78,13 +78,13 @@ def test_sides_of_a_pristine_target_come_from_the_planner(tmp_path: Path) -> Non
 def test_sides_of_an_applied_target_come_from_the_pristine_text(tmp_path: Path,
                                                                 layout: str) -> None:
     root = make_tree(tmp_path, "sglang", "0.5.8", layout)
-    target = targets.find("sglang", root)
+    target = finding.find("sglang", root)
     before = {f: target.path_of(f).read_bytes() for f in explain.patched_texts(target)}
     # preconditions=None: no GPU check, as `--no-gpu-check` does.
     report = apply.apply("moe", {"sglang": str(root), "flashinfer": None}, force=True,
                           preconditions=None)
     assert report.action == "applied"
-    target = targets.find("sglang", root)
+    target = finding.find("sglang", root)
     sides = explain.sides(target, tmp_path / "overlay")
     assert sides.applied and sides.patched == {}
     moved = {f for f in before if target.path_of(f).read_bytes() != before[f]}

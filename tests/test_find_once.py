@@ -19,9 +19,9 @@ from click.testing import CliRunner
 from killing import command
 from trees import make_tree
 
-from sm120patch import targets
 from sm120patch.cli import main
 from sm120patch.engine import assess
+from sm120patch.targets import finding
 
 
 def where(sg: Path, fi: Path) -> list[str]:
@@ -36,17 +36,17 @@ def python_without_site(tmp_path: Path) -> Path:
     return script
 
 
-DESCRIBE = inspect.signature(targets._describe)
+DESCRIBE = inspect.signature(finding._describe)
 
 
 class Counts:
-    """Spies on finding (`targets._describe`, which every find ends in, once per target found)
+    """Spies on finding (`finding._describe`, which every find ends in, once per target found)
     and assessing (`assess.assess`, which `assess.status` calls once per target)."""
 
     def __init__(self, mocker) -> None:
-        self.describe = mocker.spy(targets, "_describe")
-        self.find = mocker.spy(targets, "find")
-        self.quiet = mocker.spy(targets, "find_quiet")
+        self.describe = mocker.spy(finding, "_describe")
+        self.find = mocker.spy(finding, "find")
+        self.quiet = mocker.spy(finding, "find_quiet")
         self.assess = mocker.spy(assess, "assess")
         self.status = mocker.spy(assess, "status")
 
@@ -213,7 +213,7 @@ def test_ensure_refuses_a_target_the_apply_left_without_its_record(tmp_path):
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
     fi = make_tree(tmp_path, "flashinfer", "0.6.8", "installed")
     assert cli("apply", "all", *where(sg, fi), "--no-gpu-check")[0] == 0
-    target = targets.find("sglang", sg)
+    target = finding.find("sglang", sg)
     (store.state_dir_for(target.root, target.layout, target.kind) / store.MANIFEST).unlink()
     code, out = cli("ensure", "all", *where(sg, fi), "--no-gpu-check")
     assert code == 1, out

@@ -83,6 +83,7 @@ WINGS = (
     "sm120patch.handle",
     "sm120patch.patchkit",
     "sm120patch.patches",
+    "sm120patch.config",
     "sm120patch.targets",
     "sm120patch.plan",
     "sm120patch.engine",

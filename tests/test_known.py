@@ -273,9 +273,9 @@ def test_moe_refusal_finds_the_flashinfer_beside_sglang(tmp_path, mocker):
 def test_list_stops_recommending_moe_on_a_flashinfer_it_refuses(tmp_path, mocker):
     """`list` reads the SGLang and FlashInfer installed here (no GPU probe): with a FlashInfer
     before 0.6.7, moe is refused and a wrong-output entry about it matches."""
-    from sm120patch import targets
+    from sm120patch.targets import finding
 
-    fi = targets.find("flashinfer", make_tree(tmp_path, "flashinfer", "0.6.5", "installed"))
+    fi = finding.find("flashinfer", make_tree(tmp_path, "flashinfer", "0.6.5", "installed"))
     mocker.patch.object(known, "installed_targets", return_value=[fi])
     code, out, err = run_cli("list")
     assert code == 0, err

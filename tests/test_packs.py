@@ -42,8 +42,6 @@ flashinfer = "{pins}"
 @pytest.fixture(autouse=True)
 def no_pack_left(monkeypatch):
     monkeypatch.delenv(catalog.PACKS_ENV, raising=False)
-    yield
-    catalog.use_packs(())
 
 
 def make_pack(root: Path, pid: str = "flashinfer.extra", *, name: str = "extra",

@@ -87,9 +87,10 @@ def test_a_targets_kind_is_the_kind_enum_and_prints_as_its_word(tmp_path):
 
     from sm120patch import targets
     from sm120patch.patchkit.model import Kind
+    from sm120patch.targets import finding
 
     sg = make_tree(tmp_path, "sglang", "0.5.8", "installed")
-    target = targets.find("sglang", sg)
+    target = finding.find("sglang", sg)
     assert target.kind is Kind.SGLANG
     assert f"{target.kind}" == "sglang" and json.dumps({target.kind: target.kind}) == (
         '{"sglang": "sglang"}'

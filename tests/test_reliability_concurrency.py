@@ -83,7 +83,8 @@ HOLDER = textwrap.dedent(
     import sys, time
     from sm120patch.engine import store
     from sm120patch import targets
-    t = targets.find("sglang", sys.argv[1])
+    from sm120patch.targets import finding
+    t = finding.find("sglang", sys.argv[1])
     with store.TargetState(store.state_dir_for(t.root, t.layout, t.kind), t.root).locked():
         print("held", flush=True)
         time.sleep(120)
@@ -107,10 +108,10 @@ def test_lock_of_a_killed_holder_is_taken_over(layout, tmp_path):
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
     # The lock file is still there; the dead holder's OS lock is not.
-    from sm120patch import targets
     from sm120patch.engine import store
+    from sm120patch.targets import finding
 
-    t = targets.find("sglang", sg)
+    t = finding.find("sglang", sg)
     assert (store.state_dir_for(t.root, t.layout, t.kind) / "lock").exists()
     code, out, err = cli("apply", "moe", "--sglang", str(sg), "--no-gpu-check")
     assert code == 0, err

@@ -68,9 +68,9 @@ def _other_profile(sg, fi, layout):
 
 def _unfinished(sg, fi, layout):
     assert cli("apply", "moe", *where(sg, fi), "--no-gpu-check", "--force")[0] == 0
-    from sm120patch import targets
+    from sm120patch.targets import finding
 
-    t = targets.find("sglang", sg)
+    t = finding.find("sglang", sg)
     st = store.TargetState.of(t.root, t.layout, "sglang")
     (st.dir / "journal.json").write_text(json.dumps(
         {"schema": 1, "op": "apply", "files": [], "git": None, "peers": []}))  # fmt: skip

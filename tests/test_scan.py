@@ -598,9 +598,9 @@ def flashinfer_tree(tmp_path: Path) -> Path:
 
 
 def test_covered_sites_come_from_the_profiles_own_patches(sglang_tree: Path) -> None:
-    from sm120patch import targets
+    from sm120patch.targets import finding
 
-    found = run.scan_target(targets.find("sglang", sglang_tree))
+    found = run.scan_target(finding.find("sglang", sglang_tree))
     covered = {(x.gate.function, c.patch) for x in found.of("covered") for c in x.covered_by}
     assert covered == {
         ("apply_flashinfer_allreduce_fusion", "sglang.fusion-gate"),

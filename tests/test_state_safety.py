@@ -13,14 +13,13 @@ import pytest
 from killing import KILL_ENV, cli, run
 from trees import make_tree, tree_hash
 
-from sm120patch import targets
 from sm120patch.engine import store
 from sm120patch.errors import Refused
-from sm120patch.targets import files
+from sm120patch.targets import files, finding
 
 
 def state_dir_of(root: Path) -> Path:
-    t = targets.find("sglang", root)
+    t = finding.find("sglang", root)
     return store.state_dir_for(t.root, t.layout, t.kind)
 
 
@@ -202,7 +201,7 @@ def test_a_manifest_reads_and_writes_back_as_it_was(tmp_path):
     manifest = Manifest.from_doc(doc)
     assert isinstance(manifest.target, TargetRecord) and manifest.target.kind == "sglang"
     assert {**manifest.to_doc(), "schema": store.SCHEMA} == doc  # the store adds the schema
-    t = targets.find("sglang", sg)
+    t = finding.find("sglang", sg)
     assert doc["target"] == t.to_dict() == TargetRecord.of(t).to_doc()
 
 

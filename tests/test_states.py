@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from killing import command, fail_writes
 from trees import git, make_tree, tree_hash
 
-from sm120patch import targets
 from sm120patch.cli import main
 from sm120patch.engine import store
+from sm120patch.targets import finding
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 COMM = "flashinfer/jit/comm.py"
@@ -378,7 +378,7 @@ def error_lines(err: str) -> list[str]:
 
 
 def _root_layout(sg: Path, layout: str) -> tuple[Path, str]:
-    t = targets.find("sglang", sg)
+    t = finding.find("sglang", sg)
     return t.root, t.layout
 
 

@@ -29,6 +29,7 @@ from sm120patch.engine import trials
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import Wiring
+from sm120patch.plan import catalog
 from sm120patch.plan.known import entries as known_entries
 from sm120patch.trial import decide, gpu, known, loadgen, sanity, wiring
 from sm120patch.trial import measured as measured_
@@ -909,14 +910,14 @@ def test_wiring_scan_reads_ran_skipped_and_not_seen():
 
 
 def test_fusion_declares_its_wiring():
-    declared = dict(wiring.declared("fusion"))
+    declared = dict(wiring.declared("fusion", catalog.load()))
     assert "sglang.fusion-gate" in declared
     fusion = declared["sglang.fusion-gate"]
     assert fusion.read(FUSED).seen == "ran"
     assert fusion.read("Skipping allreduce fusion: workspace preflight probe failed").seen == (
         "skipped"
     )
-    assert wiring.declared("moe") == []
+    assert wiring.declared("moe", catalog.load()) == []
 
 
 def test_agreement_counts_positions_up_to_the_first_difference():

@@ -23,6 +23,7 @@ from trees import make_tree, tree_hash
 from trialkit import free_port, run_cli
 from vllmpack import write_pack
 
+from sm120patch.config import Config
 from sm120patch.plan import catalog
 from sm120patch.trial import engines, known, serve
 from sm120patch.trial import measured as measured_
@@ -36,8 +37,7 @@ CUTLASS = "Using VLLM_CUTLASS NvFp4 MoE backend out of potential backends: ['VLL
 
 @pytest.fixture
 def pack(tmp_path):
-    yield write_pack(tmp_path / "pack")
-    catalog.use_packs(())
+    return write_pack(tmp_path / "pack")
 
 
 @pytest.fixture
@@ -82,9 +82,9 @@ def test_sglang_command_lines_keep_their_defaults():
 
 
 def test_the_engine_is_the_profiles(pack):
-    catalog.use_packs((str(pack),))
-    assert engines.of_profile("vmoe-test") is engines.VLLM
-    assert engines.of_profile("moe") is engines.SGLANG
+    cat = catalog.load(Config((str(pack),)))
+    assert engines.of_profile("vmoe-test", cat) is engines.VLLM
+    assert engines.of_profile("moe", cat) is engines.SGLANG
     assert engines.of_kinds(("sglang", "flashinfer")) is engines.SGLANG
 
 

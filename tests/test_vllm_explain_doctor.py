@@ -16,6 +16,7 @@ from trees import make_tree
 from trialkit import run_cli
 from vllmpack import write_pack
 
+from sm120patch.config import Config
 from sm120patch.plan import catalog
 
 GATES = "vllm/platforms/gates.py"
@@ -51,8 +52,7 @@ class NonNvmlCudaPlatform:
 
 @pytest.fixture
 def pack(tmp_path):
-    yield write_pack(tmp_path / "pack")
-    catalog.use_packs(())
+    return write_pack(tmp_path / "pack")
 
 
 @pytest.fixture
@@ -109,9 +109,10 @@ def test_the_probe_reports_vllm_and_its_simulated_platform(pack, site):
 
     from sm120patch.explain import explain as explaining
 
-    catalog.use_packs((str(pack),))
+    readers = explaining.reader_requests(["vllm"], catalog.load(Config((str(pack),))))
     result = explaining.run_probe(sys.executable, {
-        "simulate": "sm120", "sys_path": [str(site)], "sglang": False, "vllm": True})
+        "simulate": "sm120", "sys_path": [str(site)], "sglang": False, "vllm": True,
+        "readers": readers})
     assert result["vllm"]["version"] == "0.34.0"
     assert result["vllm"]["platform"] == "NonNvmlCudaPlatform"
     assert result["vllm"]["capability"] == [12, 0]
@@ -174,8 +175,8 @@ def test_explain_without_profile_takes_the_one_that_patches_vllm(pack, site, mon
     """The pack's profile, when it is the only one that patches vLLM; more: name one."""
     import sys
 
-    catalog.use_packs((str(pack),))
-    library = [n for n, p in catalog.load().profiles.items() if "vllm" in p.targets]
+    library = [n for n, p in catalog.load(Config((str(pack),))).profiles.items()
+               if "vllm" in p.targets]
     code, out, err = run_cli("--patches", str(pack), "explain", "--vllm", str(site),
                              "--python", sys.executable, "--simulate", "sm120", "--json")
     if library == ["vmoe-test"]:

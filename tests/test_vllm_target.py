@@ -13,9 +13,9 @@ import trees
 from click.testing import CliRunner
 from trees import VLLM_SCM_PYPROJECT, commit_all, init_repo, make_tree
 
-from sm120patch import targets
 from sm120patch.cli import main
 from sm120patch.errors import Refused
+from sm120patch.targets import finding
 from sm120patch.targets.installed import record_hashes
 from sm120patch.targets.resolved import Resolved
 
@@ -35,7 +35,7 @@ def installed_vllm(tmp_path: Path, version: str = "0.34.0") -> Path:
 
 def test_an_installed_vllm_is_read_from_its_dist_info(tmp_path):
     site = installed_vllm(tmp_path)
-    found = targets.find("vllm", site)
+    found = finding.find("vllm", site)
     assert (found.kind, found.layout, found.version) == ("vllm", "installed", "0.34.0")
     assert found.version_source == "vllm-0.34.0.dist-info/METADATA"
     assert found.name == "vLLM" and found.package_dir == site.resolve() / "vllm"
@@ -61,13 +61,13 @@ def vllm_repo(tmp_path: Path) -> Path:
 def test_a_vllm_checkout_at_its_tag_is_that_release_and_past_it_a_dev_build(tmp_path):
     root = vllm_repo(tmp_path)
     trees.git(root, "tag", "-a", "-m", "v0.33.0", "v0.33.0")
-    found = targets.find("vllm", root)
+    found = finding.find("vllm", root)
     assert (found.layout, found.version) == ("git", "0.33.0")
     assert found.version_source == "pyproject.toml at HEAD: setuptools-scm, tag v0.33.0"
     (root / "vllm" / "extra.py").write_text("")
     commit_all(root, "work past the release")
     commit_all(root, "more work")
-    found = targets.find("vllm", root)
+    found = finding.find("vllm", root)
     # setuptools-scm's guess-next-dev and node-and-date on a clean commit: what `pip install
     # -e` records for it.
     assert found.version == f"0.33.1.dev2+g{trees.git(root, 'rev-parse', 'HEAD')[:9]}"
@@ -75,12 +75,12 @@ def test_a_vllm_checkout_at_its_tag_is_that_release_and_past_it_a_dev_build(tmp_
 
 def test_a_vllm_checkout_without_tags_reads_its_editable_record(tmp_path):
     root = vllm_repo(tmp_path)
-    assert targets.find("vllm", root).version == "unknown"
+    assert finding.find("vllm", root).version == "unknown"
     (root / "vllm" / "_version.py").write_text(
         "__version__ = version = '0.34.1.dev7+gabcdef012'\n"
         "__version_tuple__ = version_tuple = (0, 34, 1, 'dev7', 'gabcdef012')\n"
     )
-    found = targets.find("vllm", root)
+    found = finding.find("vllm", root)
     assert (found.version, found.version_source) == (
         "0.34.1.dev7+gabcdef012", "vllm/_version.py, written by its editable install")  # fmt: skip
 
@@ -89,8 +89,9 @@ def test_a_vllm_is_looked_for_only_when_named(tmp_path, monkeypatch):
     site = installed_vllm(tmp_path)
     monkeypatch.syspath_prepend(str(site))  # importable here: still not looked for unnamed
     asked: list[str] = []
-    real = targets.find
-    monkeypatch.setattr(targets, "find", lambda kind, path: asked.append(kind) or real(kind, path))
+    real = finding.find
+    monkeypatch.setattr(finding, "find",
+                        lambda kind, path, stated=None: asked.append(kind) or real(kind, path))
     assert Resolved({}).quiet("vllm") is None and "vllm" not in asked
     assert [t.kind for t in Resolved({"vllm": site}).each(("vllm",))] == ["vllm"]
     # A profile needing one it was not given refuses: the command line names the vLLM it patches.

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from trees import make_tree
 
+from sm120patch.config import Config
 from sm120patch.plan.diffs import apply_diff, diff_texts
 
 PROBE = """
@@ -120,22 +121,18 @@ def test_the_light_profile_reader_agrees_with_the_catalog(tmp_path):
     cat = catalog.load()
     assert cat.profiles
     for name, prof in cat.profiles.items():
-        spec = profiles.spec(name)
+        spec = profiles.spec(name, Config())
         assert spec is not None, name
         assert spec == prof, name  # one model: every field but the facts the catalog adds
         assert not spec.facts and prof.facts, name
-    assert profiles.spec("no-such-profile") is None
+    assert profiles.spec("no-such-profile", Config()) is None
     pack = tmp_path / "pack"
     pack.mkdir()
     twice = next(iter(cat.profiles))
     (pack / "profiles.toml").write_text(
         f'schema = 1\n[profiles.{twice}]\npatches = []\npins = {{ sglang = ">=0.1" }}\n'
     )
-    catalog.use_packs([str(pack)])
-    try:
-        assert profiles.spec(twice) is None
-    finally:
-        catalog.use_packs(())
+    assert profiles.spec(twice, Config((str(pack),))) is None
 
 
 lines = st.lists(st.sampled_from(["a\n", "b\n", "c\n", "  x = 1\n", "\n", "def f():\n"]), max_size=30)

@@ -97,7 +97,7 @@ def session(targets: app.Named | None = None, *, verbose: bool = False) -> app.S
     hint reads what to paste (render.paste)."""
     held = render.invocation(click.get_current_context())
     named = targets or app.Named()
-    held.session = app.Session(
-        paths=named.paths, packs=held.packs, stated=named.stated, verbose=verbose
-    )
+    made = app.Session(paths=named.paths, packs=held.packs, stated=named.stated, verbose=verbose)
+    # Closed with the command's context, at its end: no descriptor outlives the command.
+    held.session = click.get_current_context().with_resource(made)
     return held.session

@@ -175,7 +175,7 @@ def show_cmd(profile: str, as_json: bool) -> None:
     knows) and every known outcome about it, in full."""
     s = session()
     prof = verbs.show(s, profile)
-    entries = verbs.known_about(profile)
+    entries = verbs.known_about(profile, s.catalog)
     if as_json:
         emit_json(profile_doc(s.catalog, prof, entries))
         return

@@ -29,12 +29,14 @@ def held_here(cat: Catalog) -> dict[str, list[str]]:
     from sm120patch.plan import known, pins
 
     found = known.installed_targets()
+    for t in found:
+        t.handle.close()  # only their versions are read below
     box = known.Box(versions={t.kind: t.version for t in found})
-    shipped = known.entries()
+    shipped = known.entries(cat=cat)
     held = {}
     for p in recommended:
         why = pins.refusal_lines(p, found)
-        why += [e.line() for e in known.condemning(p.name, box, shipped)]
+        why += [e.line() for e in known.condemning(p.name, box, shipped, cat)]
         if why:
             held[p.name] = why
     return held
@@ -53,11 +55,11 @@ def show(session: Session, name: str) -> Profile:
     return session.profile(name)
 
 
-def known_about(profile: str) -> list[Any]:
+def known_about(profile: str, cat: Catalog) -> list[Any]:
     """Every known outcome about `profile` (plan.known.Entry), whatever this box is."""
     from sm120patch.plan import known
 
-    return known.about_profile(profile)
+    return known.about_profile(profile, cat=cat)
 
 
 @dataclass(frozen=True)

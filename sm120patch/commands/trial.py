@@ -13,6 +13,7 @@ from sm120patch.errors import UsageError
 
 if TYPE_CHECKING:
     from sm120patch.engine.trialrecord import TrialRecord
+    from sm120patch.plan.catalog import Catalog
     from sm120patch.trial.measured import MeasuredTrial
     from sm120patch.trial.serve import TrialResult
 
@@ -109,7 +110,7 @@ def trial(
             raise measured.unreachable(with_record=True)
         written = bool(request.record_path) and measured.evidence
         if written:
-            write_outcome_record(measured.record(), Path(str(request.record_path)))
+            write_outcome_record(measured.record(), Path(str(request.record_path)), session.catalog)
         return Trialled(measured=measured, record_written=written)
     result = serve.run(
         request.profile,
@@ -147,7 +148,7 @@ def trial_show(
 
         write_output(html_path, report.html(found))
     if record_path:
-        write_outcome_record(found, Path(record_path))
+        write_outcome_record(found, Path(record_path), session.catalog)
     return Shown(found, html_path, record_path)
 
 
@@ -161,9 +162,9 @@ def trial_forget(session: Session, trial_ids: Sequence[str], *, everything: bool
     return known.forget(session.targets, list(trial_ids), everything=everything)
 
 
-def write_outcome_record(trial: TrialRecord, path: Path) -> None:
-    """A trial as one known.toml record."""
+def write_outcome_record(trial: TrialRecord, path: Path, cat: Catalog) -> None:
+    """A trial as one known.toml record (its profile's engine and kernel from `cat`)."""
     from sm120patch.targets.files import write_output  # never through a link at its name
     from sm120patch.trial import known
 
-    write_output(path, known.outcome_record(trial))
+    write_output(path, known.outcome_record(trial, cat))

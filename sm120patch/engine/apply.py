@@ -54,7 +54,7 @@ from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target, procscan
 from sm120patch.targets.files import sha256
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned, resolved
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock, PlanCheck
@@ -67,6 +67,7 @@ class Prepared:
     profile: catalog.Profile
     ctxs: list[TargetRun]
     plan: Plan | None
+    cat: catalog.Catalog  # the command's (its packs), which the profile is of
     notes: list[str] = field(default_factory=list)
     # targets whose manifest describes a patch that is gone or replaced: dropped on apply
     stale: list[TargetRun] = field(default_factory=list)
@@ -95,7 +96,8 @@ def _preflight(
         from sm120patch.plan import lockfile
 
         check_plan = lockfile.check(lock, Path("the lock file"))  # a lock is always verified
-    prep = Prepared(profile, ctxs, None)
+    cat = catalog.load(resolved(given).config)
+    prep = Prepared(profile, ctxs, None, cat)
     prep.notes += unchecked_refusals(profile, [c.target for c in ctxs], given)
     early: Plan | None = None
     if profile.status == "refused":
@@ -146,7 +148,6 @@ def _preflight(
             "sm120patch wrote" + (", the bytes the lock records" if lock is not None else "")
         )
         return prep
-    cat = catalog.load()
     for ctx in ctxs:
         # Before planning: a user's uncommitted edit must be named as such, not reported as an
         # unknown shape.
@@ -213,18 +214,21 @@ def dry_run(
     lock: Lock | None = None,
 ) -> Prepared:
     """The apply minus the writes: the same preflight, the same refusals; writes nothing."""
-    profile = catalog.load().profile(profile_name)
-    ctxs = runs_for(profile, given, force, lock)
-    unwritable: list[str] = []
-    for ctx in ctxs:
-        with _noted_if(True, unwritable):
-            ctx.state.check_lockable()
-    prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, given=given, reading=True)
-    prep.notes[:0] = unwritable
-    if prep.plan is None:
-        found = [c.target for c in ctxs]
-        prep.plan = planner.plan_admitted(profile.name, found, given)
-    return prep
+    with owned(given) as named:
+        profile = catalog.load(named.config).profile(profile_name)
+        ctxs = runs_for(profile, named, force, lock)
+        unwritable: list[str] = []
+        for ctx in ctxs:
+            with _noted_if(True, unwritable):
+                ctx.state.check_lockable()
+        prep = _preflight(
+            profile, ctxs, check_plan=check_plan, lock=lock, given=named, reading=True
+        )
+        prep.notes[:0] = unwritable
+        if prep.plan is None:
+            found = [c.target for c in ctxs]
+            prep.plan = planner.plan_admitted(profile.name, found, named)
+        return prep
 
 
 def apply(
@@ -242,11 +246,12 @@ def apply(
     `check_plan` sees the plan before anything is written (a lock file's comparison); with
     `lock`, every written file must end with the lock's after-hash or the apply rolls back.
     """
-    profile = catalog.load().profile(profile_name)
-    named = resolved(given)
-    ctxs = runs_for(profile, named, force, lock)
-    return apply_runs(profile, ctxs, named, preconditions=preconditions, check_plan=check_plan,
-                      lock=lock)  # fmt: skip
+    with owned(given) as named:
+        profile = catalog.load(named.config).profile(profile_name)
+        ctxs = runs_for(profile, named, force, lock)
+        return apply_runs(
+            profile, ctxs, named, preconditions=preconditions, check_plan=check_plan, lock=lock
+        )
 
 
 def apply_runs(
@@ -310,7 +315,7 @@ def _record_needs_nothing(prep: Prepared, lock: Lock | None) -> tuple[list[str],
     if prep.plan is None:
         return [], {}
     tplans = {tp.target.kind: tp for tp in prep.plan.targets}
-    cat = catalog.load()
+    cat = prep.cat
     notes: list[str] = []
     unrecorded: dict[str, str] = {}
     name = prep.profile.name
@@ -411,7 +416,7 @@ def _transaction(prep: Prepared, lock: Lock | None) -> Report:
                     ctx, tp, profile.name, prep.branches.get(ctx.target.kind), txn, peers
                 )
             for ctx, tp in work:
-                reports.append(_write_target(ctx, tp, journals[ctx.target.kind], plan))
+                reports.append(_write_target(ctx, tp, journals[ctx.target.kind], plan, prep.cat))
             for ctx, tp in work:
                 _verify(ctx, tp, lock)
             for (ctx, _), report in zip(work, reports, strict=True):
@@ -538,9 +543,8 @@ def _start_apply(
 
 
 def _write_target(
-    ctx: TargetRun, tp: plans.TargetPlan, journal: Journal, plan: Plan
+    ctx: TargetRun, tp: plans.TargetPlan, journal: Journal, plan: Plan, cat: catalog.Catalog
 ) -> TargetReport:
-    cat = catalog.load()
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
     writes = []
     for pid, f, text in ctx.layout.steps(tp.changed, order):

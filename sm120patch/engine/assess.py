@@ -31,7 +31,7 @@ from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Sm120Error
 from sm120patch.targets import Target, git
 from sm120patch.targets.installed import record_hashes
-from sm120patch.targets.resolved import Given, Resolved, resolved
+from sm120patch.targets.resolved import Given, Resolved, owned
 
 
 class State(str, Enum):
@@ -139,8 +139,15 @@ def assess(target: Target, st: TargetState | None = None) -> Assessment:
         exists = git.branch_exists_light(target.root, manifest.git.patch_branch)
 
     def verdict(state: State, message: str) -> Assessment:
-        return Assessment(target, state, message, manifest, files=files, branch_now=branch_now,
-                          patch_branch_exists=exists)
+        return Assessment(
+            target,
+            state,
+            message,
+            manifest,
+            files=files,
+            branch_now=branch_now,
+            patch_branch_exists=exists,
+        )
 
     if version_changed(target, manifest):
         return verdict(
@@ -206,11 +213,7 @@ def _needs_nothing(target: Target, manifest: Manifest) -> Assessment:
     """A record of "profile P needs nothing here": as wanted while every file the plan read
     still has the bytes it read (or is still absent); else stale, and an apply plans again."""
     assert manifest.checked is not None
-    changed = [
-        f.path
-        for f in manifest.checked
-        if target.handle.sha256(f.path) != f.sha256
-    ]
+    changed = [f.path for f in manifest.checked if target.handle.sha256(f.path) != f.sha256]
     if changed:
         return Assessment(
             target,
@@ -324,20 +327,20 @@ class TargetStatus:
 def status(given: Given) -> list[TargetStatus]:
     """What is applied where, from hashes only (no parsing, no git process): each target of
     the command (`Resolved`) assessed once."""
-    named = resolved(given)
-    out = []
-    for target in named.each():
-        st = TargetState.of(target.root, target.layout, target.kind, target.handle)
-        out.append(TargetStatus(target, assess(target, st), st.trials()))
-    found: dict[str, Target] = {str(s.target.kind): s.target for s in out}
-    for s in out:
-        lines = refused_beside(s.assessment, found, named)
-        if lines:
-            a = s.assessment
-            s.assessment = replace(
-                a, message="; ".join([a.message, *lines]), notes=(*a.notes, *lines)
-            )
-    return out
+    with owned(given) as named:
+        out = []
+        for target in named.each():
+            st = TargetState.of(target.root, target.layout, target.kind, target.handle)
+            out.append(TargetStatus(target, assess(target, st), st.trials()))
+        found: dict[str, Target] = {str(s.target.kind): s.target for s in out}
+        for s in out:
+            lines = refused_beside(s.assessment, found, named)
+            if lines:
+                a = s.assessment
+                s.assessment = replace(
+                    a, message="; ".join([a.message, *lines]), notes=(*a.notes, *lines)
+                )
+        return out
 
 
 def refused_beside(

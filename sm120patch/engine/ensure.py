@@ -11,7 +11,7 @@ from sm120patch.engine.run import check_applied_matches_lock, runs_for, unchecke
 from sm120patch.engine.store import Waiting
 from sm120patch.errors import Refused
 from sm120patch.plan import profiles
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned
 
 if TYPE_CHECKING:
     from sm120patch.plan.lockfile import Lock, PlanCheck
@@ -46,64 +46,66 @@ def ensure(
     # The profile as its profiles.toml declares it: no patch module is imported while the
     # bytes may still answer "as wanted" (a damaged pack is met when a plan is needed).
     # Where the light reader cannot decide, the catalog decides, with its own errors.
-    profile: profiles.Profile | None = profiles.spec(profile_name)
-    if profile is None:
+    with owned(given) as named:
+        profile: profiles.Profile | None = profiles.spec(profile_name, named.config)
+        if profile is None:
+            from sm120patch.plan import catalog
+
+            profile = catalog.load(named.config).profile(profile_name)
+        ctxs = runs_for(profile, named, force, lock)
+        # At every service start: when the bytes already say "as wanted", answer without the lock
+        # (reading is safe; a run in progress would show as unfinished).
+        found = [ctx.assess() for ctx in ctxs]
+        if all(a.state == assess.State.APPLIED and a.profile == profile.name for a in found):
+            try:
+                if lock is not None:
+                    for ctx, a in zip(ctxs, found, strict=True):
+                        check_applied_matches_lock(ctx, a, lock)
+                return Report(
+                    Action.NOTHING_TO_DO,
+                    profile.name,
+                    [TargetReport(c.target, state=assess.State.APPLIED) for c in ctxs],
+                    notes=[
+                        f"profile {profile.name} is already applied: every touched file has the "
+                        "bytes sm120patch wrote"
+                        + (", the bytes the lock records" if lock is not None else ""),
+                        *unchecked_refusals(profile, [c.target for c in ctxs], named),
+                    ],
+                )
+            except Refused:
+                if not apply_if_needed:
+                    raise
+                # not as the lock says: apply's preflight refuses with the full story
+        if not apply_if_needed:
+            wrong = next(
+                a
+                for a in found
+                if not (a.state == assess.State.APPLIED and a.profile == profile.name)
+            )
+            raise Refused(
+                f"{wrong.target.at}: {wrong.state}: {wrong.message}",
+                verify_hint(wrong, profile.name, lock),
+            )
+        # Only a tree not yet as wanted plans: the planner's modules load here, not at every
+        # service start.
+        from sm120patch.engine.apply import apply_runs
         from sm120patch.plan import catalog
 
-        profile = catalog.load().profile(profile_name)
-    named = resolved(given)
-    ctxs = runs_for(profile, named, force, lock)
-    # At every service start: when the bytes already say "as wanted", answer without the lock
-    # (reading is safe; a run in progress would show as unfinished).
-    found = [ctx.assess() for ctx in ctxs]
-    if all(a.state == assess.State.APPLIED and a.profile == profile.name for a in found):
-        try:
-            if lock is not None:
-                for ctx, a in zip(ctxs, found, strict=True):
-                    check_applied_matches_lock(ctx, a, lock)
-            return Report(
-                Action.NOTHING_TO_DO,
-                profile.name,
-                [TargetReport(c.target, state=assess.State.APPLIED) for c in ctxs],
-                notes=[
-                    f"profile {profile.name} is already applied: every touched file has the "
-                    "bytes sm120patch wrote"
-                    + (", the bytes the lock records" if lock is not None else ""),
-                    *unchecked_refusals(profile, [c.target for c in ctxs], named),
-                ],
-            )
-        except Refused:
-            if not apply_if_needed:
-                raise
-            # not as the lock says: apply's preflight refuses with the full story
-    if not apply_if_needed:
-        wrong = next(
-            a for a in found if not (a.state == assess.State.APPLIED and a.profile == profile.name)
+        report = apply_runs(
+            catalog.load(named.config).profile(profile.name),
+            ctxs,
+            named,
+            preconditions=preconditions,
+            check_plan=check_plan,
+            lock=lock,
+            seen={c.target.kind: a for c, a in zip(ctxs, found, strict=True)},
+            wait=wait,
         )
-        raise Refused(
-            f"{wrong.target.at}: {wrong.state}: {wrong.message}",
-            verify_hint(wrong, profile.name, lock),
-        )
-    # Only a tree not yet as wanted plans: the planner's modules load here, not at every
-    # service start.
-    from sm120patch.engine.apply import apply_runs
-    from sm120patch.plan import catalog
-
-    report = apply_runs(
-        catalog.load().profile(profile.name),
-        ctxs,
-        named,
-        preconditions=preconditions,
-        check_plan=check_plan,
-        lock=lock,
-        seen={c.target.kind: a for c, a in zip(ctxs, found, strict=True)},
-        wait=wait,
-    )
-    for ctx in ctxs:
-        why = report.unrecorded.get(ctx.target.kind)
-        if why is not None:
-            raise Refused(f"{ctx.target.at}: {why}", "see `sm120patch status`")
-    return report
+        for ctx in ctxs:
+            why = report.unrecorded.get(ctx.target.kind)
+            if why is not None:
+                raise Refused(f"{ctx.target.at}: {why}", "see `sm120patch status`")
+        return report
 
 
 def verify_hint(found: assess.Assessment, profile: str, lock: Lock | None) -> str:

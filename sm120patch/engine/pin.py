@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sm120patch.errors import Refused
 from sm120patch.plan.lockfile import Lock, from_plan
 from sm120patch.targets import Target
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned
 
 if TYPE_CHECKING:
     from sm120patch.engine.assess import Assessment
@@ -27,19 +27,19 @@ def make(profile_name: str, given: Given, *, force: bool = False) -> Lock:
     from sm120patch.engine import pristine
     from sm120patch.plan import catalog, pins
 
-    profile = catalog.load().profile(profile_name)
-    named = resolved(given)
-    found = pins.resolve_targets(profile, named)
-    pins.require_pins(profile, found, named, force=force, verb="pin")
-    plan, assessed = pristine.pristine_plan(profile, found, named, verb="pin")
-    lock = from_plan(plan)
-    _check_applied_as_planned(lock, found, assessed)
-    if not lock.files:
-        raise Refused(
-            f"profile {profile.name} changes no file here (every site is already SM120-ready)",
-            "nothing to pin on these releases",
-        )
-    return lock
+    with owned(given) as named:
+        profile = catalog.load(named.config).profile(profile_name)
+        found = pins.resolve_targets(profile, named)
+        pins.require_pins(profile, found, named, force=force, verb="pin")
+        plan, assessed = pristine.pristine_plan(profile, found, named, verb="pin")
+        lock = from_plan(plan)
+        _check_applied_as_planned(lock, found, assessed)
+        if not lock.files:
+            raise Refused(
+                f"profile {profile.name} changes no file here (every site is already SM120-ready)",
+                "nothing to pin on these releases",
+            )
+        return lock
 
 
 def _check_applied_as_planned(

@@ -11,7 +11,7 @@ from sm120patch.errors import Refused
 from sm120patch.plan import catalog, pins, planner
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target
-from sm120patch.targets.resolved import Given
+from sm120patch.targets.resolved import Given, owned
 
 
 def pristine_bytes(target: Target, rel: str) -> bytes | None:
@@ -38,10 +38,11 @@ def plan_from_pristine(
     apply; elsewhere from the files on disk. Refuses a tree that is neither (another profile
     applied, an edit since the apply, a journal left open), and pristine bytes that are not
     the ones the apply read (its before-hash)."""
-    profile = catalog.load().profile(profile_name)
-    found = pins.resolve_targets(profile, given)
-    pins.require_pins(profile, found, given, force=force, verb=verb)
-    return pristine_plan(profile, found, given, verb=verb)[0]
+    with owned(given) as named:
+        profile = catalog.load(named.config).profile(profile_name)
+        found = pins.resolve_targets(profile, named)
+        pins.require_pins(profile, found, named, force=force, verb=verb)
+        return pristine_plan(profile, found, named, verb=verb)[0]
 
 
 def pristine_plan(

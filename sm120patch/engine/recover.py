@@ -20,30 +20,32 @@ from sm120patch.engine.store import TargetState
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.targets.git import head_branch as git_head_branch
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned
 
 
 def recover(given: Given) -> Report:
     """Finish what a killed run left on the command's targets (`given`): roll an apply back,
     roll a revert forward."""
-    ctxs = [TargetRun(t) for t in resolved(given).each(TARGETS)]
-    reports: list[TargetReport] = []
-    notes: list[str] = _unnamed_peers(ctxs)
-    with locked(ctxs):
-        journals: dict[str, Journal | None] = {c.target.kind: c.state.journal() for c in ctxs}
-        _check_evidence(ctxs, journals)  # before anything changes: a refusal changes nothing
-        for ctx in ctxs:
-            ctx.verify()  # the transaction's start: every path still names the tree found
-        with interrupts.critical(  # [signals] recover is finished, never cut short
-            "recover",
-            None,
-            abortable=False,
-            unfinished=lambda: any(c.journal_open() for c in ctxs),
-        ):
-            _recover(ctxs, journals, reports, notes)
-    if not reports:
-        notes.append("nothing to recover")
-    return Report(Action.RECOVERED if reports else Action.NOTHING_TO_DO, None, reports, notes=notes)
+    with owned(given) as named:
+        ctxs = [TargetRun(t, named.config) for t in named.each(TARGETS)]
+        reports: list[TargetReport] = []
+        notes: list[str] = _unnamed_peers(ctxs)
+        with locked(ctxs):
+            journals: dict[str, Journal | None] = {c.target.kind: c.state.journal() for c in ctxs}
+            _check_evidence(ctxs, journals)  # before anything changes: a refusal changes nothing
+            for ctx in ctxs:
+                ctx.verify()  # the transaction's start: every path still names the tree found
+            with interrupts.critical(  # [signals] recover is finished, never cut short
+                "recover",
+                None,
+                abortable=False,
+                unfinished=lambda: any(c.journal_open() for c in ctxs),
+            ):
+                _recover(ctxs, journals, reports, notes)
+        if not reports:
+            notes.append("nothing to recover")
+        action = Action.RECOVERED if reports else Action.NOTHING_TO_DO
+        return Report(action, None, reports, notes=notes)
 
 
 def _check_evidence(ctxs: list[TargetRun], journals: dict[str, Journal | None]) -> None:

@@ -26,7 +26,7 @@ from sm120patch.errors import Refused
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog
 from sm120patch.targets import procscan
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned, resolved
 
 
 def revert(
@@ -37,64 +37,66 @@ def revert(
     keep_branch: bool = False,
 ) -> Report:
     """Revert `profile_name` (None: whatever is applied) on the command's targets (`given`)."""
-    ctxs = _revert_targets(profile_name, given)
-    reports: list[TargetReport] = []
-    notes: list[str] = []
-    if all(c.state.manifest() is None and c.state.journal() is None for c in ctxs):
-        # Nothing recorded anywhere: said without the lock, which a tree this run cannot
-        # write (a read-only mount, an image's layer) could not even hold. A run starting
-        # meanwhile is no more reverted than one starting just after this answer.
-        nothing = _revert_preflight(profile_name, ctxs, force)[2]
-        if nothing is not None:
-            return nothing
-    with locked(ctxs):
-        todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
-        if nothing is not None:
-            return nothing
-        for ctx in ctxs:
-            ctx.verify()  # the transaction's start: every path still names the tree found
-        for ctx, found_state in stale:
-            # Never write one release's bytes into another, nor pristine bytes over a branch:
-            # the patch is already gone, only its record is left.
-            assert found_state.manifest is not None
-            notes.append(_dropped_note(ctx, found_state))
-            if found_state.state == assess.State.GONE:
-                notes.extend(ctx.layout.drop_branch(found_state.manifest.git, keep_branch))
-            ctx.state.remove_manifest()
-            ctx.state.drop_copies()
-            reports.append(TargetReport(ctx.target, state=_left(found_state)))
-        txn = new_txn()
-        peers = tuple(ctx.peer() for ctx, _ in todo)
-        # [signals] deferred from the first journal write to the last close: a revert is
-        # finished, never cut short.
-        with interrupts.critical(
-            "revert",
-            profile_name,
-            abortable=False,
-            unfinished=lambda: any(c.journal_open() for c, _ in todo),
-        ):
-            try:
-                journals = _write_journals(todo, txn, peers, keep_branch)
-            except OSError as exc:
-                raise Refused(
-                    f"revert failed writing its journal {exc.filename or ''}: {exc.strerror}; "
-                    "nothing was changed",
-                    "free some space (or fix the permissions), then revert again",
-                ) from exc
-            # Every journal is written before anything changes: from here on, recover rolls the
-            # whole revert forward.
-            try:
-                for ctx, journal in journals:
-                    report, more = finish_revert(ctx, journal)
-                    reports.append(report)
-                    notes.extend(more)
-            except OSError as exc:
-                raise Refused(
-                    f"revert failed writing {exc.filename or 'a file'}: {exc.strerror}",
-                    "the journal is kept: fix the cause (disk space, permissions), then run "
-                    "`sm120patch recover` to finish the revert",
-                ) from exc
-    return Report(Action.REVERTED if todo else Action.DROPPED, profile_name, reports, notes=notes)
+    with owned(given) as named:
+        ctxs = _revert_targets(profile_name, named)
+        reports: list[TargetReport] = []
+        notes: list[str] = []
+        if all(c.state.manifest() is None and c.state.journal() is None for c in ctxs):
+            # Nothing recorded anywhere: said without the lock, which a tree this run cannot
+            # write (a read-only mount, an image's layer) could not even hold. A run starting
+            # meanwhile is no more reverted than one starting just after this answer.
+            nothing = _revert_preflight(profile_name, ctxs, force)[2]
+            if nothing is not None:
+                return nothing
+        with locked(ctxs):
+            todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
+            if nothing is not None:
+                return nothing
+            for ctx in ctxs:
+                ctx.verify()  # the transaction's start: every path still names the tree found
+            for ctx, found_state in stale:
+                # Never write one release's bytes into another, nor pristine bytes over a branch:
+                # the patch is already gone, only its record is left.
+                assert found_state.manifest is not None
+                notes.append(_dropped_note(ctx, found_state))
+                if found_state.state == assess.State.GONE:
+                    notes.extend(ctx.layout.drop_branch(found_state.manifest.git, keep_branch))
+                ctx.state.remove_manifest()
+                ctx.state.drop_copies()
+                reports.append(TargetReport(ctx.target, state=_left(found_state)))
+            txn = new_txn()
+            peers = tuple(ctx.peer() for ctx, _ in todo)
+            # [signals] deferred from the first journal write to the last close: a revert is
+            # finished, never cut short.
+            with interrupts.critical(
+                "revert",
+                profile_name,
+                abortable=False,
+                unfinished=lambda: any(c.journal_open() for c, _ in todo),
+            ):
+                try:
+                    journals = _write_journals(todo, txn, peers, keep_branch)
+                except OSError as exc:
+                    raise Refused(
+                        f"revert failed writing its journal {exc.filename or ''}: {exc.strerror}; "
+                        "nothing was changed",
+                        "free some space (or fix the permissions), then revert again",
+                    ) from exc
+                # Every journal is written before anything changes: from here on, recover rolls the
+                # whole revert forward.
+                try:
+                    for ctx, journal in journals:
+                        report, more = finish_revert(ctx, journal)
+                        reports.append(report)
+                        notes.extend(more)
+                except OSError as exc:
+                    raise Refused(
+                        f"revert failed writing {exc.filename or 'a file'}: {exc.strerror}",
+                        "the journal is kept: fix the cause (disk space, permissions), then run "
+                        "`sm120patch recover` to finish the revert",
+                    ) from exc
+        action = Action.REVERTED if todo else Action.DROPPED
+        return Report(action, profile_name, reports, notes=notes)
 
 
 def _write_journals(
@@ -140,44 +142,48 @@ def revert_dry_run(
     what the revert would do, and `restores` is the diff of what it would write back."""
     from sm120patch.plan.diffs import diff_texts
 
-    ctxs = _revert_targets(profile_name, given)
-    for ctx in ctxs:
-        ctx.state.check_lockable()
-    todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
-    if nothing is not None:
-        nothing.dry_run = True
-        return nothing
-    reports: list[TargetReport] = []
-    notes = [_dropped_note(ctx, found, dry_run=True) for ctx, found in stale]
-    reports += [TargetReport(ctx.target, state=_left(found)) for ctx, found in stale]
-    diffs = []
-    for ctx, manifest in todo:
-        report = TargetReport(ctx.target, state=assess.State.PRISTINE)
-        restored = ctx.layout.restores(manifest.files, manifest.git)
-        for f in manifest.files:
-            data = ctx.tree.read(f.path) if ctx.tree.is_regular(f.path) else b""
-            after = restored[f.path]
-            report.files.append(ReportedFile(f.path, "pristine"))
-            if after is not None and after != data:
-                diffs.append(
-                    diff_texts(
-                        f.path, data.decode("utf-8", "replace"), after.decode("utf-8", "replace")
+    with owned(given) as named:
+        ctxs = _revert_targets(profile_name, named)
+        for ctx in ctxs:
+            ctx.state.check_lockable()
+        todo, stale, nothing = _revert_preflight(profile_name, ctxs, force)
+        if nothing is not None:
+            nothing.dry_run = True
+            return nothing
+        reports: list[TargetReport] = []
+        notes = [_dropped_note(ctx, found, dry_run=True) for ctx, found in stale]
+        reports += [TargetReport(ctx.target, state=_left(found)) for ctx, found in stale]
+        diffs = []
+        for ctx, manifest in todo:
+            report = TargetReport(ctx.target, state=assess.State.PRISTINE)
+            restored = ctx.layout.restores(manifest.files, manifest.git)
+            for f in manifest.files:
+                data = ctx.tree.read(f.path) if ctx.tree.is_regular(f.path) else b""
+                after = restored[f.path]
+                report.files.append(ReportedFile(f.path, "pristine"))
+                if after is not None and after != data:
+                    diffs.append(
+                        diff_texts(
+                            f.path,
+                            data.decode("utf-8", "replace"),
+                            after.decode("utf-8", "replace"),
+                        )
                     )
-                )
-        reports.append(report)
-    return Report(
-        Action.REVERTED if todo else Action.DROPPED,
-        profile_name,
-        reports,
-        notes=notes,
-        dry_run=True,
-        restores="".join(diffs),
-    )
+            reports.append(report)
+        action = Action.REVERTED if todo else Action.DROPPED
+        return Report(
+            action, profile_name, reports, notes=notes, dry_run=True, restores="".join(diffs)
+        )
 
 
 def _revert_targets(profile_name: str | None, given: Given) -> list[TargetRun]:
-    kinds = TARGETS if profile_name is None else catalog.load().profile(profile_name).targets
-    return [TargetRun(t) for t in resolved(given).each(tuple(kinds))]
+    named = resolved(given)
+    kinds = (
+        TARGETS
+        if profile_name is None
+        else catalog.load(named.config).profile(profile_name).targets
+    )
+    return [TargetRun(t, named.config) for t in named.each(tuple(kinds))]
 
 
 def _revert_preflight(
@@ -197,8 +203,7 @@ def _revert_preflight(
             continue  # another profile's record that it needs nothing here: nothing of ours
         if profile_name is not None and manifest.profile != profile_name:
             raise Refused(
-                f"profile {manifest.profile} is applied on {ctx.target.root}, "
-                f"not {profile_name}",
+                f"profile {manifest.profile} is applied on {ctx.target.root}, not {profile_name}",
                 f"run `sm120patch revert {manifest.profile}` or `sm120patch revert --all`",
             )
         if found_state.state.stale or manifest.needs_nothing:
@@ -210,11 +215,15 @@ def _revert_preflight(
     if not todo and not stale:
         what = f"profile {profile_name}" if profile_name else "anything"
         where = ", ".join(f"{c.target.name} at {c.target.root}" for c in ctxs)
-        return todo, stale, Report(
-            Action.NOTHING_TO_DO,
-            profile_name,
-            [TargetReport(c.target, state=assess.State.PRISTINE) for c in ctxs],
-            notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
+        return (
+            todo,
+            stale,
+            Report(
+                Action.NOTHING_TO_DO,
+                profile_name,
+                [TargetReport(c.target, state=assess.State.PRISTINE) for c in ctxs],
+                notes=[f"sm120patch has not applied {what} on {where or 'any target found'}"],
+            ),
         )
     for ctx, manifest in todo:
         _preflight(ctx, manifest, force)
@@ -253,6 +262,7 @@ def _preflight(ctx: TargetRun, manifest: Manifest, force: bool) -> None:
                 "regular file",
                 f"inspect {ctx.state.dir / store.MANIFEST}; if it is damaged, move it aside",
             )
+
     def unchanged(f: FileRecord) -> bool:
         now = ctx.tree.sha256(f.path)
         return assess.file_verdict(f, now, ctx.layout.released(f)) in ("patched", "pristine")

@@ -20,9 +20,10 @@ from sm120patch.errors import Refused, not_writable
 from sm120patch.plan import pins
 from sm120patch.plan.profiles import Profile
 from sm120patch.targets import Target, procscan
-from sm120patch.targets.resolved import Given
+from sm120patch.targets.resolved import Given, resolved
 
 if TYPE_CHECKING:
+    from sm120patch.config import Config
     from sm120patch.engine.layouts import TargetLayout
     from sm120patch.plan.lockfile import Lock
 
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
 class TargetRun:
     """One target during a run: its state directory and its layout (git or installed)."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, config: Config) -> None:
         self.target = target
+        self.config = config  # the command's: the catalog of its packs judges the state
         # The tree as found, held open: every read and write of its files goes through it.
         self.tree = target.handle
         self.state = TargetState.of(target.root, target.layout, target.kind, target.handle)
@@ -105,7 +107,7 @@ class TargetRun:
 
         from sm120patch.plan import catalog
 
-        cat = catalog.load()
+        cat = catalog.load(self.config)
         profile = cat.profiles.get(m.profile)
         if profile is None:
             return found  # no loaded patches say otherwise: the bytes still hold
@@ -154,7 +156,8 @@ def runs_for(
             "sm120patch makes one branch per repository and target",
             "apply to separate checkouts, or to installed packages",
         )
-    return [TargetRun(t) for t in found]
+    config = resolved(given).config
+    return [TargetRun(t, config) for t in found]
 
 
 def unchecked_refusals(profile: Profile, found: list[Target], given: Given) -> list[str]:
@@ -267,7 +270,7 @@ def check_evidence(
         )
     from sm120patch.plan import catalog
 
-    cat = catalog.load()
+    cat = catalog.load(ctx.config)
     known = cat.profiles.get(profile)
     if known is None:
         raise Refused(

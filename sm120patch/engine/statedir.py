@@ -39,7 +39,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 from sm120patch.engine import interrupts
 from sm120patch.errors import Refused, not_writable
-from sm120patch.handle import NEVER_SET, TMP_SUFFIX, TreeHandle, TreeMoved, walk_dir
+from sm120patch.handle import TMP_SUFFIX, TreeHandle, TreeMoved, walk_dir, write_at
 from sm120patch.safeio import read_regular
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -145,12 +145,6 @@ class StateDir:
             if fd >= 0:
                 os.close(fd)
         self.fds, self._anchor_fd = [], -1
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except OSError:
-            pass
 
     # ---- the anchor ---------------------------------------------------------------------
     def _anchor(self) -> int:
@@ -414,32 +408,8 @@ class StateDir:
         parts = self._parts(rel)
         fd = self._dir_of(parts[:-1], making)
         try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
-            while True:
-                tmp = f".{parts[-1]}.{os.urandom(6).hex()}{TMP_SUFFIX}"
-                try:
-                    out = os.open(tmp, flags, 0o600, dir_fd=fd)
-                    break
-                except FileExistsError:
-                    continue
-            try:
-                with os.fdopen(out, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    if durable:
-                        os.fsync(fh.fileno())
-                    if os.geteuid() == 0:
-                        os.fchown(fh.fileno(), *making.owner)  # made by this run: ours to give
-                    os.fchmod(fh.fileno(), stat.S_IMODE(mode) & ~NEVER_SET)
-                os.rename(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
-            except BaseException:
-                try:
-                    os.unlink(tmp, dir_fd=fd)
-                except FileNotFoundError:
-                    pass
-                raise
-            if durable:
-                os.fsync(fd)
+            # The owner: made by this run, ours to give (`handle.write_at`, the one writer).
+            write_at(fd, parts[-1], data, mode, owner=making.owner, durable=durable)
         finally:
             os.close(fd)
 

@@ -11,7 +11,7 @@ from sm120patch.errors import Sm120Error
 from sm120patch.patchkit.kinds import LOOKED_FOR
 from sm120patch.patchkit.model import TARGETS
 from sm120patch.plan import catalog, pins, planner
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned
 from sm120patch.trial import gpu
 
 
@@ -84,80 +84,101 @@ def examine(paths: Given, verbose: bool = False) -> Examination:
     """The box: its GPUs, its targets (the command's, each found once and assessed once), and
     what each profile would do here."""
     gpus = gpu.read_gpus()
-    named = resolved(paths)
-    found: dict[str, targets.Target] = {}
-    missing = []
-    for kind in (k for k in TARGETS if k in LOOKED_FOR or named.given(k)):
-        try:
-            found[kind] = named.find(kind)
-        except Sm120Error as exc:
-            missing.append(f"{targets.DISPLAY[kind]}: {exc.message}")
-    checks = []
-    profiles = catalog.load().profiles.values()
-    # A kind looked for only when named (vLLM), not named: one line saying so, where a profile
-    # patches it; its profiles are not checked, for that reason.
-    unnamed = {
-        k
-        for k in TARGETS
-        if k not in LOOKED_FOR and not named.given(k) and any(k in p.targets for p in profiles)
-    }
-    for kind in sorted(unnamed, key=TARGETS.index):
-        which = ", ".join(p.name for p in profiles if kind in p.targets)
-        missing.append(f"{targets.DISPLAY[kind]}: looked for only with --{kind} PATH "
-                       f"(profiles that patch it: {which})")
-    for profile in profiles:
-        have = [found[k] for k in profile.targets if k in found]
-        check = ProfileCheck(profile.name, profile.status, None,
-                             flag=profile.flag_sentence(release=False) if profile.flag else "")
-        if unnamed & set(profile.targets):
-            kind = next(k for k in TARGETS if k in unnamed and k in profile.targets)
-            check.problems.append(f"{targets.DISPLAY[kind]} is looked for only with --{kind} PATH")
-        elif len(have) < len(profile.targets):
-            check.problems.append("needs " + " and ".join(profile.targets) + " to be found")
-        else:
-            check.problems = pins.check_pins(profile, have, named)
-            check.refused = pins.refusal_lines(profile, have, named)
-            check.pinned = len(check.problems) == len(check.refused)
+    with owned(paths) as named:
+        found: dict[str, targets.Target] = {}
+        missing = []
+        for kind in (k for k in TARGETS if k in LOOKED_FOR or named.given(k)):
             try:
-                plan = planner.plan_admitted(profile.name, have, named)
-                check.outcomes = [o.to_dict() for o in plan.outcomes]
+                found[kind] = named.find(kind)
             except Sm120Error as exc:
-                check.problems.append(exc.message)
-        checks.append(check)
-    statuses = None
-    try:
-        statuses = assess.status(named)
-        applied = [s.to_dict() for s in statuses]
-    except Sm120Error as exc:
-        applied = [{"problem": exc.message}]
-    from sm120patch.plan.known import condemning, entries
-    from sm120patch.trial import known
+                missing.append(f"{targets.DISPLAY[kind]}: {exc.message}")
+        checks = []
+        cat = catalog.load(named.config)
+        profiles = cat.profiles.values()
+        # A kind looked for only when named (vLLM), not named: one line saying so, where a profile
+        # patches it; its profiles are not checked, for that reason.
+        unnamed = {
+            k
+            for k in TARGETS
+            if k not in LOOKED_FOR and not named.given(k) and any(k in p.targets for p in profiles)
+        }
+        for kind in sorted(unnamed, key=TARGETS.index):
+            which = ", ".join(p.name for p in profiles if kind in p.targets)
+            missing.append(
+                f"{targets.DISPLAY[kind]}: looked for only with --{kind} PATH "
+                f"(profiles that patch it: {which})"
+            )
+        for profile in profiles:
+            have = [found[k] for k in profile.targets if k in found]
+            check = ProfileCheck(
+                profile.name,
+                profile.status,
+                None,
+                flag=profile.flag_sentence(release=False) if profile.flag else "",
+            )
+            if unnamed & set(profile.targets):
+                kind = next(k for k in TARGETS if k in unnamed and k in profile.targets)
+                check.problems.append(
+                    f"{targets.DISPLAY[kind]} is looked for only with --{kind} PATH"
+                )
+            elif len(have) < len(profile.targets):
+                check.problems.append("needs " + " and ".join(profile.targets) + " to be found")
+            else:
+                check.problems = pins.check_pins(profile, have, named)
+                check.refused = pins.refusal_lines(profile, have, named)
+                check.pinned = len(check.problems) == len(check.refused)
+                try:
+                    plan = planner.plan_admitted(profile.name, have, named)
+                    check.outcomes = [o.to_dict() for o in plan.outcomes]
+                except Sm120Error as exc:
+                    check.problems.append(exc.message)
+            checks.append(check)
+        statuses = None
+        try:
+            statuses = assess.status(named)
+            applied = [s.to_dict() for s in statuses]
+        except Sm120Error as exc:
+            applied = [{"problem": exc.message}]
+        from sm120patch.plan.known import condemning, entries
+        from sm120patch.trial import known
 
-    box = known.box_of(named, read_gpus=lambda: gpus, statuses=statuses)
-    shipped = entries()
-    on = {a["profile"]: a.get("root", "") for a in applied if a.get("profile")}
-    for check in checks:
-        check.condemned = [e.line() for e in condemning(check.name, box, shipped)]
-        check.applied_on = [root for name, root in on.items() if name == check.name]
-        check.decide()
-    return Examination(
-        gpus,
-        [_described(t) for t in found.values()],
-        missing,
-        checks,
-        applied,
-        recommendation=recommendation(checks),
-        known=_pointed(known.lines(None, named, read_gpus=lambda: gpus, verbose=verbose,
-                                   statuses=statuses), verbose),
-    )
+        box = known.box_of(named, read_gpus=lambda: gpus, statuses=statuses)
+        shipped = entries(cat=cat)
+        on = {a["profile"]: a.get("root", "") for a in applied if a.get("profile")}
+        for check in checks:
+            check.condemned = [e.line() for e in condemning(check.name, box, shipped, cat)]
+            check.applied_on = [root for name, root in on.items() if name == check.name]
+            check.decide()
+        return Examination(
+            gpus,
+            [_described(t) for t in found.values()],
+            missing,
+            checks,
+            applied,
+            recommendation=recommendation(checks),
+            known=_pointed(
+                known.lines(
+                    None, named, read_gpus=lambda: gpus, verbose=verbose, statuses=statuses, cat=cat
+                ),
+                verbose,
+            ),
+        )
 
 
 # Optional packages a target's profiles use when they are installed beside it: the patch opens a
 # backend upstream's own availability check lets through only with the package (vllm-moe's
 # B12X MoE and vllm-fp4-gemm's B12X NVFP4 GEMM need `b12x`, `pip install 'vllm[b12x]'`; without
 # it the next backend is taken).
-BESIDE = {"vllm": (("b12x", "vllm[b12x]", "vllm-moe",
-                    "vllm-moe's B12X MoE backend (and vllm-fp4-gemm's B12X NVFP4 GEMM)"),)}
+BESIDE = {
+    "vllm": (
+        (
+            "b12x",
+            "vllm[b12x]",
+            "vllm-moe",
+            "vllm-moe's B12X MoE backend (and vllm-fp4-gemm's B12X NVFP4 GEMM)",
+        ),
+    )
+}
 
 
 def _described(target: targets.Target) -> dict[str, Any]:
@@ -170,8 +191,10 @@ def _described(target: targets.Target) -> dict[str, Any]:
     for dist, extra, profile, used in BESIDE.get(target.kind, ()):
         version = installed_beside(target, dist)
         if version is None:
-            state = (f"unknown for a checkout (its Python is not known here); `sm120patch "
-                     f"explain --{target.kind} PATH --profile {profile}` asks it")
+            state = (
+                f"unknown for a checkout (its Python is not known here); `sm120patch "
+                f"explain --{target.kind} PATH --profile {profile}` asks it"
+            )
         elif version:
             state = f"installed ({version})"
         else:

@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 from sm120patch import safeio
 from sm120patch.errors import Refused, Sm120Error, UsageError
 from sm120patch.targets import Target, files
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned
 
 if TYPE_CHECKING:
     from sm120patch.patchkit.model import Patch
     from sm120patch.patchkit.readers import Explain
+    from sm120patch.plan.catalog import Catalog
 
 PROBE = Path(__file__).with_name("probe.py")
 PROFILE = "all"  # what the planned patched side applies unless --profile says another
@@ -51,14 +52,21 @@ class ProbeCannotImport(Sm120Error):
 # ----------------------------------------------------------------------------- the probe
 
 
-def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float = TIMEOUT_S
-              ) -> dict[str, Any]:
+def run_probe(
+    python: str | Path, request: Mapping[str, Any], *, timeout: float = TIMEOUT_S
+) -> dict[str, Any]:
     """Run the probe in `python` with `request` (see probe.py); its result, parsed. A request
     without `readers` carries those the loaded patches declare for the targets it probes."""
     if "readers" not in request:
-        kinds = [k for k, on in (("sglang", request.get("sglang", True)),
-                                 ("flashinfer", request.get("flashinfer", False)),
-                                 ("vllm", request.get("vllm", False))) if on]
+        kinds = [
+            k
+            for k, on in (
+                ("sglang", request.get("sglang", True)),
+                ("flashinfer", request.get("flashinfer", False)),
+                ("vllm", request.get("vllm", False)),
+            )
+            if on
+        ]
         request = {**request, "readers": reader_requests(kinds)}
     with tempfile.TemporaryDirectory(prefix="sm120patch-probe-") as tmp:
         req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
@@ -72,7 +80,11 @@ def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float 
         try:
             proc = subprocess.run(
                 [_absolute(python), str(PROBE), str(req), str(res)],
-                capture_output=True, text=True, timeout=timeout, env=env, check=False,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+                check=False,
                 cwd=safeio.CHILD_CWD,
             )
         except FileNotFoundError:
@@ -93,8 +105,7 @@ def run_probe(python: str | Path, request: Mapping[str, Any], *, timeout: float 
     if proc.returncode == 5 or "fatal" in result:
         raise ProbeCannotImport(
             result.get("fatal", f"the probe exited {proc.returncode}"),
-            f"check that {python} is the interpreter the server runs in (or pass --python "
-            "PATH)",
+            f"check that {python} is the interpreter the server runs in (or pass --python PATH)",
         )
     return dict(result)
 
@@ -133,20 +144,35 @@ def write_overlay(texts: Mapping[str, str | bytes], directory: Path) -> dict[str
 # not safe in two threads at once ("AST constructor recursion depth mismatch", 3.11).
 _PARSING = threading.Lock()
 # The keys of the probe's result that are its own (probe.py, `run`): no reader may take them.
-PROBE_KEYS = frozenset({"python", "torch", "simulate", "device", "capability", "sglang",
-                        "flashinfer", "vllm", "predicates", "launches", "fatal"})
+PROBE_KEYS = frozenset(
+    {
+        "python",
+        "torch",
+        "simulate",
+        "device",
+        "capability",
+        "sglang",
+        "flashinfer",
+        "vllm",
+        "predicates",
+        "launches",
+        "fatal",
+    }
+)
 
 
-def declared() -> list[tuple[Patch, Explain]]:
-    """What the loaded patches declare `explain` reads (`Patch.explain`), SGLang's first, in
-    the catalog's order. A reader the probe could not run from its text alone, or a name
-    taken twice, is a usage error naming the patch and where it comes from."""
+def declared(cat: Catalog | None = None) -> list[tuple[Patch, Explain]]:
+    """What the patches of `cat` (the command's catalog; None: the environment's) declare
+    `explain` reads (`Patch.explain`), SGLang's first, in the catalog's order. A reader the
+    probe could not run from its text alone, or a name taken twice, is a usage error naming
+    the patch and where it comes from."""
     from sm120patch.patchkit.model import TARGETS
-    from sm120patch.plan import catalog
 
-    cat = catalog.load()  # every patch's target is one of TARGETS (the catalog checks)
-    found = sorted(((p, p.explain) for p in cat.patches.values() if p.explain is not None),
-                   key=lambda pe: TARGETS.index(pe[0].target))
+    cat = _catalog(cat)  # every patch's target is one of TARGETS (the catalog checks)
+    found = sorted(
+        ((p, p.explain) for p in cat.patches.values() if p.explain is not None),
+        key=lambda pe: TARGETS.index(pe[0].target),
+    )
     taken: dict[str, str] = {}
     for patch, reader in found:
         with _PARSING:  # callers probe from threads; `ast` must not parse in two at once
@@ -158,48 +184,61 @@ def declared() -> list[tuple[Patch, Explain]]:
                 problems.append(f"explain: the name {key!r} is also {taken[key]}'s")
             taken[key] = patch.id
         if problems:
-            raise UsageError(f"patch {patch.id} ({cat.source(patch.id).name}): {problems[0]}",
-                             "fix the patch's explain reader (see sm120patch.patchkit.readers)")
+            raise UsageError(
+                f"patch {patch.id} ({cat.source(patch.id).name}): {problems[0]}",
+                "fix the patch's explain reader (see sm120patch.patchkit.readers)",
+            )
     return found
 
 
-def labels() -> list[tuple[str, str]]:
+def _catalog(cat: Catalog | None) -> Catalog:
+    from sm120patch.plan import catalog
+
+    return cat if cat is not None else catalog.load()
+
+
+def labels(cat: Catalog | None = None) -> list[tuple[str, str]]:
     """(field, label) of the rows the loaded patches declare, in the order `explain` shows."""
-    return [(reader.key, reader.label) for _, reader in declared()]
+    return [(reader.key, reader.label) for _, reader in declared(cat)]
 
 
-def reader_requests(kinds: Sequence[str]) -> list[dict[str, Any]]:
+def reader_requests(kinds: Sequence[str], cat: Catalog | None = None) -> list[dict[str, Any]]:
     """The readers of the patches of the targets `kinds`, as the probe's request carries them:
     the reader's source text, and where its site is by the patch's facts."""
     out = []
-    for patch, reader in declared():
+    for patch, reader in declared(cat):
         if patch.target not in kinds:
             continue
         file, line, source = reader.source()
         functions = (f.function for f in reversed(patch.facts) if f.function)
-        out.append({
-            "patch": patch.id, "target": patch.target, "name": reader.name,
-            "function": reader.read.__name__, "source": source, "file": file, "line": line,
-            "modules": [module_name(f) for f in patch.files],
-            "functions": list(dict.fromkeys(functions)),
-        })
+        out.append(
+            {
+                "patch": patch.id,
+                "target": patch.target,
+                "name": reader.name,
+                "function": reader.read.__name__,
+                "source": source,
+                "file": file,
+                "line": line,
+                "modules": [module_name(f) for f in patch.files],
+                "functions": list(dict.fromkeys(functions)),
+            }
+        )
     return out
 
 
 # ----------------------------------------------------------------------------- the two texts
 
 
-def profile_for(target: Target, profile_name: str | None) -> str:
+def profile_for(target: Target, profile_name: str | None, cat: Catalog | None = None) -> str:
     """The profile whose planned text is the patched side of `target`: the one named, else
     `all` for SGLang and FlashInfer, and for vLLM the one profile of the catalog that patches
     it (several: name one)."""
-    from sm120patch.plan import catalog
-
     if profile_name is not None:
         return profile_name
     if target.kind != "vllm":
         return PROFILE
-    names = [n for n, p in catalog.load().profiles.items() if target.kind in p.targets]
+    names = [n for n, p in _catalog(cat).profiles.items() if target.kind in p.targets]
     if len(names) != 1:
         raise UsageError(
             f"{len(names) or 'no'} profiles patch {target.name}"
@@ -211,26 +250,29 @@ def profile_for(target: Target, profile_name: str | None) -> str:
     return names[0]
 
 
-def check_profile(found: Sequence[Target], profile_name: str | None) -> None:
+def check_profile(
+    found: Sequence[Target], profile_name: str | None, cat: Catalog | None = None
+) -> None:
     """A profile named that patches none of the targets found is refused: its patched side
     would be the pristine text, every row "the same" for no reason."""
-    from sm120patch.plan import catalog
-
     if profile_name is None:
         return
-    kinds = catalog.load().profile(profile_name).targets
+    kinds = _catalog(cat).profile(profile_name).targets
     if not any(t.kind in kinds for t in found):
         names = " and ".join(t.name for t in found)
-        raise UsageError(f"profile {profile_name} patches nothing of {names}",
-                         "`sm120patch list` shows what each profile patches")
+        raise UsageError(
+            f"profile {profile_name} patches nothing of {names}",
+            "`sm120patch list` shows what each profile patches",
+        )
 
 
-def patched_texts(target: Target, profile_name: str = PROFILE) -> dict[str, str]:
+def patched_texts(
+    target: Target, profile_name: str = PROFILE, cat: Catalog | None = None
+) -> dict[str, str]:
     """What the planner would write into `target` for `profile_name`: file -> new text."""
-    from sm120patch.plan import catalog
     from sm120patch.plan.planner import plan_target
 
-    cat = catalog.load()
+    cat = _catalog(cat)
     profile = cat.profile(profile_name)
     planned = plan_target(profile, cat.patches_of(profile), target)
     return {f.file: f.after for f in planned.files if f.changed}
@@ -262,12 +304,14 @@ class Sides:
     patched: dict[str, str] = field(default_factory=dict)
 
 
-def sides(target: Target, directory: Path, profile: str | None = PROFILE) -> Sides:
+def sides(
+    target: Target, directory: Path, profile: str | None = PROFILE, cat: Catalog | None = None
+) -> Sides:
     from sm120patch.engine import pristine
 
     files = applied_files(target)
     if files is None:
-        planned = patched_texts(target, profile_for(target, profile))
+        planned = patched_texts(target, profile_for(target, profile, cat), cat)
         return Sides(False, patched=write_overlay(planned, directory / "patched"))
     texts: dict[str, str | bytes] = {}
     for f in files:
@@ -318,8 +362,11 @@ class Decision:
             raise AttributeError(key) from None
 
 
-def decision(result: Mapping[str, Any], launch: str | None = "launch",
-             readers: Sequence[Explain] | None = None) -> Decision:
+def decision(
+    result: Mapping[str, Any],
+    launch: str | None = "launch",
+    readers: Sequence[Explain] | None = None,
+) -> Decision:
     """The summary of one probe result (for the named launch, when there is one); each
     reader's row by its patch's declaration (`readers`: the loaded patches' when None)."""
     if readers is None:
@@ -371,8 +418,9 @@ class Explanation:
             before, after = self.pristine[key], self.patched[key]
             if before == after == NOT_CHECKED:
                 continue
-            out.append((label, "none" if before is None else before,
-                        "none" if after is None else after))
+            out.append(
+                (label, "none" if before is None else before, "none" if after is None else after)
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -452,74 +500,83 @@ def explain(
     would find is another server's."""
     if simulate is not None and simulate not in ARCHS:
         raise UsageError(f"--simulate {simulate!r}", f"use one of {', '.join(ARCHS)}")
-    named = resolved(paths)
-    found: list[Target] = []
-    with_vllm = named.given("vllm")
-    for kind in ("vllm", "sglang", "flashinfer") if with_vllm else ("sglang", "flashinfer"):
-        try:
-            if kind == "vllm" or not with_vllm or named.given(kind):
-                found.append(named.find(kind))
-        except Sm120Error:
-            if named.given(kind):
-                raise
-    if not found:
-        raise UsageError("found neither SGLang nor FlashInfer",
-                         "pass --sglang/--flashinfer PATH (or --vllm PATH)")
-    check_profile(found, profile)
-    interp = Path(python).absolute() if python else interpreter_for(found[0])
-    problem = untrusted_interpreter(interp)
-    if problem:
-        raise Refused(
-            f"refusing to run {interp}: {problem}, so someone else could choose what it runs "
-            "(explain runs the interpreter and the target's code with your privileges)",
-            "pass --python PATH of an interpreter that only its owner or root can change",
-        )
-    launch = list(launch)
-    notes = []
-    kinds = [t.kind for t in found]
-    if launch and "sglang" not in kinds:
-        # The probe resolves SGLang's ServerArgs only; vLLM's engine arguments need its
-        # config machinery (a model config, a device config) that no reader needs yet.
-        notes.append(f"launch arguments not resolved: the probe resolves SGLang's; for "
-                     f"{', '.join(t.name for t in found)} the rows are what each patch reads")
-        launch = []
-    elif not launch and "sglang" in kinds:
-        notes.append("no launch arguments: give `-- --model-path DIR [...]` for the server "
-                     "argument decisions")
-    with tempfile.TemporaryDirectory(prefix="sm120patch-explain-") as tmp:
-        overlay: dict[str, dict[str, str]] = {"pristine": {}, "patched": {}}
-        applied = False
-        for target in found:
-            s = sides(target, Path(tmp) / target.kind, profile)
-            applied = applied or s.applied
-            overlay["pristine"].update(s.pristine)
-            overlay["patched"].update(s.patched)
-        base = {
-            "readers": reader_requests(kinds),
-            "simulate": simulate,
-            "sys_path": [str(t.parent) for t in found],
-            "launches": {"launch": launch} if launch else {},
-            **{kind: kind in kinds for kind in ("sglang", "flashinfer", "vllm")},
-        }
-        # The two sides are independent processes: run them side by side.
-        from concurrent.futures import ThreadPoolExecutor
+    with owned(paths) as named:
+        found: list[Target] = []
+        with_vllm = named.given("vllm")
+        for kind in ("vllm", "sglang", "flashinfer") if with_vllm else ("sglang", "flashinfer"):
+            try:
+                if kind == "vllm" or not with_vllm or named.given(kind):
+                    found.append(named.find(kind))
+            except Sm120Error:
+                if named.given(kind):
+                    raise
+        if not found:
+            raise UsageError(
+                "found neither SGLang nor FlashInfer",
+                "pass --sglang/--flashinfer PATH (or --vllm PATH)",
+            )
+        from sm120patch.plan import catalog
 
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            futures = {
-                side: pool.submit(run_probe, interp, {**base, "overlay": overlay[side]})
-                for side in ("pristine", "patched")
+        cat = catalog.load(named.config)
+        check_profile(found, profile, cat)
+        interp = Path(python).absolute() if python else interpreter_for(found[0])
+        problem = untrusted_interpreter(interp)
+        if problem:
+            raise Refused(
+                f"refusing to run {interp}: {problem}, so someone else could choose what it runs "
+                "(explain runs the interpreter and the target's code with your privileges)",
+                "pass --python PATH of an interpreter that only its owner or root can change",
+            )
+        launch = list(launch)
+        notes = []
+        kinds = [t.kind for t in found]
+        if launch and "sglang" not in kinds:
+            # The probe resolves SGLang's ServerArgs only; vLLM's engine arguments need its
+            # config machinery (a model config, a device config) that no reader needs yet.
+            notes.append(
+                f"launch arguments not resolved: the probe resolves SGLang's; for "
+                f"{', '.join(t.name for t in found)} the rows are what each patch reads"
+            )
+            launch = []
+        elif not launch and "sglang" in kinds:
+            notes.append(
+                "no launch arguments: give `-- --model-path DIR [...]` for the server "
+                "argument decisions"
+            )
+        with tempfile.TemporaryDirectory(prefix="sm120patch-explain-") as tmp:
+            overlay: dict[str, dict[str, str]] = {"pristine": {}, "patched": {}}
+            applied = False
+            for target in found:
+                s = sides(target, Path(tmp) / target.kind, profile, cat)
+                applied = applied or s.applied
+                overlay["pristine"].update(s.pristine)
+                overlay["patched"].update(s.patched)
+            base = {
+                "readers": reader_requests(kinds, cat),
+                "simulate": simulate,
+                "sys_path": [str(t.parent) for t in found],
+                "launches": {"launch": launch} if launch else {},
+                **{kind: kind in kinds for kind in ("sglang", "flashinfer", "vllm")},
             }
-            results = {side: f.result() for side, f in futures.items()}
-    key = "launch" if launch else None
-    readers = [reader for _, reader in declared()]
-    return Explanation(
-        python=str(interp),
-        simulate=simulate,
-        launch=launch,
-        targets=[t.to_dict() for t in found],
-        applied=applied,
-        pristine=decision(results["pristine"], key, readers),
-        patched=decision(results["patched"], key, readers),
-        notes=notes,
-        labels=[(reader.key, reader.label) for reader in readers],
-    )
+            # The two sides are independent processes: run them side by side.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                futures = {
+                    side: pool.submit(run_probe, interp, {**base, "overlay": overlay[side]})
+                    for side in ("pristine", "patched")
+                }
+                results = {side: f.result() for side, f in futures.items()}
+        key = "launch" if launch else None
+        readers = [reader for _, reader in declared(cat)]
+        return Explanation(
+            python=str(interp),
+            simulate=simulate,
+            launch=launch,
+            targets=[t.to_dict() for t in found],
+            applied=applied,
+            pristine=decision(results["pristine"], key, readers),
+            patched=decision(results["patched"], key, readers),
+            notes=notes,
+            labels=[(reader.key, reader.label) for reader in readers],
+        )

@@ -66,14 +66,14 @@ def plan_release(kind: str, version: str, scan: bool = False) -> Row:
 
 
 def _plan_release(kind: str, version: str) -> Row:
-    from sm120patch import targets
     from sm120patch.patchkit.model import Status
     from sm120patch.plan import planner
+    from sm120patch.targets import finding
 
     row = Row(kind, version)
     try:
         tree = release_tree(kind, version)
-        target = targets.find(kind, tree)
+        target = finding.find(kind, tree)
     except Exception as exc:  # a release we cannot fetch is a row that says so
         row.error = f"{type(exc).__name__}: {exc}"
         return row

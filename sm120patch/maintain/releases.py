@@ -4,7 +4,7 @@ run against: maintainer tooling, never imported by the runtime commands.
 A release is downloaded once into `<cache>/dist/` (its sha256 recorded next to it in
 `<file>.sha256`) and the few files the patches read are unpacked into
 `<cache>/trees/<kind>-<version>/`, laid out like a site-packages directory (package files plus
-a `<dist>-<version>.dist-info/METADATA`), so `targets.find(kind, tree)` sees an installed
+a `<dist>-<version>.dist-info/METADATA`), so `targets.finding.find(kind, tree)` sees an installed
 target and reads its version from the dist-info. Every use checks a file's sha256 against its
 record and fetches or rebuilds what does not match.
 

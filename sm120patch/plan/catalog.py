@@ -27,12 +27,11 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier
 
 from sm120patch import patches as package  # type: ignore[attr-defined]  # patches/ (package-dir)
+from sm120patch.config import PACKS_ENV as PACKS_ENV
+from sm120patch.config import Config
 from sm120patch.errors import UnknownProfile
 from sm120patch.patchkit.model import Evidence, Patch, wiring_evidence
 from sm120patch.plan.entrypoints import entry_points
-from sm120patch.plan.packdirs import PACKS_ENV as PACKS_ENV
-from sm120patch.plan.packdirs import pack_dirs as pack_dirs
-from sm120patch.plan.packdirs import use_packs as use_packs
 from sm120patch.plan.profiles import BUILT_IN as BUILT_IN
 from sm120patch.plan.profiles import DAMAGED_HINT as DAMAGED_HINT
 from sm120patch.plan.profiles import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
@@ -98,9 +97,12 @@ class Catalog:
         return wiring_evidence(self.patches_of(prof), log)
 
 
-def load() -> Catalog:
-    """The built-in library plus every pack from outside (entry points, directories)."""
-    return _load(pack_dirs())
+def load(config: Config | None = None) -> Catalog:
+    """The built-in library plus every pack from outside: entry points and the directories of
+    `config` (a command's, `app.Session.config`); None is the environment's alone
+    (SM120PATCH_PATCHES: a test, a library user). Cached by the directories, so one catalog
+    per set of packs, whichever command asks."""
+    return _load((config or Config.made()).packs)
 
 
 @lru_cache(maxsize=4)

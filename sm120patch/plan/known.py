@@ -37,7 +37,7 @@ from sm120patch.patchkit import versions
 from sm120patch.targets import Target
 
 if TYPE_CHECKING:
-    from sm120patch.plan.catalog import Profile
+    from sm120patch.plan.catalog import Catalog, Profile
 
 OUTCOMES = ("faster", "slower", "no-gain", "wrong-output", "crash")
 CONDITIONS = (
@@ -151,13 +151,13 @@ class Entry:
             f"({where}; {self.date}; {self.source}; id {self.id}{differed}{said})"
         )
 
-    def condemns(self, profile: str, box: Box) -> bool:
+    def condemns(self, profile: str, box: Box, cat: Catalog | None = None) -> bool:
         """Whether this entry says `profile` gives wrong output on `box`: a wrong-output
         entry about the profile (or a patch of it) whose condition matches. An entry about
         every server (a FlashInfer bug) does not condemn one profile more than not applying
         it."""
         about = "profile" in self.condition or "patch" in self.condition
-        return self.outcome == "wrong-output" and about and matches(self, profile, box)
+        return self.outcome == "wrong-output" and about and matches(self, profile, box, cat)
 
 
 @dataclass(frozen=True)
@@ -173,30 +173,44 @@ class Box:
 
 
 def entries(
-    text: str | None = None, where: str = "known.toml", *, quoted: bool = False
+    text: str | None = None,
+    where: str = "known.toml",
+    *,
+    quoted: bool = False,
+    cat: Catalog | None = None,
 ) -> list[Entry]:
-    """The known outcomes of `text`, or of the built-in library and every pack loaded (each
+    """The known outcomes of `text`, or of the built-in library and every pack of `cat` (each
     pack's own known.toml beside its profiles.toml). The built-in library's entries, and with
-    `quoted` those of `text`, must each carry a `quote` of their source (`check_quotes`)."""
+    `quoted` those of `text`, must each carry a `quote` of their source (`check_quotes`).
+
+    `cat` here and below: the command's catalog (`app.Session.catalog`); None, the
+    environment's (`catalog.load()`: a test, a library user)."""
     from sm120patch.plan import catalog
 
     if text is None:
+        cat = _catalog(cat)
         out = []
-        for pack in catalog.load().loaded:
+        for pack in cat.loaded:
             path = Path(pack.location, "known.toml") if pack.location else None
             if path is not None and path.is_file():
                 hint = catalog.DAMAGED_HINT if pack.built_in else f"fix {path}, or drop the pack"
                 found = _parse(path.read_text(encoding="utf-8"), str(path), hint)
                 if pack.built_in:
                     check_quotes(found, str(path), hint)
-                    check_evidence(found, str(path), hint)
+                    check_evidence(found, str(path), hint, cat)
                 out += found
         return out
     found = _parse(text, where, "fix the file")
     if quoted:
         check_quotes(found, where, "fix the file")
-        check_evidence(found, where, "fix the file")
+        check_evidence(found, where, "fix the file", cat)
     return found
+
+
+def _catalog(cat: Catalog | None) -> Catalog:
+    from sm120patch.plan import catalog
+
+    return cat if cat is not None else catalog.load()
 
 
 def check_quotes(found: Sequence[Entry], where: str, hint: str) -> None:
@@ -217,15 +231,13 @@ def check_quotes(found: Sequence[Entry], where: str, hint: str) -> None:
         )
 
 
-def ceiling(entry: Entry) -> str:
+def ceiling(entry: Entry, cat: Catalog | None = None) -> str:
     """The most an entry's evidence word may claim, derived from what its source ran: an
     engine or kernel other than its profile's is at most `inferred` (the figure is another
     kernel's, not this profile's); more than the patch differing between the compared runs is
     at most `confounded`; else `measured`. An entry about every server is held by `differs`
     alone. Raises ValueError where the entry names a profile that says no kernel."""
-    from sm120patch.plan import catalog
-
-    cat = catalog.load()
+    cat = _catalog(cat)
     theirs: list[Profile] = []
     if "profile" in entry.condition and entry.condition["profile"] in cat.profiles:
         theirs = [cat.profiles[entry.condition["profile"]]]
@@ -244,7 +256,9 @@ def ceiling(entry: Entry) -> str:
     return "measured"
 
 
-def check_evidence(found: Sequence[Entry], where: str, hint: str) -> None:
+def check_evidence(
+    found: Sequence[Entry], where: str, hint: str, cat: Catalog | None = None
+) -> None:
     """UsageError naming every entry that does not say what its source ran (`SOURCE_RAN`),
     or whose evidence word claims more than
     `ceiling` derives from what it ran: a claim cannot travel from another engine, kernel or
@@ -259,7 +273,7 @@ def check_evidence(found: Sequence[Entry], where: str, hint: str) -> None:
             bad.append(f"{e.id} (no {', '.join(missing)})")
             continue
         try:
-            most = ceiling(e)
+            most = ceiling(e, cat)
         except ValueError as exc:
             bad.append(f"{e.id} ({exc})")
             continue
@@ -315,27 +329,38 @@ def _parse(text: str, where: str, hint: str) -> list[Entry]:
     return out
 
 
-def about_profile(profile: str, found: Sequence[Entry] | None = None) -> list[Entry]:
+def about_profile(
+    profile: str, found: Sequence[Entry] | None = None, cat: Catalog | None = None
+) -> list[Entry]:
     """Every known entry about `profile` (or a patch of it, or any profile), whatever the box:
     what `show PROFILE` prints in full."""
+    cat = _catalog(cat)
     return [
-        e for e in (entries() if found is None else found) if _profile_matches(e.condition, profile)
+        e
+        for e in (entries(cat=cat) if found is None else found)
+        if _profile_matches(e.condition, profile, cat)
     ]
 
 
-def condemning(profile: str, box: Box, found: Sequence[Entry] | None = None) -> list[Entry]:
+def condemning(
+    profile: str, box: Box, found: Sequence[Entry] | None = None, cat: Catalog | None = None
+) -> list[Entry]:
     """The known entries that say `profile` gives wrong output on `box` (`Entry.condemns`)."""
-    return [e for e in (entries() if found is None else found) if e.condemns(profile, box)]
+    cat = _catalog(cat)
+    return [
+        e for e in (entries(cat=cat) if found is None else found) if e.condemns(profile, box, cat)
+    ]
 
 
-def installed_targets() -> list[Target]:
-    """The SGLang and FlashInfer installed in this interpreter (those found)."""
-    from sm120patch import targets
+def installed_targets(stated: Mapping[str, str] | None = None) -> list[Target]:
+    """The SGLang and FlashInfer installed in this interpreter (those found), at the versions
+    the command states (`config.Config.stated`)."""
+    from sm120patch.targets import finding
 
     out = []
     for kind in ("sglang", "flashinfer"):
         try:
-            found = targets.find_quiet(kind, None, required=False)
+            found = finding.find_quiet(kind, None, required=False, stated=(stated or {}).get(kind))
         except Sm120Error:
             found = None
         if found is not None:
@@ -363,16 +388,14 @@ def _names(value: Any) -> list[str]:
     return [str(v).lower() for v in (value if isinstance(value, list) else [value])]
 
 
-def matches(entry: Entry, profile: str | None, box: Box) -> bool:
+def matches(entry: Entry, profile: str | None, box: Box, cat: Catalog | None = None) -> bool:
     c = entry.condition
-    if profile is not None and not _profile_matches(c, profile):
+    if profile is not None and not _profile_matches(c, profile, cat):
         return False
     for kind in ("sglang", "flashinfer", "vllm"):
         # A condition on a release this box does not have (FlashInfer not installed, say)
         # does not describe this box.
-        if kind in c and (
-            kind not in box.versions or not _release_in(c[kind], box.versions[kind])
-        ):
+        if kind in c and (kind not in box.versions or not _release_in(c[kind], box.versions[kind])):
             return False
     if "gpu_family" in c and box.gpu_family and c["gpu_family"].lower() != box.gpu_family:
         return False
@@ -389,12 +412,10 @@ def matches(entry: Entry, profile: str | None, box: Box) -> bool:
     return True
 
 
-def _profile_matches(c: dict[str, Any], profile: str) -> bool:
-    from sm120patch.plan import catalog
-
+def _profile_matches(c: dict[str, Any], profile: str, cat: Catalog | None) -> bool:
     if "profile" not in c and "patch" not in c:
         return True
-    cat = catalog.load()
+    cat = _catalog(cat)
     have = set(cat.profiles[profile].patches) if profile in cat.profiles else set()
     if "patch" in c:
         return c["patch"] in have
@@ -484,13 +505,23 @@ def once_each(trials: Iterable[T]) -> list[T]:
 
 
 def lines(
-    profile: str | None, box: Box, trials: Sequence[Trial] = (), *, verbose: bool = False
+    profile: str | None,
+    box: Box,
+    trials: Sequence[Trial] = (),
+    *,
+    verbose: bool = False,
+    cat: Catalog | None = None,
 ) -> list[str]:
     """The known entries matching `box` (a short line each, or in full with `verbose`), then
     this box's own measured trials."""
     mine = local_lines(trials, profile)
+    cat = _catalog(cat)
     return once(
-        [e.full() if verbose else e.line() for e in entries() if matches(e, profile, box)]
+        [
+            e.full() if verbose else e.line()
+            for e in entries(cat=cat)
+            if matches(e, profile, box, cat)
+        ]
         + (mine if verbose else [cut(line) for line in mine])
     )
 

@@ -33,7 +33,6 @@ from sm120patch.patchkit.kinds import TARGETS
 from sm120patch.plan.profiles import BUILT_IN, TOMLDecodeError, parse_toml
 
 if TYPE_CHECKING:  # a lock is read at every `ensure --locked`: no plan module for that
-    from sm120patch.plan.catalog import Profile
     from sm120patch.plan.plans import Plan
 
 SCHEMA = 2  # 2: no patch code digests (schema 1, 0.2.x, had them: still read)
@@ -105,17 +104,6 @@ class Lock:
         """What the lock pins, as one digest (recorded in the manifest of an `--locked` apply)."""
         return "sha256:" + hashlib.sha256(self.to_toml().encode("utf-8")).hexdigest()
 
-    def __post_init__(self) -> None:
-        # A lock made here (not read from a file) names the packs of the catalog in effect,
-        # whichever code path built it; `read` passes what the file says.
-        if self.patches and not self.pack_of:
-            from sm120patch.plan import catalog
-
-            cat = catalog.load()
-            self.pack_of = {pid: cat.source(pid).name for pid in self.patches}
-            if not self.packs and self.profile in cat.profiles:
-                self.packs = {p.name: p.digest() for p in cat.packs_of(cat.profile(self.profile))}
-
     def to_toml(self) -> str:
         q = json.dumps  # a TOML basic string is a JSON string for the text we write
         out = [
@@ -165,10 +153,15 @@ def from_plan(plan: Plan, *, steps: bool = True) -> Lock:
         replace(step, diff=diff_texts(step.path, before, after))
         for step, before, after in (_planned_steps(plan) if steps else ())
     ]
+    # A lock made here (not read from a file) names the packs of the plan's catalog (the
+    # command's); `read` passes what the file says.
+    cat = plan.catalog
     return Lock(
         profile=plan.profile.name,
         versions={tp.target.kind: tp.target.version for tp in plan.targets},
         patches=list(plan.profile.patches),
+        pack_of={pid: cat.source(pid).name for pid in plan.profile.patches},
+        packs={p.name: p.digest() for p in cat.packs_of(plan.profile)},
         files=files,
         steps=reviewed,
     )
@@ -255,12 +248,10 @@ def _check_paths(path: Path, lock: Lock) -> None:
         )
 
 
-def check_files_of_profile(lock: Lock, profile: Profile, path: Path) -> None:
-    """A lock may name only files that a patch of its profile touches."""
-    from sm120patch.plan import catalog
-
-    cat = catalog.load()
-    allowed = {(p.target, f) for p in cat.patches_of(profile) for f in p.files}
+def check_files_of_profile(lock: Lock, plan: Plan, path: Path) -> None:
+    """A lock may name only files that a patch of its plan's profile touches."""
+    profile = plan.profile
+    allowed = {(p.target, f) for p in plan.catalog.patches_of(profile) for f in p.files}
     for entry in _entries(lock):
         if (entry.target, entry.path) not in allowed:
             raise Refused(
@@ -421,9 +412,7 @@ def differences(lock: Lock, plan: Plan, skip: frozenset[str] = frozenset()) -> l
         a, b = lock.pack_of[pid], now.pack_of[pid]
         if a != b:
             problems.append(f"patch {pid}: lock has it from {a}, here it comes from {b}")
-    from sm120patch.plan import catalog
-
-    known = set(catalog.load().patches)
+    known = set(plan.catalog.patches)
     for pid in sorted(set(lock.patches) ^ set(now.patches)):
         if pid in now.patches:
             problems.append(f"patch {pid}: in profile {profile} here, not in the lock")
@@ -498,7 +487,7 @@ def check(lock: Lock, path: Path) -> PlanCheck:
     The check is called with the kinds of the targets already applied as the lock says."""
 
     def verify(plan: Plan, skip: frozenset[str] = frozenset()) -> None:
-        check_files_of_profile(lock, plan.profile, path)
+        check_files_of_profile(lock, plan, path)
         problems = differences(lock, plan, skip)
         if problems:
             hint = "use the releases the lock was made on, or make a new lock"

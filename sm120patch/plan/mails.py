@@ -10,7 +10,6 @@ from pathlib import Path
 from sm120patch import __version__
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import TARGETS, Patch
-from sm120patch.plan import catalog
 from sm120patch.plan.diffs import diff_texts
 from sm120patch.plan.plans import Plan
 from sm120patch.targets import files
@@ -27,7 +26,7 @@ class MailFile:
 
 def mails(plan: Plan) -> dict[str, list[tuple[str, str]]]:
     """Per target kind, (patch id, mail text) in profile order."""
-    cat = catalog.load()
+    cat = plan.catalog
     order = {pid: i for i, pid in enumerate(plan.profile.patches)}
     out: dict[str, list[tuple[str, str]]] = {}
     for tp in plan.targets:

@@ -11,7 +11,7 @@ from sm120patch.errors import AGAIN, Refused, Sm120Error
 from sm120patch.plan import profiles
 from sm120patch.plan.profiles import Profile
 from sm120patch.targets import Target
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned, resolved
 
 
 def resolve_targets(profile: Profile, given: Given) -> list[Target]:
@@ -78,15 +78,15 @@ def refusal_lines(
     moe refusing a FlashInfer, of the one `beside` finds) that the profile refuses, with why.
     Where that other kind is not found, nothing is refused."""
     have: dict[str, Target] = {t.kind: t for t in found}
-    given = resolved(paths or {})
-    problems = []
-    for kind in dict.fromkeys(r.kind for r in profile.refuse):
-        target = have.get(kind) or beside(kind, found, given)
-        if target is not None:
-            problems += profiles.refusal_problems(
-                profile, {kind: target.version}, {kind: (target.name, target.version_source)}
-            )
-    return problems
+    with owned(paths or {}) as given:  # what `beside` finds only for its version
+        problems = []
+        for kind in dict.fromkeys(r.kind for r in profile.refuse):
+            target = have.get(kind) or beside(kind, found, given)
+            if target is not None:
+                problems += profiles.refusal_problems(
+                    profile, {kind: target.version}, {kind: (target.name, target.version_source)}
+                )
+        return problems
 
 
 def beside(kind: str, found: list[Target], given: Given) -> Target | None:

@@ -18,7 +18,7 @@ from sm120patch.plan import catalog, pins
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.plans import Plan, PlanRefused, TargetPlan
 from sm120patch.targets import Target
-from sm120patch.targets.resolved import Given
+from sm120patch.targets.resolved import Given, owned, resolved
 
 # (patches, file, text): one call of `transform_text`.
 Job = tuple[list[Patch], str, str]
@@ -62,10 +62,11 @@ def plan(
     side of an applied tree, which `export` plans from. Raises Refused when a target is
     outside the profile's pins, unless `force`.
     """
-    profile = catalog.load().profile(profile_name)
-    found = found if found is not None else pins.resolve_targets(profile, paths or {})
-    pins.require_pins(profile, found, paths, force=force, verb="plan")
-    return plan_admitted(profile_name, found, paths, texts=texts)
+    with owned(paths or {}) as named:
+        profile = catalog.load(named.config).profile(profile_name)
+        found = found if found is not None else pins.resolve_targets(profile, named)
+        pins.require_pins(profile, found, named, force=force, verb="plan")
+        return plan_admitted(profile_name, found, named, texts=texts)
 
 
 def plan_admitted(
@@ -79,9 +80,10 @@ def plan_admitted(
     it finds its targets (`pins.require_pins`, with the user's --force), and a report shows
     what is outside them. This checks no pin; the plan records what is outside them
     (`pins.check_pins`), which only --force lets through."""
-    cat = catalog.load()
+    named = resolved(paths or {})
+    cat = catalog.load(named.config)
     profile = cat.profile(profile_name)
-    outside = pins.check_pins(profile, found, paths)  # kept on the plan
+    outside = pins.check_pins(profile, found, named)  # kept on the plan
     patches = cat.patches_of(profile)
     with no_cycle_collection():
         plans = [
@@ -98,7 +100,7 @@ def plan_admitted(
     outcomes = sorted(
         (o for tp in plans for f in tp.files for o in f.outcomes), key=lambda o: order[o.patch]
     )
-    return Plan(profile, plans, outcomes, outside)
+    return Plan(profile, plans, outcomes, outside, catalog=cat)
 
 
 def plan_target(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from sm120patch.errors import Refused
 from sm120patch.patchkit.model import Outcome, Status
 from sm120patch.patchkit.runner import FileResult
-from sm120patch.plan.catalog import Profile
+from sm120patch.plan.catalog import Catalog, Profile
 from sm120patch.plan.diffs import unified_diff
 from sm120patch.targets import Target
 
@@ -46,6 +46,8 @@ class Plan:
     targets: list[TargetPlan]
     outcomes: list[Outcome]
     outside_pins: list[str] = field(default_factory=list)
+    # The catalog the profile is of (the command's packs): what the patches named here are.
+    catalog: Catalog = field(kw_only=True, compare=False, repr=False)
 
     @property
     def refused(self) -> list[Outcome]:

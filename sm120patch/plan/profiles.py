@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.specifiers import SpecifierSet
 
+from sm120patch.config import Config
 from sm120patch.errors import UsageError
 from sm120patch.patchkit.facts import Status
 from sm120patch.patchkit.kinds import TARGETS
 from sm120patch.patchkit.versions import base_release, contains, range_text
-from sm120patch.plan.packdirs import pack_dirs
 
 if TYPE_CHECKING:
     from sm120patch.patchkit.facts import Fact
@@ -245,10 +245,11 @@ def refusal_problems(
     return problems
 
 
-def spec(name: str) -> Profile | None:
-    """Profile `name` as the profiles.toml files in effect declare it; None where this reader
-    cannot decide (the module's docstring says when): the full catalog decides then."""
-    return _specs(pack_dirs()).get(name)
+def spec(name: str, config: Config) -> Profile | None:
+    """Profile `name` as the profiles.toml files of `config`'s packs declare it; None where
+    this reader cannot decide (the module's docstring says when): the full catalog decides
+    then."""
+    return _specs(config.packs).get(name)
 
 
 @lru_cache(maxsize=4)

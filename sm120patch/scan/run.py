@@ -251,7 +251,7 @@ def scan_directory(kind: str, package_dir: Path, version: str = "", **kwargs: An
 
 
 def scan_target(target: Any, **kwargs: Any) -> TargetScan:
-    """`scan_files` over a target found on disk (`targets.find`)."""
+    """`scan_files` over a target found on disk (`targets.finding.find`)."""
     from sm120patch.errors import Refused
     from sm120patch.targets.files import read_regular
 
@@ -283,18 +283,18 @@ def scan(paths: Given, *, catalog: Any = None) -> Report:
     (`Resolved`), each found once."""
     from sm120patch import targets
     from sm120patch.errors import Refused
-    from sm120patch.targets.resolved import resolved
+    from sm120patch.targets.resolved import owned
 
-    named = resolved(paths)
-    given = tuple(kind for kind in targets.KINDS if named.given(kind))
-    found = [
-        t
-        for t in (named.quiet(kind, required=bool(given)) for kind in given or targets.KINDS)
-        if t is not None
-    ]
-    if not found:
-        raise Refused(
-            "neither SGLang nor FlashInfer is installed in this Python",
-            "pass --sglang PATH or --flashinfer PATH",
-        )
-    return Report([scan_target(t, catalog=catalog) for t in found])
+    with owned(paths) as named:
+        given = tuple(kind for kind in targets.KINDS if named.given(kind))
+        found = [
+            t
+            for t in (named.quiet(kind, required=bool(given)) for kind in given or targets.KINDS)
+            if t is not None
+        ]
+        if not found:
+            raise Refused(
+                "neither SGLang nor FlashInfer is installed in this Python",
+                "pass --sglang PATH or --flashinfer PATH",
+            )
+        return Report([scan_target(t, catalog=catalog) for t in found])

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sm120patch.errors import Refused, UsageError
-from sm120patch.handle import NEVER_SET, TMP_SUFFIX  # one name for temps, one rule for bits
+from sm120patch.handle import TMP_SUFFIX, write_at  # one name for temps, one writer
 from sm120patch.safeio import read_regular as read_regular  # where targets/ and above read files
 from sm120patch.safeio import user_name, walk
 
@@ -42,49 +42,15 @@ def atomic_write(
     the diff copies. A symbolic link at `path` is replaced, never written through.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _new_temp(path)
+    # The directory is opened once and written through (`handle.write_at`, the one writer);
+    # one this user may write but not list is held search-only (its fsync is then skipped).
+    flags = os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
-            if owner is not None and os.geteuid() == 0:
-                os.fchown(fh.fileno(), *owner)
-            if mode is not None:
-                os.fchmod(fh.fileno(), stat.S_IMODE(mode) & ~NEVER_SET)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    if durable:
-        fsync_dir(path.parent)
-
-
-def _new_temp(path: Path) -> tuple[int, Path]:
-    """A new file next to `path` named for `remove_temps`, as `tempfile.mkstemp` makes it
-    (O_EXCL, mode 0600), without importing tempfile and shutil (2 ms on every command)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    while True:
-        tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}{TMP_SUFFIX}"
-        try:
-            return os.open(tmp, flags, 0o600), tmp
-        except FileExistsError:  # 48 random bits: a clash is a stale temp of that very name
-            continue
-
-
-def fsync_dir(directory: Path) -> None:
+        fd = os.open(path.parent, flags | os.O_RDONLY)
+    except PermissionError:
+        fd = os.open(path.parent, flags | getattr(os, "O_PATH", os.O_RDONLY))
     try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        write_at(fd, path.name, data, 0o600 if mode is None else mode, owner=owner, durable=durable)
     finally:
         os.close(fd)
 

@@ -9,18 +9,25 @@ version read and its checkout's git asked, once per command, and every step of t
 works on the same `Target` (the same tree, whatever is renamed under its path meanwhile). A
 target that could not be found is the same refusal each time it is asked for, never a second
 search. A vLLM is looked for only where the command names it (`kinds.LOOKED_FOR`).
+
+A `Resolved` carries the command's `Config` (`config`): the versions it states are part of
+finding a target, and the verbs, which are given this object, load the catalog of its packs
+(`catalog.load(named.config)`), so a command's packs and versions reach every step of it
+without a process-wide setting.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 from typing import TypeAlias
 
-from sm120patch import targets
+from sm120patch.config import Config
 from sm120patch.errors import AGAIN, Refused, Sm120Error
 from sm120patch.patchkit.kinds import DISPLAY, LOOKED_FOR
-from sm120patch.targets import KINDS, Target
+from sm120patch.targets import KINDS, Target, finding
 
 Paths: TypeAlias = Mapping[str, str | Path | None]
 
@@ -30,10 +37,26 @@ class Resolved:
     at its path or the default), `quiet` (None where it is not there and was not named), `at`
     (the one in a directory: the FlashInfer beside an installed SGLang)."""
 
-    def __init__(self, paths: Paths) -> None:
+    def __init__(self, paths: Paths, config: Config | None = None) -> None:
+        self.config = config or Config.made()  # none given: the environment's packs alone
         self.paths: dict[str, str | Path | None] = {k: paths.get(k) for k in KINDS}
         self._named: dict[str, Target | Sm120Error] = {}
         self._in: dict[tuple[str, Path], Target | Sm120Error] = {}
+
+    def close(self) -> None:
+        """Close the handle of every target found (`Target.handle`): at the command's end,
+        by whoever made this (`app.Session`, `owned`); a target is not used after it."""
+        for held in (*self._named.values(), *self._in.values()):
+            if isinstance(held, Target):
+                held.handle.close()
+
+    def __enter__(self) -> Resolved:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def given(self, kind: str) -> bool:
         """Whether the command line names a path for `kind`."""
@@ -50,10 +73,13 @@ class Resolved:
             self._named[kind] = self._beside_named(kind)
         if kind not in self._named:
             try:
-                self._named[kind] = targets.find(kind, self.paths.get(kind))
+                self._named[kind] = self._find(kind, self.paths.get(kind))
             except Sm120Error as exc:
                 self._named[kind] = exc
         return _held(self._named[kind])
+
+    def _find(self, kind: str, path: str | Path | None) -> Target:
+        return finding.find(kind, path, self.config.stated.get(kind))
 
     def named_any(self) -> bool:
         """Whether the command line names a path for any kind: then nothing is looked for in
@@ -105,7 +131,7 @@ class Resolved:
                 return held
         if (kind, where) not in self._in:
             try:
-                self._in[kind, where] = targets.find(kind, where)
+                self._in[kind, where] = self._find(kind, where)
             except Sm120Error as exc:
                 self._in[kind, where] = exc
         return _held(self._in[kind, where])
@@ -116,8 +142,20 @@ Given: TypeAlias = Resolved | Paths
 
 def resolved(given: Given) -> Resolved:
     """`given` as a `Resolved`: a command's own, or one for paths (kind -> path) given by a
-    caller that holds none (a test, a library user)."""
+    caller that holds none (a test, a library user), with the environment's configuration."""
     return given if isinstance(given, Resolved) else Resolved(given)
+
+
+@contextmanager
+def owned(given: Given) -> Iterator[Resolved]:
+    """`resolved(given)` for the block: one made here for paths is closed at its end (the
+    handles of the targets it found); a command's own is its owner's to close (`app.Session`).
+    A verb a caller may give paths to runs in one of these, so no descriptor outlives it."""
+    if isinstance(given, Resolved):
+        yield given
+        return
+    with Resolved(given) as named:
+        yield named
 
 
 def not_named(kind: str) -> Refused:

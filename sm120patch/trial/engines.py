@@ -19,6 +19,11 @@ are one code; what differs is the command's spelling:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sm120patch.plan.catalog import Catalog
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -149,9 +154,7 @@ def of_kinds(kinds: Sequence[str]) -> Engine:
     return VLLM if "vllm" in kinds else SGLANG
 
 
-def of_profile(profile: str) -> Engine:
-    """The engine the profile's patches run in (an unknown profile is a usage error)."""
-    from sm120patch.plan import catalog
-
-    cat = catalog.load()
+def of_profile(profile: str, cat: Catalog) -> Engine:
+    """The engine the profile's patches (of the command's catalog, `cat`) run in (an unknown
+    profile is a usage error)."""
     return of_kinds(cat.profile(profile).targets)

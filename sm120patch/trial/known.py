@@ -22,6 +22,7 @@ from sm120patch.trial import engines
 if TYPE_CHECKING:
     from sm120patch.engine.assess import TargetStatus
     from sm120patch.engine.trialrecord import TrialRecord
+    from sm120patch.plan.catalog import Catalog
     from sm120patch.targets.resolved import Given
     from sm120patch.trial import gpu
 
@@ -184,14 +185,24 @@ def lines(
     read_gpus: Callable[[], gpu.GpuInventory] | None = None,
     verbose: bool = False,
     statuses: Sequence[TargetStatus] | None = None,
+    cat: Catalog | None = None,
 ) -> list[str]:
     """The known entries matching this box, then this box's own measured trials, for a trial's
     command (and `doctor`). The targets are assessed once for both, or not at all where the
-    caller has their `statuses`."""
+    caller has their `statuses`. `cat`: the command's catalog (None: the environment's)."""
     if statuses is None:
         statuses = _status_or_none(paths)
     box = box_of(paths, command, read_gpus, statuses=[] if statuses is None else statuses)
-    out = [e.full() if verbose else e.line() for e in known_entries() if matches(e, profile, box)]
+    if cat is None:
+        from sm120patch.plan import catalog
+        from sm120patch.targets.resolved import resolved
+
+        cat = catalog.load(resolved(paths).config)
+    out = [
+        e.full() if verbose else e.line()
+        for e in known_entries(cat=cat)
+        if matches(e, profile, box, cat)
+    ]
     if statuses is not None:
         try:
             mine = local_lines(_history_of(statuses), profile)
@@ -206,14 +217,14 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def outcome_record(trial: TrialRecord) -> str:
-    """One `[[outcome]]` record in known.toml's schema from a recorded trial."""
+def outcome_record(trial: TrialRecord, cat: Catalog) -> str:
+    """One `[[outcome]]` record in known.toml's schema from a recorded trial (its profile as
+    the command's catalog, `cat`, has it)."""
     verdict = trial.verdict
     outcome = _OUTCOME_OF.get(verdict) if evidence(trial) else None
     if outcome is None:
         raise UsageError(
-            f"trial {trial.id} ({verdict}) is not evidence: it says nothing another "
-            "box can use",
+            f"trial {trial.id} ({verdict}) is not evidence: it says nothing another box can use",
             "export a measured trial that was kept or slower beyond the noise (as this "
             "release's rule reads its figures), that gave wrong output, or a crash of the "
             "patched side",
@@ -240,9 +251,7 @@ def outcome_record(trial: TrialRecord) -> str:
     record["evidence"] = "measured"
     # What ran: the profile's own engine and kernel, the patch alone differing between the
     # two sides of a measured trial (known.toml's check derives "measured" from exactly that).
-    from sm120patch.plan import catalog
-
-    prof = catalog.load().profiles.get(trial.profile)
+    prof = cat.profiles.get(trial.profile)
     if prof is not None:
         record["engine"] = prof.engine
         if prof.kernel:

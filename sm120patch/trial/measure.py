@@ -41,7 +41,7 @@ from typing import Any
 
 from sm120patch.engine import apply, assess, revert, trials
 from sm120patch.errors import Refused, UsageError
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned
 from sm120patch.trial import engines, gpu, loadgen, sanity, serve, verdict, wiring
 from sm120patch.trial.measured import FIGURES, MeasuredTrial, Options, Run, api_of
 
@@ -117,95 +117,100 @@ def run(
     slow, wrong, inert, unreachable or crashed server: that is the trial's verdict
     (`exit_code`). `on_wait(elapsed, last_line)` is called every few seconds while a server
     is not ready yet."""
-    engine = engines.of_profile(profile)  # an unknown profile is a usage error first
-    if not command:
-        raise UsageError("give the server command after `--`", f"e.g. -- {engine.example}")
-    check_options(opts, engine)
-    if preconditions is not None:
-        preconditions()
-    paths = resolved(paths)  # the targets found once, for every apply, revert and record
-    applied = _applied_profiles(paths)
-    others = applied - {profile}
-    if others:
-        raise Refused(
-            f"profile {', '.join(sorted(others))} is applied; the baseline would not be pristine",
-            f"revert it first (`sm120patch revert {sorted(others)[0]}`)",
-        )
-    if profile not in applied:
-        from sm120patch.plan import planner
+    from sm120patch.plan import catalog
 
-        planner.checked(profile, paths, force=force)  # refuse now, not after the baseline ran
-    result = MeasuredTrial(profile, list(command), asdict(opts), time.time())
-    result.versions = {s.target.kind: s.target.version for s in assess.status(paths)}
-    found = gpu.read_gpus()
-    result.gpu_names = [g.name for g in found.gpus]
-    result.gpu_family = found.family
-    declared = wiring.declared(profile)
-    is_applied = profile in applied
-    log = serve.open_log(log_path)
-    try:
-        limit = max(opts.repeat, opts.max_repeat)
-        round_ = 0
-        while round_ < opts.repeat or (round_ < limit and verdict.leans(result, opts)):
-            if round_ >= opts.repeat:
-                on_event(
-                    f"the figures lean but have not cleared the noise after {round_} runs a "
-                    f"side: one more (--max-repeat {limit})"
-                )
-            for side in ("baseline", "patched"):
-                want = side == "patched"
-                if want and not is_applied:
-                    apply.apply(profile, paths, force=force)
-                elif not want and is_applied:
-                    revert.revert(profile, paths)
-                is_applied = want
-                on_event(f"{side} run {round_ + 1} of {max(opts.repeat, round_ + 1)}")
-                one = _one_run(
-                    side,
-                    round_,
-                    command,
-                    opts,
-                    on_line,
-                    log,
-                    declared,
-                    on_wait,
-                    first=round_ == 0,
-                    engine=engine,
-                )
-                result.runs.append(one)
-                if one.outcome != "ok":
-                    raise _Stop
-                if side == "baseline" and round_ == 0 and not one.answered():
-                    raise _Stop  # unreachable: more runs would not answer either
-                if side == "patched" and wiring.skipped(one.wiring) is not None:
-                    raise _Stop  # inert: the figures would measure the unpatched path
-            round_ += 1
-    except _Stop:
-        pass
-    except KeyboardInterrupt:
-        result.verdict = "interrupted"
-        result.message = "interrupted: the profile was reverted"
-    except Exception:
-        # A refusal between runs (a benchmark that fails, an apply that refuses): never leave
-        # the profile applied by a trial that did not finish.
-        if is_applied:
+    # The targets found once, for every apply, revert and record.
+    with owned(paths) as paths:
+        cat = catalog.load(paths.config)
+        engine = engines.of_profile(profile, cat)  # an unknown profile is a usage error first
+        if not command:
+            raise UsageError("give the server command after `--`", f"e.g. -- {engine.example}")
+        check_options(opts, engine)
+        if preconditions is not None:
+            preconditions()
+        applied = _applied_profiles(paths)
+        others = applied - {profile}
+        if others:
+            raise Refused(
+                f"profile {', '.join(sorted(others))} is applied; the baseline would not be "
+                "pristine",
+                f"revert it first (`sm120patch revert {sorted(others)[0]}`)",
+            )
+        if profile not in applied:
+            from sm120patch.plan import planner
+
+            planner.checked(profile, paths, force=force)  # refuse now, not after the baseline ran
+        result = MeasuredTrial(profile, list(command), asdict(opts), time.time())
+        result.versions = {s.target.kind: s.target.version for s in assess.status(paths)}
+        found = gpu.read_gpus()
+        result.gpu_names = [g.name for g in found.gpus]
+        result.gpu_family = found.family
+        declared = wiring.declared(profile, cat)
+        is_applied = profile in applied
+        log = serve.open_log(log_path)
+        try:
+            limit = max(opts.repeat, opts.max_repeat)
+            round_ = 0
+            while round_ < opts.repeat or (round_ < limit and verdict.leans(result, opts)):
+                if round_ >= opts.repeat:
+                    on_event(
+                        f"the figures lean but have not cleared the noise after {round_} runs a "
+                        f"side: one more (--max-repeat {limit})"
+                    )
+                for side in ("baseline", "patched"):
+                    want = side == "patched"
+                    if want and not is_applied:
+                        apply.apply(profile, paths, force=force)
+                    elif not want and is_applied:
+                        revert.revert(profile, paths)
+                    is_applied = want
+                    on_event(f"{side} run {round_ + 1} of {max(opts.repeat, round_ + 1)}")
+                    one = _one_run(
+                        side,
+                        round_,
+                        command,
+                        opts,
+                        on_line,
+                        log,
+                        declared,
+                        on_wait,
+                        first=round_ == 0,
+                        engine=engine,
+                    )
+                    result.runs.append(one)
+                    if one.outcome != "ok":
+                        raise _Stop
+                    if side == "baseline" and round_ == 0 and not one.answered():
+                        raise _Stop  # unreachable: more runs would not answer either
+                    if side == "patched" and wiring.skipped(one.wiring) is not None:
+                        raise _Stop  # inert: the figures would measure the unpatched path
+                round_ += 1
+        except _Stop:
+            pass
+        except KeyboardInterrupt:
+            result.verdict = "interrupted"
+            result.message = "interrupted: the profile was reverted"
+        except Exception:
+            # A refusal between runs (a benchmark that fails, an apply that refuses): never leave
+            # the profile applied by a trial that did not finish.
+            if is_applied:
+                revert.revert(profile, paths)
+            raise
+        finally:
+            if log:
+                log.close()
+        if result.verdict != "interrupted":
+            verdict.judge(result, opts, engine)
+        if result.verdict != "kept" and is_applied:
             revert.revert(profile, paths)
-        raise
-    finally:
-        if log:
-            log.close()
-    if result.verdict != "interrupted":
-        verdict.judge(result, opts, engine)
-    if result.verdict != "kept" and is_applied:
-        revert.revert(profile, paths)
-        result.reverted = True
-    elif result.verdict == "kept" and not is_applied:  # pragma: no cover - ABAB ends patched
-        apply.apply(profile, paths, force=force)
-    result.ended = time.time()
-    trials.record_trial(paths, profile, result.record())
-    if result.verdict == "interrupted":
-        raise KeyboardInterrupt
-    return result
+            result.reverted = True
+        elif result.verdict == "kept" and not is_applied:  # pragma: no cover - ABAB ends patched
+            apply.apply(profile, paths, force=force)
+        result.ended = time.time()
+        trials.record_trial(paths, profile, result.record())
+        if result.verdict == "interrupted":
+            raise KeyboardInterrupt
+        return result
 
 
 class _Stop(Exception):

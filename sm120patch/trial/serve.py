@@ -24,7 +24,7 @@ from typing import Any
 from sm120patch.engine import apply, revert, trials
 from sm120patch.engine.trialrecord import TrialRecord
 from sm120patch.errors import Refused, Sm120Error, TrialCrashed, UsageError
-from sm120patch.targets.resolved import Given, resolved
+from sm120patch.targets.resolved import Given, owned
 
 TAIL_LINES = 60
 PROGRESS_EVERY = 5.0  # seconds between two `on_wait` calls while a server is not ready
@@ -259,72 +259,74 @@ def run(
 ) -> TrialResult:
     """Run one trial. Raises TrialCrashed (after reverting) when the command crashed.
     `on_wait(elapsed, last_line)` is called every few seconds until the command is ready."""
+    from sm120patch.plan import catalog
     from sm120patch.trial import engines
 
-    engine = engines.of_profile(profile)  # the hints show its server; unknown: usage error
-    if not command:
-        raise UsageError("give the command to run after `--`", f"e.g. -- {engine.example}")
-    try:
-        pattern = re.compile(ready_pattern) if ready_pattern else None
-    except re.error as exc:
-        raise UsageError(
-            f"--ready-pattern is not a valid regular expression: {exc}",
-            f"quote it for the shell, e.g. --ready-pattern '{engine.ready_line}'",
-        ) from None
-    # Before anything is applied: an unwritable log is a usage error, not a patched tree left
-    # behind by a crash.
-    log = open_log(log_path)
-    paths = resolved(paths)  # the targets found once, for the apply, the revert and the record
-    report = apply.apply(profile, paths, force=force, preconditions=preconditions)
-    we_applied = report.action == "applied"
-    started = time.time()
-    try:
-        proc = spawn(command)
-    except Refused:
+    # The targets found once, for the apply, the revert and the record.
+    with owned(paths) as paths:
+        engine = engines.of_profile(profile, catalog.load(paths.config))  # unknown: usage error
+        if not command:
+            raise UsageError("give the command to run after `--`", f"e.g. -- {engine.example}")
+        try:
+            pattern = re.compile(ready_pattern) if ready_pattern else None
+        except re.error as exc:
+            raise UsageError(
+                f"--ready-pattern is not a valid regular expression: {exc}",
+                f"quote it for the shell, e.g. --ready-pattern '{engine.ready_line}'",
+            ) from None
+        # Before anything is applied: an unwritable log is a usage error, not a patched tree left
+        # behind by a crash.
+        log = open_log(log_path)
+        report = apply.apply(profile, paths, force=force, preconditions=preconditions)
+        we_applied = report.action == "applied"
+        started = time.time()
+        try:
+            proc = spawn(command)
+        except Refused:
+            if log:
+                log.close()
+            if we_applied:
+                revert.revert(profile, paths)
+            raise
+        watcher = _Watcher(proc, pattern, on_line, log)
+        sampler = _PowerSampler() if sample_power else None
+        verdict, ready_at = _judge(
+            proc, watcher, ready_url, pattern is not None, timeout, started, on_wait
+        )
+        samples = sampler.finish() if sampler else []
+        if verdict != "ready" or not leave_running:
+            _stop(proc)
+        watcher.thread.join(timeout=5)
         if log:
             log.close()
-        if we_applied:
-            revert.revert(profile, paths)
-        raise
-    watcher = _Watcher(proc, pattern, on_line, log)
-    sampler = _PowerSampler() if sample_power else None
-    verdict, ready_at = _judge(
-        proc, watcher, ready_url, pattern is not None, timeout, started, on_wait
-    )
-    samples = sampler.finish() if sampler else []
-    if verdict != "ready" or not leave_running:
-        _stop(proc)
-    watcher.thread.join(timeout=5)
-    if log:
-        log.close()
-    result = TrialResult(
-        profile=profile,
-        command=list(command),
-        verdict=verdict,
-        started=started,
-        ended=time.time(),
-        exit_code=proc.poll() if verdict != "ready" else None,
-        time_to_ready_s=None if ready_at is None else round(ready_at - started, 2),
-        reverted=False,
-        log=str(log_path) if log_path else None,
-        tail=list(watcher.tail),
-        power_samples=samples,
-    )
-    if not result.ok:
-        sig = diagnose(result.tail)
-        result.signature = asdict(sig) if sig else None
-        if we_applied:
-            revert.revert(profile, paths, force=False)
-            result.reverted = True
-    record = result.record()
-    trials.record_trial(paths, profile, record)
-    if verdict == "interrupted":
-        raise KeyboardInterrupt
-    if not result.ok:
-        crash = TrialCrashed(crash_message(result), crash_hint(result))
-        crash.record = record.to_json()  # `--json` still prints the verdict and signature
-        raise crash
-    return result
+        result = TrialResult(
+            profile=profile,
+            command=list(command),
+            verdict=verdict,
+            started=started,
+            ended=time.time(),
+            exit_code=proc.poll() if verdict != "ready" else None,
+            time_to_ready_s=None if ready_at is None else round(ready_at - started, 2),
+            reverted=False,
+            log=str(log_path) if log_path else None,
+            tail=list(watcher.tail),
+            power_samples=samples,
+        )
+        if not result.ok:
+            sig = diagnose(result.tail)
+            result.signature = asdict(sig) if sig else None
+            if we_applied:
+                revert.revert(profile, paths, force=False)
+                result.reverted = True
+        record = result.record()
+        trials.record_trial(paths, profile, record)
+        if verdict == "interrupted":
+            raise KeyboardInterrupt
+        if not result.ok:
+            crash = TrialCrashed(crash_message(result), crash_hint(result))
+            crash.record = record.to_json()  # `--json` still prints the verdict and signature
+            raise crash
+        return result
 
 
 def waiting_line(elapsed: float, last: str | None) -> str:

@@ -9,6 +9,11 @@ matching line decides): per patch `ran`, `skipped` or `not-seen`, and the line t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sm120patch.plan.catalog import Catalog
+
 from collections.abc import Iterable, Mapping, Sequence
 
 from sm120patch.patchkit.model import Seen, Wiring
@@ -16,11 +21,9 @@ from sm120patch.patchkit.model import Seen, Wiring
 Declared = tuple[str, Wiring]  # a patch's id and its wiring
 
 
-def declared(profile: str) -> list[Declared]:
-    """The wiring of each patch of `profile` that declares one."""
-    from sm120patch.plan import catalog
-
-    cat = catalog.load()
+def declared(profile: str, cat: Catalog) -> list[Declared]:
+    """The wiring of each patch of `profile` (of the command's catalog, `cat`) that declares
+    one."""
     return [(p.id, p.wiring) for p in cat.patches_of(cat.profile(profile)) if p.wiring]
 
 

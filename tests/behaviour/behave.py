@@ -23,6 +23,7 @@ from checks import GLM, MOE_MODELS, moe_launch
 from sm120patch import targets
 from sm120patch.explain import explain
 from sm120patch.maintain import releases
+from sm120patch.targets import finding
 
 FULL_ENV = "SM120PATCH_FULL_BEHAVIOUR"
 WORKERS_ENV = "SM120PATCH_BEHAVIOUR_WORKERS"
@@ -180,7 +181,7 @@ class Behaviour:
         self._overlays: dict[tuple[str, str], dict[str, str]] = {}
 
     def target(self, kind: str, version: str) -> targets.Target:
-        return targets.find(kind, envs.release_prefix(kind, version))
+        return finding.find(kind, envs.release_prefix(kind, version))
 
     def overlay(self, kind: str, version: str) -> dict[str, str]:
         texts = explain.patched_texts(self.target(kind, version))

@@ -17,9 +17,9 @@ import forkserver
 import probes
 from behave import ARCHS, release_set
 
-from sm120patch import targets
 from sm120patch.explain import explain
 from sm120patch.plan import catalog
+from sm120patch.targets import finding
 
 SIDES = ("pristine", "patched")
 
@@ -42,18 +42,20 @@ class OverlayProbe:
 
     def overlay(self, version: str) -> dict[str, str]:
         if version not in self.overlays:
-            target = targets.find("sglang", envs.release_prefix("sglang", version))
+            target = finding.find("sglang", envs.release_prefix("sglang", version))
             texts = explain.patched_texts(target, self.profile)
             self.overlays[version] = explain.write_overlay(texts, self.tmp / version)
         return self.overlays[version]
 
-    def request(self, version: str, side: str, arch: str,
-                overlay: dict[str, str] | None = None) -> dict[str, Any]:
+    def request(
+        self, version: str, side: str, arch: str, overlay: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         return {
             "simulate": arch,
             "sys_path": envs.sys_path_for("sglang", version),
-            "overlay": overlay if overlay is not None else (
-                self.overlay(version) if side == "patched" else {}),
+            "overlay": overlay
+            if overlay is not None
+            else (self.overlay(version) if side == "patched" else {}),
             "launches": {},
             "sglang": True,
             "flashinfer": False,
@@ -70,8 +72,9 @@ class OverlayProbe:
         done = probes.SHARED.run_all(requests, self._runner)
         self.results.update({c: r[self.reader] for c, r in zip(cases, done, strict=True)})
 
-    def run(self, version: str, side: str, arch: str,
-            overlay: dict[str, str] | None = None) -> dict[str, Any]:
+    def run(
+        self, version: str, side: str, arch: str, overlay: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         if overlay is not None:  # a negative test's own overlay: run it, keep nothing
             return dict(self._runner(self.request(version, side, arch, overlay))[self.reader])
         if (version, side, arch) not in self.results:

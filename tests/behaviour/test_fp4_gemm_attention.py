@@ -31,10 +31,10 @@ from behave import ARCHS, SEED, release_set
 from checks import field_problems
 from packaging.version import Version
 
-from sm120patch import targets
 from sm120patch.explain import explain
 from sm120patch.maintain import dists, releases
 from sm120patch.plan import catalog
+from sm120patch.targets import finding
 
 pytestmark = pytest.mark.behaviour
 
@@ -107,7 +107,7 @@ class Runs:
     def overlay(self, version: str, profile: str) -> dict[str, str]:
         key = (version, profile)
         if key not in self._overlays:
-            target = targets.find("sglang", envs.release_prefix("sglang", version))
+            target = finding.find("sglang", envs.release_prefix("sglang", version))
             texts = explain.patched_texts(target, profile)
             self._overlays[key] = explain.write_overlay(
                 texts, self.tmp / "overlays" / f"{profile}-{version}"

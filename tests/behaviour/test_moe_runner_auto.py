@@ -23,11 +23,11 @@ import pytest
 from behave import ARCHS, release_set
 from packaging.version import Version
 
-from sm120patch import targets
 from sm120patch.explain import explain
 from sm120patch.maintain import dists, releases
 from sm120patch.patchkit.model import Status
 from sm120patch.plan import catalog
+from sm120patch.targets import finding
 
 pytestmark = pytest.mark.behaviour
 
@@ -75,7 +75,7 @@ class Results:
 
     @staticmethod
     def overlay(tmp: Path, version: str) -> dict[str, str]:
-        target = targets.find("sglang", envs.release_prefix("sglang", version))
+        target = finding.find("sglang", envs.release_prefix("sglang", version))
         texts = explain.patched_texts(target, PROFILE)
         return explain.write_overlay(texts, tmp / "overlays" / version)
 

@@ -35,9 +35,9 @@ import envs
 import forkserver
 import probes
 
-from sm120patch import targets
 from sm120patch.explain import explain
 from sm120patch.maintain import releases, sources
+from sm120patch.targets import finding
 
 PROBE = Path(__file__).with_name("vllm_probe.py")
 RELEASES = releases.DEFAULT_RELEASES["vllm"]
@@ -88,7 +88,7 @@ def vllm_profiles() -> list[str]:
 def patched_texts(version: str) -> dict[str, str]:
     """file -> text of every vLLM profile's plan on the pristine release; two profiles that
     write one file would make the combined side ambiguous, so that is an error here."""
-    target = targets.find("vllm", sources.tree("vllm", version))
+    target = finding.find("vllm", sources.tree("vllm", version))
     texts: dict[str, str] = {}
     for profile in vllm_profiles():
         for file, text in explain.patched_texts(target, profile).items():

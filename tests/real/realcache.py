@@ -22,7 +22,6 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from sm120patch import targets
 from sm120patch.maintain import releases, sources, trees
 from sm120patch.patchkit.facts import Fact
 from sm120patch.patchkit.model import Outcome, Patch, Status
@@ -31,7 +30,7 @@ from sm120patch.patchkit.sitecheck import Spans
 from sm120patch.plan import catalog
 from sm120patch.plan.catalog import Profile
 from sm120patch.plan.planner import plan_target
-from sm120patch.targets import Target
+from sm120patch.targets import Target, finding
 
 FULL_ENV = "SM120PATCH_FULL_RELEASES"
 WORKERS_ENV = "SM120PATCH_REAL_WORKERS"
@@ -201,7 +200,7 @@ def release_tree(kind: str, version: str) -> Path:
 
 
 def find_target(kind: str, version: str) -> Target:
-    found = targets.find(kind, release_tree(kind, version))
+    found = finding.find(kind, release_tree(kind, version))
     assert found.version == version, f"{found.version} read from {found.version_source}"
     return found
 

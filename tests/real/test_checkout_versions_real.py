@@ -17,10 +17,11 @@ from packaging.specifiers import SpecifierSet
 from trees import SGLANG_SCM_PYPROJECT, commit_all, init_repo
 from trees import git as git_in
 
-from sm120patch import targets
 from sm120patch.cli import main
 from sm120patch.maintain import releases, trees
 from sm120patch.plan import catalog
+from sm120patch.targets import finding
+from sm120patch.targets import versions as target_versions
 
 pytestmark = pytest.mark.real
 
@@ -74,7 +75,7 @@ def flashinfer_tree(tmp: Path, tree: Path, layout: str) -> Path:
     shutil.copytree(tree, root, ignore=shutil.ignore_patterns(".sm120patch-tree.json"))
     if layout == "git":
         info = next(root.glob("flashinfer_python-*.dist-info"))
-        released = targets._metadata_version(info / "METADATA")
+        released = target_versions._metadata_version(info / "METADATA")
         shutil.rmtree(info)
         (root / "version.txt").write_text(f"{released}\n")
         (root / ".gitignore").write_text("flashinfer/_build_meta.py\n__pycache__/\n")
@@ -90,7 +91,7 @@ def test_main_ahead_of_the_release_branches_is_a_dev_build_of_the_next_release(t
     head = git(root, "rev-parse", "HEAD")
     cut = git(root, "merge-base", f"v{SGLANG}", "HEAD")
     ahead = int(git(root, "rev-list", "--count", f"{cut}..HEAD"))
-    found = targets.find("sglang", root)
+    found = finding.find("sglang", root)
     assert ahead == 2
     assert found.version == f"0.5.24.dev{ahead}+g{head[:9]}"
     # outside every profile's pins (a dev build of 0.5.24 is not a release before it) ...
@@ -107,19 +108,19 @@ def test_the_release_tag_then_an_apply_leaves_the_version_unchanged(tmp_path, re
     git(root, "checkout", "-q", "-b", "deploy", f"v{SGLANG}")
     fi = flashinfer_tree(tmp_path, released[1], "installed")
     where = ["--sglang", str(root), "--flashinfer", str(fi)]
-    assert targets.find("sglang", root).version == SGLANG
+    assert finding.find("sglang", root).version == SGLANG
     code, _, err = cli("apply", "fusion", *where, "--no-gpu-check")
     assert code == 0, err
     assert git(root, "rev-parse", "--abbrev-ref", "HEAD") == "sm120patch/fusion"
     ours = git(root, "log", "--format=%B", "deploy..HEAD").count("Sm120patch-Patch:")
     assert ours >= 2  # the tool's own commits are there ...
-    assert targets.find("sglang", root).version == SGLANG  # ... and do not count
+    assert finding.find("sglang", root).version == SGLANG  # ... and do not count
     code, out, err = cli("status", *where, "--json")
     assert f'"version": "{SGLANG}"' in out, err
     # a commit of the user's on top: drift on the same release, not another release
     (root / "NOTES").write_text("mine\n")
     commit_all(root, "a note of mine")
-    assert targets.find("sglang", root).version == SGLANG
+    assert finding.find("sglang", root).version == SGLANG
     code, out, err = cli("status", *where, "--json")
     assert '"state": "drifted"' in out and '"state": "replaced"' not in out, out
     code, _, err = cli("revert", "--all", *where, "--force")
@@ -128,23 +129,23 @@ def test_the_release_tag_then_an_apply_leaves_the_version_unchanged(tmp_path, re
 
 def test_an_editable_install_without_tags_reads_its_record(tmp_path, released):
     root = sglang_checkout(tmp_path, released[0])  # a clone without tags
-    assert targets.find("sglang", root).version == "unknown"
+    assert finding.find("sglang", root).version == "unknown"
     shutil.copy(released[0] / "sglang" / "_version.py", root / "python" / "sglang" / "_version.py")
-    found = targets.find("sglang", root)
+    found = finding.find("sglang", root)
     assert (found.layout, found.version) == ("git", SGLANG)
     assert found.version_source == "sglang/_version.py, written by its editable install"
 
 
 def test_flashinfer_main_reads_version_txt_and_a_dev_build_is_not_its_release(tmp_path, released):
     root = flashinfer_tree(tmp_path, released[1], "git")
-    found = targets.find("flashinfer", root)
+    found = finding.find("flashinfer", root)
     assert found.version == FLASHINFER != git(root, "describe", "--tags").split("-")[0][1:]
     # A nightly-style build (FLASHINFER_DEV_RELEASE_SUFFIX) records a dev version: it is not
     # 0.7.4 for a pin, and a profile pinned to <0.7.4 or >=0.7.4 does not take it.
     (root / "flashinfer" / "_build_meta.py").write_text(
         f'"""Build metadata for flashinfer package."""\n__version__ = "{FLASHINFER}.dev3"\n'
     )
-    dev = targets.find("flashinfer", root)
+    dev = finding.find("flashinfer", root)
     assert dev.version == f"{FLASHINFER}.dev3"
     fusion = catalog.load().profile("fusion")
     assert fusion.pinned("flashinfer", FLASHINFER)
@@ -170,5 +171,5 @@ def test_a_lock_pinned_on_the_release_tag_holds_after_the_apply(tmp_path, releas
     for verb in ("apply", "ensure", "apply"):
         code, _, err = cli(verb, "--locked", str(lock), *where)
         assert code == 0, (verb, err)
-        assert targets.find("sglang", root).version == SGLANG
+        assert finding.find("sglang", root).version == SGLANG
     assert git(root, "rev-parse", "--abbrev-ref", "HEAD") == "sm120patch/moe"

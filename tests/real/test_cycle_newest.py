@@ -27,7 +27,7 @@ from trees import tree_hash, upstream_checkout
 from sm120patch.cli import main
 from sm120patch.maintain import dists, releases, trees
 from sm120patch.plan import catalog, lockfile, pins
-from sm120patch.targets import find
+from sm120patch.targets.finding import find
 
 pytestmark = pytest.mark.real
 

@@ -11,19 +11,14 @@ from pathlib import Path
 import pytest
 from test_engine_real import cli, git
 
+from sm120patch.config import Config
 from sm120patch.maintain import dists, releases, trees
-from sm120patch.plan import catalog, lockfile, registry
+from sm120patch.plan import lockfile, registry
 
 pytestmark = pytest.mark.real
 
 VERSION = "0.6.15"  # gen_trtllm_mnnvl_comm_module passes supported_major_versions=[9, 10]
 SITE = "flashinfer/jit/comm.py"
-
-
-@pytest.fixture(autouse=True)
-def no_pack_left():
-    yield
-    catalog.use_packs(())  # --patches is process-wide: later tests must not see this pack
 
 
 @pytest.fixture
@@ -42,19 +37,37 @@ def checkout(tmp_path: Path) -> Path:
 def test_new_patch_pack_applies_and_reverts_on_a_real_release(tmp_path: Path, checkout: Path):
     pack = tmp_path / "pack"
     code, out, err = cli(
-        "new-patch", "flashinfer.mnnvl-arch", "--target", "flashinfer", "--file", SITE,
-        "--function", "gen_trtllm_mnnvl_comm_module", "--pins", f"=={VERSION}",
-        "--keyword", "supported_major_versions", "--expect", "9,10", "--add", "12",
-        "--dir", str(pack),
+        "new-patch",
+        "flashinfer.mnnvl-arch",
+        "--target",
+        "flashinfer",
+        "--file",
+        SITE,
+        "--function",
+        "gen_trtllm_mnnvl_comm_module",
+        "--pins",
+        f"=={VERSION}",
+        "--keyword",
+        "supported_major_versions",
+        "--expect",
+        "9,10",
+        "--add",
+        "12",
+        "--dir",
+        str(pack),
     )
     assert code == 0, err
     assert sorted(p.name for p in pack.iterdir()) == [
-        "flashinfer_mnnvl_arch.py", "profiles.toml", "test_flashinfer_mnnvl_arch.py"
+        "flashinfer_mnnvl_arch.py",
+        "profiles.toml",
+        "test_flashinfer_mnnvl_arch.py",
     ]
     # The test new-patch wrote passes as written.
     run = subprocess.run(
         ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pack)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert run.returncode == 0, run.stdout + run.stderr
 
@@ -67,7 +80,9 @@ def test_new_patch_pack_applies_and_reverts_on_a_real_release(tmp_path: Path, ch
     assert sources["flashinfer.comm-arch"] == "built-in"
     code, out, err = cli(*with_pack, "show", "mnnvl-arch")
     # show wraps at 100 columns: the words, whatever the line breaks between them
-    assert f"flashinfer.mnnvl-arch (flashinfer, directory {pack.resolve()})" in " ".join(out.split())
+    assert f"flashinfer.mnnvl-arch (flashinfer, directory {pack.resolve()})" in " ".join(
+        out.split()
+    )
     # Without the pack the profile does not exist.
     code, _, err = cli("show", "mnnvl-arch")
     assert code == 2 and "unknown profile 'mnnvl-arch'" in err
@@ -79,10 +94,15 @@ def test_new_patch_pack_applies_and_reverts_on_a_real_release(tmp_path: Path, ch
     assert code == 0, err
     after = site.read_text(encoding="utf-8")
     assert after.count("supported_major_versions=[9, 10, 12]") == 1
-    changed = [line for line in git(checkout, "diff", "main", "--", SITE).splitlines()
-               if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
-    assert changed == ["-        supported_major_versions=[9, 10]",
-                       "+        supported_major_versions=[9, 10, 12]"]
+    changed = [
+        line
+        for line in git(checkout, "diff", "main", "--", SITE).splitlines()
+        if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))
+    ]
+    assert changed == [
+        "-        supported_major_versions=[9, 10]",
+        "+        supported_major_versions=[9, 10, 12]",
+    ]
 
     code, out, err = cli(*with_pack, "revert", "mnnvl-arch", *where)
     assert code == 0, err
@@ -95,12 +115,14 @@ def test_new_patch_pack_applies_and_reverts_on_a_real_release(tmp_path: Path, ch
     written = lockfile.read(lock)
     assert written.pack_of == {"flashinfer.mnnvl-arch": f"directory {pack.resolve()}"}
     # profile and patch both come from the pack; its digest is recorded
-    assert written.packs == {f"directory {pack.resolve()}": registry.digest_dir(str(pack.resolve()))}
+    assert written.packs == {
+        f"directory {pack.resolve()}": registry.digest_dir(str(pack.resolve()))
+    }
     assert lockfile.differences(written, _plan(pack, checkout)) == []
 
 
 def _plan(pack: Path, checkout: Path):
     from sm120patch.plan.planner import plan
+    from sm120patch.targets.resolved import Resolved
 
-    catalog.use_packs([str(pack)])
-    return plan("mnnvl-arch", {"flashinfer": checkout})
+    return plan("mnnvl-arch", Resolved({"flashinfer": checkout}, Config((str(pack),))))

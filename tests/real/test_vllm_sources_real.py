@@ -11,8 +11,8 @@ import hashlib
 
 import pytest
 
-from sm120patch import targets
 from sm120patch.maintain import releases, sources, trees
+from sm120patch.targets import finding
 
 pytestmark = pytest.mark.real
 
@@ -42,7 +42,7 @@ def test_a_pinned_vllm_is_kept_as_its_sources(version: str, reachable: None) -> 
         digest = hashlib.sha256((root / rel).read_bytes()).digest()
         assert record[rel] == "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
     assert not list(releases.cache_dir().rglob("vllm-*.whl"))
-    found = targets.find("vllm", root)
+    found = finding.find("vllm", root)
     assert (found.layout, found.version) == ("installed", version)
 
 
@@ -61,5 +61,5 @@ def test_the_newest_vllm_as_a_tagged_checkout_reads_its_release(tmp_path, reacha
     init_repo(root)
     commit_all(root, newest)
     git(root, "tag", f"v{newest}")
-    found = targets.find("vllm", root)
+    found = finding.find("vllm", root)
     assert (found.layout, found.version) == ("git", newest), found.version_source
