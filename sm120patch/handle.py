@@ -196,7 +196,7 @@ class TreeHandle:
                 + ("; sm120patch opens a target without following a link" if linked else ""),
                 "give the path the link points to, then run sm120patch again" if linked
                 else f"check {self.path} (its directories, their permissions), then run again",
-            )  # fmt: skip
+            )
         self.fd = fd
         st = os.fstat(fd)
         self.dev, self.ino, self.uid = st.st_dev, st.st_ino, st.st_uid
@@ -287,8 +287,7 @@ class TreeHandle:
                         raise LinkInTree(
                             f"{shown} is a symbolic link; sm120patch follows no link inside "
                             "a target",
-                            f"replace {shown} by the directory itself, then run sm120patch "
-                            "again",
+                            f"replace {shown} by the directory itself, then run sm120patch again",
                         ) from None
                     raise
                 # The new descriptor is held before the old one is closed: a Ctrl-C handled

@@ -70,7 +70,6 @@ def packed_or_long(root: Path = ROOT) -> dict[str, str]:
     return found
 
 
-@pytest.mark.xfail(strict=False, reason="other branches of issue 41 land the rest")
 def test_no_module_is_packed_or_over_600_lines():
     assert packed_or_long() == {}
 

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120patch import __version__
-from sm120patch.engine import assess, interrupts
+from sm120patch.engine import assess, interrupts, needsnothing
 from sm120patch.engine.assess import Assessment
 from sm120patch.engine.records import (
-    CheckedFile,
     FileRecord,
     Journal,
     Manifest,
@@ -49,7 +48,6 @@ from sm120patch.engine.run import (
 )
 from sm120patch.engine.store import Waiting
 from sm120patch.errors import NotWritable, Refused
-from sm120patch.patchkit.facts import Status
 from sm120patch.plan import catalog, planner, plans
 from sm120patch.plan.plans import Plan, PlanRefused
 from sm120patch.targets import Target, procscan
@@ -124,7 +122,7 @@ def _preflight(
                 f"{ctx.target.at}: {found.message}" if found.state.stale
                 else f"{ctx.target.at}: dropped the record that profile {other} needs nothing "
                 "here"
-            )  # fmt: skip
+            )
             prep.stale.append(ctx)
             continue
         if other != profile.name:
@@ -164,7 +162,8 @@ def _preflight(
     if not plan.applies:
         prep.nothing_to_do = True
         prep.notes.append(
-            f"profile {profile.name} is already applied; nothing was changed" if applied
+            f"profile {profile.name} is already applied; nothing was changed"
+            if applied
             else "every site is already SM120-ready; nothing was changed"
         )
         return prep
@@ -272,15 +271,16 @@ def apply_runs(
     with locked(ctxs, wait) as waited:
         if waited:
             seen = None  # the other run may have changed every tree since
-        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, given=given,
-                          seen=seen)  # fmt: skip
+        prep = _preflight(profile, ctxs, check_plan=check_plan, lock=lock, given=given, seen=seen)
         if prep.nothing_to_do:
             for ctx in prep.stale:
                 ctx.verify()  # the state goes by path: only while it names the tree found
                 # The new release needs nothing (upstream has it): the old record goes.
                 ctx.state.remove_manifest()
                 ctx.state.drop_copies()
-            notes, unrecorded = _record_needs_nothing(prep, lock)
+            notes, unrecorded = needsnothing.record(
+                prep.plan, prep.ctxs, prep.wanted, prep.cat, prep.profile, lock
+            )
             return Report(
                 Action.NOTHING_TO_DO,
                 profile.name,
@@ -294,95 +294,14 @@ def apply_runs(
             preconditions()
         assert prep.plan is not None
         report = _transaction(prep, lock)
-        report.notes[:0] = [*prep.notes, *(
-            [f"re-applied {profile.name}"] if prep.stale else []
-        )]  # fmt: skip
+        report.notes[:0] = [*prep.notes, *([f"re-applied {profile.name}"] if prep.stale else [])]
         # After the commit, outside the transaction: a kill before these records are written
         # loses nothing, the next apply or ensure plans those targets again and writes them.
-        notes, report.unrecorded = _record_needs_nothing(prep, lock)
+        notes, report.unrecorded = needsnothing.record(
+            prep.plan, prep.ctxs, prep.wanted, prep.cat, prep.profile, lock
+        )
         report.notes += notes
         return report
-
-
-_NOTHING_NEEDED = frozenset((Status.UPSTREAM, Status.NOT_APPLICABLE))
-
-
-def _record_needs_nothing(prep: Prepared, lock: Lock | None) -> tuple[list[str], dict[str, str]]:
-    """Record, on each target of the plan that the profile needs nothing from (every site
-    upstream or not applicable), that it is as wanted, with the bytes of every file its
-    patches read: `assess` then says so from the bytes, without a plan. Returns notes, and
-    why each target left without a record of the profile is (kind -> why)."""
-    if prep.plan is None:
-        return [], {}
-    tplans = {tp.target.kind: tp for tp in prep.plan.targets}
-    cat = prep.cat
-    notes: list[str] = []
-    unrecorded: dict[str, str] = {}
-    name = prep.profile.name
-    for ctx in prep.ctxs:
-        tp = tplans.get(ctx.target.kind)
-        if ctx in prep.wanted or tp is None or tp.changed:
-            continue
-        if any(o.status not in _NOTHING_NEEDED for f in tp.files for o in f.outcomes):
-            # already-applied without a record of ours: not ours to vouch for
-            unrecorded[ctx.target.kind] = (
-                f"its sites already hold profile {name}'s code, which sm120patch did not "
-                "write here: there is no record that the profile is applied"
-            )
-            continue
-        checked = _checked_files(cat, prep.profile, ctx.target, tp)
-        if checked is None:  # the next run plans it again
-            unrecorded[ctx.target.kind] = (
-                f"a file profile {name} reads changed while it was planned: nothing was "
-                "recorded"
-            )
-            continue
-        if (moved := ctx.tree.moved()) is not None:
-            # The path names another tree now: no record (the next run plans it again).
-            unrecorded[ctx.target.kind] = f"{moved}: nothing was recorded"
-            continue
-        ctx.state.write_manifest(
-            Manifest(
-                profile=prep.profile.name,
-                patches=tuple(sorted(set(prep.profile.patches))),
-                tool_version=__version__,
-                applied_at=time.time(),
-                target=TargetRecord.of(ctx.target),
-                files=(),
-                lock=lock.digest() if lock is not None else None,
-                checked=checked,
-                refuses=refuses_beside(prep.profile, ctx.target.kind),
-            )
-        )
-        notes.append(
-            f"{ctx.target.at}: profile {prep.profile.name} needs nothing here (every site "
-            "upstream or not applicable); recorded as applied"
-        )
-    return notes, unrecorded
-
-
-def _checked_files(
-    cat: catalog.Catalog, profile: catalog.Profile, target: Target, tp: plans.TargetPlan
-) -> tuple[CheckedFile, ...] | None:
-    """Every file the profile's patches read on `target`, with its sha256 now (None: absent);
-    None when a file the plan read has other bytes now than it read."""
-    modules = sorted({f for p in cat.patches_of(profile) if p.target == target.kind
-                      for f in p.files})  # fmt: skip
-    now = {m: target.handle.sha256(target.rel(m)) for m in modules}
-    for f in tp.files:
-        if f.file and now.get(f.file) != sha256(f.before.encode("utf-8")):
-            return None
-    return tuple(CheckedFile(target.rel(m), m, now[m]) for m in modules)
-
-
-def refuses_beside(profile: catalog.Profile, kind: str) -> dict[str, tuple[str, ...]]:
-    """The releases of the other targets that `profile` refuses (moe: FlashInfer <0.6.7), kept
-    in the manifest of `kind` so that `status` says so when one is installed after the apply."""
-    out: dict[str, tuple[str, ...]] = {}
-    for r in profile.refuse:
-        if r.kind != kind:
-            out[r.kind] = (*out.get(r.kind, ()), str(r.releases))
-    return out
 
 
 def _transaction(prep: Prepared, lock: Lock | None) -> Report:
@@ -479,9 +398,10 @@ def _moved(ctx: TargetRun, why: str, profile: str) -> Refused:
         f"{t.root} was replaced while sm120patch applied {profile} ({why} now): nothing was "
         f"written through the new path; what the apply wrote in the tree it found {done}",
         f"that tree, now at {now}, keeps the apply's journal: `sm120patch recover --{t.kind} "
-        f"{shlex.quote(str(now))}` finishes it" if now is not None
+        f"{shlex.quote(str(now))}` finishes it"
+        if now is not None
         else "that tree was deleted since: nothing is left to finish there",
-    )  # fmt: skip
+    )
 
 
 def _start_apply(
@@ -509,8 +429,7 @@ def _start_apply(
         st = ctx.tree.lstat(rel)
         assert st is not None  # just read
         files.append(
-            FileRecord(rel, f.file, planned, sha256(f.after.encode("utf-8")),
-                       st.st_mode & 0o7777)  # fmt: skip
+            FileRecord(rel, f.file, planned, sha256(f.after.encode("utf-8")), st.st_mode & 0o7777)
         )
         ctx.layout.originals[rel] = data  # a rollback in this run restores what it read
     journal = Journal(
@@ -615,7 +534,7 @@ def _write_manifest(
         git=None if git is None else replace(git, commits=tuple(report.commits)),
         txn=journal.txn,
         lock=lock.digest() if lock is not None else None,
-        refuses=refuses_beside(profile, ctx.target.kind),
+        refuses=needsnothing.refuses_beside(profile, ctx.target.kind),
     )
     ctx.state.write_manifest(manifest)
 

@@ -274,7 +274,7 @@ class StateDir:
     def held_stats(self) -> list[tuple[Path, os.stat_result]]:
         """The top directory and the state directory as held, for judging."""
         return [(self.anchor.joinpath(*self.names[: i + 1]), os.fstat(fd))
-                for i, fd in enumerate(self.fds)]  # fmt: skip
+                for i, fd in enumerate(self.fds)]
 
     @_released
     def entries(self) -> list[tuple[Path, os.stat_result]]:

@@ -186,7 +186,7 @@ def output_error(path: Path, exc: OSError, what: str = "cannot write") -> Except
     return Refused(
         message, "free some space (or fix the cause), then run the command again",
         {"reason": reason},
-    )  # fmt: skip
+    )
 
 
 def _umask() -> int:
@@ -249,8 +249,11 @@ def append_output(path: Path | str) -> Any:
         raise output_error(path, exc) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UsageError(f"{path} is not a regular file", "give the path of a regular file",
-                         {"reason": "not a regular file"})  # fmt: skip
+        raise UsageError(
+            f"{path} is not a regular file",
+            "give the path of a regular file",
+            {"reason": "not a regular file"},
+        )
     os.set_blocking(fd, True)
     return os.fdopen(fd, "a", encoding="utf-8")
 

@@ -210,7 +210,7 @@ class Repo:
     def _head_sha(self) -> str:
         """HEAD's commit id."""
         proc = run_git(self.root, "rev-parse", "--verify", "-q", "HEAD^{commit}",
-                       env=self._environment)  # fmt: skip
+                       env=self._environment)
         if proc.returncode != 0:
             raise Refused(f"{self.root} has no commit yet", "commit the tree first")
         return proc.stdout.decode("ascii", "replace").strip()
@@ -335,14 +335,16 @@ class Repo:
         return sorted({line[3:] for line in out.splitlines() if line.strip()})
 
     def changed_between(self, a: str, b: str) -> list[str]:
-        out = self._read("diff", "diff", "--no-ext-diff", "--no-textconv", "--name-only", a, b,
-                         "--")  # fmt: skip
+        out = self._read(
+            "diff", "diff", "--no-ext-diff", "--no-textconv", "--name-only", a, b, "--"
+        )
         return [line for line in out.splitlines() if line]
 
     def only_ours(self, branch: str) -> bool:
         """Whether every commit of `branch` not on any other branch is one of sm120patch's."""
-        heads = self._read("for-each-ref", "for-each-ref", "--format=%(refname:short)",
-                           "refs/heads/").splitlines()  # fmt: skip
+        heads = self._read(
+            "for-each-ref", "for-each-ref", "--format=%(refname:short)", "refs/heads/"
+        ).splitlines()
         others = [f"^{h}" for h in heads if h and h != branch]
         out = self._read("log", "log", "--format=%H%x00%B%x01", branch, *others, "--")
         commits = [c for c in out.split("\x01") if c.strip()]
@@ -459,7 +461,11 @@ class Repo:
         Read by `git config --local`."""
         name = self._local_config("user.name") or FALLBACK_NAME
         email = self._local_config("user.email") or FALLBACK_EMAIL
-        env = {"GIT_AUTHOR_NAME": name, "GIT_COMMITTER_NAME": name,
-               "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_EMAIL": email}  # fmt: skip
+        env = {
+            "GIT_AUTHOR_NAME": name,
+            "GIT_COMMITTER_NAME": name,
+            "GIT_AUTHOR_EMAIL": email,
+            "GIT_COMMITTER_EMAIL": email,
+        }
         env.update({k: os.environ[k] for k in _IDENTITY_ENV if os.environ.get(k)})
         return env
