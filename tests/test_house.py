@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 MOST_LINES = 700
 # Everything a user or a newcomer reads: the code, the patch library and its data, the docs.

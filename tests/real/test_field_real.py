@@ -5,10 +5,10 @@ releases that ship upstream's PCIe-IPC allreduce (tried after the custom allredu
 from __future__ import annotations
 
 import ast
-import functools
 import hashlib
 import itertools
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,11 +46,27 @@ def _strings_once(data: bytes) -> tuple[str, ...]:
     return _BY_BYTES[digest]
 
 
-@functools.cache  # a vLLM release is ~2,000 files: read each release once per session
-def logged_strings(root: Path) -> list[str]:
-    """Every string literal of the release's unpacked files: f-strings with `{}` for their
-    fields (implicit concatenation is one literal already)."""
-    return [s for path in sorted(root.rglob("*.py")) for s in _strings_once(path.read_bytes())]
+def logged_hits(root: Path, patterns: set[str], own: list[str],
+                enough: Callable[[set[str]], bool]) -> set[str]:
+    """The patterns that a string literal of the release under `root` (or of `own`, the patched
+    site's text) matches, as `logs` judges each. Every check is "some string of some file", so
+    the files are read most likely first (those whose bytes hold more of the patterns' words)
+    and the search stops once `enough(found)`; a pattern is found absent only after every file
+    of the release was parsed."""
+    found = {p for p in patterns if logs(p, own)}
+    words = {w.encode() for p in patterns for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]{3,}", p)}
+
+    def likely(path: Path) -> tuple[int, str]:
+        data = path.read_bytes()
+        return -sum(w in data for w in words), str(path)
+
+    ranked = sorted(root.rglob("*.py"), key=likely)
+    for path in ranked:
+        if enough(found) or found == patterns:
+            break
+        strings = list(_strings_once(path.read_bytes()))
+        found |= {p for p in patterns - found if logs(p, strings)}
+    return found
 
 
 def _logs_percent(pattern: str, strings: list[str]) -> bool:
@@ -129,6 +145,7 @@ def test_wiring_lines_are_logged_by_each_pinned_release(real: RealReleases, patc
     assert wiring is not None
     profiles = [p for p in cat.profiles.values() if patch_id in p.patches]
     used: set[str] = set()
+    every = {*wiring.ran, *wiring.skipped}
     checked = 0
     for version in release_set(patch.target):
         known = fact(patch_id, version)
@@ -136,11 +153,15 @@ def test_wiring_lines_are_logged_by_each_pinned_release(real: RealReleases, patc
             continue
         if not any(p.pinned(patch.target, version) for p in profiles):
             continue
-        # A line the patch itself adds to the code it writes is logged by the patched release
-        # (a new list: the release's own is cached for the session).
-        strings = [*logged_strings(real.tree(patch.target, version)),
-                   *_strings(real.site(SiteCase(patch_id, patch.target, version)).after)]
-        hits = {pat for pat in (*wiring.ran, *wiring.skipped) if logs(pat, strings)}
+        # A line the patch itself adds to the code it writes is logged by the patched release.
+        own = _strings(real.site(SiteCase(patch_id, patch.target, version)).after)
+
+        def enough(found: set[str], used: set[str] = used) -> bool:
+            return bool(found & set(wiring.ran)) and (
+                not wiring.skipped or bool(found & set(wiring.skipped))) and (
+                len(release_set(patch.target)) <= 3 or every <= used | found)
+
+        hits = logged_hits(real.tree(patch.target, version), every, own, enough)
         used |= hits
         assert hits & set(wiring.ran), f"{patch_id} on {version}: no `ran` line is logged"
         if wiring.skipped:  # optional: upstream's other path may log nothing (GDN's Triton)
@@ -175,3 +196,18 @@ def test_pcie_allreduce_refuses_exactly_where_upstream_ships_pcie_ipc(real: Real
             if isinstance(n, ast.Return) and isinstance(n.value, ast.Constant)
         ]
         assert returned.index("ca") < returned.index("pcie_ipc"), (version, returned)
+
+
+def test_a_pattern_is_absent_only_after_every_file_and_found_wherever_it_is(tmp_path: Path):
+    """`logged_hits` stops early only when told it has enough: a line in the least likely file
+    is still found, and a pattern no file logs is reported absent."""
+    (tmp_path / "a.py").write_text('NOTE = "Using nothing for NVFP4 GEMM here"\n')
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "z.py").write_text('logger.info("Using %s for NVFP4 GEMM", k.__name__)\n')
+    patterns = {"Using B12xNvFp4LinearKernel for NVFP4 GEMM", "Never logged anywhere"}
+    assert logged_hits(tmp_path, patterns, [], lambda found: False) == {
+        "Using B12xNvFp4LinearKernel for NVFP4 GEMM"}
+    assert logged_hits(tmp_path, patterns, [], lambda found: True) == set()
+    # the patched site's own strings count before any file is read
+    assert logged_hits(tmp_path, patterns, ["Never logged anywhere"],
+                       lambda found: True) == {"Never logged anywhere"}
