@@ -14,7 +14,6 @@ from __future__ import annotations
 import click
 
 from sm120patch import __version__, _interrupted_at_start, app, render
-from sm120patch.cmdline import profiles, survey, tree, trial
 
 # During an apply, revert or recover the engine defers SIGINT/SIGTERM/SIGHUP and ends as
 # Interrupted (exit 130) or Unfinished (exit 75); each signal is acknowledged at once.
@@ -26,7 +25,49 @@ def run() -> None:
     render.run_tool(main, _interrupted_at_start)
 
 
-@click.group(cls=render.Group, context_settings={"help_option_names": ["-h", "--help"]})
+# Each command by name -> (its family's module in sm120patch/cmdline/, its attribute), in the
+# order they were written; `--help` lists them in the order of the work (render.HELP). A
+# family's module is imported only when one of its commands runs (or --help lists them all):
+# `ensure` at every service start imports the tree family alone.
+COMMANDS = {
+    "list": ("profiles", "list_cmd"),
+    "show": ("profiles", "show_cmd"),
+    "apply": ("tree", "apply_cmd"),
+    "ensure": ("tree", "ensure_cmd"),
+    "revert": ("tree", "revert_cmd"),
+    "status": ("tree", "status_cmd"),
+    "recover": ("tree", "recover_cmd"),
+    "trial": ("trial", "trial_group"),
+    "doctor": ("survey", "doctor_cmd"),
+    "pin": ("tree", "pin_cmd"),
+    "export": ("tree", "export_cmd"),
+    "new-patch": ("profiles", "new_patch_cmd"),
+    "matrix": ("survey", "matrix_cmd"),
+    "scan": ("survey", "scan_cmd"),
+    "explain": ("survey", "explain_cmd"),
+}
+
+
+class Commands(render.Group):
+    """The group with its commands loaded by name from COMMANDS (click's lazy subcommands)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        first = [n for n in self.order if n in COMMANDS]
+        return first + [n for n in COMMANDS if n not in first]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            import importlib
+
+            family, attribute = COMMANDS[cmd_name]
+            module = importlib.import_module(f"sm120patch.cmdline.{family}")
+            command: click.Command = getattr(module, attribute)
+            render.describe_command(cmd_name, command)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sm120patch")
 @click.option(
     "--patches",
@@ -43,24 +84,4 @@ def main(ctx: click.Context, pack_dirs: tuple[str, ...]) -> None:
     ctx.obj = render.Invocation(tuple(pack_dirs))
 
 
-# In the order they were written; `--help` lists them in the order of the work (render.HELP).
-for command in (
-    profiles.list_cmd,
-    profiles.show_cmd,
-    tree.apply_cmd,
-    tree.ensure_cmd,
-    tree.revert_cmd,
-    tree.status_cmd,
-    tree.recover_cmd,
-    trial.trial_group,
-    survey.doctor_cmd,
-    tree.pin_cmd,
-    tree.export_cmd,
-    profiles.new_patch_cmd,
-    survey.matrix_cmd,
-    survey.scan_cmd,
-    survey.explain_cmd,
-):
-    main.add_command(command)
-
-render.describe(main)  # --help: the order of the work, a summary that fits, an example each
+main.order = tuple(render.HELP)  # --help: the order of the work

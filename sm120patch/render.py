@@ -240,15 +240,12 @@ HELP = {
 }
 
 
-def describe(group: click.Group) -> None:
-    """--help in the order of the work: each command's summary and example (`HELP`), the
-    group's order (`Group.list_commands`)."""
-    for name, (summary, example) in HELP.items():
-        command = group.commands[name]
+def describe_command(name: str, command: click.Command) -> None:
+    """--help of one command: its summary and example (`HELP`)."""
+    if name in HELP:
+        summary, example = HELP[name]
         command.short_help = summary
         command.epilog = f"\b\nExample: {example}"  # \b: click keeps the line as it is
-    if isinstance(group, Group):
-        group.order = tuple(HELP)
 
 
 def show(text: Text) -> None:

@@ -333,16 +333,16 @@ def test_pin_over_an_existing_file_needs_force(tmp_path):
 
 
 def test_help_lists_the_commands_in_the_order_of_the_work_each_with_an_example():
-    from sm120patch.cli import main
+    from sm120patch.cli import COMMANDS
     from sm120patch.render import HELP
 
     code, out, _ = cli("--help")
     listed = [line.split()[0] for line in out.split("Commands:")[1].splitlines() if line.strip()]
     assert listed[:8] == ["doctor", "apply", "status", "ensure", "revert", "recover", "pin",
                           "trial"]  # fmt: skip
-    assert set(listed) == set(main.commands)
+    assert set(listed) == set(COMMANDS) == set(HELP)
     assert "..." not in out.split("Commands:")[1]  # no summary cut off
-    for name in main.commands:
+    for name in COMMANDS:
         code, text, _ = cli(name, "--help")
         assert code == 0 and f"Example: {HELP[name][1]}" in text, name
 

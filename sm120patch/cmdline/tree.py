@@ -19,7 +19,6 @@ from sm120patch.cmdline.options import (
     verbose_option,
     with_targets,
 )
-from sm120patch.cmdline.trial import trial_lines
 from sm120patch.commands import tree as verbs
 from sm120patch.render import PATCH_WIDTH, Text, echo_err, echo_out, emit_json, pasted, quiet, show
 
@@ -169,7 +168,10 @@ def status(found: list[TargetStatus]) -> Text:
             text.out.append(f"  version unknown: {t.version_source}")
         if s.state != "pristine":
             text.out.append(f"  {s.assessment.message}")
-        text.out += ["  " + line for line in trial_lines(s.trials)]
+        if s.trials:  # the trial family's words, loaded only where there is a trial to show
+            from sm120patch.cmdline.trial import trial_lines
+
+            text.out += ["  " + line for line in trial_lines(s.trials)]
         if s.profile is None or not (s.files or s.branch):
             continue  # a profile that needs nothing here: its message line says so, no header
         branch = f" on branch {s.branch} (base {s.base[:12]})" if s.branch and s.base else ""
