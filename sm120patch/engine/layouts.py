@@ -276,7 +276,7 @@ class GitLayout(InstalledLayout):
         else, or checked out in another worktree, is left alone and a fresh name is taken.
         """
         base = records.BRANCH_PREFIX + profile
-        current, _ = self.repo.head()
+        current = self.repo.branch()
         for n in range(1, 100):
             name = base if n == 1 else f"{base}-{n}"
             if not self.repo.branch_exists(name):
@@ -383,7 +383,7 @@ class GitLayout(InstalledLayout):
     def roll_back(self, files: tuple[FileRecord, ...], base: GitBase | None) -> None:
         if base is None or (self.originals and not self.moved):
             return  # the branch never moved in this run: nothing was changed
-        current, _ = self.repo.head()
+        current = self.repo.branch()
         mine = self.of_this_run(files)
         if current == base.patch_branch:
             self._switch_back(mine, base)
@@ -421,7 +421,7 @@ class GitLayout(InstalledLayout):
                     f"{f.path} cannot be restored from it",
                     f"restore the file by hand, then move {self.state.dir} aside",
                 )
-        current, _ = self.repo.head()
+        current = self.repo.branch()
         if current != base.patch_branch:
             return  # nothing to switch; only the branch to drop
         if base.branch is not None and not self.repo.branch_exists(base.branch):
@@ -458,7 +458,7 @@ class GitLayout(InstalledLayout):
         """Idempotent: run again from the journal, it converges."""
         if base is None:
             return None
-        current, _ = self.repo.head()
+        current = self.repo.branch()
         if current == base.patch_branch:
             self._switch_back(files, base)
         self._check_matches_head(files)
@@ -483,7 +483,7 @@ class GitLayout(InstalledLayout):
         checked out."""
         if base is None:
             return super().restores(files, base)
-        current, _ = self.repo.head()
+        current = self.repo.branch()
         if current != base.patch_branch:
             return {f.path: self.repo.show("HEAD", f.path) for f in files}
         back = base.branch or base.head

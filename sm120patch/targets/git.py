@@ -207,6 +207,11 @@ class Repo:
         """(current branch or None when detached, HEAD commit)."""
         return head_branch(self.root), self._head_sha()
 
+    def branch(self) -> str | None:
+        """The current branch, None when detached: read from HEAD, no git process (a dry run
+        on a checkout runs no more git than it must)."""
+        return head_branch(self.root)
+
     def _head_sha(self) -> str:
         """HEAD's commit id."""
         proc = run_git(self.root, "rev-parse", "--verify", "-q", "HEAD^{commit}",
