@@ -1,6 +1,6 @@
 """sm120patch: apply, verify and revert the SM120 enablement patches for SGLang and FlashInfer."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 def _interrupted_at_start(signum: int, frame: object) -> None:
